@@ -1,0 +1,412 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/*
+ * memtrail's allocation probes.
+ *
+ * - Allocator uprobes: `alloc_enter`/`alloc_return` on every allocating entry
+ *   point (the attach cookie is the enum mt_kind), `free_enter` on free.
+ *   Only the outermost allocator call of a thread makes a record: glibc calls
+ *   its own public entry points (realloc(NULL, n) -> malloc, reallocarray ->
+ *   realloc, memalign -> malloc), so a per-thread nesting depth in `inflight`
+ *   carries the outermost call's arguments from entry to return.
+ * - Syscall tracepoints for anonymous mmap, munmap, mremap and brk.
+ * - Sched tracepoints keep `tracked` equal to the set of processes in the
+ *   tree: a fork of a tracked process adds the child, the last thread's exit
+ *   removes the process.
+ *
+ * Records go reserve -> fill -> submit(BPF_RB_NO_WAKEUP): userspace busy-polls
+ * the ring. A failed reserve bumps a drop counter atomically; userspace fails
+ * the capture on any drop. No scratch lives in per-CPU maps: a uprobe program
+ * can be preempted and another one on the same CPU would reuse the slot.
+ */
+#include "vmlinux_min.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "memtrail.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define MT_MAX_PROCS 32768
+#define MT_MAX_THREADS 65536
+#define MAP_ANONYMOUS 0x20
+/* Syscall returns in [-4095, -1] are errors. */
+#define IS_ERR_VALUE(x) ((unsigned long)(x) >= (unsigned long)-4095)
+
+/* Userspace sizes the ring before load (Ring sizes are tunable). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 24);
+} events SEC(".maps");
+
+/* tgid -> parent tgid, for every process of the tracked tree. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_MAX_PROCS);
+	__type(key, __u32);
+	__type(value, __u32);
+} tracked SEC(".maps");
+
+/* The outermost allocator call a thread is inside, from entry to return. */
+struct inflight {
+	__u64 args[3];
+	__u32 depth; /* nested allocator calls, outermost included */
+	__u32 kind;  /* enum mt_kind of the outermost call */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_MAX_THREADS);
+	__type(key, __u32); /* tid */
+	__type(value, struct inflight);
+} inflight SEC(".maps");
+
+/* Syscall arguments carried from sys_enter to sys_exit. */
+struct sysargs {
+	__u64 args[3];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_MAX_THREADS);
+	__type(key, __u32); /* tid */
+	__type(value, struct sysargs);
+} sysargs SEC(".maps");
+
+/*
+ * Loss counters, read by userspace from the mmap'd .bss. Any non-zero value
+ * fails the capture.
+ *   drops_events:   failed reserves on the events ring
+ *   drops_tracking: a map update that could not be made (tracked or inflight
+ *                   full), so events of that process or call were not seen
+ */
+__u64 drops_events = 0;
+__u64 drops_tracking = 0;
+
+/* Dummy instances: make libbpf-cargo emit the record types for Rust. */
+struct mt_alloc_event _mt_alloc_event = {};
+struct mt_fork_event _mt_fork_event = {};
+struct mt_exec_event _mt_exec_event = {};
+struct mt_exit_event _mt_exit_event = {};
+
+static __always_inline bool is_tracked(__u32 tgid)
+{
+	return bpf_map_lookup_elem(&tracked, &tgid) != NULL;
+}
+
+static __always_inline void *reserve(__u64 size)
+{
+	void *rec = bpf_ringbuf_reserve(&events, size, 0);
+
+	if (!rec)
+		__sync_fetch_and_add(&drops_events, 1);
+	return rec;
+}
+
+static __always_inline void fill_header(struct mt_header *hdr, __u64 pid_tgid,
+					 __u16 kind, __u16 flags)
+{
+	hdr->ts_ns = bpf_ktime_get_ns();
+	hdr->pid = pid_tgid >> 32;
+	hdr->tid = (__u32)pid_tgid;
+	hdr->kind = kind;
+	hdr->flags = flags;
+	hdr->_pad = 0;
+}
+
+static __always_inline void emit_alloc(__u64 pid_tgid, __u16 kind, __u16 flags,
+					__u64 addr, __u64 size, __u64 old_addr,
+					__u64 old_size)
+{
+	struct mt_alloc_event *e = reserve(sizeof(*e));
+
+	if (!e)
+		return;
+	fill_header(&e->hdr, pid_tgid, kind, flags);
+	e->addr = addr;
+	e->size = size;
+	e->old_addr = old_addr;
+	e->old_size = old_size;
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+SEC("uprobe")
+int alloc_enter(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct inflight *cur, call = {};
+
+	if (!is_tracked(pid_tgid >> 32))
+		return 0;
+	cur = bpf_map_lookup_elem(&inflight, &tid);
+	if (cur) {
+		/* Nested: the outermost call makes the record. */
+		cur->depth++;
+		return 0;
+	}
+	call.args[0] = PT_REGS_PARM1(ctx);
+	call.args[1] = PT_REGS_PARM2(ctx);
+	call.args[2] = PT_REGS_PARM3(ctx);
+	call.depth = 1;
+	call.kind = bpf_get_attach_cookie(ctx);
+	if (bpf_map_update_elem(&inflight, &tid, &call, BPF_NOEXIST)) {
+		__sync_fetch_and_add(&drops_tracking, 1);
+		return 0;
+	}
+	if ((call.kind == MT_REALLOC || call.kind == MT_REALLOCARRAY) && call.args[0])
+		emit_alloc(pid_tgid, MT_REALLOC_BEGIN, 0, call.args[0], 0, 0, 0);
+	return 0;
+}
+
+SEC("uretprobe")
+int alloc_return(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	__u64 ret = PT_REGS_RC(ctx), addr = ret, size = 0, old = 0;
+	struct inflight *cur, call;
+
+	cur = bpf_map_lookup_elem(&inflight, &tid);
+	if (!cur)
+		return 0;
+	if (--cur->depth > 0)
+		return 0;
+	call = *cur;
+	bpf_map_delete_elem(&inflight, &tid);
+
+	switch (call.kind) {
+	case MT_MALLOC:
+	case MT_VALLOC:
+	case MT_PVALLOC:
+		size = call.args[0];
+		break;
+	case MT_CALLOC:
+		/* Non-NULL results only: glibc fails on n * m overflow. */
+		size = call.args[0] * call.args[1];
+		break;
+	case MT_REALLOC:
+		old = call.args[0];
+		size = call.args[1];
+		break;
+	case MT_REALLOCARRAY:
+		old = call.args[0];
+		size = call.args[1] * call.args[2];
+		/* Keeps clang from turning the check into a 128-bit multiply. */
+		barrier_var(size);
+		/* An overflowing product fails like ENOMEM; never mistake its
+		 * wrapped value for realloc(p, 0). */
+		if (call.args[1] && size / call.args[1] != call.args[2])
+			size = ~0ULL;
+		break;
+	case MT_ALIGNED_ALLOC:
+	case MT_MEMALIGN:
+		size = call.args[1];
+		break;
+	case MT_POSIX_MEMALIGN:
+		/* int posix_memalign(void **memptr, size_t align, size_t size) */
+		addr = 0;
+		if ((int)ret == 0 &&
+		    bpf_probe_read_user(&addr, sizeof(addr), (void *)call.args[0]))
+			addr = 0;
+		size = call.args[2];
+		break;
+	default:
+		return 0;
+	}
+	/* A failed allocation makes no record, but a realloc of a live block
+	 * always completes the MT_REALLOC_BEGIN record it opened. */
+	if (!addr && !old)
+		return 0;
+	emit_alloc(pid_tgid, call.kind, 0, addr, size, old, 0);
+	return 0;
+}
+
+SEC("uprobe")
+int free_enter(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	__u64 ptr = PT_REGS_PARM1(ctx);
+
+	if (!ptr || !is_tracked(pid_tgid >> 32))
+		return 0;
+	/* free() inside realloc(p, 0) or another allocator call. */
+	if (bpf_map_lookup_elem(&inflight, &tid))
+		return 0;
+	emit_alloc(pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);
+	return 0;
+}
+
+static __always_inline __u16 syscall_flags(__u32 tid)
+{
+	return bpf_map_lookup_elem(&inflight, &tid) ? MT_F_IN_ALLOCATOR : 0;
+}
+
+static __always_inline int stash_args(__u64 a0, __u64 a1, __u64 a2)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct sysargs args = { .args = { a0, a1, a2 } };
+
+	if (!is_tracked(pid_tgid >> 32))
+		return 0;
+	if (bpf_map_update_elem(&sysargs, &tid, &args, BPF_ANY))
+		__sync_fetch_and_add(&drops_tracking, 1);
+	return 0;
+}
+
+/* Takes the arguments stashed at sys_enter; false if there were none. */
+static __always_inline bool take_args(__u32 tid, struct sysargs *out)
+{
+	struct sysargs *args = bpf_map_lookup_elem(&sysargs, &tid);
+
+	if (!args)
+		return false;
+	*out = *args;
+	bpf_map_delete_elem(&sysargs, &tid);
+	return true;
+}
+
+SEC("tracepoint/syscalls/sys_enter_mmap")
+int sys_enter_mmap(struct trace_event_raw_sys_enter *ctx)
+{
+	/* mmap(addr, len, prot, flags, fd, off): anonymous mappings only. */
+	if (!(ctx->args[3] & MAP_ANONYMOUS))
+		return 0;
+	return stash_args(ctx->args[1], 0, 0);
+}
+
+SEC("tracepoint/syscalls/sys_exit_mmap")
+int sys_exit_mmap(struct trace_event_raw_sys_exit *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct sysargs args;
+
+	if (!take_args(tid, &args) || IS_ERR_VALUE(ctx->ret))
+		return 0;
+	emit_alloc(pid_tgid, MT_MMAP, syscall_flags(tid), ctx->ret, args.args[0], 0, 0);
+	return 0;
+}
+
+/* munmap is recorded at entry: once it returns, another thread may get the
+ * same range from mmap, and that record must come after this one. */
+SEC("tracepoint/syscalls/sys_enter_munmap")
+int sys_enter_munmap(struct trace_event_raw_sys_enter *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+
+	if (!is_tracked(pid_tgid >> 32))
+		return 0;
+	emit_alloc(pid_tgid, MT_MUNMAP, syscall_flags(tid), ctx->args[0], ctx->args[1], 0, 0);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_mremap")
+int sys_enter_mremap(struct trace_event_raw_sys_enter *ctx)
+{
+	/* mremap(old_addr, old_len, new_len, flags, new_addr) */
+	return stash_args(ctx->args[0], ctx->args[1], ctx->args[2]);
+}
+
+SEC("tracepoint/syscalls/sys_exit_mremap")
+int sys_exit_mremap(struct trace_event_raw_sys_exit *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct sysargs args;
+
+	if (!take_args(tid, &args) || IS_ERR_VALUE(ctx->ret))
+		return 0;
+	emit_alloc(pid_tgid, MT_MREMAP, syscall_flags(tid), ctx->ret, args.args[2],
+		   args.args[0], args.args[1]);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_brk")
+int sys_enter_brk(struct trace_event_raw_sys_enter *ctx)
+{
+	return stash_args(ctx->args[0], 0, 0);
+}
+
+SEC("tracepoint/syscalls/sys_exit_brk")
+int sys_exit_brk(struct trace_event_raw_sys_exit *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct sysargs args;
+
+	if (!take_args(tid, &args))
+		return 0;
+	emit_alloc(pid_tgid, MT_BRK, syscall_flags(tid), ctx->ret, args.args[0], 0, 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = parent->tgid, ctgid = child->tgid;
+	struct mt_fork_event *e;
+
+	if (ptgid == ctgid || !is_tracked(ptgid))
+		return 0;
+	if (bpf_map_update_elem(&tracked, &ctgid, &ptgid, BPF_ANY)) {
+		__sync_fetch_and_add(&drops_tracking, 1);
+		return 0;
+	}
+	e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	fill_header(&e->hdr, bpf_get_current_pid_tgid(), MT_FORK, 0);
+	e->hdr.pid = ptgid;
+	e->child_pid = ctgid;
+	e->_pad = 0;
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm *bprm)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct mt_exec_event *e;
+
+	if (!is_tracked(pid_tgid >> 32))
+		return 0;
+	e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	fill_header(&e->hdr, pid_tgid, MT_EXEC, 0);
+	if (bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), bprm->filename) < 0)
+		e->filename[0] = 0;
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(sched_exit, struct task_struct *p)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
+	struct mt_exit_event *e;
+
+	/* A thread that dies inside an allocator call or a syscall. */
+	bpf_map_delete_elem(&inflight, &tid);
+	bpf_map_delete_elem(&sysargs, &tid);
+	if (!is_tracked(tgid))
+		return 0;
+	/* do_exit() drops signal->live before this tracepoint: zero means
+	 * the last thread of the process is exiting. */
+	if (BPF_CORE_READ(p, signal, live.counter) != 0)
+		return 0;
+	bpf_map_delete_elem(&tracked, &tgid);
+	e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	fill_header(&e->hdr, pid_tgid, MT_EXIT, 0);
+	e->exit_code = BPF_CORE_READ(p, exit_code);
+	e->_pad = 0;
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}

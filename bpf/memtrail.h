@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/*
+ * Record layouts shared by the BPF programs and userspace.
+ *
+ * Userspace never mirrors these by hand: each type has a dummy global instance
+ * in memtrail.bpf.c, so libbpf-cargo emits it into the skeleton's `types`
+ * module and src/ decodes records through those generated definitions.
+ *
+ * Every ring record starts with `struct mt_header`; `kind` selects the rest.
+ */
+#ifndef MEMTRAIL_H
+#define MEMTRAIL_H
+
+/* Record kinds. Allocator API kinds come first and match the probe cookies. */
+enum mt_kind {
+	MT_MALLOC = 1,
+	MT_CALLOC = 2,
+	MT_REALLOC = 3,
+	MT_REALLOCARRAY = 4,
+	MT_ALIGNED_ALLOC = 5,
+	MT_MEMALIGN = 6,
+	MT_POSIX_MEMALIGN = 7,
+	MT_VALLOC = 8,
+	MT_PVALLOC = 9,
+	MT_FREE = 10,
+	/* Start of an outermost realloc of a non-NULL pointer: the old block
+	 * leaves the caller's hands here, before another thread can reuse it. */
+	MT_REALLOC_BEGIN = 11,
+	MT_MMAP = 16,
+	MT_MUNMAP = 17,
+	MT_MREMAP = 18,
+	MT_BRK = 19,
+	MT_FORK = 32,
+	MT_EXEC = 33,
+	MT_EXIT = 34,
+};
+
+/* mt_header.flags */
+enum mt_flags {
+	/* A syscall made inside an allocator call on the same thread: the
+	 * allocator's own backing memory, not a user allocation. */
+	MT_F_IN_ALLOCATOR = 1,
+};
+
+/* Bounded copy of an exec'd file name. */
+#define MT_PATH_MAX 256
+
+struct mt_header {
+	__u64 ts_ns; /* bpf_ktime_get_ns() when the record was made */
+	__u32 pid;   /* tgid */
+	__u32 tid;
+	__u16 kind;  /* enum mt_kind */
+	__u16 flags; /* enum mt_flags */
+	__u32 _pad;
+};
+
+/*
+ * Allocator calls, frees and memory syscalls.
+ *   malloc & co: addr = result, size = bytes asked (calloc n*m, saturating)
+ *   realloc:     addr = result, size = new size, old_addr = argument
+ *   free:        addr = argument
+ *   mmap:        addr = result, size = length
+ *   munmap:      addr, size = arguments
+ *   mremap:      addr = result, size = new length, old_addr/old_size = args
+ *   brk:         addr = new program break, size = requested break
+ */
+struct mt_alloc_event {
+	struct mt_header hdr;
+	__u64 addr;
+	__u64 size;
+	__u64 old_addr;
+	__u64 old_size;
+};
+
+/* fork: a new process (not a thread) in the tracked tree. */
+struct mt_fork_event {
+	struct mt_header hdr; /* pid = parent */
+	__u32 child_pid;
+	__u32 _pad;
+};
+
+struct mt_exec_event {
+	struct mt_header hdr;
+	char filename[MT_PATH_MAX];
+};
+
+/* exit: the last thread of a process exits. */
+struct mt_exit_event {
+	struct mt_header hdr;
+	__s32 exit_code; /* wait status as the kernel keeps it */
+	__u32 _pad;
+};
+
+#endif /* MEMTRAIL_H */

@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/*
+ * The few kernel types memtrail's BPF programs read, declared for CO-RE.
+ *
+ * Every struct carries preserve_access_index, so libbpf relocates each field
+ * access against the running kernel's BTF at load time: only the fields named
+ * here need to exist, at whatever offset the kernel has them. This replaces a
+ * multi-megabyte generated vmlinux.h and keeps the build independent of the
+ * build machine's kernel.
+ */
+#ifndef MEMTRAIL_VMLINUX_MIN_H
+#define MEMTRAIL_VMLINUX_MIN_H
+/* Tells bpf_tracing.h that pt_regs has the kernel field names (di, si, ...). */
+#define __VMLINUX_H__
+
+typedef signed char __s8;
+typedef unsigned char __u8;
+typedef short __s16;
+typedef unsigned short __u16;
+typedef int __s32;
+typedef unsigned int __u32;
+typedef long long __s64;
+typedef unsigned long long __u64;
+typedef __u16 __be16;
+typedef __u32 __be32;
+typedef __u32 __wsum;
+typedef _Bool bool;
+#define true 1
+#define false 0
+
+enum bpf_map_type {
+	BPF_MAP_TYPE_HASH = 1,
+	BPF_MAP_TYPE_ARRAY = 2,
+	BPF_MAP_TYPE_RINGBUF = 27,
+};
+
+/* Flags of bpf_ringbuf_submit/discard/output and bpf_ringbuf_query. */
+enum {
+	BPF_RB_NO_WAKEUP = 1,
+	BPF_RB_FORCE_WAKEUP = 2,
+};
+enum {
+	BPF_RB_AVAIL_DATA = 0,
+	BPF_RB_RING_SIZE = 1,
+	BPF_RB_CONS_POS = 2,
+	BPF_RB_PROD_POS = 3,
+};
+
+enum {
+	BPF_ANY = 0,
+	BPF_NOEXIST = 1,
+	BPF_EXIST = 2,
+};
+
+/* User registers as uprobes see them (x86_64 kernel layout). */
+struct pt_regs {
+	unsigned long r15;
+	unsigned long r14;
+	unsigned long r13;
+	unsigned long r12;
+	unsigned long bp;
+	unsigned long bx;
+	unsigned long r11;
+	unsigned long r10;
+	unsigned long r9;
+	unsigned long r8;
+	unsigned long ax;
+	unsigned long cx;
+	unsigned long dx;
+	unsigned long si;
+	unsigned long di;
+	unsigned long orig_ax;
+	unsigned long ip;
+	unsigned long cs;
+	unsigned long flags;
+	unsigned long sp;
+	unsigned long ss;
+};
+
+typedef struct {
+	int counter;
+} atomic_t;
+
+struct signal_struct {
+	atomic_t live;
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	int pid;
+	int tgid;
+	int exit_code;
+	struct task_struct *real_parent;
+	struct task_struct *group_leader;
+	struct signal_struct *signal;
+} __attribute__((preserve_access_index));
+
+struct linux_binprm {
+	const char *filename;
+} __attribute__((preserve_access_index));
+
+/* Raw syscall tracepoint contexts (tracepoint/raw_syscalls layout). */
+struct trace_event_raw_sys_enter {
+	unsigned short common_type;
+	unsigned char common_flags;
+	unsigned char common_preempt_count;
+	int common_pid;
+	long id;
+	unsigned long args[6];
+};
+
+struct trace_event_raw_sys_exit {
+	unsigned short common_type;
+	unsigned char common_flags;
+	unsigned char common_preempt_count;
+	int common_pid;
+	long id;
+	long ret;
+};
+
+#endif /* MEMTRAIL_VMLINUX_MIN_H */

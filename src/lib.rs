@@ -1,0 +1,22 @@
+//! memtrail: a Linux memory-allocation tracker built on eBPF.
+//!
+//! Modules, from the kernel up:
+//! - [`skel`]: the libbpf skeletons generated from `bpf/`.
+//! - [`sys`]: every raw system call.
+//! - [`ring`]: reading BPF ring buffers straight from their mapping.
+//! - [`engine`]: pinned poller threads, idle strategy, epoch barriers.
+//! - [`record`]: decoding ring records into events.
+//! - [`attach`]: finding allocator entry points and attaching probes.
+//! - [`proctree`]: starting the command and following its process tree.
+//! - [`report`]: aggregating events into the profile, summary and stream.
+//! - [`cli`]: the `memtrail` command line.
+
+pub mod attach;
+pub mod cli;
+pub mod engine;
+pub mod proctree;
+pub mod record;
+pub mod report;
+pub mod ring;
+pub mod skel;
+pub mod sys;

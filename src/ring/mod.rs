@@ -1,0 +1,220 @@
+//! A consumer for BPF ring buffers that reads records straight from the
+//! kernel's mapping.
+//!
+//! The kernel exposes a `BPF_MAP_TYPE_RINGBUF` map as two mappings of its fd:
+//! - offset 0, one page, read-write: `consumer_pos`, the only word userspace
+//!   writes;
+//! - offset one page, read-only: one page holding `producer_pos`, then the data
+//!   area mapped twice in a row, so a record that wraps past the end is still
+//!   contiguous in our address space.
+//!
+//! Every record starts with an 8-byte header: a `u32` length whose top bits
+//! are BUSY (reserved, not yet committed) and DISCARD (committed, to be
+//! skipped), and a `u32` page offset the kernel uses. Records are padded to 8
+//! bytes. The kernel publishes `producer_pos` with `smp_store_release` in
+//! `__bpf_ringbuf_reserve` and commits a record by clearing BUSY with an
+//! `xchg` in `bpf_ringbuf_commit`; it reads `consumer_pos` with
+//! `smp_load_acquire` to know what space is free again.
+//!
+//! Ownership: [`RingConsumer`] owns both mappings; it hands out record bodies
+//! as slices borrowed for the callback only, and publishes `consumer_pos`
+//! after the records before it were handed out: at the end of each batch, and
+//! every eighth of the ring within a long one so producers get space back.
+//! One consumer per ring: two would race on `consumer_pos`.
+
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use memmap2::{Mmap, MmapMut, MmapOptions};
+
+/// Set in a record header while the producer still fills it.
+pub const BUSY_BIT: u32 = 1 << 31;
+/// Set in a record header the producer discarded.
+pub const DISCARD_BIT: u32 = 1 << 30;
+/// Size of the header before each record body.
+pub const HEADER_LEN: usize = 8;
+
+/// Errors setting up a ring consumer.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    #[error("ring size {0} is not a power-of-two multiple of the page size")]
+    BadSize(usize),
+    #[error("mmap of the ring's {what} failed")]
+    Map {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Reads one BPF ring buffer from its mmap'd pages.
+pub struct RingConsumer {
+    /// `consumer_pos` page: read-write, written only by `publish`.
+    consumer: MmapMut,
+    /// `producer_pos` page followed by the data area mapped twice.
+    producer: Mmap,
+    page: usize,
+    mask: u64,
+    /// Our position: every record before it has been handed out. Ahead of
+    /// the published `consumer_pos` within a batch.
+    pos: u64,
+    /// The last position stored to `consumer_pos`.
+    published: u64,
+}
+
+impl RingConsumer {
+    /// Maps the ring behind `fd`, whose data area is `size` bytes (the map's
+    /// `max_entries`).
+    pub fn new(fd: BorrowedFd<'_>, size: usize) -> Result<Self, RingError> {
+        let page = rustix::param::page_size();
+        if !size.is_power_of_two() || size < page {
+            return Err(RingError::BadSize(size));
+        }
+        // SAFETY: the kernel backs offset 0 of a ringbuf map with the
+        // consumer page, which it allows to be mapped writable; it lives
+        // until the mapping is dropped with `self`.
+        let consumer = unsafe { MmapOptions::new().len(page).map_mut(&fd) }
+            .map_err(|source| RingError::Map { what: "consumer page", source })?;
+        // SAFETY: offset one page maps the producer page and the data area
+        // twice; the kernel only allows it read-only, and we only read it.
+        let producer = unsafe {
+            MmapOptions::new()
+                .offset(page as u64)
+                .len(page + 2 * size)
+                .map(&fd)
+        }
+        .map_err(|source| RingError::Map { what: "producer pages", source })?;
+        let mut ring = Self {
+            consumer,
+            producer,
+            page,
+            mask: size as u64 - 1,
+            pos: 0,
+            published: 0,
+        };
+        ring.pos = ring.consumer_pos().load(Ordering::Acquire);
+        ring.published = ring.pos;
+        Ok(ring)
+    }
+
+    fn consumer_pos(&self) -> &AtomicU64 {
+        // SAFETY: the consumer page is page-aligned, at least 8 bytes long
+        // and lives as long as `self`; the kernel treats it as an
+        // `unsigned long` updated atomically, as AtomicU64 does.
+        unsafe { &*self.consumer.as_ptr().cast::<AtomicU64>() }
+    }
+
+    /// The kernel's producer position: every byte before it is reserved.
+    /// Acquire pairs with the `smp_store_release` in `__bpf_ringbuf_reserve`,
+    /// so the headers of the reserved records are visible.
+    pub fn producer_pos(&self) -> u64 {
+        // SAFETY: as in `consumer_pos`, for the page-aligned producer page.
+        let prod = unsafe { &*self.producer.as_ptr().cast::<AtomicU64>() };
+        prod.load(Ordering::Acquire)
+    }
+
+    /// Our read position: records before it were handed out.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Size of the data area in bytes.
+    pub fn size(&self) -> usize {
+        (self.mask + 1) as usize
+    }
+
+    /// Bytes reserved by producers and not yet consumed.
+    pub fn pending(&self) -> u64 {
+        self.producer_pos().wrapping_sub(self.pos)
+    }
+
+    fn header(&self, pos: u64) -> &AtomicU32 {
+        let off = self.page + (pos & self.mask) as usize;
+        // SAFETY: `off` is 8-aligned (records are 8-byte padded and the data
+        // area is page-aligned) and inside the first copy of the data area,
+        // which lives as long as `self`.
+        unsafe { &*self.producer.as_ptr().add(off).cast::<AtomicU32>() }
+    }
+
+    /// Hands every committed record up to the producer position to `f`,
+    /// skipping discarded ones, and stops at the first record still being
+    /// written. Returns the number of records handed to `f`.
+    pub fn poll(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+        let mut handed = 0;
+        let mut prod = self.producer_pos();
+        while self.pos < prod {
+            match self.take_one(&mut f) {
+                Some(true) => handed += 1,
+                Some(false) => {}
+                None => break,
+            }
+            if self.pos - self.published >= self.mask / 8 {
+                // A long batch under load: give space back as we go.
+                self.publish();
+            }
+            if self.pos >= prod {
+                prod = self.producer_pos();
+            }
+        }
+        self.publish();
+        handed
+    }
+
+    /// Consumes records until the read position reaches `target` (a
+    /// producer position seen earlier), waiting for records still being
+    /// written. Returns the number of records handed to `f`.
+    ///
+    /// Used by barriers: once a producer has stopped, everything it reserved
+    /// lies below the producer position read after the stop.
+    pub fn drain_to(&mut self, target: u64, mut f: impl FnMut(&[u8])) -> usize {
+        let backoff = crossbeam_utils::Backoff::new();
+        let mut handed = 0;
+        while self.pos < target {
+            match self.take_one(&mut f) {
+                Some(true) => handed += 1,
+                Some(false) => {}
+                None => {
+                    // A producer on another CPU between reserve and
+                    // commit: it finishes in bounded time.
+                    self.publish();
+                    backoff.snooze();
+                }
+            }
+        }
+        self.publish();
+        handed
+    }
+
+    /// Takes the record at the read position: `Some(true)` if handed to
+    /// `f`, `Some(false)` if discarded, `None` if still busy.
+    fn take_one(&mut self, f: &mut impl FnMut(&[u8])) -> Option<bool> {
+        // Acquire pairs with the xchg in bpf_ringbuf_commit(): the record
+        // body written before the commit is visible once BUSY is clear.
+        let len = self.header(self.pos).load(Ordering::Acquire);
+        if len & BUSY_BIT != 0 {
+            return None;
+        }
+        let body = (len & !(BUSY_BIT | DISCARD_BIT)) as usize;
+        let start = self.page + (self.pos & self.mask) as usize + HEADER_LEN;
+        let handed = len & DISCARD_BIT == 0;
+        if handed {
+            // The body may run past the end of the first copy of the data
+            // area into the second: the double mapping keeps it contiguous.
+            f(&self.producer[start..start + body]);
+        }
+        self.pos += ((HEADER_LEN + body + 7) & !7) as u64;
+        Some(handed)
+    }
+
+    /// Returns consumed space to the producers.
+    fn publish(&mut self) {
+        // Release: our reads of the records before `pos` happen before the
+        // kernel, reading consumer_pos with smp_load_acquire in
+        // __bpf_ringbuf_reserve, hands that space out again.
+        if self.published != self.pos {
+            self.consumer_pos().store(self.pos, Ordering::Release);
+            self.published = self.pos;
+        }
+    }
+}

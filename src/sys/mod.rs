@@ -1,0 +1,366 @@
+//! The only place that issues raw system calls.
+//!
+//! Each wrapper names its call in the error and keeps the `io::Error` as the
+//! source. Callers above this module see safe functions only.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+/// A failed system call: its name and the OS error.
+#[derive(Debug, thiserror::Error)]
+#[error("{call} failed")]
+pub struct SysError {
+    pub call: &'static str,
+    #[source]
+    pub source: io::Error,
+}
+
+impl SysError {
+    fn last(call: &'static str) -> Self {
+        Self {
+            call,
+            source: io::Error::last_os_error(),
+        }
+    }
+
+    /// The OS error number.
+    pub fn errno(&self) -> Option<i32> {
+        self.source.raw_os_error()
+    }
+}
+
+pub type SysResult<T> = Result<T, SysError>;
+
+fn check(call: &'static str, ret: libc::c_int) -> SysResult<libc::c_int> {
+    if ret < 0 {
+        Err(SysError::last(call))
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Makes this process the reaper of its orphaned descendants, so that every
+/// process of the tracked tree is eventually waited for by us.
+pub fn set_child_subreaper() -> SysResult<()> {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes one integer argument.
+    check("prctl(PR_SET_CHILD_SUBREAPER)", unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    })
+    .map(drop)
+}
+
+/// How a waited-for child ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChildExit {
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl ChildExit {
+    /// The shell's convention: the exit code, or 128 + the signal.
+    pub fn code(self) -> i32 {
+        match self {
+            Self::Exited(code) => code,
+            Self::Signaled(sig) => 128 + sig,
+        }
+    }
+}
+
+/// Waits for any child to end. `Ok(None)` when there are no children left.
+pub fn wait_any() -> SysResult<Option<(i32, ChildExit)>> {
+    loop {
+        let mut status = 0;
+        // SAFETY: `status` is a valid out pointer for the call.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+        if pid < 0 {
+            let err = io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::ECHILD) => return Ok(None),
+                _ => {
+                    return Err(SysError {
+                        call: "waitpid",
+                        source: err,
+                    });
+                }
+            }
+        }
+        let exit = if libc::WIFEXITED(status) {
+            ChildExit::Exited(libc::WEXITSTATUS(status))
+        } else if libc::WIFSIGNALED(status) {
+            ChildExit::Signaled(libc::WTERMSIG(status))
+        } else {
+            continue;
+        };
+        return Ok(Some((pid, exit)));
+    }
+}
+
+/// Sends `sig` to `pid`.
+pub fn kill(pid: i32, sig: i32) -> SysResult<()> {
+    // SAFETY: kill takes plain integers.
+    check("kill", unsafe { libc::kill(pid, sig) }).map(drop)
+}
+
+/// A pipe whose ends are closed on exec.
+pub fn pipe() -> SysResult<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    check("pipe2", unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 succeeded, so both descriptors are open and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Reads into `buf`, retrying on EINTR. Returns the bytes read (0 at EOF).
+pub fn read(fd: &OwnedFd, buf: &mut [u8]) -> SysResult<usize> {
+    loop {
+        // SAFETY: `buf` is valid for `buf.len()` bytes of writes.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = SysError::last("read");
+        if err.errno() != Some(libc::EINTR) {
+            return Err(err);
+        }
+    }
+}
+
+/// Writes all of `buf`.
+pub fn write_all(fd: &OwnedFd, mut buf: &[u8]) -> SysResult<()> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is valid for `buf.len()` bytes of reads.
+        let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let err = SysError::last("write");
+            if err.errno() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(err);
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+/// Identity the command runs under when memtrail was started through sudo.
+#[derive(Clone, Debug)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<libc::gid_t>,
+}
+
+impl Credentials {
+    /// The supplementary groups of `user`, for `setgroups` in the child.
+    pub fn for_user(uid: u32, gid: u32) -> SysResult<Self> {
+        // SAFETY: getpwuid_r with a buffer we own; the result points into it.
+        let name = unsafe {
+            let mut pwd: libc::passwd = std::mem::zeroed();
+            let mut buf = vec![0 as libc::c_char; 16 * 1024];
+            let mut out = std::ptr::null_mut();
+            let rc = libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut out);
+            if rc != 0 || out.is_null() {
+                None
+            } else {
+                Some(CStr::from_ptr(pwd.pw_name).to_owned())
+            }
+        };
+        let mut groups = vec![gid];
+        if let Some(name) = name {
+            let mut n: libc::c_int = 256;
+            let mut list = vec![0 as libc::gid_t; n as usize];
+            // SAFETY: `list` has room for `n` entries; getgrouplist updates n.
+            let rc = unsafe { libc::getgrouplist(name.as_ptr(), gid, list.as_mut_ptr(), &mut n) };
+            if rc >= 0 {
+                list.truncate(n as usize);
+                groups = list;
+            }
+        }
+        Ok(Self { uid, gid, groups })
+    }
+}
+
+/// Everything the child needs after fork, prepared before it: the child may
+/// only make async-signal-safe calls.
+pub struct ExecPlan {
+    pub path: CString,
+    pub argv: Vec<CString>,
+    pub creds: Option<Credentials>,
+}
+
+/// A forked child that waits for `release` before it execs.
+pub struct HeldChild {
+    pub pid: i32,
+    go: OwnedFd,
+    err: OwnedFd,
+}
+
+/// Forks a child that blocks until [`HeldChild::release`], then execs the
+/// plan, so the parent can register its pid before its first instruction.
+pub fn fork_held(plan: &ExecPlan) -> SysResult<HeldChild> {
+    let (go_r, go_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let mut argv: Vec<*const libc::c_char> = plan.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    // SAFETY: the child only calls async-signal-safe functions (read,
+    // sigaction, setgroups, setgid, setuid, execv, write, _exit) on data
+    // prepared before the fork, then execs or exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(SysError::last("fork"));
+    }
+    if pid == 0 {
+        // SAFETY: see above; this branch never returns.
+        unsafe { child_after_fork(plan, &argv, go_r.as_raw_fd(), err_w.as_raw_fd()) }
+    }
+    drop(go_r);
+    drop(err_w);
+    Ok(HeldChild {
+        pid,
+        go: go_w,
+        err: err_r,
+    })
+}
+
+/// # Safety
+/// Must run in a freshly forked child: it only makes async-signal-safe calls
+/// and never returns.
+unsafe fn child_after_fork(
+    plan: &ExecPlan,
+    argv: &[*const libc::c_char],
+    go: libc::c_int,
+    err: libc::c_int,
+) -> ! {
+    let fail = |stage: u8| -> ! {
+        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        let mut msg = [0u8; 5];
+        msg[0] = stage;
+        msg[1..].copy_from_slice(&errno.to_ne_bytes());
+        // SAFETY: write and _exit are async-signal-safe.
+        unsafe {
+            libc::write(err, msg.as_ptr().cast(), msg.len());
+            libc::_exit(127)
+        }
+    };
+    let mut byte = 0u8;
+    // SAFETY: reading one byte into a local.
+    if unsafe { libc::read(go, (&raw mut byte).cast(), 1) } != 1 {
+        // The parent went away before releasing us.
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(127) }
+    }
+    // memtrail ignores SIGINT/SIGQUIT; the command gets the defaults back.
+    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGPIPE] {
+        // SAFETY: signal() with SIG_DFL is async-signal-safe in practice
+        // (a single rt_sigaction call in glibc).
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+    if let Some(creds) = &plan.creds {
+        // SAFETY: plain syscalls on prepared data.
+        unsafe {
+            if libc::setgroups(creds.groups.len(), creds.groups.as_ptr()) != 0 {
+                fail(1);
+            }
+            if libc::setgid(creds.gid) != 0 {
+                fail(1);
+            }
+            if libc::setuid(creds.uid) != 0 {
+                fail(1);
+            }
+        }
+    }
+    // SAFETY: path and argv are NUL-terminated and argv ends with NULL.
+    unsafe { libc::execv(plan.path.as_ptr(), argv.as_ptr()) };
+    fail(2)
+}
+
+/// Why a held child did not start its command.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecFailure {
+    #[error("could not switch to the invoking user's identity")]
+    Credentials(#[source] io::Error),
+    #[error("execve failed")]
+    Exec(#[source] io::Error),
+    #[error(transparent)]
+    Sys(#[from] SysError),
+}
+
+impl HeldChild {
+    /// Lets the child exec, and waits until the exec either happened or
+    /// failed.
+    pub fn release(self) -> Result<i32, ExecFailure> {
+        write_all(&self.go, &[1])?;
+        let mut msg = [0u8; 5];
+        let n = read(&self.err, &mut msg)?;
+        if n == 0 {
+            // The close-on-exec error pipe closed: the exec happened.
+            return Ok(self.pid);
+        }
+        let errno = i32::from_ne_bytes(msg[1..5].try_into().expect("4 bytes"));
+        let err = io::Error::from_raw_os_error(errno);
+        Err(match msg[0] {
+            1 => ExecFailure::Credentials(err),
+            _ => ExecFailure::Exec(err),
+        })
+    }
+}
+
+/// Sets the disposition of `sig` to ignore.
+pub fn ignore_signal(sig: i32) -> SysResult<()> {
+    // SAFETY: installs SIG_IGN; no handler code runs.
+    if unsafe { libc::signal(sig, libc::SIG_IGN) } == libc::SIG_ERR {
+        return Err(SysError::last("signal"));
+    }
+    Ok(())
+}
+
+/// Mounts tracefs at /sys/kernel/tracing when it is not mounted yet:
+/// libbpf resolves syscall tracepoint ids through it.
+pub fn ensure_tracefs() -> SysResult<()> {
+    let probe = Path::new("/sys/kernel/tracing/events");
+    if probe.exists() {
+        return Ok(());
+    }
+    let src = c"tracefs";
+    let target = c"/sys/kernel/tracing";
+    // SAFETY: NUL-terminated strings and no mount data.
+    check("mount(tracefs)", unsafe {
+        libc::mount(src.as_ptr(), target.as_ptr(), src.as_ptr(), 0, std::ptr::null())
+    })
+    .map(drop)
+}
+
+/// Whether this process has `cap` in its effective set.
+pub fn has_capability(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|eff| eff & (1u64 << cap) != 0)
+}
+
+/// Recent kernel log lines (needs CAP_SYSLOG); empty when unreadable.
+pub fn kernel_log_tail(max_bytes: usize) -> String {
+    const SYSLOG_ACTION_READ_ALL: libc::c_int = 3;
+    let mut buf = vec![0u8; max_bytes];
+    // SAFETY: klogctl writes at most `buf.len()` bytes into `buf`.
+    let n = unsafe {
+        libc::klogctl(
+            SYSLOG_ACTION_READ_ALL,
+            buf.as_mut_ptr().cast(),
+            buf.len() as libc::c_int,
+        )
+    };
+    if n <= 0 {
+        return String::new();
+    }
+    buf.truncate(n as usize);
+    String::from_utf8_lossy(&buf).into_owned()
+}
