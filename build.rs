@@ -9,7 +9,7 @@ use std::process::Command;
 
 use libbpf_cargo::SkeletonBuilder;
 
-const PROGRAMS: &[&str] = &["memtrail"];
+const PROGRAMS: &[&str] = &["memtrail", "ringtest"];
 
 fn find_clang() -> PathBuf {
     if let Some(clang) = env::var_os("CLANG") {
@@ -47,7 +47,14 @@ fn main() {
         SkeletonBuilder::new()
             .source(&src)
             .clang(&clang)
-            .clang_args(["-O2", "-g", "-Wall", "-Werror", "-D__TARGET_ARCH_x86", "-Ibpf"])
+            .clang_args([
+                "-O2",
+                "-g",
+                "-Wall",
+                "-Werror",
+                "-D__TARGET_ARCH_x86",
+                "-Ibpf",
+            ])
             .build_and_generate(&skel)
             .unwrap_or_else(|err| panic!("building {}: {err:#}", src.display()));
     }

@@ -117,4 +117,14 @@ struct trace_event_raw_sys_exit {
 	long ret;
 };
 
+/* Opaque handles of the dynptr helpers and the numbers iterator behind
+ * bpf_for() (uapi bpf.h; the kernel checks their size only). */
+struct bpf_dynptr {
+	__u64 __opaque[2];
+} __attribute__((aligned(8)));
+
+struct bpf_iter_num {
+	__u64 __opaque[1];
+} __attribute__((aligned(8)));
+
 #endif /* MEMTRAIL_VMLINUX_MIN_H */

@@ -12,3 +12,9 @@
 pub mod memtrail {
     include!(concat!(env!("OUT_DIR"), "/memtrail.skel.rs"));
 }
+
+/// The deterministic ring producer of the ring tests and benchmarks
+/// (`bpf/ringtest.bpf.c`).
+pub mod ringtest {
+    include!(concat!(env!("OUT_DIR"), "/ringtest.skel.rs"));
+}
