@@ -87,6 +87,8 @@ struct mt_alloc_event _mt_alloc_event = {};
 struct mt_fork_event _mt_fork_event = {};
 struct mt_exec_event _mt_exec_event = {};
 struct mt_exit_event _mt_exit_event = {};
+enum mt_kind _mt_kind = 0;
+enum mt_flags _mt_flags = 0;
 
 static __always_inline bool is_tracked(__u32 tgid)
 {
@@ -129,7 +131,7 @@ static __always_inline void emit_alloc(__u64 pid_tgid, __u16 kind, __u16 flags,
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
-SEC("uprobe")
+SEC("uprobe.multi")
 int alloc_enter(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -158,7 +160,7 @@ int alloc_enter(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("uretprobe")
+SEC("uretprobe.multi")
 int alloc_return(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -221,7 +223,7 @@ int alloc_return(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("uprobe")
+SEC("uprobe.multi")
 int free_enter(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();

@@ -7,11 +7,13 @@
 //! - [`engine`]: pinned poller threads, idle strategy, epoch barriers.
 //! - [`record`]: decoding ring records into events.
 //! - [`attach`]: finding allocator entry points and attaching probes.
+//! - [`capture`]: one capture from start to profile, the library entry point.
 //! - [`proctree`]: starting the command and following its process tree.
 //! - [`report`]: aggregating events into the profile, summary and stream.
 //! - [`cli`]: the `memtrail` command line.
 
 pub mod attach;
+pub mod capture;
 pub mod cli;
 pub mod engine;
 pub mod proctree;

@@ -1,2 +1,173 @@
-//! TODO
+//! Poller threads and the epoch barrier that synchronizes them.
+//!
+//! Each pipeline is one ring consumed by one pinned thread that busy-polls
+//! with [`idle::IdleWait`] and hands every record to its [`Sink`]. No lock
+//! is taken on this path.
+//!
+//! Barrier: a coordinator raises the epoch ([`Barrier::raise`]); each
+//! pipeline, on seeing a new epoch, reads its ring's producer position,
+//! drains up to it, then acknowledges the epoch. A coordinator that has first
+//! made sure no producer of interest is still running (the tree exited, or
+//! is stopped) thus knows, once every pipeline acknowledged, that every
+//! record those producers made has been handed to a sink.
+
 pub mod idle;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::{Backoff, CachePadded};
+
+use crate::ring::RingConsumer;
+
+/// Receives the records of one pipeline, on its poller thread.
+pub trait Sink: Send + 'static {
+    fn record(&mut self, bytes: &[u8]);
+}
+
+/// Epoch counters shared by a coordinator and its pipelines.
+#[derive(Debug)]
+pub struct Barrier {
+    /// The epoch every pipeline must reach.
+    epoch: CachePadded<AtomicU64>,
+    /// The epoch each pipeline has drained to.
+    acks: Box<[CachePadded<AtomicU64>]>,
+    stop: AtomicBool,
+}
+
+impl Barrier {
+    pub fn new(pipelines: usize) -> Arc<Self> {
+        Arc::new(Self {
+            epoch: CachePadded::new(AtomicU64::new(0)),
+            acks: (0..pipelines)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// Asks every pipeline to drain what its producers have reserved so far.
+    /// Returns the epoch to wait for.
+    pub fn raise(&self) -> u64 {
+        // SeqCst: everything the coordinator observed before raising (e.g.
+        // that the tree exited) is ordered before the pipelines' reads of
+        // their producer positions, which follow their load of the epoch.
+        self.epoch.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Waits until every pipeline acknowledged `epoch`; false on timeout.
+    pub fn wait(&self, epoch: u64, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut idle = idle::IdleWait::default();
+        loop {
+            // Acquire pairs with the Release in `ack`: the sinks' work for
+            // the epoch is visible to the coordinator.
+            if self.acks.iter().all(|a| a.load(Ordering::Acquire) >= epoch) {
+                return true;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+            idle.idle();
+        }
+    }
+
+    /// Tells the pollers to exit after their current round.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    fn requested(&self) -> u64 {
+        // SeqCst pairs with `raise`: a poller seeing the new epoch reads the
+        // producer position afterwards.
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    fn ack(&self, pipeline: usize, epoch: u64) {
+        self.acks[pipeline].store(epoch, Ordering::Release);
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+}
+
+/// One ring and the sink its records go to.
+pub struct Pipeline<S: Sink> {
+    pub name: &'static str,
+    pub ring: RingConsumer,
+    pub sink: S,
+}
+
+/// Picks a core for each of `n` pollers: the last cores, leaving core 0 to
+/// the command. `None` when the process may run on one core only.
+pub fn poller_cores(n: usize) -> Vec<Option<core_affinity::CoreId>> {
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    if cores.len() < 2 {
+        return vec![None; n];
+    }
+    (0..n)
+        .map(|i| Some(cores[cores.len() - 1 - i % (cores.len() - 1)]))
+        .collect()
+}
+
+/// Starts the poller of `pipeline` as pipeline number `index` of `barrier`.
+/// The thread returns the sink when the barrier stops it.
+pub fn spawn<S: Sink>(
+    mut pipeline: Pipeline<S>,
+    barrier: Arc<Barrier>,
+    index: usize,
+    core: Option<core_affinity::CoreId>,
+) -> std::io::Result<JoinHandle<S>> {
+    std::thread::Builder::new()
+        .name(format!("memtrail-{}", pipeline.name))
+        .spawn(move || {
+            if let Some(core) = core {
+                if !core_affinity::set_for_current(core) {
+                    tracing::debug!(core = core.id, "could not pin poller; running unpinned");
+                }
+            }
+            poll_loop(&mut pipeline, &barrier, index);
+            pipeline.sink
+        })
+}
+
+fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
+    let mut idle = idle::IdleWait::default();
+    let mut acked = 0;
+    let sink = &mut p.sink;
+    loop {
+        let stopping = barrier.stopping();
+        let mut handed = p.ring.poll(|rec| sink.record(rec));
+        let wanted = barrier.requested();
+        if wanted > acked {
+            let target = p.ring.producer_pos();
+            handed += p.ring.drain_to(target, |rec| sink.record(rec));
+            acked = wanted;
+            barrier.ack(index, wanted);
+        }
+        if stopping {
+            return;
+        }
+        if handed > 0 {
+            idle.reset();
+        } else {
+            idle.idle();
+        }
+    }
+}
+
+/// Spins until `cond` holds or `timeout` passes.
+pub fn spin_until(mut cond: impl FnMut() -> bool, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    let backoff = Backoff::new();
+    while !cond() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        backoff.snooze();
+    }
+    true
+}

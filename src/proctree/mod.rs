@@ -1,1 +1,169 @@
-//! TODO
+//! Starting the command and following its process tree.
+//!
+//! The command is forked held: the child waits on a pipe until memtrail has
+//! put its pid into the BPF tracked map, then execs, so the tracked tree
+//! includes it from its first instruction (ld.so, constructors). The
+//! tracked map then follows forks in BPF.
+//!
+//! memtrail is the tree's subreaper: orphaned descendants are re-parented to
+//! it, so waiting until no child is left means the whole tree has exited.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::sys::{self, ChildExit, Credentials, ExecFailure, ExecPlan, HeldChild, SysError};
+
+/// Errors starting the command.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("command not found: {0}")]
+    NotFound(String),
+    #[error("command is not an executable file: {}", .0.display())]
+    NotExecutable(PathBuf),
+    #[error("argument contains a NUL byte: {0:?}")]
+    Nul(OsString),
+    #[error("could not start {}", path.display())]
+    Exec {
+        path: PathBuf,
+        #[source]
+        source: ExecFailure,
+    },
+    #[error(transparent)]
+    Sys(#[from] SysError),
+}
+
+/// The command to run, resolved and checked before anything starts.
+#[derive(Debug, Clone)]
+pub struct CommandSpec {
+    pub path: PathBuf,
+    pub argv: Vec<OsString>,
+    /// Set when memtrail runs under sudo: the command runs as the invoking
+    /// user.
+    pub creds: Option<Credentials>,
+}
+
+impl CommandSpec {
+    /// Resolves `argv[0]` like execvp does and checks it is executable.
+    pub fn new(argv: Vec<OsString>) -> Result<Self, SpawnError> {
+        let first = argv
+            .first()
+            .ok_or_else(|| SpawnError::NotFound(String::new()))?;
+        let path = resolve(first)?;
+        Ok(Self {
+            path,
+            argv,
+            creds: sudo_credentials(),
+        })
+    }
+
+    fn plan(&self) -> Result<ExecPlan, SpawnError> {
+        let cstr = |s: &OsStr| CString::new(s.as_bytes()).map_err(|_| SpawnError::Nul(s.into()));
+        Ok(ExecPlan {
+            path: cstr(self.path.as_os_str())?,
+            argv: self
+                .argv
+                .iter()
+                .map(|a| cstr(a))
+                .collect::<Result<_, _>>()?,
+            creds: self.creds.clone(),
+        })
+    }
+}
+
+fn is_executable(path: &Path) -> bool {
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Finds `cmd` in PATH unless it names a path.
+pub fn resolve(cmd: &OsStr) -> Result<PathBuf, SpawnError> {
+    let name = cmd.to_string_lossy().into_owned();
+    if cmd.is_empty() {
+        return Err(SpawnError::NotFound(name));
+    }
+    if cmd.as_bytes().contains(&b'/') {
+        let path = PathBuf::from(cmd);
+        if !path.exists() {
+            return Err(SpawnError::NotFound(name));
+        }
+        if !is_executable(&path) {
+            return Err(SpawnError::NotExecutable(path));
+        }
+        return Ok(path);
+    }
+    let search = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    let mut found_not_exec = None;
+    for dir in std::env::split_paths(&search) {
+        let candidate = dir.join(cmd);
+        if is_executable(&candidate) {
+            return Ok(candidate);
+        }
+        if candidate.is_file() && found_not_exec.is_none() {
+            found_not_exec = Some(candidate);
+        }
+    }
+    Err(match found_not_exec {
+        Some(path) => SpawnError::NotExecutable(path),
+        None => SpawnError::NotFound(name),
+    })
+}
+
+/// The invoking user's identity when root runs memtrail through sudo.
+fn sudo_credentials() -> Option<Credentials> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let uid: u32 = std::env::var("SUDO_UID").ok()?.parse().ok()?;
+    let gid: u32 = std::env::var("SUDO_GID").ok()?.parse().ok()?;
+    if uid == 0 {
+        return None;
+    }
+    Credentials::for_user(uid, gid).ok()
+}
+
+/// A command forked and waiting to exec.
+pub struct Held {
+    child: HeldChild,
+    path: PathBuf,
+}
+
+impl Held {
+    pub fn pid(&self) -> u32 {
+        self.child.pid as u32
+    }
+
+    /// Lets the command exec; returns once it did.
+    pub fn release(self) -> Result<u32, SpawnError> {
+        let path = self.path;
+        self.child
+            .release()
+            .map(|pid| pid as u32)
+            .map_err(|source| SpawnError::Exec { path, source })
+    }
+}
+
+/// Forks the command, held before exec.
+pub fn spawn_held(spec: &CommandSpec) -> Result<Held, SpawnError> {
+    let plan = spec.plan()?;
+    sys::set_child_subreaper()?;
+    let child = sys::fork_held(&plan)?;
+    Ok(Held {
+        child,
+        path: spec.path.clone(),
+    })
+}
+
+/// Waits until every process of the tree has exited; returns how the root
+/// ended.
+pub fn wait_tree(root: u32) -> Result<Option<ChildExit>, SysError> {
+    let mut root_exit = None;
+    while let Some((pid, exit)) = sys::wait_any()? {
+        if pid as u32 == root {
+            root_exit = Some(exit);
+        }
+    }
+    Ok(root_exit)
+}

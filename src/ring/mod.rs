@@ -74,8 +74,12 @@ impl RingConsumer {
         // SAFETY: the kernel backs offset 0 of a ringbuf map with the
         // consumer page, which it allows to be mapped writable; it lives
         // until the mapping is dropped with `self`.
-        let consumer = unsafe { MmapOptions::new().len(page).map_mut(&fd) }
-            .map_err(|source| RingError::Map { what: "consumer page", source })?;
+        let consumer = unsafe { MmapOptions::new().len(page).map_mut(&fd) }.map_err(|source| {
+            RingError::Map {
+                what: "consumer page",
+                source,
+            }
+        })?;
         // SAFETY: offset one page maps the producer page and the data area
         // twice; the kernel only allows it read-only, and we only read it.
         let producer = unsafe {
@@ -84,7 +88,10 @@ impl RingConsumer {
                 .len(page + 2 * size)
                 .map(&fd)
         }
-        .map_err(|source| RingError::Map { what: "producer pages", source })?;
+        .map_err(|source| RingError::Map {
+            what: "producer pages",
+            source,
+        })?;
         let mut ring = Self {
             consumer,
             producer,

@@ -108,7 +108,9 @@ pub fn kill(pid: i32, sig: i32) -> SysResult<()> {
 pub fn pipe() -> SysResult<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    check("pipe2", unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    check("pipe2", unsafe {
+        libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC)
+    })?;
     // SAFETY: pipe2 succeeded, so both descriptors are open and ours.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
@@ -328,7 +330,13 @@ pub fn ensure_tracefs() -> SysResult<()> {
     let target = c"/sys/kernel/tracing";
     // SAFETY: NUL-terminated strings and no mount data.
     check("mount(tracefs)", unsafe {
-        libc::mount(src.as_ptr(), target.as_ptr(), src.as_ptr(), 0, std::ptr::null())
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            src.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
     })
     .map(drop)
 }
@@ -363,4 +371,15 @@ pub fn kernel_log_tail(max_bytes: usize) -> String {
     }
     buf.truncate(n as usize);
     String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

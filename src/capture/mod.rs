@@ -1,0 +1,346 @@
+//! One capture: load the probes, start the command held, follow its tree,
+//! drain the rings, check for loss and build the profile.
+//!
+//! This is the library entry point the CLI (and later the C ABI) calls.
+//! Ownership: the capture owns the BPF skeleton and the probe links (all
+//! detached when it returns, whatever the path), the poller thread (joined
+//! before it returns) and the output files (committed only on success).
+
+use std::ffi::OsString;
+use std::mem::MaybeUninit;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use libbpf_rs::MapCore;
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+
+use crate::attach::{self, AttachError, Links};
+use crate::engine::{self, Barrier, Pipeline, Sink};
+use crate::proctree::{self, CommandSpec, SpawnError};
+use crate::record;
+use crate::report::{
+    Aggregator, AtomicOutput, EventWriter, ExitInfo, LostEvents, OutputError, Profile,
+};
+use crate::ring::{RingConsumer, RingError};
+use crate::skel::memtrail::{MemtrailSkel, MemtrailSkelBuilder};
+use crate::sys::{self, ChildExit, SysError};
+
+/// Default size of the events ring: 64 MiB absorbs long bursts.
+pub const DEFAULT_RING_SIZE: usize = 64 << 20;
+
+/// How long the final drain may take before the capture is declared broken.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What to capture and where to write it.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub command: Vec<OsString>,
+    pub output: Option<PathBuf>,
+    pub events: Option<PathBuf>,
+    /// Size in bytes of the events ring (a power of two, at least a page).
+    pub ring_size: usize,
+}
+
+/// Why a capture failed. Each variant maps to a documented exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error("memtrail needs {0}: run it as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)")]
+    Privileges(&'static str),
+    #[error("this kernel lacks {feature}: {hint}")]
+    KernelFeature {
+        feature: &'static str,
+        hint: &'static str,
+    },
+    #[error("loading the BPF programs failed (the kernel rejected them; see the log above)")]
+    Load(#[source] libbpf_rs::Error),
+    #[error("attaching the {what} failed")]
+    AttachTracepoint {
+        what: &'static str,
+        #[source]
+        source: libbpf_rs::Error,
+    },
+    #[error(transparent)]
+    Attach(#[from] AttachError),
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    #[error(
+        "events were lost ({} on the events ring, {} untracked calls or processes): \
+         the capture is incomplete and no report was written; retry with a larger \
+         --ring-size",
+        .0.events, .0.tracking
+    )]
+    Lost(LostEvents),
+    #[error("{0} records could not be decoded: memtrail's BPF and userspace disagree")]
+    Malformed(u64),
+    #[error("writing the event stream failed")]
+    EventStream(#[source] std::io::Error),
+    #[error("the events pipeline did not drain within {0:?}")]
+    DrainTimeout(Duration),
+    #[error("a poller thread panicked")]
+    PollerPanicked,
+    #[error(transparent)]
+    Sys(#[from] SysError),
+    #[error("{what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A finished capture.
+#[derive(Debug)]
+pub struct Outcome {
+    pub profile: Profile,
+    /// The exit code memtrail passes on: the command's, or 128 + signal.
+    pub exit_code: i32,
+}
+
+/// The events pipeline's sink: aggregation and the optional stream.
+struct EventSink {
+    agg: Aggregator,
+    stream: Option<EventWriter>,
+    stream_error: Option<std::io::Error>,
+}
+
+impl Sink for EventSink {
+    fn record(&mut self, bytes: &[u8]) {
+        let Ok(rec) = record::decode(bytes) else {
+            self.agg.malformed += 1;
+            return;
+        };
+        self.agg.apply(&rec);
+        if let Some(stream) = &mut self.stream {
+            if let Err(err) = stream.write(&rec) {
+                self.stream_error = Some(err);
+                self.stream = None;
+            }
+        }
+    }
+}
+
+fn check_environment() -> Result<(), CaptureError> {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let admin = sys::has_capability(CAP_SYS_ADMIN);
+    if !admin && !sys::has_capability(CAP_BPF) {
+        return Err(CaptureError::Privileges("CAP_BPF to load BPF programs"));
+    }
+    if !admin && !sys::has_capability(CAP_PERFMON) {
+        return Err(CaptureError::Privileges(
+            "CAP_PERFMON to attach uprobes and tracepoints",
+        ));
+    }
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err(CaptureError::KernelFeature {
+            feature: "BTF (/sys/kernel/btf/vmlinux)",
+            hint: "memtrail needs a kernel built with CONFIG_DEBUG_INFO_BTF=y",
+        });
+    }
+    sys::ensure_tracefs().map_err(|_| CaptureError::KernelFeature {
+        feature: "tracefs at /sys/kernel/tracing",
+        hint: "mount it (mount -t tracefs nodev /sys/kernel/tracing) or enable CONFIG_TRACING",
+    })?;
+    Ok(())
+}
+
+/// Runs one capture.
+pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
+    // Everything that can fail on bad input fails before the command runs.
+    let spec = CommandSpec::new(opts.command.clone())?;
+    let output = opts
+        .output
+        .as_deref()
+        .map(AtomicOutput::create)
+        .transpose()?;
+    let events = opts
+        .events
+        .as_deref()
+        .map(AtomicOutput::create)
+        .transpose()?;
+    if !opts.ring_size.is_power_of_two() || opts.ring_size < rustix::param::page_size() {
+        return Err(RingError::BadSize(opts.ring_size).into());
+    }
+    check_environment()?;
+
+    let mut storage = MaybeUninit::uninit();
+    let mut open = MemtrailSkelBuilder::default()
+        .open(&mut storage)
+        .map_err(CaptureError::Load)?;
+    open.maps
+        .events
+        .set_max_entries(opts.ring_size as u32)
+        .map_err(CaptureError::Load)?;
+    let skel = open.load().map_err(CaptureError::Load)?;
+
+    let libc = attach::libc_path()?;
+    let sites = attach::find_sites(&libc, attach::LIBC_API)?;
+    for site in sites.iter().filter(|s| !s.emulated) {
+        tracing::info!(%site, "probe site single-steps its first instruction (~14 µs a hit)");
+    }
+    let mut links = Links::default();
+    attach_tracepoints(&skel, &mut links)?;
+    attach::attach_sites(&skel, &sites, &mut links)?;
+
+    let ring = RingConsumer::new(skel.maps.events.as_fd(), opts.ring_size)?;
+    let stream = events
+        .map(EventWriter::new)
+        .transpose()
+        .map_err(CaptureError::EventStream)?;
+    let sink = EventSink {
+        agg: Aggregator::new(),
+        stream,
+        stream_error: None,
+    };
+    let barrier = Barrier::new(1);
+    let core = engine::poller_cores(1)[0];
+    let poller = engine::spawn(
+        Pipeline {
+            name: "events",
+            ring,
+            sink,
+        },
+        barrier.clone(),
+        0,
+        core,
+    )
+    .map_err(|source| CaptureError::Io {
+        what: "starting the events poller",
+        source,
+    })?;
+
+    let tree = track_tree(&skel, &spec);
+    // Whatever happened to the tree, drain and join the poller.
+    let epoch = barrier.raise();
+    let drained = barrier.wait(epoch, Some(DRAIN_TIMEOUT));
+    barrier.stop();
+    let sink = poller.join().map_err(|_| CaptureError::PollerPanicked)?;
+    let (root, root_exit, start_ns) = tree?;
+    if !drained {
+        return Err(CaptureError::DrainTimeout(DRAIN_TIMEOUT));
+    }
+    let end_ns = sys::monotonic_ns();
+
+    let lost = read_lost(&skel);
+    if lost.any() {
+        return Err(CaptureError::Lost(lost));
+    }
+    let EventSink {
+        mut agg,
+        stream,
+        stream_error,
+    } = sink;
+    if agg.malformed > 0 {
+        return Err(CaptureError::Malformed(agg.malformed));
+    }
+    if let Some(err) = stream_error {
+        return Err(CaptureError::EventStream(err));
+    }
+    agg.finish(end_ns);
+    agg.set_parent(root, std::process::id());
+    let exit = match root_exit {
+        Some(ChildExit::Exited(code)) => ExitInfo {
+            code: Some(code),
+            signal: None,
+        },
+        Some(ChildExit::Signaled(sig)) => ExitInfo {
+            code: None,
+            signal: Some(sig),
+        },
+        None => ExitInfo {
+            code: None,
+            signal: None,
+        },
+    };
+    let command = opts
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let profile = Profile::build(&agg, command, exit, (start_ns, end_ns), lost, &sites);
+    if let Some(stream) = stream {
+        stream.commit()?;
+    }
+    if let Some(output) = output {
+        crate::report::write_profile(&profile, output)?;
+    }
+    Ok(Outcome {
+        profile,
+        exit_code: root_exit.map_or(0, ChildExit::code),
+    })
+}
+
+/// Attaches the syscall and sched tracepoint programs.
+fn attach_tracepoints(skel: &MemtrailSkel<'_>, links: &mut Links) -> Result<(), CaptureError> {
+    let p = &skel.progs;
+    for prog in [
+        &p.sched_fork,
+        &p.sched_exec,
+        &p.sched_exit,
+        &p.sys_enter_mmap,
+        &p.sys_exit_mmap,
+        &p.sys_enter_munmap,
+        &p.sys_enter_mremap,
+        &p.sys_exit_mremap,
+        &p.sys_enter_brk,
+        &p.sys_exit_brk,
+    ] {
+        let link = prog
+            .attach()
+            .map_err(|source| CaptureError::AttachTracepoint {
+                what: "syscall and sched tracepoints",
+                source,
+            })?;
+        links.push(link);
+    }
+    Ok(())
+}
+
+/// Starts the command tracked and waits for its whole tree. Returns the
+/// root pid, how it ended, and when it was released.
+fn track_tree(
+    skel: &MemtrailSkel<'_>,
+    spec: &CommandSpec,
+) -> Result<(u32, Option<ChildExit>, u64), CaptureError> {
+    // memtrail stays alive for Ctrl-C and Ctrl-\: the command decides.
+    sys::ignore_signal(libc::SIGINT)?;
+    sys::ignore_signal(libc::SIGQUIT)?;
+    let held = proctree::spawn_held(spec)?;
+    let pid = held.pid();
+    let tracked = skel.maps.tracked.update(
+        &pid.to_ne_bytes(),
+        &0u32.to_ne_bytes(),
+        libbpf_rs::MapFlags::ANY,
+    );
+    if let Err(err) = tracked {
+        // Dropping `held` closes the go pipe: the child exits unexec'd.
+        drop(held);
+        let _ = proctree::wait_tree(pid);
+        return Err(CaptureError::Load(err));
+    }
+    let start_ns = sys::monotonic_ns();
+    let released = held.release();
+    let root_exit = proctree::wait_tree(pid)?;
+    released?;
+    Ok((pid, root_exit, start_ns))
+}
+
+fn read_lost(skel: &MemtrailSkel<'_>) -> LostEvents {
+    let bss = skel
+        .maps
+        .bss_data
+        .as_deref()
+        .expect("the BPF object has a .bss with its loss counters");
+    // The programs update these with atomic adds; the pipeline barrier
+    // already ordered every producer's work before this read.
+    LostEvents {
+        events: bss.drops_events,
+        tracking: bss.drops_tracking,
+    }
+}

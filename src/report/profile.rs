@@ -1,0 +1,148 @@
+//! The profile document (`--output`), versioned; schema in docs/profile.md.
+
+use std::io::Write;
+
+use serde::Serialize;
+
+use super::output::{AtomicOutput, OutputError};
+use super::{Aggregator, HeapCounters, MapCounters};
+use crate::attach::Site;
+
+/// Bumped on any incompatible change of the document.
+pub const PROFILE_VERSION: u32 = 1;
+
+#[derive(Debug, Serialize)]
+pub struct Profile {
+    pub format: &'static str,
+    pub version: u32,
+    pub command: Vec<String>,
+    pub exit: ExitInfo,
+    pub duration_ns: u64,
+    pub totals: HeapCounters,
+    pub mappings: MapCounters,
+    pub processes: Vec<ProcessEntry>,
+    pub lost_events: LostEvents,
+    pub probes: Vec<ProbeEntry>,
+}
+
+/// How the command ended: an exit code, or the signal that killed it.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProcessEntry {
+    pub pid: u32,
+    pub ppid: u32,
+    pub exe: String,
+    /// Exit code (or 128 + signal), when the process was seen to exit.
+    pub exit_code: Option<i32>,
+    pub start_ns: u64,
+    pub end_ns: Option<u64>,
+    #[serde(flatten)]
+    pub heap: HeapCounters,
+    pub mappings: MapCounters,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct LostEvents {
+    /// Records the events ring could not take.
+    pub events: u64,
+    /// Processes or calls that could not be tracked (a BPF map was full).
+    pub tracking: u64,
+}
+
+impl LostEvents {
+    pub fn any(&self) -> bool {
+        self.events != 0 || self.tracking != 0
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProbeEntry {
+    pub image: String,
+    pub symbol: String,
+    pub offset: u64,
+    pub emulated: bool,
+}
+
+impl From<&Site> for ProbeEntry {
+    fn from(site: &Site) -> Self {
+        Self {
+            image: site.image.display().to_string(),
+            symbol: site.symbol.clone(),
+            offset: site.offset,
+            emulated: site.emulated,
+        }
+    }
+}
+
+/// Turns a kernel wait status into the shell's exit code.
+pub fn wait_status_code(status: i32) -> i32 {
+    let sig = status & 0x7f;
+    if sig == 0 {
+        (status >> 8) & 0xff
+    } else {
+        128 + sig
+    }
+}
+
+impl Profile {
+    /// Builds the document; times become relative to `start_ns`, when
+    /// the command was started.
+    pub fn build(
+        agg: &Aggregator,
+        command: Vec<String>,
+        exit: ExitInfo,
+        (start_ns, end_ns): (u64, u64),
+        lost_events: LostEvents,
+        sites: &[Site],
+    ) -> Self {
+        let rel = |ts: u64| ts.saturating_sub(start_ns);
+        let mut totals = agg.totals();
+        totals.peak_live_at_ns = rel(totals.peak_live_at_ns);
+        Self {
+            format: "memtrail-profile",
+            version: PROFILE_VERSION,
+            command,
+            exit,
+            duration_ns: rel(end_ns),
+            totals,
+            mappings: agg.mapping_totals(),
+            processes: agg
+                .processes()
+                .map(|p| ProcessEntry {
+                    pid: p.pid,
+                    ppid: p.ppid,
+                    exe: p.exe.clone(),
+                    exit_code: p.exit_status.map(wait_status_code),
+                    start_ns: rel(p.start_ns),
+                    end_ns: p.end_ns.map(rel),
+                    heap: HeapCounters {
+                        peak_live_at_ns: rel(p.heap.peak_live_at_ns),
+                        ..p.heap
+                    },
+                    mappings: p.maps,
+                })
+                .collect(),
+            lost_events,
+            probes: sites.iter().map(ProbeEntry::from).collect(),
+        }
+    }
+}
+
+/// Writes the profile and renames it into place.
+pub fn write_profile(profile: &Profile, out: AtomicOutput) -> Result<(), OutputError> {
+    let err = |source| OutputError {
+        path: out.path().to_owned(),
+        source,
+    };
+    let mut w = std::io::BufWriter::new(out.file());
+    serde_json::to_writer_pretty(&mut w, profile).map_err(|e| err(e.into()))?;
+    w.write_all(b"\n").map_err(err)?;
+    w.flush().map_err(err)?;
+    drop(w);
+    out.commit()
+}

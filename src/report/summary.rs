@@ -1,0 +1,123 @@
+//! The human summary written to stderr after a capture.
+
+use std::io::{self, Write};
+
+use super::profile::Profile;
+
+/// Formats a byte count with a binary unit.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+fn human_ns(ns: u64) -> String {
+    if ns >= 1_000_000_000 {
+        format!("{:.2} s", ns as f64 / 1e9)
+    } else {
+        format!("{:.1} ms", ns as f64 / 1e6)
+    }
+}
+
+/// Writes the summary of `p`.
+pub fn write_summary(w: &mut impl Write, p: &Profile) -> io::Result<()> {
+    let t = &p.totals;
+    let how = match (p.exit.code, p.exit.signal) {
+        (_, Some(sig)) => format!("was killed by signal {sig}"),
+        (Some(code), None) => format!("exited with code {code}"),
+        (None, None) => "ended".to_owned(),
+    };
+    writeln!(
+        w,
+        "memtrail: {} {how} after {}",
+        p.command.first().map_or("command", String::as_str),
+        human_ns(p.duration_ns)
+    )?;
+    writeln!(
+        w,
+        "  allocations {:>10}  {:>12}   reallocs {}",
+        t.allocations,
+        human_bytes(t.allocated_bytes),
+        t.reallocs
+    )?;
+    writeln!(
+        w,
+        "  frees       {:>10}  {:>12}{}",
+        t.frees,
+        human_bytes(t.freed_bytes),
+        if t.unmatched_frees > 0 {
+            format!(
+                "   ({} of pointers allocated before tracking)",
+                t.unmatched_frees
+            )
+        } else {
+            String::new()
+        }
+    )?;
+    writeln!(
+        w,
+        "  peak live               {:>12}   at {}",
+        human_bytes(t.peak_live_bytes),
+        human_ns(t.peak_live_at_ns)
+    )?;
+    writeln!(
+        w,
+        "  leaked      {:>10}  {:>12}   (live at exit)",
+        t.live_allocations_at_exit,
+        human_bytes(t.live_bytes_at_exit)
+    )?;
+    let m = &p.mappings;
+    if m.mmaps > 0 || m.brk_peak_bytes > 0 {
+        writeln!(
+            w,
+            "  anon mmap   {:>10}  {:>12}   peak {}; brk peak {}",
+            m.mmaps,
+            human_bytes(m.mapped_bytes),
+            human_bytes(m.peak_mapped_bytes),
+            human_bytes(m.brk_peak_bytes)
+        )?;
+    }
+    if p.processes.len() > 1 {
+        writeln!(
+            w,
+            "  {:>8} {:>8} {:>10} {:>10} {:>12} {:>12}  exe",
+            "pid", "ppid", "allocs", "frees", "peak", "leaked"
+        )?;
+        for proc in &p.processes {
+            writeln!(
+                w,
+                "  {:>8} {:>8} {:>10} {:>10} {:>12} {:>12}  {}",
+                proc.pid,
+                proc.ppid,
+                proc.heap.allocations,
+                proc.heap.frees,
+                human_bytes(proc.heap.peak_live_bytes),
+                human_bytes(proc.heap.live_bytes_at_exit),
+                proc.exe
+            )?;
+        }
+    }
+    let slow: Vec<&str> = p
+        .probes
+        .iter()
+        .filter(|s| !s.emulated)
+        .map(|s| s.symbol.as_str())
+        .collect();
+    if !slow.is_empty() {
+        writeln!(
+            w,
+            "  note: probes at {} single-step their first instruction (~14 µs a call)",
+            slow.join(", ")
+        )?;
+    }
+    Ok(())
+}
