@@ -1,0 +1,244 @@
+//! Process trees: fork without exec, exec without fork, and a 3-level tree
+//! of fork + exec; per-process entries, pid/ppid relations and exe paths.
+
+mod common;
+
+use common::{
+    Counters, allocator_events, capture, cmd, field, int, kind, num, path_str, process, processes,
+    root_process, stream_root,
+};
+use serde_json::Value;
+
+fn fork_events(events: &[Value]) -> Vec<(u64, u64)> {
+    events
+        .iter()
+        .filter(|e| kind(e) == "fork")
+        .map(|e| (num(e, "pid"), num(e, "child_pid")))
+        .collect()
+}
+
+fn exit_status(events: &[Value], pid: u64) -> i64 {
+    let exits: Vec<&Value> = events
+        .iter()
+        .filter(|e| kind(e) == "exit" && num(e, "pid") == pid)
+        .collect();
+    assert_eq!(exits.len(), 1, "exit events of {pid}");
+    int(exits[0], "exit_code")
+}
+
+/// Check that a forked child (no exec) gets its own process entry with the
+/// parent as ppid and the parent's exe, and its own exact counters; and that
+/// the tree's totals add both up.
+#[test]
+fn track_fork_child_counted_separately() {
+    let run = capture(&cmd("fork", &[]));
+    run.expect_code(0);
+    let events = run.events();
+    let parent = stream_root(events);
+    let forks = fork_events(events);
+    assert_eq!(forks.len(), 1, "{forks:?}");
+    assert_eq!(forks[0].0, u64::from(parent));
+    let child = u32::try_from(forks[0].1).expect("pid");
+
+    let sizes = |p: u32| -> Vec<(String, u64)> {
+        allocator_events(events, p)
+            .iter()
+            .map(|e| {
+                let size = if kind(e) == "free" { 0 } else { num(e, "size") };
+                (kind(e).to_owned(), size)
+            })
+            .collect()
+    };
+    let s = |k: &str, n: u64| (k.to_owned(), n);
+    assert_eq!(
+        sizes(parent),
+        [s("malloc", 500009), s("free", 0), s("malloc", 300007)]
+    );
+    assert_eq!(
+        sizes(child),
+        [s("malloc", 500029), s("malloc", 500057), s("free", 0)]
+    );
+    assert_eq!(exit_status(events, u64::from(child)), 0);
+
+    let profile = run.profile();
+    assert_eq!(processes(profile).len(), 2, "{profile}");
+    let p = process(profile, parent);
+    let c = process(profile, child);
+    let exe = common::fixture("fork");
+    assert_eq!(num(c, "ppid"), u64::from(parent));
+    assert_eq!(common::string(p, "exe"), path_str(&exe));
+    assert_eq!(common::string(c, "exe"), path_str(&exe), "inherited exe");
+    assert_eq!(int(c, "exit_code"), 0);
+    assert_eq!(
+        Counters::of(p),
+        Counters {
+            allocations: 2,
+            frees: 1,
+            reallocs: 0,
+            allocated_bytes: 500009 + 300007,
+            freed_bytes: 500009,
+            peak_live_bytes: 500009,
+            live_bytes_at_exit: 300007,
+            live_allocations_at_exit: 1,
+            unmatched_frees: 0,
+        }
+    );
+    assert_eq!(
+        Counters::of(c),
+        Counters {
+            allocations: 2,
+            frees: 1,
+            reallocs: 0,
+            allocated_bytes: 500029 + 500057,
+            freed_bytes: 500029,
+            peak_live_bytes: 500029 + 500057,
+            live_bytes_at_exit: 500057,
+            live_allocations_at_exit: 1,
+            unmatched_frees: 0,
+        }
+    );
+    // The child's two blocks are the tree's peak: the parent has nothing
+    // live while it waits, and afterwards 300007 + the child's 500057 is
+    // less.
+    assert_eq!(
+        Counters::of(field(profile, "totals")),
+        Counters {
+            allocations: 4,
+            frees: 2,
+            reallocs: 0,
+            allocated_bytes: 500009 + 300007 + 500029 + 500057,
+            freed_bytes: 500009 + 500029,
+            peak_live_bytes: 500029 + 500057,
+            live_bytes_at_exit: 300007 + 500057,
+            live_allocations_at_exit: 2,
+            unmatched_frees: 0,
+        }
+    );
+}
+
+/// Check that exec keeps the process entry, switches its exe to the new
+/// program, records the exec event between the two images' allocations, and
+/// that memtrail exits with the new program's status.
+#[test]
+fn track_exec_same_process_new_exe() {
+    let second = common::fixture("exec_second");
+    let run = capture(&cmd("exec_first", &[second.as_os_str()]));
+    run.expect_code(5);
+    let events = run.events();
+    let root = stream_root(events);
+    assert!(fork_events(events).is_empty());
+    let pos = |pred: &dyn Fn(&Value) -> bool| -> usize {
+        let found: Vec<usize> = events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| num(e, "pid") == u64::from(root) && pred(e))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(found.len(), 1, "matching events: {found:?}");
+        found[0]
+    };
+    let before = pos(&|e| kind(e) == "malloc" && num(e, "size") == 600011);
+    let exec = pos(&|e| kind(e) == "exec" && common::string(e, "filename") == path_str(&second));
+    let after = pos(&|e| kind(e) == "malloc" && num(e, "size") == 600023);
+    assert!(before < exec && exec < after, "{before} < {exec} < {after}");
+    assert_eq!(exit_status(events, u64::from(root)), 5 << 8);
+
+    let profile = run.profile();
+    assert_eq!(processes(profile).len(), 1, "{profile}");
+    let entry = process(profile, root);
+    assert_eq!(common::string(entry, "exe"), path_str(&second));
+    assert_eq!(int(entry, "exit_code"), 5);
+    assert_eq!(
+        field(profile, "exit"),
+        &serde_json::json!({ "code": 5, "signal": null })
+    );
+    assert_eq!(
+        Counters::of(entry),
+        Counters {
+            allocations: 2,
+            frees: 1,
+            reallocs: 0,
+            allocated_bytes: 600011 + 600023,
+            freed_bytes: 600011,
+            peak_live_bytes: 600023,
+            live_bytes_at_exit: 600023,
+            live_allocations_at_exit: 1,
+            unmatched_frees: 0,
+        }
+    );
+}
+
+/// Check a 3-level tree (root -> mid -> leaf, each exec'd in a forked
+/// child): pid/ppid links, exe paths, exit codes, and each process's leak.
+#[test]
+fn track_tree_three_levels() {
+    let mid_exe = common::fixture("tree_mid");
+    let leaf_exe = common::fixture("tree_leaf");
+    let run = capture(&cmd(
+        "tree_root",
+        &[mid_exe.as_os_str(), leaf_exe.as_os_str()],
+    ));
+    run.expect_code(0);
+    let events = run.events();
+    let root = u64::from(stream_root(events));
+    let forks = fork_events(events);
+    assert_eq!(forks.len(), 2, "{forks:?}");
+    let (_, mid) = *forks.iter().find(|f| f.0 == root).expect("fork of root");
+    let (_, leaf) = *forks.iter().find(|f| f.0 == mid).expect("fork of mid");
+
+    let execs = |pid: u64| -> Vec<&str> {
+        events
+            .iter()
+            .filter(|e| kind(e) == "exec" && num(e, "pid") == pid)
+            .map(|e| common::string(e, "filename"))
+            .collect()
+    };
+    assert_eq!(execs(mid), [path_str(&mid_exe)]);
+    assert_eq!(execs(leaf), [path_str(&leaf_exe)]);
+    assert_eq!(exit_status(events, leaf), 11 << 8);
+    assert_eq!(exit_status(events, mid), 12 << 8);
+    assert_eq!(exit_status(events, root), 0);
+
+    let profile = run.profile();
+    assert_eq!(processes(profile).len(), 3, "{profile}");
+    let entry = |pid: u64| process(profile, u32::try_from(pid).expect("pid"));
+    assert_eq!(num(root_process(profile), "pid"), root);
+    assert_eq!(num(entry(mid), "ppid"), root);
+    assert_eq!(num(entry(leaf), "ppid"), mid);
+    let root_exe = common::fixture("tree_root");
+    for (pid, exe, code, leak) in [
+        (root, &root_exe, 0, 700001),
+        (mid, &mid_exe, 12, 700013),
+        (leaf, &leaf_exe, 11, 700027),
+    ] {
+        let e = entry(pid);
+        assert_eq!(common::string(e, "exe"), path_str(exe), "{e}");
+        assert_eq!(int(e, "exit_code"), code, "{e}");
+        assert_eq!(
+            Counters::of(e),
+            Counters {
+                allocations: 1,
+                allocated_bytes: leak,
+                peak_live_bytes: leak,
+                live_bytes_at_exit: leak,
+                live_allocations_at_exit: 1,
+                ..Counters::default()
+            },
+            "{e}"
+        );
+    }
+    let totals = Counters::of(field(profile, "totals"));
+    assert_eq!(totals.allocations, 3, "{totals:?}");
+    assert_eq!(
+        totals.allocated_bytes,
+        700001 + 700013 + 700027,
+        "{totals:?}"
+    );
+    assert_eq!(
+        totals.live_bytes_at_exit,
+        700001 + 700013 + 700027,
+        "{totals:?}"
+    );
+    assert_eq!(totals.live_allocations_at_exit, 3, "{totals:?}");
+    assert_eq!(totals.frees, 0, "{totals:?}");
+}
