@@ -1,0 +1,108 @@
+//! A uprobe another tracer registered on libc's malloc with a different
+//! `ref_ctr_offset` makes the kernel refuse memtrail's probe (EINVAL, and
+//! "ref_ctr_offset mismatch" in the kernel log): memtrail exits 74.
+//!
+//! The other tracer is `tests/fixtures/uprobe_conflict.c`, holding a uprobe
+//! with ref_ctr_offset 2 (inside the ELF header, never mapped writable, so
+//! the kernel writes nothing) until its stdin closes. The tests here are
+//! serialized: while one holds the conflicting probe, no memtrail run of
+//! this binary may expect to attach.
+
+mod common;
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+
+use common::{capture, cmd, dir_entries, fixture, memtrail};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The conflicting tracer: holds its uprobe until dropped.
+struct Holder {
+    child: Child,
+}
+
+impl Holder {
+    /// Starts the helper with `ref_ctr` and returns it with its first line
+    /// of output ("ready OFFSET PATH" or "error ERRNO").
+    fn start(ref_ctr: u32) -> (Self, String) {
+        let mut child = Command::new(fixture("uprobe_conflict"))
+            .arg(ref_ctr.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn uprobe_conflict");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("helper stdout"))
+            .read_line(&mut line)
+            .expect("read helper output");
+        (Self { child }, line)
+    }
+
+    /// Closes the helper's stdin and returns its exit code.
+    fn finish(mut self) -> Option<i32> {
+        drop(self.child.stdin.take());
+        self.child.wait().expect("wait for helper").code()
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        // EOF on stdin makes the helper release its probe and exit.
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// Check the premise: while the helper holds its probe, a plain uprobe at
+/// the same place (ref_ctr_offset 0, as memtrail's) fails with EINVAL, and
+/// succeeds again once the helper is gone.
+#[test]
+fn cli_uprobe_conflict_fixture_blocks_plain_probe() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (holder, ready) = Holder::start(2);
+    assert!(ready.starts_with("ready "), "helper: {ready}");
+    let (plain, refused) = Holder::start(0);
+    assert_eq!(refused, format!("error {}\n", libc::EINVAL));
+    assert_eq!(plain.finish(), Some(1));
+    assert_eq!(holder.finish(), Some(0));
+
+    let (plain, ready) = Holder::start(0);
+    assert!(ready.starts_with("ready "), "after release: {ready}");
+    assert_eq!(plain.finish(), Some(0));
+}
+
+/// Check that memtrail exits 74, names ref_ctr_offset in its message, does
+/// not run the command and leaves no file when another tracer's uprobe on
+/// malloc has a different ref_ctr_offset; and works again once it is gone.
+#[test]
+fn cli_conflicting_uprobe_exits_74() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (holder, ready) = Holder::start(2);
+    assert!(ready.starts_with("ready "), "helper: {ready}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args: Vec<OsString> = vec![
+        "run".into(),
+        "--output".into(),
+        dir.path().join("profile.json").into(),
+        "--events".into(),
+        dir.path().join("events.jsonl").into(),
+        "--".into(),
+        fixture("touch_marker").into(),
+        dir.path().join("marker").into(),
+    ];
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    assert_eq!(status.code(), Some(74), "{stderr}");
+    assert!(stderr.contains("ref_ctr_offset"), "message: {stderr}");
+    assert!(
+        dir_entries(dir.path()).is_empty(),
+        "files left or command ran"
+    );
+    assert_eq!(holder.finish(), Some(0));
+
+    let run = capture(&cmd("baseline", &[]));
+    run.expect_code(0);
+}
