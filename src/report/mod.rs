@@ -371,11 +371,15 @@ impl Aggregator {
                 grew = size;
             }
             Kind::Free => {
-                heap.frees += 1;
                 if let Some(size) = state.blocks.remove(&addr) {
+                    heap.frees += 1;
                     heap.freed_bytes += size;
                     shrank = size;
-                } else if state.inherited.remove(&addr).is_none() {
+                } else if state.inherited.remove(&addr).is_some() {
+                    heap.frees += 1;
+                } else {
+                    // Not a block we saw allocated: e.g. glibc releasing a
+                    // thread's tcache at thread exit through free().
                     heap.unmatched_frees += 1;
                 }
             }

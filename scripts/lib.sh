@@ -1,0 +1,49 @@
+# Shared by run.sh and test.sh: installs what the build needs when it is
+# missing. Debian/Ubuntu only; elsewhere it says what to install.
+set -euo pipefail
+
+need_root() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "memtrail: this needs root (BPF programs, uprobes); rerun with sudo" >&2
+    exit 72
+  fi
+}
+
+have_clang() {
+  [ -n "${CLANG:-}" ] && command -v "$CLANG" >/dev/null && return 0
+  command -v clang-19 >/dev/null || command -v clang >/dev/null
+}
+
+# install_deps PACKAGE... : the build's own packages plus extra ones.
+install_deps() {
+  local missing=()
+  have_clang || missing+=(clang-19)
+  pkg-config --exists libelf 2>/dev/null || missing+=(libelf-dev)
+  pkg-config --exists zlib 2>/dev/null || missing+=(zlib1g-dev)
+  command -v pkg-config >/dev/null || missing+=(pkg-config)
+  command -v cc >/dev/null || missing+=(gcc)
+  local pkg
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    if ! command -v apt-get >/dev/null; then
+      echo "memtrail: please install: ${missing[*]}" >&2
+      exit 72
+    fi
+    echo "memtrail: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null
+    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  if ! command -v cargo >/dev/null; then
+    echo "memtrail: cargo (Rust toolchain) not found; install it with rustup" >&2
+    exit 72
+  fi
+}
+
+# Kernel file systems memtrail and its checks use.
+mount_fs() {
+  [ -d /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing
+  mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, the BPF stack budget, every test.
+# Installs missing build and test dependencies first. Needs root: the tests
+# load real BPF programs and track real processes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+need_root
+install_deps g++ bpftool
+mount_fs
+
+echo "== cargo fmt --check" >&2
+cargo fmt --check
+echo "== cargo clippy" >&2
+cargo clippy --all-targets --quiet -- -D warnings
+echo "== BPF stack budget" >&2
+scripts/check-bpf-stack.sh
+echo "== cargo test" >&2
+cargo test
