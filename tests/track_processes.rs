@@ -116,6 +116,55 @@ fn track_fork_child_counted_separately() {
     );
 }
 
+/// Check that a forked child freeing a block it inherited from its parent
+/// counts a free (not an unmatched free) in the child, and the parent's own
+/// free of its copy still matches its allocation.
+#[test]
+fn track_fork_inherited_block_free_matched() {
+    let run = capture(&cmd("fork_inherit", &[]));
+    run.expect_code(0);
+    let events = run.events();
+    let parent = stream_root(events);
+    let forks = fork_events(events);
+    assert_eq!(forks.len(), 1, "{forks:?}");
+    let child = u32::try_from(forks[0].1).expect("pid");
+    let block = common::sized(events, "malloc", 510007);
+    assert_eq!(block.len(), 1, "{block:?}");
+    let addr = num(block[0], "addr");
+    for pid in [parent, child] {
+        let frees: Vec<u64> = allocator_events(events, pid)
+            .iter()
+            .filter(|e| kind(e) == "free")
+            .map(|e| num(e, "addr"))
+            .collect();
+        assert_eq!(frees, [addr], "frees of {pid}");
+    }
+
+    let profile = run.profile();
+    let c = Counters::of(process(profile, child));
+    assert_eq!(
+        (c.allocations, c.frees, c.unmatched_frees),
+        (0, 1, 0),
+        "{c:?}"
+    );
+    assert_eq!(
+        Counters::of(process(profile, parent)),
+        Counters {
+            allocations: 1,
+            frees: 1,
+            reallocs: 0,
+            allocated_bytes: 510007,
+            freed_bytes: 510007,
+            peak_live_bytes: 510007,
+            live_bytes_at_exit: 0,
+            live_allocations_at_exit: 0,
+            unmatched_frees: 0,
+        }
+    );
+    let totals = Counters::of(field(profile, "totals"));
+    assert_eq!((totals.frees, totals.unmatched_frees), (2, 0), "{totals:?}");
+}
+
 /// Check that exec keeps the process entry, switches its exe to the new
 /// program, records the exec event between the two images' allocations, and
 /// that memtrail exits with the new program's status.

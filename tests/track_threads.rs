@@ -94,3 +94,39 @@ fn track_threads_profile_counters_exact() {
     let root = stream_root(run.events());
     assert_eq!(Counters::of(common::process(profile, root)), expected);
 }
+
+/// Check that the stream keeps each thread's events in program order: per
+/// thread, timestamps never go back, and a worker's 64 mallocs all come
+/// before its frees.
+#[test]
+fn track_threads_stream_keeps_thread_order() {
+    let run = capture(&cmd("threads", &[]));
+    run.expect_code(0);
+    let events = run.events();
+    let root = stream_root(events);
+    let ours = of_pid(events, root);
+    let mut last_ts = std::collections::HashMap::new();
+    for e in &ours {
+        let ts = num(e, "ts_ns");
+        if let Some(prev) = last_ts.insert(tid(e), ts) {
+            assert!(prev <= ts, "thread {} went back in time at {e}", tid(e));
+        }
+    }
+    for size in SIZES {
+        let t = tid(ours
+            .iter()
+            .find(|e| kind(e) == "malloc" && num(e, "size") == size)
+            .expect("a malloc of the size"));
+        let kinds: Vec<&str> = ours
+            .iter()
+            .filter(|e| tid(e) == t && common::ALLOC_KINDS.contains(&kind(e)))
+            .map(|e| kind(e))
+            .collect();
+        let first_free = kinds.iter().position(|k| *k == "free").expect("frees");
+        assert_eq!(first_free as u64, PER_THREAD, "{kinds:?}");
+        assert!(
+            kinds[first_free..].iter().all(|k| *k == "free"),
+            "{kinds:?}"
+        );
+    }
+}
