@@ -9,7 +9,7 @@ use std::process::Command;
 
 use libbpf_cargo::SkeletonBuilder;
 
-const PROGRAMS: &[&str] = &["memtrail", "ringtest"];
+const PROGRAMS: &[&str] = &["memtrail", "ringtest", "floor"];
 
 fn find_clang() -> PathBuf {
     if let Some(clang) = env::var_os("CLANG") {

@@ -46,19 +46,37 @@ struct {
 	__type(value, __u32);
 } tracked SEC(".maps");
 
-/* The outermost allocator call a thread is inside, from entry to return. */
+/*
+ * The outermost allocator call a thread is inside, from entry to return.
+ * Task-local storage: found through the task itself (no hash, no
+ * insert/delete per call) and freed with the task.
+ */
 struct inflight {
 	__u64 args[3];
-	__u32 depth; /* nested allocator calls, outermost included */
+	__u32 depth; /* nested allocator calls, outermost included; 0: none */
 	__u32 kind;  /* enum mt_kind of the outermost call */
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MT_MAX_THREADS);
-	__type(key, __u32); /* tid */
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct inflight);
 } inflight SEC(".maps");
+
+static __always_inline struct inflight *current_call(bool create)
+{
+	return bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0,
+				    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+
+/* Whether the current thread is inside an allocator call. */
+static __always_inline bool in_allocator(void)
+{
+	struct inflight *cur = current_call(false);
+
+	return cur && cur->depth > 0;
+}
 
 /* Syscall arguments carried from sys_enter to sys_exit. */
 struct sysargs {
@@ -135,46 +153,37 @@ SEC("uprobe.multi")
 int alloc_enter(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid;
-	struct inflight *cur, call = {};
+	struct inflight *cur;
 
 	if (!is_tracked(pid_tgid >> 32))
 		return 0;
-	cur = bpf_map_lookup_elem(&inflight, &tid);
-	if (cur) {
-		/* Nested: the outermost call makes the record. */
-		cur->depth++;
-		return 0;
-	}
-	call.args[0] = PT_REGS_PARM1(ctx);
-	call.args[1] = PT_REGS_PARM2(ctx);
-	call.args[2] = PT_REGS_PARM3(ctx);
-	call.depth = 1;
-	call.kind = bpf_get_attach_cookie(ctx);
-	if (bpf_map_update_elem(&inflight, &tid, &call, BPF_NOEXIST)) {
+	cur = current_call(true);
+	if (!cur) {
 		__sync_fetch_and_add(&drops_tracking, 1);
 		return 0;
 	}
-	if ((call.kind == MT_REALLOC || call.kind == MT_REALLOCARRAY) && call.args[0])
-		emit_alloc(pid_tgid, MT_REALLOC_BEGIN, 0, call.args[0], 0, 0, 0);
+	if (cur->depth++ > 0)
+		return 0; /* nested: the outermost call makes the record */
+	cur->args[0] = PT_REGS_PARM1(ctx);
+	cur->args[1] = PT_REGS_PARM2(ctx);
+	cur->args[2] = PT_REGS_PARM3(ctx);
+	cur->kind = bpf_get_attach_cookie(ctx);
+	if ((cur->kind == MT_REALLOC || cur->kind == MT_REALLOCARRAY) && cur->args[0])
+		emit_alloc(pid_tgid, MT_REALLOC_BEGIN, 0, cur->args[0], 0, 0, 0);
 	return 0;
 }
 
 SEC("uretprobe.multi")
 int alloc_return(struct pt_regs *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid;
 	__u64 ret = PT_REGS_RC(ctx), addr = ret, size = 0, old = 0;
-	struct inflight *cur, call;
+	struct inflight *cur = current_call(false), call;
 
-	cur = bpf_map_lookup_elem(&inflight, &tid);
-	if (!cur)
+	if (!cur || cur->depth == 0)
 		return 0;
 	if (--cur->depth > 0)
 		return 0;
 	call = *cur;
-	bpf_map_delete_elem(&inflight, &tid);
 
 	switch (call.kind) {
 	case MT_MALLOC:
@@ -219,7 +228,7 @@ int alloc_return(struct pt_regs *ctx)
 	 * always completes the MT_REALLOC_BEGIN record it opened. */
 	if (!addr && !old)
 		return 0;
-	emit_alloc(pid_tgid, call.kind, 0, addr, size, old, 0);
+	emit_alloc(bpf_get_current_pid_tgid(), call.kind, 0, addr, size, old, 0);
 	return 0;
 }
 
@@ -227,21 +236,20 @@ SEC("uprobe.multi")
 int free_enter(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid;
 	__u64 ptr = PT_REGS_PARM1(ctx);
 
 	if (!ptr || !is_tracked(pid_tgid >> 32))
 		return 0;
 	/* free() inside realloc(p, 0) or another allocator call. */
-	if (bpf_map_lookup_elem(&inflight, &tid))
+	if (in_allocator())
 		return 0;
 	emit_alloc(pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);
 	return 0;
 }
 
-static __always_inline __u16 syscall_flags(__u32 tid)
+static __always_inline __u16 syscall_flags(void)
 {
-	return bpf_map_lookup_elem(&inflight, &tid) ? MT_F_IN_ALLOCATOR : 0;
+	return in_allocator() ? MT_F_IN_ALLOCATOR : 0;
 }
 
 static __always_inline int stash_args(__u64 a0, __u64 a1, __u64 a2)
@@ -287,7 +295,7 @@ int sys_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 
 	if (!take_args(tid, &args) || IS_ERR_VALUE(ctx->ret))
 		return 0;
-	emit_alloc(pid_tgid, MT_MMAP, syscall_flags(tid), ctx->ret, args.args[0], 0, 0);
+	emit_alloc(pid_tgid, MT_MMAP, syscall_flags(), ctx->ret, args.args[0], 0, 0);
 	return 0;
 }
 
@@ -297,11 +305,10 @@ SEC("tracepoint/syscalls/sys_enter_munmap")
 int sys_enter_munmap(struct trace_event_raw_sys_enter *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid;
 
 	if (!is_tracked(pid_tgid >> 32))
 		return 0;
-	emit_alloc(pid_tgid, MT_MUNMAP, syscall_flags(tid), ctx->args[0], ctx->args[1], 0, 0);
+	emit_alloc(pid_tgid, MT_MUNMAP, syscall_flags(), ctx->args[0], ctx->args[1], 0, 0);
 	return 0;
 }
 
@@ -321,7 +328,7 @@ int sys_exit_mremap(struct trace_event_raw_sys_exit *ctx)
 
 	if (!take_args(tid, &args) || IS_ERR_VALUE(ctx->ret))
 		return 0;
-	emit_alloc(pid_tgid, MT_MREMAP, syscall_flags(tid), ctx->ret, args.args[2],
+	emit_alloc(pid_tgid, MT_MREMAP, syscall_flags(), ctx->ret, args.args[2],
 		   args.args[0], args.args[1]);
 	return 0;
 }
@@ -341,7 +348,7 @@ int sys_exit_brk(struct trace_event_raw_sys_exit *ctx)
 
 	if (!take_args(tid, &args))
 		return 0;
-	emit_alloc(pid_tgid, MT_BRK, syscall_flags(tid), ctx->ret, args.args[0], 0, 0);
+	emit_alloc(pid_tgid, MT_BRK, syscall_flags(), ctx->ret, args.args[0], 0, 0);
 	return 0;
 }
 
@@ -393,8 +400,7 @@ int BPF_PROG(sched_exit, struct task_struct *p)
 	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
 	struct mt_exit_event *e;
 
-	/* A thread that dies inside an allocator call or a syscall. */
-	bpf_map_delete_elem(&inflight, &tid);
+	/* A thread that dies inside a syscall (its task storage goes with it). */
 	bpf_map_delete_elem(&sysargs, &tid);
 	if (!is_tracked(tgid))
 		return 0;

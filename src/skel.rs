@@ -17,3 +17,8 @@ pub mod memtrail {
 pub mod ringtest {
     include!(concat!(env!("OUT_DIR"), "/ringtest.skel.rs"));
 }
+
+/// Empty probes for the uprobe-floor benchmark (`bpf/floor.bpf.c`).
+pub mod floor {
+    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
+}

@@ -20,7 +20,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use libbpf_rs::{Link, UprobeMultiOpts};
+use libbpf_rs::{Link, ProgramMut, UprobeMultiOpts};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 use crate::record::Kind;
@@ -270,20 +270,39 @@ impl Drop for Links {
     }
 }
 
-/// Attaches the allocator programs to every site of one image, with one
-/// uprobe_multi link per program. The links detach when dropped.
+/// The three programs an allocator site takes: entry and return of
+/// allocating calls, entry of frees.
+pub struct AllocPrograms<'a, 'obj> {
+    pub enter: &'a ProgramMut<'obj>,
+    pub ret: &'a ProgramMut<'obj>,
+    pub free: &'a ProgramMut<'obj>,
+}
+
+impl<'a, 'obj> AllocPrograms<'a, 'obj> {
+    /// memtrail's own allocator programs.
+    pub fn memtrail(skel: &'a MemtrailSkel<'obj>) -> Self {
+        Self {
+            enter: &skel.progs.alloc_enter,
+            ret: &skel.progs.alloc_return,
+            free: &skel.progs.free_enter,
+        }
+    }
+}
+
+/// Attaches `progs` to every site of one image, with one uprobe_multi link
+/// per program (the attach cookie of each site is its kind). The links
+/// detach when dropped.
 pub fn attach_sites(
-    skel: &MemtrailSkel<'_>,
+    progs: &AllocPrograms<'_, '_>,
     sites: &[Site],
     links: &mut Links,
 ) -> Result<(), AttachError> {
-    let progs = &skel.progs;
     let (frees, allocs): (Vec<&Site>, Vec<&Site>) =
         sites.iter().partition(|s| s.kind == Kind::Free);
-    let groups: [(&libbpf_rs::ProgramMut<'_>, bool, &[&Site]); 3] = [
-        (&progs.alloc_enter, false, &allocs),
-        (&progs.alloc_return, true, &allocs),
-        (&progs.free_enter, false, &frees),
+    let groups: [(&ProgramMut<'_>, bool, &[&Site]); 3] = [
+        (progs.enter, false, &allocs),
+        (progs.ret, true, &allocs),
+        (progs.free, false, &frees),
     ];
     for (prog, retprobe, group) in groups {
         let Some(first) = group.first() else {

@@ -186,7 +186,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     }
     let mut links = Links::default();
     attach_tracepoints(&skel, &mut links)?;
-    attach::attach_sites(&skel, &sites, &mut links)?;
+    attach::attach_sites(&attach::AllocPrograms::memtrail(&skel), &sites, &mut links)?;
 
     let ring = RingConsumer::new(skel.maps.events.as_fd(), opts.ring_size)?;
     let stream = events

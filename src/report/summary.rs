@@ -56,7 +56,7 @@ pub fn write_summary(w: &mut impl Write, p: &Profile) -> io::Result<()> {
         human_bytes(t.freed_bytes),
         if t.unmatched_frees > 0 {
             format!(
-                "   ({} of pointers allocated before tracking)",
+                "   (+{} of blocks not seen allocated)",
                 t.unmatched_frees
             )
         } else {

@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/*
+ * Empty probes for the uprobe-floor benchmark (perf/): attached at the same
+ * sites as memtrail's allocator probes, they measure what the kernel's
+ * uprobe machinery costs on its own, so memtrail's overhead can be reported
+ * as a ratio to it.
+ */
+#include "vmlinux_min.h"
+#include <bpf/bpf_helpers.h>
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+SEC("uprobe.multi")
+int floor_enter(struct pt_regs *ctx)
+{
+	return 0;
+}
+
+SEC("uretprobe.multi")
+int floor_return(struct pt_regs *ctx)
+{
+	return 0;
+}
