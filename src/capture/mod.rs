@@ -40,6 +40,9 @@ pub struct Options {
     pub events: Option<PathBuf>,
     /// Size in bytes of the events ring (a power of two, at least a page).
     pub ring_size: usize,
+    /// Fault injection for tests: the events pipeline consumes nothing
+    /// until the final drain (`MEMTRAIL_FAULT=stall-events` in the CLI).
+    pub stall_events: bool,
 }
 
 /// Why a capture failed. Each variant maps to a documented exit code.
@@ -205,6 +208,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             name: "events",
             ring,
             sink,
+            stall: opts.stall_events,
         },
         barrier.clone(),
         0,
@@ -313,6 +317,7 @@ fn track_tree(
     sys::ignore_signal(libc::SIGQUIT)?;
     let held = proctree::spawn_held(spec)?;
     let pid = held.pid();
+    sys::forward_termination_to(pid as i32)?;
     let tracked = skel.maps.tracked.update(
         &pid.to_ne_bytes(),
         &0u32.to_ne_bytes(),

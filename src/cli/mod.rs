@@ -146,6 +146,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         output: args.output,
         events: args.events,
         ring_size: args.ring_size,
+        stall_events: std::env::var("MEMTRAIL_FAULT").is_ok_and(|f| f == "stall-events"),
     };
     let outcome = capture::run(&opts)?;
     if !args.quiet {

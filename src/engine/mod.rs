@@ -99,6 +99,9 @@ pub struct Pipeline<S: Sink> {
     pub name: &'static str,
     pub ring: RingConsumer,
     pub sink: S,
+    /// Fault injection for tests: consume nothing until the first barrier,
+    /// so a small ring overflows deterministically.
+    pub stall: bool,
 }
 
 /// Picks a core for each of `n` pollers: the last cores, leaving core 0 to
@@ -140,8 +143,11 @@ fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
     let sink = &mut p.sink;
     loop {
         let stopping = barrier.stopping();
-        let mut handed = p.ring.poll(|rec| sink.record(rec));
         let wanted = barrier.requested();
+        let mut handed = 0;
+        if !p.stall || wanted > 0 {
+            handed = p.ring.poll(|rec| sink.record(rec));
+        }
         if wanted > acked {
             let target = p.ring.producer_pos();
             handed += p.ring.drain_to(target, |rec| sink.record(rec));

@@ -383,3 +383,34 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// The process SIGTERM and SIGHUP are passed on to (0: none).
+static FORWARD_TO: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward_signal(sig: libc::c_int) {
+    let pid = FORWARD_TO.load(std::sync::atomic::Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// Passes SIGTERM and SIGHUP sent to memtrail on to `pid`, so that
+/// `kill memtrail` ends the command and memtrail still writes its report.
+pub fn forward_termination_to(pid: i32) -> SysResult<()> {
+    FORWARD_TO.store(pid, std::sync::atomic::Ordering::Relaxed);
+    for sig in [libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: a zeroed sigaction with a handler that only makes
+        // async-signal-safe calls; SA_RESTART keeps waitpid going.
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = forward_signal as *const () as usize;
+            act.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut act.sa_mask);
+            if libc::sigaction(sig, &act, std::ptr::null_mut()) != 0 {
+                return Err(SysError::last("sigaction"));
+            }
+        }
+    }
+    Ok(())
+}
