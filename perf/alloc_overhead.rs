@@ -98,12 +98,19 @@ fn main() {
         ));
         floor_entry.push(under_floor(&exe, black_box(&entry_sites)));
     }
-    let (bare, floor, traced, floor_entry) =
-        (median(bare), median(floor), median(traced), median(floor_entry));
+    let (bare, floor, traced, floor_entry) = (
+        median(bare),
+        median(floor),
+        median(traced),
+        median(floor_entry),
+    );
     assert!(bare > 0.0 && floor > bare && traced > bare);
 
     let mut w = io::stdout().lock();
-    let _ = writeln!(w, "malloc/free pair, median of {ROUNDS} rounds of {PAIRS} pairs");
+    let _ = writeln!(
+        w,
+        "malloc/free pair, median of {ROUNDS} rounds of {PAIRS} pairs"
+    );
     let _ = writeln!(w, "  bare                          {bare:8.1} ns");
     let _ = writeln!(w, "  uprobe floor (memtrail sites) {floor:8.1} ns");
     let _ = writeln!(

@@ -55,10 +55,7 @@ pub fn write_summary(w: &mut impl Write, p: &Profile) -> io::Result<()> {
         t.frees,
         human_bytes(t.freed_bytes),
         if t.unmatched_frees > 0 {
-            format!(
-                "   (+{} of blocks not seen allocated)",
-                t.unmatched_frees
-            )
+            format!("   (+{} of blocks not seen allocated)", t.unmatched_frees)
         } else {
             String::new()
         }
