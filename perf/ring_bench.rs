@@ -1,0 +1,472 @@
+//! Ring consumer benchmarks: memtrail's [`RingConsumer`] against libbpf-rs's
+//! [`RingBuffer`], side by side in one process, on records the BPF program
+//! `bpf/ringtest.bpf.c` makes (run with `BPF_PROG_TEST_RUN`).
+//!
+//! - Throughput, drain: a producer thread fills a 64 MiB ring, then the
+//!   consumer thread, on the other core, empties it; only the emptying is
+//!   timed, so this is the consumer's own cost per record.
+//! - Throughput, streaming: producer and consumer run at once on the two
+//!   cores; records/s end to end (bound by the slower of the two).
+//! - Delivery latency: one record every 1-5 ms; memtrail's consumer on a
+//!   poller with `engine::idle::IdleWait`, napping between records. BPF
+//!   timestamp (CLOCK_MONOTONIC) to the callback, p50/p99/max.
+//! - Idle CPU: the same poller with nothing to read, thread CPU time over
+//!   wall time.
+//!
+//! libbpf gets its best mode for throughput: `ring_buffer__consume` in a
+//! busy loop (no epoll). Both consumers run the same callback.
+//!
+//! `cargo bench --bench ring_bench` (as root) runs it in full. Without
+//! `--bench` (as `cargo test --benches` runs it) it does a short smoke run:
+//! same code, small counts, no targets.
+
+#[path = "../tests/common/ringtest.rs"]
+#[allow(
+    dead_code,
+    reason = "shared with tests/ring_consumer.rs, which uses other parts"
+)]
+mod ringtest;
+
+use std::cell::Cell;
+use std::hint::black_box;
+use std::io::{self, Write};
+use std::mem::MaybeUninit;
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use libbpf_rs::RingBufferBuilder;
+use memtrail::engine::idle::IdleWait;
+use memtrail::ring::RingConsumer;
+use ringtest::{RingTest, Run, capacity, header};
+
+/// Body bytes per record: a memtrail allocation record's size
+/// (`struct mt_alloc_event`: 24-byte header, four u64).
+const RECORD_SIZE: u32 = 56;
+/// Ring for the throughput runs: memtrail's default ring size.
+const BIG_RING: u32 = 1 << 26;
+/// Ring for the latency and idle runs.
+const SMALL_RING: u32 = 1 << 20;
+/// Records per `produce` run when streaming.
+const STREAM_BATCH: u32 = 256;
+
+/// Targets from the design: memtrail vs libbpf records/s, p99 delivery
+/// latency, idle poller CPU.
+const TARGET_RATIO: f64 = 1.5;
+const TARGET_P99: Duration = Duration::from_millis(1);
+const TARGET_IDLE_CPU_PCT: f64 = 2.0;
+
+/// How much work a run does.
+struct Scale {
+    /// Drain rounds per consumer (the median is reported).
+    drain_rounds: usize,
+    /// Records a drain round empties (at most the big ring's capacity).
+    drain_records: u64,
+    /// Records a streaming run moves.
+    stream_records: u64,
+    /// Records of the latency run.
+    latency_records: u32,
+    /// Wall time of the idle run.
+    idle_time: Duration,
+}
+
+const FULL: Scale = Scale {
+    drain_rounds: 7,
+    drain_records: 1 << 20,
+    stream_records: 1 << 23,
+    latency_records: 1500,
+    idle_time: Duration::from_secs(3),
+};
+
+const SMOKE: Scale = Scale {
+    drain_rounds: 1,
+    drain_records: 1 << 12,
+    stream_records: 1 << 14,
+    latency_records: 10,
+    idle_time: Duration::from_millis(50),
+};
+
+/// Which consumer a run measures.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Consumer {
+    Memtrail,
+    Libbpf,
+}
+
+/// What the callback saw: the same work for both consumers.
+#[derive(Default)]
+struct Seen {
+    count: Cell<u64>,
+    seq_sum: Cell<u64>,
+}
+
+impl Seen {
+    fn on_record(&self, body: &[u8]) {
+        let hdr = header(black_box(body));
+        self.count.set(self.count.get() + 1);
+        self.seq_sum.set(self.seq_sum.get().wrapping_add(hdr.seq));
+    }
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime: {}", io::Error::last_os_error());
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CLOCK_MONOTONIC, the clock of `bpf_ktime_get_ns()`.
+fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// The two cores: producers on the first, consumers on the second.
+fn cores() -> (core_affinity::CoreId, core_affinity::CoreId) {
+    let ids = core_affinity::get_core_ids().expect("list the cores");
+    assert!(ids.len() >= 2, "the benchmark needs two cores");
+    (ids[0], ids[1])
+}
+
+fn pin(core: core_affinity::CoreId) {
+    assert!(core_affinity::set_for_current(core), "pin to {core:?}");
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Fills `rt`'s ring with `records` records on the producer core.
+fn fill(rt: &RingTest<'_>, seq: u64, records: u64, producer: core_affinity::CoreId) {
+    thread::scope(|s| {
+        s.spawn(|| {
+            pin(producer);
+            let out = rt.produce(Run::new(seq, records as u32, RECORD_SIZE));
+            assert_eq!(u64::from(out.submitted), records, "fill dropped records");
+        });
+    });
+}
+
+/// One drain round: fills the ring, then times the consumer emptying it on
+/// the consumer core. Returns records/s.
+fn drain_round(
+    rt: &RingTest<'_>,
+    which: Consumer,
+    seq: u64,
+    records: u64,
+    cores: (core_affinity::CoreId, core_affinity::CoreId),
+) -> f64 {
+    fill(rt, seq, records, cores.0);
+    let want_sum: u64 = (seq..seq + records).fold(0, u64::wrapping_add);
+    thread::scope(|s| {
+        s.spawn(|| {
+            pin(cores.1);
+            let seen = Seen::default();
+            let elapsed = match which {
+                Consumer::Memtrail => {
+                    let mut ring = rt.consumer();
+                    let start = Instant::now();
+                    let handed = ring.poll(|body| seen.on_record(body));
+                    let elapsed = start.elapsed();
+                    assert_eq!(handed as u64, records);
+                    elapsed
+                }
+                Consumer::Libbpf => {
+                    let mut builder = RingBufferBuilder::new();
+                    builder
+                        .add(rt.ring_map(), |body: &[u8]| {
+                            seen.on_record(body);
+                            0
+                        })
+                        .expect("add the ring");
+                    let rb = builder.build().expect("build libbpf's ring buffer");
+                    let start = Instant::now();
+                    let handed = rb.consume_raw();
+                    let elapsed = start.elapsed();
+                    assert_eq!(handed as u64, records);
+                    elapsed
+                }
+            };
+            assert_eq!(seen.count.get(), records, "{which:?} record count");
+            assert_eq!(seen.seq_sum.get(), want_sum, "{which:?} sequence numbers");
+            records as f64 / elapsed.as_secs_f64()
+        })
+        .join()
+        .expect("consumer thread")
+    })
+}
+
+/// One streaming run: a producer thread makes `records` records in batches
+/// while the consumer busy-polls on the other core. Returns records/s and
+/// the records the producer dropped on a full ring.
+fn stream_run(
+    rt: &RingTest<'_>,
+    which: Consumer,
+    records: u64,
+    cores: (core_affinity::CoreId, core_affinity::CoreId),
+) -> (f64, u64) {
+    let submitted = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    let start_line = Barrier::new(2);
+    let drops_before = rt.drops();
+    let elapsed = thread::scope(|s| {
+        s.spawn(|| {
+            pin(cores.0);
+            start_line.wait();
+            let mut seq = 0;
+            let mut made = 0;
+            while made < records {
+                let n = (records - made).min(u64::from(STREAM_BATCH)) as u32;
+                let out = rt.produce(Run::new(seq, black_box(n), RECORD_SIZE));
+                seq += u64::from(n);
+                made += u64::from(out.submitted);
+                submitted.fetch_add(u64::from(out.submitted), Ordering::Relaxed);
+            }
+            // Release: pairs with the consumer's Acquire load of `done`, so
+            // it then sees the final `submitted`.
+            done.store(true, Ordering::Release);
+        });
+        s.spawn(|| {
+            pin(cores.1);
+            let seen = Seen::default();
+            let finished = || {
+                done.load(Ordering::Acquire)
+                    && seen.count.get() == submitted.load(Ordering::Relaxed)
+            };
+            let start = match which {
+                Consumer::Memtrail => {
+                    let mut ring = rt.consumer();
+                    start_line.wait();
+                    let start = Instant::now();
+                    while !finished() {
+                        ring.poll(|body| seen.on_record(body));
+                    }
+                    start
+                }
+                Consumer::Libbpf => {
+                    let mut builder = RingBufferBuilder::new();
+                    builder
+                        .add(rt.ring_map(), |body: &[u8]| {
+                            seen.on_record(body);
+                            0
+                        })
+                        .expect("add the ring");
+                    let rb = builder.build().expect("build libbpf's ring buffer");
+                    start_line.wait();
+                    let start = Instant::now();
+                    while !finished() {
+                        assert!(rb.consume_raw() >= 0, "ring_buffer__consume failed");
+                    }
+                    start
+                }
+            };
+            let elapsed = start.elapsed();
+            assert_eq!(seen.count.get(), records, "{which:?} record count");
+            elapsed
+        })
+        .join()
+        .expect("consumer thread")
+    });
+    (
+        records as f64 / elapsed.as_secs_f64(),
+        rt.drops() - drops_before,
+    )
+}
+
+/// The poller the latency and idle runs use: memtrail's consumer with the
+/// engine's idle strategy, until `stop`. Returns its thread CPU time.
+fn idle_poller(ring: &mut RingConsumer, stop: &AtomicBool, mut f: impl FnMut(&[u8])) -> Duration {
+    let cpu_start = thread_cpu_ns();
+    let mut idle = IdleWait::default();
+    while !stop.load(Ordering::Relaxed) {
+        if ring.poll(&mut f) == 0 {
+            idle.idle();
+        } else {
+            idle.reset();
+        }
+    }
+    Duration::from_nanos(thread_cpu_ns() - cpu_start)
+}
+
+struct Latency {
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+}
+
+/// Delivery latency at a low rate: one record every 1-5 ms.
+fn latency_run(
+    rt: &RingTest<'_>,
+    records: u32,
+    cores: (core_affinity::CoreId, core_affinity::CoreId),
+) -> Latency {
+    let stop = AtomicBool::new(false);
+    let received = AtomicU64::new(0);
+    let mut ring = rt.consumer();
+    let mut lat = thread::scope(|s| {
+        let poller = s.spawn(|| {
+            pin(cores.1);
+            let mut lat = Vec::with_capacity(records as usize);
+            idle_poller(&mut ring, &stop, |body| {
+                let now = monotonic_ns();
+                let hdr = header(body);
+                assert_eq!(hdr.seq, lat.len() as u64, "records out of order");
+                lat.push(now.saturating_sub(hdr.ts_ns));
+                received.store(lat.len() as u64, Ordering::Relaxed);
+            });
+            lat
+        });
+        pin(cores.0);
+        for i in 0..records {
+            // 1, 3, 5, 2, 4 ms, ...: the poller is asleep when records come.
+            let gap = Duration::from_millis(1 + u64::from(i * 2 % 5));
+            thread::sleep(gap);
+            let out = rt.produce(Run::new(u64::from(i), 1, RECORD_SIZE));
+            assert_eq!(out.submitted, 1);
+        }
+        // Every record is in the ring once produce returned; let the
+        // poller hand out the last before stopping it.
+        while received.load(Ordering::Relaxed) < u64::from(records) {
+            thread::sleep(Duration::from_millis(1));
+        }
+        stop.store(true, Ordering::Relaxed);
+        poller.join().expect("poller thread")
+    });
+    assert_eq!(lat.len(), records as usize, "latency record count");
+    lat.sort_unstable();
+    let at = |q: f64| Duration::from_nanos(lat[((lat.len() - 1) as f64 * q) as usize]);
+    Latency {
+        p50: at(0.50),
+        p99: at(0.99),
+        max: at(1.0),
+    }
+}
+
+/// CPU use of an idle poller, in percent of one core.
+fn idle_run(rt: &RingTest<'_>, wall: Duration, core: core_affinity::CoreId) -> f64 {
+    let stop = AtomicBool::new(false);
+    let mut ring = rt.consumer();
+    let (cpu, elapsed) = thread::scope(|s| {
+        let poller = s.spawn(|| {
+            pin(core);
+            let start = Instant::now();
+            let cpu = idle_poller(&mut ring, &stop, |_| panic!("record in the idle run"));
+            (cpu, start.elapsed())
+        });
+        thread::sleep(wall);
+        stop.store(true, Ordering::Relaxed);
+        poller.join().expect("poller thread")
+    });
+    100.0 * cpu.as_secs_f64() / elapsed.as_secs_f64()
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
+}
+
+fn main() -> io::Result<()> {
+    let full = std::env::args().any(|a| a == "--bench");
+    let scale = if full { FULL } else { SMOKE };
+    let cores = cores();
+    let mut out = io::stdout().lock();
+
+    // One object per consumer: the consumers never share a ring.
+    let mut obj_m = MaybeUninit::uninit();
+    let mut obj_l = MaybeUninit::uninit();
+    let rt_m = RingTest::load(&mut obj_m, BIG_RING);
+    let rt_l = RingTest::load(&mut obj_l, BIG_RING);
+    let records = scale.drain_records.min(capacity(BIG_RING, RECORD_SIZE));
+
+    writeln!(out, "## Ring consumer")?;
+    writeln!(
+        out,
+        "records: {RECORD_SIZE} B bodies ({} B in the ring); throughput ring {} MiB",
+        ringtest::slot_len(RECORD_SIZE),
+        BIG_RING >> 20
+    )?;
+
+    // Warm-up round each, then alternate so drift hits both alike.
+    drain_round(&rt_m, Consumer::Memtrail, 0, records, cores);
+    drain_round(&rt_l, Consumer::Libbpf, 0, records, cores);
+    let (mut drain_m, mut drain_l) = (Vec::new(), Vec::new());
+    for round in 0..scale.drain_rounds {
+        let seq = (round as u64 + 1) * records;
+        drain_m.push(drain_round(&rt_m, Consumer::Memtrail, seq, records, cores));
+        drain_l.push(drain_round(&rt_l, Consumer::Libbpf, seq, records, cores));
+    }
+    let (drain_m, drain_l) = (median(drain_m), median(drain_l));
+    let drain_ratio = drain_m / drain_l;
+
+    let (stream_m, drops_m) = stream_run(&rt_m, Consumer::Memtrail, scale.stream_records, cores);
+    let (stream_l, drops_l) = stream_run(&rt_l, Consumer::Libbpf, scale.stream_records, cores);
+    drop((rt_m, rt_l));
+
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| throughput | memtrail RingConsumer | libbpf-rs RingBuffer | ratio |"
+    )?;
+    writeln!(out, "|---|---:|---:|---:|")?;
+    writeln!(
+        out,
+        "| drain, {records} records, median of {} | {:.1} M/s | {:.1} M/s | {drain_ratio:.2}x |",
+        scale.drain_rounds,
+        drain_m / 1e6,
+        drain_l / 1e6
+    )?;
+    writeln!(
+        out,
+        "| streaming, {} records (drops: {drops_m} / {drops_l}) | {:.1} M/s | {:.1} M/s | {:.2}x |",
+        scale.stream_records,
+        stream_m / 1e6,
+        stream_l / 1e6,
+        stream_m / stream_l
+    )?;
+
+    let mut obj = MaybeUninit::uninit();
+    let rt = RingTest::load(&mut obj, SMALL_RING);
+    let lat = latency_run(&rt, scale.latency_records, cores);
+    let idle_pct = idle_run(&rt, scale.idle_time, cores.1);
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| idle poller (IdleWait::default) | value |\n|---|---:|\n\
+         | delivery latency p50, {} records 1-5 ms apart | {:.0} µs |\n\
+         | delivery latency p99 | {:.0} µs |\n\
+         | delivery latency max | {:.0} µs |\n\
+         | idle CPU over {:.1} s | {idle_pct:.2} % of a core |",
+        scale.latency_records,
+        lat.p50.as_secs_f64() * 1e6,
+        lat.p99.as_secs_f64() * 1e6,
+        lat.max.as_secs_f64() * 1e6,
+        scale.idle_time.as_secs_f64(),
+    )?;
+
+    if full {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "targets: drain ratio >= {TARGET_RATIO}x {}; p99 <= {} ms {}; idle CPU <= {TARGET_IDLE_CPU_PCT} % {}",
+            verdict(drain_ratio >= TARGET_RATIO),
+            TARGET_P99.as_millis(),
+            verdict(lat.p99 <= TARGET_P99),
+            verdict(idle_pct <= TARGET_IDLE_CPU_PCT),
+        )?;
+    } else {
+        writeln!(
+            out,
+            "(smoke run: `cargo bench --bench ring_bench` measures)"
+        )?;
+    }
+    Ok(())
+}
