@@ -6,7 +6,9 @@
 //! with ref_ctr_offset 2 (inside the ELF header, never mapped writable, so
 //! the kernel writes nothing) until its stdin closes. The tests here are
 //! serialized: while one holds the conflicting probe, no memtrail run of
-//! this binary may expect to attach.
+//! this binary may expect to attach. (Nor can any other memtrail run on the
+//! machine, for that second; and another tracer already probing malloc makes
+//! the helper itself fail, with a message saying so.)
 
 mod common;
 
@@ -41,6 +43,19 @@ impl Holder {
         (Self { child }, line)
     }
 
+    /// Starts the helper with ref_ctr_offset 2 and waits until it holds its
+    /// probe.
+    fn hold() -> Self {
+        let (holder, line) = Self::start(2);
+        assert!(
+            line.starts_with("ready "),
+            "the helper could not register its uprobe ({line:?}): another \
+             tracer (another memtrail run?) has a uprobe on libc's malloc \
+             right now; run this test binary alone"
+        );
+        holder
+    }
+
     /// Closes the helper's stdin and returns its exit code.
     fn finish(mut self) -> Option<i32> {
         drop(self.child.stdin.take());
@@ -62,8 +77,7 @@ impl Drop for Holder {
 #[test]
 fn cli_uprobe_conflict_fixture_blocks_plain_probe() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (holder, ready) = Holder::start(2);
-    assert!(ready.starts_with("ready "), "helper: {ready}");
+    let holder = Holder::hold();
     let (plain, refused) = Holder::start(0);
     assert_eq!(refused, format!("error {}\n", libc::EINVAL));
     assert_eq!(plain.finish(), Some(1));
@@ -80,8 +94,7 @@ fn cli_uprobe_conflict_fixture_blocks_plain_probe() {
 #[test]
 fn cli_conflicting_uprobe_exits_74() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (holder, ready) = Holder::start(2);
-    assert!(ready.starts_with("ready "), "helper: {ready}");
+    let holder = Holder::hold();
 
     let dir = tempfile::tempdir().expect("tempdir");
     let args: Vec<OsString> = vec![
