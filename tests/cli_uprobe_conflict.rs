@@ -71,9 +71,9 @@ impl Drop for Holder {
     }
 }
 
-/// Check the premise: while the helper holds its probe, a plain uprobe at
-/// the same place (ref_ctr_offset 0, as memtrail's) fails with EINVAL, and
-/// succeeds again once the helper is gone.
+/// Check that the premise holds: while the helper holds its probe, a plain
+/// uprobe at the same place (ref_ctr_offset 0, as memtrail's) fails with
+/// EINVAL, and succeeds again once the helper is gone.
 #[test]
 fn cli_uprobe_conflict_fixture_blocks_plain_probe() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

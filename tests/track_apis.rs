@@ -225,9 +225,9 @@ fn track_malloc_zero_counted() {
     assert_ne!(num(e, "addr"), 0, "{e}");
 }
 
-/// Check the profile's totals and process entry for the apis fixture: 13
-/// allocations (4 of them reallocs), 11 frees, everything freed, and the
-/// peak is the largest single block (one block is live at a time; a realloc
+/// Check that the profile's totals and process entry for the apis fixture
+/// are exact: 13 allocations (4 of them reallocs), 11 frees, everything
+/// freed, and the peak is the largest single block (one block is live at a time; a realloc
 /// releases the old block before the new one counts).
 #[test]
 fn track_api_profile_counters_exact() {
@@ -253,8 +253,8 @@ fn track_api_profile_counters_exact() {
     assert_eq!(Counters::of(entry), expected);
 }
 
-/// Check the profile's header: format, version, command, exit, lost events
-/// and the process's exe.
+/// Check that the profile's header is right: format, version, command,
+/// exit, lost events, and the process's exe, parent and times.
 #[test]
 fn track_api_profile_header() {
     let run = apis();

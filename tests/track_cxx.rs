@@ -61,8 +61,8 @@ fn track_cxx_new_delete_are_malloc_free() {
     }
 }
 
-/// Check the C++ fixture's profile: the runtime's own allocations plus
-/// exactly 4 allocations and 2 frees, with 400046 bytes leaked.
+/// Check that the C++ fixture's profile is the runtime's own allocations
+/// plus exactly 4 allocations and 2 frees, with 400046 bytes leaked.
 #[test]
 fn track_cxx_profile_counters_exact() {
     let base = runtime_counters();

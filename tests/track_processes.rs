@@ -217,8 +217,8 @@ fn track_exec_same_process_new_exe() {
     );
 }
 
-/// Check a 3-level tree (root -> mid -> leaf, each exec'd in a forked
-/// child): pid/ppid links, exe paths, exit codes, and each process's leak.
+/// Check that a 3-level tree (root -> mid -> leaf, each exec'd in a forked
+/// child) has exact pid/ppid links, exe paths, exit codes and leaks.
 #[test]
 fn track_tree_three_levels() {
     let mid_exe = common::fixture("tree_mid");

@@ -65,8 +65,8 @@ fn track_threads_events_attributed_per_thread() {
     assert!(others.is_empty(), "unexpected allocations: {others:?}");
 }
 
-/// Check the threads fixture's profile: exact counts, and a peak of all 256
-/// blocks live at once (the fixture holds them all behind a barrier).
+/// Check that the threads fixture's profile counts are exact, with a peak
+/// of all 256 blocks live at once (the fixture holds them behind a barrier).
 #[test]
 fn track_threads_profile_counters_exact() {
     let run = capture(&cmd("threads", &[]));
