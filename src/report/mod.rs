@@ -28,7 +28,7 @@ pub use summary::{human_bytes, write_summary};
 use crate::record::{Body, Kind, Record};
 
 /// Heap counters of a process or the whole tree.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeapCounters {
     pub allocations: u64,
     pub frees: u64,
@@ -43,7 +43,7 @@ pub struct HeapCounters {
 }
 
 /// Anonymous mappings and program break of a process or the whole tree.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MapCounters {
     pub mmaps: u64,
     pub munmaps: u64,

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::output::{AtomicOutput, OutputError};
 use super::{Aggregator, HeapCounters, MapCounters};
@@ -11,9 +11,12 @@ use crate::attach::Site;
 /// Bumped on any incompatible change of the document.
 pub const PROFILE_VERSION: u32 = 1;
 
-#[derive(Debug, Serialize)]
+/// The `format` field of every profile.
+pub const PROFILE_FORMAT: &str = "memtrail-profile";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Profile {
-    pub format: &'static str,
+    pub format: String,
     pub version: u32,
     pub command: Vec<String>,
     pub exit: ExitInfo,
@@ -23,16 +26,63 @@ pub struct Profile {
     pub processes: Vec<ProcessEntry>,
     pub lost_events: LostEvents,
     pub probes: Vec<ProbeEntry>,
+    /// Allocation sites: one entry per distinct call stack, with what was
+    /// allocated from it. Empty when stacks were not captured.
+    #[serde(default)]
+    pub stacks: Vec<StackEntry>,
+}
+
+/// One distinct allocation call stack and its metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackEntry {
+    /// The stack's id in the event stream (`stack_id`).
+    pub id: u64,
+    /// Innermost first: `frames[0]` is the function that called the
+    /// allocator. An address with inlined functions gives several frames,
+    /// the inlined ones (`inlined: true`) before the function they were
+    /// inlined into.
+    pub frames: Vec<Frame>,
+    #[serde(flatten)]
+    pub metrics: StackMetrics,
+}
+
+/// One symbolized frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Frame {
+    /// The instruction address in the process.
+    pub addr: u64,
+    /// The file the address belongs to.
+    pub module: Option<String>,
+    /// Demangled function name.
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    #[serde(default)]
+    pub inlined: bool,
+}
+
+/// What a stack allocated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackMetrics {
+    /// Successful allocating calls (realloc included).
+    pub allocations: u64,
+    /// Bytes those calls asked for.
+    pub bytes: u64,
+    /// Bytes from this stack live when the tree's live heap peaked.
+    pub live_bytes_at_peak: u64,
+    /// Bytes from this stack still live when their process exited.
+    pub live_bytes_at_exit: u64,
+    pub live_allocations_at_exit: u64,
 }
 
 /// How the command ended: an exit code, or the signal that killed it.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct ExitInfo {
     pub code: Option<i32>,
     pub signal: Option<i32>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProcessEntry {
     pub pid: u32,
     pub ppid: u32,
@@ -46,7 +96,7 @@ pub struct ProcessEntry {
     pub mappings: MapCounters,
 }
 
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct LostEvents {
     /// Records the events ring could not take.
     pub events: u64,
@@ -60,7 +110,7 @@ impl LostEvents {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProbeEntry {
     pub image: String,
     pub symbol: String,
@@ -104,7 +154,7 @@ impl Profile {
         let mut totals = agg.totals();
         totals.peak_live_at_ns = rel(totals.peak_live_at_ns);
         Self {
-            format: "memtrail-profile",
+            format: PROFILE_FORMAT.to_owned(),
             version: PROFILE_VERSION,
             command,
             exit,
@@ -129,6 +179,7 @@ impl Profile {
                 .collect(),
             lost_events,
             probes: sites.iter().map(ProbeEntry::from).collect(),
+            stacks: Vec::new(),
         }
     }
 }
