@@ -2,9 +2,10 @@
 //! [`RingBuffer`], side by side in one process, on records the BPF program
 //! `bpf/ringtest.bpf.c` makes (run with `BPF_PROG_TEST_RUN`).
 //!
-//! - Throughput, drain: a producer thread fills a 64 MiB ring, then the
-//!   consumer thread, on the other core, empties it; only the emptying is
-//!   timed, so this is the consumer's own cost per record.
+//! - Throughput, drain: a producer thread fills a ring, then the consumer
+//!   thread, on the other core, empties it; only the emptying is timed, so
+//!   this is the consumer's own cost per record. With a 64 MiB ring the
+//!   records come from memory, with a 1 MiB ring from the shared cache.
 //! - Throughput, streaming: producer and consumer run at once on the two
 //!   cores; records/s end to end (bound by the slower of the two).
 //! - Delivery latency: one record every 1-5 ms; memtrail's consumer on a
@@ -12,6 +13,9 @@
 //!   timestamp (CLOCK_MONOTONIC) to the callback, p50/p99/max.
 //! - Idle CPU: the same poller with nothing to read, thread CPU time over
 //!   wall time.
+//!
+//! The last two run for several naps (the default among them), and for
+//! libbpf's epoll wait with kernel wakeups as a reference point.
 //!
 //! libbpf gets its best mode for throughput: `ring_buffer__consume` in a
 //! busy loop (no epoll). Both consumers run the same callback.
@@ -37,16 +41,17 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use libbpf_rs::RingBufferBuilder;
-use memtrail::engine::idle::IdleWait;
-use memtrail::ring::RingConsumer;
+use memtrail::engine::idle::{DEFAULT_NAP, IdleWait};
 use ringtest::{RingTest, Run, capacity, header};
 
 /// Body bytes per record: a memtrail allocation record's size
 /// (`struct mt_alloc_event`: 24-byte header, four u64).
 const RECORD_SIZE: u32 = 56;
-/// Ring for the throughput runs: memtrail's default ring size.
+/// memtrail's default ring size: the streaming runs and the drain from
+/// memory.
 const BIG_RING: u32 = 1 << 26;
-/// Ring for the latency and idle runs.
+/// A ring that fits in the shared L3 cache: the drain from cache, the
+/// latency and idle runs.
 const SMALL_RING: u32 = 1 << 20;
 /// Records per `produce` run when streaming.
 const STREAM_BATCH: u32 = 256;
@@ -59,32 +64,40 @@ const TARGET_IDLE_CPU_PCT: f64 = 2.0;
 
 /// How much work a run does.
 struct Scale {
-    /// Drain rounds per consumer (the median is reported).
-    drain_rounds: usize,
-    /// Records a drain round empties (at most the big ring's capacity).
-    drain_records: u64,
+    /// Drain runs: ring size, and rounds per consumer (the median is
+    /// reported). Each round fills the ring to capacity.
+    drains: &'static [(u32, usize)],
     /// Records a streaming run moves.
     stream_records: u64,
     /// Records of the latency run.
     latency_records: u32,
-    /// Wall time of the idle run.
+    /// Wall time of each idle run.
     idle_time: Duration,
+    /// The pollers of the latency and idle runs; must hold the default.
+    pollers: &'static [Poller],
 }
 
 const FULL: Scale = Scale {
-    drain_rounds: 7,
-    drain_records: 1 << 20,
+    drains: &[(BIG_RING, 9), (SMALL_RING, 301)],
     stream_records: 1 << 23,
-    latency_records: 1500,
+    latency_records: 1000,
     idle_time: Duration::from_secs(3),
+    pollers: &[
+        Poller::Memtrail(Duration::from_micros(50)),
+        Poller::Memtrail(Duration::from_micros(100)),
+        Poller::Memtrail(DEFAULT_NAP),
+        Poller::Memtrail(Duration::from_micros(400)),
+        Poller::Memtrail(Duration::from_micros(800)),
+        Poller::LibbpfEpoll,
+    ],
 };
 
 const SMOKE: Scale = Scale {
-    drain_rounds: 1,
-    drain_records: 1 << 12,
+    drains: &[(SMALL_RING, 1)],
     stream_records: 1 << 14,
     latency_records: 10,
     idle_time: Duration::from_millis(50),
+    pollers: &[Poller::Memtrail(DEFAULT_NAP), Poller::LibbpfEpoll],
 };
 
 /// Which consumer a run measures.
@@ -206,6 +219,31 @@ fn drain_round(
     })
 }
 
+/// Drains full rings of `ring_size` bytes with each consumer, `rounds`
+/// times alternately after a warm-up round each. Returns the records per
+/// round and the median records/s of memtrail's consumer and libbpf's.
+fn drain_compare(
+    ring_size: u32,
+    rounds: usize,
+    cores: (core_affinity::CoreId, core_affinity::CoreId),
+) -> (u64, f64, f64) {
+    // One object per consumer: the consumers never share a ring.
+    let mut obj_m = MaybeUninit::uninit();
+    let mut obj_l = MaybeUninit::uninit();
+    let rt_m = RingTest::load(&mut obj_m, ring_size);
+    let rt_l = RingTest::load(&mut obj_l, ring_size);
+    let records = capacity(ring_size, RECORD_SIZE);
+    drain_round(&rt_m, Consumer::Memtrail, 0, records, cores);
+    drain_round(&rt_l, Consumer::Libbpf, 0, records, cores);
+    let (mut m, mut l) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let seq = (round as u64 + 1) * records;
+        m.push(drain_round(&rt_m, Consumer::Memtrail, seq, records, cores));
+        l.push(drain_round(&rt_l, Consumer::Libbpf, seq, records, cores));
+    }
+    (records, median(m), median(l))
+}
+
 /// One streaming run: a producer thread makes `records` records in batches
 /// while the consumer busy-polls on the other core. Returns records/s and
 /// the records the producer dropped on a full ring.
@@ -283,16 +321,71 @@ fn stream_run(
     )
 }
 
-/// The poller the latency and idle runs use: memtrail's consumer with the
-/// engine's idle strategy, until `stop`. Returns its thread CPU time.
-fn idle_poller(ring: &mut RingConsumer, stop: &AtomicBool, mut f: impl FnMut(&[u8])) -> Duration {
+/// How a latency or idle run waits for records.
+#[derive(Clone, Copy, Debug)]
+enum Poller {
+    /// memtrail's consumer, waiting with `IdleWait::new(nap)`; records are
+    /// submitted with `BPF_RB_NO_WAKEUP`, as memtrail's probes do.
+    Memtrail(Duration),
+    /// libbpf-rs's `RingBuffer::poll` (epoll); records are submitted with
+    /// the kernel's adaptive wakeups. A reference point, not memtrail's
+    /// design.
+    LibbpfEpoll,
+}
+
+impl Poller {
+    fn submit_flags(self) -> u32 {
+        match self {
+            Self::Memtrail(_) => ringtest::NO_WAKEUP,
+            Self::LibbpfEpoll => 0,
+        }
+    }
+
+    fn name(self) -> String {
+        match self {
+            Self::Memtrail(nap) if nap == DEFAULT_NAP => {
+                format!("memtrail, IdleWait nap {} µs (default)", nap.as_micros())
+            }
+            Self::Memtrail(nap) => format!("memtrail, IdleWait nap {} µs", nap.as_micros()),
+            Self::LibbpfEpoll => "libbpf-rs RingBuffer::poll (epoll, wakeups on)".to_owned(),
+        }
+    }
+}
+
+/// Consumes `rt`'s ring the way `poller` does until `stop`, on the calling
+/// thread. Returns the thread's CPU time.
+fn run_poller(
+    rt: &RingTest<'_>,
+    poller: Poller,
+    stop: &AtomicBool,
+    mut f: impl FnMut(&[u8]),
+) -> Duration {
     let cpu_start = thread_cpu_ns();
-    let mut idle = IdleWait::default();
-    while !stop.load(Ordering::Relaxed) {
-        if ring.poll(&mut f) == 0 {
-            idle.idle();
-        } else {
-            idle.reset();
+    match poller {
+        Poller::Memtrail(nap) => {
+            let mut ring = rt.consumer();
+            let mut idle = IdleWait::new(nap);
+            while !stop.load(Ordering::Relaxed) {
+                if ring.poll(&mut f) == 0 {
+                    idle.idle();
+                } else {
+                    idle.reset();
+                }
+            }
+        }
+        Poller::LibbpfEpoll => {
+            let mut builder = RingBufferBuilder::new();
+            builder
+                .add(rt.ring_map(), |body: &[u8]| {
+                    f(body);
+                    0
+                })
+                .expect("add the ring");
+            let rb = builder.build().expect("build libbpf's ring buffer");
+            while !stop.load(Ordering::Relaxed) {
+                rb.poll(Duration::from_millis(10))
+                    .expect("ring_buffer__poll");
+            }
         }
     }
     Duration::from_nanos(thread_cpu_ns() - cpu_start)
@@ -304,20 +397,21 @@ struct Latency {
     max: Duration,
 }
 
-/// Delivery latency at a low rate: one record every 1-5 ms.
+/// Delivery latency at a low rate: one record every 1-5 ms, from the BPF
+/// timestamp to the callback.
 fn latency_run(
     rt: &RingTest<'_>,
+    poller: Poller,
     records: u32,
     cores: (core_affinity::CoreId, core_affinity::CoreId),
 ) -> Latency {
     let stop = AtomicBool::new(false);
     let received = AtomicU64::new(0);
-    let mut ring = rt.consumer();
     let mut lat = thread::scope(|s| {
-        let poller = s.spawn(|| {
+        let consumer = s.spawn(|| {
             pin(cores.1);
             let mut lat = Vec::with_capacity(records as usize);
-            idle_poller(&mut ring, &stop, |body| {
+            run_poller(rt, poller, &stop, |body| {
                 let now = monotonic_ns();
                 let hdr = header(body);
                 assert_eq!(hdr.seq, lat.len() as u64, "records out of order");
@@ -331,8 +425,11 @@ fn latency_run(
             // 1, 3, 5, 2, 4 ms, ...: the poller is asleep when records come.
             let gap = Duration::from_millis(1 + u64::from(i * 2 % 5));
             thread::sleep(gap);
-            let out = rt.produce(Run::new(u64::from(i), 1, RECORD_SIZE));
-            assert_eq!(out.submitted, 1);
+            let run = Run {
+                flags: poller.submit_flags(),
+                ..Run::new(u64::from(i), 1, RECORD_SIZE)
+            };
+            assert_eq!(rt.produce(run).submitted, 1);
         }
         // Every record is in the ring once produce returned; let the
         // poller hand out the last before stopping it.
@@ -340,7 +437,7 @@ fn latency_run(
             thread::sleep(Duration::from_millis(1));
         }
         stop.store(true, Ordering::Relaxed);
-        poller.join().expect("poller thread")
+        consumer.join().expect("poller thread")
     });
     assert_eq!(lat.len(), records as usize, "latency record count");
     lat.sort_unstable();
@@ -352,22 +449,29 @@ fn latency_run(
     }
 }
 
-/// CPU use of an idle poller, in percent of one core.
-fn idle_run(rt: &RingTest<'_>, wall: Duration, core: core_affinity::CoreId) -> f64 {
+/// CPU use of a poller with nothing to read, in percent of one core.
+fn idle_run(rt: &RingTest<'_>, poller: Poller, wall: Duration, core: core_affinity::CoreId) -> f64 {
     let stop = AtomicBool::new(false);
-    let mut ring = rt.consumer();
     let (cpu, elapsed) = thread::scope(|s| {
-        let poller = s.spawn(|| {
+        let consumer = s.spawn(|| {
             pin(core);
             let start = Instant::now();
-            let cpu = idle_poller(&mut ring, &stop, |_| panic!("record in the idle run"));
+            let cpu = run_poller(rt, poller, &stop, |_| panic!("record in the idle run"));
             (cpu, start.elapsed())
         });
         thread::sleep(wall);
         stop.store(true, Ordering::Relaxed);
-        poller.join().expect("poller thread")
+        consumer.join().expect("poller thread")
     });
     100.0 * cpu.as_secs_f64() / elapsed.as_secs_f64()
+}
+
+/// The 1-minute load average: the benchmark shares the machine.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -379,85 +483,98 @@ fn main() -> io::Result<()> {
     let scale = if full { FULL } else { SMOKE };
     let cores = cores();
     let mut out = io::stdout().lock();
-
-    // One object per consumer: the consumers never share a ring.
-    let mut obj_m = MaybeUninit::uninit();
-    let mut obj_l = MaybeUninit::uninit();
-    let rt_m = RingTest::load(&mut obj_m, BIG_RING);
-    let rt_l = RingTest::load(&mut obj_l, BIG_RING);
-    let records = scale.drain_records.min(capacity(BIG_RING, RECORD_SIZE));
+    let load_before = loadavg();
 
     writeln!(out, "## Ring consumer")?;
     writeln!(
         out,
-        "records: {RECORD_SIZE} B bodies ({} B in the ring); throughput ring {} MiB",
+        "records: {RECORD_SIZE} B bodies ({} B in the ring)",
         ringtest::slot_len(RECORD_SIZE),
-        BIG_RING >> 20
     )?;
-
-    // Warm-up round each, then alternate so drift hits both alike.
-    drain_round(&rt_m, Consumer::Memtrail, 0, records, cores);
-    drain_round(&rt_l, Consumer::Libbpf, 0, records, cores);
-    let (mut drain_m, mut drain_l) = (Vec::new(), Vec::new());
-    for round in 0..scale.drain_rounds {
-        let seq = (round as u64 + 1) * records;
-        drain_m.push(drain_round(&rt_m, Consumer::Memtrail, seq, records, cores));
-        drain_l.push(drain_round(&rt_l, Consumer::Libbpf, seq, records, cores));
-    }
-    let (drain_m, drain_l) = (median(drain_m), median(drain_l));
-    let drain_ratio = drain_m / drain_l;
-
-    let (stream_m, drops_m) = stream_run(&rt_m, Consumer::Memtrail, scale.stream_records, cores);
-    let (stream_l, drops_l) = stream_run(&rt_l, Consumer::Libbpf, scale.stream_records, cores);
-    drop((rt_m, rt_l));
-
     writeln!(out)?;
     writeln!(
         out,
         "| throughput | memtrail RingConsumer | libbpf-rs RingBuffer | ratio |"
     )?;
     writeln!(out, "|---|---:|---:|---:|")?;
+    let mut ratios = Vec::new();
+    for &(ring_size, rounds) in scale.drains {
+        let (records, m, l) = drain_compare(ring_size, rounds, cores);
+        writeln!(
+            out,
+            "| drain, {} MiB ring ({records} records), median of {rounds} | {:.1} M/s | {:.1} M/s | {:.2}x |",
+            ring_size >> 20,
+            m / 1e6,
+            l / 1e6,
+            m / l
+        )?;
+        ratios.push(m / l);
+    }
+
+    // One object per consumer: the consumers never share a ring.
+    let mut obj_m = MaybeUninit::uninit();
+    let mut obj_l = MaybeUninit::uninit();
+    let rt_m = RingTest::load(&mut obj_m, BIG_RING);
+    let rt_l = RingTest::load(&mut obj_l, BIG_RING);
+    let (stream_m, drops_m) = stream_run(&rt_m, Consumer::Memtrail, scale.stream_records, cores);
+    let (stream_l, drops_l) = stream_run(&rt_l, Consumer::Libbpf, scale.stream_records, cores);
+    drop((rt_m, rt_l));
     writeln!(
         out,
-        "| drain, {records} records, median of {} | {:.1} M/s | {:.1} M/s | {drain_ratio:.2}x |",
-        scale.drain_rounds,
-        drain_m / 1e6,
-        drain_l / 1e6
-    )?;
-    writeln!(
-        out,
-        "| streaming, {} records (drops: {drops_m} / {drops_l}) | {:.1} M/s | {:.1} M/s | {:.2}x |",
+        "| streaming, {} MiB ring, {} records (drops: {drops_m} / {drops_l}) | {:.1} M/s | {:.1} M/s | {:.2}x |",
+        BIG_RING >> 20,
         scale.stream_records,
         stream_m / 1e6,
         stream_l / 1e6,
         stream_m / stream_l
     )?;
+    ratios.push(stream_m / stream_l);
 
     let mut obj = MaybeUninit::uninit();
     let rt = RingTest::load(&mut obj, SMALL_RING);
-    let lat = latency_run(&rt, scale.latency_records, cores);
-    let idle_pct = idle_run(&rt, scale.idle_time, cores.1);
     writeln!(out)?;
     writeln!(
         out,
-        "| idle poller (IdleWait::default) | value |\n|---|---:|\n\
-         | delivery latency p50, {} records 1-5 ms apart | {:.0} µs |\n\
-         | delivery latency p99 | {:.0} µs |\n\
-         | delivery latency max | {:.0} µs |\n\
-         | idle CPU over {:.1} s | {idle_pct:.2} % of a core |",
+        "| poller ({} records 1-5 ms apart; idle {:.1} s) | latency p50 | p99 | max | idle CPU |",
         scale.latency_records,
-        lat.p50.as_secs_f64() * 1e6,
-        lat.p99.as_secs_f64() * 1e6,
-        lat.max.as_secs_f64() * 1e6,
-        scale.idle_time.as_secs_f64(),
+        scale.idle_time.as_secs_f64()
+    )?;
+    writeln!(out, "|---|---:|---:|---:|---:|")?;
+    let mut default = None;
+    for &poller in scale.pollers {
+        let lat = latency_run(&rt, poller, scale.latency_records, cores);
+        let idle_pct = idle_run(&rt, poller, scale.idle_time, cores.1);
+        writeln!(
+            out,
+            "| {} | {:.0} µs | {:.0} µs | {:.0} µs | {idle_pct:.2} % |",
+            poller.name(),
+            lat.p50.as_secs_f64() * 1e6,
+            lat.p99.as_secs_f64() * 1e6,
+            lat.max.as_secs_f64() * 1e6,
+        )?;
+        if matches!(poller, Poller::Memtrail(nap) if nap == DEFAULT_NAP) {
+            default = Some((lat, idle_pct));
+        }
+    }
+    let (lat, idle_pct) = default.expect("the default poller was measured");
+    writeln!(out)?;
+    writeln!(
+        out,
+        "load average (1 min): {load_before} before, {} after",
+        loadavg()
     )?;
 
     if full {
         writeln!(out)?;
         writeln!(
             out,
-            "targets: drain ratio >= {TARGET_RATIO}x {}; p99 <= {} ms {}; idle CPU <= {TARGET_IDLE_CPU_PCT} % {}",
-            verdict(drain_ratio >= TARGET_RATIO),
+            "targets: ratio >= {TARGET_RATIO}x {} (drains, streaming); \
+             default poller: p99 <= {} ms {}; idle CPU <= {TARGET_IDLE_CPU_PCT} % {}",
+            ratios
+                .iter()
+                .map(|&r| verdict(r >= TARGET_RATIO))
+                .collect::<Vec<_>>()
+                .join("/"),
             TARGET_P99.as_millis(),
             verdict(lat.p99 <= TARGET_P99),
             verdict(idle_pct <= TARGET_IDLE_CPU_PCT),
