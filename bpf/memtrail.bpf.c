@@ -29,6 +29,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define MT_MAX_PROCS 32768
 #define MT_MAX_THREADS 65536
 #define MAP_ANONYMOUS 0x20
+#define PROT_EXEC 0x4
+#define EEXIST 17
+#define PAGE_SHIFT 12
 /* Syscall returns in [-4095, -1] are errors. */
 #define IS_ERR_VALUE(x) ((unsigned long)(x) >= (unsigned long)-4095)
 
@@ -37,6 +40,31 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 24);
 } events SEC(".maps");
+
+/* Call stacks, one record per distinct (process, stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 22);
+} stacks SEC(".maps");
+
+/* Executable file mappings of tracked processes. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} mappings SEC(".maps");
+
+/* Ids of the stacks already written to the stack ring. When full, stacks
+ * are written again (userspace deduplicates by id). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1 << 18);
+	__type(key, __u64);
+	__type(value, __u8);
+} known_stacks SEC(".maps");
+
+/* Frames to capture per allocation stack; 0 turns capture off. Set by
+ * userspace before load (at most MT_MAX_STACK). */
+const volatile __u32 stack_depth = 127;
 
 /* tgid -> parent tgid, for every process of the tracked tree. */
 struct {
@@ -53,6 +81,7 @@ struct {
  */
 struct inflight {
 	__u64 args[3];
+	__u64 stack_id; /* the outermost call's stack, 0 if none */
 	__u32 depth; /* nested allocator calls, outermost included; 0: none */
 	__u32 kind;  /* enum mt_kind of the outermost call */
 };
@@ -99,12 +128,16 @@ struct {
  */
 __u64 drops_events = 0;
 __u64 drops_tracking = 0;
+__u64 drops_stacks = 0;
+__u64 drops_mappings = 0;
 
 /* Dummy instances: make libbpf-cargo emit the record types for Rust. */
 struct mt_alloc_event _mt_alloc_event = {};
 struct mt_fork_event _mt_fork_event = {};
 struct mt_exec_event _mt_exec_event = {};
 struct mt_exit_event _mt_exit_event = {};
+struct mt_stack_record _mt_stack_record = {};
+struct mt_mapping_record _mt_mapping_record = {};
 enum mt_kind _mt_kind = 0;
 enum mt_flags _mt_flags = 0;
 
@@ -133,9 +166,9 @@ static __always_inline void fill_header(struct mt_header *hdr, __u64 pid_tgid,
 	hdr->_pad = 0;
 }
 
-static __always_inline void emit_alloc(__u64 pid_tgid, __u16 kind, __u16 flags,
+static __always_inline void emit_event(__u64 pid_tgid, __u16 kind, __u16 flags,
 					__u64 addr, __u64 size, __u64 old_addr,
-					__u64 old_size)
+					__u64 old_size, __u64 stack_id)
 {
 	struct mt_alloc_event *e = reserve(sizeof(*e));
 
@@ -146,7 +179,74 @@ static __always_inline void emit_alloc(__u64 pid_tgid, __u16 kind, __u16 flags,
 	e->size = size;
 	e->old_addr = old_addr;
 	e->old_size = old_size;
+	e->stack_id = stack_id;
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+static __always_inline void emit_alloc(__u64 pid_tgid, __u16 kind, __u16 flags,
+					__u64 addr, __u64 size, __u64 old_addr,
+					__u64 old_size)
+{
+	emit_event(pid_tgid, kind, flags, addr, size, old_addr, old_size, 0);
+}
+
+static __always_inline __u64 mix(__u64 h, __u64 v)
+{
+	h ^= v;
+	h *= 0xff51afd7ed558ccdULL;
+	return h ^ (h >> 33);
+}
+
+/*
+ * Captures the user stack of an allocator call at its entry into a record
+ * reserved on the stack ring, hashes it there, and publishes it only if its
+ * hash is new. Returns the stack id, 0 if none.
+ *
+ * At entry the caller's frame is not yet linked: its return address is at
+ * the top of the stack, so it goes first; the frame-pointer walk, which
+ * skips the allocator's own ip, gives the rest. Kernels whose unwinder
+ * already adds that return address for entry probes repeat it in ips[1]:
+ * `first` then skips ips[0].
+ */
+static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
+{
+	const __u32 walk = (stack_depth < MT_MAX_STACK ? stack_depth : MT_MAX_STACK) - 1;
+	struct mt_stack_record *rec;
+	__u64 h = tgid;
+	__u8 one = 1;
+	__u32 i, n = 1;
+	long got;
+
+	if (!stack_depth)
+		return 0;
+	rec = bpf_ringbuf_reserve(&stacks, sizeof(*rec), 0);
+	if (!rec) {
+		__sync_fetch_and_add(&drops_stacks, 1);
+		return 0;
+	}
+	rec->pid = tgid;
+	rec->first = 0;
+	if (bpf_probe_read_user(&rec->ips[0], sizeof(rec->ips[0]), (void *)PT_REGS_SP(ctx)))
+		rec->ips[0] = 0;
+	got = bpf_get_stack(ctx, &rec->ips[1], walk * sizeof(__u64), BPF_F_USER_STACK | 1);
+	if (got > 0)
+		n += got / sizeof(__u64);
+	if (n > 1 && rec->ips[1] == rec->ips[0])
+		rec->first = 1;
+	rec->nr = n;
+	for (i = 0; i < MT_MAX_STACK; i++) {
+		if (i >= n)
+			break;
+		if (i >= rec->first)
+			h = mix(h, rec->ips[i]);
+	}
+	h = h ? h : 1;
+	rec->id = h;
+	if (bpf_map_update_elem(&known_stacks, &h, &one, BPF_NOEXIST) == -EEXIST)
+		bpf_ringbuf_discard(rec, BPF_RB_NO_WAKEUP);
+	else
+		bpf_ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
+	return h;
 }
 
 SEC("uprobe.multi")
@@ -168,6 +268,7 @@ int alloc_enter(struct pt_regs *ctx)
 	cur->args[1] = PT_REGS_PARM2(ctx);
 	cur->args[2] = PT_REGS_PARM3(ctx);
 	cur->kind = bpf_get_attach_cookie(ctx);
+	cur->stack_id = capture_stack(ctx, pid_tgid >> 32);
 	if ((cur->kind == MT_REALLOC || cur->kind == MT_REALLOCARRAY) && cur->args[0])
 		emit_alloc(pid_tgid, MT_REALLOC_BEGIN, 0, cur->args[0], 0, 0, 0);
 	return 0;
@@ -228,7 +329,7 @@ int alloc_return(struct pt_regs *ctx)
 	 * always completes the MT_REALLOC_BEGIN record it opened. */
 	if (!addr && !old)
 		return 0;
-	emit_alloc(bpf_get_current_pid_tgid(), call.kind, 0, addr, size, old, 0);
+	emit_event(bpf_get_current_pid_tgid(), call.kind, 0, addr, size, old, 0, call.stack_id);
 	return 0;
 }
 
@@ -280,10 +381,58 @@ static __always_inline bool take_args(__u32 tid, struct sysargs *out)
 SEC("tracepoint/syscalls/sys_enter_mmap")
 int sys_enter_mmap(struct trace_event_raw_sys_enter *ctx)
 {
-	/* mmap(addr, len, prot, flags, fd, off): anonymous mappings only. */
-	if (!(ctx->args[3] & MAP_ANONYMOUS))
+	/* mmap(addr, len, prot, flags, fd, off): anonymous mappings, and
+	 * executable file mappings (code whose addresses stacks hold). */
+	if (!(ctx->args[3] & MAP_ANONYMOUS) && !(ctx->args[2] & PROT_EXEC))
 		return 0;
-	return stash_args(ctx->args[1], 0, 0);
+	return stash_args(ctx->args[1], ctx->args[3], ctx->args[2]);
+}
+
+struct vma_info {
+	__u64 start, end, pgoff, dev, ino;
+	const unsigned char *name;
+};
+
+static long read_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct vma_info *info = data;
+	struct file *file = BPF_CORE_READ(vma, vm_file);
+
+	info->start = BPF_CORE_READ(vma, vm_start);
+	info->end = BPF_CORE_READ(vma, vm_end);
+	info->pgoff = BPF_CORE_READ(vma, vm_pgoff) << PAGE_SHIFT;
+	if (file) {
+		info->ino = BPF_CORE_READ(file, f_inode, i_ino);
+		info->dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+		info->name = BPF_CORE_READ(file, f_path.dentry, d_name.name);
+	}
+	return 0;
+}
+
+/* Writes the file mapping of the current process that contains addr. */
+static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr)
+{
+	struct vma_info info = {};
+	struct mt_mapping_record *m;
+
+	if (bpf_find_vma(bpf_get_current_task_btf(), addr, read_vma, &info, 0) || !info.name)
+		return;
+	m = bpf_ringbuf_reserve(&mappings, sizeof(*m), 0);
+	if (!m) {
+		__sync_fetch_and_add(&drops_mappings, 1);
+		return;
+	}
+	m->ts_ns = bpf_ktime_get_ns();
+	m->pid = pid_tgid >> 32;
+	m->_pad = 0;
+	m->start = info.start;
+	m->end = info.end;
+	m->pgoff = info.pgoff;
+	m->dev = info.dev;
+	m->ino = info.ino;
+	if (bpf_probe_read_kernel_str(m->name, sizeof(m->name), info.name) < 0)
+		m->name[0] = 0;
+	bpf_ringbuf_submit(m, BPF_RB_NO_WAKEUP);
 }
 
 SEC("tracepoint/syscalls/sys_exit_mmap")
@@ -295,7 +444,10 @@ int sys_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 
 	if (!take_args(tid, &args) || IS_ERR_VALUE(ctx->ret))
 		return 0;
-	emit_alloc(pid_tgid, MT_MMAP, syscall_flags(), ctx->ret, args.args[0], 0, 0);
+	if (args.args[1] & MAP_ANONYMOUS)
+		emit_alloc(pid_tgid, MT_MMAP, syscall_flags(), ctx->ret, args.args[0], 0, 0);
+	else
+		emit_mapping(pid_tgid, ctx->ret);
 	return 0;
 }
 
@@ -390,6 +542,8 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 	if (bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), bprm->filename) < 0)
 		e->filename[0] = 0;
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	/* The kernel mapped the new image itself: no mmap to see it by. */
+	emit_mapping(pid_tgid, BPF_CORE_READ(p, mm, start_code));
 	return 0;
 }
 

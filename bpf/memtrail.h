@@ -45,6 +45,13 @@ enum mt_flags {
 /* Bounded copy of an exec'd file name. */
 #define MT_PATH_MAX 256
 
+/* Frames a stack record holds (the first is the allocator's return
+ * address, read from the stack at entry). */
+#define MT_MAX_STACK 128
+
+/* Bounded copy of a mapped file's name (its last path component). */
+#define MT_NAME_MAX 64
+
 struct mt_header {
 	__u64 ts_ns; /* bpf_ktime_get_ns() when the record was made */
 	__u32 pid;   /* tgid */
@@ -70,6 +77,37 @@ struct mt_alloc_event {
 	__u64 size;
 	__u64 old_addr;
 	__u64 old_size;
+	__u64 stack_id; /* allocations: the call stack's id, 0 if none */
+};
+
+/*
+ * A call stack, on the stack ring. Written once per distinct (process,
+ * stack): the BPF program fills the record in place, hashes it in place and
+ * discards it when the hash is already known.
+ *   ips[first .. nr): return addresses, innermost first.
+ */
+struct mt_stack_record {
+	__u64 id;   /* hash of pid and frames; never 0 */
+	__u32 pid;  /* tgid: frames are addresses of this process */
+	__u16 nr;   /* end of the frames in ips */
+	__u16 first; /* 1 when the kernel's unwinder already gave ips[0] */
+	__u64 ips[MT_MAX_STACK];
+};
+
+/*
+ * An executable file mapping of a tracked process, on the mappings ring:
+ * enough to turn its addresses into file offsets after the process exited.
+ */
+struct mt_mapping_record {
+	__u64 ts_ns;
+	__u32 pid;
+	__u32 _pad;
+	__u64 start;
+	__u64 end;
+	__u64 pgoff; /* file offset of start, in bytes */
+	__u64 dev;
+	__u64 ino;
+	char name[MT_NAME_MAX];
 };
 
 /* fork: a new process (not a thread) in the tracked tree. */

@@ -43,6 +43,11 @@ enum {
 	BPF_LOCAL_STORAGE_GET_F_CREATE = 1,
 };
 
+/* bpf_get_stack flags: the low 8 bits are frames to skip. */
+enum {
+	BPF_F_USER_STACK = 1ULL << 8,
+};
+
 /* Flags of bpf_ringbuf_submit/discard/output and bpf_ringbuf_query. */
 enum {
 	BPF_RB_NO_WAKEUP = 1,
@@ -94,10 +99,48 @@ struct signal_struct {
 	atomic_t live;
 } __attribute__((preserve_access_index));
 
+struct qstr {
+	const unsigned char *name;
+} __attribute__((preserve_access_index));
+
+struct dentry {
+	struct qstr d_name;
+} __attribute__((preserve_access_index));
+
+struct path {
+	struct dentry *dentry;
+} __attribute__((preserve_access_index));
+
+struct super_block {
+	unsigned int s_dev;
+} __attribute__((preserve_access_index));
+
+struct inode {
+	unsigned long i_ino;
+	struct super_block *i_sb;
+} __attribute__((preserve_access_index));
+
+struct file {
+	struct path f_path;
+	struct inode *f_inode;
+} __attribute__((preserve_access_index));
+
+struct vm_area_struct {
+	unsigned long vm_start;
+	unsigned long vm_end;
+	unsigned long vm_pgoff;
+	struct file *vm_file;
+} __attribute__((preserve_access_index));
+
+struct mm_struct {
+	unsigned long start_code;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	int exit_code;
+	struct mm_struct *mm;
 	struct task_struct *real_parent;
 	struct task_struct *group_leader;
 	struct signal_struct *signal;

@@ -9,6 +9,7 @@
 //! - [`attach`]: finding allocator entry points and attaching probes.
 //! - [`capture`]: one capture from start to profile, the library entry point.
 //! - [`proctree`]: starting the command and following its process tree.
+//! - [`symbolize`]: stacks to functions and lines, after the capture.
 //! - [`report`]: aggregating events into the profile, summary and stream.
 //! - [`cli`]: the `memtrail` command line.
 
@@ -21,4 +22,5 @@ pub mod record;
 pub mod report;
 pub mod ring;
 pub mod skel;
+pub mod symbolize;
 pub mod sys;

@@ -6,6 +6,9 @@
 //! detached when it returns, whatever the path), the poller thread (joined
 //! before it returns) and the output files (committed only on success).
 
+mod sinks;
+
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
@@ -16,18 +19,27 @@ use libbpf_rs::MapCore;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 
 use crate::attach::{self, AttachError, Links};
-use crate::engine::{self, Barrier, Pipeline, Sink};
+use crate::engine::{self, Barrier, Pipeline};
 use crate::proctree::{self, CommandSpec, SpawnError};
-use crate::record;
 use crate::report::{
-    Aggregator, AtomicOutput, EventWriter, ExitInfo, LostEvents, OutputError, Profile,
+    Aggregator, AtomicOutput, EventWriter, ExitInfo, LostEvents, OutputError, Profile, StackEntry,
+    StackMetrics,
 };
+use crate::symbolize::{AddressSpaces, StackSymbolizer};
 use crate::ring::{RingConsumer, RingError};
 use crate::skel::memtrail::{MemtrailSkel, MemtrailSkelBuilder};
 use crate::sys::{self, ChildExit, SysError};
 
+use sinks::{EventSink, MappingSink, Stack, StackSink};
+
 /// Default size of the events ring: 64 MiB absorbs long bursts.
 pub const DEFAULT_RING_SIZE: usize = 64 << 20;
+
+/// Default frames per allocation stack.
+pub const DEFAULT_STACK_DEPTH: u32 = 127;
+
+/// Frames a stack record holds (`MT_MAX_STACK` in bpf/memtrail.h).
+pub const MAX_STACK_DEPTH: u32 = 128;
 
 /// How long the final drain may take before the capture is declared broken.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -40,6 +52,9 @@ pub struct Options {
     pub events: Option<PathBuf>,
     /// Size in bytes of the events ring (a power of two, at least a page).
     pub ring_size: usize,
+    /// Frames captured per allocation stack (0: no stacks), at most
+    /// [`MAX_STACK_DEPTH`].
+    pub stack_depth: u32,
     /// Fault injection for tests: the events pipeline consumes nothing
     /// until the final drain (`MEMTRAIL_FAULT=stall-events` in the CLI).
     pub stall_events: bool,
@@ -72,12 +87,14 @@ pub enum CaptureError {
     #[error(transparent)]
     Ring(#[from] RingError),
     #[error(
-        "events were lost ({} on the events ring, {} untracked calls or processes): \
-         the capture is incomplete and no report was written; retry with a larger \
-         --ring-size",
-        .0.events, .0.tracking
+        "events were lost ({} on the events ring, {} on the stack ring, {} on the \
+         mappings ring, {} untracked calls or processes): the capture is incomplete \
+         and no report was written; retry with a larger --ring-size",
+        .0.events, .0.stacks, .0.mappings, .0.tracking
     )]
     Lost(LostEvents),
+    #[error("--stack-depth {0} is more than the {MAX_STACK_DEPTH} frames a stack record holds")]
+    StackDepth(u32),
     #[error("{0} records could not be decoded: memtrail's BPF and userspace disagree")]
     Malformed(u64),
     #[error("writing the event stream failed")]
@@ -102,29 +119,6 @@ pub struct Outcome {
     pub profile: Profile,
     /// The exit code memtrail passes on: the command's, or 128 + signal.
     pub exit_code: i32,
-}
-
-/// The events pipeline's sink: aggregation and the optional stream.
-struct EventSink {
-    agg: Aggregator,
-    stream: Option<EventWriter>,
-    stream_error: Option<std::io::Error>,
-}
-
-impl Sink for EventSink {
-    fn record(&mut self, bytes: &[u8]) {
-        let Ok(rec) = record::decode(bytes) else {
-            self.agg.malformed += 1;
-            return;
-        };
-        self.agg.apply(&rec);
-        if let Some(stream) = &mut self.stream {
-            if let Err(err) = stream.write(&rec) {
-                self.stream_error = Some(err);
-                self.stream = None;
-            }
-        }
-    }
 }
 
 fn check_environment() -> Result<(), CaptureError> {
@@ -170,6 +164,9 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     if !opts.ring_size.is_power_of_two() || opts.ring_size < rustix::param::page_size() {
         return Err(RingError::BadSize(opts.ring_size).into());
     }
+    if opts.stack_depth > MAX_STACK_DEPTH {
+        return Err(CaptureError::StackDepth(opts.stack_depth));
+    }
     check_environment()?;
 
     let mut storage = MaybeUninit::uninit();
@@ -180,6 +177,11 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .events
         .set_max_entries(opts.ring_size as u32)
         .map_err(CaptureError::Load)?;
+    open.maps
+        .rodata_data
+        .as_deref_mut()
+        .expect("the BPF object has .rodata tunables")
+        .stack_depth = opts.stack_depth;
     let skel = open.load().map_err(CaptureError::Load)?;
 
     let libc = attach::libc_path()?;
@@ -189,42 +191,80 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     }
     let mut links = Links::default();
     attach_tracepoints(&skel, &mut links)?;
-    attach::attach_sites(&attach::AllocPrograms::memtrail(&skel), &sites, &mut links)?;
+    attach::attach_sites(
+        &attach::AllocPrograms::memtrail(&skel),
+        &sites,
+        &mut links,
+    )?;
 
-    let ring = RingConsumer::new(skel.maps.events.as_fd(), opts.ring_size)?;
     let stream = events
         .map(EventWriter::new)
         .transpose()
         .map_err(CaptureError::EventStream)?;
-    let sink = EventSink {
-        agg: Aggregator::new(),
-        stream,
-        stream_error: None,
+    let maps = &skel.maps;
+    let barrier = Barrier::new(3);
+    let cores = engine::poller_cores(3);
+    let spawn_err = |source| CaptureError::Io {
+        what: "starting a poller thread",
+        source,
     };
-    let barrier = Barrier::new(1);
-    let core = engine::poller_cores(1)[0];
-    let poller = engine::spawn(
+    let event_poller = engine::spawn(
         Pipeline {
             name: "events",
-            ring,
-            sink,
+            ring: RingConsumer::new(maps.events.as_fd(), opts.ring_size)?,
+            sink: EventSink {
+                agg: Aggregator::new(),
+                stream,
+                stream_error: None,
+            },
             stall: opts.stall_events,
         },
         barrier.clone(),
         0,
-        core,
+        cores[0],
     )
-    .map_err(|source| CaptureError::Io {
-        what: "starting the events poller",
-        source,
-    })?;
+    .map_err(spawn_err)?;
+    let stack_poller = engine::spawn(
+        Pipeline {
+            name: "stacks",
+            ring: RingConsumer::new(maps.stacks.as_fd(), maps.stacks.max_entries() as usize)?,
+            sink: StackSink::default(),
+            stall: false,
+        },
+        barrier.clone(),
+        1,
+        cores[1],
+    )
+    .map_err(spawn_err)?;
+    let mapping_poller = engine::spawn(
+        Pipeline {
+            name: "mappings",
+            ring: RingConsumer::new(
+                maps.mappings.as_fd(),
+                maps.mappings.max_entries() as usize,
+            )?,
+            sink: MappingSink::default(),
+            stall: false,
+        },
+        barrier.clone(),
+        2,
+        cores[2],
+    )
+    .map_err(spawn_err)?;
 
     let tree = track_tree(&skel, &spec);
-    // Whatever happened to the tree, drain and join the poller.
+    // Whatever happened to the tree, drain and join the pollers.
     let epoch = barrier.raise();
     let drained = barrier.wait(epoch, Some(DRAIN_TIMEOUT));
     barrier.stop();
-    let sink = poller.join().map_err(|_| CaptureError::PollerPanicked)?;
+    let joined = (
+        event_poller.join(),
+        stack_poller.join(),
+        mapping_poller.join(),
+    );
+    let (Ok(events), Ok(stacks), Ok(mappings)) = joined else {
+        return Err(CaptureError::PollerPanicked);
+    };
     let (root, root_exit, start_ns) = tree?;
     if !drained {
         return Err(CaptureError::DrainTimeout(DRAIN_TIMEOUT));
@@ -239,9 +279,10 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         mut agg,
         stream,
         stream_error,
-    } = sink;
-    if agg.malformed > 0 {
-        return Err(CaptureError::Malformed(agg.malformed));
+    } = events;
+    let malformed = agg.malformed + stacks.malformed + mappings.malformed;
+    if malformed > 0 {
+        return Err(CaptureError::Malformed(malformed));
     }
     if let Some(err) = stream_error {
         return Err(CaptureError::EventStream(err));
@@ -267,7 +308,8 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let profile = Profile::build(&agg, command, exit, (start_ns, end_ns), lost, &sites);
+    let mut profile = Profile::build(&agg, command, exit, (start_ns, end_ns), lost, &sites);
+    profile.stacks = symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
     if let Some(stream) = stream {
         stream.commit()?;
     }
@@ -278,6 +320,60 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         profile,
         exit_code: root_exit.map_or(0, ChildExit::code),
     })
+}
+
+/// Builds the allocation sites: every stack that allocated, symbolized,
+/// largest allocated bytes first.
+fn symbolize_stacks(
+    agg: &Aggregator,
+    stacks: &HashMap<u64, Stack>,
+    mut mappings: HashMap<u32, Vec<crate::symbolize::Mapping>>,
+) -> Vec<StackEntry> {
+    let hints: Vec<PathBuf> = agg
+        .processes()
+        .filter_map(|p| std::fs::canonicalize(&p.exe).ok())
+        .chain(attach::libc_path().ok())
+        .collect();
+    crate::symbolize::resolve_paths(&mut mappings, &hints);
+    let spaces = AddressSpaces {
+        mappings,
+        parents: agg.processes().map(|p| (p.pid, p.ppid)).collect(),
+    };
+    let mut by_pid: HashMap<u32, Vec<(u64, StackMetrics, &[u64])>> = HashMap::new();
+    for (id, metrics) in agg.stack_metrics() {
+        if metrics.allocations == 0 {
+            continue;
+        }
+        match stacks.get(&id) {
+            Some(stack) => by_pid
+                .entry(stack.pid)
+                .or_default()
+                .push((id, metrics, &stack.ips)),
+            None => tracing::warn!(id, "an allocation names a stack that was never recorded"),
+        }
+    }
+    let symbolizer = StackSymbolizer::new();
+    let mut entries = Vec::new();
+    for (pid, list) in by_pid {
+        let ips: Vec<&[u64]> = list.iter().map(|(_, _, ips)| *ips).collect();
+        let frames = symbolizer.symbolize(&spaces, pid, &ips);
+        entries.extend(
+            list.into_iter()
+                .zip(frames)
+                .map(|((id, metrics, _), frames)| StackEntry {
+                    id,
+                    frames,
+                    metrics,
+                }),
+        );
+    }
+    entries.sort_by(|a, b| {
+        b.metrics
+            .bytes
+            .cmp(&a.metrics.bytes)
+            .then(a.id.cmp(&b.id))
+    });
+    entries
 }
 
 /// Attaches the syscall and sched tracepoint programs.
@@ -347,5 +443,7 @@ fn read_lost(skel: &MemtrailSkel<'_>) -> LostEvents {
     LostEvents {
         events: bss.drops_events,
         tracking: bss.drops_tracking,
+        stacks: bss.drops_stacks,
+        mappings: bss.drops_mappings,
     }
 }

@@ -83,6 +83,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_size)]
     pub ring_size: usize,
 
+    /// Frames of call stack to record per allocation (at most 128); 0
+    /// records no stacks. Stacks are walked by frame pointers: code built
+    /// without them (-fomit-frame-pointer) gives short stacks.
+    #[arg(long, value_name = "FRAMES", default_value_t = crate::capture::DEFAULT_STACK_DEPTH,
+          value_parser = clap::value_parser!(u32).range(0..=crate::capture::MAX_STACK_DEPTH as i64))]
+    pub stack_depth: u32,
+
     /// Do not print the summary.
     #[arg(short, long)]
     pub quiet: bool,
@@ -146,6 +153,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         output: args.output,
         events: args.events,
         ring_size: args.ring_size,
+        stack_depth: args.stack_depth,
         stall_events: std::env::var("MEMTRAIL_FAULT").is_ok_and(|f| f == "stall-events"),
     };
     let outcome = capture::run(&opts)?;

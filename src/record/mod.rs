@@ -113,6 +113,8 @@ pub enum Body<'a> {
         size: u64,
         old_addr: u64,
         old_size: u64,
+        /// The allocation's call stack (see [`StackRecord`]), 0 if none.
+        stack_id: u64,
     },
     Fork {
         child_pid: u32,
@@ -202,10 +204,74 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
                 size: e.size,
                 old_addr: e.old_addr,
                 old_size: e.old_size,
+                stack_id: e.stack_id,
             }
         }
     };
     Ok(Record { hdr, body })
+}
+
+/// A call stack from the stack ring (`struct mt_stack_record`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackRecord<'a> {
+    pub id: u64,
+    pub pid: u32,
+    /// Return addresses, innermost first, as raw little-endian `u64`s.
+    ips: &'a [u8],
+}
+
+impl StackRecord<'_> {
+    /// The return addresses, innermost first.
+    pub fn ips(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ips
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunks")))
+    }
+}
+
+/// Decodes a stack-ring record.
+pub fn decode_stack(bytes: &[u8]) -> Result<StackRecord<'_>, DecodeError> {
+    let rec: t::mt_stack_record = read(bytes)?;
+    let ips_at = std::mem::offset_of!(t::mt_stack_record, ips);
+    let first = usize::from(rec.first).min(rec.ips.len());
+    let nr = usize::from(rec.nr).clamp(first, rec.ips.len());
+    Ok(StackRecord {
+        id: rec.id,
+        pid: rec.pid,
+        ips: &bytes[ips_at + first * 8..ips_at + nr * 8],
+    })
+}
+
+/// An executable file mapping from the mappings ring
+/// (`struct mt_mapping_record`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MappingRecord {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub start: u64,
+    pub end: u64,
+    pub pgoff: u64,
+    /// The kernel's `dev_t` encoding (major << 20 | minor).
+    pub dev: u64,
+    pub ino: u64,
+    /// The file's name, without its directory.
+    pub name: String,
+}
+
+/// Decodes a mappings-ring record.
+pub fn decode_mapping(bytes: &[u8]) -> Result<MappingRecord, DecodeError> {
+    let m: t::mt_mapping_record = read(bytes)?;
+    let name: Vec<u8> = m.name.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
+    Ok(MappingRecord {
+        ts_ns: m.ts_ns,
+        pid: m.pid,
+        start: m.start,
+        end: m.end,
+        pgoff: m.pgoff,
+        dev: m.dev,
+        ino: m.ino,
+        name: String::from_utf8_lossy(&name).into_owned(),
+    })
 }
 
 #[cfg(test)]
@@ -247,7 +313,8 @@ mod tests {
                 addr: 0x1000,
                 size: 64,
                 old_addr: 0x2000,
-                old_size: 0
+                old_size: 0,
+                stack_id: 0
             }
         );
     }

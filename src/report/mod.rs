@@ -11,7 +11,11 @@
 //! - a forked child inherits its parent's live blocks as *inherited*: their
 //!   frees match (and count as frees) but they are neither the child's live
 //!   bytes nor its leaks;
-//! - exec discards the old image's blocks, regions and program break.
+//! - exec discards the old image's blocks, regions and program break;
+//! - per call stack, live bytes at the tree's peak are kept lazily: a stack
+//!   remembers when it last changed, and the first change after a new peak
+//!   (or the end of the capture) records its value at that peak, so a peak
+//!   costs O(1) however many stacks there are.
 
 mod output;
 mod profile;
@@ -21,11 +25,14 @@ mod summary;
 use std::collections::{BTreeMap, HashMap};
 
 pub use output::{AtomicOutput, OutputError};
-pub use profile::{ExitInfo, LostEvents, Profile, wait_status_code, write_profile};
+pub use profile::{
+    ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION, Profile, StackEntry, StackMetrics,
+    wait_status_code, write_profile,
+};
 pub use stream::EventWriter;
 pub use summary::{human_bytes, write_summary};
 
-use crate::record::{Body, Kind, Record};
+use crate::record::{Body, Header, Kind, Record};
 
 /// Heap counters of a process or the whole tree.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -70,16 +77,31 @@ pub struct Process {
     state: Option<Box<LiveState>>,
 }
 
+/// A live block: its size and the stack that allocated it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Block {
+    size: u64,
+    stack: u64,
+}
+
+/// The old block of a realloc in flight.
+#[derive(Clone, Copy, Debug)]
+struct PendingRealloc {
+    addr: u64,
+    block: Block,
+    inherited: bool,
+}
+
 /// What a running process has live.
 #[derive(Clone, Debug, Default)]
 struct LiveState {
-    /// address -> size of blocks it allocated.
-    blocks: HashMap<u64, u64>,
-    /// Blocks inherited at fork: address -> size.
-    inherited: HashMap<u64, u64>,
+    /// Blocks it allocated, by address.
+    blocks: HashMap<u64, Block>,
+    /// Blocks inherited at fork, by address: they are the parent's.
+    inherited: HashMap<u64, Block>,
     live_bytes: u64,
-    /// Old block of a realloc in flight, by thread: (address, size, inherited).
-    reallocs: HashMap<u32, (u64, u64, bool)>,
+    /// Old block of a realloc in flight, by thread.
+    reallocs: HashMap<u32, PendingRealloc>,
     /// Anonymous regions made outside allocator calls: start -> end.
     regions: BTreeMap<u64, u64>,
     mapped_bytes: u64,
@@ -88,14 +110,13 @@ struct LiveState {
 }
 
 impl LiveState {
-    /// A fork child's view: the parent's blocks become inherited.
+    /// A fork child's view: the parent's blocks become inherited; its
+    /// regions and break stay the parent's.
     fn forked(&self) -> Self {
         let mut inherited = self.inherited.clone();
-        inherited.extend(self.blocks.iter().map(|(&a, &s)| (a, s)));
+        inherited.extend(self.blocks.iter().map(|(&a, &b)| (a, b)));
         Self {
             inherited,
-            regions: self.regions.clone(),
-            mapped_bytes: 0,
             brk_start: self.brk_start.map(|_| self.brk_now),
             brk_now: self.brk_now,
             ..Self::default()
@@ -130,6 +151,64 @@ fn page_end(addr: u64, len: u64) -> u64 {
     addr.saturating_add(len).saturating_add(4095) & !4095
 }
 
+/// Per-stack accounting.
+#[derive(Clone, Copy, Debug, Default)]
+struct StackAgg {
+    metrics: StackMetrics,
+    live: u64,
+    /// Record sequence number of the last change of `live`.
+    changed: u64,
+}
+
+/// The tree's live heap and its peak, with per-stack live bytes.
+#[derive(Debug, Default)]
+struct TreeLive {
+    live_bytes: u64,
+    peak_live_bytes: u64,
+    peak_live_at_ns: u64,
+    /// Sequence number of the record that made the peak.
+    peak_seq: u64,
+    /// Sequence number of the record being folded.
+    seq: u64,
+    stacks: HashMap<u64, StackAgg>,
+}
+
+impl TreeLive {
+    /// The stack's entry, its value at the last peak recorded first if it
+    /// has not changed since that peak.
+    fn stack(&mut self, id: u64) -> &mut StackAgg {
+        let (peak_seq, seq) = (self.peak_seq, self.seq);
+        let s = self.stacks.entry(id).or_default();
+        if s.changed <= peak_seq && peak_seq < seq {
+            s.metrics.live_bytes_at_peak = s.live;
+        }
+        s.changed = seq;
+        s
+    }
+
+    fn grow(&mut self, block: Block) {
+        self.live_bytes += block.size;
+        if block.stack != 0 {
+            self.stack(block.stack).live += block.size;
+        }
+    }
+
+    fn shrink(&mut self, block: Block) {
+        self.live_bytes -= block.size;
+        if block.stack != 0 {
+            self.stack(block.stack).live -= block.size;
+        }
+    }
+
+    fn check_peak(&mut self, ts: u64) {
+        if self.live_bytes > self.peak_live_bytes {
+            self.peak_live_bytes = self.live_bytes;
+            self.peak_live_at_ns = ts;
+            self.peak_seq = self.seq;
+        }
+    }
+}
+
 /// Folds the records of one capture. Times are `CLOCK_MONOTONIC` ns.
 #[derive(Debug, Default)]
 pub struct Aggregator {
@@ -138,9 +217,7 @@ pub struct Aggregator {
     procs: Vec<Process>,
     /// pid -> index in `procs` of the newest process with that pid.
     by_pid: HashMap<u32, usize>,
-    live_bytes: u64,
-    peak_live_bytes: u64,
-    peak_live_at_ns: u64,
+    tree: TreeLive,
     mapped_bytes: u64,
     peak_mapped_bytes: u64,
     /// Records this version does not understand.
@@ -183,8 +260,8 @@ impl Aggregator {
             t.live_allocations_at_exit += h.live_allocations_at_exit;
             t.unmatched_frees += h.unmatched_frees;
         }
-        t.peak_live_bytes = self.peak_live_bytes;
-        t.peak_live_at_ns = self.peak_live_at_ns;
+        t.peak_live_bytes = self.tree.peak_live_bytes;
+        t.peak_live_at_ns = self.tree.peak_live_at_ns;
         t
     }
 
@@ -205,61 +282,75 @@ impl Aggregator {
         t
     }
 
+    /// Metrics of every stack that allocated, by stack id. Call after
+    /// [`finish`](Self::finish).
+    pub fn stack_metrics(&self) -> impl Iterator<Item = (u64, StackMetrics)> + '_ {
+        self.tree.stacks.iter().map(|(&id, s)| (id, s.metrics))
+    }
+
     /// Folds one record.
     pub fn apply(&mut self, rec: &Record<'_>) {
+        self.tree.seq += 1;
         let ts = rec.hdr.ts_ns;
         let pid = rec.hdr.pid;
         match rec.body {
             Body::Fork { child_pid } => self.fork(pid, child_pid, ts),
             Body::Exec { filename } => {
                 let exe = String::from_utf8_lossy(filename).into_owned();
-                let p = self.process(pid, ts);
-                p.exe = exe;
-                let dropped = p.state.replace(Box::default());
-                if let Some(old) = dropped {
-                    self.live_bytes -= old.live_bytes;
+                let idx = self.index(pid, ts);
+                self.procs[idx].exe = exe;
+                let old = self.procs[idx].state.replace(Box::default());
+                if let Some(old) = old {
+                    // The old image is gone: its blocks are neither freed
+                    // nor leaked.
+                    for block in old.blocks.values() {
+                        self.tree.shrink(*block);
+                    }
                     self.mapped_bytes -= old.mapped_bytes;
                 }
             }
-            Body::Exit { exit_code } => self.exit(pid, ts, exit_code),
+            Body::Exit { exit_code } => {
+                let idx = self.index(pid, ts);
+                self.procs[idx].exit_status = Some(exit_code);
+                self.close(idx, ts);
+            }
             Body::Mem {
                 addr,
                 size,
                 old_addr,
                 old_size,
-            } => self.mem(
-                rec.hdr.kind,
-                pid,
-                rec.hdr.tid,
-                rec.hdr.in_allocator,
-                ts,
-                addr,
-                size,
-                old_addr,
-                old_size,
-            ),
+                stack_id,
+            } => {
+                let mem = Mem {
+                    addr,
+                    size,
+                    old_addr,
+                    old_size,
+                    stack_id,
+                };
+                self.mem(&rec.hdr, mem);
+            }
         }
     }
 
-    fn process(&mut self, pid: u32, ts: u64) -> &mut Process {
-        let idx = match self.by_pid.get(&pid) {
-            Some(&idx) => idx,
-            None => {
-                // A process whose fork we did not see.
-                self.insert(Process {
-                    pid,
-                    start_ns: ts,
-                    state: Some(Box::default()),
-                    ..Process::default()
-                });
-                self.procs.len() - 1
-            }
-        };
-        &mut self.procs[idx]
+    /// Index of the newest process with `pid`, created if unseen.
+    fn index(&mut self, pid: u32, ts: u64) -> usize {
+        if let Some(&idx) = self.by_pid.get(&pid) {
+            return idx;
+        }
+        // A process whose fork we did not see (the root).
+        self.insert(Process {
+            pid,
+            start_ns: ts,
+            state: Some(Box::default()),
+            ..Process::default()
+        });
+        self.procs.len() - 1
     }
 
     fn fork(&mut self, parent: u32, child: u32, ts: u64) {
-        let parent_proc = self.process(parent, ts);
+        let idx = self.index(parent, ts);
+        let parent_proc = &self.procs[idx];
         let exe = parent_proc.exe.clone();
         let state = parent_proc
             .state
@@ -276,114 +367,140 @@ impl Aggregator {
         });
     }
 
-    fn exit(&mut self, pid: u32, ts: u64, status: i32) {
-        self.process(pid, ts).exit_status = Some(status);
-        self.close(pid, ts);
-    }
-
     /// Ends a process: what it still has live is its leaks.
-    fn close(&mut self, pid: u32, ts: u64) {
-        let Some(&idx) = self.by_pid.get(&pid) else {
-            return;
-        };
+    fn close(&mut self, idx: usize, ts: u64) {
         let p = &mut self.procs[idx];
         p.end_ns = Some(ts);
-        if let Some(state) = p.state.take() {
-            p.heap.live_bytes_at_exit = state.live_bytes;
-            p.heap.live_allocations_at_exit = state.blocks.len() as u64;
-            p.maps.mapped_bytes_at_exit = state.mapped_bytes;
-            if let Some(start) = state.brk_start {
-                p.maps.brk_bytes_at_exit = state.brk_now.saturating_sub(start);
-            }
-            self.live_bytes -= state.live_bytes;
-            self.mapped_bytes -= state.mapped_bytes;
+        let Some(state) = p.state.take() else {
+            return;
+        };
+        p.heap.live_bytes_at_exit = state.live_bytes;
+        p.heap.live_allocations_at_exit = state.blocks.len() as u64;
+        p.maps.mapped_bytes_at_exit = state.mapped_bytes;
+        if let Some(start) = state.brk_start {
+            p.maps.brk_bytes_at_exit = state.brk_now.saturating_sub(start);
         }
+        for block in state.blocks.values() {
+            self.tree.shrink(*block);
+            if block.stack != 0 {
+                let m = &mut self.tree.stack(block.stack).metrics;
+                m.live_bytes_at_exit += block.size;
+                m.live_allocations_at_exit += 1;
+            }
+        }
+        self.mapped_bytes -= state.mapped_bytes;
     }
 
-    #[expect(clippy::too_many_arguments, reason = "the fields of one record")]
-    fn mem(
-        &mut self,
-        kind: Kind,
-        pid: u32,
-        tid: u32,
-        in_allocator: bool,
-        ts: u64,
-        addr: u64,
-        size: u64,
-        old_addr: u64,
-        old_size: u64,
-    ) {
-        let p = self.process(pid, ts);
+    fn mem(&mut self, hdr: &Header, mem: Mem) {
+        let idx = self.index(hdr.pid, hdr.ts_ns);
+        let p = &mut self.procs[idx];
         let Some(state) = p.state.as_deref_mut() else {
             return;
         };
+        let tree = &mut self.tree;
         let heap = &mut p.heap;
         let maps = &mut p.maps;
-        // Change of this process's live heap bytes, applied to the tree below.
-        let mut grew = 0u64;
-        let mut shrank = 0u64;
+        let live_before = state.live_bytes;
         let mut mapped_grew = 0u64;
         let mut mapped_shrank = 0u64;
-        match kind {
+        let Mem {
+            addr,
+            size,
+            old_addr,
+            old_size,
+            stack_id,
+        } = mem;
+        match hdr.kind {
             Kind::ReallocBegin => {
-                if let Some(size) = state.blocks.remove(&addr) {
-                    state.reallocs.insert(tid, (addr, size, false));
-                } else if let Some(size) = state.inherited.remove(&addr) {
-                    state.reallocs.insert(tid, (addr, size, true));
+                let pending = if let Some(block) = state.blocks.remove(&addr) {
+                    Some((block, false))
+                } else {
+                    state.inherited.remove(&addr).map(|b| (b, true))
+                };
+                if let Some((block, inherited)) = pending {
+                    state.reallocs.insert(
+                        hdr.tid,
+                        PendingRealloc {
+                            addr,
+                            block,
+                            inherited,
+                        },
+                    );
                 }
             }
             k if k.is_realloc() => {
-                let old = state.reallocs.remove(&tid).filter(|o| o.0 == old_addr);
-                let (old_bytes, old_inherited) = match old {
-                    Some((_, s, inh)) => (s, inh),
-                    None => (0, false),
-                };
-                let own_old = if old_inherited { 0 } else { old_bytes };
+                let old = state
+                    .reallocs
+                    .remove(&hdr.tid)
+                    .filter(|o| o.addr == old_addr);
+                // Only the process's own old block leaves its live bytes.
+                let own_old = old.filter(|o| !o.inherited).map(|o| o.block);
                 if addr != 0 {
+                    let block = Block {
+                        size,
+                        stack: stack_id,
+                    };
                     heap.allocations += 1;
                     heap.reallocs += 1;
                     heap.allocated_bytes += size;
-                    heap.freed_bytes += own_old;
-                    state.blocks.insert(addr, size);
-                    grew = size;
-                    shrank = own_old;
+                    if let Some(b) = own_old {
+                        heap.freed_bytes += b.size;
+                        state.live_bytes -= b.size;
+                        tree.shrink(b);
+                    }
+                    state.blocks.insert(addr, block);
+                    state.live_bytes += size;
+                    tree.grow(block);
+                    stack_allocated(tree, block);
                 } else if old.is_some() && size == 0 {
                     // realloc(p, 0): glibc frees p and returns NULL.
-                    heap.freed_bytes += own_old;
-                    shrank = own_old;
-                } else if let Some((a, s, inh)) = old {
-                    // Failed: the old block stays.
-                    if inh {
-                        state.inherited.insert(a, s);
-                    } else {
-                        state.blocks.insert(a, s);
+                    if let Some(b) = own_old {
+                        heap.freed_bytes += b.size;
+                        state.live_bytes -= b.size;
+                        tree.shrink(b);
                     }
+                } else if let Some(o) = old {
+                    // Failed: the old block stays.
+                    let map = if o.inherited {
+                        &mut state.inherited
+                    } else {
+                        &mut state.blocks
+                    };
+                    map.insert(o.addr, o.block);
                 }
             }
             k if k.is_allocation() => {
+                let block = Block {
+                    size,
+                    stack: stack_id,
+                };
                 heap.allocations += 1;
                 heap.allocated_bytes += size;
-                if let Some(prev) = state.blocks.insert(addr, size) {
+                if let Some(prev) = state.blocks.insert(addr, block) {
                     // The allocator reused an address we never saw freed.
-                    shrank = prev;
+                    state.live_bytes -= prev.size;
+                    tree.shrink(prev);
                 }
                 state.inherited.remove(&addr);
-                grew = size;
+                state.live_bytes += size;
+                tree.grow(block);
+                stack_allocated(tree, block);
             }
             Kind::Free => {
-                if let Some(size) = state.blocks.remove(&addr) {
+                if let Some(block) = state.blocks.remove(&addr) {
                     heap.frees += 1;
-                    heap.freed_bytes += size;
-                    shrank = size;
+                    heap.freed_bytes += block.size;
+                    state.live_bytes -= block.size;
+                    tree.shrink(block);
                 } else if state.inherited.remove(&addr).is_some() {
                     heap.frees += 1;
                 } else {
                     // Not a block we saw allocated: e.g. glibc releasing a
-                    // thread's tcache at thread exit through free().
+                    // thread's cache at thread exit through free().
                     heap.unmatched_frees += 1;
                 }
             }
-            Kind::Mmap if !in_allocator => {
+            Kind::Mmap if !hdr.in_allocator => {
                 let end = page_end(addr, size);
                 // MAP_FIXED may replace regions we hold.
                 mapped_shrank = state.unmap(addr, end);
@@ -392,7 +509,7 @@ impl Aggregator {
                 maps.mapped_bytes += end - addr;
                 mapped_grew = end - addr;
             }
-            Kind::Munmap if !in_allocator => {
+            Kind::Munmap if !hdr.in_allocator => {
                 let removed = state.unmap(addr, page_end(addr, size));
                 if removed > 0 {
                     maps.munmaps += 1;
@@ -400,7 +517,7 @@ impl Aggregator {
                     mapped_shrank = removed;
                 }
             }
-            Kind::Mremap if !in_allocator => {
+            Kind::Mremap if !hdr.in_allocator => {
                 let removed = state.unmap(old_addr, page_end(old_addr, old_size));
                 if removed > 0 {
                     let end = page_end(addr, size);
@@ -419,33 +536,54 @@ impl Aggregator {
             }
             _ => {}
         }
-        state.live_bytes = state.live_bytes + grew - shrank;
         if state.live_bytes > heap.peak_live_bytes {
             heap.peak_live_bytes = state.live_bytes;
-            heap.peak_live_at_ns = ts;
+            heap.peak_live_at_ns = hdr.ts_ns;
+        }
+        if state.live_bytes > live_before {
+            tree.check_peak(hdr.ts_ns);
         }
         state.mapped_bytes = state.mapped_bytes + mapped_grew - mapped_shrank;
         maps.peak_mapped_bytes = maps.peak_mapped_bytes.max(state.mapped_bytes);
-        self.live_bytes = self.live_bytes + grew - shrank;
-        if self.live_bytes > self.peak_live_bytes {
-            self.peak_live_bytes = self.live_bytes;
-            self.peak_live_at_ns = ts;
-        }
         self.mapped_bytes = self.mapped_bytes + mapped_grew - mapped_shrank;
         self.peak_mapped_bytes = self.peak_mapped_bytes.max(self.mapped_bytes);
     }
 
     /// Ends processes that never reported an exit (the capture ended
-    /// first): what they have live counts as live at exit.
+    /// first): what they have live counts as live at exit. Then settles
+    /// every stack's live bytes at the peak.
     pub fn finish(&mut self, ts_ns: u64) {
-        let ts = ts_ns;
-        let open: Vec<u32> = self
-            .processes()
-            .filter(|p| p.state.is_some())
-            .map(|p| p.pid)
+        // The closes below come after every record, the peak's included.
+        self.tree.seq += 1;
+        let open: Vec<usize> = (0..self.procs.len())
+            .filter(|&i| self.procs[i].state.is_some())
             .collect();
-        for pid in open {
-            self.close(pid, ts);
+        for idx in open {
+            self.close(idx, ts_ns);
         }
+        let peak_seq = self.tree.peak_seq;
+        for s in self.tree.stacks.values_mut() {
+            if s.changed <= peak_seq {
+                s.metrics.live_bytes_at_peak = s.live;
+            }
+        }
+    }
+}
+
+/// The fields of a memory record.
+#[derive(Clone, Copy, Debug)]
+struct Mem {
+    addr: u64,
+    size: u64,
+    old_addr: u64,
+    old_size: u64,
+    stack_id: u64,
+}
+
+fn stack_allocated(tree: &mut TreeLive, block: Block) {
+    if block.stack != 0 {
+        let m = &mut tree.stack(block.stack).metrics;
+        m.allocations += 1;
+        m.bytes += block.size;
     }
 }

@@ -102,11 +102,17 @@ pub struct LostEvents {
     pub events: u64,
     /// Processes or calls that could not be tracked (a BPF map was full).
     pub tracking: u64,
+    /// Records the stack ring could not take.
+    #[serde(default)]
+    pub stacks: u64,
+    /// Records the mappings ring could not take.
+    #[serde(default)]
+    pub mappings: u64,
 }
 
 impl LostEvents {
     pub fn any(&self) -> bool {
-        self.events != 0 || self.tracking != 0
+        self.events != 0 || self.tracking != 0 || self.stacks != 0 || self.mappings != 0
     }
 }
 

@@ -43,6 +43,7 @@ impl EventWriter {
                 size,
                 old_addr,
                 old_size,
+                stack_id,
             } => {
                 write!(w, r#","addr":{addr}"#)?;
                 if h.kind != Kind::Free {
@@ -53,6 +54,9 @@ impl EventWriter {
                 }
                 if h.kind == Kind::Mremap {
                     write!(w, r#","old_size":{old_size}"#)?;
+                }
+                if stack_id != 0 {
+                    write!(w, r#","stack_id":{stack_id}"#)?;
                 }
                 if matches!(h.kind, Kind::Mmap | Kind::Munmap | Kind::Mremap | Kind::Brk) {
                     write!(w, r#","in_allocator":{}"#, h.in_allocator)?;

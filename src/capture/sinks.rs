@@ -1,0 +1,167 @@
+//! The sinks of the three pipelines: events (aggregation and the stream),
+//! stacks (the distinct call stacks) and mappings (executable mappings,
+//! with their files resolved while the process still exists).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use crate::engine::Sink;
+use crate::record::{self, MappingRecord};
+use crate::report::{Aggregator, EventWriter};
+use crate::symbolize::Mapping;
+
+/// Aggregation and the optional event stream.
+pub struct EventSink {
+    pub agg: Aggregator,
+    pub stream: Option<EventWriter>,
+    pub stream_error: Option<std::io::Error>,
+}
+
+impl Sink for EventSink {
+    fn record(&mut self, bytes: &[u8]) {
+        let Ok(rec) = record::decode(bytes) else {
+            self.agg.malformed += 1;
+            return;
+        };
+        self.agg.apply(&rec);
+        if let Some(stream) = &mut self.stream {
+            if let Err(err) = stream.write(&rec) {
+                self.stream_error = Some(err);
+                self.stream = None;
+            }
+        }
+    }
+}
+
+/// A distinct call stack: the process it belongs to and its return
+/// addresses, innermost first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stack {
+    pub pid: u32,
+    pub ips: Vec<u64>,
+}
+
+/// Distinct stacks by id.
+#[derive(Default)]
+pub struct StackSink {
+    pub stacks: HashMap<u64, Stack>,
+    pub malformed: u64,
+}
+
+impl Sink for StackSink {
+    fn record(&mut self, bytes: &[u8]) {
+        match record::decode_stack(bytes) {
+            // A stack written twice (the known-stacks map was full) is
+            // the same stack.
+            Ok(rec) => {
+                self.stacks.entry(rec.id).or_insert_with(|| Stack {
+                    pid: rec.pid,
+                    ips: rec.ips().collect(),
+                });
+            }
+            Err(_) => self.malformed += 1,
+        }
+    }
+}
+
+/// Executable mappings of every tracked process.
+#[derive(Default)]
+pub struct MappingSink {
+    pub mappings: HashMap<u32, Vec<Mapping>>,
+    /// Files already resolved, by (device, inode): for processes that are
+    /// gone before their mapping can be looked up.
+    by_inode: HashMap<(u64, u64), PathBuf>,
+    pub malformed: u64,
+}
+
+impl MappingSink {
+    fn add(&mut self, pid: u32, mapping: Mapping) {
+        let list = self.mappings.entry(pid).or_default();
+        let same = |m: &Mapping| {
+            (m.start, m.end, m.pgoff, &m.path) == (mapping.start, mapping.end, mapping.pgoff, &mapping.path)
+        };
+        if !list.iter().any(same) {
+            list.push(mapping);
+        }
+    }
+
+    /// Adds the executable file mappings /proc lists for `pid` (the
+    /// dynamic loader's and the vDSO's are only found there).
+    fn scan_proc(&mut self, pid: u32) {
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return;
+        };
+        for line in maps.lines() {
+            let mut fields = line.split_whitespace();
+            let (Some(range), Some(perms), Some(offset)) = (fields.next(), fields.next(), fields.next())
+            else {
+                continue;
+            };
+            let path = fields.nth(2).unwrap_or_default();
+            if !perms.contains('x') || !path.starts_with('/') {
+                continue;
+            }
+            let Some((start, end)) = range.split_once('-') else {
+                continue;
+            };
+            let (Ok(start), Ok(end), Ok(pgoff)) = (
+                u64::from_str_radix(start, 16),
+                u64::from_str_radix(end, 16),
+                u64::from_str_radix(offset, 16),
+            ) else {
+                continue;
+            };
+            self.add(
+                pid,
+                Mapping {
+                    start,
+                    end,
+                    pgoff,
+                    path: PathBuf::from(path),
+                    file_id: None,
+                },
+            );
+        }
+    }
+
+    fn resolve(&mut self, m: &MappingRecord) -> PathBuf {
+        let link = format!("/proc/{}/map_files/{:x}-{:x}", m.pid, m.start, m.end);
+        if let Ok(path) = std::fs::read_link(&link) {
+            let path = strip_deleted(path);
+            self.by_inode.insert((m.dev, m.ino), path.clone());
+            return path;
+        }
+        self.by_inode
+            .get(&(m.dev, m.ino))
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(&m.name))
+    }
+}
+
+fn strip_deleted(path: PathBuf) -> PathBuf {
+    match path.to_str().and_then(|p| p.strip_suffix(" (deleted)")) {
+        Some(p) => PathBuf::from(p),
+        None => path,
+    }
+}
+
+impl Sink for MappingSink {
+    fn record(&mut self, bytes: &[u8]) {
+        let Ok(m) = record::decode_mapping(bytes) else {
+            self.malformed += 1;
+            return;
+        };
+        let path = self.resolve(&m);
+        self.add(
+            m.pid,
+            Mapping {
+                start: m.start,
+                end: m.end,
+                pgoff: m.pgoff,
+                path,
+                file_id: Some((m.dev, m.ino)),
+            },
+        );
+        self.scan_proc(m.pid);
+    }
+}
