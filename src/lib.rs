@@ -11,6 +11,7 @@
 //! - [`proctree`]: starting the command and following its process tree.
 //! - [`symbolize`]: stacks to functions and lines, after the capture.
 //! - [`report`]: aggregating events into the profile, summary and stream.
+//! - [`render`]: reports on allocation sites: text, JSON, folded, flamegraph, pprof.
 //! - [`cli`]: the `memtrail` command line.
 
 pub mod attach;
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod engine;
 pub mod proctree;
 pub mod record;
+pub mod render;
 pub mod report;
 pub mod ring;
 pub mod skel;

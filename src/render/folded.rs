@@ -1,0 +1,52 @@
+//! Folded (collapsed) stacks: `outer;...;inner VALUE` a line, the format
+//! of FlameGraph's stackcollapse scripts, which inferno, speedscope and
+//! most flame graph tools read.
+//!
+//! Frames are named by [`folded_name`] (function names only, so sites that
+//! differ only in their lines merge); stacks that fold to the same line
+//! are summed; lines are sorted; sites whose value is 0 are left out.
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+
+use super::Metric;
+use super::sites::{folded_name, ranked};
+use crate::report::Profile;
+
+/// The folded stacks of the ranked sites, each with its summed value, in
+/// sorted order.
+pub(super) fn lines(profile: &Profile, by: Metric, limit: Option<usize>) -> Vec<String> {
+    let mut folded: BTreeMap<String, u64> = BTreeMap::new();
+    for site in ranked(profile, by, limit, false) {
+        let stack = site
+            .frames
+            .iter()
+            .rev()
+            .map(folded_name)
+            .collect::<Vec<_>>()
+            .join(";");
+        let stack = if stack.is_empty() {
+            "[no frames]".to_owned()
+        } else {
+            stack
+        };
+        let sum = folded.entry(stack).or_default();
+        *sum = sum.saturating_add(by.of(&site.metrics));
+    }
+    folded
+        .into_iter()
+        .map(|(stack, value)| format!("{stack} {value}"))
+        .collect()
+}
+
+pub(super) fn write(
+    profile: &Profile,
+    by: Metric,
+    limit: Option<usize>,
+    w: &mut dyn Write,
+) -> io::Result<()> {
+    for line in lines(profile, by, limit) {
+        writeln!(w, "{line}")?;
+    }
+    Ok(())
+}

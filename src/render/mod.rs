@@ -1,0 +1,200 @@
+//! Reports on a profile's allocation sites: text, JSON, folded stacks,
+//! flamegraph SVG and pprof. Formats are documented for users in
+//! docs/reports.md.
+//!
+//! A report is a pure function of a [`Profile`] and [`ReportOptions`]: the
+//! same profile gives the same bytes (sites are ranked by the chosen
+//! [`Metric`], ties broken by stack id; flamegraph colours come from a hash
+//! of the function name, never from a random source). `memtrail report`
+//! loads the profile from a file with [`load_profile`]; `memtrail run
+//! --report` renders the profile it just built.
+//!
+//! Ownership: renderers write into a writer the caller owns and never close
+//! it; files go through [`AtomicOutput`], so a report file appears whole or
+//! not at all.
+//!
+//! Site frames are innermost first (as in the profile's `stacks`);
+//! folded stacks and flamegraphs reverse them (outermost caller first),
+//! pprof keeps them (its leaf is `location_id[0]`).
+
+mod flamegraph;
+mod folded;
+mod json;
+mod load;
+pub mod pprof;
+mod sites;
+mod text;
+
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+
+pub use load::load_profile;
+
+use crate::report::{AtomicOutput, OutputError, Profile};
+
+/// The sites a text report shows when `--top` is not given.
+pub const DEFAULT_TEXT_TOP: usize = 10;
+
+/// A report format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// The top sites with their metrics and symbolized stacks, for a
+    /// terminal.
+    Text,
+    /// The sites ranked by the metric, as a JSON document.
+    Json,
+    /// An SVG flame graph of the metric, outermost caller at the bottom.
+    Flamegraph,
+    /// A gzipped pprof profile.proto with every metric as a sample type.
+    Pprof,
+    /// Collapsed stacks, `outer;...;inner VALUE` a line, for any flame
+    /// graph tool.
+    Folded,
+}
+
+/// What sites are ranked (and flame graphs sized) by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Metric {
+    /// Bytes allocated (the sum of the sizes asked for).
+    #[default]
+    Bytes,
+    /// Allocating calls.
+    Count,
+    /// Bytes live when the tree's live heap peaked.
+    Peak,
+    /// Bytes still live when their process exited.
+    Leaked,
+}
+
+impl Metric {
+    /// The whole tree's value of this metric, from the profile's totals.
+    pub fn total(self, p: &Profile) -> u64 {
+        match self {
+            Self::Bytes => p.totals.allocated_bytes,
+            Self::Count => p.totals.allocations,
+            Self::Peak => p.totals.peak_live_bytes,
+            Self::Leaked => p.totals.live_bytes_at_exit,
+        }
+    }
+
+    /// The name `--by` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bytes => "bytes",
+            Self::Count => "count",
+            Self::Peak => "peak",
+            Self::Leaked => "leaked",
+        }
+    }
+
+    /// What the metric measures, for titles.
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Bytes => "bytes allocated",
+            Self::Count => "allocations",
+            Self::Peak => "bytes live at peak",
+            Self::Leaked => "bytes leaked",
+        }
+    }
+
+    /// The unit of a value, for flame graph tooltips.
+    fn unit(self) -> &'static str {
+        match self {
+            Self::Count => "allocations",
+            _ => "bytes",
+        }
+    }
+}
+
+/// What to render.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReportOptions {
+    pub format: Format,
+    /// Sites are ranked by this metric, highest first.
+    pub by: Metric,
+    /// Keep only the first N ranked sites; 0 keeps all. `None`:
+    /// [`DEFAULT_TEXT_TOP`] for text, all sites for the other formats.
+    pub top: Option<usize>,
+}
+
+impl ReportOptions {
+    /// How many ranked sites to keep (`None`: all).
+    fn limit(&self) -> Option<usize> {
+        let top = match (self.top, self.format) {
+            (Some(n), _) => n,
+            (None, Format::Text) => DEFAULT_TEXT_TOP,
+            (None, _) => 0,
+        };
+        (top != 0).then_some(top)
+    }
+}
+
+/// Why `memtrail report` failed. Each variant maps to a documented exit
+/// code (see `cli::report_exit_code`).
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("cannot read the profile {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{} is not a valid memtrail profile", path.display())]
+    Invalid {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "{} is not a memtrail profile: its \"format\" is {found}, expected \"{}\"",
+        path.display(), load::PROFILE_FORMAT
+    )]
+    Format { path: PathBuf, found: String },
+    #[error(
+        "{} is a profile of version {found}; this memtrail reads version {}",
+        path.display(), load::PROFILE_VERSION
+    )]
+    Version { path: PathBuf, found: String },
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error("writing the report to standard output failed")]
+    Stdout(#[source] io::Error),
+}
+
+impl ReportError {
+    /// Standard output was closed early (e.g. `memtrail report ... | head`):
+    /// not a failure.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, Self::Stdout(e) if e.kind() == io::ErrorKind::BrokenPipe)
+    }
+}
+
+/// Renders the report of `profile` into `w`.
+pub fn write_report(profile: &Profile, opts: &ReportOptions, w: &mut dyn Write) -> io::Result<()> {
+    match opts.format {
+        Format::Text => text::write(profile, opts.by, opts.limit(), w),
+        Format::Json => json::write(profile, opts.by, opts.limit(), w),
+        Format::Folded => folded::write(profile, opts.by, opts.limit(), w),
+        Format::Flamegraph => flamegraph::write(profile, opts.by, opts.limit(), w),
+        Format::Pprof => pprof::write(profile, opts.by, opts.limit(), w),
+    }
+}
+
+/// Renders the report of `profile` into `out` and renames it into place.
+pub fn write_report_file(
+    profile: &Profile,
+    opts: &ReportOptions,
+    out: AtomicOutput,
+) -> Result<(), OutputError> {
+    let err = |source| OutputError {
+        path: out.path().to_owned(),
+        source,
+    };
+    let mut w = BufWriter::new(out.file());
+    write_report(profile, opts, &mut w)
+        .and_then(|()| w.flush())
+        .map_err(err)?;
+    drop(w);
+    out.commit()
+}

@@ -1,0 +1,156 @@
+//! The text report: a header with the profile's totals, then the top sites
+//! by the chosen metric, each with its metrics and its stack, innermost
+//! frame first.
+
+use std::io::{self, Write};
+
+use super::Metric;
+use super::sites::{FrameView, Metrics, module_base, ranked};
+use crate::report::{Profile, human_bytes};
+
+pub(super) fn write(
+    profile: &Profile,
+    by: Metric,
+    limit: Option<usize>,
+    w: &mut dyn Write,
+) -> io::Result<()> {
+    let t = &profile.totals;
+    let how = match (profile.exit.code, profile.exit.signal) {
+        (_, Some(sig)) => format!("killed by signal {sig}"),
+        (Some(code), None) => format!("exited with code {code}"),
+        (None, None) => "ended".to_owned(),
+    };
+    writeln!(
+        w,
+        "memtrail report: {} ({how} after {})",
+        profile.command.join(" "),
+        duration(profile.duration_ns)
+    )?;
+    writeln!(
+        w,
+        "  {} ({}), peak live {}, leaked {} ({})",
+        plural(t.allocations, "allocation"),
+        human_bytes(t.allocated_bytes),
+        human_bytes(t.peak_live_bytes),
+        plural(t.live_allocations_at_exit, "block"),
+        human_bytes(t.live_bytes_at_exit)
+    )?;
+    let all = profile.stacks.len();
+    let sites = ranked(profile, by, None, false);
+    let with_value = sites.len();
+    let shown = limit.map_or(with_value, |n| n.min(with_value));
+    if all == 0 {
+        writeln!(w, "  no allocation sites: the profile has no stacks")?;
+        return Ok(());
+    }
+    if with_value == 0 {
+        writeln!(
+            w,
+            "  {}, none with {}",
+            plural(all as u64, "allocation site"),
+            by.describe()
+        )?;
+        return Ok(());
+    }
+    write!(
+        w,
+        "  top {shown} of {} by {}",
+        plural(with_value as u64, "allocation site"),
+        by.describe()
+    )?;
+    if all > with_value {
+        write!(w, " ({} more with none)", all - with_value)?;
+    }
+    writeln!(w)?;
+    let total = by.total(profile);
+    for (rank, site) in sites.iter().take(shown).enumerate() {
+        writeln!(w)?;
+        writeln!(
+            w,
+            "#{}  {}",
+            rank + 1,
+            metrics_line(&site.metrics, by, total)
+        )?;
+        for frame in &site.frames {
+            writeln!(w, "    {}", frame_line(frame))?;
+        }
+    }
+    Ok(())
+}
+
+/// The site's metrics, the chosen one first with its share of the total.
+fn metrics_line(m: &Metrics, by: Metric, total: u64) -> String {
+    // Parenthesized notes after a value: its share, its blocks.
+    let notes = |notes: &[Option<String>]| {
+        let notes: Vec<&str> = notes.iter().flatten().map(String::as_str).collect();
+        if notes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", notes.join(", "))
+        }
+    };
+    let phrase = |metric: Metric| {
+        let share = (metric == by && total > 0)
+            .then(|| format!("{:.1}%", metric.of(m) as f64 * 100.0 / total as f64));
+        match metric {
+            Metric::Bytes => format!("{} allocated{}", human_bytes(m.bytes), notes(&[share])),
+            Metric::Count => format!("{}{}", plural(m.allocations, "allocation"), notes(&[share])),
+            Metric::Peak => format!(
+                "{} live at peak{}",
+                human_bytes(m.live_bytes_at_peak),
+                notes(&[share])
+            ),
+            Metric::Leaked => format!(
+                "{} leaked{}",
+                human_bytes(m.live_bytes_at_exit),
+                notes(&[share, Some(plural(m.live_allocations_at_exit, "block"))])
+            ),
+        }
+    };
+    let mut parts = vec![phrase(by)];
+    parts.extend(
+        [Metric::Bytes, Metric::Count, Metric::Peak, Metric::Leaked]
+            .into_iter()
+            .filter(|&metric| metric != by)
+            .map(phrase),
+    );
+    parts.join(", ")
+}
+
+/// `function (inlined) at file:line in module`; an unknown function shows
+/// as its address.
+fn frame_line(f: &FrameView<'_>) -> String {
+    let mut s = match f.function {
+        Some(func) if !func.is_empty() => func.to_owned(),
+        _ => format!("{:#x}", f.addr),
+    };
+    if f.inlined {
+        s.push_str(" (inlined)");
+    }
+    match (f.file, f.line) {
+        (Some(file), Some(line)) => s.push_str(&format!(" at {file}:{line}")),
+        (Some(file), None) => s.push_str(&format!(" at {file}")),
+        _ => {}
+    }
+    if let Some(module) = f.module {
+        s.push_str(&format!(" in {}", module_base(module)));
+    }
+    s
+}
+
+/// `1 allocation`, `2 allocations`.
+fn plural(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+fn duration(ns: u64) -> String {
+    if ns >= 1_000_000_000 {
+        format!("{:.2} s", ns as f64 / 1e9)
+    } else {
+        format!("{:.1} ms", ns as f64 / 1e6)
+    }
+}
