@@ -37,6 +37,15 @@ fn main() -> ExitCode {
                 cli::exit_code(&err)
             }
         },
+        Command::Report(args) => match cli::report(args, &mut io::stdout().lock()) {
+            Ok(()) => 0,
+            // `memtrail report | head`: the reader has all it wanted.
+            Err(err) if err.is_broken_pipe() => 0,
+            Err(err) => {
+                let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
+                cli::report_exit_code(&err)
+            }
+        },
     };
     ExitCode::from(code.clamp(0, 255) as u8)
 }

@@ -4,20 +4,25 @@
 //! stderr); diagnostics go through `tracing`.
 
 use std::ffi::OsString;
-use std::io::{self, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
 use crate::capture::{self, CaptureError, Options};
 use crate::proctree::SpawnError;
-use crate::report::write_summary;
+use crate::render::{self, Format, Metric, ReportError, ReportOptions};
+use crate::report::{AtomicOutput, write_summary};
 
 /// Exit codes of memtrail's own failures. Otherwise memtrail exits with the
 /// command's code (128 + N when a signal N killed it).
 pub mod exit {
     /// Bad command-line usage.
     pub const USAGE: i32 = 2;
+    /// `memtrail report`: the profile is not a valid memtrail profile.
+    pub const PROFILE_INVALID: i32 = 65;
+    /// `memtrail report`: the profile cannot be read.
+    pub const PROFILE_UNREADABLE: i32 = 66;
     /// memtrail itself failed.
     pub const INTERNAL: i32 = 70;
     /// Events were lost: the capture is incomplete and no report was written.
@@ -39,13 +44,25 @@ Exit status:
   memtrail exits with the command's exit status (128+N if signal N killed it),
   unless memtrail itself fails:
     2    bad usage
+    65   memtrail report: the profile is not a valid memtrail profile
+    66   memtrail report: the profile cannot be read
     70   internal failure
     71   events were lost: the capture is incomplete, no report was written
     72   missing privileges or kernel feature
-    73   an output file cannot be written (checked before the command starts)
+    73   an output file cannot be written (checked before the command starts;
+         for memtrail report, also standard output)
     74   another tracer holds a conflicting uprobe (ref_ctr_offset mismatch)
     126  the command is not executable
     127  the command was not found";
+
+const REPORT_EXIT_CODES_HELP: &str = "\
+Exit status:
+    0    the report was written (or standard output was closed early)
+    2    bad usage
+    65   the profile is not a valid memtrail profile (not JSON, another format
+         or version, a missing or mistyped field)
+    66   the profile cannot be read (missing, not a file, no permission)
+    73   the report cannot be written (--output or standard output)";
 
 /// Track every heap allocation of a command's whole process tree with eBPF.
 #[derive(Debug, Parser)]
@@ -65,6 +82,10 @@ pub enum Command {
     /// Run a command and record the allocations of its whole process tree.
     #[command(after_long_help = EXIT_CODES_HELP)]
     Run(RunArgs),
+    /// Report the allocation sites of a profile written by `memtrail run
+    /// --output`: as text, JSON, folded stacks, a flame graph or pprof.
+    #[command(after_long_help = REPORT_EXIT_CODES_HELP)]
+    Report(ReportArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -94,9 +115,65 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
+    /// After a successful capture, also write a report of the allocation
+    /// sites in FORMAT, as `memtrail report --format FORMAT` would from the
+    /// profile. Every format but text needs --report-output; a text report
+    /// without --report-output goes to stderr after the summary (even with
+    /// --quiet), never to stdout, which is the command's.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub report: Option<Format>,
+
+    /// Write the --report report to PATH. Like --output, it is checked before
+    /// the command starts and appears only when the capture succeeded.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "report",
+        required_if_eq_any = [
+            ("report", "json"),
+            ("report", "flamegraph"),
+            ("report", "pprof"),
+            ("report", "folded"),
+        ]
+    )]
+    pub report_output: Option<PathBuf>,
+
+    /// Rank the --report sites by METRIC, as `memtrail report --by` [default:
+    /// bytes].
+    #[arg(long, value_enum, value_name = "METRIC", requires = "report")]
+    pub report_by: Option<Metric>,
+
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// The profile to report on, as written by `memtrail run --output`.
+    #[arg(value_name = "PROFILE.json")]
+    pub profile: PathBuf,
+
+    /// The report format. Formats are documented in docs/reports.md.
+    #[arg(short, long, value_enum, value_name = "FORMAT", default_value_t = Format::Text)]
+    pub format: Format,
+
+    /// Rank allocation sites by METRIC, highest first. A flame graph or
+    /// folded stacks show this metric; pprof has every metric and makes
+    /// this one its default sample type. Sites whose value is 0 are left
+    /// out, except from pprof.
+    #[arg(long, value_enum, value_name = "METRIC", default_value_t = Metric::Bytes)]
+    pub by: Metric,
+
+    /// Keep only the N sites that rank highest; 0 keeps all. Default: 10
+    /// for text, all sites for the other formats.
+    #[arg(short = 'n', long, value_name = "N")]
+    pub top: Option<usize>,
+
+    /// Write the report to PATH instead of stdout. The file appears whole,
+    /// only when the report was written.
+    #[arg(short, long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
 }
 
 /// Parses `4096`, `64K`, `64M`, `1G`.
@@ -146,6 +223,37 @@ pub fn exit_code(err: &CaptureError) -> i32 {
     }
 }
 
+/// The exit code for a failed report.
+pub fn report_exit_code(err: &ReportError) -> i32 {
+    match err {
+        ReportError::Read { .. } => exit::PROFILE_UNREADABLE,
+        ReportError::Invalid { .. } | ReportError::Format { .. } | ReportError::Version { .. } => {
+            exit::PROFILE_INVALID
+        }
+        ReportError::Output(_) | ReportError::Stdout(_) => exit::OUTPUT,
+    }
+}
+
+/// Runs `memtrail report`, writing to `--output` or `stdout`.
+pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportError> {
+    let profile = render::load_profile(&args.profile)?;
+    let opts = ReportOptions {
+        format: args.format,
+        by: args.by,
+        top: args.top,
+    };
+    match args.output {
+        Some(path) => render::write_report_file(&profile, &opts, AtomicOutput::create(&path)?)?,
+        None => {
+            let mut w = BufWriter::new(stdout);
+            render::write_report(&profile, &opts, &mut w)
+                .and_then(|()| w.flush())
+                .map_err(ReportError::Stdout)?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs `memtrail run`; returns the process exit code.
 pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> {
     let opts = Options {
@@ -156,10 +264,33 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         stack_depth: args.stack_depth,
         stall_events: std::env::var("MEMTRAIL_FAULT").is_ok_and(|f| f == "stall-events"),
     };
+    // Like --output, --report-output fails before the command runs.
+    let report_output = args
+        .report_output
+        .as_deref()
+        .map(AtomicOutput::create)
+        .transpose()?;
     let outcome = capture::run(&opts)?;
     if !args.quiet {
         // A closed stderr must not turn a good capture into a failure.
         let _ = write_summary(stderr, &outcome.profile);
+    }
+    if let Some(format) = args.report {
+        let report = ReportOptions {
+            format,
+            by: args.report_by.unwrap_or_default(),
+            top: None,
+        };
+        match report_output {
+            Some(out) => render::write_report_file(&outcome.profile, &report, out)?,
+            // Only text gets here (clap requires --report-output otherwise).
+            None => {
+                if !args.quiet {
+                    let _ = writeln!(stderr);
+                }
+                let _ = render::write_report(&outcome.profile, &report, stderr);
+            }
+        }
     }
     Ok(outcome.exit_code)
 }
