@@ -5,6 +5,7 @@
 //! their fields instead of naming them.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use super::Metric;
 use crate::report::Profile;
@@ -132,4 +133,59 @@ pub(super) fn folded_name<'a>(f: &FrameView<'a>) -> Cow<'a, str> {
     } else {
         name
     }
+}
+
+impl Metrics {
+    fn add(&mut self, o: &Metrics) {
+        self.allocations = self.allocations.saturating_add(o.allocations);
+        self.bytes = self.bytes.saturating_add(o.bytes);
+        self.live_bytes_at_peak = self.live_bytes_at_peak.saturating_add(o.live_bytes_at_peak);
+        self.live_bytes_at_exit = self.live_bytes_at_exit.saturating_add(o.live_bytes_at_exit);
+        self.live_allocations_at_exit = self
+            .live_allocations_at_exit
+            .saturating_add(o.live_allocations_at_exit);
+    }
+}
+
+/// What a frame shows once symbolized: its address only when it has no
+/// function.
+type ShownFrame<'a> = (
+    Option<&'a str>,
+    Option<&'a str>,
+    Option<u32>,
+    Option<&'a str>,
+    bool,
+    Option<u64>,
+);
+
+/// Merges sites whose frames show the same (function, file, line, module,
+/// inlined; the address only for frames without a function): e.g. the calls
+/// of an unrolled loop. Metrics are summed; the merged site keeps the
+/// frames and id of its first site and counts its stacks. The result is
+/// ranked by `by` again (stable, so ties keep the input's order).
+pub(super) fn merge_same_frames(sites: Vec<Site<'_>>, by: Metric) -> Vec<(Site<'_>, usize)> {
+    let mut merged: Vec<(Site<'_>, usize)> = Vec::with_capacity(sites.len());
+    let mut index: HashMap<Vec<ShownFrame<'_>>, usize> = HashMap::new();
+    for site in sites {
+        let key = site
+            .frames
+            .iter()
+            .map(|f| {
+                let addr = f.function.is_none().then_some(f.addr);
+                (f.function, f.file, f.line, f.module, f.inlined, addr)
+            })
+            .collect();
+        match index.get(&key) {
+            Some(&i) => {
+                merged[i].0.metrics.add(&site.metrics);
+                merged[i].1 += 1;
+            }
+            None => {
+                index.insert(key, merged.len());
+                merged.push((site, 1));
+            }
+        }
+    }
+    merged.sort_by(|a, b| by.of(&b.0.metrics).cmp(&by.of(&a.0.metrics)));
+    merged
 }

@@ -1,11 +1,13 @@
 //! The text report: a header with the profile's totals, then the top sites
 //! by the chosen metric, each with its metrics and its stack, innermost
-//! frame first.
+//! frame first. Stacks that show the same frames (they differ only in the
+//! addresses of symbolized frames, e.g. the calls of an unrolled loop) are
+//! one site, with their metrics summed and their number of stacks.
 
 use std::io::{self, Write};
 
 use super::Metric;
-use super::sites::{FrameView, Metrics, module_base, ranked};
+use super::sites::{FrameView, Metrics, merge_same_frames, module_base, ranked};
 use crate::report::{Profile, human_bytes};
 
 pub(super) fn write(
@@ -35,14 +37,17 @@ pub(super) fn write(
         plural(t.live_allocations_at_exit, "block"),
         human_bytes(t.live_bytes_at_exit)
     )?;
-    let all = profile.stacks.len();
-    let sites = ranked(profile, by, None, false);
-    let with_value = sites.len();
-    let shown = limit.map_or(with_value, |n| n.min(with_value));
-    if all == 0 {
+    if profile.stacks.is_empty() {
         writeln!(w, "  no allocation sites: the profile has no stacks")?;
         return Ok(());
     }
+    let merged = merge_same_frames(ranked(profile, by, None, true), by);
+    let all = merged.len();
+    let sites: Vec<_> = merged
+        .into_iter()
+        .filter(|(site, _)| by.of(&site.metrics) > 0)
+        .collect();
+    let with_value = sites.len();
     if with_value == 0 {
         writeln!(
             w,
@@ -52,6 +57,7 @@ pub(super) fn write(
         )?;
         return Ok(());
     }
+    let shown = limit.map_or(with_value, |n| n.min(with_value));
     write!(
         w,
         "  top {shown} of {} by {}",
@@ -63,14 +69,18 @@ pub(super) fn write(
     }
     writeln!(w)?;
     let total = by.total(profile);
-    for (rank, site) in sites.iter().take(shown).enumerate() {
+    for (rank, (site, stacks)) in sites.iter().take(shown).enumerate() {
         writeln!(w)?;
-        writeln!(
+        write!(
             w,
             "#{}  {}",
             rank + 1,
             metrics_line(&site.metrics, by, total)
         )?;
+        if *stacks > 1 {
+            write!(w, "; {stacks} stacks")?;
+        }
+        writeln!(w)?;
         for frame in &site.frames {
             writeln!(w, "    {}", frame_line(frame))?;
         }
