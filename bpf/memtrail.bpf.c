@@ -32,6 +32,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define PROT_EXEC 0x4
 #define EEXIST 17
 #define PAGE_SHIFT 12
+/* How far below operator new's entry its allocator call may run. */
+#define NEW_FRAME_MAX 4096
 /* Syscall returns in [-4095, -1] are errors. */
 #define IS_ERR_VALUE(x) ((unsigned long)(x) >= (unsigned long)-4095)
 
@@ -82,6 +84,12 @@ struct {
 struct inflight {
 	__u64 args[3];
 	__u64 stack_id; /* the outermost call's stack, 0 if none */
+	__u64 sp;       /* stack pointer at the outermost call's entry */
+	__u64 ret;      /* return address of the outermost call */
+	/* Stack of a C++ operator new entered on this thread, for the
+	 * allocator call it makes (see new_enter). */
+	__u64 new_stack_id;
+	__u64 new_sp;
 	__u32 depth; /* nested allocator calls, outermost included; 0: none */
 	__u32 kind;  /* enum mt_kind of the outermost call */
 };
@@ -208,7 +216,7 @@ static __always_inline __u64 mix(__u64 h, __u64 v)
  * already adds that return address for entry probes repeat it in ips[1]:
  * `first` then skips ips[0].
  */
-static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
+static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u64 ret)
 {
 	const __u32 walk = (stack_depth < MT_MAX_STACK ? stack_depth : MT_MAX_STACK) - 1;
 	struct mt_stack_record *rec;
@@ -226,8 +234,7 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 	}
 	rec->pid = tgid;
 	rec->first = 0;
-	if (bpf_probe_read_user(&rec->ips[0], sizeof(rec->ips[0]), (void *)PT_REGS_SP(ctx)))
-		rec->ips[0] = 0;
+	rec->ips[0] = ret;
 	got = bpf_get_stack(ctx, &rec->ips[1], walk * sizeof(__u64), BPF_F_USER_STACK | 1);
 	if (got > 0)
 		n += got / sizeof(__u64);
@@ -249,6 +256,27 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 	return h;
 }
 
+/*
+ * Whether an allocator entry with stack pointer sp runs inside the call
+ * recorded in cur. A call made from inside runs deeper (lower sp); a tail
+ * call from inside (glibc's realloc(NULL, n) jumps to malloc) runs at the
+ * same sp, with the uretprobe trampoline as its return address instead of
+ * the outer call's own. Anything else means the outer call never returned
+ * through its uretprobe (an exception thrown out of operator new, a
+ * longjmp): the entry starts afresh rather than let every later call of the
+ * thread pass for nested.
+ */
+static __always_inline bool nested_in(struct inflight *cur, __u64 sp)
+{
+	__u64 ret;
+
+	if (sp < cur->sp)
+		return true;
+	if (sp > cur->sp || bpf_probe_read_user(&ret, sizeof(ret), (void *)sp))
+		return false;
+	return ret != cur->ret;
+}
+
 SEC("uprobe.multi")
 int alloc_enter(struct pt_regs *ctx)
 {
@@ -262,15 +290,55 @@ int alloc_enter(struct pt_regs *ctx)
 		__sync_fetch_and_add(&drops_tracking, 1);
 		return 0;
 	}
-	if (cur->depth++ > 0)
+	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx))) {
+		cur->depth++;
 		return 0; /* nested: the outermost call makes the record */
+	}
+	cur->depth = 1;
+	cur->sp = PT_REGS_SP(ctx);
+	if (bpf_probe_read_user(&cur->ret, sizeof(cur->ret), (void *)cur->sp))
+		cur->ret = 0;
 	cur->args[0] = PT_REGS_PARM1(ctx);
 	cur->args[1] = PT_REGS_PARM2(ctx);
 	cur->args[2] = PT_REGS_PARM3(ctx);
 	cur->kind = bpf_get_attach_cookie(ctx);
-	cur->stack_id = capture_stack(ctx, pid_tgid >> 32);
+	if (cur->new_sp && cur->sp < cur->new_sp && cur->new_sp - cur->sp < NEW_FRAME_MAX)
+		cur->stack_id = cur->new_stack_id; /* called by operator new */
+	else
+		cur->stack_id = capture_stack(ctx, pid_tgid >> 32, cur->ret);
+	cur->new_sp = 0;
 	if ((cur->kind == MT_REALLOC || cur->kind == MT_REALLOCARRAY) && cur->args[0])
 		emit_alloc(pid_tgid, MT_REALLOC_BEGIN, 0, cur->args[0], 0, 0, 0);
+	return 0;
+}
+
+/*
+ * Entry of C++ operator new. No uretprobe here: its return address would be
+ * the uretprobe trampoline, which C++ unwinders cannot step through, so a
+ * std::bad_alloc thrown out of new would terminate the program. new is not
+ * counted itself (the malloc it calls is); it captures the stack, whose
+ * first frame is the user's new expression, for that malloc to use.
+ */
+SEC("uprobe.multi")
+int new_enter(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct inflight *cur;
+	__u64 ret;
+
+	if (!stack_depth || !is_tracked(pid_tgid >> 32))
+		return 0;
+	cur = current_call(true);
+	if (!cur) {
+		__sync_fetch_and_add(&drops_tracking, 1);
+		return 0;
+	}
+	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx)))
+		return 0; /* new called from inside an allocator: no new site */
+	if (bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)))
+		ret = 0;
+	cur->new_stack_id = capture_stack(ctx, pid_tgid >> 32, ret);
+	cur->new_sp = PT_REGS_SP(ctx);
 	return 0;
 }
 

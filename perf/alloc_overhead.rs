@@ -63,6 +63,7 @@ fn under_floor(exe: &Path, sites: &[Site]) -> f64 {
         enter: &skel.progs.floor_enter,
         ret: &skel.progs.floor_return,
         free: &skel.progs.floor_enter,
+        new: &skel.progs.floor_enter,
     };
     let mut links = Links::default();
     attach::attach_sites(&progs, sites, &mut links).expect("attach floor");

@@ -41,6 +41,47 @@ pub const LIBC_API: &[(&str, Kind)] = &[
     ("pvalloc", Kind::Pvalloc),
 ];
 
+/// C++ `operator new` variants (libstdc++ and libc++ share the Itanium
+/// names). They call malloc (or aligned_alloc), which is what is counted;
+/// an entry-only probe on them captures the stack from the user's `new`
+/// expression (libstdc++'s operator new keeps no frame pointer, so a stack
+/// taken in malloc would skip the user's function). No uretprobe: C++
+/// unwinders cannot step through the uretprobe trampoline, so an exception
+/// thrown out of new would terminate the program.
+pub const CXX_NEW_API: &[(&str, Kind)] = &[
+    ("_Znwm", Kind::Malloc),
+    ("_Znam", Kind::Malloc),
+    ("_ZnwmRKSt9nothrow_t", Kind::Malloc),
+    ("_ZnamRKSt9nothrow_t", Kind::Malloc),
+    ("_ZnwmSt11align_val_t", Kind::Malloc),
+    ("_ZnamSt11align_val_t", Kind::Malloc),
+    ("_ZnwmSt11align_val_tRKSt9nothrow_t", Kind::Malloc),
+    ("_ZnamSt11align_val_tRKSt9nothrow_t", Kind::Malloc),
+];
+
+/// The C++ runtimes installed in the usual library directories: commands
+/// that load them get their `operator new` probed.
+pub fn cxx_runtimes() -> Vec<PathBuf> {
+    let dirs = [
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib64",
+        "/usr/lib64",
+        "/usr/lib",
+    ];
+    let mut found: Vec<PathBuf> = Vec::new();
+    for dir in dirs {
+        for name in ["libstdc++.so.6", "libc++.so.1"] {
+            if let Ok(path) = fs::canonicalize(Path::new(dir).join(name)) {
+                if !found.contains(&path) {
+                    found.push(path);
+                }
+            }
+        }
+    }
+    found
+}
+
 /// Errors finding or attaching allocator probes.
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
@@ -147,11 +188,15 @@ pub fn find_sites(image: &Path, api: &[(&str, Kind)]) -> Result<Vec<Site>, Attac
         if sites.iter().any(|s| s.offset - s.skipped == entry) {
             continue; // an alias of a site we have
         }
-        let skipped = if kind == Kind::Free {
-            elf.null_test_len(vaddr).unwrap_or(0)
-        } else {
-            0
-        };
+        // endbr64 only marks an indirect-branch target: the probe can go
+        // after it, where the return address is still on top of the stack.
+        let mut skipped = 0;
+        if elf.bytes_at(entry, 4) == Some(&ENDBR64[..]) {
+            skipped = 4;
+        }
+        if kind == Kind::Free {
+            skipped += elf.null_test_len(vaddr + skipped).unwrap_or(0);
+        }
         let offset = entry + skipped;
         let emulated = elf.bytes_at(offset, 4).is_some_and(is_emulated);
         sites.push(Site {
@@ -222,6 +267,8 @@ impl Elf<'_> {
     }
 }
 
+const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
 /// Whether the kernel emulates this first instruction instead of
 /// single-stepping it (x86_64: push, nop, relative jumps and calls, ret).
 fn is_emulated(code: &[u8]) -> bool {
@@ -270,12 +317,13 @@ impl Drop for Links {
     }
 }
 
-/// The three programs an allocator site takes: entry and return of
-/// allocating calls, entry of frees.
+/// The programs allocator sites take: entry and return of allocating
+/// calls, entry of frees, entry of C++ operator new.
 pub struct AllocPrograms<'a, 'obj> {
     pub enter: &'a ProgramMut<'obj>,
     pub ret: &'a ProgramMut<'obj>,
     pub free: &'a ProgramMut<'obj>,
+    pub new: &'a ProgramMut<'obj>,
 }
 
 impl<'a, 'obj> AllocPrograms<'a, 'obj> {
@@ -285,6 +333,7 @@ impl<'a, 'obj> AllocPrograms<'a, 'obj> {
             enter: &skel.progs.alloc_enter,
             ret: &skel.progs.alloc_return,
             free: &skel.progs.free_enter,
+            new: &skel.progs.new_enter,
         }
     }
 }
@@ -297,12 +346,18 @@ pub fn attach_sites(
     sites: &[Site],
     links: &mut Links,
 ) -> Result<(), AttachError> {
-    let (frees, allocs): (Vec<&Site>, Vec<&Site>) =
-        sites.iter().partition(|s| s.kind == Kind::Free);
-    let groups: [(&ProgramMut<'_>, bool, &[&Site]); 3] = [
+    let is_new = |s: &Site| CXX_NEW_API.iter().any(|(name, _)| *name == s.symbol);
+    let frees: Vec<&Site> = sites.iter().filter(|s| s.kind == Kind::Free).collect();
+    let news: Vec<&Site> = sites.iter().filter(|s| is_new(s)).collect();
+    let allocs: Vec<&Site> = sites
+        .iter()
+        .filter(|s| s.kind != Kind::Free && !is_new(s))
+        .collect();
+    let groups: [(&ProgramMut<'_>, bool, &[&Site]); 4] = [
         (progs.enter, false, &allocs),
         (progs.ret, true, &allocs),
         (progs.free, false, &frees),
+        (progs.new, false, &news),
     ];
     for (prog, retprobe, group) in groups {
         let Some(first) = group.first() else {

@@ -185,17 +185,22 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     let skel = open.load().map_err(CaptureError::Load)?;
 
     let libc = attach::libc_path()?;
-    let sites = attach::find_sites(&libc, attach::LIBC_API)?;
+    let mut sites = attach::find_sites(&libc, attach::LIBC_API)?;
+    let mut cxx_sites = Vec::new();
+    for runtime in attach::cxx_runtimes() {
+        cxx_sites.push(attach::find_sites(&runtime, attach::CXX_NEW_API)?);
+    }
     for site in sites.iter().filter(|s| !s.emulated) {
         tracing::info!(%site, "probe site single-steps its first instruction (~14 µs a hit)");
     }
     let mut links = Links::default();
     attach_tracepoints(&skel, &mut links)?;
-    attach::attach_sites(
-        &attach::AllocPrograms::memtrail(&skel),
-        &sites,
-        &mut links,
-    )?;
+    let progs = attach::AllocPrograms::memtrail(&skel);
+    attach::attach_sites(&progs, &sites, &mut links)?;
+    for image in cxx_sites {
+        attach::attach_sites(&progs, &image, &mut links)?;
+        sites.extend(image);
+    }
 
     let stream = events
         .map(EventWriter::new)

@@ -1,0 +1,210 @@
+//! Allocation stacks: captured in BPF, deduplicated, symbolized (issue 5).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{capture, cmd, num};
+use serde_json::Value;
+
+fn fixture_source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// The 1-based line of `marker` in a fixture's source.
+fn line_of(file: &str, marker: &str) -> u64 {
+    let text = std::fs::read_to_string(fixture_source(file)).unwrap();
+    let idx = text
+        .lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("{marker} not in {file}"));
+    idx as u64 + 1
+}
+
+fn stacks(profile: &Value) -> &[Value] {
+    profile["stacks"].as_array().expect("stacks array")
+}
+
+fn function<'a>(frame: &'a Value) -> &'a str {
+    frame["function"].as_str().unwrap_or("")
+}
+
+fn frames(stack: &Value) -> &[Value] {
+    stack["frames"].as_array().expect("frames array")
+}
+
+/// Stacks whose frame `depth` is in `function`.
+fn with_frame<'a>(profile: &'a Value, depth: usize, function_name: &str) -> Vec<&'a Value> {
+    stacks(profile)
+        .iter()
+        .filter(|s| frames(s).get(depth).is_some_and(|f| function(f) == function_name))
+        .collect()
+}
+
+fn assert_at(frame: &Value, function_name: &str, file: &str, line: u64) {
+    assert_eq!(function(frame), function_name, "frame {frame}");
+    let path = frame["file"].as_str().unwrap_or_default();
+    assert!(path.ends_with(file), "frame {frame} not in {file}");
+    assert_eq!(frame["line"].as_u64(), Some(line), "frame {frame}");
+}
+
+/// Check that each allocation site of a frame-pointer C program has its
+/// own stack with exact counts, bytes, live bytes at the peak and at exit,
+/// and symbolizes to the allocating function, file and line.
+#[test]
+fn stacks_sites_exact_and_symbolized() {
+    let run = capture(&cmd("stacks", &[]));
+    run.expect_code(0);
+    let p = run.profile();
+    let src = "stacks.c";
+
+    let small = with_frame(p, 0, "site_small");
+    assert_eq!(small.len(), 1, "{small:?}");
+    assert_at(&frames(small[0])[0], "site_small", src, line_of(src, "SITE_SMALL"));
+    assert_eq!(function(&frames(small[0])[1]), "main");
+    assert_eq!(num(small[0], "allocations"), 3);
+    assert_eq!(num(small[0], "bytes"), 33333);
+    assert_eq!(num(small[0], "live_bytes_at_peak"), 33333);
+    assert_eq!(num(small[0], "live_bytes_at_exit"), 0);
+
+    let shared = with_frame(p, 0, "site_shared");
+    assert_eq!(shared.len(), 2, "one stack per call path: {shared:?}");
+    let one = shared
+        .iter()
+        .find(|s| function(&frames(s)[1]) == "path_one")
+        .expect("path_one stack");
+    let two = shared
+        .iter()
+        .find(|s| function(&frames(s)[1]) == "path_two")
+        .expect("path_two stack");
+    assert_at(&frames(one)[0], "site_shared", src, line_of(src, "SITE_SHARED"));
+    assert_at(&frames(one)[1], "path_one", src, line_of(src, "PATH_ONE"));
+    assert_at(&frames(two)[1], "path_two", src, line_of(src, "PATH_TWO"));
+    assert_eq!(function(&frames(one)[2]), "main");
+    assert_eq!(
+        (num(one, "allocations"), num(one, "bytes")),
+        (2, 44444)
+    );
+    assert_eq!(
+        (num(one, "live_bytes_at_exit"), num(one, "live_allocations_at_exit")),
+        (44444, 2)
+    );
+    assert_eq!(num(one, "live_bytes_at_peak"), 44444);
+    assert_eq!(
+        (num(two, "allocations"), num(two, "bytes"), num(two, "live_bytes_at_exit")),
+        (1, 22222, 0)
+    );
+    assert_eq!(num(two, "live_bytes_at_peak"), 22222);
+
+    let big = with_frame(p, 0, "site_big");
+    assert_eq!(big.len(), 1);
+    assert_at(&frames(big[0])[0], "site_big", src, line_of(src, "SITE_BIG"));
+    assert_eq!((num(big[0], "allocations"), num(big[0], "bytes")), (1, 100000));
+    assert_eq!(num(big[0], "live_bytes_at_peak"), 100000);
+
+    // The fixture makes no other allocation: the sites are all of it, and
+    // their live bytes at the peak add up to the peak.
+    assert_eq!(stacks(p).len(), 4, "{:#?}", stacks(p));
+    let peak: u64 = stacks(p).iter().map(|s| num(s, "live_bytes_at_peak")).sum();
+    assert_eq!(peak, num(&p["totals"], "peak_live_bytes"));
+    assert_eq!(peak, 199999);
+
+    // Every allocation event names one of these stacks.
+    let ids: Vec<u64> = stacks(p).iter().map(|s| num(s, "id")).collect();
+    for e in run.events() {
+        if ["malloc", "calloc"].contains(&e["kind"].as_str().unwrap()) {
+            assert!(ids.contains(&num(e, "stack_id")), "{e}");
+        }
+    }
+}
+
+/// Check that 8 threads running the same two call paths produce exactly
+/// two distinct stacks with all 800 allocations between them: stacks are
+/// deduplicated across threads and CPUs, none is missing.
+#[test]
+fn stacks_deduplicated_across_threads() {
+    let run = capture(&cmd("stack_threads", &[]));
+    run.expect_code(0);
+    let p = run.profile();
+    let leaf = with_frame(p, 0, "leaf");
+    assert_eq!(leaf.len(), 2, "{leaf:#?}");
+    for via in ["via_a", "via_b"] {
+        let s = leaf
+            .iter()
+            .find(|s| function(&frames(s)[1]) == via)
+            .unwrap_or_else(|| panic!("no {via} stack"));
+        assert_eq!(num(s, "allocations"), 400);
+        assert_eq!(num(s, "bytes"), 400 * 33333);
+        assert_eq!(function(&frames(s)[2]), "worker");
+    }
+    let mut ids: Vec<u64> = stacks(p).iter().map(|s| num(s, "id")).collect();
+    let n = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "a stack id is defined twice");
+}
+
+/// Check that `new` (libstdc++'s operator new, built without frame
+/// pointers, nested over malloc) shows the user's function as the
+/// allocation site, with its line, and no unknown (trampoline) frame up to
+/// main; the nested malloc is not counted again.
+#[test]
+fn stacks_cxx_new_shows_user_function() {
+    let run = capture(&cmd("stack_cxx", &[]));
+    run.expect_code(0);
+    let p = run.profile();
+    let site = with_frame(p, 0, "make_widget");
+    assert_eq!(site.len(), 1, "{:#?}", stacks(p));
+    let f = frames(site[0]);
+    assert_at(&f[0], "make_widget", "stack_cxx.cc", line_of("stack_cxx.cc", "MAKE_WIDGET"));
+    assert_eq!(function(&f[1]), "main");
+    assert!(
+        f[..2].iter().all(|fr| fr["function"].is_string()),
+        "unknown frame before main: {f:#?}"
+    );
+    assert_eq!((num(site[0], "allocations"), num(site[0], "bytes")), (2, 88888));
+}
+
+fn build_rust_fixture() -> PathBuf {
+    let src = fixture_source("stack_rust.rs");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("memtrail-fixtures");
+    std::fs::create_dir_all(&out).unwrap();
+    let exe = out.join(format!("stack_rust-{}", std::process::id()));
+    let status = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+        .args(["-C", "force-frame-pointers=yes", "-g", "-C", "opt-level=1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("rustc runs");
+    assert!(status.success());
+    exe
+}
+
+/// Check that a Rust program built with frame pointers shows its demangled
+/// function at the allocation site, with its line.
+#[test]
+fn stacks_rust_demangled() {
+    let exe = build_rust_fixture();
+    let run = capture(&[exe.clone().into_os_string()]);
+    run.expect_code(0);
+    let _ = std::fs::remove_file(&exe);
+    let p = run.profile();
+    let sites: Vec<&Value> = stacks(p)
+        .iter()
+        .filter(|s| frames(s).iter().any(|f| function(f) == "stack_rust::make_buffer"))
+        .collect();
+    assert!(!sites.is_empty(), "no make_buffer frame: {:#?}", stacks(p));
+    for site in &sites {
+        let frame = frames(site)
+            .iter()
+            .find(|f| function(f) == "stack_rust::make_buffer")
+            .unwrap();
+        assert_eq!(frame["line"].as_u64(), Some(line_of("stack_rust.rs", "MAKE_BUFFER")));
+    }
+    // The loop may be unrolled into several call sites in main: the three
+    // allocations are in make_buffer's stacks, whichever.
+    let allocations: u64 = sites.iter().map(|s| num(s, "allocations")).sum();
+    let bytes: u64 = sites.iter().map(|s| num(s, "bytes")).sum();
+    assert_eq!((allocations, bytes), (3, 3 * 55555));
+}
