@@ -56,3 +56,27 @@ fn capture_loss_none_on_a_large_enough_ring() {
     assert_eq!(doc["lost_events"]["events"], 0);
     assert_eq!(doc["lost_events"]["tracking"], 0);
 }
+
+/// Check that stack records lost on a stalled, small stack ring fail the
+/// capture like lost events do: exit 71, the stack ring named, no output.
+#[test]
+fn capture_loss_of_stacks_fails_with_exit_71() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("profile.json");
+    let out = Command::new(MEMTRAIL)
+        .args(["run", "--stack-ring-size", "4096", "--output"])
+        .arg(&profile)
+        .arg("--")
+        .arg(fixture("stacks"))
+        // 4 KiB holds 3 stack records; the fixture has 4 distinct stacks.
+        .env("MEMTRAIL_FAULT", "stall-stacks")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(71), "stderr: {stderr}");
+    assert!(stderr.contains("on the stack ring"), "stderr: {stderr}");
+    assert!(!stderr.contains(" 0 on the stack ring"), "stderr: {stderr}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+}

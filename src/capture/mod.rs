@@ -25,9 +25,9 @@ use crate::report::{
     Aggregator, AtomicOutput, EventWriter, ExitInfo, LostEvents, OutputError, Profile, StackEntry,
     StackMetrics,
 };
-use crate::symbolize::{AddressSpaces, StackSymbolizer};
 use crate::ring::{RingConsumer, RingError};
 use crate::skel::memtrail::{MemtrailSkel, MemtrailSkelBuilder};
+use crate::symbolize::{AddressSpaces, StackSymbolizer};
 use crate::sys::{self, ChildExit, SysError};
 
 use sinks::{EventSink, MappingSink, Stack, StackSink};
@@ -55,10 +55,34 @@ pub struct Options {
     /// Frames captured per allocation stack (0: no stacks), at most
     /// [`MAX_STACK_DEPTH`].
     pub stack_depth: u32,
-    /// Fault injection for tests: the events pipeline consumes nothing
-    /// until the final drain (`MEMTRAIL_FAULT=stall-events` in the CLI).
-    pub stall_events: bool,
+    /// Size in bytes of the stack ring (a power of two, at least a page).
+    pub stack_ring_size: usize,
+    /// Fault injection for tests.
+    pub faults: Faults,
 }
+
+/// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,stall-stacks`
+/// in the CLI): a stalled pipeline consumes nothing until the final drain,
+/// so a small ring overflows deterministically.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    pub stall_events: bool,
+    pub stall_stacks: bool,
+}
+
+impl Faults {
+    /// Parses a comma-separated list; unknown names are ignored.
+    pub fn parse(spec: &str) -> Self {
+        let has = |name: &str| spec.split(',').any(|f| f.trim() == name);
+        Self {
+            stall_events: has("stall-events"),
+            stall_stacks: has("stall-stacks"),
+        }
+    }
+}
+
+/// Default size of the stack ring.
+pub const DEFAULT_STACK_RING_SIZE: usize = 16 << 20;
 
 /// Why a capture failed. Each variant maps to a documented exit code.
 #[derive(Debug, thiserror::Error)]
@@ -161,8 +185,10 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .as_deref()
         .map(AtomicOutput::create)
         .transpose()?;
-    if !opts.ring_size.is_power_of_two() || opts.ring_size < rustix::param::page_size() {
-        return Err(RingError::BadSize(opts.ring_size).into());
+    for size in [opts.ring_size, opts.stack_ring_size] {
+        if !size.is_power_of_two() || size < rustix::param::page_size() {
+            return Err(RingError::BadSize(size).into());
+        }
     }
     if opts.stack_depth > MAX_STACK_DEPTH {
         return Err(CaptureError::StackDepth(opts.stack_depth));
@@ -176,6 +202,10 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     open.maps
         .events
         .set_max_entries(opts.ring_size as u32)
+        .map_err(CaptureError::Load)?;
+    open.maps
+        .stacks
+        .set_max_entries(opts.stack_ring_size as u32)
         .map_err(CaptureError::Load)?;
     open.maps
         .rodata_data
@@ -222,7 +252,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
                 stream,
                 stream_error: None,
             },
-            stall: opts.stall_events,
+            stall: opts.faults.stall_events,
         },
         barrier.clone(),
         0,
@@ -234,7 +264,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             name: "stacks",
             ring: RingConsumer::new(maps.stacks.as_fd(), maps.stacks.max_entries() as usize)?,
             sink: StackSink::default(),
-            stall: false,
+            stall: opts.faults.stall_stacks,
         },
         barrier.clone(),
         1,
@@ -244,10 +274,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     let mapping_poller = engine::spawn(
         Pipeline {
             name: "mappings",
-            ring: RingConsumer::new(
-                maps.mappings.as_fd(),
-                maps.mappings.max_entries() as usize,
-            )?,
+            ring: RingConsumer::new(maps.mappings.as_fd(), maps.mappings.max_entries() as usize)?,
             sink: MappingSink::default(),
             stall: false,
         },
@@ -372,12 +399,7 @@ fn symbolize_stacks(
                 }),
         );
     }
-    entries.sort_by(|a, b| {
-        b.metrics
-            .bytes
-            .cmp(&a.metrics.bytes)
-            .then(a.id.cmp(&b.id))
-    });
+    entries.sort_by(|a, b| b.metrics.bytes.cmp(&a.metrics.bytes).then(a.id.cmp(&b.id)));
     entries
 }
 

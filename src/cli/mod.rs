@@ -104,6 +104,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_size)]
     pub ring_size: usize,
 
+    /// Size of the stack ring buffer in bytes (a power of two; K, M and G
+    /// suffixes accepted). Each new distinct stack takes about 1 KiB until
+    /// it is read.
+    #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
+    pub stack_ring_size: usize,
+
     /// Frames of call stack to record per allocation (at most 128); 0
     /// records no stacks. Stacks are walked by frame pointers: code built
     /// without them (-fomit-frame-pointer) gives short stacks.
@@ -262,7 +268,8 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         events: args.events,
         ring_size: args.ring_size,
         stack_depth: args.stack_depth,
-        stall_events: std::env::var("MEMTRAIL_FAULT").is_ok_and(|f| f == "stall-events"),
+        stack_ring_size: args.stack_ring_size,
+        faults: capture::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
     };
     // Like --output, --report-output fails before the command runs.
     let report_output = args
