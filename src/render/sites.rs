@@ -5,6 +5,7 @@
 //! their fields instead of naming them.
 
 use std::borrow::Cow;
+use std::cmp::Reverse;
 use std::collections::HashMap;
 
 use super::Metric;
@@ -186,6 +187,6 @@ pub(super) fn merge_same_frames(sites: Vec<Site<'_>>, by: Metric) -> Vec<(Site<'
             }
         }
     }
-    merged.sort_by(|a, b| by.of(&b.0.metrics).cmp(&by.of(&a.0.metrics)));
+    merged.sort_by_key(|(site, _)| Reverse(by.of(&site.metrics)));
     merged
 }
