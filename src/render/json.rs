@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::Metric;
 use super::sites::ranked;
-use crate::report::Profile;
+use crate::report::{Profile, StackEntry};
 
 /// The `format` field of a JSON report.
 pub(super) const REPORT_FORMAT: &str = "memtrail-report";
@@ -15,7 +15,7 @@ pub(super) const REPORT_FORMAT: &str = "memtrail-report";
 pub(super) const REPORT_VERSION: u32 = 1;
 
 #[derive(Serialize)]
-struct Report<'a, S> {
+struct Report<'a> {
     format: &'static str,
     version: u32,
     command: &'a [String],
@@ -23,7 +23,7 @@ struct Report<'a, S> {
     /// The profile's total of the metric.
     total: u64,
     /// Entries of the profile's `stacks`, unchanged, highest value first.
-    stacks: Vec<&'a S>,
+    stacks: Vec<&'a StackEntry>,
 }
 
 pub(super) fn write(

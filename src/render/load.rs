@@ -10,16 +10,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::ReportError;
-use crate::report::Profile;
-
-/// The `format` field of a profile (`PROFILE_FORMAT` in
-/// `crate::report`, which does not re-export it; a unit test keeps the two
-/// equal).
-pub(super) const PROFILE_FORMAT: &str = "memtrail-profile";
-
-/// The profile version this memtrail reads (`PROFILE_VERSION` in
-/// `crate::report`; a unit test keeps the two equal).
-pub(super) const PROFILE_VERSION: u64 = 1;
+use crate::report::{PROFILE_FORMAT, PROFILE_VERSION, Profile};
 
 /// The fields that say what a document is.
 #[derive(Deserialize)]
@@ -47,36 +38,11 @@ pub fn load_profile(path: &Path) -> Result<Profile, ReportError> {
             found: shown(header.format),
         });
     }
-    if header.version.as_ref().and_then(Value::as_u64) != Some(PROFILE_VERSION) {
+    if header.version.as_ref().and_then(Value::as_u64) != Some(u64::from(PROFILE_VERSION)) {
         return Err(ReportError::Version {
             path: path.to_owned(),
             found: shown(header.version),
         });
     }
     serde_json::from_slice(&bytes).map_err(invalid)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::report::{Aggregator, ExitInfo, LostEvents};
-
-    /// Check that the format and version this module accepts are the ones
-    /// `memtrail run` writes.
-    #[test]
-    fn report_accepts_what_run_writes() {
-        let profile = Profile::build(
-            &Aggregator::new(),
-            Vec::new(),
-            ExitInfo {
-                code: Some(0),
-                signal: None,
-            },
-            (0, 0),
-            LostEvents::default(),
-            &[],
-        );
-        assert_eq!(profile.format, PROFILE_FORMAT);
-        assert_eq!(u64::from(profile.version), PROFILE_VERSION);
-    }
 }

@@ -148,12 +148,12 @@ pub enum ReportError {
     },
     #[error(
         "{} is not a memtrail profile: its \"format\" is {found}, expected \"{}\"",
-        path.display(), load::PROFILE_FORMAT
+        path.display(), crate::report::PROFILE_FORMAT
     )]
     Format { path: PathBuf, found: String },
     #[error(
         "{} is a profile of version {found}; this memtrail reads version {}",
-        path.display(), load::PROFILE_VERSION
+        path.display(), crate::report::PROFILE_VERSION
     )]
     Version { path: PathBuf, found: String },
     #[error(transparent)]

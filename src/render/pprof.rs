@@ -27,8 +27,8 @@ use flate2::write::GzEncoder;
 use prost::Message;
 
 use super::Metric;
-use super::sites::{FrameView, Metrics, ranked};
-use crate::report::Profile;
+use super::sites::ranked;
+use crate::report::{Frame, Profile, StackMetrics};
 
 /// The pprof messages memtrail writes (a subset of `profile.proto`'s
 /// fields; unknown fields are skipped when decoding).
@@ -187,7 +187,7 @@ pub fn sample_type_of(by: Metric) -> &'static str {
     }
 }
 
-fn sample_values(m: &Metrics) -> Vec<i64> {
+fn sample_values(m: &StackMetrics) -> Vec<i64> {
     [
         m.allocations,
         m.bytes,
@@ -273,19 +273,19 @@ impl Builder {
 
     /// The location of one address: `frames` are the frames of that
     /// address, inlined ones first.
-    fn location(&mut self, frames: &[FrameView<'_>]) -> u64 {
+    fn location(&mut self, frames: &[Frame]) -> u64 {
         let addr = frames[0].addr;
         let mut lines = Vec::new();
         for f in frames {
-            if let Some(func) = f.function.filter(|s| !s.is_empty()) {
-                let function_id = self.function(func, f.file);
+            if let Some(func) = f.function.as_deref().filter(|s| !s.is_empty()) {
+                let function_id = self.function(func, f.file.as_deref());
                 lines.push(proto::Line {
                     function_id,
                     line: f.line.map_or(0, i64::from),
                 });
             }
         }
-        let mapping = frames.iter().find_map(|f| f.module).map(|m| {
+        let mapping = frames.iter().find_map(|f| f.module.as_deref()).map(|m| {
             let i = self.mapping(m);
             let mapping = &mut self.out.mapping[i];
             mapping.has_functions |= !lines.is_empty();
@@ -318,7 +318,7 @@ impl Builder {
 /// Splits a site's frames (innermost first) into the frames of each
 /// address: a run of inlined frames and the frame they were inlined into,
 /// all at one address.
-fn by_address<'s, 'a>(frames: &'s [FrameView<'a>]) -> Vec<&'s [FrameView<'a>]> {
+fn by_address(frames: &[Frame]) -> Vec<&[Frame]> {
     let mut groups = Vec::new();
     let mut start = 0;
     for (i, f) in frames.iter().enumerate() {
@@ -342,7 +342,7 @@ pub fn build(profile: &Profile, by: Metric, limit: Option<usize>) -> proto::Prof
         b.out.sample_type.push(sample_type);
     }
     for site in ranked(profile, by, limit, true) {
-        let location_id = by_address(&site.frames)
+        let location_id = by_address(site.frames)
             .into_iter()
             .map(|frames| b.location(frames))
             .collect();

@@ -1,36 +1,12 @@
 //! The renderers' view of a profile's allocation sites: ranked, borrowed
 //! from the profile, and the frame names every format shares.
-//!
-//! `crate::report` does not re-export its stack types, so the view borrows
-//! their fields instead of naming them.
 
 use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
 use super::Metric;
-use crate::report::Profile;
-
-/// What one site allocated (the fields of the profile's `StackMetrics`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Metrics {
-    pub allocations: u64,
-    pub bytes: u64,
-    pub live_bytes_at_peak: u64,
-    pub live_bytes_at_exit: u64,
-    pub live_allocations_at_exit: u64,
-}
-
-/// One frame of a site, borrowed from the profile.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct FrameView<'a> {
-    pub addr: u64,
-    pub module: Option<&'a str>,
-    pub function: Option<&'a str>,
-    pub file: Option<&'a str>,
-    pub line: Option<u32>,
-    pub inlined: bool,
-}
+use crate::report::{Frame, Profile, StackMetrics};
 
 /// One allocation site, borrowed from the profile.
 #[derive(Clone, Debug)]
@@ -39,13 +15,13 @@ pub(super) struct Site<'a> {
     pub index: usize,
     pub id: u64,
     /// Innermost first, as in the profile.
-    pub frames: Vec<FrameView<'a>>,
-    pub metrics: Metrics,
+    pub frames: &'a [Frame],
+    pub metrics: StackMetrics,
 }
 
 impl Metric {
     /// The site's value of this metric.
-    pub(super) fn of(self, m: &Metrics) -> u64 {
+    pub(super) fn of(self, m: &StackMetrics) -> u64 {
         match self {
             Self::Bytes => m.bytes,
             Self::Count => m.allocations,
@@ -71,25 +47,8 @@ pub(super) fn ranked(
         .map(|(index, s)| Site {
             index,
             id: s.id,
-            frames: s
-                .frames
-                .iter()
-                .map(|f| FrameView {
-                    addr: f.addr,
-                    module: f.module.as_deref(),
-                    function: f.function.as_deref(),
-                    file: f.file.as_deref(),
-                    line: f.line,
-                    inlined: f.inlined,
-                })
-                .collect(),
-            metrics: Metrics {
-                allocations: s.metrics.allocations,
-                bytes: s.metrics.bytes,
-                live_bytes_at_peak: s.metrics.live_bytes_at_peak,
-                live_bytes_at_exit: s.metrics.live_bytes_at_exit,
-                live_allocations_at_exit: s.metrics.live_allocations_at_exit,
-            },
+            frames: &s.frames,
+            metrics: s.metrics,
         })
         .filter(|s| keep_zero || by.of(&s.metrics) > 0)
         .collect();
@@ -115,8 +74,8 @@ pub(super) fn module_base(module: &str) -> &str {
 /// else `[unknown]`. `;` becomes `:` (as in FlameGraph's stackcollapse
 /// scripts) and control characters become spaces, so a name never splits
 /// a stack or a line.
-pub(super) fn folded_name<'a>(f: &FrameView<'a>) -> Cow<'a, str> {
-    let name: Cow<'a, str> = match (f.function.map(str::trim), f.module) {
+pub(super) fn folded_name(f: &Frame) -> Cow<'_, str> {
+    let name: Cow<'_, str> = match (f.function.as_deref().map(str::trim), &f.module) {
         (Some(func), _) if !func.is_empty() => Cow::Borrowed(func),
         (_, Some(module)) => Cow::Owned(format!("[{}]", module_base(module))),
         _ => Cow::Borrowed("[unknown]"),
@@ -136,16 +95,14 @@ pub(super) fn folded_name<'a>(f: &FrameView<'a>) -> Cow<'a, str> {
     }
 }
 
-impl Metrics {
-    fn add(&mut self, o: &Metrics) {
-        self.allocations = self.allocations.saturating_add(o.allocations);
-        self.bytes = self.bytes.saturating_add(o.bytes);
-        self.live_bytes_at_peak = self.live_bytes_at_peak.saturating_add(o.live_bytes_at_peak);
-        self.live_bytes_at_exit = self.live_bytes_at_exit.saturating_add(o.live_bytes_at_exit);
-        self.live_allocations_at_exit = self
-            .live_allocations_at_exit
-            .saturating_add(o.live_allocations_at_exit);
-    }
+fn add(sum: &mut StackMetrics, m: &StackMetrics) {
+    sum.allocations = sum.allocations.saturating_add(m.allocations);
+    sum.bytes = sum.bytes.saturating_add(m.bytes);
+    sum.live_bytes_at_peak = sum.live_bytes_at_peak.saturating_add(m.live_bytes_at_peak);
+    sum.live_bytes_at_exit = sum.live_bytes_at_exit.saturating_add(m.live_bytes_at_exit);
+    sum.live_allocations_at_exit = sum
+        .live_allocations_at_exit
+        .saturating_add(m.live_allocations_at_exit);
 }
 
 /// What a frame shows once symbolized: its address only when it has no
@@ -173,12 +130,19 @@ pub(super) fn merge_same_frames(sites: Vec<Site<'_>>, by: Metric) -> Vec<(Site<'
             .iter()
             .map(|f| {
                 let addr = f.function.is_none().then_some(f.addr);
-                (f.function, f.file, f.line, f.module, f.inlined, addr)
+                (
+                    f.function.as_deref(),
+                    f.file.as_deref(),
+                    f.line,
+                    f.module.as_deref(),
+                    f.inlined,
+                    addr,
+                )
             })
             .collect();
         match index.get(&key) {
             Some(&i) => {
-                merged[i].0.metrics.add(&site.metrics);
+                add(&mut merged[i].0.metrics, &site.metrics);
                 merged[i].1 += 1;
             }
             None => {

@@ -7,8 +7,8 @@
 use std::io::{self, Write};
 
 use super::Metric;
-use super::sites::{FrameView, Metrics, merge_same_frames, module_base, ranked};
-use crate::report::{Profile, human_bytes};
+use super::sites::{merge_same_frames, module_base, ranked};
+use crate::report::{Frame, Profile, StackMetrics, human_bytes};
 
 pub(super) fn write(
     profile: &Profile,
@@ -81,7 +81,7 @@ pub(super) fn write(
             write!(w, "; {stacks} stacks")?;
         }
         writeln!(w)?;
-        for frame in &site.frames {
+        for frame in site.frames {
             writeln!(w, "    {}", frame_line(frame))?;
         }
     }
@@ -89,7 +89,7 @@ pub(super) fn write(
 }
 
 /// The site's metrics, the chosen one first with its share of the total.
-fn metrics_line(m: &Metrics, by: Metric, total: u64) -> String {
+fn metrics_line(m: &StackMetrics, by: Metric, total: u64) -> String {
     // Parenthesized notes after a value: its share, its blocks.
     let notes = |notes: &[Option<String>]| {
         let notes: Vec<&str> = notes.iter().flatten().map(String::as_str).collect();
@@ -129,20 +129,20 @@ fn metrics_line(m: &Metrics, by: Metric, total: u64) -> String {
 
 /// `function (inlined) at file:line in module`; an unknown function shows
 /// as its address.
-fn frame_line(f: &FrameView<'_>) -> String {
-    let mut s = match f.function {
+fn frame_line(f: &Frame) -> String {
+    let mut s = match f.function.as_deref() {
         Some(func) if !func.is_empty() => func.to_owned(),
         _ => format!("{:#x}", f.addr),
     };
     if f.inlined {
         s.push_str(" (inlined)");
     }
-    match (f.file, f.line) {
+    match (f.file.as_deref(), f.line) {
         (Some(file), Some(line)) => s.push_str(&format!(" at {file}:{line}")),
         (Some(file), None) => s.push_str(&format!(" at {file}")),
         _ => {}
     }
-    if let Some(module) = f.module {
+    if let Some(module) = f.module.as_deref() {
         s.push_str(&format!(" in {}", module_base(module)));
     }
     s
