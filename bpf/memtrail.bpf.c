@@ -77,6 +77,18 @@ struct {
 } tracked SEC(".maps");
 
 /*
+ * Loss counters, read by userspace from the mmap'd .bss. Any non-zero value
+ * fails the capture.
+ *   drops_events:   failed reserves on the events ring
+ *   drops_tracking: a map update that could not be made (tracked or inflight
+ *                   full), so events of that process or call were not seen
+ */
+__u64 drops_events = 0;
+__u64 drops_tracking = 0;
+__u64 drops_stacks = 0;
+__u64 drops_mappings = 0;
+
+/*
  * The outermost allocator call a thread is inside, from entry to return.
  * Task-local storage: found through the task itself (no hash, no
  * insert/delete per call) and freed with the task.
@@ -85,7 +97,6 @@ struct inflight {
 	__u64 args[3];
 	__u64 stack_id; /* the outermost call's stack, 0 if none */
 	__u64 sp;       /* stack pointer at the outermost call's entry */
-	__u64 ret;      /* return address of the outermost call */
 	/* Stack of a C++ operator new entered on this thread, for the
 	 * allocator call it makes (see new_enter). */
 	__u64 new_stack_id;
@@ -101,16 +112,29 @@ struct {
 	__type(value, struct inflight);
 } inflight SEC(".maps");
 
-static __always_inline struct inflight *current_call(bool create)
+/*
+ * The current thread's state, if it belongs to the tracked tree. Storage is
+ * created for every thread of the tree (sched_fork for new threads and
+ * processes, sched_exec for the root), so its presence is the uprobes' test
+ * of membership: one lookup through the task, and untracked threads (whose
+ * task has no BPF storage at all) return at once.
+ */
+static __always_inline struct inflight *current_call(void)
 {
-	return bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0,
-				    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	return bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
+}
+
+/* Gives a thread of the tree its state. */
+static __always_inline void track_task(struct task_struct *task)
+{
+	if (!bpf_task_storage_get(&inflight, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE))
+		__sync_fetch_and_add(&drops_tracking, 1);
 }
 
 /* Whether the current thread is inside an allocator call. */
 static __always_inline bool in_allocator(void)
 {
-	struct inflight *cur = current_call(false);
+	struct inflight *cur = current_call();
 
 	return cur && cur->depth > 0;
 }
@@ -127,17 +151,6 @@ struct {
 	__type(value, struct sysargs);
 } sysargs SEC(".maps");
 
-/*
- * Loss counters, read by userspace from the mmap'd .bss. Any non-zero value
- * fails the capture.
- *   drops_events:   failed reserves on the events ring
- *   drops_tracking: a map update that could not be made (tracked or inflight
- *                   full), so events of that process or call were not seen
- */
-__u64 drops_events = 0;
-__u64 drops_tracking = 0;
-__u64 drops_stacks = 0;
-__u64 drops_mappings = 0;
 
 /* Dummy instances: make libbpf-cargo emit the record types for Rust. */
 struct mt_alloc_event _mt_alloc_event = {};
@@ -216,7 +229,7 @@ static __always_inline __u64 mix(__u64 h, __u64 v)
  * already adds that return address for entry probes repeat it in ips[1]:
  * `first` then skips ips[0].
  */
-static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u64 ret)
+static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 {
 	const __u32 walk = (stack_depth < MT_MAX_STACK ? stack_depth : MT_MAX_STACK) - 1;
 	struct mt_stack_record *rec;
@@ -234,7 +247,8 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u6
 	}
 	rec->pid = tgid;
 	rec->first = 0;
-	rec->ips[0] = ret;
+	if (bpf_probe_read_user(&rec->ips[0], sizeof(rec->ips[0]), (void *)PT_REGS_SP(ctx)))
+		rec->ips[0] = 0;
 	got = bpf_get_stack(ctx, &rec->ips[1], walk * sizeof(__u64), BPF_F_USER_STACK | 1);
 	if (got > 0)
 		n += got / sizeof(__u64);
@@ -260,21 +274,15 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u6
  * Whether an allocator entry with stack pointer sp runs inside the call
  * recorded in cur. A call made from inside runs deeper (lower sp); a tail
  * call from inside (glibc's realloc(NULL, n) jumps to malloc) runs at the
- * same sp, with the uretprobe trampoline as its return address instead of
- * the outer call's own. Anything else means the outer call never returned
- * through its uretprobe (an exception thrown out of operator new, a
- * longjmp): the entry starts afresh rather than let every later call of the
- * thread pass for nested.
+ * same sp. An entry above the outermost call's frame means that call never
+ * returned through its uretprobe (a longjmp out of a signal handler that
+ * interrupted it): the entry starts afresh rather than let every later call
+ * of the thread pass for nested. (operator new, which can throw, has no
+ * uretprobe and so never holds a depth.)
  */
 static __always_inline bool nested_in(struct inflight *cur, __u64 sp)
 {
-	__u64 ret;
-
-	if (sp < cur->sp)
-		return true;
-	if (sp > cur->sp || bpf_probe_read_user(&ret, sizeof(ret), (void *)sp))
-		return false;
-	return ret != cur->ret;
+	return sp <= cur->sp;
 }
 
 SEC("uprobe.multi")
@@ -283,21 +291,15 @@ int alloc_enter(struct pt_regs *ctx)
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct inflight *cur;
 
-	if (!is_tracked(pid_tgid >> 32))
+	cur = current_call();
+	if (!cur)
 		return 0;
-	cur = current_call(true);
-	if (!cur) {
-		__sync_fetch_and_add(&drops_tracking, 1);
-		return 0;
-	}
 	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx))) {
 		cur->depth++;
 		return 0; /* nested: the outermost call makes the record */
 	}
 	cur->depth = 1;
 	cur->sp = PT_REGS_SP(ctx);
-	if (bpf_probe_read_user(&cur->ret, sizeof(cur->ret), (void *)cur->sp))
-		cur->ret = 0;
 	cur->args[0] = PT_REGS_PARM1(ctx);
 	cur->args[1] = PT_REGS_PARM2(ctx);
 	cur->args[2] = PT_REGS_PARM3(ctx);
@@ -305,7 +307,7 @@ int alloc_enter(struct pt_regs *ctx)
 	if (cur->new_sp && cur->sp < cur->new_sp && cur->new_sp - cur->sp < NEW_FRAME_MAX)
 		cur->stack_id = cur->new_stack_id; /* called by operator new */
 	else
-		cur->stack_id = capture_stack(ctx, pid_tgid >> 32, cur->ret);
+		cur->stack_id = capture_stack(ctx, pid_tgid >> 32);
 	cur->new_sp = 0;
 	if ((cur->kind == MT_REALLOC || cur->kind == MT_REALLOCARRAY) && cur->args[0])
 		emit_alloc(pid_tgid, MT_REALLOC_BEGIN, 0, cur->args[0], 0, 0, 0);
@@ -324,20 +326,15 @@ int new_enter(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct inflight *cur;
-	__u64 ret;
 
-	if (!stack_depth || !is_tracked(pid_tgid >> 32))
+	if (!stack_depth)
 		return 0;
-	cur = current_call(true);
-	if (!cur) {
-		__sync_fetch_and_add(&drops_tracking, 1);
+	cur = current_call();
+	if (!cur)
 		return 0;
-	}
 	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx)))
 		return 0; /* new called from inside an allocator: no new site */
-	if (bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)))
-		ret = 0;
-	cur->new_stack_id = capture_stack(ctx, pid_tgid >> 32, ret);
+	cur->new_stack_id = capture_stack(ctx, pid_tgid >> 32);
 	cur->new_sp = PT_REGS_SP(ctx);
 	return 0;
 }
@@ -346,7 +343,7 @@ SEC("uretprobe.multi")
 int alloc_return(struct pt_regs *ctx)
 {
 	__u64 ret = PT_REGS_RC(ctx), addr = ret, size = 0, old = 0;
-	struct inflight *cur = current_call(false), call;
+	struct inflight *cur = current_call(), call;
 
 	if (!cur || cur->depth == 0)
 		return 0;
@@ -407,10 +404,13 @@ int free_enter(struct pt_regs *ctx)
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u64 ptr = PT_REGS_PARM1(ctx);
 
-	if (!ptr || !is_tracked(pid_tgid >> 32))
+	struct inflight *cur;
+
+	if (!ptr)
 		return 0;
-	/* free() inside realloc(p, 0) or another allocator call. */
-	if (in_allocator())
+	cur = current_call();
+	/* Untracked, or free() inside realloc(p, 0) or another allocator. */
+	if (!cur || cur->depth > 0)
 		return 0;
 	emit_alloc(pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);
 	return 0;
@@ -578,8 +578,11 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	__u32 ptgid = parent->tgid, ctgid = child->tgid;
 	struct mt_fork_event *e;
 
-	if (ptgid == ctgid || !is_tracked(ptgid))
+	if (!is_tracked(ptgid))
 		return 0;
+	track_task(child);
+	if (ptgid == ctgid)
+		return 0; /* a thread */
 	if (bpf_map_update_elem(&tracked, &ctgid, &ptgid, BPF_ANY)) {
 		__sync_fetch_and_add(&drops_tracking, 1);
 		return 0;
@@ -603,6 +606,8 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 
 	if (!is_tracked(pid_tgid >> 32))
 		return 0;
+	/* The root enters the tree here (the others at fork). */
+	track_task(bpf_get_current_task_btf());
 	e = reserve(sizeof(*e));
 	if (!e)
 		return 0;

@@ -3,7 +3,7 @@
 //! - bare: no probes;
 //! - floor: empty BPF programs at exactly memtrail's probe sites (what the
 //!   kernel's uprobe machinery costs on its own);
-//! - memtrail: the loop under `memtrail run`.
+//! - memtrail: the loop under `memtrail run`, without and with stacks.
 //!
 //! A fourth row probes `free` at its entry (its `test %rdi,%rdi`, which the
 //! kernel single-steps) to show what moving the probe past the NULL test
@@ -88,6 +88,7 @@ fn main() {
     let memtrail = env!("CARGO_BIN_EXE_memtrail");
 
     let (mut bare, mut floor, mut traced, mut floor_entry) = (vec![], vec![], vec![], vec![]);
+    let mut no_stacks = vec![];
     for _ in 0..ROUNDS {
         bare.push(ns_per_pair(Command::new(&exe).arg(PAIRS.to_string())));
         floor.push(under_floor(&exe, black_box(&sites)));
@@ -98,7 +99,14 @@ fn main() {
                 .arg(PAIRS.to_string()),
         ));
         floor_entry.push(under_floor(&exe, black_box(&entry_sites)));
+        no_stacks.push(ns_per_pair(
+            Command::new(memtrail)
+                .args(["run", "-q", "--stack-depth", "0", "--"])
+                .arg(&exe)
+                .arg(PAIRS.to_string()),
+        ));
     }
+    let no_stacks = median(no_stacks);
     let (bare, floor, traced, floor_entry) = (
         median(bare),
         median(floor),
@@ -116,7 +124,12 @@ fn main() {
     let _ = writeln!(w, "  uprobe floor (memtrail sites) {floor:8.1} ns");
     let _ = writeln!(
         w,
-        "  memtrail run                  {traced:8.1} ns   {:.2}x floor",
+        "  memtrail run --stack-depth 0  {no_stacks:8.1} ns   {:.2}x floor",
+        no_stacks / floor
+    );
+    let _ = writeln!(
+        w,
+        "  memtrail run (stacks, 127)    {traced:8.1} ns   {:.2}x floor",
         traced / floor
     );
     let _ = writeln!(
