@@ -9,7 +9,9 @@ use common::{capture, cmd, num};
 use serde_json::Value;
 
 fn fixture_source(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 /// The 1-based line of `marker` in a fixture's source.
@@ -26,7 +28,7 @@ fn stacks(profile: &Value) -> &[Value] {
     profile["stacks"].as_array().expect("stacks array")
 }
 
-fn function<'a>(frame: &'a Value) -> &'a str {
+fn function(frame: &Value) -> &str {
     frame["function"].as_str().unwrap_or("")
 }
 
@@ -38,7 +40,11 @@ fn frames(stack: &Value) -> &[Value] {
 fn with_frame<'a>(profile: &'a Value, depth: usize, function_name: &str) -> Vec<&'a Value> {
     stacks(profile)
         .iter()
-        .filter(|s| frames(s).get(depth).is_some_and(|f| function(f) == function_name))
+        .filter(|s| {
+            frames(s)
+                .get(depth)
+                .is_some_and(|f| function(f) == function_name)
+        })
         .collect()
 }
 
@@ -61,7 +67,12 @@ fn stacks_sites_exact_and_symbolized() {
 
     let small = with_frame(p, 0, "site_small");
     assert_eq!(small.len(), 1, "{small:?}");
-    assert_at(&frames(small[0])[0], "site_small", src, line_of(src, "SITE_SMALL"));
+    assert_at(
+        &frames(small[0])[0],
+        "site_small",
+        src,
+        line_of(src, "SITE_SMALL"),
+    );
     assert_eq!(function(&frames(small[0])[1]), "main");
     assert_eq!(num(small[0], "allocations"), 3);
     assert_eq!(num(small[0], "bytes"), 33333);
@@ -78,29 +89,46 @@ fn stacks_sites_exact_and_symbolized() {
         .iter()
         .find(|s| function(&frames(s)[1]) == "path_two")
         .expect("path_two stack");
-    assert_at(&frames(one)[0], "site_shared", src, line_of(src, "SITE_SHARED"));
+    assert_at(
+        &frames(one)[0],
+        "site_shared",
+        src,
+        line_of(src, "SITE_SHARED"),
+    );
     assert_at(&frames(one)[1], "path_one", src, line_of(src, "PATH_ONE"));
     assert_at(&frames(two)[1], "path_two", src, line_of(src, "PATH_TWO"));
     assert_eq!(function(&frames(one)[2]), "main");
+    assert_eq!((num(one, "allocations"), num(one, "bytes")), (2, 44444));
     assert_eq!(
-        (num(one, "allocations"), num(one, "bytes")),
-        (2, 44444)
-    );
-    assert_eq!(
-        (num(one, "live_bytes_at_exit"), num(one, "live_allocations_at_exit")),
+        (
+            num(one, "live_bytes_at_exit"),
+            num(one, "live_allocations_at_exit")
+        ),
         (44444, 2)
     );
     assert_eq!(num(one, "live_bytes_at_peak"), 44444);
     assert_eq!(
-        (num(two, "allocations"), num(two, "bytes"), num(two, "live_bytes_at_exit")),
+        (
+            num(two, "allocations"),
+            num(two, "bytes"),
+            num(two, "live_bytes_at_exit")
+        ),
         (1, 22222, 0)
     );
     assert_eq!(num(two, "live_bytes_at_peak"), 22222);
 
     let big = with_frame(p, 0, "site_big");
     assert_eq!(big.len(), 1);
-    assert_at(&frames(big[0])[0], "site_big", src, line_of(src, "SITE_BIG"));
-    assert_eq!((num(big[0], "allocations"), num(big[0], "bytes")), (1, 100000));
+    assert_at(
+        &frames(big[0])[0],
+        "site_big",
+        src,
+        line_of(src, "SITE_BIG"),
+    );
+    assert_eq!(
+        (num(big[0], "allocations"), num(big[0], "bytes")),
+        (1, 100000)
+    );
     assert_eq!(num(big[0], "live_bytes_at_peak"), 100000);
 
     // The fixture makes no other allocation: the sites are all of it, and
@@ -157,13 +185,21 @@ fn stacks_cxx_new_shows_user_function() {
     let site = with_frame(p, 0, "make_widget");
     assert_eq!(site.len(), 1, "{:#?}", stacks(p));
     let f = frames(site[0]);
-    assert_at(&f[0], "make_widget", "stack_cxx.cc", line_of("stack_cxx.cc", "MAKE_WIDGET"));
+    assert_at(
+        &f[0],
+        "make_widget",
+        "stack_cxx.cc",
+        line_of("stack_cxx.cc", "MAKE_WIDGET"),
+    );
     assert_eq!(function(&f[1]), "main");
     assert!(
         f[..2].iter().all(|fr| fr["function"].is_string()),
         "unknown frame before main: {f:#?}"
     );
-    assert_eq!((num(site[0], "allocations"), num(site[0], "bytes")), (2, 88888));
+    assert_eq!(
+        (num(site[0], "allocations"), num(site[0], "bytes")),
+        (2, 88888)
+    );
 }
 
 fn build_rust_fixture() -> PathBuf {
@@ -172,7 +208,14 @@ fn build_rust_fixture() -> PathBuf {
     std::fs::create_dir_all(&out).unwrap();
     let exe = out.join(format!("stack_rust-{}", std::process::id()));
     let status = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
-        .args(["-C", "force-frame-pointers=yes", "-g", "-C", "opt-level=1", "-o"])
+        .args([
+            "-C",
+            "force-frame-pointers=yes",
+            "-g",
+            "-C",
+            "opt-level=1",
+            "-o",
+        ])
         .arg(&exe)
         .arg(&src)
         .status()
@@ -192,7 +235,11 @@ fn stacks_rust_demangled() {
     let p = run.profile();
     let sites: Vec<&Value> = stacks(p)
         .iter()
-        .filter(|s| frames(s).iter().any(|f| function(f) == "stack_rust::make_buffer"))
+        .filter(|s| {
+            frames(s)
+                .iter()
+                .any(|f| function(f) == "stack_rust::make_buffer")
+        })
         .collect();
     assert!(!sites.is_empty(), "no make_buffer frame: {:#?}", stacks(p));
     for site in &sites {
@@ -200,7 +247,10 @@ fn stacks_rust_demangled() {
             .iter()
             .find(|f| function(f) == "stack_rust::make_buffer")
             .unwrap();
-        assert_eq!(frame["line"].as_u64(), Some(line_of("stack_rust.rs", "MAKE_BUFFER")));
+        assert_eq!(
+            frame["line"].as_u64(),
+            Some(line_of("stack_rust.rs", "MAKE_BUFFER"))
+        );
     }
     // The loop may be unrolled into several call sites in main: the three
     // allocations are in make_buffer's stacks, whichever.

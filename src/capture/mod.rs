@@ -371,7 +371,9 @@ fn symbolize_stacks(
         mappings,
         parents: agg.processes().map(|p| (p.pid, p.ppid)).collect(),
     };
-    let mut by_pid: HashMap<u32, Vec<(u64, StackMetrics, &[u64])>> = HashMap::new();
+    /// A stack to symbolize: id, metrics, return addresses.
+    type Site<'a> = (u64, StackMetrics, &'a [u64]);
+    let mut by_pid: HashMap<u32, Vec<Site<'_>>> = HashMap::new();
     for (id, metrics) in agg.stack_metrics() {
         if metrics.allocations == 0 {
             continue;

@@ -41,6 +41,12 @@ pub struct Stack {
     pub ips: Vec<u64>,
 }
 
+/// Whether `ip` can be an x86_64 user-space code address: above the
+/// unmappable first page and below the canonical user-space limit.
+fn is_user_code(ip: u64) -> bool {
+    (0x1000..0x0000_8000_0000_0000).contains(&ip)
+}
+
 /// Distinct stacks by id.
 #[derive(Default)]
 pub struct StackSink {
@@ -56,7 +62,10 @@ impl Sink for StackSink {
             Ok(rec) => {
                 self.stacks.entry(rec.id).or_insert_with(|| Stack {
                     pid: rec.pid,
-                    ips: rec.ips().collect(),
+                    // A frame-pointer walk through code built without frame
+                    // pointers reads arbitrary stack words: stop at the
+                    // first that cannot be a user code address.
+                    ips: rec.ips().take_while(|&ip| is_user_code(ip)).collect(),
                 });
             }
             Err(_) => self.malformed += 1,
@@ -78,7 +87,8 @@ impl MappingSink {
     fn add(&mut self, pid: u32, mapping: Mapping) {
         let list = self.mappings.entry(pid).or_default();
         let same = |m: &Mapping| {
-            (m.start, m.end, m.pgoff, &m.path) == (mapping.start, mapping.end, mapping.pgoff, &mapping.path)
+            (m.start, m.end, m.pgoff, &m.path)
+                == (mapping.start, mapping.end, mapping.pgoff, &mapping.path)
         };
         if !list.iter().any(same) {
             list.push(mapping);
@@ -93,7 +103,8 @@ impl MappingSink {
         };
         for line in maps.lines() {
             let mut fields = line.split_whitespace();
-            let (Some(range), Some(perms), Some(offset)) = (fields.next(), fields.next(), fields.next())
+            let (Some(range), Some(perms), Some(offset)) =
+                (fields.next(), fields.next(), fields.next())
             else {
                 continue;
             };

@@ -5,6 +5,7 @@
 //! into place only when the capture succeeded, and removed otherwise.
 
 use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -52,6 +53,9 @@ impl AtomicOutput {
         let tmp = tempfile::Builder::new()
             .prefix(&format!(".{}.", name.to_string_lossy()))
             .suffix(".tmp")
+            // Like any file a program writes (tempfile's default is 0600);
+            // the umask still applies.
+            .permissions(std::fs::Permissions::from_mode(0o644))
             .tempfile_in(dir)
             .map_err(err)?;
         Ok(Self {
