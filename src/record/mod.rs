@@ -261,7 +261,12 @@ pub struct MappingRecord {
 /// Decodes a mappings-ring record.
 pub fn decode_mapping(bytes: &[u8]) -> Result<MappingRecord, DecodeError> {
     let m: t::mt_mapping_record = read(bytes)?;
-    let name: Vec<u8> = m.name.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
+    let name: Vec<u8> = m
+        .name
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&c| c != 0)
+        .collect();
     Ok(MappingRecord {
         ts_ns: m.ts_ns,
         pid: m.pid,

@@ -5,8 +5,8 @@
 //! into place only when the capture succeeded, and removed otherwise.
 
 use std::fs::File;
-use std::os::unix::fs::PermissionsExt;
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use tempfile::NamedTempFile;

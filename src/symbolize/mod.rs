@@ -38,10 +38,18 @@ pub struct Mapping {
 /// ran), or of the usual library directories.
 pub fn resolve_paths(mappings: &mut HashMap<u32, Vec<Mapping>>, hints: &[PathBuf]) {
     use std::os::unix::fs::MetadataExt;
-    let mut dirs: Vec<PathBuf> = ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"]
-        .iter()
-        .map(PathBuf::from)
-        .collect();
+    let mut dirs: Vec<PathBuf> = [
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib64",
+        "/usr/lib64",
+        "/lib",
+        "/usr/lib",
+        "/usr/local/lib",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
     let mut candidates: Vec<PathBuf> = hints.to_vec();
     for m in mappings.values().flatten() {
         if m.path.is_absolute() {
@@ -133,7 +141,12 @@ impl StackSymbolizer {
 
     /// Symbolizes many stacks of one process at once: frames innermost
     /// first, an address with inlined calls giving several frames.
-    pub fn symbolize(&self, spaces: &AddressSpaces, pid: u32, stacks: &[&[u64]]) -> Vec<Vec<Frame>> {
+    pub fn symbolize(
+        &self,
+        spaces: &AddressSpaces,
+        pid: u32,
+        stacks: &[&[u64]],
+    ) -> Vec<Vec<Frame>> {
         // Group every address by file, symbolize each file in one batch.
         let mut by_file: HashMap<&Path, Vec<(usize, usize, u64)>> = HashMap::new();
         for (s, ips) in stacks.iter().enumerate() {
@@ -174,7 +187,9 @@ impl StackSymbolizer {
                         resolved.remove(&(s, f)).unwrap_or_else(|| {
                             vec![Frame {
                                 addr,
-                                module: spaces.find(pid, addr).map(|m| m.path.display().to_string()),
+                                module: spaces
+                                    .find(pid, addr)
+                                    .map(|m| m.path.display().to_string()),
                                 function: None,
                                 file: None,
                                 line: None,
