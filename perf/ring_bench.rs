@@ -83,11 +83,11 @@ const FULL: Scale = Scale {
     latency_records: 1000,
     idle_time: Duration::from_secs(3),
     pollers: &[
-        Poller::Memtrail(Duration::from_micros(50)),
         Poller::Memtrail(Duration::from_micros(100)),
         Poller::Memtrail(DEFAULT_NAP),
-        Poller::Memtrail(Duration::from_micros(400)),
-        Poller::Memtrail(Duration::from_micros(800)),
+        Poller::Memtrail(Duration::from_micros(300)),
+        Poller::Memtrail(Duration::from_micros(500)),
+        Poller::Memtrail(Duration::from_micros(700)),
         Poller::LibbpfEpoll,
     ],
 };
@@ -352,25 +352,42 @@ impl Poller {
     }
 }
 
+/// What a poller cost while it ran.
+struct Cost {
+    /// Thread CPU time, from the first poll on (setup excluded).
+    cpu: Duration,
+    /// Wall time over the same span.
+    wall: Duration,
+    /// Waits: polls that found nothing (memtrail), or epoll waits (libbpf).
+    waits: u64,
+}
+
 /// Consumes `rt`'s ring the way `poller` does until `stop`, on the calling
-/// thread. Returns the thread's CPU time.
+/// thread.
 fn run_poller(
     rt: &RingTest<'_>,
     poller: Poller,
     stop: &AtomicBool,
     mut f: impl FnMut(&[u8]),
-) -> Duration {
-    let cpu_start = thread_cpu_ns();
+) -> Cost {
+    let mut waits = 0;
     match poller {
         Poller::Memtrail(nap) => {
             let mut ring = rt.consumer();
             let mut idle = IdleWait::new(nap);
+            let (cpu_start, start) = (thread_cpu_ns(), Instant::now());
             while !stop.load(Ordering::Relaxed) {
                 if ring.poll(&mut f) == 0 {
+                    waits += 1;
                     idle.idle();
                 } else {
                     idle.reset();
                 }
+            }
+            Cost {
+                cpu: Duration::from_nanos(thread_cpu_ns() - cpu_start),
+                wall: start.elapsed(),
+                waits,
             }
         }
         Poller::LibbpfEpoll => {
@@ -382,13 +399,19 @@ fn run_poller(
                 })
                 .expect("add the ring");
             let rb = builder.build().expect("build libbpf's ring buffer");
+            let (cpu_start, start) = (thread_cpu_ns(), Instant::now());
             while !stop.load(Ordering::Relaxed) {
+                waits += 1;
                 rb.poll(Duration::from_millis(10))
                     .expect("ring_buffer__poll");
             }
+            Cost {
+                cpu: Duration::from_nanos(thread_cpu_ns() - cpu_start),
+                wall: start.elapsed(),
+                waits,
+            }
         }
     }
-    Duration::from_nanos(thread_cpu_ns() - cpu_start)
 }
 
 struct Latency {
@@ -411,7 +434,7 @@ fn latency_run(
         let consumer = s.spawn(|| {
             pin(cores.1);
             let mut lat = Vec::with_capacity(records as usize);
-            run_poller(rt, poller, &stop, |body| {
+            let _cost = run_poller(rt, poller, &stop, |body| {
                 let now = monotonic_ns();
                 let hdr = header(body);
                 assert_eq!(hdr.seq, lat.len() as u64, "records out of order");
@@ -449,21 +472,28 @@ fn latency_run(
     }
 }
 
-/// CPU use of a poller with nothing to read, in percent of one core.
-fn idle_run(rt: &RingTest<'_>, poller: Poller, wall: Duration, core: core_affinity::CoreId) -> f64 {
+/// A poller with nothing to read: its CPU use in percent of one core, and
+/// CPU time per wait.
+fn idle_run(
+    rt: &RingTest<'_>,
+    poller: Poller,
+    wall: Duration,
+    core: core_affinity::CoreId,
+) -> (f64, Duration) {
     let stop = AtomicBool::new(false);
-    let (cpu, elapsed) = thread::scope(|s| {
+    let cost = thread::scope(|s| {
         let consumer = s.spawn(|| {
             pin(core);
-            let start = Instant::now();
-            let cpu = run_poller(rt, poller, &stop, |_| panic!("record in the idle run"));
-            (cpu, start.elapsed())
+            run_poller(rt, poller, &stop, |_| panic!("record in the idle run"))
         });
         thread::sleep(wall);
         stop.store(true, Ordering::Relaxed);
         consumer.join().expect("poller thread")
     });
-    100.0 * cpu.as_secs_f64() / elapsed.as_secs_f64()
+    (
+        100.0 * cost.cpu.as_secs_f64() / cost.wall.as_secs_f64(),
+        cost.cpu / cost.waits.max(1) as u32,
+    )
 }
 
 /// The 1-minute load average: the benchmark shares the machine.
@@ -535,22 +565,23 @@ fn main() -> io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "| poller ({} records 1-5 ms apart; idle {:.1} s) | latency p50 | p99 | max | idle CPU |",
+        "| poller ({} records 1-5 ms apart; idle {:.1} s) | latency p50 | p99 | max | idle CPU | CPU per wait |",
         scale.latency_records,
         scale.idle_time.as_secs_f64()
     )?;
-    writeln!(out, "|---|---:|---:|---:|---:|")?;
+    writeln!(out, "|---|---:|---:|---:|---:|---:|")?;
     let mut default = None;
     for &poller in scale.pollers {
         let lat = latency_run(&rt, poller, scale.latency_records, cores);
-        let idle_pct = idle_run(&rt, poller, scale.idle_time, cores.1);
+        let (idle_pct, per_wait) = idle_run(&rt, poller, scale.idle_time, cores.1);
         writeln!(
             out,
-            "| {} | {:.0} µs | {:.0} µs | {:.0} µs | {idle_pct:.2} % |",
+            "| {} | {:.0} µs | {:.0} µs | {:.0} µs | {idle_pct:.2} % | {:.1} µs |",
             poller.name(),
             lat.p50.as_secs_f64() * 1e6,
             lat.p99.as_secs_f64() * 1e6,
             lat.max.as_secs_f64() * 1e6,
+            per_wait.as_secs_f64() * 1e6,
         )?;
         if matches!(poller, Poller::Memtrail(nap) if nap == DEFAULT_NAP) {
             default = Some((lat, idle_pct));
