@@ -414,3 +414,106 @@ pub fn forward_termination_to(pid: i32) -> SysResult<()> {
     }
     Ok(())
 }
+
+/// Opens a pidfd for process `pid`: a handle that keeps naming that process
+/// even after the pid is reused (signals to it fail with ESRCH once it has
+/// been reaped). Close-on-exec.
+pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags (none) and returns a new
+    // descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(SysError::last("pidfd_open"));
+    }
+    // SAFETY: pidfd_open succeeded, so `fd` is an open descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// Sends `sig` (0: only check that the process still exists) to the process
+/// behind `pidfd`, like kill(2). ESRCH: it has exited and been reaped.
+pub fn pidfd_send_signal(pidfd: std::os::fd::BorrowedFd<'_>, sig: i32) -> SysResult<()> {
+    let call = match sig {
+        0 => "pidfd_send_signal(0)",
+        libc::SIGSTOP => "pidfd_send_signal(SIGSTOP)",
+        libc::SIGCONT => "pidfd_send_signal(SIGCONT)",
+        _ => "pidfd_send_signal",
+    };
+    // SAFETY: a descriptor, a signal number, no siginfo (NULL: the kernel
+    // fills in a kill-like one) and no flags.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if ret < 0 {
+        return Err(SysError::last(call));
+    }
+    Ok(())
+}
+
+/// The scheduler states of a process's threads, from
+/// `/proc/PID/task/*/status`, for telling whether it is stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadStates {
+    /// Threads listed (an exited, unreaped leader included).
+    pub threads: usize,
+    /// Threads in a group stop (`T`) or a ptrace stop (`t`).
+    pub stopped: usize,
+    /// Threads that exited and are not reaped yet (`Z`, `X`).
+    pub dead: usize,
+    /// A SIGSTOP is generated but not yet dequeued: pending for the process
+    /// (`ShdPnd`) or for one of its threads (`SigPnd`).
+    pub stop_pending: bool,
+}
+
+/// Reads the states of every thread of process `pid`. A thread that exits
+/// while being read is left out. Fails with ENOENT when `/proc/PID` is gone.
+///
+/// A pid names whichever process holds it now: pair this with a pidfd
+/// liveness check made *after* it ([`pidfd_send_signal`] with signal 0) to
+/// know the states are those of the process the pidfd names.
+pub fn thread_states(pid: i32) -> SysResult<ThreadStates> {
+    const CALL: &str = "read(/proc/PID/task/*/status)";
+    let fail = |source: io::Error| SysError { call: CALL, source };
+    let mut states = ThreadStates::default();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(fail)?;
+    for task in tasks {
+        let task = task.map_err(fail)?;
+        let status = match std::fs::read(task.path().join("status")) {
+            Ok(status) => status,
+            // The thread exited and was reaped since the listing.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) => continue,
+            Err(e) => return Err(fail(e)),
+        };
+        states.threads += 1;
+        let stop_bit = 1u64 << (libc::SIGSTOP - 1);
+        for line in status.split(|&b| b == b'\n') {
+            if let Some(state) = line.strip_prefix(b"State:") {
+                match state.trim_ascii_start().first() {
+                    Some(b'T' | b't') => states.stopped += 1,
+                    Some(b'Z' | b'X') => states.dead += 1,
+                    _ => {}
+                }
+            } else if let Some(mask) = line
+                .strip_prefix(b"SigPnd:")
+                .or_else(|| line.strip_prefix(b"ShdPnd:"))
+            {
+                let mask = std::str::from_utf8(mask.trim_ascii())
+                    .ok()
+                    .and_then(|m| u64::from_str_radix(m, 16).ok())
+                    .ok_or_else(|| {
+                        fail(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "pending-signal mask is not hexadecimal",
+                        ))
+                    })?;
+                states.stop_pending |= mask & stop_bit != 0;
+            }
+        }
+    }
+    Ok(states)
+}
