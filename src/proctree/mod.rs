@@ -8,6 +8,8 @@
 //! memtrail is the tree's subreaper: orphaned descendants are re-parented to
 //! it, so waiting until no child is left means the whole tree has exited.
 
+pub mod stops;
+
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
