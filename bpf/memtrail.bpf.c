@@ -32,6 +32,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define PROT_EXEC 0x4
 #define EEXIST 17
 #define PAGE_SHIFT 12
+#define SIGSTOP 19
 /* How far below operator new's entry its allocator call may run. */
 #define NEW_FRAME_MAX 4096
 /* Syscall returns in [-4095, -1] are errors. */
@@ -54,6 +55,26 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20);
 } mappings SEC(".maps");
+
+/* Attach requests: executable images not examined yet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} attach_requests SEC(".maps");
+
+/* Images userspace has examined (and probed where it found allocators),
+ * by file identity. */
+struct image_id {
+	__u64 dev;
+	__u64 ino;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1 << 16);
+	__type(key, struct image_id);
+	__type(value, __u8);
+} known_images SEC(".maps");
 
 /* Ids of the stacks already written to the stack ring. When full, stacks
  * are written again (userspace deduplicates by id). */
@@ -87,6 +108,7 @@ __u64 drops_events = 0;
 __u64 drops_tracking = 0;
 __u64 drops_stacks = 0;
 __u64 drops_mappings = 0;
+__u64 drops_attach = 0;
 
 /*
  * The outermost allocator call a thread is inside, from entry to return.
@@ -101,8 +123,9 @@ struct inflight {
 	 * allocator call it makes (see new_enter). */
 	__u64 new_stack_id;
 	__u64 new_sp;
-	__u32 depth; /* nested allocator calls, outermost included; 0: none */
-	__u32 kind;  /* enum mt_kind of the outermost call */
+	__u64 cookie; /* attach cookie of the outermost call */
+	__u32 depth;  /* nested allocator calls, outermost included; 0: none */
+	__u32 _pad;
 };
 
 struct {
@@ -161,6 +184,8 @@ struct mt_stack_record _mt_stack_record = {};
 struct mt_mapping_record _mt_mapping_record = {};
 enum mt_kind _mt_kind = 0;
 enum mt_flags _mt_flags = 0;
+enum mt_cookie_layout _mt_cookie_layout = 0;
+enum mt_cookie_flags _mt_cookie_flags = 0;
 
 static __always_inline bool is_tracked(__u32 tgid)
 {
@@ -285,11 +310,28 @@ static __always_inline bool nested_in(struct inflight *cur, __u64 sp)
 	return sp <= cur->sp;
 }
 
+static __always_inline __u64 arg(const struct inflight *call, __u32 idx)
+{
+	return idx < 3 ? call->args[idx] : 0;
+}
+
+/* The block a realloc-like call resizes, 0 if none. */
+static __always_inline __u64 old_ptr(const struct inflight *call)
+{
+	__u32 ptr = (call->cookie >> MT_CK_PTR_SHIFT) & 0xf;
+	__u32 flags = (call->cookie >> MT_CK_FLAGS_SHIFT) & 0xf;
+
+	if (ptr == MT_CK_ARG_NONE || (flags & MT_CK_OUT_PTR))
+		return 0;
+	return arg(call, ptr);
+}
+
 SEC("uprobe.multi")
 int alloc_enter(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct inflight *cur;
+	__u64 old;
 
 	cur = current_call();
 	if (!cur)
@@ -303,14 +345,15 @@ int alloc_enter(struct pt_regs *ctx)
 	cur->args[0] = PT_REGS_PARM1(ctx);
 	cur->args[1] = PT_REGS_PARM2(ctx);
 	cur->args[2] = PT_REGS_PARM3(ctx);
-	cur->kind = bpf_get_attach_cookie(ctx);
+	cur->cookie = bpf_get_attach_cookie(ctx);
 	if (cur->new_sp && cur->sp < cur->new_sp && cur->new_sp - cur->sp < NEW_FRAME_MAX)
 		cur->stack_id = cur->new_stack_id; /* called by operator new */
 	else
 		cur->stack_id = capture_stack(ctx, pid_tgid >> 32);
 	cur->new_sp = 0;
-	if ((cur->kind == MT_REALLOC || cur->kind == MT_REALLOCARRAY) && cur->args[0])
-		emit_alloc(pid_tgid, MT_REALLOC_BEGIN, 0, cur->args[0], 0, 0, 0);
+	old = old_ptr(cur);
+	if (old)
+		emit_alloc(pid_tgid, MT_REALLOC_BEGIN, 0, old, 0, 0, 0);
 	return 0;
 }
 
@@ -342,8 +385,9 @@ int new_enter(struct pt_regs *ctx)
 SEC("uretprobe.multi")
 int alloc_return(struct pt_regs *ctx)
 {
-	__u64 ret = PT_REGS_RC(ctx), addr = ret, size = 0, old = 0;
+	__u64 ret = PT_REGS_RC(ctx), addr = ret, size, old;
 	struct inflight *cur = current_call(), call;
+	__u32 kind, count, flags;
 
 	if (!cur || cur->depth == 0)
 		return 0;
@@ -351,50 +395,39 @@ int alloc_return(struct pt_regs *ctx)
 		return 0;
 	call = *cur;
 
-	switch (call.kind) {
-	case MT_MALLOC:
-	case MT_VALLOC:
-	case MT_PVALLOC:
-		size = call.args[0];
-		break;
-	case MT_CALLOC:
-		/* Non-NULL results only: glibc fails on n * m overflow. */
-		size = call.args[0] * call.args[1];
-		break;
-	case MT_REALLOC:
-		old = call.args[0];
-		size = call.args[1];
-		break;
-	case MT_REALLOCARRAY:
-		old = call.args[0];
-		size = call.args[1] * call.args[2];
+	kind = call.cookie & 0xffff;
+	count = (call.cookie >> MT_CK_COUNT_SHIFT) & 0xf;
+	flags = (call.cookie >> MT_CK_FLAGS_SHIFT) & 0xf;
+	size = arg(&call, (call.cookie >> MT_CK_SIZE_SHIFT) & 0xf);
+	if (count != MT_CK_ARG_NONE) {
+		__u64 n = arg(&call, count), m = size;
+
+		size = n * m;
 		/* Keeps clang from turning the check into a 128-bit multiply. */
 		barrier_var(size);
 		/* An overflowing product fails like ENOMEM; never mistake its
 		 * wrapped value for realloc(p, 0). */
-		if (call.args[1] && size / call.args[1] != call.args[2])
+		if (n && size / n != m)
 			size = ~0ULL;
-		break;
-	case MT_ALIGNED_ALLOC:
-	case MT_MEMALIGN:
-		size = call.args[1];
-		break;
-	case MT_POSIX_MEMALIGN:
+	}
+	old = old_ptr(&call);
+	if (flags & MT_CK_OUT_PTR) {
 		/* int posix_memalign(void **memptr, size_t align, size_t size) */
+		__u64 out = arg(&call, (call.cookie >> MT_CK_PTR_SHIFT) & 0xf);
+
 		addr = 0;
-		if ((int)ret == 0 &&
-		    bpf_probe_read_user(&addr, sizeof(addr), (void *)call.args[0]))
+		if ((int)ret == 0 && bpf_probe_read_user(&addr, sizeof(addr), (void *)out))
 			addr = 0;
-		size = call.args[2];
-		break;
-	default:
-		return 0;
+	} else if (flags & MT_CK_RESULT_IS_SIZE) {
+		/* Resized in place: same block, new size. */
+		addr = old;
+		size = ret;
 	}
 	/* A failed allocation makes no record, but a realloc of a live block
 	 * always completes the MT_REALLOC_BEGIN record it opened. */
 	if (!addr && !old)
 		return 0;
-	emit_event(bpf_get_current_pid_tgid(), call.kind, 0, addr, size, old, 0, call.stack_id);
+	emit_event(bpf_get_current_pid_tgid(), kind, 0, addr, size, old, 0, call.stack_id);
 	return 0;
 }
 
@@ -477,7 +510,46 @@ static long read_vma(struct task_struct *task, struct vm_area_struct *vma, void 
 	return 0;
 }
 
-/* Writes the file mapping of the current process that contains addr. */
+static __always_inline void fill_mapping(struct mt_mapping_record *m, __u64 pid_tgid,
+					 const struct vma_info *info)
+{
+	m->ts_ns = bpf_ktime_get_ns();
+	m->pid = pid_tgid >> 32;
+	m->_pad = 0;
+	m->start = info->start;
+	m->end = info->end;
+	m->pgoff = info->pgoff;
+	m->dev = info->dev;
+	m->ino = info->ino;
+	if (bpf_probe_read_kernel_str(m->name, sizeof(m->name), info->name) < 0)
+		m->name[0] = 0;
+}
+
+/*
+ * An executable image userspace has not examined: ask for it, and stop the
+ * process before it returns to user space, so that no code of the image
+ * (constructors included) runs before its allocators are probed. The
+ * attach worker resumes it.
+ */
+static __always_inline void request_attach(__u64 pid_tgid, const struct vma_info *info)
+{
+	struct image_id id = { .dev = info->dev, .ino = info->ino };
+	struct mt_mapping_record *m;
+
+	if (bpf_map_lookup_elem(&known_images, &id))
+		return;
+	m = bpf_ringbuf_reserve(&attach_requests, sizeof(*m), 0);
+	if (!m) {
+		__sync_fetch_and_add(&drops_attach, 1);
+		return;
+	}
+	fill_mapping(m, pid_tgid, info);
+	bpf_ringbuf_submit(m, BPF_RB_NO_WAKEUP);
+	bpf_send_signal(SIGSTOP);
+}
+
+/* Writes the file mapping of the current process that contains addr, and
+ * asks for its image to be examined if it is new. */
 static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr)
 {
 	struct vma_info info = {};
@@ -485,21 +557,13 @@ static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr)
 
 	if (bpf_find_vma(bpf_get_current_task_btf(), addr, read_vma, &info, 0) || !info.name)
 		return;
+	request_attach(pid_tgid, &info);
 	m = bpf_ringbuf_reserve(&mappings, sizeof(*m), 0);
 	if (!m) {
 		__sync_fetch_and_add(&drops_mappings, 1);
 		return;
 	}
-	m->ts_ns = bpf_ktime_get_ns();
-	m->pid = pid_tgid >> 32;
-	m->_pad = 0;
-	m->start = info.start;
-	m->end = info.end;
-	m->pgoff = info.pgoff;
-	m->dev = info.dev;
-	m->ino = info.ino;
-	if (bpf_probe_read_kernel_str(m->name, sizeof(m->name), info.name) < 0)
-		m->name[0] = 0;
+	fill_mapping(m, pid_tgid, &info);
 	bpf_ringbuf_submit(m, BPF_RB_NO_WAKEUP);
 }
 

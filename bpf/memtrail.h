@@ -35,6 +35,33 @@ enum mt_kind {
 	MT_EXIT = 34,
 };
 
+/*
+ * Attach cookie of an allocating entry point: the record kind it makes and
+ * where its arguments are, so one pair of programs serves every allocator
+ * (glibc, jemalloc's mallocx family, mimalloc, tcmalloc...).
+ *   bits  0-15  enum mt_kind
+ *   bits 16-19  index of the size argument
+ *   bits 20-23  index of the element count (size = count * size), or NONE
+ *   bits 24-27  index of the old pointer (realloc-like) or of the out
+ *               pointer (MT_CK_OUT_PTR), or NONE
+ *   bits 28-31  enum mt_cookie_flags
+ */
+enum mt_cookie_layout {
+	MT_CK_SIZE_SHIFT = 16,
+	MT_CK_COUNT_SHIFT = 20,
+	MT_CK_PTR_SHIFT = 24,
+	MT_CK_FLAGS_SHIFT = 28,
+	MT_CK_ARG_NONE = 0xf,
+};
+
+enum mt_cookie_flags {
+	/* The result is written through the pointer argument; the call
+	 * returns 0 on success (posix_memalign). */
+	MT_CK_OUT_PTR = 1,
+	/* Resizes in place and returns the new size (jemalloc's xallocx). */
+	MT_CK_RESULT_IS_SIZE = 2,
+};
+
 /* mt_header.flags */
 enum mt_flags {
 	/* A syscall made inside an allocator call on the same thread: the
@@ -98,6 +125,9 @@ struct mt_stack_record {
  * An executable file mapping of a tracked process, on the mappings ring:
  * enough to turn its addresses into file offsets after the process exited.
  */
+/* Mappings ring records, and attach requests on the attach ring: an
+ * executable image memtrail has not examined yet; its process is stopped
+ * until userspace has attached probes to it. */
 struct mt_mapping_record {
 	__u64 ts_ns;
 	__u32 pid;

@@ -15,6 +15,7 @@
 use std::hint::black_box;
 use std::io::{self, Write};
 use std::mem::MaybeUninit;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -59,11 +60,12 @@ fn under_floor(exe: &Path, sites: &[Site]) -> f64 {
         .expect("open floor")
         .load()
         .expect("load floor");
+    let fd = |p: &libbpf_rs::ProgramMut<'_>| p.as_fd().try_clone_to_owned().expect("dup prog fd");
     let progs = AllocPrograms {
-        enter: &skel.progs.floor_enter,
-        ret: &skel.progs.floor_return,
-        free: &skel.progs.floor_enter,
-        new: &skel.progs.floor_enter,
+        enter: fd(&skel.progs.floor_enter),
+        ret: fd(&skel.progs.floor_return),
+        free: fd(&skel.progs.floor_enter),
+        new: fd(&skel.progs.floor_enter),
     };
     let mut links = Links::default();
     attach::attach_sites(&progs, sites, &mut links).expect("attach floor");
@@ -74,7 +76,7 @@ fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
     let exe = build_loop(dir.path());
     let libc = attach::libc_path().expect("libc");
-    let sites = attach::find_sites(&libc, attach::LIBC_API).expect("sites");
+    let sites = attach::find_sites(&libc, &attach::api::libc()).expect("sites");
     // The same sites with free probed at its entry instruction.
     let entry_sites: Vec<Site> = sites
         .iter()

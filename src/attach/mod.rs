@@ -15,49 +15,22 @@
 //! Probes are system-wide (every process mapping the file hits them); the
 //! BPF programs filter on the tracked-process map.
 
+pub mod api;
+pub mod worker;
+
 use std::fmt;
 use std::fs;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use libbpf_rs::{Link, ProgramMut, UprobeMultiOpts};
+use libbpf_rs::Link;
 use object::{Object, ObjectSegment, ObjectSymbol};
+
+pub use api::{Abi, Entry, Role};
 
 use crate::record::Kind;
 use crate::skel::memtrail::MemtrailSkel;
-
-/// The libc allocation API, in the order that names an aliased address.
-pub const LIBC_API: &[(&str, Kind)] = &[
-    ("malloc", Kind::Malloc),
-    ("calloc", Kind::Calloc),
-    ("realloc", Kind::Realloc),
-    ("reallocarray", Kind::Reallocarray),
-    ("free", Kind::Free),
-    ("cfree", Kind::Free),
-    ("memalign", Kind::Memalign),
-    ("aligned_alloc", Kind::AlignedAlloc),
-    ("posix_memalign", Kind::PosixMemalign),
-    ("valloc", Kind::Valloc),
-    ("pvalloc", Kind::Pvalloc),
-];
-
-/// C++ `operator new` variants (libstdc++ and libc++ share the Itanium
-/// names). They call malloc (or aligned_alloc), which is what is counted;
-/// an entry-only probe on them captures the stack from the user's `new`
-/// expression (libstdc++'s operator new keeps no frame pointer, so a stack
-/// taken in malloc would skip the user's function). No uretprobe: C++
-/// unwinders cannot step through the uretprobe trampoline, so an exception
-/// thrown out of new would terminate the program.
-pub const CXX_NEW_API: &[(&str, Kind)] = &[
-    ("_Znwm", Kind::Malloc),
-    ("_Znam", Kind::Malloc),
-    ("_ZnwmRKSt9nothrow_t", Kind::Malloc),
-    ("_ZnamRKSt9nothrow_t", Kind::Malloc),
-    ("_ZnwmSt11align_val_t", Kind::Malloc),
-    ("_ZnamSt11align_val_t", Kind::Malloc),
-    ("_ZnwmSt11align_val_tRKSt9nothrow_t", Kind::Malloc),
-    ("_ZnamSt11align_val_tRKSt9nothrow_t", Kind::Malloc),
-];
 
 /// The C++ runtimes installed in the usual library directories: commands
 /// that load them get their `operator new` probed.
@@ -109,7 +82,7 @@ pub enum AttachError {
         path: PathBuf,
         symbol: String,
         #[source]
-        source: libbpf_rs::Error,
+        source: crate::sys::SysError,
     },
 }
 
@@ -118,7 +91,9 @@ pub enum AttachError {
 pub struct Site {
     pub image: PathBuf,
     pub symbol: String,
+    pub role: Role,
     pub kind: Kind,
+    pub abi: Abi,
     /// File offset of the probed instruction.
     pub offset: u64,
     /// Offset from the function's entry (non-zero where the probe was moved
@@ -161,7 +136,7 @@ pub fn libc_path() -> Result<PathBuf, AttachError> {
 }
 
 /// The allocator sites of `image` for the given API.
-pub fn find_sites(image: &Path, api: &[(&str, Kind)]) -> Result<Vec<Site>, AttachError> {
+pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError> {
     let data = fs::read(image).map_err(|source| AttachError::Read {
         path: image.to_owned(),
         source,
@@ -176,33 +151,36 @@ pub fn find_sites(image: &Path, api: &[(&str, Kind)]) -> Result<Vec<Site>, Attac
         data: &data,
     };
     let mut sites: Vec<Site> = Vec::new();
-    for &(name, kind) in api {
+    for entry in api {
+        let (name, kind) = (entry.name.as_str(), entry.kind);
         let Some(vaddr) = elf.function(name) else {
             continue;
         };
-        let Some(entry) = elf.file_offset(vaddr) else {
+        let Some(entry_off) = elf.file_offset(vaddr) else {
             return Err(parse_err(format!(
                 "{name} at {vaddr:#x} is in no loadable segment"
             )));
         };
-        if sites.iter().any(|s| s.offset - s.skipped == entry) {
+        if sites.iter().any(|s| s.offset - s.skipped == entry_off) {
             continue; // an alias of a site we have
         }
         // endbr64 only marks an indirect-branch target: the probe can go
         // after it, where the return address is still on top of the stack.
         let mut skipped = 0;
-        if elf.bytes_at(entry, 4) == Some(&ENDBR64[..]) {
+        if elf.bytes_at(entry_off, 4) == Some(&ENDBR64[..]) {
             skipped = 4;
         }
-        if kind == Kind::Free {
+        if entry.role == Role::Free {
             skipped += elf.null_test_len(vaddr + skipped).unwrap_or(0);
         }
-        let offset = entry + skipped;
+        let offset = entry_off + skipped;
         let emulated = elf.bytes_at(offset, 4).is_some_and(is_emulated);
         sites.push(Site {
             image: image.to_owned(),
             symbol: name.to_owned(),
+            role: entry.role,
             kind,
+            abi: entry.abi,
             offset,
             skipped,
             emulated,
@@ -286,105 +264,123 @@ fn is_emulated(code: &[u8]) -> bool {
 /// Each detach waits for an RCU grace period in the kernel (~0.1 s here), so
 /// the links are dropped in parallel rather than one after the other.
 #[derive(Default)]
-pub struct Links(Vec<Link>);
+pub struct Links {
+    libbpf: Vec<Link>,
+    fds: Vec<OwnedFd>,
+}
 
 impl Links {
     pub fn push(&mut self, link: Link) {
-        self.0.push(link);
+        self.libbpf.push(link);
+    }
+
+    pub fn push_fd(&mut self, link: OwnedFd) {
+        self.fds.push(link);
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.libbpf.len() + self.fds.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
+    }
+
+    /// Moves `other`'s links into `self`.
+    pub fn append(&mut self, other: &mut Links) {
+        self.libbpf.append(&mut other.libbpf);
+        self.fds.append(&mut other.fds);
     }
 }
 
 impl Drop for Links {
     fn drop(&mut self) {
+        fn spawn_drop<'s, T: Send + 's>(scope: &'s std::thread::Scope<'s, '_>, item: T) {
+            // A thread that cannot start drops its link right here.
+            if let Err(err) = std::thread::Builder::new().spawn_scoped(scope, move || drop(item)) {
+                tracing::debug!(%err, "detaching serially");
+            }
+        }
         std::thread::scope(|scope| {
-            for link in self.0.drain(..) {
-                // A thread that cannot start drops its link right here.
-                if let Err(err) =
-                    std::thread::Builder::new().spawn_scoped(scope, move || drop(link))
-                {
-                    tracing::debug!(%err, "detaching serially");
-                }
+            for link in self.libbpf.drain(..) {
+                spawn_drop(scope, link);
+            }
+            for fd in self.fds.drain(..) {
+                spawn_drop(scope, fd);
             }
         });
     }
 }
 
-/// The programs allocator sites take: entry and return of allocating
-/// calls, entry of frees, entry of C++ operator new.
-pub struct AllocPrograms<'a, 'obj> {
-    pub enter: &'a ProgramMut<'obj>,
-    pub ret: &'a ProgramMut<'obj>,
-    pub free: &'a ProgramMut<'obj>,
-    pub new: &'a ProgramMut<'obj>,
+/// The programs allocator sites take, as program fds (sendable to the
+/// attach worker): entry and return of allocating calls, entry of frees,
+/// entry of C++ operator new.
+pub struct AllocPrograms {
+    pub enter: OwnedFd,
+    pub ret: OwnedFd,
+    pub free: OwnedFd,
+    pub new: OwnedFd,
 }
 
-impl<'a, 'obj> AllocPrograms<'a, 'obj> {
+impl AllocPrograms {
     /// memtrail's own allocator programs.
-    pub fn memtrail(skel: &'a MemtrailSkel<'obj>) -> Self {
-        Self {
-            enter: &skel.progs.alloc_enter,
-            ret: &skel.progs.alloc_return,
-            free: &skel.progs.free_enter,
-            new: &skel.progs.new_enter,
-        }
+    pub fn memtrail(skel: &MemtrailSkel<'_>) -> io::Result<Self> {
+        let p = &skel.progs;
+        Ok(Self {
+            enter: p.alloc_enter.as_fd().try_clone_to_owned()?,
+            ret: p.alloc_return.as_fd().try_clone_to_owned()?,
+            free: p.free_enter.as_fd().try_clone_to_owned()?,
+            new: p.new_enter.as_fd().try_clone_to_owned()?,
+        })
     }
 }
 
 /// Attaches `progs` to every site of one image, with one uprobe_multi link
-/// per program (the attach cookie of each site is its kind). The links
-/// detach when dropped.
+/// per program; each site's attach cookie is its kind and argument layout.
+/// The links detach when dropped.
 pub fn attach_sites(
-    progs: &AllocPrograms<'_, '_>,
+    progs: &AllocPrograms,
     sites: &[Site],
     links: &mut Links,
 ) -> Result<(), AttachError> {
-    let is_new = |s: &Site| CXX_NEW_API.iter().any(|(name, _)| *name == s.symbol);
-    let frees: Vec<&Site> = sites.iter().filter(|s| s.kind == Kind::Free).collect();
-    let news: Vec<&Site> = sites.iter().filter(|s| is_new(s)).collect();
-    let allocs: Vec<&Site> = sites
-        .iter()
-        .filter(|s| s.kind != Kind::Free && !is_new(s))
-        .collect();
-    let groups: [(&ProgramMut<'_>, bool, &[&Site]); 4] = [
-        (progs.enter, false, &allocs),
-        (progs.ret, true, &allocs),
-        (progs.free, false, &frees),
-        (progs.new, false, &news),
+    let of_role = |role: Role| {
+        sites
+            .iter()
+            .filter(move |s| s.role == role)
+            .collect::<Vec<_>>()
+    };
+    let (allocs, frees, news) = (
+        of_role(Role::Alloc),
+        of_role(Role::Free),
+        of_role(Role::New),
+    );
+    let groups: [(BorrowedFd<'_>, bool, &[&Site]); 4] = [
+        (progs.enter.as_fd(), false, &allocs),
+        (progs.ret.as_fd(), true, &allocs),
+        (progs.free.as_fd(), false, &frees),
+        (progs.new.as_fd(), false, &news),
     ];
     for (prog, retprobe, group) in groups {
         let Some(first) = group.first() else {
             continue;
         };
-        let opts = UprobeMultiOpts {
-            offsets: group.iter().map(|s| s.offset as usize).collect(),
-            cookies: group.iter().map(|s| s.kind as u64).collect(),
-            retprobe,
-            ..Default::default()
-        };
-        let link = prog
-            .attach_uprobe_multi_with_opts(-1, &first.image, "", opts)
-            .map_err(|source| uprobe_error(group, source))?;
-        links.push(link);
+        let offsets: Vec<u64> = group.iter().map(|s| s.offset).collect();
+        let cookies: Vec<u64> = group.iter().map(|s| s.abi.cookie(s.kind)).collect();
+        let link = crate::sys::uprobe_multi(prog, &first.image, &offsets, &cookies, retprobe)
+            .map_err(|err| uprobe_error(group, err))?;
+        links.push_fd(link);
     }
     Ok(())
 }
 
-fn uprobe_error(group: &[&Site], source: libbpf_rs::Error) -> AttachError {
+fn uprobe_error(group: &[&Site], source: crate::sys::SysError) -> AttachError {
     let names = group
         .iter()
         .map(|s| s.symbol.as_str())
         .collect::<Vec<_>>()
         .join(", ");
     let image = group.first().map(|s| s.image.clone()).unwrap_or_default();
-    if source.kind() == libbpf_rs::ErrorKind::InvalidInput
+    if source.errno() == Some(libc::EINVAL)
         && crate::sys::kernel_log_tail(64 * 1024).contains("ref_ctr_offset mismatch")
     {
         return AttachError::Conflict {

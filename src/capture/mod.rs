@@ -8,18 +8,21 @@
 
 mod sinks;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use libbpf_rs::MapCore;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 
+use crate::attach::worker::AttachWorker;
 use crate::attach::{self, AttachError, Links};
 use crate::engine::{self, Barrier, Pipeline};
+use crate::proctree::stops::Stops;
 use crate::proctree::{self, CommandSpec, SpawnError};
 use crate::report::{
     Aggregator, AtomicOutput, EventWriter, ExitInfo, LostEvents, OutputError, Profile, StackEntry,
@@ -108,13 +111,20 @@ pub enum CaptureError {
     },
     #[error(transparent)]
     Attach(#[from] AttachError),
+    #[error("probing {image} (mapped by process {pid}) failed")]
+    AttachImage {
+        image: String,
+        pid: u32,
+        #[source]
+        source: AttachError,
+    },
     #[error(transparent)]
     Ring(#[from] RingError),
     #[error(
         "events were lost ({} on the events ring, {} on the stack ring, {} on the \
-         mappings ring, {} untracked calls or processes): the capture is incomplete \
-         and no report was written; retry with a larger --ring-size",
-        .0.events, .0.stacks, .0.mappings, .0.tracking
+         mappings ring, {} attach requests, {} untracked calls or processes): the \
+         capture is incomplete and no report was written; retry with a larger --ring-size",
+        .0.events, .0.stacks, .0.mappings, .0.attach, .0.tracking
     )]
     Lost(LostEvents),
     #[error("--stack-depth {0} is more than the {MAX_STACK_DEPTH} frames a stack record holds")]
@@ -214,31 +224,42 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .stack_depth = opts.stack_depth;
     let skel = open.load().map_err(CaptureError::Load)?;
 
-    let libc = attach::libc_path()?;
-    let mut sites = attach::find_sites(&libc, attach::LIBC_API)?;
-    let mut cxx_sites = Vec::new();
-    for runtime in attach::cxx_runtimes() {
-        cxx_sites.push(attach::find_sites(&runtime, attach::CXX_NEW_API)?);
+    // libc and the C++ runtimes are probed up front (every command loads
+    // them); other images as the attach worker meets them.
+    let progs = attach::AllocPrograms::memtrail(&skel).map_err(|source| CaptureError::Io {
+        what: "duplicating BPF program descriptors",
+        source,
+    })?;
+    let mut images = vec![attach::libc_path()?];
+    images.extend(attach::cxx_runtimes());
+    let mut links = Links::default();
+    attach_tracepoints(&skel, &mut links)?;
+    let mut sites = Vec::new();
+    let mut known = HashSet::new();
+    for image in &images {
+        let found = attach::find_sites(image, &attach::api::all())?;
+        attach::attach_sites(&progs, &found, &mut links)?;
+        sites.extend(found);
+        if let Ok(id) = sys::kernel_file_id(image) {
+            let mut key = [0u8; 16];
+            key[..8].copy_from_slice(&id.0.to_ne_bytes());
+            key[8..].copy_from_slice(&id.1.to_ne_bytes());
+            sys::bpf_map_update(skel.maps.known_images.as_fd(), &key, &[1])?;
+            known.insert(id);
+        }
     }
     for site in sites.iter().filter(|s| !s.emulated) {
         tracing::info!(%site, "probe site single-steps its first instruction (~14 µs a hit)");
     }
-    let mut links = Links::default();
-    attach_tracepoints(&skel, &mut links)?;
-    let progs = attach::AllocPrograms::memtrail(&skel);
-    attach::attach_sites(&progs, &sites, &mut links)?;
-    for image in cxx_sites {
-        attach::attach_sites(&progs, &image, &mut links)?;
-        sites.extend(image);
-    }
+    let stops = Arc::new(Stops::new());
 
     let stream = events
         .map(EventWriter::new)
         .transpose()
         .map_err(CaptureError::EventStream)?;
     let maps = &skel.maps;
-    let barrier = Barrier::new(3);
-    let cores = engine::poller_cores(3);
+    let barrier = Barrier::new(4);
+    let cores = engine::poller_cores(4);
     let spawn_err = |source| CaptureError::Io {
         what: "starting a poller thread",
         source,
@@ -284,6 +305,31 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     )
     .map_err(spawn_err)?;
 
+    let known_fd = skel
+        .maps
+        .known_images
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| CaptureError::Io {
+            what: "duplicating a BPF map descriptor",
+            source,
+        })?;
+    let attach_poller = engine::spawn(
+        Pipeline {
+            name: "attach",
+            ring: RingConsumer::new(
+                maps.attach_requests.as_fd(),
+                maps.attach_requests.max_entries() as usize,
+            )?,
+            sink: AttachWorker::new(progs, known_fd, known, stops.clone()),
+            stall: false,
+        },
+        barrier.clone(),
+        3,
+        cores[3],
+    )
+    .map_err(spawn_err)?;
+
     let tree = track_tree(&skel, &spec);
     // Whatever happened to the tree, drain and join the pollers.
     let epoch = barrier.raise();
@@ -293,10 +339,25 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         event_poller.join(),
         stack_poller.join(),
         mapping_poller.join(),
+        attach_poller.join(),
     );
-    let (Ok(events), Ok(stacks), Ok(mappings)) = joined else {
+    // Nothing of the tree may stay stopped, whatever happened.
+    let _ = stops.resume_everything();
+    let (Ok(events), Ok(stacks), Ok(mappings), Ok(mut attacher)) = joined else {
         return Err(CaptureError::PollerPanicked);
     };
+    links.append(&mut attacher.links);
+    sites.append(&mut attacher.sites);
+    // Detach now: memtrail's own allocations (symbolization below) would
+    // otherwise hit the probes too.
+    drop(links);
+    if let Some(failure) = attacher.failures.into_iter().next() {
+        return Err(CaptureError::AttachImage {
+            image: failure.image,
+            pid: failure.pid,
+            source: failure.error,
+        });
+    }
     let (root, root_exit, start_ns) = tree?;
     if !drained {
         return Err(CaptureError::DrainTimeout(DRAIN_TIMEOUT));
@@ -312,7 +373,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         stream,
         stream_error,
     } = events;
-    let malformed = agg.malformed + stacks.malformed + mappings.malformed;
+    let malformed = agg.malformed + stacks.malformed + mappings.malformed + attacher.malformed;
     if malformed > 0 {
         return Err(CaptureError::Malformed(malformed));
     }
@@ -474,5 +535,6 @@ fn read_lost(skel: &MemtrailSkel<'_>) -> LostEvents {
         tracking: bss.drops_tracking,
         stacks: bss.drops_stacks,
         mappings: bss.drops_mappings,
+        attach: bss.drops_attach,
     }
 }

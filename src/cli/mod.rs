@@ -33,6 +33,8 @@ pub mod exit {
     pub const OUTPUT: i32 = 73;
     /// Another tracer's uprobe conflicts with ours.
     pub const CONFLICT: i32 = 74;
+    /// An image the command loaded could not be examined or probed.
+    pub const ATTACH: i32 = 75;
     /// The command is not executable.
     pub const NOT_EXECUTABLE: i32 = 126;
     /// The command was not found.
@@ -52,6 +54,7 @@ Exit status:
     73   an output file cannot be written (checked before the command starts;
          for memtrail report, also standard output)
     74   another tracer holds a conflicting uprobe (ref_ctr_offset mismatch)
+    75   an executable image the command loaded could not be examined or probed
     126  the command is not executable
     127  the command was not found";
 
@@ -224,6 +227,11 @@ pub fn exit_code(err: &CaptureError) -> i32 {
         | CaptureError::Load(_) => exit::UNSUPPORTED,
         CaptureError::Attach(crate::attach::AttachError::Conflict { .. }) => exit::CONFLICT,
         CaptureError::Attach(_) | CaptureError::AttachTracepoint { .. } => exit::UNSUPPORTED,
+        CaptureError::AttachImage {
+            source: crate::attach::AttachError::Conflict { .. },
+            ..
+        } => exit::CONFLICT,
+        CaptureError::AttachImage { .. } => exit::ATTACH,
         CaptureError::Lost(_) => exit::LOST,
         _ => exit::INTERNAL,
     }

@@ -108,11 +108,18 @@ pub struct LostEvents {
     /// Records the mappings ring could not take.
     #[serde(default)]
     pub mappings: u64,
+    /// Attach requests the attach ring could not take.
+    #[serde(default)]
+    pub attach: u64,
 }
 
 impl LostEvents {
     pub fn any(&self) -> bool {
-        self.events != 0 || self.tracking != 0 || self.stacks != 0 || self.mappings != 0
+        self.events != 0
+            || self.tracking != 0
+            || self.stacks != 0
+            || self.mappings != 0
+            || self.attach != 0
     }
 }
 

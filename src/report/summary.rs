@@ -110,10 +110,18 @@ pub fn write_summary(w: &mut impl Write, p: &Profile) -> io::Result<()> {
         .map(|s| s.symbol.as_str())
         .collect();
     if !slow.is_empty() {
+        const SHOWN: usize = 5;
+        let more = slow.len().saturating_sub(SHOWN);
         writeln!(
             w,
-            "  note: probes at {} single-step their first instruction (~14 µs a call)",
-            slow.join(", ")
+            "  note: {} probe sites single-step their first instruction (~14 µs a call): {}{}",
+            slow.len(),
+            slow[..slow.len().min(SHOWN)].join(", "),
+            if more > 0 {
+                format!(" and {more} more (the profile's probes list them)")
+            } else {
+                String::new()
+            }
         )?;
     }
     Ok(())

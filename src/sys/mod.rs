@@ -415,6 +415,94 @@ pub fn forward_termination_to(pid: i32) -> SysResult<()> {
     Ok(())
 }
 
+/// Attaches the BPF program `prog` to `offsets` of the file at `path` in
+/// every process, as one uprobe_multi link (uretprobes with `retprobe`),
+/// each offset with its BPF cookie. Closing the returned fd detaches.
+pub fn uprobe_multi(
+    prog: std::os::fd::BorrowedFd<'_>,
+    path: &Path,
+    offsets: &[u64],
+    cookies: &[u64],
+    retprobe: bool,
+) -> SysResult<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    assert_eq!(offsets.len(), cookies.len(), "one cookie per offset");
+    let path = CString::new(path.as_os_str().as_bytes()).map_err(|_| SysError {
+        call: "bpf(BPF_LINK_CREATE)",
+        source: io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"),
+    })?;
+    let offsets: Vec<libc::c_ulong> = offsets.iter().map(|&o| o as libc::c_ulong).collect();
+    // SAFETY: an all-zero bpf_link_create_opts is its documented default.
+    let mut opts: libbpf_sys::bpf_link_create_opts = unsafe { std::mem::zeroed() };
+    opts.sz = std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _;
+    opts.__bindgen_anon_1.uprobe_multi =
+        libbpf_sys::bpf_link_create_opts__bindgen_ty_1__bindgen_ty_3 {
+            flags: if retprobe {
+                libbpf_sys::BPF_F_UPROBE_MULTI_RETURN
+            } else {
+                0
+            },
+            cnt: offsets.len() as u32,
+            path: path.as_ptr(),
+            offsets: offsets.as_ptr(),
+            ref_ctr_offsets: std::ptr::null(),
+            cookies: cookies.as_ptr(),
+            pid: 0,
+            __bindgen_padding_0: [0; 4],
+        };
+    // SAFETY: every pointer in opts points to live data of `cnt` entries
+    // (or the NUL-terminated path) for the duration of the call.
+    let fd = unsafe {
+        libbpf_sys::bpf_link_create(
+            prog.as_raw_fd(),
+            0,
+            libbpf_sys::BPF_TRACE_UPROBE_MULTI,
+            &opts,
+        )
+    };
+    if fd < 0 {
+        return Err(SysError {
+            call: "bpf(BPF_LINK_CREATE, uprobe_multi)",
+            source: io::Error::from_raw_os_error(-fd),
+        });
+    }
+    // SAFETY: bpf_link_create returned a new descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Updates `key` to `value` in the BPF map behind `map`.
+pub fn bpf_map_update(map: std::os::fd::BorrowedFd<'_>, key: &[u8], value: &[u8]) -> SysResult<()> {
+    // SAFETY: key and value are valid for the map's key and value sizes,
+    // which the caller matches; the kernel copies them.
+    let ret = unsafe {
+        libbpf_sys::bpf_map_update_elem(
+            map.as_raw_fd(),
+            key.as_ptr().cast(),
+            value.as_ptr().cast(),
+            libbpf_sys::BPF_ANY.into(),
+        )
+    };
+    if ret < 0 {
+        return Err(SysError {
+            call: "bpf(BPF_MAP_UPDATE_ELEM)",
+            source: io::Error::from_raw_os_error(-ret),
+        });
+    }
+    Ok(())
+}
+
+/// A file's identity as the kernel's BPF programs see it: (`s_dev` in the
+/// kernel's encoding, major << 20 | minor, inode).
+pub fn kernel_file_id(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(path)?;
+    let dev = md.dev();
+    Ok((
+        u64::from(libc::major(dev)) << 20 | u64::from(libc::minor(dev)),
+        md.ino(),
+    ))
+}
+
 /// Opens a pidfd for process `pid`: a handle that keeps naming that process
 /// even after the pid is reused (signals to it fail with ESRCH once it has
 /// been reaped). Close-on-exec.

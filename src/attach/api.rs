@@ -1,0 +1,233 @@
+//! The allocator APIs memtrail knows: which symbols are entry points, what
+//! each reports and where its arguments are.
+//!
+//! Several symbols can name one address (glibc's `free`/`cfree`,
+//! `memalign`/`aligned_alloc`; jemalloc's `malloc`/`je_malloc` in some
+//! builds): a site is attached once per address, under the first name in
+//! the table's order.
+
+use crate::record::Kind;
+use crate::skel::memtrail::types as t;
+
+/// How a probe treats its entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Returns new memory: entry and return probes, one record.
+    Alloc,
+    /// Releases a block given as the first argument: entry probe only.
+    Free,
+    /// C++ `operator new`: entry probe only, for the stack of the malloc it
+    /// calls (a uretprobe would break exceptions thrown out of it).
+    New,
+}
+
+/// Where an allocating call's arguments are (argument indices 0-2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Abi {
+    pub size: u8,
+    pub count: Option<u8>,
+    /// The block resized (realloc-like), or with `out_ptr` where the
+    /// result is written.
+    pub ptr: Option<u8>,
+    pub out_ptr: bool,
+    pub result_is_size: bool,
+}
+
+const fn abi(size: u8, count: Option<u8>, ptr: Option<u8>) -> Abi {
+    Abi {
+        size,
+        count,
+        ptr,
+        out_ptr: false,
+        result_is_size: false,
+    }
+}
+
+/// `f(size)`.
+pub const SIZE0: Abi = abi(0, None, None);
+/// `f(align, size)`.
+pub const SIZE1: Abi = abi(1, None, None);
+/// `f(n, size)`.
+pub const COUNT_SIZE: Abi = abi(1, Some(0), None);
+/// `f(ptr, size)`.
+pub const REALLOC: Abi = abi(1, None, Some(0));
+/// `f(ptr, n, size)`.
+pub const REALLOC_N: Abi = abi(2, Some(1), Some(0));
+/// `int f(void **out, align, size)`.
+pub const OUT_PTR: Abi = Abi {
+    size: 2,
+    count: None,
+    ptr: Some(0),
+    out_ptr: true,
+    result_is_size: false,
+};
+/// `size_t f(ptr, size, ...)`: resized in place, returns the new size.
+pub const IN_PLACE: Abi = Abi {
+    size: 1,
+    count: None,
+    ptr: Some(0),
+    out_ptr: false,
+    result_is_size: true,
+};
+
+impl Abi {
+    /// The attach cookie (`enum mt_cookie_layout` in bpf/memtrail.h).
+    pub fn cookie(self, kind: Kind) -> u64 {
+        const NONE: u64 = t::mt_cookie_layout::MT_CK_ARG_NONE.0 as u64;
+        let idx = |i: Option<u8>| i.map_or(NONE, u64::from);
+        let mut flags = 0;
+        if self.out_ptr {
+            flags |= u64::from(t::mt_cookie_flags::MT_CK_OUT_PTR.0);
+        }
+        if self.result_is_size {
+            flags |= u64::from(t::mt_cookie_flags::MT_CK_RESULT_IS_SIZE.0);
+        }
+        kind as u64
+            | u64::from(self.size) << t::mt_cookie_layout::MT_CK_SIZE_SHIFT.0
+            | idx(self.count) << t::mt_cookie_layout::MT_CK_COUNT_SHIFT.0
+            | idx(self.ptr) << t::mt_cookie_layout::MT_CK_PTR_SHIFT.0
+            | flags << t::mt_cookie_layout::MT_CK_FLAGS_SHIFT.0
+    }
+}
+
+/// One entry point of an allocator API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub name: String,
+    pub role: Role,
+    pub kind: Kind,
+    pub abi: Abi,
+}
+
+fn alloc(name: &str, kind: Kind, abi: Abi) -> Entry {
+    Entry {
+        name: name.to_owned(),
+        role: Role::Alloc,
+        kind,
+        abi,
+    }
+}
+
+fn free(name: &str) -> Entry {
+    Entry {
+        name: name.to_owned(),
+        role: Role::Free,
+        kind: Kind::Free,
+        abi: SIZE0,
+    }
+}
+
+/// The C allocation API with `prefix` (`""` for libc or an allocator that
+/// replaces it; `je_`, `_rjem_`, `tc_`, `mi_` for prefixed builds).
+pub fn c_api(prefix: &str) -> Vec<Entry> {
+    let n = |s: &str| format!("{prefix}{s}");
+    vec![
+        alloc(&n("malloc"), Kind::Malloc, SIZE0),
+        alloc(&n("calloc"), Kind::Calloc, COUNT_SIZE),
+        alloc(&n("realloc"), Kind::Realloc, REALLOC),
+        alloc(&n("reallocarray"), Kind::Reallocarray, REALLOC_N),
+        free(&n("free")),
+        free(&n("cfree")),
+        alloc(&n("memalign"), Kind::Memalign, SIZE1),
+        alloc(&n("aligned_alloc"), Kind::AlignedAlloc, SIZE1),
+        alloc(&n("posix_memalign"), Kind::PosixMemalign, OUT_PTR),
+        alloc(&n("valloc"), Kind::Valloc, SIZE0),
+        alloc(&n("pvalloc"), Kind::Pvalloc, SIZE0),
+    ]
+}
+
+/// The libc API.
+pub fn libc() -> Vec<Entry> {
+    c_api("")
+}
+
+/// jemalloc's non-standard API, with `prefix` (`""`, `je_`, `_rjem_`).
+pub fn jemalloc_extra(prefix: &str) -> Vec<Entry> {
+    let n = |s: &str| format!("{prefix}{s}");
+    vec![
+        alloc(&n("mallocx"), Kind::Malloc, SIZE0),
+        alloc(&n("rallocx"), Kind::Realloc, REALLOC),
+        alloc(&n("xallocx"), Kind::Realloc, IN_PLACE),
+        free(&n("dallocx")),
+        free(&n("sdallocx")),
+    ]
+}
+
+/// mimalloc's API (`mi_*`); its standard names come with [`c_api`].
+pub fn mimalloc() -> Vec<Entry> {
+    vec![
+        alloc("mi_malloc", Kind::Malloc, SIZE0),
+        alloc("mi_zalloc", Kind::Calloc, SIZE0),
+        alloc("mi_calloc", Kind::Calloc, COUNT_SIZE),
+        alloc("mi_mallocn", Kind::Malloc, COUNT_SIZE),
+        alloc("mi_realloc", Kind::Realloc, REALLOC),
+        alloc("mi_reallocn", Kind::Realloc, REALLOC_N),
+        alloc("mi_reallocf", Kind::Realloc, REALLOC),
+        alloc("mi_rezalloc", Kind::Realloc, REALLOC),
+        alloc("mi_malloc_small", Kind::Malloc, SIZE0),
+        alloc("mi_zalloc_small", Kind::Calloc, SIZE0),
+        alloc("mi_malloc_aligned", Kind::AlignedAlloc, SIZE0),
+        alloc("mi_malloc_aligned_at", Kind::AlignedAlloc, SIZE0),
+        alloc("mi_zalloc_aligned", Kind::AlignedAlloc, SIZE0),
+        alloc("mi_zalloc_aligned_at", Kind::AlignedAlloc, SIZE0),
+        alloc("mi_calloc_aligned", Kind::AlignedAlloc, COUNT_SIZE),
+        alloc("mi_calloc_aligned_at", Kind::AlignedAlloc, COUNT_SIZE),
+        alloc("mi_realloc_aligned", Kind::Realloc, REALLOC),
+        alloc("mi_realloc_aligned_at", Kind::Realloc, REALLOC),
+        alloc("mi_rezalloc_aligned", Kind::Realloc, REALLOC),
+        alloc("mi_posix_memalign", Kind::PosixMemalign, OUT_PTR),
+        alloc("mi_memalign", Kind::Memalign, SIZE1),
+        alloc("mi_aligned_alloc", Kind::AlignedAlloc, SIZE1),
+        alloc("mi_valloc", Kind::Valloc, SIZE0),
+        alloc("mi_pvalloc", Kind::Pvalloc, SIZE0),
+        alloc("mi_new", Kind::Malloc, SIZE0),
+        alloc("mi_new_n", Kind::Malloc, COUNT_SIZE),
+        alloc("mi_new_aligned", Kind::AlignedAlloc, SIZE0),
+        alloc("mi_new_nothrow", Kind::Malloc, SIZE0),
+        alloc("mi_new_realloc", Kind::Realloc, REALLOC),
+        alloc("mi_new_reallocn", Kind::Realloc, REALLOC_N),
+        free("mi_free"),
+        free("mi_free_size"),
+        free("mi_free_aligned"),
+        free("mi_free_size_aligned"),
+        free("mi_cfree"),
+    ]
+}
+
+/// C++ `operator new` variants (libstdc++ and libc++ share the Itanium
+/// names), probed at entry only; see [`Role::New`].
+pub fn cxx_new() -> Vec<Entry> {
+    [
+        "_Znwm",
+        "_Znam",
+        "_ZnwmRKSt9nothrow_t",
+        "_ZnamRKSt9nothrow_t",
+        "_ZnwmSt11align_val_t",
+        "_ZnamSt11align_val_t",
+        "_ZnwmSt11align_val_tRKSt9nothrow_t",
+        "_ZnamSt11align_val_tRKSt9nothrow_t",
+    ]
+    .iter()
+    .map(|name| Entry {
+        name: (*name).to_owned(),
+        role: Role::New,
+        kind: Kind::Malloc,
+        abi: SIZE0,
+    })
+    .collect()
+}
+
+/// Every entry point memtrail looks for in an image, in naming order.
+pub fn all() -> Vec<Entry> {
+    let mut all = c_api("");
+    for prefix in ["", "je_", "_rjem_"] {
+        if !prefix.is_empty() {
+            all.extend(c_api(prefix));
+        }
+        all.extend(jemalloc_extra(prefix));
+    }
+    all.extend(c_api("tc_"));
+    all.extend(mimalloc());
+    all.extend(cxx_new());
+    all
+}
