@@ -111,6 +111,27 @@ __u64 drops_mappings = 0;
 __u64 drops_attach = 0;
 
 /*
+ * Backpressure. With pressure_enabled, a producer that finds its ring
+ * filled past the ring's watermark (after submitting, never while holding a
+ * reservation) latches a pressure episode with a compare-and-swap on
+ * pressure_latch and stops its own process. Userspace, which reads
+ * and clears the latch through the mmap'd .bss, stops the rest of the tree,
+ * drains every ring and resumes it.
+ */
+const volatile bool pressure_enabled = false;
+const volatile __u64 watermark_events = ~0ULL;
+const volatile __u64 watermark_stacks = ~0ULL;
+const volatile __u64 watermark_mappings = ~0ULL;
+const volatile __u64 watermark_attach = ~0ULL;
+
+__u64 pressure_latch = 0;
+/* Highest fill seen per ring, in bytes (a statistic: racy maximum). */
+__u64 hwm_events = 0;
+__u64 hwm_stacks = 0;
+__u64 hwm_mappings = 0;
+__u64 hwm_attach = 0;
+
+/*
  * The outermost allocator call a thread is inside, from entry to return.
  * Task-local storage: found through the task itself (no hash, no
  * insert/delete per call) and freed with the task.
@@ -201,6 +222,24 @@ static __always_inline void *reserve(__u64 size)
 	return rec;
 }
 
+static __always_inline void check_pressure(void *ring, __u64 watermark, __u64 *hwm)
+{
+	__u64 avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
+
+	if (avail > *hwm)
+		*hwm = avail;
+	if (!pressure_enabled || avail <= watermark)
+		return;
+	/* The first producer over the watermark latches the episode; every
+	 * producer over it stops its own process, so a wide tree cannot
+	 * overrun the headroom before the coordinator has stopped it all.
+	 * The coordinator holds and resumes them: it waits until each held
+	 * process has stopped (and so left this program) before it clears the
+	 * latch, so no self-stop can land after its SIGCONT. */
+	__sync_val_compare_and_swap(&pressure_latch, 0, 1);
+	bpf_send_signal(SIGSTOP);
+}
+
 static __always_inline void fill_header(struct mt_header *hdr, __u64 pid_tgid,
 					 __u16 kind, __u16 flags)
 {
@@ -227,6 +266,7 @@ static __always_inline void emit_event(__u64 pid_tgid, __u16 kind, __u16 flags,
 	e->old_size = old_size;
 	e->stack_id = stack_id;
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	check_pressure(&events, watermark_events, &hwm_events);
 }
 
 static __always_inline void emit_alloc(__u64 pid_tgid, __u16 kind, __u16 flags,
@@ -292,6 +332,7 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 		bpf_ringbuf_discard(rec, BPF_RB_NO_WAKEUP);
 	else
 		bpf_ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
+	check_pressure(&stacks, watermark_stacks, &hwm_stacks);
 	return h;
 }
 
@@ -546,6 +587,7 @@ static __always_inline void request_attach(__u64 pid_tgid, const struct vma_info
 	fill_mapping(m, pid_tgid, info);
 	bpf_ringbuf_submit(m, BPF_RB_NO_WAKEUP);
 	bpf_send_signal(SIGSTOP);
+	check_pressure(&attach_requests, watermark_attach, &hwm_attach);
 }
 
 /* Writes the file mapping of the current process that contains addr, and
@@ -565,6 +607,7 @@ static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr)
 	}
 	fill_mapping(m, pid_tgid, &info);
 	bpf_ringbuf_submit(m, BPF_RB_NO_WAKEUP);
+	check_pressure(&mappings, watermark_mappings, &hwm_mappings);
 }
 
 SEC("tracepoint/syscalls/sys_exit_mmap")
@@ -659,6 +702,7 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	e->child_pid = ctgid;
 	e->_pad = 0;
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	check_pressure(&events, watermark_events, &hwm_events);
 	return 0;
 }
 

@@ -26,6 +26,7 @@ typedef __u32 __be32;
 typedef __u32 __wsum;
 typedef _Bool bool;
 #define true 1
+
 #define false 0
 
 enum bpf_map_type {

@@ -8,6 +8,7 @@
 //! - [`record`]: decoding ring records into events.
 //! - [`attach`]: finding allocator entry points and attaching probes.
 //! - [`capture`]: one capture from start to profile, the library entry point.
+//! - [`pressure`]: pausing the tree when a ring fills up, instead of losing events.
 //! - [`proctree`]: starting the command and following its process tree.
 //! - [`symbolize`]: stacks to functions and lines, after the capture.
 //! - [`report`]: aggregating events into the profile, summary and stream.
@@ -18,6 +19,7 @@ pub mod attach;
 pub mod capture;
 pub mod cli;
 pub mod engine;
+pub mod pressure;
 pub mod proctree;
 pub mod record;
 pub mod render;

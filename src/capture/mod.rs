@@ -14,6 +14,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use libbpf_rs::MapCore;
@@ -21,7 +22,8 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 
 use crate::attach::worker::AttachWorker;
 use crate::attach::{self, AttachError, Links};
-use crate::engine::{self, Barrier, Pipeline};
+use crate::engine::{self, Barrier, Fault, Pipeline};
+use crate::pressure::{Coordinator, HighWater, Latch, PressureTimeout};
 use crate::proctree::stops::Stops;
 use crate::proctree::{self, CommandSpec, SpawnError};
 use crate::report::{
@@ -60,27 +62,40 @@ pub struct Options {
     pub stack_depth: u32,
     /// Size in bytes of the stack ring (a power of two, at least a page).
     pub stack_ring_size: usize,
+    /// Backpressure: off (`0`, loss detection only), bounded, or unbounded.
+    pub pressure_timeout: PressureTimeout,
+    /// Fill of a ring, in percent, past which producers pause the tree.
+    pub watermark_percent: u8,
     /// Fault injection for tests.
     pub faults: Faults,
 }
 
-/// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,stall-stacks`
-/// in the CLI): a stalled pipeline consumes nothing until the final drain,
-/// so a small ring overflows deterministically.
+/// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
+/// wedge-events,stall-stacks` in the CLI; see [`engine::Fault`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Faults {
-    pub stall_events: bool,
-    pub stall_stacks: bool,
+    pub events: Fault,
+    pub stacks: Fault,
 }
 
 impl Faults {
     /// Parses a comma-separated list; unknown names are ignored.
     pub fn parse(spec: &str) -> Self {
-        let has = |name: &str| spec.split(',').any(|f| f.trim() == name);
-        Self {
-            stall_events: has("stall-events"),
-            stall_stacks: has("stall-stacks"),
+        let mut faults = Self::default();
+        for name in spec.split(',').map(str::trim) {
+            let (fault, pipeline) = match name.split_once('-') {
+                Some(("stall", p)) => (Fault::Stall, p),
+                Some(("slow", p)) => (Fault::Slow, p),
+                Some(("wedge", p)) => (Fault::Wedge, p),
+                _ => continue,
+            };
+            match pipeline {
+                "events" => faults.events = fault,
+                "stacks" => faults.stacks = fault,
+                _ => {}
+            }
         }
+        faults
     }
 }
 
@@ -129,6 +144,8 @@ pub enum CaptureError {
     Lost(LostEvents),
     #[error("--stack-depth {0} is more than the {MAX_STACK_DEPTH} frames a stack record holds")]
     StackDepth(u32),
+    #[error(transparent)]
+    Pressure(#[from] crate::pressure::PressureError),
     #[error("{0} records could not be decoded: memtrail's BPF and userspace disagree")]
     Malformed(u64),
     #[error("writing the event stream failed")]
@@ -222,7 +239,29 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .as_deref_mut()
         .expect("the BPF object has .rodata tunables")
         .stack_depth = opts.stack_depth;
-    let skel = open.load().map_err(CaptureError::Load)?;
+    {
+        let ro = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .expect("the BPF object has .rodata tunables");
+        let mark = |size: u64| size * u64::from(opts.watermark_percent.clamp(1, 99)) / 100;
+        ro.pressure_enabled = opts.pressure_timeout.enabled();
+        ro.watermark_events = mark(opts.ring_size as u64);
+        ro.watermark_stacks = mark(opts.stack_ring_size as u64);
+        ro.watermark_mappings = mark(u64::from(open.maps.mappings.max_entries()));
+        ro.watermark_attach = mark(u64::from(open.maps.attach_requests.max_entries()));
+    }
+    let mut skel = open.load().map_err(CaptureError::Load)?;
+    // Before any process can be stopped: the guardian resumes the tree if
+    // memtrail dies, however it dies.
+    let _guardian = sys::spawn_guardian(skel.maps.tracked.as_fd())?;
+    let latch_word: *mut u64 = &raw mut skel
+        .maps
+        .bss_data
+        .as_deref_mut()
+        .expect("the BPF object has a .bss")
+        .pressure_latch;
 
     // libc and the C++ runtimes are probed up front (every command loads
     // them); other images as the attach worker meets them.
@@ -273,7 +312,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
                 stream,
                 stream_error: None,
             },
-            stall: opts.faults.stall_events,
+            fault: opts.faults.events,
         },
         barrier.clone(),
         0,
@@ -285,7 +324,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             name: "stacks",
             ring: RingConsumer::new(maps.stacks.as_fd(), maps.stacks.max_entries() as usize)?,
             sink: StackSink::default(),
-            stall: opts.faults.stall_stacks,
+            fault: opts.faults.stacks,
         },
         barrier.clone(),
         1,
@@ -297,7 +336,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             name: "mappings",
             ring: RingConsumer::new(maps.mappings.as_fd(), maps.mappings.max_entries() as usize)?,
             sink: MappingSink::default(),
-            stall: false,
+            fault: Fault::None,
         },
         barrier.clone(),
         2,
@@ -322,7 +361,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
                 maps.attach_requests.max_entries() as usize,
             )?,
             sink: AttachWorker::new(progs, known_fd, known, stops.clone()),
-            stall: false,
+            fault: Fault::None,
         },
         barrier.clone(),
         3,
@@ -330,7 +369,49 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     )
     .map_err(spawn_err)?;
 
+    let done = Arc::new(AtomicBool::new(false));
+    let coordinator = Coordinator {
+        // SAFETY: the skeleton (and so its .bss mapping) outlives the
+        // coordinator thread, which is joined below.
+        latch: unsafe { Latch::new(latch_word) },
+        tracked_map: skel
+            .maps
+            .tracked
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| CaptureError::Io {
+                what: "duplicating a BPF map descriptor",
+                source,
+            })?,
+        stops: stops.clone(),
+        barrier: barrier.clone(),
+        pipelines: PIPELINES.to_vec(),
+        timeout: opts.pressure_timeout,
+        done: done.clone(),
+    };
+    let pressure = std::thread::Builder::new()
+        .name("memtrail-pressure".into())
+        .spawn(move || coordinator.run())
+        .map_err(|source| CaptureError::Io {
+            what: "starting the pressure coordinator",
+            source,
+        })?;
+
     let tree = track_tree(&skel, &spec);
+    done.store(true, Ordering::Release);
+    let pressure = pressure.join().map_err(|_| CaptureError::PollerPanicked)?;
+    if let Err(err) = pressure {
+        barrier.stop();
+        let _ = (
+            event_poller.join(),
+            stack_poller.join(),
+            mapping_poller.join(),
+            attach_poller.join(),
+        );
+        let _ = stops.resume_everything();
+        return Err(CaptureError::Pressure(err));
+    }
+    let mut pressure_stats = pressure.unwrap_or_default();
     // Whatever happened to the tree, drain and join the pollers.
     let epoch = barrier.raise();
     let drained = barrier.wait(epoch, Some(DRAIN_TIMEOUT));
@@ -403,6 +484,8 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .collect();
     let mut profile = Profile::build(&agg, command, exit, (start_ns, end_ns), lost, &sites);
     profile.stacks = symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
+    pressure_stats.high_water = read_high_water(&skel);
+    profile.pressure = pressure_stats;
     if let Some(stream) = stream {
         stream.commit()?;
     }
@@ -520,6 +603,23 @@ fn track_tree(
     let root_exit = proctree::wait_tree(pid)?;
     released?;
     Ok((pid, root_exit, start_ns))
+}
+
+/// Pipeline names by barrier index.
+const PIPELINES: [&str; 4] = ["events", "stacks", "mappings", "attach"];
+
+fn read_high_water(skel: &MemtrailSkel<'_>) -> HighWater {
+    let bss = skel
+        .maps
+        .bss_data
+        .as_deref()
+        .expect("the BPF object has a .bss");
+    HighWater {
+        events: bss.hwm_events,
+        stacks: bss.hwm_stacks,
+        mappings: bss.hwm_mappings,
+        attach: bss.hwm_attach,
+    }
 }
 
 fn read_lost(skel: &MemtrailSkel<'_>) -> LostEvents {

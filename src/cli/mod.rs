@@ -35,6 +35,8 @@ pub mod exit {
     pub const CONFLICT: i32 = 74;
     /// An image the command loaded could not be examined or probed.
     pub const ATTACH: i32 = 75;
+    /// A pressure pause did not recover within --pressure-timeout.
+    pub const PRESSURE: i32 = 76;
     /// The command is not executable.
     pub const NOT_EXECUTABLE: i32 = 126;
     /// The command was not found.
@@ -55,6 +57,7 @@ Exit status:
          for memtrail report, also standard output)
     74   another tracer holds a conflicting uprobe (ref_ctr_offset mismatch)
     75   an executable image the command loaded could not be examined or probed
+    76   a pressure pause did not recover within --pressure-timeout (tree killed)
     126  the command is not executable
     127  the command was not found";
 
@@ -112,6 +115,20 @@ pub struct RunArgs {
     /// it is read.
     #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
     pub stack_ring_size: usize,
+
+    /// What to do when a ring fills past the watermark. `0` (default): no
+    /// pausing; lost events are detected and fail the capture (exit 71). A
+    /// duration (`250ms`, `2s`, `1m`): pause the tree until the rings drain,
+    /// and if an episode takes longer, kill the tree and fail (exit 76).
+    /// `inf`: pause as long as draining takes.
+    #[arg(long, value_name = "TIMEOUT", default_value = "0", allow_hyphen_values = true)]
+    pub pressure_timeout: crate::pressure::PressureTimeout,
+
+    /// Fill of a ring, in percent of its size, past which the tree is
+    /// paused (with --pressure-timeout other than 0).
+    #[arg(long, value_name = "PERCENT", default_value_t = 75,
+          value_parser = clap::value_parser!(u8).range(1..=99))]
+    pub watermark: u8,
 
     /// Frames of call stack to record per allocation (at most 128); 0
     /// records no stacks. Stacks are walked by frame pointers: code built
@@ -233,6 +250,7 @@ pub fn exit_code(err: &CaptureError) -> i32 {
         } => exit::CONFLICT,
         CaptureError::AttachImage { .. } => exit::ATTACH,
         CaptureError::Lost(_) => exit::LOST,
+        CaptureError::Pressure(_) => exit::PRESSURE,
         _ => exit::INTERNAL,
     }
 }
@@ -277,6 +295,8 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         ring_size: args.ring_size,
         stack_depth: args.stack_depth,
         stack_ring_size: args.stack_ring_size,
+        pressure_timeout: args.pressure_timeout,
+        watermark_percent: args.watermark,
         faults: capture::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
     };
     // Like --output, --report-output fails before the command runs.

@@ -74,6 +74,13 @@ impl Barrier {
         }
     }
 
+    /// Pipelines that have not acknowledged `epoch`.
+    pub fn lagging(&self, epoch: u64) -> Vec<usize> {
+        (0..self.acks.len())
+            .filter(|&i| self.acks[i].load(Ordering::Acquire) < epoch)
+            .collect()
+    }
+
     /// Tells the pollers to exit after their current round.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
@@ -99,9 +106,22 @@ pub struct Pipeline<S: Sink> {
     pub name: &'static str,
     pub ring: RingConsumer,
     pub sink: S,
-    /// Fault injection for tests: consume nothing until the first barrier,
-    /// so a small ring overflows deterministically.
-    pub stall: bool,
+    /// Fault injection for tests.
+    pub fault: Fault,
+}
+
+/// Test-only fault injection into a pipeline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Fault {
+    #[default]
+    None,
+    /// Consume nothing until the first barrier, so a small ring overflows
+    /// deterministically.
+    Stall,
+    /// Consume slowly (a pause every few records), so producers outrun it.
+    Slow,
+    /// Consume nothing and acknowledge no barrier until stopped.
+    Wedge,
 }
 
 /// Picks a core for each of `n` pollers: the last cores, leaving core 0 to
@@ -141,16 +161,35 @@ fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
     let mut idle = idle::IdleWait::default();
     let mut acked = 0;
     let sink = &mut p.sink;
+    let mut since_pause = 0u32;
+    let slow = p.fault == Fault::Slow;
+    let mut record = |rec: &[u8]| {
+        sink.record(rec);
+        if slow {
+            since_pause += 1;
+            if since_pause == 64 {
+                since_pause = 0;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    };
     loop {
         let stopping = barrier.stopping();
+        if p.fault == Fault::Wedge {
+            if stopping {
+                return;
+            }
+            idle.idle();
+            continue;
+        }
         let wanted = barrier.requested();
         let mut handed = 0;
-        if !p.stall || wanted > 0 {
-            handed = p.ring.poll(|rec| sink.record(rec));
+        if p.fault != Fault::Stall || wanted > 0 {
+            handed = p.ring.poll(&mut record);
         }
         if wanted > acked {
             let target = p.ring.producer_pos();
-            handed += p.ring.drain_to(target, |rec| sink.record(rec));
+            handed += p.ring.drain_to(target, &mut record);
             acked = wanted;
             barrier.ack(index, wanted);
         }

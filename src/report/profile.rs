@@ -30,6 +30,9 @@ pub struct Profile {
     /// allocated from it. Empty when stacks were not captured.
     #[serde(default)]
     pub stacks: Vec<StackEntry>,
+    /// Backpressure episodes and ring fill.
+    #[serde(default)]
+    pub pressure: crate::pressure::PressureStats,
 }
 
 /// One distinct allocation call stack and its metrics.
@@ -193,6 +196,7 @@ impl Profile {
             lost_events,
             probes: sites.iter().map(ProbeEntry::from).collect(),
             stacks: Vec::new(),
+            pressure: Default::default(),
         }
     }
 }

@@ -83,6 +83,16 @@ pub fn write_summary(w: &mut impl Write, p: &Profile) -> io::Result<()> {
             human_bytes(m.brk_peak_bytes)
         )?;
     }
+    let pr = &p.pressure;
+    if pr.episodes > 0 {
+        writeln!(
+            w,
+            "  pressure    {:>10} pauses, {} in all, longest {}",
+            pr.episodes,
+            human_ns(pr.total_pause_ns),
+            human_ns(pr.longest_pause_ns)
+        )?;
+    }
     if p.processes.len() > 1 {
         writeln!(
             w,

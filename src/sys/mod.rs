@@ -605,3 +605,117 @@ pub fn thread_states(pid: i32) -> SysResult<ThreadStates> {
     }
     Ok(states)
 }
+
+/// Keys of a BPF hash map whose keys are `u32` (the tracked-process map).
+pub fn bpf_map_u32_keys(map: std::os::fd::BorrowedFd<'_>) -> SysResult<Vec<u32>> {
+    let mut keys = Vec::new();
+    let mut prev: Option<u32> = None;
+    loop {
+        let mut next = 0u32;
+        let prev_ptr = prev.as_ref().map_or(std::ptr::null(), |p| {
+            std::ptr::from_ref(p).cast::<libc::c_void>()
+        });
+        // SAFETY: key pointers are valid u32s (or NULL for the first key),
+        // the map's key size.
+        let ret = unsafe {
+            libbpf_sys::bpf_map_get_next_key(map.as_raw_fd(), prev_ptr, (&raw mut next).cast())
+        };
+        if ret == -libc::ENOENT {
+            return Ok(keys);
+        }
+        if ret < 0 {
+            return Err(SysError {
+                call: "bpf(BPF_MAP_GET_NEXT_KEY)",
+                source: io::Error::from_raw_os_error(-ret),
+            });
+        }
+        keys.push(next);
+        prev = Some(next);
+    }
+}
+
+/// Starts the guardian: a small process, not memtrail's child (it is
+/// created with CLONE_PARENT), that waits for the write end returned here to
+/// close — however memtrail ends, SIGKILL included — and then sends SIGCONT,
+/// through pidfds, to every process left in the tracked map, so nothing of
+/// the tree stays stopped by a pressure pause or an attach hold.
+pub fn spawn_guardian(tracked_map: std::os::fd::BorrowedFd<'_>) -> SysResult<OwnedFd> {
+    let (read_end, write_end) = pipe()?;
+    let map_fd = tracked_map.as_raw_fd();
+    let read_fd = read_end.as_raw_fd();
+    // SAFETY: clone with CLONE_PARENT | SIGCHLD and no new stack behaves
+    // like fork; the child only makes raw system calls (async-signal-safe)
+    // and ends with _exit.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid < 0 {
+        return Err(SysError::last("clone(CLONE_PARENT)"));
+    }
+    if pid == 0 {
+        // SAFETY: in the child; see above.
+        unsafe { guardian_main(read_fd, map_fd) }
+    }
+    drop(read_end);
+    Ok(write_end)
+}
+
+/// # Safety
+/// Only in the freshly cloned guardian: raw system calls, never returns.
+unsafe fn guardian_main(read_fd: libc::c_int, map_fd: libc::c_int) -> ! {
+    // SAFETY: plain system calls on integers and local buffers.
+    unsafe {
+        for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        // Keep only the pipe (fd 3) and the tracked map (fd 4): holding
+        // memtrail's other BPF objects would keep them alive.
+        if libc::dup2(read_fd, 3) < 0 || libc::dup2(map_fd, 4) < 0 {
+            libc::_exit(1);
+        }
+        libc::syscall(libc::SYS_close_range, 5u32, u32::MAX, 0u32);
+        for fd in 0..3 {
+            libc::close(fd);
+        }
+        let mut byte = 0u8;
+        while libc::read(3, (&raw mut byte).cast(), 1) != 0 {
+            if *libc::__errno_location() != libc::EINTR {
+                break;
+            }
+        }
+        let mut prev = 0u32;
+        let mut first = true;
+        loop {
+            let mut next = 0u32;
+            let prev_ptr = if first {
+                std::ptr::null()
+            } else {
+                (&raw const prev).cast::<libc::c_void>()
+            };
+            if libbpf_sys::bpf_map_get_next_key(4, prev_ptr, (&raw mut next).cast()) != 0 {
+                break;
+            }
+            let pidfd = libc::syscall(libc::SYS_pidfd_open, next as libc::pid_t, 0) as libc::c_int;
+            if pidfd >= 0 {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd,
+                    libc::SIGCONT,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                );
+                libc::close(pidfd);
+            }
+            prev = next;
+            first = false;
+        }
+        libc::_exit(0)
+    }
+}
