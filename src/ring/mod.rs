@@ -21,6 +21,15 @@
 //! after the records before it were handed out: at the end of each batch, and
 //! every eighth of the ring within a long one so producers get space back.
 //! One consumer per ring: two would race on `consumer_pos`.
+//!
+//! Reading is bound by memory, not instructions: each record's header load
+//! depends on the previous record's length, so the cache misses of
+//! successive records serialize. With every record, the consumer prefetches
+//! the line [`PREFETCH_AHEAD`] bytes ahead of its position when that whole
+//! line is below the producer position (so it never pulls a line a producer
+//! may still be writing out of that producer's cache); on a backlog the
+//! header loads then hit L1. `perf/ring_bench.rs` measured about +25%
+//! records/s on drains, from memory and from the shared cache.
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -34,6 +43,12 @@ pub const BUSY_BIT: u32 = 1 << 31;
 pub const DISCARD_BIT: u32 = 1 << 30;
 /// Size of the header before each record body.
 pub const HEADER_LEN: usize = 8;
+/// How far ahead of the read position `poll` and `drain_to` prefetch:
+/// 2-8 KiB measured alike (`perf/ring_bench.rs`), and it stays well within
+/// the L1 cache.
+pub const PREFETCH_AHEAD: u64 = 4096;
+/// Prefetch granularity.
+const CACHE_LINE: u64 = 64;
 
 /// Errors setting up a ring consumer.
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +166,7 @@ impl RingConsumer {
         let mut handed = 0;
         let mut prod = self.producer_pos();
         while self.pos < prod {
+            self.prefetch_ahead(prod);
             match self.take_one(&mut f) {
                 Some(true) => handed += 1,
                 Some(false) => {}
@@ -178,6 +194,7 @@ impl RingConsumer {
         let backoff = crossbeam_utils::Backoff::new();
         let mut handed = 0;
         while self.pos < target {
+            self.prefetch_ahead(target);
             match self.take_one(&mut f) {
                 Some(true) => handed += 1,
                 Some(false) => {}
@@ -191,6 +208,17 @@ impl RingConsumer {
         }
         self.publish();
         handed
+    }
+
+    /// Prefetches the line `PREFETCH_AHEAD` bytes past the read position
+    /// if all of it lies below `limit`, a producer position.
+    #[inline]
+    fn prefetch_ahead(&self, limit: u64) {
+        let ahead = self.pos + PREFETCH_AHEAD;
+        if ahead | (CACHE_LINE - 1) < limit {
+            let off = self.page + (ahead & self.mask) as usize;
+            prefetch(self.producer.as_ptr().wrapping_add(off));
+        }
     }
 
     /// Takes the record at the read position: `Some(true)` if handed to
@@ -224,4 +252,18 @@ impl RingConsumer {
             self.published = self.pos;
         }
     }
+}
+
+/// Asks the CPU to bring the line at `at` into L1; a hint that never faults.
+#[inline]
+fn prefetch(at: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of the x86_64 baseline, so the instruction exists;
+    // a prefetch reads nothing architecturally and cannot fault, whatever
+    // the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
 }
