@@ -237,7 +237,9 @@ static __always_inline void check_pressure(void *ring, __u64 watermark, __u64 *h
 	 * process has stopped (and so left this program) before it clears the
 	 * latch, so no self-stop can land after its SIGCONT. */
 	__sync_val_compare_and_swap(&pressure_latch, 0, 1);
-	bpf_send_signal(SIGSTOP);
+	/* To this thread: it dequeues the stop on its way back to user space
+	 * and so cannot produce again before the whole group stops. */
+	bpf_send_signal_thread(SIGSTOP);
 }
 
 static __always_inline void fill_header(struct mt_header *hdr, __u64 pid_tgid,
