@@ -125,6 +125,19 @@ const volatile __u64 watermark_mappings = ~0ULL;
 const volatile __u64 watermark_attach = ~0ULL;
 
 __u64 pressure_latch = 0;
+
+/*
+ * Set by userspace while a ring's poller sleeps on the ring's epoll:
+ * producers then submit with BPF_RB_FORCE_WAKEUP, otherwise with
+ * BPF_RB_NO_WAKEUP (the poller busy-polls). Read after the commit, whose
+ * xchg is a full barrier: see src/engine/idle.rs for the pairing.
+ */
+__u64 sleeping[MT_RINGS] = {};
+
+static __always_inline __u64 submit_flags(enum mt_ring ring)
+{
+	return sleeping[ring] ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
 /* Highest fill seen per ring, in bytes (a statistic: racy maximum). */
 __u64 hwm_events = 0;
 __u64 hwm_stacks = 0;
@@ -207,6 +220,7 @@ enum mt_kind _mt_kind = 0;
 enum mt_flags _mt_flags = 0;
 enum mt_cookie_layout _mt_cookie_layout = 0;
 enum mt_cookie_flags _mt_cookie_flags = 0;
+enum mt_ring _mt_ring = 0;
 
 static __always_inline bool is_tracked(__u32 tgid)
 {
@@ -267,7 +281,7 @@ static __always_inline void emit_event(__u64 pid_tgid, __u16 kind, __u16 flags,
 	e->old_addr = old_addr;
 	e->old_size = old_size;
 	e->stack_id = stack_id;
-	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
 	check_pressure(&events, watermark_events, &hwm_events);
 }
 
@@ -333,7 +347,7 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 	if (bpf_map_update_elem(&known_stacks, &h, &one, BPF_NOEXIST) == -EEXIST)
 		bpf_ringbuf_discard(rec, BPF_RB_NO_WAKEUP);
 	else
-		bpf_ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
+		bpf_ringbuf_submit(rec, submit_flags(MT_RING_STACKS));
 	check_pressure(&stacks, watermark_stacks, &hwm_stacks);
 	return h;
 }
@@ -587,7 +601,7 @@ static __always_inline void request_attach(__u64 pid_tgid, const struct vma_info
 		return;
 	}
 	fill_mapping(m, pid_tgid, info);
-	bpf_ringbuf_submit(m, BPF_RB_NO_WAKEUP);
+	bpf_ringbuf_submit(m, submit_flags(MT_RING_ATTACH));
 	bpf_send_signal(SIGSTOP);
 	check_pressure(&attach_requests, watermark_attach, &hwm_attach);
 }
@@ -608,7 +622,7 @@ static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr)
 		return;
 	}
 	fill_mapping(m, pid_tgid, &info);
-	bpf_ringbuf_submit(m, BPF_RB_NO_WAKEUP);
+	bpf_ringbuf_submit(m, submit_flags(MT_RING_MAPPINGS));
 	check_pressure(&mappings, watermark_mappings, &hwm_mappings);
 }
 
@@ -703,7 +717,7 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	e->hdr.pid = ptgid;
 	e->child_pid = ctgid;
 	e->_pad = 0;
-	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
 	check_pressure(&events, watermark_events, &hwm_events);
 	return 0;
 }
@@ -724,7 +738,7 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 	fill_header(&e->hdr, pid_tgid, MT_EXEC, 0);
 	if (bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), bprm->filename) < 0)
 		e->filename[0] = 0;
-	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
 	/* The kernel mapped the new image itself: no mmap to see it by. */
 	emit_mapping(pid_tgid, BPF_CORE_READ(p, mm, start_code));
 	return 0;
@@ -752,6 +766,6 @@ int BPF_PROG(sched_exit, struct task_struct *p)
 	fill_header(&e->hdr, pid_tgid, MT_EXIT, 0);
 	e->exit_code = BPF_CORE_READ(p, exit_code);
 	e->_pad = 0;
-	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
 	return 0;
 }

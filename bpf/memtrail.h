@@ -62,6 +62,15 @@ enum mt_cookie_flags {
 	MT_CK_RESULT_IS_SIZE = 2,
 };
 
+/* Rings, as indices of the pollers' `sleeping` flags. */
+enum mt_ring {
+	MT_RING_EVENTS = 0,
+	MT_RING_STACKS = 1,
+	MT_RING_MAPPINGS = 2,
+	MT_RING_ATTACH = 3,
+	MT_RINGS = 4,
+};
+
 /* mt_header.flags */
 enum mt_flags {
 	/* A syscall made inside an allocator call on the same thread: the

@@ -27,13 +27,21 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Largest record body: the pattern fill loops over it. */
 #define RT_MAX_SIZE 4096
 
+/* rt_args.flags: choose the wakeup per record from `sleeping`. */
+#define RT_AUTO_WAKEUP 4
+
+/* Set by a consumer in deep sleep (memtrail's engine::idle::DeepSleep). */
+__u64 sleeping = 0;
+
 /* The context of one run. */
 struct rt_args {
 	__u64 seq;           /* in: sequence number of the first record */
 	__u32 count;         /* in: records to make, at most RT_MAX_RECORDS */
 	__u32 size;          /* in: body bytes, sizeof(struct rt_record)..RT_MAX_SIZE */
 	__u32 discard_every; /* in: discard seq % n == n - 1; 0 discards none */
-	__u32 flags;         /* in: BPF_RB_NO_WAKEUP or BPF_RB_FORCE_WAKEUP, or 0 */
+	__u32 flags;         /* in: BPF_RB_NO_WAKEUP or BPF_RB_FORCE_WAKEUP, or 0, or
+	                      * RT_AUTO_WAKEUP: like memtrail's probes, wake the
+	                      * consumer only while `sleeping` is set */
 	__u32 submitted;     /* out: records submitted */
 	__u32 discarded;     /* out: records discarded */
 	__u32 dropped;       /* out: failed reserves */
@@ -122,7 +130,7 @@ SEC("syscall")
 int produce(struct rt_args *args)
 {
 	__u32 count = args->count, size = args->size;
-	__u64 flags = args->flags & (BPF_RB_NO_WAKEUP | BPF_RB_FORCE_WAKEUP);
+	__u64 flags = args->flags & (BPF_RB_NO_WAKEUP | BPF_RB_FORCE_WAKEUP | RT_AUTO_WAKEUP);
 	__u64 seq = args->seq;
 	int i;
 
@@ -132,7 +140,11 @@ int produce(struct rt_args *args)
 	if (count > RT_MAX_RECORDS || size < sizeof(struct rt_record) || size > RT_MAX_SIZE)
 		return 1;
 	bpf_for(i, 0, count) {
-		emit(args, seq + i, size, flags);
+		__u64 f = flags;
+
+		if (f & RT_AUTO_WAKEUP)
+			f = sleeping ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+		emit(args, seq + i, size, f);
 	}
 	return 0;
 }

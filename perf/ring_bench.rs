@@ -41,7 +41,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use libbpf_rs::RingBufferBuilder;
-use memtrail::engine::idle::{DEFAULT_NAP, IdleWait};
+use std::os::fd::AsFd;
+
+use memtrail::engine::idle::{DEFAULT_NAP, DeepSleep, IdleWait, SleepFlag};
 use ringtest::{RingTest, Run, capacity, header};
 
 /// Body bytes per record: a memtrail allocation record's size
@@ -84,6 +86,7 @@ const FULL: Scale = Scale {
     idle_time: Duration::from_secs(3),
     pollers: &[
         Poller::Memtrail(Duration::from_micros(100)),
+        Poller::MemtrailDeep,
         Poller::Memtrail(DEFAULT_NAP),
         Poller::Memtrail(Duration::from_micros(300)),
         Poller::Memtrail(Duration::from_micros(500)),
@@ -97,7 +100,11 @@ const SMOKE: Scale = Scale {
     stream_records: 1 << 14,
     latency_records: 10,
     idle_time: Duration::from_millis(50),
-    pollers: &[Poller::Memtrail(DEFAULT_NAP), Poller::LibbpfEpoll],
+    pollers: &[
+        Poller::MemtrailDeep,
+        Poller::Memtrail(DEFAULT_NAP),
+        Poller::LibbpfEpoll,
+    ],
 };
 
 /// Which consumer a run measures.
@@ -331,6 +338,10 @@ enum Poller {
     /// the kernel's adaptive wakeups. A reference point, not memtrail's
     /// design.
     LibbpfEpoll,
+    /// memtrail's consumer as the capture runs it: naps, then deep sleep on
+    /// the ring's epoll with its `sleeping` flag raised; records are
+    /// submitted with a wakeup only while the flag is set.
+    MemtrailDeep,
 }
 
 impl Poller {
@@ -338,16 +349,18 @@ impl Poller {
         match self {
             Self::Memtrail(_) => ringtest::NO_WAKEUP,
             Self::LibbpfEpoll => 0,
+            Self::MemtrailDeep => ringtest::AUTO_WAKEUP,
         }
     }
 
     fn name(self) -> String {
         match self {
-            Self::Memtrail(nap) if nap == DEFAULT_NAP => {
-                format!("memtrail, IdleWait nap {} µs (default)", nap.as_micros())
-            }
-            Self::Memtrail(nap) => format!("memtrail, IdleWait nap {} µs", nap.as_micros()),
+            Self::Memtrail(nap) => format!("memtrail, IdleWait nap {} µs only", nap.as_micros()),
             Self::LibbpfEpoll => "libbpf-rs RingBuffer::poll (epoll, wakeups on)".to_owned(),
+            Self::MemtrailDeep => format!(
+                "memtrail, nap {} µs then deep sleep (capture default)",
+                DEFAULT_NAP.as_micros()
+            ),
         }
     }
 }
@@ -380,6 +393,29 @@ fn run_poller(
                 if ring.poll(&mut f) == 0 {
                     waits += 1;
                     idle.idle();
+                } else {
+                    idle.reset();
+                }
+            }
+            Cost {
+                cpu: Duration::from_nanos(thread_cpu_ns() - cpu_start),
+                wall: start.elapsed(),
+                waits,
+            }
+        }
+        Poller::MemtrailDeep => {
+            let mut ring = rt.consumer();
+            let kick = memtrail::sys::eventfd().expect("eventfd");
+            // SAFETY: the word is in the ringtest skeleton's .bss, which
+            // outlives this poller (the skeleton is dropped after it).
+            let flag = unsafe { SleepFlag::new(rt.sleeping_flag()) };
+            let deep = DeepSleep::new(flag, rt.ring_fd(), kick.as_fd()).expect("deep sleep");
+            let mut idle = IdleWait::default().with_deep_sleep(deep);
+            let (cpu_start, start) = (thread_cpu_ns(), Instant::now());
+            while !stop.load(Ordering::Relaxed) {
+                if ring.poll(&mut f) == 0 {
+                    waits += 1;
+                    idle.idle_until(|| ring.pending() == 0 && !stop.load(Ordering::Relaxed));
                 } else {
                     idle.reset();
                 }
@@ -583,7 +619,7 @@ fn main() -> io::Result<()> {
             lat.max.as_secs_f64() * 1e6,
             per_wait.as_secs_f64() * 1e6,
         )?;
-        if matches!(poller, Poller::Memtrail(nap) if nap == DEFAULT_NAP) {
+        if matches!(poller, Poller::MemtrailDeep) {
             default = Some((lat, idle_pct));
         }
     }

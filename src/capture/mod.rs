@@ -22,6 +22,7 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 
 use crate::attach::worker::AttachWorker;
 use crate::attach::{self, AttachError, Links};
+use crate::engine::idle::{DeepSleep, SleepFlag};
 use crate::engine::{self, Barrier, Fault, Pipeline};
 use crate::pressure::{Coordinator, HighWater, Latch, PressureTimeout};
 use crate::proctree::stops::Stops;
@@ -296,8 +297,26 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .map(EventWriter::new)
         .transpose()
         .map_err(CaptureError::EventStream)?;
+    let bss = skel
+        .maps
+        .bss_data
+        .as_deref_mut()
+        .expect("the BPF object has a .bss");
+    let sleeping: Vec<*mut u64> = bss.sleeping.iter_mut().map(std::ptr::from_mut).collect();
     let maps = &skel.maps;
-    let barrier = Barrier::new(4);
+    let barrier = Barrier::new(4).map_err(|source| CaptureError::Io {
+        what: "creating the pipeline barrier",
+        source,
+    })?;
+    let deep = |ring: usize, map: std::os::fd::BorrowedFd<'_>| {
+        // SAFETY: the .bss mapping lives with the skeleton, which outlives
+        // the pollers (joined below).
+        let flag = unsafe { SleepFlag::new(sleeping[ring]) };
+        DeepSleep::new(flag, map, barrier.kick_fd()).map_err(|source| CaptureError::Io {
+            what: "setting up a poller's deep sleep",
+            source,
+        })
+    };
     let cores = engine::poller_cores(4);
     let spawn_err = |source| CaptureError::Io {
         what: "starting a poller thread",
@@ -313,6 +332,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
                 stream_error: None,
             },
             fault: opts.faults.events,
+            deep_sleep: Some(deep(0, maps.events.as_fd())?),
         },
         barrier.clone(),
         0,
@@ -325,6 +345,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             ring: RingConsumer::new(maps.stacks.as_fd(), maps.stacks.max_entries() as usize)?,
             sink: StackSink::default(),
             fault: opts.faults.stacks,
+            deep_sleep: Some(deep(1, maps.stacks.as_fd())?),
         },
         barrier.clone(),
         1,
@@ -337,6 +358,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             ring: RingConsumer::new(maps.mappings.as_fd(), maps.mappings.max_entries() as usize)?,
             sink: MappingSink::default(),
             fault: Fault::None,
+            deep_sleep: Some(deep(2, maps.mappings.as_fd())?),
         },
         barrier.clone(),
         2,
@@ -362,6 +384,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             )?,
             sink: AttachWorker::new(progs, known_fd, known, stops.clone()),
             fault: Fault::None,
+            deep_sleep: Some(deep(3, maps.attach_requests.as_fd())?),
         },
         barrier.clone(),
         3,

@@ -121,7 +121,12 @@ pub struct RunArgs {
     /// duration (`250ms`, `2s`, `1m`): pause the tree until the rings drain,
     /// and if an episode takes longer, kill the tree and fail (exit 76).
     /// `inf`: pause as long as draining takes.
-    #[arg(long, value_name = "TIMEOUT", default_value = "0", allow_hyphen_values = true)]
+    #[arg(
+        long,
+        value_name = "TIMEOUT",
+        default_value = "0",
+        allow_hyphen_values = true
+    )]
     pub pressure_timeout: crate::pressure::PressureTimeout,
 
     /// Fill of a ring, in percent of its size, past which the tree is

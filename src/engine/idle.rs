@@ -1,11 +1,26 @@
 //! How a poller waits when its ring is empty.
 //!
 //! Spin and yield with [`Backoff`] first (new records usually follow soon),
-//! then sleep in short naps. A nap bounds delivery latency: a record that
-//! arrives while the poller sleeps waits at most one nap plus timer slack.
-//! The nap is short enough for the 1 ms latency target and long enough that
-//! an idle poller costs a small fraction of a core.
+//! then sleep in short naps: a record that arrives while the poller naps
+//! waits at most one nap plus timer slack. After a few empty naps the poller
+//! sleeps deeply, if it can: it raises its ring's `sleeping` flag in the BPF
+//! program's .bss (producers then submit with `BPF_RB_FORCE_WAKEUP`), checks
+//! the ring once more, and blocks on the ring's epoll (and the barrier's
+//! eventfd) until the kernel wakes it. Naps keep latency low during bursts;
+//! deep sleep keeps an idle poller's CPU use near zero, and it is woken in
+//! tens of microseconds.
+//!
+//! Lost wakeups: the poller stores the flag (SeqCst) and then reads the
+//! producer position; a producer advances the producer position when it
+//! reserves and reads the flag just before it commits. x86 may order the
+//! producer's read before its store is visible, so in a window of a few
+//! nanoseconds both can miss each other: the poller then sleeps with a
+//! record in the ring until its deep sleep times out ([`DEEP_SLEEP`], a
+//! bounded delay, never a loss). A full barrier in every producer would
+//! close the window at a cost on every record; we take the rare delay.
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crossbeam_utils::Backoff;
@@ -13,10 +28,74 @@ use crossbeam_utils::Backoff;
 /// Default nap when idle: keeps p99 delivery latency well under 1 ms.
 pub const DEFAULT_NAP: Duration = Duration::from_micros(200);
 
+/// Empty naps before a poller sleeps deeply.
+pub const NAPS_BEFORE_DEEP_SLEEP: u32 = 5;
+
+/// Longest deep sleep: bounds the delay of a missed wakeup (see above).
+pub const DEEP_SLEEP: Duration = Duration::from_millis(10);
+
+/// A ring's `sleeping` word in the BPF program's mmap'd .bss.
+pub struct SleepFlag(*const AtomicU64);
+
+// SAFETY: the word lives in a shared mapping that outlives the poller
+// thread (the skeleton is dropped after the pollers are joined), and it is
+// only accessed atomically.
+unsafe impl Send for SleepFlag {}
+
+impl SleepFlag {
+    /// # Safety
+    /// `word` must point to a `u64` in a loaded BPF skeleton's .bss that
+    /// outlives this flag.
+    pub unsafe fn new(word: *mut u64) -> Self {
+        Self(word.cast_const().cast())
+    }
+
+    fn set(&self, on: bool) {
+        // SAFETY: see `new`.
+        let word = unsafe { &*self.0 };
+        // SeqCst: ordered before the poller's next read of the producer
+        // position (see the module docs).
+        word.store(u64::from(on), Ordering::SeqCst);
+    }
+}
+
+/// Blocking on a ring until producers wake the poller.
+pub struct DeepSleep {
+    flag: SleepFlag,
+    epoll: OwnedFd,
+}
+
+impl DeepSleep {
+    /// Sleeps on `ring` (the ring map's fd) and `kick` (an eventfd the
+    /// barrier signals).
+    pub fn new(
+        flag: SleepFlag,
+        ring: BorrowedFd<'_>,
+        kick: BorrowedFd<'_>,
+    ) -> std::io::Result<Self> {
+        let epoll = crate::sys::epoll_for(&[(ring, false), (kick, true)]).map_err(|e| e.source)?;
+        Ok(Self { flag, epoll })
+    }
+
+    /// Raises the flag; sleeps unless `still_idle` (checked after raising
+    /// it) says there is work; lowers the flag. Returns whether it slept.
+    fn sleep(&self, still_idle: impl FnOnce() -> bool) -> bool {
+        self.flag.set(true);
+        let idle = still_idle();
+        if idle {
+            crate::sys::epoll_wait(self.epoll.as_fd(), DEEP_SLEEP.as_millis() as i32);
+        }
+        self.flag.set(false);
+        idle
+    }
+}
+
 /// Idle strategy of one poller thread.
 pub struct IdleWait {
     backoff: Backoff,
     nap: Duration,
+    empty_naps: u32,
+    deep: Option<DeepSleep>,
 }
 
 impl IdleWait {
@@ -24,15 +103,40 @@ impl IdleWait {
         Self {
             backoff: Backoff::new(),
             nap,
+            empty_naps: 0,
+            deep: None,
         }
+    }
+
+    /// Sleeps deeply after [`NAPS_BEFORE_DEEP_SLEEP`] empty naps.
+    pub fn with_deep_sleep(mut self, deep: DeepSleep) -> Self {
+        self.deep = Some(deep);
+        self
     }
 
     /// Work was found: the next idle period starts with spinning again.
     pub fn reset(&mut self) {
         self.backoff.reset();
+        self.empty_naps = 0;
     }
 
-    /// Nothing to do: spin, yield, then nap.
+    /// Nothing to do: spin, yield, nap, then (with deep sleep) block until
+    /// woken. `still_idle` re-checks for work once producers would wake us.
+    pub fn idle_until(&mut self, still_idle: impl FnOnce() -> bool) {
+        if !self.backoff.is_completed() {
+            self.backoff.snooze();
+            return;
+        }
+        if let Some(deep) = &self.deep {
+            if self.empty_naps >= NAPS_BEFORE_DEEP_SLEEP && deep.sleep(still_idle) {
+                return;
+            }
+        }
+        std::thread::sleep(self.nap);
+        self.empty_naps += 1;
+    }
+
+    /// Nothing to do: spin, yield, then nap (no deep sleep).
     pub fn idle(&mut self) {
         if self.backoff.is_completed() {
             std::thread::sleep(self.nap);

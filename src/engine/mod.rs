@@ -13,6 +13,7 @@
 
 pub mod idle;
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -35,17 +36,25 @@ pub struct Barrier {
     /// The epoch each pipeline has drained to.
     acks: Box<[CachePadded<AtomicU64>]>,
     stop: AtomicBool,
+    /// Signalled on every raise and stop, to wake pollers in deep sleep.
+    kick: OwnedFd,
 }
 
 impl Barrier {
-    pub fn new(pipelines: usize) -> Arc<Self> {
-        Arc::new(Self {
+    pub fn new(pipelines: usize) -> std::io::Result<Arc<Self>> {
+        Ok(Arc::new(Self {
             epoch: CachePadded::new(AtomicU64::new(0)),
             acks: (0..pipelines)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
             stop: AtomicBool::new(false),
-        })
+            kick: crate::sys::eventfd().map_err(|e| e.source)?,
+        }))
+    }
+
+    /// The eventfd pollers in deep sleep wait on.
+    pub fn kick_fd(&self) -> BorrowedFd<'_> {
+        self.kick.as_fd()
     }
 
     /// Asks every pipeline to drain what its producers have reserved so far.
@@ -54,7 +63,9 @@ impl Barrier {
         // SeqCst: everything the coordinator observed before raising (e.g.
         // that the tree exited) is ordered before the pipelines' reads of
         // their producer positions, which follow their load of the epoch.
-        self.epoch.fetch_add(1, Ordering::SeqCst) + 1
+        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        crate::sys::eventfd_signal(self.kick.as_fd());
+        epoch
     }
 
     /// Waits until every pipeline acknowledged `epoch`; false on timeout.
@@ -84,6 +95,7 @@ impl Barrier {
     /// Tells the pollers to exit after their current round.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
+        crate::sys::eventfd_signal(self.kick.as_fd());
     }
 
     fn requested(&self) -> u64 {
@@ -108,6 +120,8 @@ pub struct Pipeline<S: Sink> {
     pub sink: S,
     /// Fault injection for tests.
     pub fault: Fault,
+    /// Blocking until producers wake the poller, when idle for long.
+    pub deep_sleep: Option<idle::DeepSleep>,
 }
 
 /// Test-only fault injection into a pipeline.
@@ -159,6 +173,9 @@ pub fn spawn<S: Sink>(
 
 fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
     let mut idle = idle::IdleWait::default();
+    if let Some(deep) = p.deep_sleep.take() {
+        idle = idle.with_deep_sleep(deep);
+    }
     let mut acked = 0;
     let sink = &mut p.sink;
     let mut since_pause = 0u32;
@@ -199,7 +216,10 @@ fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
         if handed > 0 {
             idle.reset();
         } else {
-            idle.idle();
+            let ring = &p.ring;
+            idle.idle_until(|| {
+                ring.pending() == 0 && barrier.requested() == acked && !barrier.stopping()
+            });
         }
     }
 }

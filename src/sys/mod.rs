@@ -719,3 +719,50 @@ unsafe fn guardian_main(read_fd: libc::c_int, map_fd: libc::c_int) -> ! {
         libc::_exit(0)
     }
 }
+
+/// A non-blocking, close-on-exec eventfd.
+pub fn eventfd() -> SysResult<OwnedFd> {
+    // SAFETY: eventfd takes plain integers.
+    let fd = check("eventfd", unsafe {
+        libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)
+    })?;
+    // SAFETY: eventfd returned a new descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds 1 to an eventfd's counter, waking its waiters.
+pub fn eventfd_signal(fd: std::os::fd::BorrowedFd<'_>) {
+    let one = 1u64;
+    // SAFETY: writes 8 bytes from a local; a full counter (EAGAIN) already
+    // means "signalled".
+    unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
+}
+
+/// An epoll instance waiting for input on `fds`; `edge[i]` makes fd i
+/// edge-triggered (for an eventfd shared by several waiters, never read).
+pub fn epoll_for(fds: &[(std::os::fd::BorrowedFd<'_>, bool)]) -> SysResult<OwnedFd> {
+    // SAFETY: epoll_create1 takes a flag.
+    let ep = check("epoll_create1", unsafe {
+        libc::epoll_create1(libc::EPOLL_CLOEXEC)
+    })?;
+    // SAFETY: epoll_create1 returned a new descriptor that we now own.
+    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    for (i, (fd, edge)) in fds.iter().enumerate() {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | if *edge { libc::EPOLLET } else { 0 }) as u32,
+            u64: i as u64,
+        };
+        // SAFETY: `ev` is a valid event for the duration of the call.
+        check("epoll_ctl", unsafe {
+            libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut ev)
+        })?;
+    }
+    Ok(ep)
+}
+
+/// Waits on an epoll instance for at most `timeout_ms`; EINTR is a wakeup.
+pub fn epoll_wait(ep: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) {
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    // SAFETY: `events` has room for the 4 events we ask for at most.
+    unsafe { libc::epoll_wait(ep.as_raw_fd(), events.as_mut_ptr(), 4, timeout_ms) };
+}

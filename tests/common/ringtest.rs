@@ -22,6 +22,10 @@ pub const RECORD_HEADER: u32 = mem::size_of::<rt_record>() as u32;
 /// `BPF_RB_NO_WAKEUP`: submit without waking epoll waiters.
 pub const NO_WAKEUP: u32 = 1;
 
+/// Wake the consumer only while its `sleeping` flag is set, as memtrail's
+/// probes do (`RT_AUTO_WAKEUP`).
+pub const AUTO_WAKEUP: u32 = 4;
+
 /// Bytes one record of `size` body bytes takes in the ring: the kernel's
 /// 8-byte header plus the body, rounded up to 8.
 pub fn slot_len(size: u32) -> u64 {
@@ -77,6 +81,9 @@ pub struct Outcome {
 pub struct RingTest<'obj> {
     skel: RingtestSkel<'obj>,
     ring_size: u32,
+    /// Address of the .bss `sleeping` word (an address, so the struct stays
+    /// Sync; only deep-sleeping pollers use it, atomically).
+    sleeping: usize,
 }
 
 impl<'obj> RingTest<'obj> {
@@ -90,8 +97,14 @@ impl<'obj> RingTest<'obj> {
             .rt_ring
             .set_max_entries(ring_size)
             .expect("size the ring");
-        let skel = open.load().expect("load the ringtest object");
-        Self { skel, ring_size }
+        let mut skel = open.load().expect("load the ringtest object");
+        let bss = skel.maps.bss_data.as_deref_mut().expect("mmapable .bss");
+        let sleeping = (&raw mut bss.sleeping) as usize;
+        Self {
+            skel,
+            ring_size,
+            sleeping,
+        }
     }
 
     /// Size of the ring's data area in bytes.
@@ -107,6 +120,12 @@ impl<'obj> RingTest<'obj> {
     /// The ring map's fd.
     pub fn ring_fd(&self) -> BorrowedFd<'_> {
         self.skel.maps.rt_ring.as_fd()
+    }
+
+    /// The `sleeping` word of the object's .bss, for a consumer's deep
+    /// sleep; valid while `self` lives.
+    pub fn sleeping_flag(&self) -> *mut u64 {
+        self.sleeping as *mut u64
     }
 
     /// memtrail's consumer on this ring, starting at the published
