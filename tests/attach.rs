@@ -216,3 +216,11 @@ fn attach_rust_static_jemalloc() {
 fn attach_rust_static_mimalloc() {
     assert_rust_counts(&capture(&[rust_fixture("mimalloc").into_os_string()]));
 }
+
+/// Check the same with tcmalloc (gperftools' minimal build, `tc_*` aliases
+/// of malloc & co.) preloaded.
+#[test]
+fn attach_preloaded_tcmalloc_exact() {
+    let run = preloaded("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4");
+    assert_preload_counts(&run);
+}
