@@ -108,14 +108,7 @@ pub struct Header {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Body<'a> {
     /// Allocator calls and memory syscalls (see `struct mt_alloc_event`).
-    Mem {
-        addr: u64,
-        size: u64,
-        old_addr: u64,
-        old_size: u64,
-        /// The allocation's call stack (see [`StackRecord`]), 0 if none.
-        stack_id: u64,
-    },
+    Mem(Mem),
     Fork {
         child_pid: u32,
     },
@@ -127,6 +120,17 @@ pub enum Body<'a> {
     Exit {
         exit_code: i32,
     },
+}
+
+/// The fields of an allocator call or memory syscall record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mem {
+    pub addr: u64,
+    pub size: u64,
+    pub old_addr: u64,
+    pub old_size: u64,
+    /// The allocation's call stack (see [`StackRecord`]), 0 if none.
+    pub stack_id: u64,
 }
 
 /// One decoded record.
@@ -199,13 +203,13 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
         }
         _ => {
             let e: t::mt_alloc_event = read(bytes)?;
-            Body::Mem {
+            Body::Mem(Mem {
                 addr: e.addr,
                 size: e.size,
                 old_addr: e.old_addr,
                 old_size: e.old_size,
                 stack_id: e.stack_id,
-            }
+            })
         }
     };
     Ok(Record { hdr, body })
@@ -314,13 +318,13 @@ mod tests {
         assert_eq!((rec.hdr.pid, rec.hdr.tid, rec.hdr.ts_ns), (10, 11, 7));
         assert_eq!(
             rec.body,
-            Body::Mem {
+            Body::Mem(Mem {
                 addr: 0x1000,
                 size: 64,
                 old_addr: 0x2000,
                 old_size: 0,
                 stack_id: 0
-            }
+            })
         );
     }
 

@@ -32,7 +32,7 @@ pub use profile::{
 pub use stream::EventWriter;
 pub use summary::{human_bytes, write_summary};
 
-use crate::record::{Body, Header, Kind, Record};
+use crate::record::{Body, Header, Kind, Mem, Record};
 
 /// Heap counters of a process or the whole tree.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -314,22 +314,7 @@ impl Aggregator {
                 self.procs[idx].exit_status = Some(exit_code);
                 self.close(idx, ts);
             }
-            Body::Mem {
-                addr,
-                size,
-                old_addr,
-                old_size,
-                stack_id,
-            } => {
-                let mem = Mem {
-                    addr,
-                    size,
-                    old_addr,
-                    old_size,
-                    stack_id,
-                };
-                self.mem(&rec.hdr, mem);
-            }
+            Body::Mem(mem) => self.mem(&rec.hdr, mem),
         }
     }
 
@@ -568,16 +553,6 @@ impl Aggregator {
             }
         }
     }
-}
-
-/// The fields of a memory record.
-#[derive(Clone, Copy, Debug)]
-struct Mem {
-    addr: u64,
-    size: u64,
-    old_addr: u64,
-    old_size: u64,
-    stack_id: u64,
 }
 
 fn stack_allocated(tree: &mut TreeLive, block: Block) {

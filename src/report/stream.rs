@@ -6,7 +6,7 @@
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 
-use crate::record::{Body, Kind, Record};
+use crate::record::{Body, Kind, Mem, Record};
 
 use super::output::AtomicOutput;
 
@@ -38,13 +38,13 @@ impl EventWriter {
             h.kind.name()
         )?;
         match rec.body {
-            Body::Mem {
+            Body::Mem(Mem {
                 addr,
                 size,
                 old_addr,
                 old_size,
                 stack_id,
-            } => {
+            }) => {
                 write!(w, r#","addr":{addr}"#)?;
                 if h.kind != Kind::Free {
                     write!(w, r#","size":{size}"#)?;
