@@ -221,7 +221,10 @@ fn pressure_timeout_rejected_before_start() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {stderr}");
-        assert!(stderr.contains("invalid pressure timeout"), "{bad:?}: {stderr}");
+        assert!(
+            stderr.contains("invalid pressure timeout"),
+            "{bad:?}: {stderr}"
+        );
         assert!(!marker.exists(), "{bad:?}: the command ran");
     }
 }
