@@ -32,6 +32,24 @@ pub use api::{Abi, Entry, Role};
 use crate::record::Kind;
 use crate::skel::memtrail::MemtrailSkel;
 
+/// A path read from `/proc/PID/map_files` or `/proc/PID/exe`, without the
+/// ` (deleted)` the kernel appends for an unlinked file.
+pub fn strip_deleted(path: PathBuf) -> PathBuf {
+    match path.to_str().and_then(|p| p.strip_suffix(" (deleted)")) {
+        Some(p) => PathBuf::from(p),
+        None => path,
+    }
+}
+
+/// The key of an image in the BPF `known_images` map (`struct image_id`):
+/// its device (kernel encoding) and inode.
+pub fn image_key((dev, ino): (u64, u64)) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&dev.to_ne_bytes());
+    key[8..].copy_from_slice(&ino.to_ne_bytes());
+    key
+}
+
 /// The C++ runtimes installed in the usual library directories: commands
 /// that load them get their `operator new` probed.
 pub fn cxx_runtimes() -> Vec<PathBuf> {

@@ -17,7 +17,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{AllocPrograms, AttachError, Links, Site, api, attach_sites, find_sites};
+use super::{
+    AllocPrograms, AttachError, Links, Site, api, attach_sites, find_sites, image_key,
+    strip_deleted,
+};
 use crate::engine::Sink;
 use crate::proctree::stops::{Owner, Stops};
 use crate::record::{self, MappingRecord};
@@ -93,21 +96,12 @@ impl AttachWorker {
     }
 
     fn mark_known(&mut self, id: (u64, u64)) {
-        let mut key = [0u8; 16];
-        key[..8].copy_from_slice(&id.0.to_ne_bytes());
-        key[8..].copy_from_slice(&id.1.to_ne_bytes());
+        let key = image_key(id);
         if let Err(err) = crate::sys::bpf_map_update(self.known_images.as_fd(), &key, &[1]) {
             // Not fatal: BPF asks again for this image, and we answer again.
             tracing::warn!(%err, "could not record a known image");
         }
         self.known.insert(id);
-    }
-}
-
-fn strip_deleted(path: PathBuf) -> PathBuf {
-    match path.to_str().and_then(|p| p.strip_suffix(" (deleted)")) {
-        Some(p) => PathBuf::from(p),
-        None => path,
     }
 }
 

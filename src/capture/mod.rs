@@ -281,10 +281,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         attach::attach_sites(&progs, &found, &mut links)?;
         sites.extend(found);
         if let Ok(id) = sys::kernel_file_id(image) {
-            let mut key = [0u8; 16];
-            key[..8].copy_from_slice(&id.0.to_ne_bytes());
-            key[8..].copy_from_slice(&id.1.to_ne_bytes());
-            sys::bpf_map_update(skel.maps.known_images.as_fd(), &key, &[1])?;
+            sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
             known.insert(id);
         }
     }

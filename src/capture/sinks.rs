@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use crate::attach::strip_deleted;
 use crate::engine::Sink;
 use crate::record::{self, MappingRecord};
 use crate::report::{Aggregator, EventWriter};
@@ -146,13 +147,6 @@ impl MappingSink {
             .get(&(m.dev, m.ino))
             .cloned()
             .unwrap_or_else(|| PathBuf::from(&m.name))
-    }
-}
-
-fn strip_deleted(path: PathBuf) -> PathBuf {
-    match path.to_str().and_then(|p| p.strip_suffix(" (deleted)")) {
-        Some(p) => PathBuf::from(p),
-        None => path,
     }
 }
 

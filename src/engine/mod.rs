@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_utils::{Backoff, CachePadded};
+use crossbeam_utils::CachePadded;
 
 use crate::ring::RingConsumer;
 
@@ -222,17 +222,4 @@ fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
             });
         }
     }
-}
-
-/// Spins until `cond` holds or `timeout` passes.
-pub fn spin_until(mut cond: impl FnMut() -> bool, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    let backoff = Backoff::new();
-    while !cond() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        backoff.snooze();
-    }
-    true
 }
