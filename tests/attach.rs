@@ -224,3 +224,47 @@ fn attach_preloaded_tcmalloc_exact() {
     let run = preloaded("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4");
     assert_preload_counts(&run);
 }
+
+/// Check that a fully static Rust binary (glibc linked in with
+/// `+crt-static`, the system allocator) has its own malloc probed at exec
+/// and is counted exactly.
+#[test]
+fn attach_rust_fully_static_binary() {
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rust_alloc/src/lib.rs");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rust-fixtures");
+    std::fs::create_dir_all(&dir).unwrap();
+    let main = dir.join("static_main.rs");
+    std::fs::write(
+        &main,
+        format!(
+            "#[path = {:?}]\nmod workload;\nfn main() {{ workload::workload(); }}\n",
+            lib.display().to_string()
+        ),
+    )
+    .unwrap();
+    let exe = dir.join(format!("rust_static-{}", std::process::id()));
+    let status = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+        .args([
+            "-C",
+            "target-feature=+crt-static",
+            "-C",
+            "opt-level=1",
+            "-g",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&main)
+        .status()
+        .expect("rustc runs");
+    assert!(status.success(), "static Rust build");
+    let run = capture(&[exe.clone().into_os_string()]);
+    let _ = std::fs::remove_file(&exe);
+    assert_rust_counts(&run);
+    let probes = run.profile()["probes"].as_array().unwrap();
+    assert!(
+        probes
+            .iter()
+            .any(|p| string(p, "image").contains("rust_static")),
+        "the static binary's allocator was not probed: {probes:?}"
+    );
+}
