@@ -13,8 +13,8 @@
  *   tree: a fork of a tracked process adds the child, the last thread's exit
  *   removes the process.
  *
- * Records go reserve -> fill -> submit(BPF_RB_NO_WAKEUP): userspace busy-polls
- * the ring. A failed reserve bumps a drop counter atomically; userspace fails
+ * Records go reserve -> fill -> submit, without a wakeup unless the ring's
+ * poller sleeps (see `sleeping`): userspace busy-polls the ring. A failed reserve bumps a drop counter atomically; userspace fails
  * the capture on any drop. No scratch lives in per-CPU maps: a uprobe program
  * can be preempted and another one on the same CPU would reuse the slot.
  */
@@ -129,8 +129,8 @@ __u64 pressure_latch = 0;
 /*
  * Set by userspace while a ring's poller sleeps on the ring's epoll:
  * producers then submit with BPF_RB_FORCE_WAKEUP, otherwise with
- * BPF_RB_NO_WAKEUP (the poller busy-polls). Read after the commit, whose
- * xchg is a full barrier: see src/engine/idle.rs for the pairing.
+ * BPF_RB_NO_WAKEUP (the poller busy-polls). Read just before the commit:
+ * src/engine/idle.rs documents the pairing and its one benign race.
  */
 __u64 sleeping[MT_RINGS] = {};
 
