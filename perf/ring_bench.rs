@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use libbpf_rs::RingBufferBuilder;
+use libbpf_rs::{RingBuffer, RingBufferBuilder};
 use std::os::fd::AsFd;
 
 use memtrail::engine::idle::{DEFAULT_NAP, DeepSleep, IdleWait, SleepFlag};
@@ -129,6 +129,18 @@ impl Seen {
     }
 }
 
+/// libbpf-rs's consumer on `rt`'s ring, handing each record to `f`.
+fn libbpf_ring<'a>(rt: &'a RingTest<'_>, mut f: impl FnMut(&[u8]) + 'a) -> RingBuffer<'a> {
+    let mut builder = RingBufferBuilder::new();
+    builder
+        .add(rt.ring_map(), move |body: &[u8]| {
+            f(body);
+            0
+        })
+        .expect("add the ring");
+    builder.build().expect("build libbpf's ring buffer")
+}
+
 fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -202,14 +214,7 @@ fn drain_round(
                     elapsed
                 }
                 Consumer::Libbpf => {
-                    let mut builder = RingBufferBuilder::new();
-                    builder
-                        .add(rt.ring_map(), |body: &[u8]| {
-                            seen.on_record(body);
-                            0
-                        })
-                        .expect("add the ring");
-                    let rb = builder.build().expect("build libbpf's ring buffer");
+                    let rb = libbpf_ring(rt, |body| seen.on_record(body));
                     let start = Instant::now();
                     let handed = rb.consume_raw();
                     let elapsed = start.elapsed();
@@ -299,14 +304,7 @@ fn stream_run(
                     start
                 }
                 Consumer::Libbpf => {
-                    let mut builder = RingBufferBuilder::new();
-                    builder
-                        .add(rt.ring_map(), |body: &[u8]| {
-                            seen.on_record(body);
-                            0
-                        })
-                        .expect("add the ring");
-                    let rb = builder.build().expect("build libbpf's ring buffer");
+                    let rb = libbpf_ring(rt, |body| seen.on_record(body));
                     start_line.wait();
                     let start = Instant::now();
                     while !finished() {
@@ -427,14 +425,7 @@ fn run_poller(
             }
         }
         Poller::LibbpfEpoll => {
-            let mut builder = RingBufferBuilder::new();
-            builder
-                .add(rt.ring_map(), |body: &[u8]| {
-                    f(body);
-                    0
-                })
-                .expect("add the ring");
-            let rb = builder.build().expect("build libbpf's ring buffer");
+            let rb = libbpf_ring(rt, f);
             let (cpu_start, start) = (thread_cpu_ns(), Instant::now());
             while !stop.load(Ordering::Relaxed) {
                 waits += 1;
