@@ -89,7 +89,10 @@ enum mt_flags {
 #define MT_NAME_MAX 64
 
 struct mt_header {
-	__u64 ts_ns; /* bpf_ktime_get_ns() when the record was made */
+	/* bpf_ktime_get_ns() when the record was made; 0 on allocator events
+	 * that skipped the clock (memtrail.bpf.c: event_clock), which take
+	 * the latest reading before them in the ring. */
+	__u64 ts_ns;
 	__u32 pid;   /* tgid */
 	__u32 tid;
 	__u16 kind;  /* enum mt_kind */

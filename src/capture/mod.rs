@@ -323,11 +323,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         Pipeline {
             name: "events",
             ring: RingConsumer::new(maps.events.as_fd(), opts.ring_size)?,
-            sink: EventSink {
-                agg: Aggregator::new(),
-                stream,
-                stream_error: None,
-            },
+            sink: EventSink::new(Aggregator::new(), stream),
             fault: opts.faults.events,
             deep_sleep: Some(deep(0, maps.events.as_fd())?),
         },
@@ -473,6 +469,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         mut agg,
         stream,
         stream_error,
+        ..
     } = events;
     let malformed = agg.malformed + stacks.malformed + mappings.malformed + attacher.malformed;
     if malformed > 0 {

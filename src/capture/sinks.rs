@@ -16,14 +16,38 @@ pub struct EventSink {
     pub agg: Aggregator,
     pub stream: Option<EventWriter>,
     pub stream_error: Option<std::io::Error>,
+    /// The latest clock reading in ring order.
+    pub clock: u64,
+}
+
+impl EventSink {
+    pub fn new(agg: Aggregator, stream: Option<EventWriter>) -> Self {
+        Self {
+            agg,
+            stream,
+            stream_error: None,
+            clock: 0,
+        }
+    }
 }
 
 impl Sink for EventSink {
     fn record(&mut self, bytes: &[u8]) {
-        let Ok(rec) = record::decode(bytes) else {
+        let Ok(mut rec) = record::decode(bytes) else {
             self.agg.malformed += 1;
             return;
         };
+        // Allocator events of a busy thread skip the clock (ts 0, see
+        // event_clock in bpf/memtrail.bpf.c): they take the latest reading
+        // before them in the ring, whose order is the order the events
+        // were made in. Readings taken on different CPUs can be a little
+        // out of ring order; taking the maximum keeps a skipped event's
+        // stamp no earlier than any event before it.
+        if rec.hdr.ts_ns == 0 {
+            rec.hdr.ts_ns = self.clock;
+        } else {
+            self.clock = self.clock.max(rec.hdr.ts_ns);
+        }
         self.agg.apply(&rec);
         if let Some(stream) = &mut self.stream {
             if let Err(err) = stream.write(&rec) {
