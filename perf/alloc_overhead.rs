@@ -9,6 +9,14 @@
 //! kernel single-steps) to show what moving the probe past the NULL test
 //! saves.
 //!
+//! This VM's timing drifts by 10-20% from one second to the next, so:
+//! - the loop pins itself to CPU 0 and reports the median of its 5000-pair
+//!   chunks (an interrupted chunk does not move it);
+//! - each round runs every configuration once, back to back, and a ratio is
+//!   taken within its round (paired), then summarized over the rounds by
+//!   median and quartiles; the per-configuration minimum (the least
+//!   disturbed run) is printed too.
+//!
 //! Run: `cargo bench --bench alloc_overhead` (as root). Target: memtrail
 //! within 1.2x of the floor.
 
@@ -23,8 +31,13 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use memtrail::attach::{self, AllocPrograms, Links, Site};
 use memtrail::skel::floor::FloorSkelBuilder;
 
-const PAIRS: u64 = 300_000;
-const ROUNDS: usize = 15;
+const PAIRS: u64 = 150_000;
+const ROUNDS: usize = 41;
+/// Pairs a chunk of the loop times (`perf/fixtures/alloc_loop.c`).
+const CHUNK: u64 = 5_000;
+/// Largest ratio between a round's bare probes for the round to count as
+/// steady (see `steady`).
+const STEADY_SPREAD: f64 = 1.25;
 
 fn build_loop(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("perf/fixtures/alloc_loop.c");
@@ -47,11 +60,43 @@ fn ns_per_pair(cmd: &mut Command) -> f64 {
     text.trim().parse().expect("the loop prints ns per pair")
 }
 
-/// Median and minimum: this VM's noise is large, and the minimum (the run
-/// least disturbed) is the steadier of the two.
+/// Prints one round's ns per pair, configuration by configuration, and its
+/// bare probes.
+fn print_round(round: &[f64], probes: &[f64]) {
+    let line: Vec<String> = round.iter().map(|v| format!("{v:.0}")).collect();
+    let probes: Vec<String> = probes.iter().map(|v| format!("{v:.1}")).collect();
+    let _ = writeln!(
+        io::stderr(),
+        "round: {}  probes: {}",
+        line.join(" "),
+        probes.join(" ")
+    );
+}
+
+/// Whether the bare probes of a round agree: the machine stayed in one
+/// state. This VM switches, every few seconds, between states in which the
+/// bare loop takes about 6 or about 10 ns a pair (and the floor about 1500
+/// or 1950 ns); a ratio across a switch measures the switch.
+fn steady(probes: &[f64]) -> bool {
+    let min = probes.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = probes.iter().copied().fold(0.0, f64::max);
+    max <= min * STEADY_SPREAD
+}
+
+/// One configuration: runs the loop once, returns its ns per pair.
+type Config<'a> = Box<dyn Fn() -> f64 + 'a>;
+
+/// Median and minimum of a configuration's runs.
 fn stats(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
     (v[v.len() / 2], v[0])
+}
+
+/// First quartile, median and third quartile.
+fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    (v[n / 4], v[n / 2], v[(3 * n) / 4])
 }
 
 /// Runs the loop while empty programs sit at `sites`.
@@ -90,47 +135,90 @@ fn main() {
         })
         .collect();
     let memtrail = env!("CARGO_BIN_EXE_memtrail");
+    let run = |args: &[&str]| {
+        ns_per_pair(
+            Command::new(memtrail)
+                .arg("run")
+                .args(args)
+                .arg("--")
+                .arg(&exe)
+                .arg(PAIRS.to_string()),
+        )
+    };
 
-    let (mut bare, mut floor, mut traced, mut floor_entry) = (vec![], vec![], vec![], vec![]);
-    let mut no_stacks = vec![];
+    // Each round runs every configuration once, in this order; ratios are
+    // taken within a round (paired), so slow drifts of the machine cancel.
+    let configs: Vec<(&str, Config<'_>)> = vec![
+        (
+            "bare",
+            Box::new(|| ns_per_pair(Command::new(&exe).arg(PAIRS.to_string()))),
+        ),
+        (
+            "uprobe floor (memtrail sites)",
+            Box::new(|| under_floor(&exe, black_box(&sites))),
+        ),
+        (
+            "memtrail run --stack-depth 0",
+            Box::new(|| run(&["-q", "--stack-depth", "0"])),
+        ),
+        ("memtrail run (stacks, 127)", Box::new(|| run(&["-q"]))),
+        (
+            "floor, free probed at entry",
+            Box::new(|| under_floor(&exe, black_box(&entry_sites))),
+        ),
+    ];
+    const FLOOR: usize = 1;
+    // ALLOC_OVERHEAD_ROUNDS=1 prints every round's ns per pair on stderr.
+    let verbose = std::env::var_os("ALLOC_OVERHEAD_ROUNDS").is_some();
+    let bare = || ns_per_pair(Command::new(&exe).arg(PAIRS.to_string()));
+    let mut ns = vec![Vec::with_capacity(ROUNDS); configs.len()];
+    let mut ratios = vec![Vec::with_capacity(ROUNDS); configs.len()];
+    let mut steady_rounds = 0;
     for _ in 0..ROUNDS {
-        bare.push(ns_per_pair(Command::new(&exe).arg(PAIRS.to_string())));
-        floor.push(under_floor(&exe, black_box(&sites)));
-        traced.push(ns_per_pair(
-            Command::new(memtrail)
-                .args(["run", "-q", "--"])
-                .arg(&exe)
-                .arg(PAIRS.to_string()),
-        ));
-        floor_entry.push(under_floor(&exe, black_box(&entry_sites)));
-        no_stacks.push(ns_per_pair(
-            Command::new(memtrail)
-                .args(["run", "-q", "--stack-depth", "0", "--"])
-                .arg(&exe)
-                .arg(PAIRS.to_string()),
-        ));
+        // A bare run before every configuration and after the last one
+        // brackets each run with a probe of the machine's state.
+        let mut probes = vec![];
+        let mut round = vec![];
+        for (_, f) in &configs {
+            probes.push(bare());
+            round.push(f());
+        }
+        probes.push(bare());
+        if verbose {
+            print_round(&round, &probes);
+        }
+        for (i, &v) in round.iter().enumerate() {
+            ns[i].push(v);
+        }
+        if steady(&probes) {
+            steady_rounds += 1;
+            for (i, &v) in round.iter().enumerate() {
+                ratios[i].push(v / round[FLOOR]);
+            }
+        }
     }
-    let no_stacks = stats(no_stacks);
-    let (bare, floor, traced, floor_entry) =
-        (stats(bare), stats(floor), stats(traced), stats(floor_entry));
-    assert!(bare.0 > 0.0 && floor.0 > bare.0 && traced.0 > bare.0);
+    assert!(
+        steady_rounds > 0,
+        "the machine never stayed steady for a round"
+    );
 
     let mut w = io::stdout().lock();
     let _ = writeln!(
         w,
-        "malloc/free pair, {ROUNDS} rounds of {PAIRS} pairs: median (min) ns, ratio to the floor's median (min)"
+        "malloc/free pair, {ROUNDS} rounds of {PAIRS} pairs (each run: the median of its {CHUNK}-pair chunks); \
+         ratios to the floor from the {steady_rounds} steady rounds"
     );
-    let row = |w: &mut io::StdoutLock<'_>, name: &str, (med, min): (f64, f64)| {
+    let _ = writeln!(
+        w,
+        "  {:<30} {:>10} {:>10}   {:>8} {:>8} {:>8}",
+        "configuration", "ns median", "ns min", "x floor", "(q1", "q3)"
+    );
+    for (i, (name, _)) in configs.iter().enumerate() {
+        let (med, min) = stats(ns[i].clone());
+        let (q1, rmed, q3) = quartiles(ratios[i].clone());
         let _ = writeln!(
             w,
-            "  {name:<30} {med:8.1} ({min:8.1}) ns   {:.2}x ({:.2}x)",
-            med / floor.0,
-            min / floor.1
+            "  {name:<30} {med:10.1} {min:10.1}   {rmed:7.2}x {q1:7.2}x {q3:7.2}x"
         );
-    };
-    row(&mut w, "bare", bare);
-    row(&mut w, "uprobe floor (memtrail sites)", floor);
-    row(&mut w, "memtrail run --stack-depth 0", no_stacks);
-    row(&mut w, "memtrail run (stacks, 127)", traced);
-    row(&mut w, "floor, free probed at entry", floor_entry);
+    }
 }
