@@ -410,13 +410,18 @@ fn run_poller(
             let deep = DeepSleep::new(flag, rt.ring_fd(), kick.as_fd()).expect("deep sleep");
             let mut idle = IdleWait::default().with_deep_sleep(deep);
             let (cpu_start, start) = (thread_cpu_ns(), Instant::now());
+            // As the capture's pollers do (src/engine), paced while busy.
+            let mut consumed = 0;
             while !stop.load(Ordering::Relaxed) {
+                idle.pace(consumed, ring.size() as u64);
+                let before = ring.position();
                 if ring.poll(&mut f) == 0 {
                     waits += 1;
                     idle.idle_until(|| ring.pending() == 0 && !stop.load(Ordering::Relaxed));
                 } else {
                     idle.reset();
                 }
+                consumed = ring.position() - before;
             }
             Cost {
                 cpu: Duration::from_nanos(thread_cpu_ns() - cpu_start),

@@ -10,14 +10,18 @@
 //! deep sleep keeps an idle poller's CPU use near zero, and it is woken in
 //! tens of microseconds.
 //!
-//! Pacing: while records flow, a poller that just handed records on waits
-//! [`BUSY_PACE`] before it looks at the ring again, spinning on its own
-//! clock. Each look reads the producer position and the newest records,
-//! lines the producers write next: a poller that looks again at once keeps
-//! taking them away, and every producer's reserve and commit then misses in
-//! its cache (about 20 ns of every allocator probe here, `perf/RESULTS.md`).
-//! Paced, a look takes a batch of records for one round of misses. It adds
-//! at most [`BUSY_PACE`] to the delivery latency.
+//! Pacing: while records flow, a poller that just handed records on sleeps
+//! until [`BUSY_PACE`] has passed since that look began, then looks again.
+//! Each look reads the producer position and the newest records, lines the
+//! producers write next: a poller that looks again at once keeps taking them
+//! away, and every producer's reserve and commit then misses in its cache
+//! (about 20 ns of every allocator probe here); a poller spinning on the
+//! other core also slows the tracked program on this VM. Paced, a look takes
+//! a batch of records for one round of misses, and the poller uses a few
+//! percent of a core instead of all of it (`perf/RESULTS.md`). It adds at
+//! most [`BUSY_PACE`] plus timer slack to the delivery latency. A look that
+//! took more than 1/[`FAST_FILL`] of the ring means producers could fill
+//! it during a sleep: the poller then looks again at once.
 //!
 //! Lost wakeups: the poller stores the flag (SeqCst) and then reads the
 //! producer position; a producer advances the producer position when it
@@ -39,7 +43,10 @@ pub const DEFAULT_NAP: Duration = Duration::from_micros(200);
 
 /// Least time between two looks at a ring while records flow (see the
 /// module docs).
-pub const BUSY_PACE: Duration = Duration::from_micros(10);
+pub const BUSY_PACE: Duration = Duration::from_micros(300);
+
+/// A look that consumed more than 1/FAST_FILL of the ring is not paced.
+pub const FAST_FILL: u64 = 16;
 
 /// Empty naps before a poller sleeps deeply.
 pub const NAPS_BEFORE_DEEP_SLEEP: u32 = 5;
@@ -136,15 +143,17 @@ impl IdleWait {
         self.empty_naps = 0;
     }
 
-    /// Called before each look at the ring; `found_work` tells whether the
-    /// previous look found any. After a look that did, spins until
-    /// [`BUSY_PACE`] has passed since it began.
-    pub fn pace(&mut self, found_work: bool) {
-        if found_work {
-            if let Some(since) = self.busy_since {
-                while since.elapsed() < BUSY_PACE {
-                    std::hint::spin_loop();
-                }
+    /// Called before each look at a ring of `ring_size` bytes, with the
+    /// bytes the previous look consumed. After a look that consumed some,
+    /// but not more than 1/[`FAST_FILL`] of the ring, sleeps until
+    /// [`BUSY_PACE`] has passed since that look began.
+    pub fn pace(&mut self, consumed: u64, ring_size: u64) {
+        if consumed > 0 && consumed <= ring_size / FAST_FILL {
+            if let Some(left) = self
+                .busy_since
+                .and_then(|since| BUSY_PACE.checked_sub(since.elapsed()))
+            {
+                std::thread::sleep(left);
             }
         }
         self.busy_since = Some(Instant::now());

@@ -180,7 +180,7 @@ fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
     let sink = &mut p.sink;
     let mut since_pause = 0u32;
     let slow = p.fault == Fault::Slow;
-    let mut found_work = false;
+    let mut consumed = 0;
     let mut record = |rec: &[u8]| {
         sink.record(rec);
         if slow {
@@ -202,7 +202,8 @@ fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
         }
         let wanted = barrier.requested();
         let mut handed = 0;
-        idle.pace(found_work);
+        idle.pace(consumed, p.ring.size() as u64);
+        let before = p.ring.position();
         if p.fault != Fault::Stall || wanted > 0 {
             handed = p.ring.poll(&mut record);
         }
@@ -215,7 +216,7 @@ fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
         if stopping {
             return;
         }
-        found_work = handed > 0;
+        consumed = p.ring.position() - before;
         if handed > 0 {
             idle.reset();
         } else {
