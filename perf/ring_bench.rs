@@ -233,12 +233,14 @@ fn drain_round(
 
 /// Drains full rings of `ring_size` bytes with each consumer, `rounds`
 /// times alternately after a warm-up round each. Returns the records per
-/// round and the median records/s of memtrail's consumer and libbpf's.
+/// round, the median records/s of memtrail's consumer and libbpf's, and
+/// the median of the rounds' ratios (each round's two drains back to back,
+/// so the machine's drifts, large on this VM, cancel).
 fn drain_compare(
     ring_size: u32,
     rounds: usize,
     cores: (core_affinity::CoreId, core_affinity::CoreId),
-) -> (u64, f64, f64) {
+) -> (u64, f64, f64, f64) {
     // One object per consumer: the consumers never share a ring.
     let mut obj_m = MaybeUninit::uninit();
     let mut obj_l = MaybeUninit::uninit();
@@ -253,7 +255,8 @@ fn drain_compare(
         m.push(drain_round(&rt_m, Consumer::Memtrail, seq, records, cores));
         l.push(drain_round(&rt_l, Consumer::Libbpf, seq, records, cores));
     }
-    (records, median(m), median(l))
+    let ratios = m.iter().zip(&l).map(|(m, l)| m / l).collect();
+    (records, median(m), median(l), median(ratios))
 }
 
 /// One streaming run: a producer thread makes `records` records in batches
@@ -561,16 +564,16 @@ fn main() -> io::Result<()> {
     writeln!(out, "|---|---:|---:|---:|")?;
     let mut ratios = Vec::new();
     for &(ring_size, rounds) in scale.drains {
-        let (records, m, l) = drain_compare(ring_size, rounds, cores);
+        let (records, m, l, ratio) = drain_compare(ring_size, rounds, cores);
         writeln!(
             out,
             "| drain, {} MiB ring ({records} records), median of {rounds} | {:.1} M/s | {:.1} M/s | {:.2}x |",
             ring_size >> 20,
             m / 1e6,
             l / 1e6,
-            m / l
+            ratio
         )?;
-        ratios.push(m / l);
+        ratios.push(ratio);
     }
 
     // One object per consumer: the consumers never share a ring.
