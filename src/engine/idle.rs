@@ -21,7 +21,10 @@
 //! percent of a core instead of all of it (`perf/RESULTS.md`). It adds at
 //! most [`BUSY_PACE`] plus timer slack to the delivery latency. A look that
 //! took more than 1/[`FAST_FILL`] of the ring means producers could fill
-//! it during a sleep: the poller then looks again at once.
+//! it during a sleep: the poller then looks again at once. Only the
+//! high-rate rings are paced (`Pipeline::paced`): attach requests hold a
+//! stopped process, and mappings must be resolved before their process
+//! exits.
 //!
 //! Lost wakeups: the poller stores the flag (SeqCst) and then reads the
 //! producer position; a producer advances the producer position when it

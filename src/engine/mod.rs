@@ -122,6 +122,11 @@ pub struct Pipeline<S: Sink> {
     pub fault: Fault,
     /// Blocking until producers wake the poller, when idle for long.
     pub deep_sleep: Option<idle::DeepSleep>,
+    /// Whether the poller paces its looks while records flow
+    /// ([`idle::BUSY_PACE`]): for the high-rate rings. Rings whose records
+    /// hold a process stopped or racing its exit (attach requests,
+    /// mappings) are looked at again at once.
+    pub paced: bool,
 }
 
 /// Test-only fault injection into a pipeline.
@@ -202,7 +207,9 @@ fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
         }
         let wanted = barrier.requested();
         let mut handed = 0;
-        idle.pace(consumed, p.ring.size() as u64);
+        if p.paced {
+            idle.pace(consumed, p.ring.size() as u64);
+        }
         let before = p.ring.position();
         if p.fault != Fault::Stall || wanted > 0 {
             handed = p.ring.poll(&mut record);
