@@ -148,11 +148,9 @@ fn main() {
 
     // Each round runs every configuration once, in this order; ratios are
     // taken within a round (paired), so slow drifts of the machine cancel.
+    let bare = || ns_per_pair(Command::new(&exe).arg(PAIRS.to_string()));
     let configs: Vec<(&str, Config<'_>)> = vec![
-        (
-            "bare",
-            Box::new(|| ns_per_pair(Command::new(&exe).arg(PAIRS.to_string()))),
-        ),
+        ("bare", Box::new(bare)),
         (
             "uprobe floor (memtrail sites)",
             Box::new(|| under_floor(&exe, black_box(&sites))),
@@ -170,7 +168,6 @@ fn main() {
     const FLOOR: usize = 1;
     // ALLOC_OVERHEAD_ROUNDS=1 prints every round's ns per pair on stderr.
     let verbose = std::env::var_os("ALLOC_OVERHEAD_ROUNDS").is_some();
-    let bare = || ns_per_pair(Command::new(&exe).arg(PAIRS.to_string()));
     let mut ns = vec![Vec::with_capacity(ROUNDS); configs.len()];
     let mut ratios = vec![Vec::with_capacity(ROUNDS); configs.len()];
     let mut steady_rounds = 0;

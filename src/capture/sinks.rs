@@ -17,7 +17,7 @@ pub struct EventSink {
     pub stream: Option<EventWriter>,
     pub stream_error: Option<std::io::Error>,
     /// The latest clock reading in ring order.
-    pub clock: u64,
+    clock: u64,
 }
 
 impl EventSink {

@@ -116,7 +116,7 @@ impl DeepSleep {
 /// Idle strategy of one poller thread.
 pub struct IdleWait {
     backoff: Backoff,
-    /// When the last look that found work began.
+    /// When the last look at the ring began (see [`IdleWait::pace`]).
     busy_since: Option<Instant>,
     nap: Duration,
     empty_naps: u32,

@@ -1,8 +1,9 @@
 //! Poller threads and the epoch barrier that synchronizes them.
 //!
-//! Each pipeline is one ring consumed by one pinned thread that busy-polls
-//! with [`idle::IdleWait`] and hands every record to its [`Sink`]. No lock
-//! is taken on this path.
+//! Each pipeline is one ring consumed by one pinned thread that polls it
+//! (paced while records flow, with backoff, naps and deep sleep when it is
+//! empty: [`idle::IdleWait`]) and hands every record to its [`Sink`]. No
+//! lock is taken on this path.
 //!
 //! Barrier: a coordinator raises the epoch ([`Barrier::raise`]); each
 //! pipeline, on seeing a new epoch, reads its ring's producer position,
