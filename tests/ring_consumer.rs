@@ -94,6 +94,42 @@ fn ring_exact_contents_in_order() {
     assert_eq!(ring.position(), bytes);
 }
 
+/// Check that runs of one length, the consumer's fast path (it takes a
+/// group of records at a time while their headers repeat), hand out every
+/// record when the length changes at any offset within a group, and when
+/// discarded records break a run.
+#[test]
+fn ring_runs_of_one_length_any_break() {
+    let mut obj = MaybeUninit::uninit();
+    let rt = RingTest::load(&mut obj, 1 << 16);
+    let mut ring = rt.consumer();
+    let mut seq = 0;
+    let mut expected = Vec::new();
+    // Run lengths 1..=19 cover every break offset within groups of up to
+    // 16; two sizes with different padded lengths alternate, then the same
+    // runs again with every fifth record discarded.
+    for discard_every in [0, 5] {
+        for run_len in 1..=19u32 {
+            let size = if run_len % 2 == 0 { 40 } else { 51 };
+            let out = rt.produce(Run {
+                discard_every,
+                ..Run::new(seq, run_len, size)
+            });
+            assert_eq!(out.dropped, 0);
+            let kept = (seq..seq + u64::from(run_len))
+                .filter(|s| discard_every == 0 || s % u64::from(discard_every) != 4);
+            expected.extend(kept.map(|s| (s, size)));
+            seq += u64::from(run_len);
+        }
+    }
+    let got = bodies(|f| ring.poll(f));
+    assert_eq!(got.len(), expected.len());
+    for (body, &(seq, size)) in got.iter().zip(&expected) {
+        check_record(body, seq, size);
+    }
+    assert_eq!(ring.pending(), 0);
+}
+
 /// Check that records straddling the end of the data area come out
 /// contiguous and byte-exact, lap after lap.
 #[test]
