@@ -6,7 +6,8 @@
  *   point (the attach cookie is the enum mt_kind), `free_enter` on free.
  *   Only the outermost allocator call of a thread makes a record: glibc calls
  *   its own public entry points (realloc(NULL, n) -> malloc, reallocarray ->
- *   realloc, memalign -> malloc), so a per-thread nesting depth in `inflight`
+ *   realloc, memalign -> malloc), so a per-thread nesting depth in the
+ *   thread's state (a slot of `thread_slots`, else `inflight` task storage)
  *   carries the outermost call's arguments from entry to return.
  * - Syscall tracepoints for anonymous mmap, munmap, mremap and brk.
  * - Sched tracepoints keep `tracked` equal to the set of processes in the
@@ -28,6 +29,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define MT_MAX_PROCS 32768
 #define MT_MAX_THREADS 65536
+/* Thread slots (see thread_slots): 96 bytes each; a power of two. */
+#define MT_THREAD_SLOTS 16384
 #define MAP_ANONYMOUS 0x20
 #define PROT_EXEC 0x4
 #define EEXIST 17
@@ -173,15 +176,59 @@ struct {
 } inflight SEC(".maps");
 
 /*
- * The current thread's state, if it belongs to the tracked tree. Storage is
- * created for every thread of the tree (sched_fork for new threads and
- * processes, sched_exec for the root), so its presence is the uprobes' test
- * of membership: one lookup through the task, and untracked threads (whose
- * task has no BPF storage at all) return at once.
+ * Thread slots: the state of most threads of the tree, found without a
+ * helper call. bpf_task_storage_get() costs ~50 ns a call on this kind of
+ * machine, and a malloc/free pair looked the state up three times; an array
+ * lookup is inlined by the verifier into a few instructions. A thread takes
+ * slot (tid % MT_THREAD_SLOTS) when it joins the tree, if no other live
+ * thread holds it, and gives it back when it exits (or when exec hands its
+ * tid to another task); a thread whose slot is taken keeps its state in
+ * task storage instead. A slot's `tid` names its holder, 0 when free.
  */
+struct thread_slot {
+	__u64 tid; /* 64 bits: BPF's 32-bit cmpxchg needs -mcpu=v3 */
+	struct inflight call;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MT_THREAD_SLOTS);
+	__type(key, __u32);
+	__type(value, struct thread_slot);
+} thread_slots SEC(".maps");
+
+/* Slot index mask; tests set 0 (MEMTRAIL_FAULT=one-thread-slot) so that
+ * all threads but one keep their state in task storage. */
+const volatile __u32 thread_slot_mask = MT_THREAD_SLOTS - 1;
+
+static __always_inline struct thread_slot *slot_of(__u32 tid)
+{
+	__u32 idx = tid & thread_slot_mask;
+
+	return bpf_map_lookup_elem(&thread_slots, &idx);
+}
+
+/*
+ * The state of task, if it belongs to the tracked tree: its slot, else its
+ * task storage. A thread of the tree has one or the other from the moment
+ * it joins (sched_fork for new threads and processes, sched_exec for the
+ * root), so their presence is the uprobes' test of membership; untracked
+ * threads (whose task has no BPF storage at all) return at once.
+ */
+static __always_inline struct inflight *task_call(struct task_struct *task, __u32 tid)
+{
+	struct thread_slot *slot = slot_of(tid);
+
+	if (slot && slot->tid == tid)
+		return &slot->call;
+	return bpf_task_storage_get(&inflight, task, 0, 0);
+}
+
 static __always_inline struct inflight *current_call(void)
 {
-	return bpf_task_storage_get(&inflight, bpf_get_current_task_btf(), 0, 0);
+	struct task_struct *task = bpf_get_current_task_btf();
+
+	return task_call(task, task->pid);
 }
 
 /* The current thread's state and its ids, as bpf_get_current_pid_tgid()
@@ -189,11 +236,21 @@ static __always_inline struct inflight *current_call(void)
 static __always_inline struct inflight *current_call_ids(__u64 *pid_tgid)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	struct inflight *cur = bpf_task_storage_get(&inflight, task, 0, 0);
+	__u32 tid = task->pid;
+	struct inflight *cur = task_call(task, tid);
 
 	if (cur)
-		*pid_tgid = (__u64)(__u32)task->tgid << 32 | (__u32)task->pid;
+		*pid_tgid = (__u64)(__u32)task->tgid << 32 | tid;
 	return cur;
+}
+
+/* Gives back tid's slot if tid holds it. */
+static __always_inline void release_slot(__u32 tid)
+{
+	struct thread_slot *slot = slot_of(tid);
+
+	if (slot && tid)
+		__sync_val_compare_and_swap(&slot->tid, tid, 0);
 }
 
 /*
@@ -227,9 +284,23 @@ static __always_inline __u64 event_clock(struct inflight *cur)
 	return 0;
 }
 
-/* Gives a thread of the tree its state. */
+/* Gives a thread of the tree fresh state: its slot if free (or already its
+ * own), else task storage. */
 static __always_inline void track_task(struct task_struct *task)
 {
+	__u32 tid = task->pid;
+	struct thread_slot *slot = slot_of(tid);
+	__u64 holder;
+
+	if (slot && tid) {
+		holder = __sync_val_compare_and_swap(&slot->tid, 0, tid);
+		if (holder == 0 || holder == tid) {
+			/* The thread has not run yet (fork) or is in exec:
+			 * nothing reads the slot meanwhile. */
+			__builtin_memset(&slot->call, 0, sizeof(slot->call));
+			return;
+		}
+	}
 	if (!bpf_task_storage_get(&inflight, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE))
 		__sync_fetch_and_add(&drops_tracking, 1);
 }
@@ -784,7 +855,12 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 
 	if (!is_tracked(pid_tgid >> 32))
 		return 0;
-	/* The root enters the tree here (the others at fork). */
+	/* A thread other than the leader that execs takes the leader's tid
+	 * (de_thread); its old tid is no longer anyone's. */
+	if ((__u32)old_pid != (__u32)pid_tgid)
+		release_slot(old_pid);
+	/* The root enters the tree here (the others at fork); a thread that
+	 * already has state keeps it. */
 	track_task(bpf_get_current_task_btf());
 	e = reserve(sizeof(*e));
 	if (!e)
@@ -807,6 +883,7 @@ int BPF_PROG(sched_exit, struct task_struct *p)
 
 	/* A thread that dies inside a syscall (its task storage goes with it). */
 	bpf_map_delete_elem(&sysargs, &tid);
+	release_slot(tid);
 	if (!is_tracked(tgid))
 		return 0;
 	/* do_exit() drops signal->live before this tracepoint: zero means

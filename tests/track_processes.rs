@@ -221,12 +221,24 @@ fn track_exec_same_process_new_exe() {
 /// child) has exact pid/ppid links, exe paths, exit codes and leaks.
 #[test]
 fn track_tree_three_levels() {
+    check_tree_three_levels(&[]);
+}
+
+/// Check the same tree when every process but one keeps its thread state
+/// in task storage: the path of a thread whose slot another thread holds.
+#[test]
+fn track_tree_three_levels_outside_thread_slots() {
+    check_tree_three_levels(&[("MEMTRAIL_FAULT", "one-thread-slot")]);
+}
+
+fn check_tree_three_levels(env: &[(&str, &str)]) {
     let mid_exe = common::fixture("tree_mid");
     let leaf_exe = common::fixture("tree_leaf");
-    let run = capture(&cmd(
-        "tree_root",
-        &[mid_exe.as_os_str(), leaf_exe.as_os_str()],
-    ));
+    let run = common::capture_env(
+        &cmd("tree_root", &[mid_exe.as_os_str(), leaf_exe.as_os_str()]),
+        b"",
+        env,
+    );
     run.expect_code(0);
     let events = run.events();
     let root = u64::from(stream_root(events));
@@ -290,4 +302,74 @@ fn track_tree_three_levels() {
     );
     assert_eq!(totals.live_allocations_at_exit, 3, "{totals:?}");
     assert_eq!(totals.frees, 0, "{totals:?}");
+}
+
+/// Check that a thread's old tid leaves the tree when the thread execs: the
+/// kernel gives it the leader's tid, and a process outside the tree that
+/// then gets the old tid (steered there with ns_last_pid) is not recorded.
+#[test]
+fn track_exec_from_thread_old_tid_untracked() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let profile_path = dir.path().join("profile.json");
+    let events_path = dir.path().join("events.jsonl");
+    let mut memtrail = Command::new(common::MEMTRAIL)
+        .arg("run")
+        .arg("--output")
+        .arg(&profile_path)
+        .arg("--events")
+        .arg(&events_path)
+        .arg("--")
+        .args(cmd(
+            "exec_thread",
+            &[common::fixture("wait_stdin").as_os_str()],
+        ))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn memtrail");
+    let mut out = BufReader::new(memtrail.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    let mut next_number = |prefix: &str| -> u32 {
+        line.clear();
+        out.read_line(&mut line).expect("read the fixture's output");
+        line.strip_prefix(prefix)
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("expected {prefix:?}, got {line:?}"))
+    };
+    let old_tid = next_number("tid ");
+    let leader = next_number("ready ");
+    assert_ne!(old_tid, leader);
+
+    // While the exec'd image waits, start processes outside the tree until
+    // one gets the old tid (another process may take it first).
+    let outsider = common::fixture("malloc_once");
+    let got_it = (0..100).any(|_| {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (old_tid - 1).to_string())
+            .expect("write ns_last_pid (needs root)");
+        let mut child = Command::new(&outsider).spawn().expect("spawn outsider");
+        let pid = child.id();
+        assert!(child.wait().expect("wait outsider").success());
+        pid == old_tid
+    });
+    assert!(got_it, "no outsider got pid {old_tid}");
+    drop(memtrail.stdin.take());
+    assert!(memtrail.wait().expect("wait memtrail").success());
+
+    let events = std::fs::read_to_string(&events_path).expect("events");
+    let outsiders: Vec<&str> = events
+        .lines()
+        .filter(|l| {
+            let e: Value = serde_json::from_str(l).expect("JSON event");
+            num(&e, "pid") == u64::from(old_tid) || e.get("size") == Some(&Value::from(900001))
+        })
+        .collect();
+    assert!(outsiders.is_empty(), "events from outside: {outsiders:?}");
+    let profile: Value =
+        serde_json::from_str(&std::fs::read_to_string(&profile_path).expect("profile"))
+            .expect("JSON profile");
+    let pids: Vec<u64> = processes(&profile).iter().map(|p| num(p, "pid")).collect();
+    assert_eq!(pids, [u64::from(leader)], "{profile}");
 }

@@ -11,7 +11,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::{Counters, capture, cmd, field, kind, num, of_pid, stream_root, tid};
+use common::{Counters, capture, capture_env, cmd, field, kind, num, of_pid, stream_root, tid};
 use serde_json::Value;
 
 const SIZES: [u64; 4] = [40009, 40013, 40031, 40037];
@@ -69,7 +69,21 @@ fn track_threads_events_attributed_per_thread() {
 /// of all 256 blocks live at once (the fixture holds them behind a barrier).
 #[test]
 fn track_threads_profile_counters_exact() {
-    let run = capture(&cmd("threads", &[]));
+    check_profile_counters(&capture(&cmd("threads", &[])));
+}
+
+/// Check the same counters when all threads but one keep their state in
+/// task storage: the path of a thread whose slot another thread holds.
+#[test]
+fn track_threads_exact_outside_thread_slots() {
+    check_profile_counters(&capture_env(
+        &cmd("threads", &[]),
+        b"",
+        &[("MEMTRAIL_FAULT", "one-thread-slot")],
+    ));
+}
+
+fn check_profile_counters(run: &common::Capture) {
     run.expect_code(0);
     let sum: u64 = SIZES.iter().sum();
     let expected = Counters {

@@ -72,11 +72,16 @@ pub struct Options {
 }
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
-/// wedge-events,stall-stacks` in the CLI; see [`engine::Fault`]).
+/// wedge-events,stall-stacks,one-thread-slot` in the CLI; see
+/// [`engine::Fault`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Faults {
     pub events: Fault,
     pub stacks: Fault,
+    /// One thread slot for the whole tree (`thread_slots` in
+    /// bpf/memtrail.bpf.c): the other threads keep their state in task
+    /// storage, the path a thread takes when its slot is held.
+    pub one_thread_slot: bool,
 }
 
 impl Faults {
@@ -84,6 +89,10 @@ impl Faults {
     pub fn parse(spec: &str) -> Self {
         let mut faults = Self::default();
         for name in spec.split(',').map(str::trim) {
+            if name == "one-thread-slot" {
+                faults.one_thread_slot = true;
+                continue;
+            }
             let (fault, pipeline) = match name.split_once('-') {
                 Some(("stall", p)) => (Fault::Stall, p),
                 Some(("slow", p)) => (Fault::Slow, p),
@@ -248,6 +257,9 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             .expect("the BPF object has .rodata tunables");
         let mark = |size: u64| size * u64::from(opts.watermark_percent.clamp(1, 99)) / 100;
         ro.pressure_enabled = opts.pressure_timeout.enabled();
+        if opts.faults.one_thread_slot {
+            ro.thread_slot_mask = 0;
+        }
         ro.watermark_events = mark(opts.ring_size as u64);
         ro.watermark_stacks = mark(opts.stack_ring_size as u64);
         ro.watermark_mappings = mark(u64::from(open.maps.mappings.max_entries()));

@@ -197,8 +197,18 @@ pub fn dir_entries(dir: &Path) -> Vec<String> {
 /// everything it printed. Returns memtrail's pid, exit status, stdout and
 /// stderr.
 pub fn memtrail(args: &[OsString], stdin: &[u8]) -> (u32, ExitStatus, Vec<u8>, String) {
+    memtrail_env(args, stdin, &[])
+}
+
+/// [`memtrail`] with `env` added to its environment.
+pub fn memtrail_env(
+    args: &[OsString],
+    stdin: &[u8],
+    env: &[(&str, &str)],
+) -> (u32, ExitStatus, Vec<u8>, String) {
     let mut child = Command::new(MEMTRAIL)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -226,6 +236,11 @@ pub fn capture(cmd: &[OsString]) -> Capture {
 
 /// [`capture`] with `stdin` fed to memtrail (and so to the command).
 pub fn capture_with(cmd: &[OsString], stdin: &[u8]) -> Capture {
+    capture_env(cmd, stdin, &[])
+}
+
+/// [`capture_with`] with `env` added to memtrail's environment.
+pub fn capture_env(cmd: &[OsString], stdin: &[u8], env: &[(&str, &str)]) -> Capture {
     let dir = tempfile::tempdir().expect("create output directory");
     let profile_path = dir.path().join("profile.json");
     let events_path = dir.path().join("events.jsonl");
@@ -238,7 +253,7 @@ pub fn capture_with(cmd: &[OsString], stdin: &[u8]) -> Capture {
         "--".into(),
     ];
     args.extend(cmd.iter().cloned());
-    let (memtrail_pid, status, stdout, stderr) = memtrail(&args, stdin);
+    let (memtrail_pid, status, stdout, stderr) = memtrail_env(&args, stdin, env);
     let profile = read_profile(&profile_path);
     let events = read_events(&events_path);
     Capture {
