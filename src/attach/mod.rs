@@ -3,7 +3,7 @@
 //! An allocator site is a (file, offset) where a probe goes, with the kind
 //! of call the BPF side reports (the attach cookie). Several symbols can name
 //! one address (glibc's `free`/`cfree`, `memalign`/`aligned_alloc`): a site is
-//! attached once per address, under the first name in [`LIBC_API`] order.
+//! attached once per address, under the first name in [`api::libc`] order.
 //!
 //! Probe placement matters for cost: the kernel emulates some first
 //! instructions (push, nop, jumps) at ~0.4 µs a hit, and single-steps the
