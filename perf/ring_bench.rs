@@ -10,7 +10,9 @@
 //!   cores; records/s end to end (bound by the slower of the two).
 //! - Delivery latency: one record every 1-5 ms; memtrail's consumer on a
 //!   poller with `engine::idle::IdleWait`, napping between records. BPF
-//!   timestamp (CLOCK_MONOTONIC) to the callback, p50/p99/max.
+//!   timestamp (CLOCK_MONOTONIC) to the callback, p50/p99/max. The pollers
+//!   take turns in ten slices, so that the host's bursts of delay (a halted
+//!   vCPU waits to be scheduled) fall on all of them alike.
 //! - Idle CPU: the same poller with nothing to read, thread CPU time over
 //!   wall time.
 //!
@@ -43,7 +45,7 @@ use std::time::{Duration, Instant};
 use libbpf_rs::{RingBuffer, RingBufferBuilder};
 use std::os::fd::AsFd;
 
-use memtrail::engine::idle::{DEFAULT_NAP, DeepSleep, IdleWait, SleepFlag};
+use memtrail::engine::idle::{DEFAULT_NAP, DeepSleep, IdleWait, NAPS_BEFORE_DEEP_SLEEP, SleepFlag};
 use ringtest::{RingTest, Run, capacity, header};
 
 /// Body bytes per record: a memtrail allocation record's size
@@ -55,6 +57,8 @@ const BIG_RING: u32 = 1 << 26;
 /// A ring that fits in the shared L3 cache: the drain from cache, the
 /// latency and idle runs.
 const SMALL_RING: u32 = 1 << 20;
+/// Turns the pollers take in the latency runs.
+const LATENCY_SLICES: u32 = 10;
 /// Records per `produce` run when streaming.
 const STREAM_BATCH: u32 = 256;
 
@@ -86,7 +90,8 @@ const FULL: Scale = Scale {
     idle_time: Duration::from_secs(3),
     pollers: &[
         Poller::Memtrail(Duration::from_micros(100)),
-        Poller::MemtrailDeep,
+        Poller::MemtrailDeep(NAPS_BEFORE_DEEP_SLEEP),
+        Poller::MemtrailDeep(0),
         Poller::Memtrail(DEFAULT_NAP),
         Poller::Memtrail(Duration::from_micros(300)),
         Poller::Memtrail(Duration::from_micros(500)),
@@ -101,7 +106,7 @@ const SMOKE: Scale = Scale {
     latency_records: 10,
     idle_time: Duration::from_millis(50),
     pollers: &[
-        Poller::MemtrailDeep,
+        Poller::MemtrailDeep(NAPS_BEFORE_DEEP_SLEEP),
         Poller::Memtrail(DEFAULT_NAP),
         Poller::LibbpfEpoll,
     ],
@@ -330,7 +335,7 @@ fn stream_run(
 }
 
 /// How a latency or idle run waits for records.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Poller {
     /// memtrail's consumer, waiting with `IdleWait::new(nap)`; records are
     /// submitted with `BPF_RB_NO_WAKEUP`, as memtrail's probes do.
@@ -339,10 +344,10 @@ enum Poller {
     /// the kernel's adaptive wakeups. A reference point, not memtrail's
     /// design.
     LibbpfEpoll,
-    /// memtrail's consumer as the capture runs it: naps, then deep sleep on
-    /// the ring's epoll with its `sleeping` flag raised; records are
-    /// submitted with a wakeup only while the flag is set.
-    MemtrailDeep,
+    /// memtrail's consumer as the capture runs it: this many naps, then
+    /// deep sleep on the ring's epoll with its `sleeping` flag raised;
+    /// records are submitted with a wakeup only while the flag is set.
+    MemtrailDeep(u32),
 }
 
 impl Poller {
@@ -350,7 +355,7 @@ impl Poller {
         match self {
             Self::Memtrail(_) => ringtest::NO_WAKEUP,
             Self::LibbpfEpoll => 0,
-            Self::MemtrailDeep => ringtest::AUTO_WAKEUP,
+            Self::MemtrailDeep(_) => ringtest::AUTO_WAKEUP,
         }
     }
 
@@ -358,8 +363,12 @@ impl Poller {
         match self {
             Self::Memtrail(nap) => format!("memtrail, IdleWait nap {} µs only", nap.as_micros()),
             Self::LibbpfEpoll => "libbpf-rs RingBuffer::poll (epoll, wakeups on)".to_owned(),
-            Self::MemtrailDeep => format!(
-                "memtrail, nap {} µs then deep sleep (capture default)",
+            Self::MemtrailDeep(naps) if naps == NAPS_BEFORE_DEEP_SLEEP => format!(
+                "memtrail, {naps} naps of {} µs then deep sleep (capture default)",
+                DEFAULT_NAP.as_micros()
+            ),
+            Self::MemtrailDeep(naps) => format!(
+                "memtrail, {naps} naps of {} µs then deep sleep",
                 DEFAULT_NAP.as_micros()
             ),
         }
@@ -404,14 +413,16 @@ fn run_poller(
                 waits,
             }
         }
-        Poller::MemtrailDeep => {
+        Poller::MemtrailDeep(naps) => {
             let mut ring = rt.consumer();
             let kick = memtrail::sys::eventfd().expect("eventfd");
             // SAFETY: the word is in the ringtest skeleton's .bss, which
             // outlives this poller (the skeleton is dropped after it).
             let flag = unsafe { SleepFlag::new(rt.sleeping_flag()) };
             let deep = DeepSleep::new(flag, rt.ring_fd(), kick.as_fd()).expect("deep sleep");
-            let mut idle = IdleWait::default().with_deep_sleep(deep);
+            let mut idle = IdleWait::default()
+                .with_deep_sleep(deep)
+                .naps_before_deep_sleep(naps);
             let (cpu_start, start) = (thread_cpu_ns(), Instant::now());
             // As the capture's pollers do (src/engine), paced while busy.
             let mut consumed = 0;
@@ -462,10 +473,10 @@ fn latency_run(
     poller: Poller,
     records: u32,
     cores: (core_affinity::CoreId, core_affinity::CoreId),
-) -> Latency {
+) -> Vec<u64> {
     let stop = AtomicBool::new(false);
     let received = AtomicU64::new(0);
-    let mut lat = thread::scope(|s| {
+    let lat = thread::scope(|s| {
         let consumer = s.spawn(|| {
             pin(cores.1);
             let mut lat = Vec::with_capacity(records as usize);
@@ -498,6 +509,11 @@ fn latency_run(
         consumer.join().expect("poller thread")
     });
     assert_eq!(lat.len(), records as usize, "latency record count");
+    lat
+}
+
+/// Quantiles of latencies in ns.
+fn latency_of(mut lat: Vec<u64>) -> Latency {
     lat.sort_unstable();
     let at = |q: f64| Duration::from_nanos(lat[((lat.len() - 1) as f64 * q) as usize]);
     Latency {
@@ -600,14 +616,23 @@ fn main() -> io::Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "| poller ({} records 1-5 ms apart; idle {:.1} s) | latency p50 | p99 | max | idle CPU | CPU per wait |",
+        "| poller ({} records 1-5 ms apart, {LATENCY_SLICES} turns; idle {:.1} s) | latency p50 | p99 | max | idle CPU | CPU per wait |",
         scale.latency_records,
         scale.idle_time.as_secs_f64()
     )?;
     writeln!(out, "|---|---:|---:|---:|---:|---:|")?;
+    // The pollers take turns, a slice of the records each, so that the
+    // host's bursts of vCPU wake-up delay hit them alike.
+    let mut lats = vec![Vec::new(); scale.pollers.len()];
+    let slice = scale.latency_records / LATENCY_SLICES;
+    for _ in 0..LATENCY_SLICES {
+        for (i, &poller) in scale.pollers.iter().enumerate() {
+            lats[i].extend(latency_run(&rt, poller, slice, cores));
+        }
+    }
     let mut default = None;
-    for &poller in scale.pollers {
-        let lat = latency_run(&rt, poller, scale.latency_records, cores);
+    for (&poller, lat) in scale.pollers.iter().zip(lats) {
+        let lat = latency_of(lat);
         let (idle_pct, per_wait) = idle_run(&rt, poller, scale.idle_time, cores.1);
         writeln!(
             out,
@@ -618,7 +643,7 @@ fn main() -> io::Result<()> {
             lat.max.as_secs_f64() * 1e6,
             per_wait.as_secs_f64() * 1e6,
         )?;
-        if matches!(poller, Poller::MemtrailDeep) {
+        if poller == Poller::MemtrailDeep(NAPS_BEFORE_DEEP_SLEEP) {
             default = Some((lat, idle_pct));
         }
     }

@@ -120,6 +120,7 @@ pub struct IdleWait {
     busy_since: Option<Instant>,
     nap: Duration,
     empty_naps: u32,
+    naps_before_deep: u32,
     deep: Option<DeepSleep>,
 }
 
@@ -130,6 +131,7 @@ impl IdleWait {
             busy_since: None,
             nap,
             empty_naps: 0,
+            naps_before_deep: NAPS_BEFORE_DEEP_SLEEP,
             deep: None,
         }
     }
@@ -137,6 +139,13 @@ impl IdleWait {
     /// Sleeps deeply after [`NAPS_BEFORE_DEEP_SLEEP`] empty naps.
     pub fn with_deep_sleep(mut self, deep: DeepSleep) -> Self {
         self.deep = Some(deep);
+        self
+    }
+
+    /// Sleeps deeply after `naps` empty naps instead (0: as soon as the
+    /// spinning and yielding is over).
+    pub fn naps_before_deep_sleep(mut self, naps: u32) -> Self {
+        self.naps_before_deep = naps;
         self
     }
 
@@ -170,7 +179,7 @@ impl IdleWait {
             return;
         }
         if let Some(deep) = &self.deep {
-            if self.empty_naps >= NAPS_BEFORE_DEEP_SLEEP && deep.sleep(still_idle) {
+            if self.empty_naps >= self.naps_before_deep && deep.sleep(still_idle) {
                 return;
             }
         }
