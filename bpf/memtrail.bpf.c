@@ -290,6 +290,7 @@ static __always_inline void track_task(struct task_struct *task)
 {
 	__u32 tid = task->pid;
 	struct thread_slot *slot = slot_of(tid);
+	struct inflight *call;
 	__u64 holder;
 
 	if (slot && tid) {
@@ -301,7 +302,10 @@ static __always_inline void track_task(struct task_struct *task)
 			return;
 		}
 	}
-	if (!bpf_task_storage_get(&inflight, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE))
+	call = bpf_task_storage_get(&inflight, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (call)
+		__builtin_memset(call, 0, sizeof(*call));
+	else
 		__sync_fetch_and_add(&drops_tracking, 1);
 }
 
@@ -859,8 +863,8 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 	 * (de_thread); its old tid is no longer anyone's. */
 	if ((__u32)old_pid != (__u32)pid_tgid)
 		release_slot(old_pid);
-	/* The root enters the tree here (the others at fork); a thread that
-	 * already has state keeps it. */
+	/* The root enters the tree here (the others at fork); every thread
+	 * starts the new image with fresh state. */
 	track_task(bpf_get_current_task_btf());
 	e = reserve(sizeof(*e));
 	if (!e)
