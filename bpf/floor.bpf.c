@@ -21,3 +21,11 @@ int floor_return(struct pt_regs *ctx)
 {
 	return 0;
 }
+
+/* Attached by the benchmark to each syscall tracepoint memtrail uses: the
+ * cost of those tracepoints' machinery without memtrail's work. */
+SEC("tracepoint")
+int floor_syscall(void *ctx)
+{
+	return 0;
+}

@@ -2,7 +2,10 @@
 //! by side in one run:
 //! - bare: no probes;
 //! - floor: empty BPF programs at exactly memtrail's probe sites (what the
-//!   kernel's uprobe machinery costs on its own);
+//!   kernel's uprobe machinery costs on its own), and the same with empty
+//!   programs on memtrail's syscall tracepoints as well (each malloc's
+//!   uretprobe returns through a syscall, which then takes the tracing slow
+//!   path);
 //! - memtrail: the loop under `memtrail run`, without and with stacks.
 //!
 //! A fourth row probes `free` at its entry (its `test %rdi,%rdi`, which the
@@ -99,8 +102,21 @@ fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[n / 4], v[n / 2], v[(3 * n) / 4])
 }
 
-/// Runs the loop while empty programs sit at `sites`.
-fn under_floor(exe: &Path, sites: &[Site]) -> f64 {
+/// The syscall tracepoints memtrail attaches (`attach_tracepoints` in
+/// src/capture/mod.rs).
+const SYSCALL_TRACEPOINTS: [&str; 7] = [
+    "sys_enter_mmap",
+    "sys_exit_mmap",
+    "sys_enter_munmap",
+    "sys_enter_mremap",
+    "sys_exit_mremap",
+    "sys_enter_brk",
+    "sys_exit_brk",
+];
+
+/// Runs the loop while empty programs sit at `sites`, and with `syscalls`
+/// on memtrail's syscall tracepoints too.
+fn under_floor(exe: &Path, sites: &[Site], syscalls: bool) -> f64 {
     let mut storage = MaybeUninit::uninit();
     let skel = FloorSkelBuilder::default()
         .open(&mut storage)
@@ -116,6 +132,17 @@ fn under_floor(exe: &Path, sites: &[Site]) -> f64 {
     };
     let mut links = Links::default();
     attach::attach_sites(&progs, sites, &mut links).expect("attach floor");
+    let mut tracepoints = Vec::new();
+    if syscalls {
+        for name in SYSCALL_TRACEPOINTS {
+            tracepoints.push(
+                skel.progs
+                    .floor_syscall
+                    .attach_tracepoint(libbpf_rs::TracepointCategory::Syscalls, name)
+                    .expect("attach the floor's syscall tracepoint"),
+            );
+        }
+    }
     ns_per_pair(Command::new(exe).arg(PAIRS.to_string()))
 }
 
@@ -153,7 +180,11 @@ fn main() {
         ("bare", Box::new(bare)),
         (
             "uprobe floor (memtrail sites)",
-            Box::new(|| under_floor(&exe, black_box(&sites))),
+            Box::new(|| under_floor(&exe, black_box(&sites), false)),
+        ),
+        (
+            "floor + syscall tracepoints",
+            Box::new(|| under_floor(&exe, black_box(&sites), true)),
         ),
         (
             "memtrail run --stack-depth 0",
@@ -162,14 +193,18 @@ fn main() {
         ("memtrail run (stacks, 127)", Box::new(|| run(&["-q"]))),
         (
             "floor, free probed at entry",
-            Box::new(|| under_floor(&exe, black_box(&entry_sites))),
+            Box::new(|| under_floor(&exe, black_box(&entry_sites), false)),
         ),
     ];
     const FLOOR: usize = 1;
+    // The second floor and memtrail without stacks, compared below.
+    const FLOOR_SYSCALLS: usize = 2;
+    const MEMTRAIL: usize = 3;
     // ALLOC_OVERHEAD_ROUNDS=1 prints every round's ns per pair on stderr.
     let verbose = std::env::var_os("ALLOC_OVERHEAD_ROUNDS").is_some();
     let mut ns = vec![Vec::with_capacity(ROUNDS); configs.len()];
     let mut ratios = vec![Vec::with_capacity(ROUNDS); configs.len()];
+    let mut to_syscall_floor = Vec::with_capacity(ROUNDS);
     let mut steady_rounds = 0;
     for _ in 0..ROUNDS {
         // A bare run before every configuration and after the last one
@@ -192,6 +227,7 @@ fn main() {
             for (i, &v) in round.iter().enumerate() {
                 ratios[i].push(v / round[FLOOR]);
             }
+            to_syscall_floor.push(round[MEMTRAIL] / round[FLOOR_SYSCALLS]);
         }
     }
     assert!(
@@ -218,4 +254,10 @@ fn main() {
             "  {name:<30} {med:10.1} {min:10.1}   {rmed:7.2}x {q1:7.2}x {q3:7.2}x"
         );
     }
+    let (q1, rmed, q3) = quartiles(to_syscall_floor);
+    let _ = writeln!(
+        w,
+        "  {} against {}: {rmed:.2}x ({q1:.2}x {q3:.2}x)",
+        configs[MEMTRAIL].0, configs[FLOOR_SYSCALLS].0
+    );
 }
