@@ -33,6 +33,7 @@ use std::process::Command;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use memtrail::attach::{self, AllocPrograms, Links, Site};
 use memtrail::skel::floor::FloorSkelBuilder;
+use memtrail::skel::memtrail::MemtrailSkelBuilder;
 
 const PAIRS: u64 = 150_000;
 const ROUNDS: usize = 41;
@@ -102,21 +103,27 @@ fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[n / 4], v[n / 2], v[(3 * n) / 4])
 }
 
-/// The syscall tracepoints memtrail attaches (`attach_tracepoints` in
-/// src/capture/mod.rs).
-const SYSCALL_TRACEPOINTS: [&str; 7] = [
-    "sys_enter_mmap",
-    "sys_exit_mmap",
-    "sys_enter_munmap",
-    "sys_enter_mremap",
-    "sys_exit_mremap",
-    "sys_enter_brk",
-    "sys_exit_brk",
-];
+/// The syscall tracepoints memtrail's BPF object attaches to, from its
+/// programs' sections (`tracepoint/syscalls/NAME`).
+fn syscall_tracepoints() -> Vec<String> {
+    let mut storage = MaybeUninit::uninit();
+    let open = MemtrailSkelBuilder::default()
+        .open(&mut storage)
+        .expect("open memtrail's BPF object");
+    open.open_object()
+        .progs()
+        .filter_map(|p| {
+            p.section()
+                .to_str()
+                .and_then(|s| s.strip_prefix("tracepoint/syscalls/"))
+                .map(str::to_owned)
+        })
+        .collect()
+}
 
-/// Runs the loop while empty programs sit at `sites`, and with `syscalls`
-/// on memtrail's syscall tracepoints too.
-fn under_floor(exe: &Path, sites: &[Site], syscalls: bool) -> f64 {
+/// Runs the loop while empty programs sit at `sites` and on the syscall
+/// tracepoints named in `syscalls`.
+fn under_floor(exe: &Path, sites: &[Site], syscalls: &[String]) -> f64 {
     let mut storage = MaybeUninit::uninit();
     let skel = FloorSkelBuilder::default()
         .open(&mut storage)
@@ -132,17 +139,15 @@ fn under_floor(exe: &Path, sites: &[Site], syscalls: bool) -> f64 {
     };
     let mut links = Links::default();
     attach::attach_sites(&progs, sites, &mut links).expect("attach floor");
-    let mut tracepoints = Vec::new();
-    if syscalls {
-        for name in SYSCALL_TRACEPOINTS {
-            tracepoints.push(
-                skel.progs
-                    .floor_syscall
-                    .attach_tracepoint(libbpf_rs::TracepointCategory::Syscalls, name)
-                    .expect("attach the floor's syscall tracepoint"),
-            );
-        }
-    }
+    let _tracepoints: Vec<libbpf_rs::Link> = syscalls
+        .iter()
+        .map(|name| {
+            skel.progs
+                .floor_syscall
+                .attach_tracepoint(libbpf_rs::TracepointCategory::Syscalls, name)
+                .expect("attach the floor's syscall tracepoint")
+        })
+        .collect();
     ns_per_pair(Command::new(exe).arg(PAIRS.to_string()))
 }
 
@@ -161,6 +166,11 @@ fn main() {
             ..s.clone()
         })
         .collect();
+    let syscalls = syscall_tracepoints();
+    assert!(
+        !syscalls.is_empty(),
+        "memtrail attaches syscall tracepoints"
+    );
     let memtrail = env!("CARGO_BIN_EXE_memtrail");
     let run = |args: &[&str]| {
         ns_per_pair(
@@ -180,11 +190,11 @@ fn main() {
         ("bare", Box::new(bare)),
         (
             "uprobe floor (memtrail sites)",
-            Box::new(|| under_floor(&exe, black_box(&sites), false)),
+            Box::new(|| under_floor(&exe, black_box(&sites), &[])),
         ),
         (
             "floor + syscall tracepoints",
-            Box::new(|| under_floor(&exe, black_box(&sites), true)),
+            Box::new(|| under_floor(&exe, black_box(&sites), &syscalls)),
         ),
         (
             "memtrail run --stack-depth 0",
@@ -193,7 +203,7 @@ fn main() {
         ("memtrail run (stacks, 127)", Box::new(|| run(&["-q"]))),
         (
             "floor, free probed at entry",
-            Box::new(|| under_floor(&exe, black_box(&entry_sites), false)),
+            Box::new(|| under_floor(&exe, black_box(&entry_sites), &[])),
         ),
     ];
     const FLOOR: usize = 1;

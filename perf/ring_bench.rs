@@ -363,13 +363,14 @@ impl Poller {
         match self {
             Self::Memtrail(nap) => format!("memtrail, IdleWait nap {} µs only", nap.as_micros()),
             Self::LibbpfEpoll => "libbpf-rs RingBuffer::poll (epoll, wakeups on)".to_owned(),
-            Self::MemtrailDeep(naps) if naps == NAPS_BEFORE_DEEP_SLEEP => format!(
-                "memtrail, {naps} naps of {} µs then deep sleep (capture default)",
-                DEFAULT_NAP.as_micros()
-            ),
             Self::MemtrailDeep(naps) => format!(
-                "memtrail, {naps} naps of {} µs then deep sleep",
-                DEFAULT_NAP.as_micros()
+                "memtrail, {naps} naps of {} µs then deep sleep{}",
+                DEFAULT_NAP.as_micros(),
+                if naps == NAPS_BEFORE_DEEP_SLEEP {
+                    " (capture default)"
+                } else {
+                    ""
+                }
             ),
         }
     }

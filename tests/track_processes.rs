@@ -358,18 +358,15 @@ fn track_exec_from_thread_old_tid_untracked() {
     drop(memtrail.stdin.take());
     assert!(memtrail.wait().expect("wait memtrail").success());
 
-    let events = std::fs::read_to_string(&events_path).expect("events");
-    let outsiders: Vec<&str> = events
-        .lines()
-        .filter(|l| {
-            let e: Value = serde_json::from_str(l).expect("JSON event");
-            num(&e, "pid") == u64::from(old_tid) || e.get("size") == Some(&Value::from(900001))
+    let events = common::read_events(&events_path).expect("events written");
+    let outsiders: Vec<&Value> = events
+        .iter()
+        .filter(|e| {
+            num(e, "pid") == u64::from(old_tid) || e.get("size") == Some(&Value::from(900001))
         })
         .collect();
     assert!(outsiders.is_empty(), "events from outside: {outsiders:?}");
-    let profile: Value =
-        serde_json::from_str(&std::fs::read_to_string(&profile_path).expect("profile"))
-            .expect("JSON profile");
+    let profile = common::read_profile(&profile_path).expect("profile written");
     let pids: Vec<u64> = processes(&profile).iter().map(|p| num(p, "pid")).collect();
     assert_eq!(pids, [u64::from(leader)], "{profile}");
 }

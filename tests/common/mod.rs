@@ -267,7 +267,8 @@ pub fn capture_env(cmd: &[OsString], stdin: &[u8], env: &[(&str, &str)]) -> Capt
     }
 }
 
-fn read_profile(path: &Path) -> Option<Value> {
+/// The profile at `path`, if one was written.
+pub fn read_profile(path: &Path) -> Option<Value> {
     let text = fs::read_to_string(path).ok()?;
     Some(
         serde_json::from_str(&text)
@@ -275,7 +276,8 @@ fn read_profile(path: &Path) -> Option<Value> {
     )
 }
 
-fn read_events(path: &Path) -> Option<Vec<Value>> {
+/// The events at `path`, one JSON object a line, if the file was written.
+pub fn read_events(path: &Path) -> Option<Vec<Value>> {
     let text = fs::read_to_string(path).ok()?;
     Some(
         text.lines()
