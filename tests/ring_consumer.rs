@@ -338,3 +338,31 @@ fn ring_space_returned_within_long_poll() {
     assert_eq!(seen, want);
     assert_eq!(rt.drops(), 1);
 }
+
+/// Check that the high-water mark is the largest fill the consumer found:
+/// three records, then (after they were consumed) a full ring, then one.
+#[test]
+fn ring_high_water_is_largest_fill_seen() {
+    let mut obj = MaybeUninit::uninit();
+    let rt = RingTest::load(&mut obj, SMALL_RING);
+    let mut ring = rt.consumer();
+    let size = RECORD_HEADER;
+    assert_eq!(ring.high_water(), 0);
+    rt.produce(Run::new(0, 3, size));
+    assert_eq!(ring.poll(|_| {}), 3);
+    assert_eq!(ring.high_water(), 3 * slot_len(size));
+
+    let cap = capacity(SMALL_RING, size);
+    assert_eq!(rt.produce(Run::new(3, cap as u32, size)).dropped, 0);
+    let target = ring.producer_pos();
+    assert_eq!(ring.drain_to(target, |_| {}) as u64, cap);
+    assert_eq!(ring.high_water(), cap * slot_len(size));
+
+    rt.produce(Run::new(3 + cap, 1, size));
+    assert_eq!(ring.poll(|_| {}), 1);
+    assert_eq!(
+        ring.high_water(),
+        cap * slot_len(size),
+        "a later, lower fill"
+    );
+}

@@ -37,6 +37,12 @@ fn track_leaks_live_at_exit_exact() {
         .collect();
     assert_eq!(grown.len(), 1, "{grown:?}");
     assert_eq!(num(grown[0], "size"), 800051);
+
+    // Without pressure, the pollers keep the high-water marks: the events
+    // poller read every record from the ring, so it saw at least one
+    // (8-byte header, 56-byte body) in it.
+    let events_high = num(&profile["pressure"]["high_water"], "events");
+    assert!((64..=64 << 20).contains(&events_high), "{events_high}");
 }
 
 /// Check that `peak_live_bytes` is the highest live total (B + C, after A was

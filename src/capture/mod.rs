@@ -456,9 +456,17 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     );
     // Nothing of the tree may stay stopped, whatever happened.
     let _ = stops.resume_everything();
-    let (Ok(events), Ok(stacks), Ok(mappings), Ok(mut attacher)) = joined else {
+    let (Ok(events), Ok(stacks), Ok(mappings), Ok(attacher)) = joined else {
         return Err(CaptureError::PollerPanicked);
     };
+    let seen = HighWater {
+        events: events.high_water,
+        stacks: stacks.high_water,
+        mappings: mappings.high_water,
+        attach: attacher.high_water,
+    };
+    let (events, stacks, mappings, mut attacher) =
+        (events.sink, stacks.sink, mappings.sink, attacher.sink);
     links.append(&mut attacher.links);
     sites.append(&mut attacher.sites);
     // Detach now: memtrail's own allocations (symbolization below) would
@@ -517,7 +525,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .collect();
     let mut profile = Profile::build(&agg, command, exit, (start_ns, end_ns), lost, &sites);
     profile.stacks = symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
-    pressure_stats.high_water = read_high_water(&skel);
+    pressure_stats.high_water = read_high_water(&skel).max(seen);
     profile.pressure = pressure_stats;
     if let Some(stream) = stream {
         stream.commit()?;
@@ -641,6 +649,8 @@ fn track_tree(
 /// Pipeline names by barrier index.
 const PIPELINES: [&str; 4] = ["events", "stacks", "mappings", "attach"];
 
+/// The high-water marks the producers kept (only with pressure on: see
+/// check_pressure in bpf/memtrail.bpf.c).
 fn read_high_water(skel: &MemtrailSkel<'_>) -> HighWater {
     let bss = skel
         .maps

@@ -156,6 +156,14 @@ pub fn poller_cores(n: usize) -> Vec<Option<core_affinity::CoreId>> {
         .collect()
 }
 
+/// What a poller hands back when the barrier stops it.
+pub struct Finished<S> {
+    pub sink: S,
+    /// The highest fill of the ring the poller saw, in bytes
+    /// ([`RingConsumer::high_water`]).
+    pub high_water: u64,
+}
+
 /// Starts the poller of `pipeline` as pipeline number `index` of `barrier`.
 /// The thread returns the sink when the barrier stops it.
 pub fn spawn<S: Sink>(
@@ -163,7 +171,7 @@ pub fn spawn<S: Sink>(
     barrier: Arc<Barrier>,
     index: usize,
     core: Option<core_affinity::CoreId>,
-) -> std::io::Result<JoinHandle<S>> {
+) -> std::io::Result<JoinHandle<Finished<S>>> {
     std::thread::Builder::new()
         .name(format!("memtrail-{}", pipeline.name))
         .spawn(move || {
@@ -173,7 +181,10 @@ pub fn spawn<S: Sink>(
                 }
             }
             poll_loop(&mut pipeline, &barrier, index);
-            pipeline.sink
+            Finished {
+                high_water: pipeline.ring.high_water(),
+                sink: pipeline.sink,
+            }
         })
 }
 

@@ -141,6 +141,18 @@ pub struct HighWater {
     pub attach: u64,
 }
 
+impl HighWater {
+    /// Each ring's higher mark of the two.
+    pub fn max(self, other: Self) -> Self {
+        Self {
+            events: self.events.max(other.events),
+            stacks: self.stacks.max(other.stacks),
+            mappings: self.mappings.max(other.mappings),
+            attach: self.attach.max(other.attach),
+        }
+    }
+}
+
 /// Why a pressure episode failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PressureError {

@@ -83,6 +83,8 @@ pub struct RingConsumer {
     pos: u64,
     /// The last position stored to `consumer_pos`.
     published: u64,
+    /// The highest fill seen: see [`RingConsumer::high_water`].
+    high_water: u64,
 }
 
 impl RingConsumer {
@@ -121,6 +123,7 @@ impl RingConsumer {
             mask: size as u64 - 1,
             pos: 0,
             published: 0,
+            high_water: 0,
         };
         ring.pos = ring.consumer_pos().load(Ordering::Acquire);
         ring.published = ring.pos;
@@ -153,6 +156,22 @@ impl RingConsumer {
         (self.mask + 1) as usize
     }
 
+    /// The highest fill of the ring (bytes reserved by producers and not
+    /// yet given back) seen whenever this consumer read the producer
+    /// position. The fill peaks just before a look, so this is the ring's
+    /// high-water mark at the moments the consumer catches up.
+    pub fn high_water(&self) -> u64 {
+        self.high_water
+    }
+
+    /// Reads the producer position and notes the fill it gives.
+    #[inline]
+    fn producer_pos_noted(&mut self) -> u64 {
+        let prod = self.producer_pos();
+        self.high_water = self.high_water.max(prod.wrapping_sub(self.published));
+        prod
+    }
+
     /// Bytes reserved by producers and not yet consumed.
     pub fn pending(&self) -> u64 {
         self.producer_pos().wrapping_sub(self.pos)
@@ -178,7 +197,7 @@ impl RingConsumer {
         let publish_every = mask / 8;
         let mut handed = 0;
         let mut pos = self.pos;
-        let mut prod = self.producer_pos();
+        let mut prod = self.producer_pos_noted();
         // The previous record's header word and padded length: see below.
         // `last_len` only ever holds the header of a committed record
         // handed to `f` (neither BUSY nor DISCARD, a valid length).
@@ -227,7 +246,7 @@ impl RingConsumer {
                 }
                 if same == GROUP {
                     if pos >= prod {
-                        prod = self.producer_pos();
+                        prod = self.producer_pos_noted();
                     }
                     continue;
                 }
@@ -273,7 +292,7 @@ impl RingConsumer {
                 self.publish();
             }
             if pos >= prod {
-                prod = self.producer_pos();
+                prod = self.producer_pos_noted();
             }
         }
         self.pos = pos;
@@ -290,6 +309,7 @@ impl RingConsumer {
     pub fn drain_to(&mut self, target: u64, mut f: impl FnMut(&[u8])) -> usize {
         let backoff = crossbeam_utils::Backoff::new();
         let mut handed = 0;
+        self.high_water = self.high_water.max(target.wrapping_sub(self.published));
         while self.pos < target {
             self.prefetch_ahead(target);
             match self.take_one(&mut f) {
