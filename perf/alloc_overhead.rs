@@ -17,8 +17,10 @@
 //!   chunks (an interrupted chunk does not move it);
 //! - each round runs every configuration once, back to back, and a ratio is
 //!   taken within its round (paired), then summarized over the rounds by
-//!   median and quartiles; the per-configuration minimum (the least
-//!   disturbed run) is printed too.
+//!   median and quartiles: over all rounds, and over the steady rounds (see
+//!   `steady`), which are fewer when the machine switches states often; the
+//!   per-configuration median and minimum (the least disturbed run) are
+//!   printed too.
 //!
 //! Run: `cargo bench --bench alloc_overhead` (as root). Target: memtrail
 //! within 1.2x of the floor.
@@ -101,6 +103,15 @@ fn quartiles(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     (v[n / 4], v[n / 2], v[(3 * n) / 4])
+}
+
+/// "median (q1 q3)" of ratios, a dash for none.
+fn ratio_summary(v: &[f64]) -> String {
+    if v.is_empty() {
+        return "-".to_owned();
+    }
+    let (q1, med, q3) = quartiles(v.to_vec());
+    format!("{med:.2}x ({q1:.2}x {q3:.2}x)")
 }
 
 /// The syscall tracepoints memtrail's BPF object attaches to, from its
@@ -213,9 +224,10 @@ fn main() {
     // ALLOC_OVERHEAD_ROUNDS=1 prints every round's ns per pair on stderr.
     let verbose = std::env::var_os("ALLOC_OVERHEAD_ROUNDS").is_some();
     let mut ns = vec![Vec::with_capacity(ROUNDS); configs.len()];
-    let mut ratios = vec![Vec::with_capacity(ROUNDS); configs.len()];
-    let mut to_syscall_floor = Vec::with_capacity(ROUNDS);
-    let mut steady_rounds = 0;
+    // Within-round ratios to the floor (and memtrail's to the floor with
+    // syscall tracepoints, last), of every round and of the steady ones.
+    let mut all = vec![Vec::with_capacity(ROUNDS); configs.len() + 1];
+    let mut steady_only = vec![Vec::with_capacity(ROUNDS); configs.len() + 1];
     for _ in 0..ROUNDS {
         // A bare run before every configuration and after the last one
         // brackets each run with a probe of the machine's state.
@@ -232,42 +244,46 @@ fn main() {
         for (i, &v) in round.iter().enumerate() {
             ns[i].push(v);
         }
+        let mut ratios: Vec<f64> = round.iter().map(|v| v / round[FLOOR]).collect();
+        ratios.push(round[MEMTRAIL] / round[FLOOR_SYSCALLS]);
         if steady(&probes) {
-            steady_rounds += 1;
-            for (i, &v) in round.iter().enumerate() {
-                ratios[i].push(v / round[FLOOR]);
+            for (i, &r) in ratios.iter().enumerate() {
+                steady_only[i].push(r);
             }
-            to_syscall_floor.push(round[MEMTRAIL] / round[FLOOR_SYSCALLS]);
+        }
+        for (i, r) in ratios.into_iter().enumerate() {
+            all[i].push(r);
         }
     }
-    assert!(
-        steady_rounds > 0,
-        "the machine never stayed steady for a round"
-    );
+    let steady_rounds = steady_only[FLOOR].len();
 
     let mut w = io::stdout().lock();
     let _ = writeln!(
         w,
         "malloc/free pair, {ROUNDS} rounds of {PAIRS} pairs (each run: the median of its {CHUNK}-pair chunks); \
-         ratios to the floor from the {steady_rounds} steady rounds"
+         ratios to the floor within each round, median (quartiles) over all rounds and over the {steady_rounds} steady ones"
     );
     let _ = writeln!(
         w,
-        "  {:<30} {:>10} {:>10}   {:>8} {:>8} {:>8}",
-        "configuration", "ns median", "ns min", "x floor", "(q1", "q3)"
+        "  {:<30} {:>10} {:>10}   {:<24} {:<24}",
+        "configuration", "ns median", "ns min", "x floor, all rounds", "x floor, steady rounds"
     );
     for (i, (name, _)) in configs.iter().enumerate() {
         let (med, min) = stats(ns[i].clone());
-        let (q1, rmed, q3) = quartiles(ratios[i].clone());
         let _ = writeln!(
             w,
-            "  {name:<30} {med:10.1} {min:10.1}   {rmed:7.2}x {q1:7.2}x {q3:7.2}x"
+            "  {name:<30} {med:10.1} {min:10.1}   {:<24} {:<24}",
+            ratio_summary(&all[i]),
+            ratio_summary(&steady_only[i])
         );
     }
-    let (q1, rmed, q3) = quartiles(to_syscall_floor);
+    let last = configs.len();
     let _ = writeln!(
         w,
-        "  {} against {}: {rmed:.2}x ({q1:.2}x {q3:.2}x)",
-        configs[MEMTRAIL].0, configs[FLOOR_SYSCALLS].0
+        "  {} against {}: {}, steady rounds {}",
+        configs[MEMTRAIL].0,
+        configs[FLOOR_SYSCALLS].0,
+        ratio_summary(&all[last]),
+        ratio_summary(&steady_only[last])
     );
 }

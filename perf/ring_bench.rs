@@ -16,8 +16,11 @@
 //! - Idle CPU: the same poller with nothing to read, thread CPU time over
 //!   wall time.
 //!
-//! The last two run for several naps (the default among them), and for
-//! libbpf's epoll wait with kernel wakeups as a reference point.
+//! The last two run for several naps (the default among them), for
+//! libbpf's epoll wait with kernel wakeups as a reference point, and for a
+//! consumer that spins without ever sleeping, a reference for the delay the
+//! host adds by itself; the vCPUs' steal time over the latency turns is
+//! printed too.
 //!
 //! libbpf gets its best mode for throughput: `ring_buffer__consume` in a
 //! busy loop (no epoll). Both consumers run the same callback.
@@ -97,6 +100,7 @@ const FULL: Scale = Scale {
         Poller::Memtrail(Duration::from_micros(500)),
         Poller::Memtrail(Duration::from_micros(700)),
         Poller::LibbpfEpoll,
+        Poller::Spin,
     ],
 };
 
@@ -348,12 +352,16 @@ enum Poller {
     /// deep sleep on the ring's epoll with its `sleeping` flag raised;
     /// records are submitted with a wakeup only while the flag is set.
     MemtrailDeep(u32),
+    /// memtrail's consumer polling without ever sleeping: a whole core. A
+    /// reference for what the host itself adds (a vCPU that never halts
+    /// still loses the CPU to the host's other work).
+    Spin,
 }
 
 impl Poller {
     fn submit_flags(self) -> u32 {
         match self {
-            Self::Memtrail(_) => ringtest::NO_WAKEUP,
+            Self::Memtrail(_) | Self::Spin => ringtest::NO_WAKEUP,
             Self::LibbpfEpoll => 0,
             Self::MemtrailDeep(_) => ringtest::AUTO_WAKEUP,
         }
@@ -363,6 +371,7 @@ impl Poller {
         match self {
             Self::Memtrail(nap) => format!("memtrail, IdleWait nap {} µs only", nap.as_micros()),
             Self::LibbpfEpoll => "libbpf-rs RingBuffer::poll (epoll, wakeups on)".to_owned(),
+            Self::Spin => "memtrail, busy spin, never sleeps (reference)".to_owned(),
             Self::MemtrailDeep(naps) => format!(
                 "memtrail, {naps} naps of {} µs then deep sleep{}",
                 DEFAULT_NAP.as_micros(),
@@ -437,6 +446,21 @@ fn run_poller(
                     idle.reset();
                 }
                 consumed = ring.position() - before;
+            }
+            Cost {
+                cpu: Duration::from_nanos(thread_cpu_ns() - cpu_start),
+                wall: start.elapsed(),
+                waits,
+            }
+        }
+        Poller::Spin => {
+            let mut ring = rt.consumer();
+            let (cpu_start, start) = (thread_cpu_ns(), Instant::now());
+            while !stop.load(Ordering::Relaxed) {
+                if ring.poll(&mut f) == 0 {
+                    waits += 1;
+                    std::hint::spin_loop();
+                }
             }
             Cost {
                 cpu: Duration::from_nanos(thread_cpu_ns() - cpu_start),
@@ -548,6 +572,36 @@ fn idle_run(
     )
 }
 
+/// Steal time of each CPU so far, in clock ticks (/proc/stat: the time a
+/// vCPU was ready but the host ran something else).
+fn steal_ticks() -> Vec<(String, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    stat.lines()
+        .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            let cpu = fields.next()?.to_owned();
+            // user nice system idle iowait irq softirq steal
+            let steal = fields.nth(7)?.parse().ok()?;
+            Some((cpu, steal))
+        })
+        .collect()
+}
+
+/// Each CPU's steal time since `before`, in percent of `wall`.
+fn steal_pct(before: &[(String, u64)], wall: Duration) -> Vec<(String, f64)> {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    steal_ticks()
+        .into_iter()
+        .filter_map(|(cpu, now)| {
+            let (_, then) = before.iter().find(|(c, _)| *c == cpu)?;
+            let secs = (now - then) as f64 / hz;
+            Some((cpu, 100.0 * secs / wall.as_secs_f64()))
+        })
+        .collect()
+}
+
 /// The 1-minute load average: the benchmark shares the machine.
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -627,11 +681,13 @@ fn main() -> io::Result<()> {
     // host's bursts of vCPU wake-up delay hit them alike.
     let mut lats = vec![Vec::new(); scale.pollers.len()];
     let slice = scale.latency_records / LATENCY_SLICES;
+    let (steal_before, latency_start) = (steal_ticks(), Instant::now());
     for _ in 0..LATENCY_SLICES {
         for (i, &poller) in scale.pollers.iter().enumerate() {
             lats[i].extend(latency_run(&rt, poller, slice, cores));
         }
     }
+    let steal = steal_pct(&steal_before, latency_start.elapsed());
     let mut default = None;
     for (&poller, lat) in scale.pollers.iter().zip(lats) {
         let lat = latency_of(lat);
@@ -651,6 +707,15 @@ fn main() -> io::Result<()> {
     }
     let (lat, idle_pct) = default.expect("the default poller was measured");
     writeln!(out)?;
+    writeln!(
+        out,
+        "host steal time during the latency turns (the host ran other work on the vCPU): {}",
+        steal
+            .iter()
+            .map(|(cpu, pct)| format!("{cpu} {pct:.1} %"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )?;
     writeln!(
         out,
         "load average (1 min): {load_before} before, {} after",
