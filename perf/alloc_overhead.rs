@@ -265,14 +265,14 @@ fn main() {
     );
     let _ = writeln!(
         w,
-        "  {:<30} {:>10} {:>10}   {:<24} {:<24}",
+        "  {:<30} {:>10} {:>10}   {:<24} {}",
         "configuration", "ns median", "ns min", "x floor, all rounds", "x floor, steady rounds"
     );
     for (i, (name, _)) in configs.iter().enumerate() {
         let (med, min) = stats(ns[i].clone());
         let _ = writeln!(
             w,
-            "  {name:<30} {med:10.1} {min:10.1}   {:<24} {:<24}",
+            "  {name:<30} {med:10.1} {min:10.1}   {:<24} {}",
             ratio_summary(&all[i]),
             ratio_summary(&steady_only[i])
         );

@@ -165,7 +165,8 @@ pub struct Finished<S> {
 }
 
 /// Starts the poller of `pipeline` as pipeline number `index` of `barrier`.
-/// The thread returns the sink when the barrier stops it.
+/// The thread returns the sink and the ring's high-water mark when the
+/// barrier stops it.
 pub fn spawn<S: Sink>(
     mut pipeline: Pipeline<S>,
     barrier: Arc<Barrier>,
