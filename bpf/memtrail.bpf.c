@@ -435,25 +435,36 @@ static __always_inline __u64 mix(__u64 h, __u64 v)
 	return h ^ (h >> 33);
 }
 
+/* A frame of the frame-pointer chain: the caller's saved frame pointer,
+ * then the return address into the caller's caller. */
+struct user_frame {
+	__u64 next;
+	__u64 ret;
+};
+
 /*
  * Captures the user stack of an allocator call at its entry into a record
  * reserved on the stack ring, hashes it there, and publishes it only if its
  * hash is new. Returns the stack id, 0 if none.
  *
  * At entry the caller's frame is not yet linked: its return address is at
- * the top of the stack, so it goes first; the frame-pointer walk, which
- * skips the allocator's own ip, gives the rest. Kernels whose unwinder
- * already adds that return address for entry probes repeat it in ips[1]:
- * `first` then skips ips[0].
+ * the top of the stack, so it goes first; the frame-pointer chain from the
+ * caller's frame pointer gives the rest. The chain is walked here rather
+ * than with bpf_get_stack(): the kernel's walker reads on until a read
+ * faults, and the chain of every stack ends in a frame pointer of 0 (set
+ * by _start), so each call paid a page fault (~1 µs a call on this kind of
+ * machine, whatever the depth). This walk stops where the chain does: at a
+ * frame pointer that is not above the previous one (0 included), or not
+ * 8-aligned, or unreadable.
  */
 static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 {
-	const __u32 walk = (stack_depth < MT_MAX_STACK ? stack_depth : MT_MAX_STACK) - 1;
+	const __u32 depth = stack_depth < MT_MAX_STACK ? stack_depth : MT_MAX_STACK;
 	struct mt_stack_record *rec;
-	__u64 h = tgid;
+	struct user_frame frame;
+	__u64 h = tgid, fp, below;
 	__u8 one = 1;
-	__u32 i, n = 1;
-	long got;
+	__u32 i, n;
 
 	if (!stack_depth)
 		return 0;
@@ -463,20 +474,25 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 		return 0;
 	}
 	rec->pid = tgid;
-	rec->first = 0;
-	if (bpf_probe_read_user(&rec->ips[0], sizeof(rec->ips[0]), (void *)PT_REGS_SP(ctx)))
+	rec->_pad = 0;
+	below = PT_REGS_SP(ctx);
+	if (bpf_probe_read_user(&rec->ips[0], sizeof(rec->ips[0]), (void *)below))
 		rec->ips[0] = 0;
-	got = bpf_get_stack(ctx, &rec->ips[1], walk * sizeof(__u64), BPF_F_USER_STACK | 1);
-	if (got > 0)
-		n += got / sizeof(__u64);
-	if (n > 1 && rec->ips[1] == rec->ips[0])
-		rec->first = 1;
+	fp = PT_REGS_FP(ctx);
+	for (n = 1; n < MT_MAX_STACK; n++) {
+		if (n >= depth || fp <= below || (fp & 7))
+			break;
+		if (bpf_probe_read_user(&frame, sizeof(frame), (void *)fp))
+			break;
+		rec->ips[n] = frame.ret;
+		below = fp;
+		fp = frame.next;
+	}
 	rec->nr = n;
 	for (i = 0; i < MT_MAX_STACK; i++) {
 		if (i >= n)
 			break;
-		if (i >= rec->first)
-			h = mix(h, rec->ips[i]);
+		h = mix(h, rec->ips[i]);
 	}
 	h = h ? h : 1;
 	rec->id = h;

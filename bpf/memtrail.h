@@ -123,13 +123,13 @@ struct mt_alloc_event {
  * A call stack, on the stack ring. Written once per distinct (process,
  * stack): the BPF program fills the record in place, hashes it in place and
  * discards it when the hash is already known.
- *   ips[first .. nr): return addresses, innermost first.
+ *   ips[0 .. nr): return addresses, innermost first.
  */
 struct mt_stack_record {
 	__u64 id;   /* hash of pid and frames; never 0 */
 	__u32 pid;  /* tgid: frames are addresses of this process */
 	__u16 nr;   /* end of the frames in ips */
-	__u16 first; /* 1 when the kernel's unwinder already gave ips[0] */
+	__u16 _pad;
 	__u64 ips[MT_MAX_STACK];
 };
 

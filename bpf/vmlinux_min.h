@@ -44,11 +44,6 @@ enum {
 	BPF_LOCAL_STORAGE_GET_F_CREATE = 1,
 };
 
-/* bpf_get_stack flags: the low 8 bits are frames to skip. */
-enum {
-	BPF_F_USER_STACK = 1ULL << 8,
-};
-
 /* Flags of bpf_ringbuf_submit/discard/output and bpf_ringbuf_query. */
 enum {
 	BPF_RB_NO_WAKEUP = 1,

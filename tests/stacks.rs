@@ -258,3 +258,43 @@ fn stacks_rust_demangled() {
     let bytes: u64 = sites.iter().map(|s| num(s, "bytes")).sum();
     assert_eq!((allocations, bytes), (3, 3 * 55555));
 }
+
+/// The stack of the allocation of `bytes` bytes (one allocation).
+fn stack_of(profile: &Value, bytes: u64) -> &Value {
+    let found: Vec<&Value> = stacks(profile)
+        .iter()
+        .filter(|s| num(s, "bytes") == bytes)
+        .collect();
+    assert_eq!(found.len(), 1, "{bytes}-byte stacks: {found:?}");
+    found[0]
+}
+
+/// Check that the frame-pointer walk keeps exactly `--stack-depth` frames
+/// of a stack deeper than that (127 by default, 5 asked), each at its
+/// call, and that a shallow stack starts at main.
+#[test]
+fn stacks_truncated_at_depth_exactly() {
+    let src = "stack_deep.c";
+    let (site, call) = (line_of(src, "DEEP_SITE"), line_of(src, "DEEP_CALL"));
+    for (depth, args) in [(127, vec![]), (5, vec!["--stack-depth", "5"])] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let out = dir.path().join("profile.json");
+        let mut argv: Vec<std::ffi::OsString> = vec!["run".into(), "-q".into(), "-o".into()];
+        argv.push(out.clone().into());
+        argv.extend(args.iter().map(Into::into));
+        argv.push("--".into());
+        argv.extend(cmd("stack_deep", &[]));
+        let (_, status, _, stderr) = common::memtrail(&argv, b"");
+        assert!(status.success(), "{stderr}");
+        let p = common::read_profile(&out).expect("profile written");
+
+        let deep = frames(stack_of(&p, 33333));
+        assert_eq!(deep.len(), depth, "{deep:#?}");
+        assert_at(&deep[0], "deep", src, site);
+        for frame in &deep[1..] {
+            assert_at(frame, "deep", src, call);
+        }
+        let shallow = frames(stack_of(&p, 44444));
+        assert_at(&shallow[0], "main", src, line_of(src, "MAIN_SITE"));
+    }
+}

@@ -237,12 +237,11 @@ impl StackRecord<'_> {
 pub fn decode_stack(bytes: &[u8]) -> Result<StackRecord<'_>, DecodeError> {
     let rec: t::mt_stack_record = read(bytes)?;
     let ips_at = std::mem::offset_of!(t::mt_stack_record, ips);
-    let first = usize::from(rec.first).min(rec.ips.len());
-    let nr = usize::from(rec.nr).clamp(first, rec.ips.len());
+    let nr = usize::from(rec.nr).min(rec.ips.len());
     Ok(StackRecord {
         id: rec.id,
         pid: rec.pid,
-        ips: &bytes[ips_at + first * 8..ips_at + nr * 8],
+        ips: &bytes[ips_at..ips_at + nr * 8],
     })
 }
 
