@@ -443,59 +443,82 @@ struct user_frame {
 };
 
 /*
- * Captures the user stack of an allocator call at its entry into a record
- * reserved on the stack ring, hashes it there, and publishes it only if its
- * hash is new. Returns the stack id, 0 if none.
+ * Walks the user stack of an allocator call at its entry, hashing its
+ * frames (seeded with the process id) and, with ips, storing them there.
+ * Returns the hash, never 0; *nr gets the number of frames.
  *
- * At entry the caller's frame is not yet linked: its return address is at
- * the top of the stack, so it goes first; the frame-pointer chain from the
- * caller's frame pointer gives the rest. The chain is walked here rather
- * than with bpf_get_stack(): the kernel's walker reads on until a read
- * faults, and the chain of every stack ends in a frame pointer of 0 (set
- * by _start), so each call paid a page fault (~1 µs a call on this kind of
- * machine, whatever the depth). This walk stops where the chain does: at a
- * frame pointer that is not above the previous one (0 included), or not
+ * At entry the caller's frame is not yet linked: its return address, ra,
+ * read from the top of the stack, goes first; the chain of saved frame
+ * pointers from the caller's frame pointer gives the rest. The chain is
+ * walked here rather than with bpf_get_stack(): the kernel's walker reads
+ * on until a read faults, and the chain of every stack ends in a frame
+ * pointer of 0 (set by _start), so each call paid a page fault (~1 us a
+ * call on this kind of machine). This walk stops where the chain does: at
+ * a frame pointer that is not above the previous one (0 included), or not
  * 8-aligned, or unreadable.
  */
-static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
+static __always_inline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
+					__u32 depth, __u64 *ips, __u32 *nr)
 {
-	const __u32 depth = stack_depth < MT_MAX_STACK ? stack_depth : MT_MAX_STACK;
-	struct mt_stack_record *rec;
 	struct user_frame frame;
-	__u64 h = tgid, fp, below;
-	__u8 one = 1;
-	__u32 i, n;
+	__u64 h = mix(tgid, ra), below = PT_REGS_SP(ctx), fp = PT_REGS_FP(ctx);
+	__u32 n;
 
-	if (!stack_depth)
-		return 0;
-	rec = bpf_ringbuf_reserve(&stacks, sizeof(*rec), 0);
-	if (!rec) {
-		__sync_fetch_and_add(&drops_stacks, 1);
-		return 0;
-	}
-	rec->pid = tgid;
-	rec->_pad = 0;
-	below = PT_REGS_SP(ctx);
-	if (bpf_probe_read_user(&rec->ips[0], sizeof(rec->ips[0]), (void *)below))
-		rec->ips[0] = 0;
-	fp = PT_REGS_FP(ctx);
+	if (ips)
+		ips[0] = ra;
 	for (n = 1; n < MT_MAX_STACK; n++) {
 		if (n >= depth || fp <= below || (fp & 7))
 			break;
 		if (bpf_probe_read_user(&frame, sizeof(frame), (void *)fp))
 			break;
-		rec->ips[n] = frame.ret;
+		if (ips)
+			ips[n] = frame.ret;
+		h = mix(h, frame.ret);
 		below = fp;
 		fp = frame.next;
 	}
-	rec->nr = n;
-	for (i = 0; i < MT_MAX_STACK; i++) {
-		if (i >= n)
-			break;
-		h = mix(h, rec->ips[i]);
+	*nr = n;
+	return h ? h : 1;
+}
+
+/*
+ * The id of the user stack of an allocator call at its entry, 0 if none;
+ * a stack not seen before is also written to the stack ring.
+ *
+ * Most calls come from stacks already written, so the stack is first only
+ * hashed as it is walked (no scratch but registers) and looked up; only a
+ * new one is walked again into a record reserved on the stack ring. A
+ * record is thus reserved only for new stacks, and the ring's space is not
+ * taken and given back a kilobyte at a time for every allocation.
+ */
+static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
+{
+	const __u32 depth = stack_depth < MT_MAX_STACK ? stack_depth : MT_MAX_STACK;
+	struct mt_stack_record *rec;
+	__u64 ra, h;
+	__u8 one = 1;
+	__u32 n;
+
+	if (!stack_depth)
+		return 0;
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)PT_REGS_SP(ctx)))
+		ra = 0;
+	h = walk_stack(ctx, tgid, ra, depth, NULL, &n);
+	if (bpf_map_lookup_elem(&known_stacks, &h))
+		return h;
+	rec = bpf_ringbuf_reserve(&stacks, sizeof(*rec), 0);
+	if (!rec) {
+		__sync_fetch_and_add(&drops_stacks, 1);
+		return 0;
 	}
-	h = h ? h : 1;
+	/* The same walk, into the record: the stack is the thread's own and
+	 * the thread is here, so it gives the same frames and hash (but the
+	 * record carries what this walk saw, whatever happens). */
+	h = walk_stack(ctx, tgid, ra, depth, rec->ips, &n);
 	rec->id = h;
+	rec->pid = tgid;
+	rec->nr = n;
+	rec->_pad = 0;
 	if (bpf_map_update_elem(&known_stacks, &h, &one, BPF_NOEXIST) == -EEXIST)
 		bpf_ringbuf_discard(rec, BPF_RB_NO_WAKEUP);
 	else

@@ -269,6 +269,20 @@ fn stack_of(profile: &Value, bytes: u64) -> &Value {
     found[0]
 }
 
+/// `memtrail run -q -o PROFILE ARGS -- FIXTURE` with `env`; the profile.
+fn run_profile(fixture: &str, args: &[&str], env: &[(&str, &str)]) -> Value {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("profile.json");
+    let mut argv: Vec<std::ffi::OsString> = vec!["run".into(), "-q".into(), "-o".into()];
+    argv.push(out.clone().into());
+    argv.extend(args.iter().map(Into::into));
+    argv.push("--".into());
+    argv.extend(cmd(fixture, &[]));
+    let (_, status, _, stderr) = common::memtrail_env(&argv, b"", env);
+    assert!(status.success(), "{stderr}");
+    common::read_profile(&out).expect("profile written")
+}
+
 /// Check that the frame-pointer walk keeps exactly `--stack-depth` frames
 /// of a stack deeper than that (127 by default, 5 asked), each at its
 /// call, and that a shallow stack starts at main.
@@ -276,18 +290,8 @@ fn stack_of(profile: &Value, bytes: u64) -> &Value {
 fn stacks_truncated_at_depth_exactly() {
     let src = "stack_deep.c";
     let (site, call) = (line_of(src, "DEEP_SITE"), line_of(src, "DEEP_CALL"));
-    for (depth, args) in [(127, vec![]), (5, vec!["--stack-depth", "5"])] {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let out = dir.path().join("profile.json");
-        let mut argv: Vec<std::ffi::OsString> = vec!["run".into(), "-q".into(), "-o".into()];
-        argv.push(out.clone().into());
-        argv.extend(args.iter().map(Into::into));
-        argv.push("--".into());
-        argv.extend(cmd("stack_deep", &[]));
-        let (_, status, _, stderr) = common::memtrail(&argv, b"");
-        assert!(status.success(), "{stderr}");
-        let p = common::read_profile(&out).expect("profile written");
-
+    for (depth, args) in [(127, &[][..]), (5, &["--stack-depth", "5"][..])] {
+        let p = run_profile("stack_deep", args, &[]);
         let deep = frames(stack_of(&p, 33333));
         assert_eq!(deep.len(), depth, "{deep:#?}");
         assert_at(&deep[0], "deep", src, site);
@@ -297,4 +301,28 @@ fn stacks_truncated_at_depth_exactly() {
         let shallow = frames(stack_of(&p, 44444));
         assert_at(&shallow[0], "main", src, line_of(src, "MAIN_SITE"));
     }
+}
+
+/// Check that only new stacks take room on the stack ring: 1000
+/// allocations from one stack fit a 16 KiB ring (15 records of 1 KiB) that
+/// nothing reads until the capture ends.
+#[test]
+fn stacks_known_ones_take_no_ring_space() {
+    let p = run_profile(
+        "stack_repeat",
+        &["--stack-ring-size", "16K"],
+        &[("MEMTRAIL_FAULT", "stall-stacks")],
+    );
+    let site = stack_of(&p, 1000 * 12345);
+    assert_eq!(num(site, "allocations"), 1000);
+    assert_eq!(function(&frames(site)[0]), "site");
+    // A record in the ring: its 8-byte header, then id, pid, nr and pad
+    // (16 bytes) and 128 frames.
+    const RECORD: u64 = 8 + 16 + 128 * 8;
+    let high = num(&p["pressure"]["high_water"], "stacks");
+    let distinct = stacks(&p).len() as u64;
+    assert!(
+        (RECORD..=distinct * RECORD).contains(&high),
+        "stack ring high water {high} B for {distinct} stacks"
+    );
 }
