@@ -31,6 +31,10 @@ fn capture_loss_fails_with_exit_71() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(71), "stderr: {stderr}");
     assert!(stderr.contains("events were lost"), "stderr: {stderr}");
+    assert!(
+        stderr.contains("retry with a larger --ring-size, or with --pressure-timeout inf"),
+        "stderr: {stderr}"
+    );
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "files left behind: {left:?}");
 }
@@ -77,6 +81,10 @@ fn capture_loss_of_stacks_fails_with_exit_71() {
     assert_eq!(out.status.code(), Some(71), "stderr: {stderr}");
     assert!(stderr.contains("on the stack ring"), "stderr: {stderr}");
     assert!(!stderr.contains(" 0 on the stack ring"), "stderr: {stderr}");
+    assert!(
+        stderr.contains("retry with a larger --stack-ring-size,"),
+        "stderr: {stderr}"
+    );
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "files left behind: {left:?}");
 }

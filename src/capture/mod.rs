@@ -148,8 +148,8 @@ pub enum CaptureError {
     #[error(
         "events were lost ({} on the events ring, {} on the stack ring, {} on the \
          mappings ring, {} attach requests, {} untracked calls or processes): the \
-         capture is incomplete and no report was written; retry with a larger --ring-size",
-        .0.events, .0.stacks, .0.mappings, .0.attach, .0.tracking
+         capture is incomplete and no report was written; {}",
+        .0.events, .0.stacks, .0.mappings, .0.attach, .0.tracking, .0.advice()
     )]
     Lost(LostEvents),
     #[error("--stack-depth {0} is more than the {MAX_STACK_DEPTH} frames a stack record holds")]

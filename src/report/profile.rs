@@ -124,6 +124,32 @@ impl LostEvents {
             || self.mappings != 0
             || self.attach != 0
     }
+
+    /// What may avoid the loss next time, for the error message.
+    pub fn advice(&self) -> String {
+        let larger: Vec<&str> = [
+            (self.events, "--ring-size"),
+            (self.stacks, "--stack-ring-size"),
+        ]
+        .into_iter()
+        .filter(|&(lost, _)| lost != 0)
+        .map(|(_, option)| option)
+        .collect();
+        let rings = self.events + self.stacks + self.mappings + self.attach;
+        match (larger.is_empty(), rings != 0) {
+            (false, _) => format!(
+                "retry with a larger {}, or with --pressure-timeout inf, which pauses the tree \
+                 instead of losing records",
+                larger.join(" and ")
+            ),
+            (true, true) => "retry with --pressure-timeout inf, which pauses the tree instead \
+                             of losing records"
+                .to_owned(),
+            (true, false) => "the tree had more processes or threads at once than memtrail's \
+                              BPF maps hold"
+                .to_owned(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
