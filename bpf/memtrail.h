@@ -121,8 +121,9 @@ struct mt_alloc_event {
 
 /*
  * A call stack, on the stack ring. Written once per distinct (process,
- * stack): the BPF program fills the record in place, hashes it in place and
- * discards it when the hash is already known.
+ * stack): the BPF program hashes a stack as it walks it, and only for a new
+ * hash walks it again into a reserved record (discarded if another thread
+ * wrote the same stack meanwhile).
  *   ips[0 .. nr): return addresses, innermost first.
  */
 struct mt_stack_record {
