@@ -486,10 +486,11 @@ static __always_inline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 r
  * a stack not seen before is also written to the stack ring.
  *
  * Most calls come from stacks already written, so the stack is first only
- * hashed as it is walked (no scratch but registers) and looked up; only a
- * new one is walked again into a record reserved on the stack ring. A
- * record is thus reserved only for new stacks, and the ring's space is not
- * taken and given back a kilobyte at a time for every allocation.
+ * hashed as it is walked (in registers and 16 bytes of the program's own
+ * stack, never a per-CPU map) and looked up; only a new one is walked
+ * again into a record reserved on the stack ring. A record is thus
+ * reserved only for new stacks, and the ring's space is not taken and
+ * given back a kilobyte at a time for every allocation.
  */
 static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 {
