@@ -404,7 +404,7 @@ static __always_inline void fill_header(struct mt_header *hdr, __u64 pid_tgid,
 /* An event record stamped ts (0: see event_clock). */
 static __always_inline void emit_event(__u64 ts, __u64 pid_tgid, __u16 kind,
 					__u16 flags, __u64 addr, __u64 size,
-					__u64 old_addr, __u64 old_size, __u64 stack_id)
+					__u64 old_addr, __u64 aux)
 {
 	struct mt_alloc_event *e = reserve(sizeof(*e));
 
@@ -414,18 +414,18 @@ static __always_inline void emit_event(__u64 ts, __u64 pid_tgid, __u16 kind,
 	e->addr = addr;
 	e->size = size;
 	e->old_addr = old_addr;
-	e->old_size = old_size;
-	e->stack_id = stack_id;
+	e->aux = aux;
 	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
 	check_pressure(&events, watermark_events, &hwm_events);
 }
 
+/* A memory syscall's record (old_size: mremap's, in the aux field). */
 static __always_inline void emit_alloc(__u64 pid_tgid, __u16 kind, __u16 flags,
 					__u64 addr, __u64 size, __u64 old_addr,
 					__u64 old_size)
 {
 	emit_event(bpf_ktime_get_ns(), pid_tgid, kind, flags, addr, size, old_addr,
-		   old_size, 0);
+		   old_size);
 }
 
 static __always_inline __u64 mix(__u64 h, __u64 v)
@@ -587,7 +587,7 @@ int alloc_enter(struct pt_regs *ctx)
 	old = old_ptr(cur);
 	if (old)
 		emit_event(event_clock(cur), pid_tgid, MT_REALLOC_BEGIN, 0, old, 0, 0,
-			   0, 0);
+			   0);
 	return 0;
 }
 
@@ -663,7 +663,7 @@ int alloc_return(struct pt_regs *ctx)
 	 * always completes the MT_REALLOC_BEGIN record it opened. */
 	if (!addr && !old)
 		return 0;
-	emit_event(event_clock(cur), pid_tgid, kind, 0, addr, size, old, 0,
+	emit_event(event_clock(cur), pid_tgid, kind, 0, addr, size, old,
 		   call->stack_id);
 	return 0;
 }
@@ -680,7 +680,7 @@ int free_enter(struct pt_regs *ctx)
 	/* Untracked, or free() inside realloc(p, 0) or another allocator. */
 	if (!cur || cur->depth > 0)
 		return 0;
-	emit_event(event_clock(cur), pid_tgid, MT_FREE, 0, ptr, 0, 0, 0, 0);
+	emit_event(event_clock(cur), pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);
 	return 0;
 }
 

@@ -107,7 +107,8 @@ struct mt_header {
  *   free:        addr = argument
  *   mmap:        addr = result, size = length
  *   munmap:      addr, size = arguments
- *   mremap:      addr = result, size = new length, old_addr/old_size = args
+ *   mremap:      addr = result, size = new length, old_addr/aux = the old
+ *                address and length
  *   brk:         addr = new program break, size = requested break
  */
 struct mt_alloc_event {
@@ -115,8 +116,10 @@ struct mt_alloc_event {
 	__u64 addr;
 	__u64 size;
 	__u64 old_addr;
-	__u64 old_size;
-	__u64 stack_id; /* allocations: the call stack's id, 0 if none */
+	/* mremap: old_size; allocator calls: the call stack's id, 0 if none.
+	 * One field for the two keeps the record at 56 bytes, 64 in the ring:
+	 * one cache line. */
+	__u64 aux;
 };
 
 /*

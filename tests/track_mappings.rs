@@ -79,6 +79,56 @@ fn track_mappings_user_mmap_exact() {
     assert_eq!(Mappings::of(field(entry, "mappings")), expected);
 }
 
+/// Check that an mremap that grows a mapping is one event with the new
+/// address and length and the old ones, and moves the mapped bytes from the
+/// old length to the new: 29 pages mapped, grown to 61, unmapped.
+#[test]
+fn track_mappings_mremap_exact() {
+    let base = baseline();
+    let run = capture(&cmd("mremap", &[]));
+    run.expect_code(0);
+    let events = run.events();
+    let ours = of_pid(events, stream_root(events));
+    let of_kind = |k: &str| -> Vec<&Value> {
+        ours.iter()
+            .copied()
+            .filter(|e| kind(e) == k && !in_allocator(e))
+            .collect()
+    };
+    let mapped: Vec<&Value> = of_kind("mmap")
+        .into_iter()
+        .filter(|e| num(e, "size") == 29 * PAGE)
+        .collect();
+    assert_eq!(mapped.len(), 1, "{mapped:?}");
+    let remapped = of_kind("mremap");
+    assert_eq!(remapped.len(), 1, "{remapped:?}");
+    let r = remapped[0];
+    assert_eq!(num(r, "old_addr"), num(mapped[0], "addr"), "{r}");
+    assert_eq!((num(r, "old_size"), num(r, "size")), (29 * PAGE, 61 * PAGE));
+    assert!(r.get("stack_id").is_none(), "{r}");
+    let unmapped: Vec<&Value> = of_kind("munmap")
+        .into_iter()
+        .filter(|e| num(e, "size") == 61 * PAGE)
+        .collect();
+    assert_eq!(unmapped.len(), 1, "{unmapped:?}");
+    assert_eq!(num(unmapped[0], "addr"), num(r, "addr"));
+
+    let expected = Mappings {
+        mmaps: base.mmaps + 1,
+        munmaps: base.munmaps + 1,
+        mapped_bytes: base.mapped_bytes + (29 + 61) * PAGE,
+        unmapped_bytes: base.unmapped_bytes + (29 + 61) * PAGE,
+        peak_mapped_bytes: base.peak_mapped_bytes + 61 * PAGE,
+        mapped_bytes_at_exit: base.mapped_bytes_at_exit,
+        ..Mappings::of(field(run.profile(), "mappings"))
+    };
+    assert_eq!(
+        Mappings::of(field(run.profile(), "mappings")),
+        expected,
+        "baseline: {base:?}"
+    );
+}
+
 /// Check that moving the program break by hand (+12288, then -4096) is the
 /// brk peak and the brk bytes at exit, and that a program that never moves
 /// it has none.

@@ -203,12 +203,18 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
         }
         _ => {
             let e: t::mt_alloc_event = read(bytes)?;
+            // One field carries mremap's old length or an allocation's stack.
+            let (old_size, stack_id) = if kind == Kind::Mremap {
+                (e.aux, 0)
+            } else {
+                (0, e.aux)
+            };
             Body::Mem(Mem {
                 addr: e.addr,
                 size: e.size,
                 old_addr: e.old_addr,
-                old_size: e.old_size,
-                stack_id: e.stack_id,
+                old_size,
+                stack_id,
             })
         }
     };
@@ -311,6 +317,7 @@ mod tests {
         e.addr = 0x1000;
         e.size = 64;
         e.old_addr = 0x2000;
+        e.aux = 77;
         let bytes = bytes_of(&e);
         let rec = decode(&bytes).unwrap();
         assert_eq!(rec.hdr.kind, Kind::Realloc);
@@ -322,9 +329,22 @@ mod tests {
                 size: 64,
                 old_addr: 0x2000,
                 old_size: 0,
-                stack_id: 0
+                stack_id: 77
             })
         );
+        // The same field is mremap's old length.
+        e.hdr.kind = Kind::Mremap as u16;
+        let Body::Mem(mem) = decode(&bytes_of(&e)).unwrap().body else {
+            panic!("mremap decodes as a memory record");
+        };
+        assert_eq!((mem.old_size, mem.stack_id), (77, 0));
+    }
+
+    /// Check that an allocation record is 56 bytes, 64 in the ring with its
+    /// 8-byte header: one cache line.
+    #[test]
+    fn record_alloc_event_fills_one_line() {
+        assert_eq!(std::mem::size_of::<t::mt_alloc_event>(), 56);
     }
 
     /// Check that a truncated record and an unknown kind are errors, not UB.
