@@ -10,7 +10,14 @@
 //! others (test, cmp, mov) at ~14 µs. Where semantics allow we move the probe
 //! to an emulated instruction — glibc's `free` opens with
 //! `test %rdi,%rdi; je <ret>`, which only skips free(NULL), so its probe goes
-//! right after the jump. Sites that still single-step are reported.
+//! right after the jump; and a probe moves past leading instructions that
+//! cannot change what the programs read (flags-only tests and compares, a
+//! constant into a register that holds no argument) when that lands it on
+//! an emulated one: libstdc++'s `operator new` opens with
+//! `test %rdi,%rdi; mov $1,%eax; push %rbx`, glibc's `valloc` with
+//! `cmpb $0,hook(%rip); push %rbx`, its `memalign` with
+//! `cmpb $0,hook(%rip); je` (the probe goes on the jump, which every call
+//! reaches, never past it). Sites that still single-step are reported.
 //!
 //! Probes are system-wide (every process mapping the file hits them); the
 //! BPF programs filter on the tracked-process map.
@@ -115,7 +122,7 @@ pub struct Site {
     /// File offset of the probed instruction.
     pub offset: u64,
     /// Offset from the function's entry (non-zero where the probe was moved
-    /// past a NULL test).
+    /// past endbr64, a NULL test or a harmless prefix).
     pub skipped: u64,
     /// Whether the kernel emulates the probed instruction (cheap) rather
     /// than single-stepping it.
@@ -191,6 +198,9 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
         if entry.role == Role::Free {
             skipped += elf.null_test_len(vaddr + skipped).unwrap_or(0);
         }
+        if let Some(code) = elf.bytes_at(entry_off + skipped, HARMLESS_WINDOW) {
+            skipped += harmless_prefix_len(code) as u64;
+        }
         let offset = entry_off + skipped;
         let emulated = elf.bytes_at(offset, 4).is_some_and(is_emulated);
         sites.push(Site {
@@ -264,6 +274,56 @@ impl Elf<'_> {
 }
 
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
+/// Bytes of code examined for a harmless prefix.
+const HARMLESS_WINDOW: usize = 32;
+/// Instructions a harmless prefix may have.
+const HARMLESS_MAX: usize = 4;
+
+/// The length of the instructions at the start of `code` that a probe may
+/// be moved past: up to [`HARMLESS_MAX`] of them, each one that every call
+/// executes and that changes neither the stack pointer, nor memory, nor a
+/// register an argument comes in (rdi, rsi, rdx, rcx, r8, r9), followed by
+/// an instruction the kernel emulates. 0 when there is no such prefix.
+///
+/// The probe then sees the registers and stack of the function's entry:
+/// the arguments, the stack pointer and the return address on top of the
+/// stack (which the uretprobe replaces). Only forms seen at allocator
+/// entries are decoded; anything else ends the prefix.
+fn harmless_prefix_len(code: &[u8]) -> usize {
+    // Registers (ModRM numbering, no REX.B) a prefix may write: rax, rbx,
+    // rbp.
+    let writable = |reg: u8| matches!(reg, 0 | 3 | 5);
+    let mut at = 0;
+    for _ in 0..HARMLESS_MAX {
+        if code.get(at..).is_some_and(is_emulated) {
+            return at;
+        }
+        let rest = &code[at..];
+        let len = match rest {
+            // test r64, r64 / test r32, r32: flags only.
+            [0x48, 0x85, modrm, ..] if modrm >> 6 == 3 => 3,
+            [0x85, modrm, ..] if modrm >> 6 == 3 => 2,
+            // cmp r64, r64 / cmp r32, r32: flags only.
+            [0x48, 0x39 | 0x3b, modrm, ..] if modrm >> 6 == 3 => 3,
+            [0x39 | 0x3b, modrm, ..] if modrm >> 6 == 3 => 2,
+            // cmpb $imm8, disp32(%rip): reads memory, writes flags.
+            [0x80, 0x3d, _, _, _, _, _, ..] => 7,
+            // mov $imm32, r32 into a register that holds no argument.
+            [op @ 0xb8..=0xbf, _, _, _, _, ..] if writable(op - 0xb8) => 5,
+            // xor r32, r32 (31: into r/m; 33: into reg), likewise.
+            [0x31, modrm, ..] if modrm >> 6 == 3 && writable(modrm & 7) => 2,
+            [0x33, modrm, ..] if modrm >> 6 == 3 && writable((modrm >> 3) & 7) => 2,
+            _ => return 0,
+        };
+        at += len;
+    }
+    if code.get(at..).is_some_and(is_emulated) {
+        at
+    } else {
+        0
+    }
+}
 
 /// Whether the kernel emulates this first instruction instead of
 /// single-stepping it (x86_64: push, nop, relative jumps and calls, ret).
@@ -410,5 +470,52 @@ fn uprobe_error(group: &[&Site], source: crate::sys::SysError) -> AttachError {
         path: image,
         symbol: names,
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::harmless_prefix_len;
+
+    /// Check the prefixes of real allocator entries (Debian 12's libc and
+    /// libstdc++, after endbr64) and the ones a probe must not skip.
+    #[test]
+    fn attach_harmless_prefixes() {
+        // operator new: test %rdi,%rdi; mov $1,%eax; push %rbx.
+        let new = [
+            0x48, 0x85, 0xff, 0xb8, 1, 0, 0, 0, 0x53, 0x48, 0x0f, 0x45, 0xc7,
+        ];
+        assert_eq!(harmless_prefix_len(&new), 8);
+        // valloc: cmpb $0,disp(%rip); push %rbx.
+        let valloc = [
+            0x80, 0x3d, 0x31, 0x0e, 0x14, 0x00, 0x00, 0x53, 0x48, 0x89, 0xfb,
+        ];
+        assert_eq!(harmless_prefix_len(&valloc), 7);
+        // Already emulated: push %r12.
+        assert_eq!(harmless_prefix_len(&[0x41, 0x54, 0x49, 0x89, 0xd4]), 0);
+        // memalign: cmpb; je. The probe goes on the je, which every call
+        // reaches and the kernel emulates, never past it.
+        let memalign = [0x80, 0x3d, 0x71, 0x0e, 0x14, 0x00, 0x00, 0x74, 0x07, 0xe9];
+        assert_eq!(harmless_prefix_len(&memalign), 7);
+        // A branch that is not emulated ends the prefix: cmpb; jmp *%rax.
+        let indirect = [0x80, 0x3d, 0x71, 0x0e, 0x14, 0x00, 0x00, 0xff, 0xe0];
+        assert_eq!(harmless_prefix_len(&indirect), 0);
+        // reallocarray: mov %rsi,%rax; mul %rdx (writes an argument).
+        let reallocarray = [0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe2, 0x48, 0x89, 0xc6];
+        assert_eq!(harmless_prefix_len(&reallocarray), 0);
+        // operator new(nothrow): sub $8,%rsp moves the stack.
+        assert_eq!(harmless_prefix_len(&[0x48, 0x83, 0xec, 0x08, 0xe8]), 0);
+        // mov $1,%edi writes the first argument.
+        assert_eq!(harmless_prefix_len(&[0xbf, 1, 0, 0, 0, 0x53]), 0);
+        // xor %esi,%esi likewise; xor %eax,%eax does not.
+        assert_eq!(harmless_prefix_len(&[0x31, 0xf6, 0x53]), 0);
+        assert_eq!(harmless_prefix_len(&[0x31, 0xc0, 0x53]), 2);
+        // A prefix that never reaches an emulated instruction is not taken.
+        assert_eq!(
+            harmless_prefix_len(&[0x48, 0x85, 0xff, 0x48, 0x89, 0xf8]),
+            0
+        );
+        // Cut code.
+        assert_eq!(harmless_prefix_len(&[0x80, 0x3d, 0x00]), 0);
     }
 }
