@@ -17,7 +17,8 @@
 //! `test %rdi,%rdi; mov $1,%eax; push %rbx`, glibc's `valloc` with
 //! `cmpb $0,hook(%rip); push %rbx`, its `memalign` with
 //! `cmpb $0,hook(%rip); je` (the probe goes on the jump, which every call
-//! reaches, never past it). Sites that still single-step are reported.
+//! reaches, never past it); jemalloc's and tcmalloc's `malloc` likewise.
+//! Sites that still single-step are reported.
 //!
 //! Probes are system-wide (every process mapping the file hits them); the
 //! BPF programs filter on the tracked-process map.
@@ -307,6 +308,19 @@ fn harmless_prefix_len(code: &[u8]) -> usize {
             // cmp r64, r64 / cmp r32, r32: flags only.
             [0x48, 0x39 | 0x3b, modrm, ..] if modrm >> 6 == 3 => 3,
             [0x39 | 0x3b, modrm, ..] if modrm >> 6 == 3 => 2,
+            // cmp $imm32, r64 / cmp $imm8, r64 (/7): flags only.
+            [0x48, 0x81, modrm, _, _, _, _, ..] if modrm >> 3 == 0x1f => 7,
+            [0x48, 0x83, modrm, _, ..] if modrm >> 3 == 0x1f => 4,
+            // mov r64, r64 (89: into r/m; 8b: into reg), likewise.
+            [0x48, 0x89, modrm, ..] if modrm >> 6 == 3 && writable(modrm & 7) => 3,
+            [0x48, 0x8b, modrm, ..] if modrm >> 6 == 3 && writable((modrm >> 3) & 7) => 3,
+            // mov disp32(%rip), r64: reads memory, into a register that
+            // holds no argument.
+            [0x48, 0x8b, modrm, _, _, _, _, ..]
+                if modrm & 0xc7 == 0x05 && writable((modrm >> 3) & 7) =>
+            {
+                7
+            }
             // cmpb $imm8, disp32(%rip): reads memory, writes flags.
             [0x80, 0x3d, _, _, _, _, _, ..] => 7,
             // mov $imm32, r32 into a register that holds no argument.
@@ -515,6 +529,27 @@ mod tests {
             harmless_prefix_len(&[0x48, 0x85, 0xff, 0x48, 0x89, 0xf8]),
             0
         );
+        // jemalloc's malloc: cmp $0x1000,%rdi; ja.
+        let je_malloc = [
+            0x48, 0x81, 0xff, 0x00, 0x10, 0x00, 0x00, 0x0f, 0x87, 0x93, 0, 0, 0,
+        ];
+        assert_eq!(harmless_prefix_len(&je_malloc), 7);
+        // tcmalloc's malloc: mov disp(%rip),%rax; test %rax,%rax; jne.
+        let tc_malloc = [
+            0x48, 0x8b, 0x05, 0x59, 0xab, 0, 0, 0x48, 0x85, 0xc0, 0x75, 0x75,
+        ];
+        assert_eq!(harmless_prefix_len(&tc_malloc), 10);
+        // mimalloc's malloc: mov disp(%rip),%rax; mov %rdi,%rsi (an argument).
+        let mi_malloc = [0x48, 0x8b, 0x05, 0x49, 0xb4, 0, 0, 0x48, 0x89, 0xfe, 0x64];
+        assert_eq!(harmless_prefix_len(&mi_malloc), 0);
+        // mov disp(%rip),%rdx writes an argument; mov %rdi,%rax does not.
+        assert_eq!(
+            harmless_prefix_len(&[0x48, 0x8b, 0x15, 1, 2, 3, 4, 0x53]),
+            0
+        );
+        assert_eq!(harmless_prefix_len(&[0x48, 0x89, 0xf8, 0x53]), 3);
+        // mov (%rdi),%rax is not decoded (a memory operand other than %rip).
+        assert_eq!(harmless_prefix_len(&[0x48, 0x8b, 0x07, 0x53]), 0);
         // Cut code.
         assert_eq!(harmless_prefix_len(&[0x80, 0x3d, 0x00]), 0);
     }
