@@ -18,7 +18,10 @@
 //! `cmpb $0,hook(%rip); push %rbx`, its `memalign` with
 //! `cmpb $0,hook(%rip); je` (the probe goes on the jump, which every call
 //! reaches, never past it); jemalloc's and tcmalloc's `malloc` likewise.
-//! Sites that still single-step are reported.
+//! A prefix may move an argument to another argument register (mimalloc's
+//! `malloc` copies its size from rdi to rsi, then loads its heap into rdi):
+//! the site's [`Abi`] then names where the argument is at the probe. Sites
+//! that still single-step are reported.
 //!
 //! Probes are system-wide (every process mapping the file hits them); the
 //! BPF programs filter on the tracked-process map.
@@ -199,8 +202,12 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
         if entry.role == Role::Free {
             skipped += elf.null_test_len(vaddr + skipped).unwrap_or(0);
         }
-        if let Some(code) = elf.bytes_at(entry_off + skipped, HARMLESS_WINDOW) {
-            skipped += harmless_prefix_len(code) as u64;
+        let mut abi = entry.abi;
+        let prefix = elf
+            .bytes_at(entry_off + skipped, HARMLESS_WINDOW)
+            .and_then(harmless_prefix);
+        if let Some(moved) = prefix.and_then(|p| Some((p.relocate(entry.role, abi)?, p.len))) {
+            (abi, skipped) = (moved.0, skipped + moved.1 as u64);
         }
         let offset = entry_off + skipped;
         let emulated = elf.bytes_at(offset, 4).is_some_and(is_emulated);
@@ -209,7 +216,7 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
             symbol: name.to_owned(),
             role: entry.role,
             kind,
-            abi: entry.abi,
+            abi,
             offset,
             skipped,
             emulated,
@@ -280,63 +287,111 @@ const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 const HARMLESS_WINDOW: usize = 32;
 /// Instructions a harmless prefix may have.
 const HARMLESS_MAX: usize = 4;
+/// The stack pointer, in ModRM numbering.
+const RSP: u8 = 4;
+/// The registers the programs read arguments 0, 1 and 2 from (rdi, rsi,
+/// rdx), in ModRM numbering.
+const ARG_REGS: [u8; 3] = [7, 6, 2];
 
-/// The length of the instructions at the start of `code` that a probe may
-/// be moved past: up to [`HARMLESS_MAX`] of them, each one that every call
-/// executes and that changes neither the stack pointer, nor memory, nor a
-/// register an argument comes in (rdi, rsi, rdx, rcx, r8, r9), followed by
-/// an instruction the kernel emulates. 0 when there is no such prefix.
-///
-/// The probe then sees the registers and stack of the function's entry:
-/// the arguments, the stack pointer and the return address on top of the
-/// stack (which the uretprobe replaces). Only forms seen at allocator
-/// entries are decoded; anything else ends the prefix.
-fn harmless_prefix_len(code: &[u8]) -> usize {
-    // Registers (ModRM numbering, no REX.B) a prefix may write: rax, rbx,
-    // rbp.
-    let writable = |reg: u8| matches!(reg, 0 | 3 | 5);
+/// Instructions at a function's start that a probe may be moved past: up
+/// to [`HARMLESS_MAX`] of them, each one that every call executes (no
+/// branch) and that writes neither the stack pointer nor memory, followed
+/// by an instruction the kernel emulates. The probe then sees the stack of
+/// the function's entry (the return address on top, which the uretprobe
+/// replaces) and, in `holds`, where the entry's registers went.
+#[derive(Debug, PartialEq, Eq)]
+struct Prefix {
+    len: usize,
+    /// For each register (ModRM numbering, rax to rdi), which register's
+    /// value at entry it holds after the prefix; None once overwritten.
+    holds: [Option<u8>; 8],
+}
+
+impl Prefix {
+    /// `abi` with each argument taken from where the prefix left it; None
+    /// if the probe's program needs an argument the prefix overwrote.
+    /// free's program reads its pointer from rdi; operator new's reads no
+    /// argument.
+    fn relocate(&self, role: Role, abi: Abi) -> Option<Abi> {
+        let holds = |reg: u8, arg: u8| self.holds[usize::from(reg)] == Some(arg);
+        let find = |i: u8| -> Option<u8> {
+            let arg = *ARG_REGS.get(usize::from(i))?;
+            std::iter::once(i)
+                .chain(0..3)
+                .find(|&j| holds(ARG_REGS[usize::from(j)], arg))
+        };
+        // Some(None) for an argument the ABI does not have.
+        let find_opt = |i: Option<u8>| match i {
+            None => Some(None),
+            Some(i) => find(i).map(Some),
+        };
+        match role {
+            Role::New => Some(abi),
+            Role::Free => holds(ARG_REGS[0], ARG_REGS[0]).then_some(abi),
+            Role::Alloc => Some(Abi {
+                size: find(abi.size)?,
+                count: find_opt(abi.count)?,
+                ptr: find_opt(abi.ptr)?,
+                ..abi
+            }),
+        }
+    }
+}
+
+/// Finds the harmless prefix at the start of `code`, if there is one.
+/// Only forms seen at allocator entries are decoded; anything else ends
+/// the search.
+fn harmless_prefix(code: &[u8]) -> Option<Prefix> {
+    let mut holds: [Option<u8>; 8] = std::array::from_fn(|r| Some(r as u8));
     let mut at = 0;
     for _ in 0..HARMLESS_MAX {
         if code.get(at..).is_some_and(is_emulated) {
-            return at;
+            break;
         }
-        let rest = &code[at..];
-        let len = match rest {
-            // test r64, r64 / test r32, r32: flags only.
-            [0x48, 0x85, modrm, ..] if modrm >> 6 == 3 => 3,
-            [0x85, modrm, ..] if modrm >> 6 == 3 => 2,
-            // cmp r64, r64 / cmp r32, r32: flags only.
-            [0x48, 0x39 | 0x3b, modrm, ..] if modrm >> 6 == 3 => 3,
-            [0x39 | 0x3b, modrm, ..] if modrm >> 6 == 3 => 2,
-            // cmp $imm32, r64 / cmp $imm8, r64 (/7): flags only.
-            [0x48, 0x81, modrm, _, _, _, _, ..] if modrm >> 3 == 0x1f => 7,
-            [0x48, 0x83, modrm, _, ..] if modrm >> 3 == 0x1f => 4,
-            // mov r64, r64 (89: into r/m; 8b: into reg), likewise.
-            [0x48, 0x89, modrm, ..] if modrm >> 6 == 3 && writable(modrm & 7) => 3,
-            [0x48, 0x8b, modrm, ..] if modrm >> 6 == 3 && writable((modrm >> 3) & 7) => 3,
-            // mov disp32(%rip), r64: reads memory, into a register that
-            // holds no argument.
-            [0x48, 0x8b, modrm, _, _, _, _, ..]
-                if modrm & 0xc7 == 0x05 && writable((modrm >> 3) & 7) =>
-            {
-                7
+        let (len, dst, src) = decode_harmless(&code[at..])?;
+        if let Some(dst) = dst {
+            if dst == RSP {
+                return None;
             }
-            // cmpb $imm8, disp32(%rip): reads memory, writes flags.
-            [0x80, 0x3d, _, _, _, _, _, ..] => 7,
-            // mov $imm32, r32 into a register that holds no argument.
-            [op @ 0xb8..=0xbf, _, _, _, _, ..] if writable(op - 0xb8) => 5,
-            // xor r32, r32 (31: into r/m; 33: into reg), likewise.
-            [0x31, modrm, ..] if modrm >> 6 == 3 && writable(modrm & 7) => 2,
-            [0x33, modrm, ..] if modrm >> 6 == 3 && writable((modrm >> 3) & 7) => 2,
-            _ => return 0,
-        };
+            holds[usize::from(dst)] = src.and_then(|src| holds[usize::from(src)]);
+        }
         at += len;
     }
-    if code.get(at..).is_some_and(is_emulated) {
-        at
-    } else {
-        0
-    }
+    (at > 0 && code.get(at..).is_some_and(is_emulated)).then_some(Prefix { len: at, holds })
+}
+
+/// One instruction a harmless prefix may have: its length, the register
+/// it writes (ModRM numbering) and, for a register-to-register move, the
+/// register it copies.
+fn decode_harmless(code: &[u8]) -> Option<(usize, Option<u8>, Option<u8>)> {
+    let reg = |modrm: u8| (modrm >> 3) & 7;
+    let rm = |modrm: u8| modrm & 7;
+    let direct = |modrm: u8| modrm >> 6 == 3;
+    Some(match *code {
+        // test / cmp between registers: flags only.
+        [0x48, 0x85 | 0x39 | 0x3b, m, ..] if direct(m) => (3, None, None),
+        [0x85 | 0x39 | 0x3b, m, ..] if direct(m) => (2, None, None),
+        // cmp $imm32 / $imm8, r64 (/7): flags only.
+        [0x48, 0x81, m, _, _, _, _, ..] if m >> 3 == 0x1f => (7, None, None),
+        [0x48, 0x83, m, _, ..] if m >> 3 == 0x1f => (4, None, None),
+        // cmpb $imm8, disp32(%rip): reads memory, writes flags.
+        [0x80, 0x3d, _, _, _, _, _, ..] => (7, None, None),
+        // mov $imm32, r32 (zero-extends into r64).
+        [op @ 0xb8..=0xbf, _, _, _, _, ..] => (5, Some(op - 0xb8), None),
+        // xor r32, r32 (31: into r/m; 33: into reg).
+        [0x31, m, ..] if direct(m) => (2, Some(rm(m)), None),
+        [0x33, m, ..] if direct(m) => (2, Some(reg(m)), None),
+        // mov r64, r64 (89: into r/m; 8b: into reg).
+        [0x48, 0x89, m, ..] if direct(m) => (3, Some(rm(m)), Some(reg(m))),
+        [0x48, 0x8b, m, ..] if direct(m) => (3, Some(reg(m)), Some(rm(m))),
+        // mov disp32(%rip), r64: reads memory.
+        [0x48, 0x8b, m, _, _, _, _, ..] if m & 0xc7 == 0x05 => (7, Some(reg(m)), None),
+        // mov %fs:(reg), r64 (a thread-local load): reads memory.
+        [0x64, 0x48, 0x8b, m, ..] if m >> 6 == 0 && !matches!(rm(m), 4 | 5) => {
+            (4, Some(reg(m)), None)
+        }
+        _ => return None,
+    })
 }
 
 /// Whether the kernel emulates this first instruction instead of
@@ -489,68 +544,95 @@ fn uprobe_error(group: &[&Site], source: crate::sys::SysError) -> AttachError {
 
 #[cfg(test)]
 mod tests {
-    use super::harmless_prefix_len;
+    use super::api::{COUNT_SIZE, REALLOC_N, SIZE0, SIZE1};
+    use super::{Role, harmless_prefix};
 
-    /// Check the prefixes of real allocator entries (Debian 12's libc and
-    /// libstdc++, after endbr64) and the ones a probe must not skip.
+    /// The length of the harmless prefix of `code`, 0 for none.
+    fn len(code: &[u8]) -> usize {
+        harmless_prefix(code).map_or(0, |p| p.len)
+    }
+
+    /// Check the prefixes of real allocator entries (Debian 12's libc,
+    /// libstdc++, jemalloc, tcmalloc and mimalloc, after endbr64) and the
+    /// ones a probe must not skip.
     #[test]
     fn attach_harmless_prefixes() {
         // operator new: test %rdi,%rdi; mov $1,%eax; push %rbx.
         let new = [
             0x48, 0x85, 0xff, 0xb8, 1, 0, 0, 0, 0x53, 0x48, 0x0f, 0x45, 0xc7,
         ];
-        assert_eq!(harmless_prefix_len(&new), 8);
+        assert_eq!(len(&new), 8);
         // valloc: cmpb $0,disp(%rip); push %rbx.
         let valloc = [
             0x80, 0x3d, 0x31, 0x0e, 0x14, 0x00, 0x00, 0x53, 0x48, 0x89, 0xfb,
         ];
-        assert_eq!(harmless_prefix_len(&valloc), 7);
+        assert_eq!(len(&valloc), 7);
         // Already emulated: push %r12.
-        assert_eq!(harmless_prefix_len(&[0x41, 0x54, 0x49, 0x89, 0xd4]), 0);
+        assert_eq!(len(&[0x41, 0x54, 0x49, 0x89, 0xd4]), 0);
         // memalign: cmpb; je. The probe goes on the je, which every call
         // reaches and the kernel emulates, never past it.
         let memalign = [0x80, 0x3d, 0x71, 0x0e, 0x14, 0x00, 0x00, 0x74, 0x07, 0xe9];
-        assert_eq!(harmless_prefix_len(&memalign), 7);
-        // A branch that is not emulated ends the prefix: cmpb; jmp *%rax.
+        assert_eq!(len(&memalign), 7);
+        // A branch that is not emulated ends the search: cmpb; jmp *%rax.
         let indirect = [0x80, 0x3d, 0x71, 0x0e, 0x14, 0x00, 0x00, 0xff, 0xe0];
-        assert_eq!(harmless_prefix_len(&indirect), 0);
-        // reallocarray: mov %rsi,%rax; mul %rdx (writes an argument).
-        let reallocarray = [0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe2, 0x48, 0x89, 0xc6];
-        assert_eq!(harmless_prefix_len(&reallocarray), 0);
+        assert_eq!(len(&indirect), 0);
+        // reallocarray: mov %rsi,%rax; mul %rdx (not decoded).
+        assert_eq!(len(&[0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe2, 0x48]), 0);
         // operator new(nothrow): sub $8,%rsp moves the stack.
-        assert_eq!(harmless_prefix_len(&[0x48, 0x83, 0xec, 0x08, 0xe8]), 0);
-        // mov $1,%edi writes the first argument.
-        assert_eq!(harmless_prefix_len(&[0xbf, 1, 0, 0, 0, 0x53]), 0);
-        // xor %esi,%esi likewise; xor %eax,%eax does not.
-        assert_eq!(harmless_prefix_len(&[0x31, 0xf6, 0x53]), 0);
-        assert_eq!(harmless_prefix_len(&[0x31, 0xc0, 0x53]), 2);
-        // A prefix that never reaches an emulated instruction is not taken.
-        assert_eq!(
-            harmless_prefix_len(&[0x48, 0x85, 0xff, 0x48, 0x89, 0xf8]),
-            0
-        );
+        assert_eq!(len(&[0x48, 0x83, 0xec, 0x08, 0xe8]), 0);
+        // mov %rax,%rsp writes the stack pointer.
+        assert_eq!(len(&[0x48, 0x89, 0xc4, 0x53]), 0);
         // jemalloc's malloc: cmp $0x1000,%rdi; ja.
         let je_malloc = [
             0x48, 0x81, 0xff, 0x00, 0x10, 0x00, 0x00, 0x0f, 0x87, 0x93, 0, 0, 0,
         ];
-        assert_eq!(harmless_prefix_len(&je_malloc), 7);
+        assert_eq!(len(&je_malloc), 7);
         // tcmalloc's malloc: mov disp(%rip),%rax; test %rax,%rax; jne.
         let tc_malloc = [
             0x48, 0x8b, 0x05, 0x59, 0xab, 0, 0, 0x48, 0x85, 0xc0, 0x75, 0x75,
         ];
-        assert_eq!(harmless_prefix_len(&tc_malloc), 10);
-        // mimalloc's malloc: mov disp(%rip),%rax; mov %rdi,%rsi (an argument).
-        let mi_malloc = [0x48, 0x8b, 0x05, 0x49, 0xb4, 0, 0, 0x48, 0x89, 0xfe, 0x64];
-        assert_eq!(harmless_prefix_len(&mi_malloc), 0);
-        // mov disp(%rip),%rdx writes an argument; mov %rdi,%rax does not.
-        assert_eq!(
-            harmless_prefix_len(&[0x48, 0x8b, 0x15, 1, 2, 3, 4, 0x53]),
-            0
-        );
-        assert_eq!(harmless_prefix_len(&[0x48, 0x89, 0xf8, 0x53]), 3);
-        // mov (%rdi),%rax is not decoded (a memory operand other than %rip).
-        assert_eq!(harmless_prefix_len(&[0x48, 0x8b, 0x07, 0x53]), 0);
+        assert_eq!(len(&tc_malloc), 10);
+        // A prefix that never reaches an emulated instruction is not taken.
+        assert_eq!(len(&[0x48, 0x85, 0xff, 0x48, 0x89, 0xf8]), 0);
+        // mov (%rdi),%rax is not decoded (memory other than %rip, %fs).
+        assert_eq!(len(&[0x48, 0x8b, 0x07, 0x53]), 0);
         // Cut code.
-        assert_eq!(harmless_prefix_len(&[0x80, 0x3d, 0x00]), 0);
+        assert_eq!(len(&[0x80, 0x3d, 0x00]), 0);
+    }
+
+    /// Check that arguments are read where a prefix moved them, and that a
+    /// prefix overwriting one the probe needs is not taken.
+    #[test]
+    fn attach_prefix_relocates_arguments() {
+        // mimalloc's malloc: mov disp(%rip),%rax; mov %rdi,%rsi;
+        // mov %fs:(%rax),%rdi; cmp $0x400,%rsi; ja. The size is in rsi.
+        let mi_malloc = [
+            0x48, 0x8b, 0x05, 0x49, 0xb4, 0, 0, 0x48, 0x89, 0xfe, 0x64, 0x48, 0x8b, 0x38, 0x48,
+            0x81, 0xfe, 0x00, 0x04, 0x00, 0x00, 0x77, 0x29,
+        ];
+        let p = harmless_prefix(&mi_malloc).expect("a prefix");
+        assert_eq!(p.len, 21);
+        assert_eq!(p.relocate(Role::Alloc, SIZE0), Some(SIZE1));
+        // The same prefix cannot serve a free: rdi no longer holds the
+        // pointer.
+        assert_eq!(p.relocate(Role::Free, SIZE0), None);
+        assert_eq!(p.relocate(Role::New, SIZE0), Some(SIZE0));
+        // mimalloc's free: mov %rdi,%rcx; test %rdi,%rdi; je.
+        let mi_free = [0x48, 0x89, 0xf9, 0x48, 0x85, 0xff, 0x74, 0x5d];
+        let p = harmless_prefix(&mi_free).expect("a prefix");
+        assert_eq!(p.len, 6);
+        assert_eq!(p.relocate(Role::Free, SIZE0), Some(SIZE0));
+        // mimalloc's calloc: mov disp(%rip),%rdx; mov %rdi,%rax;
+        // mov %fs:(%rdx),%rdi; cmp $1,%rax; je. The count went to rax,
+        // which the programs do not read.
+        let mi_calloc = [
+            0x48, 0x8b, 0x15, 0xc9, 0xad, 0, 0, 0x48, 0x89, 0xf8, 0x64, 0x48, 0x8b, 0x3a, 0x48,
+            0x83, 0xf8, 0x01, 0x74, 0x08,
+        ];
+        let p = harmless_prefix(&mi_calloc).expect("a prefix");
+        assert_eq!(p.relocate(Role::Alloc, COUNT_SIZE), None);
+        // Unmoved arguments stay where they were.
+        let p = harmless_prefix(&[0x48, 0x85, 0xff, 0x53]).expect("a prefix");
+        assert_eq!(p.relocate(Role::Alloc, REALLOC_N), Some(REALLOC_N));
     }
 }
