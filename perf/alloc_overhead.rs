@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use memtrail::attach::{self, AllocPrograms, Links, Site};
+use memtrail::attach::{self, AllocPrograms, Links, Role, Site};
 use memtrail::skel::floor::FloorSkelBuilder;
 use memtrail::skel::memtrail::MemtrailSkelBuilder;
 
@@ -170,11 +170,14 @@ fn main() {
     // The same sites with free probed at its entry instruction.
     let entry_sites: Vec<Site> = sites
         .iter()
-        .map(|s| Site {
-            offset: s.offset - s.skipped,
-            skipped: 0,
-            emulated: s.skipped == 0 && s.emulated,
-            ..s.clone()
+        .map(|s| match s.role {
+            Role::Free => Site {
+                offset: s.offset - s.skipped,
+                skipped: 0,
+                emulated: s.skipped == 0 && s.emulated,
+                ..s.clone()
+            },
+            _ => s.clone(),
         })
         .collect();
     let syscalls = syscall_tracepoints();
