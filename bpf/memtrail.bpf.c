@@ -29,7 +29,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define MT_MAX_PROCS 32768
 #define MT_MAX_THREADS 65536
-/* Thread slots (see thread_slots): 96 bytes each; a power of two. */
+/* Thread slots (see thread_slots): 88 bytes each; a power of two. */
 #define MT_THREAD_SLOTS 16384
 #define MAP_ANONYMOUS 0x20
 #define PROT_EXEC 0x4
@@ -621,22 +621,21 @@ int alloc_return(struct pt_regs *ctx)
 {
 	__u64 ret = PT_REGS_RC(ctx), addr = ret, size, old, pid_tgid = 0;
 	struct inflight *cur = current_call_ids(&pid_tgid);
-	const struct inflight *call;
 	__u32 kind, count, flags;
 
 	if (!cur || cur->depth == 0)
 		return 0;
 	if (--cur->depth > 0)
 		return 0;
-	/* Read in place: nothing else runs on this thread until we return. */
-	call = cur;
 
-	kind = call->cookie & 0xffff;
-	count = (call->cookie >> MT_CK_COUNT_SHIFT) & 0xf;
-	flags = (call->cookie >> MT_CK_FLAGS_SHIFT) & 0xf;
-	size = arg(call, (call->cookie >> MT_CK_SIZE_SHIFT) & 0xf);
+	/* The outermost call, read in place: nothing else runs on this thread
+	 * until we return. */
+	kind = cur->cookie & 0xffff;
+	count = (cur->cookie >> MT_CK_COUNT_SHIFT) & 0xf;
+	flags = (cur->cookie >> MT_CK_FLAGS_SHIFT) & 0xf;
+	size = arg(cur, (cur->cookie >> MT_CK_SIZE_SHIFT) & 0xf);
 	if (count != MT_CK_ARG_NONE) {
-		__u64 n = arg(call, count), m = size;
+		__u64 n = arg(cur, count), m = size;
 
 		size = n * m;
 		/* Keeps clang from turning the check into a 128-bit multiply. */
@@ -646,10 +645,10 @@ int alloc_return(struct pt_regs *ctx)
 		if (n && size / n != m)
 			size = ~0ULL;
 	}
-	old = old_ptr(call);
+	old = old_ptr(cur);
 	if (flags & MT_CK_OUT_PTR) {
 		/* int posix_memalign(void **memptr, size_t align, size_t size) */
-		__u64 out = arg(call, (call->cookie >> MT_CK_PTR_SHIFT) & 0xf);
+		__u64 out = arg(cur, (cur->cookie >> MT_CK_PTR_SHIFT) & 0xf);
 
 		addr = 0;
 		if ((int)ret == 0 && bpf_probe_read_user(&addr, sizeof(addr), (void *)out))
@@ -664,7 +663,7 @@ int alloc_return(struct pt_regs *ctx)
 	if (!addr && !old)
 		return 0;
 	emit_event(event_clock(cur), pid_tgid, kind, 0, addr, size, old,
-		   call->stack_id);
+		   cur->stack_id);
 	return 0;
 }
 

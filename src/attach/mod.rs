@@ -206,8 +206,11 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
         let prefix = elf
             .bytes_at(entry_off + skipped, HARMLESS_WINDOW)
             .and_then(harmless_prefix);
-        if let Some(moved) = prefix.and_then(|p| Some((p.relocate(entry.role, abi)?, p.len))) {
-            (abi, skipped) = (moved.0, skipped + moved.1 as u64);
+        if let Some(prefix) = prefix {
+            if let Some(moved) = prefix.relocate(entry.role, abi) {
+                abi = moved;
+                skipped += prefix.len as u64;
+            }
         }
         let offset = entry_off + skipped;
         let emulated = elf.bytes_at(offset, 4).is_some_and(is_emulated);

@@ -135,19 +135,17 @@ impl LostEvents {
         .filter(|&(lost, _)| lost != 0)
         .map(|(_, option)| option)
         .collect();
-        let rings = self.events + self.stacks + self.mappings + self.attach;
-        match (larger.is_empty(), rings != 0) {
-            (false, _) => format!(
-                "retry with a larger {}, or with --pressure-timeout inf, which pauses the tree \
-                 instead of losing records",
+        let pause = "--pressure-timeout inf, which pauses the tree instead of losing records";
+        if !larger.is_empty() {
+            format!(
+                "retry with a larger {}, or with {pause}",
                 larger.join(" and ")
-            ),
-            (true, true) => "retry with --pressure-timeout inf, which pauses the tree instead \
-                             of losing records"
-                .to_owned(),
-            (true, false) => "the tree had more processes or threads at once than memtrail's \
-                              BPF maps hold"
-                .to_owned(),
+            )
+        } else if self.events + self.stacks + self.mappings + self.attach != 0 {
+            format!("retry with {pause}")
+        } else {
+            "the tree had more processes or threads at once than memtrail's BPF maps hold"
+                .to_owned()
         }
     }
 }

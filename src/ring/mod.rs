@@ -164,11 +164,17 @@ impl RingConsumer {
         self.high_water
     }
 
+    /// Notes the fill a producer position `prod` gives.
+    #[inline]
+    fn note_fill(&mut self, prod: u64) {
+        self.high_water = self.high_water.max(prod.wrapping_sub(self.published));
+    }
+
     /// Reads the producer position and notes the fill it gives.
     #[inline]
     fn producer_pos_noted(&mut self) -> u64 {
         let prod = self.producer_pos();
-        self.high_water = self.high_water.max(prod.wrapping_sub(self.published));
+        self.note_fill(prod);
         prod
     }
 
@@ -309,7 +315,7 @@ impl RingConsumer {
     pub fn drain_to(&mut self, target: u64, mut f: impl FnMut(&[u8])) -> usize {
         let backoff = crossbeam_utils::Backoff::new();
         let mut handed = 0;
-        self.high_water = self.high_water.max(target.wrapping_sub(self.published));
+        self.note_fill(target);
         while self.pos < target {
             self.prefetch_ahead(target);
             match self.take_one(&mut f) {
