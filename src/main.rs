@@ -28,7 +28,10 @@ fn main() -> ExitCode {
         .with_writer(io::stderr)
         .with_target(false)
         .init();
-    let mut stderr = io::stderr().lock();
+    // Unlocked: each write takes the lock for itself. Holding it for the
+    // whole run would block every tracing event of the worker threads
+    // (issue 11: a held attach, and so a stopped process, until exit).
+    let mut stderr = io::stderr();
     let code = match cli.command {
         Command::Run(args) => match cli::run(args, &mut stderr) {
             Ok(code) => code,

@@ -130,6 +130,31 @@ fn attach_exec_static_binary_exact() {
     );
 }
 
+/// Check that debug logging from the worker threads does not deadlock a
+/// capture (issue 11: main held stderr's lock for the whole run, so the
+/// attach worker's first log line blocked forever and the exec'd static
+/// binary stayed stopped).
+#[test]
+fn attach_debug_log_does_not_deadlock() {
+    let exe = static_fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::fs::File::create(dir.path().join("stderr")).unwrap();
+    let mut child = Command::new(common::MEMTRAIL)
+        .args(["run", "--log", "debug", "-q", "--"])
+        .arg(fixture("exec_static"))
+        .arg(&exe)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let status = common::wait_or_kill(&mut child, std::time::Duration::from_secs(120))
+        .expect("memtrail hung with --log debug");
+    let stderr = std::fs::read_to_string(dir.path().join("stderr")).unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("DEBUG"), "no debug log: {stderr}");
+}
+
 fn preloaded(lib: &str) -> common::Capture {
     let mut argv: Vec<OsString> = vec!["/usr/bin/env".into(), format!("LD_PRELOAD={lib}").into()];
     argv.push(fixture("preload_alloc").into_os_string());

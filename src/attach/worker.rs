@@ -76,9 +76,10 @@ impl AttachWorker {
         ));
         let real = match std::fs::read_link(&link) {
             Ok(path) => strip_deleted(path),
-            Err(_) if !std::path::Path::new(&format!("/proc/{}", req.pid)).exists() => {
-                return Ok(false);
-            }
+            // Killed while held (a job-control shell that saw the hold's
+            // stop sends SIGHUP to its stopped jobs on exit): its mappings
+            // are gone with its memory, and none of the image ran.
+            Err(_) if process_gone(req.pid) => return Ok(false),
             Err(source) => return Err(AttachError::Read { path: link, source }),
         };
         let mut sites = find_sites(&link, &api::all())?;
@@ -105,6 +106,12 @@ impl AttachWorker {
     }
 }
 
+/// Whether process `pid` has exited or is exiting: it has no memory left to
+/// look at (`/proc/PID/maps` is gone or empty once its mm is released).
+fn process_gone(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/maps")).map_or(true, |maps| maps.is_empty())
+}
+
 impl Sink for AttachWorker {
     fn record(&mut self, bytes: &[u8]) {
         let Ok(req) = record::decode_mapping(bytes) else {
@@ -118,7 +125,13 @@ impl Sink for AttachWorker {
         let id = (req.dev, req.ino);
         if !self.known.contains(&id) {
             match self.examine(&req) {
-                Ok(_) => self.mark_known(id),
+                Ok(true) => self.mark_known(id),
+                // Not examined: the next process that maps it asks again.
+                Ok(false) => tracing::debug!(pid, image = %req.name, "exited before examined"),
+                // It died while examined: as above.
+                Err(_) if process_gone(pid) => {
+                    tracing::debug!(pid, image = %req.name, "exited while examined");
+                }
                 Err(error) => {
                     tracing::error!(pid, image = %req.name, %error, "attach failed");
                     self.failures.push(AttachFailure {

@@ -476,3 +476,24 @@ impl Mappings {
 pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("fixture paths are UTF-8")
 }
+
+/// Waits for `child` up to `limit`; past it the child is killed and `None`
+/// returned. A hang detector for tests of deadlocks (the limit is far above
+/// any normal run), not a timing assertion.
+pub fn wait_or_kill(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+) -> Option<ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for child") {
+            return Some(status);
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
