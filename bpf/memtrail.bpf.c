@@ -117,15 +117,66 @@ __u64 drops_attach = 0;
  * Backpressure. With pressure_enabled, a producer that finds its ring
  * filled past the ring's watermark (after submitting, never while holding a
  * reservation) latches a pressure episode with a compare-and-swap on
- * pressure_latch and stops its own process. Userspace, which reads
- * and clears the latch through the mmap'd .bss, stops the rest of the tree,
- * drains every ring and resumes it.
+ * pressure_latch. Userspace, which reads and clears the latch through the
+ * mmap'd .bss, pauses the tree, drains every ring and resumes it.
+ *
+ * With pressure_freeze, userspace pauses the tree with its cgroup's
+ * freezer, which the tree cannot observe; a producer stops its own process
+ * (SIGSTOP, which its parent can see) only past the ring's hard mark,
+ * where the room left holds no more than what the tree's threads can still
+ * produce before each stops at its own next check: MT_RECORDS_PER_THREAD
+ * records of ring_record[ring] bytes per live thread of the tree. Without
+ * pressure_freeze (no usable cgroup) every producer past the watermark
+ * stops its own process.
  */
 const volatile bool pressure_enabled = false;
+const volatile bool pressure_freeze = false;
 const volatile __u64 watermark_events = ~0ULL;
 const volatile __u64 watermark_stacks = ~0ULL;
 const volatile __u64 watermark_mappings = ~0ULL;
 const volatile __u64 watermark_attach = ~0ULL;
+/* Capacity and largest record (with its 8-byte ring header) of each ring. */
+const volatile __u64 ring_capacity[MT_RINGS] = {};
+const volatile __u64 ring_record[MT_RINGS] = {};
+
+/* A thread produces at most this many records into one ring between two
+ * of its checks (sched_exec writes its exec event unchecked, then checks
+ * after the mapping it writes). */
+#define MT_RECORDS_PER_THREAD 2
+
+/* Live threads of the tracked tree: userspace sets 1 for the root before
+ * it execs; forks add, exits subtract. */
+__u64 tree_threads = 0;
+
+/* Processes that stopped themselves past a hard mark, for the coordinator
+ * to hold and resume; hard_stops_unrecorded counts the ones this map had
+ * no room for (the coordinator then looks at every process). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u32);
+} hard_stops SEC(".maps");
+__u64 hard_stops_unrecorded = 0;
+
+/* The producer that latches an episode writes a record here with a forced
+ * wakeup: the coordinator sleeps on this ring's epoll, so a freeze starts
+ * within a wakeup's latency, not a nap's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} pressure_wake SEC(".maps");
+
+static __always_inline void wake_coordinator(void)
+{
+	__u64 *rec = bpf_ringbuf_reserve(&pressure_wake, sizeof(*rec), 0);
+
+	/* Full: earlier wakeups not consumed yet, which wake it all the same. */
+	if (!rec)
+		return;
+	*rec = 1;
+	bpf_ringbuf_submit(rec, BPF_RB_FORCE_WAKEUP);
+}
 
 __u64 pressure_latch = 0;
 
@@ -358,9 +409,11 @@ static __always_inline void *reserve(__u64 size)
 	return rec;
 }
 
-static __always_inline void check_pressure(void *ring, __u64 watermark, __u64 *hwm)
+static __always_inline void check_pressure(void *ring, enum mt_ring idx, __u64 watermark,
+					   __u64 *hwm)
 {
-	__u64 avail;
+	__u64 avail, reserve_for, tgid;
+	__u32 one = 1;
 
 	/* A constant at load time: without pressure the verifier drops the
 	 * rest, and with it the query (~20 ns a record here). The pollers
@@ -372,15 +425,24 @@ static __always_inline void check_pressure(void *ring, __u64 watermark, __u64 *h
 		*hwm = avail;
 	if (avail <= watermark)
 		return;
-	/* The first producer over the watermark latches the episode; every
-	 * producer over it stops its own process, so a wide tree cannot
-	 * overrun the headroom before the coordinator has stopped it all.
-	 * The coordinator holds and resumes them: it waits until each held
-	 * process has stopped (and so left this program) before it clears the
-	 * latch, so no self-stop can land after its SIGCONT. */
-	__sync_val_compare_and_swap(&pressure_latch, 0, 1);
-	/* To this thread: it dequeues the stop on its way back to user space
-	 * and so cannot produce again before the whole group stops. */
+	/* The first producer over the watermark latches the episode. */
+	if (__sync_val_compare_and_swap(&pressure_latch, 0, 1) == 0)
+		wake_coordinator();
+	if (pressure_freeze) {
+		reserve_for = tree_threads * MT_RECORDS_PER_THREAD * ring_record[idx & (MT_RINGS - 1)];
+		if (avail + reserve_for <= ring_capacity[idx & (MT_RINGS - 1)])
+			return;
+		tgid = bpf_get_current_pid_tgid() >> 32;
+		if (bpf_map_update_elem(&hard_stops, &tgid, &one, BPF_ANY))
+			__sync_fetch_and_add(&hard_stops_unrecorded, 1);
+	}
+	/* Every producer past the mark stops its own process, so a wide tree
+	 * cannot overrun the room left before the coordinator has paused it
+	 * all. The coordinator holds and resumes them: it waits until each
+	 * held process has stopped (and so left this program) before it
+	 * clears the latch, so no self-stop can land after its SIGCONT. To
+	 * this thread: it dequeues the stop on its way back to user space and
+	 * so cannot produce again before the whole group stops. */
 	bpf_send_signal_thread(SIGSTOP);
 }
 
@@ -416,7 +478,7 @@ static __always_inline void emit_event(__u64 ts, __u64 pid_tgid, __u16 kind,
 	e->old_addr = old_addr;
 	e->aux = aux;
 	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
-	check_pressure(&events, watermark_events, &hwm_events);
+	check_pressure(&events, MT_RING_EVENTS, watermark_events, &hwm_events);
 }
 
 /* A memory syscall's record (old_size: mremap's, in the aux field). */
@@ -524,7 +586,7 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 		bpf_ringbuf_discard(rec, BPF_RB_NO_WAKEUP);
 	else
 		bpf_ringbuf_submit(rec, submit_flags(MT_RING_STACKS));
-	check_pressure(&stacks, watermark_stacks, &hwm_stacks);
+	check_pressure(&stacks, MT_RING_STACKS, watermark_stacks, &hwm_stacks);
 	return h;
 }
 
@@ -780,7 +842,7 @@ static __always_inline void request_attach(__u64 pid_tgid, const struct vma_info
 	fill_mapping(m, pid_tgid, info);
 	bpf_ringbuf_submit(m, submit_flags(MT_RING_ATTACH));
 	bpf_send_signal(SIGSTOP);
-	check_pressure(&attach_requests, watermark_attach, &hwm_attach);
+	check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
 }
 
 /* Writes the file mapping of the current process that contains addr, and
@@ -800,7 +862,7 @@ static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr)
 	}
 	fill_mapping(m, pid_tgid, &info);
 	bpf_ringbuf_submit(m, submit_flags(MT_RING_MAPPINGS));
-	check_pressure(&mappings, watermark_mappings, &hwm_mappings);
+	check_pressure(&mappings, MT_RING_MAPPINGS, watermark_mappings, &hwm_mappings);
 }
 
 SEC("tracepoint/syscalls/sys_exit_mmap")
@@ -881,6 +943,7 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	if (!is_tracked(ptgid))
 		return 0;
 	track_task(child);
+	__sync_fetch_and_add(&tree_threads, 1);
 	if (ptgid == ctgid)
 		return 0; /* a thread */
 	if (bpf_map_update_elem(&tracked, &ctgid, &ptgid, BPF_ANY)) {
@@ -895,7 +958,7 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	e->child_pid = ctgid;
 	e->_pad = 0;
 	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
-	check_pressure(&events, watermark_events, &hwm_events);
+	check_pressure(&events, MT_RING_EVENTS, watermark_events, &hwm_events);
 	return 0;
 }
 
@@ -938,6 +1001,7 @@ int BPF_PROG(sched_exit, struct task_struct *p)
 	release_slot(tid);
 	if (!is_tracked(tgid))
 		return 0;
+	__sync_fetch_and_add(&tree_threads, -1);
 	/* do_exit() drops signal->live before this tracepoint: zero means
 	 * the last thread of the process is exiting. */
 	if (BPF_CORE_READ(p, signal, live.counter) != 0)

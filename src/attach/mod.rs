@@ -27,6 +27,7 @@
 //! BPF programs filter on the tracked-process map.
 
 pub mod api;
+pub mod cache;
 pub mod worker;
 
 use std::fmt;

@@ -17,6 +17,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::cache::Stamp;
 use super::{
     AllocPrograms, AttachError, Links, Site, api, attach_sites, find_sites, image_key,
     strip_deleted,
@@ -45,6 +46,9 @@ pub struct AttachWorker {
     pub sites: Vec<Site>,
     pub failures: Vec<AttachFailure>,
     pub malformed: u64,
+    /// Images examined, as they were then, and whether they had allocator
+    /// entry points: for the image cache.
+    pub examined: Vec<(PathBuf, Stamp, bool)>,
 }
 
 impl AttachWorker {
@@ -65,6 +69,7 @@ impl AttachWorker {
             sites: Vec::new(),
             failures: Vec::new(),
             malformed: 0,
+            examined: Vec::new(),
         }
     }
 
@@ -82,7 +87,13 @@ impl AttachWorker {
             Err(_) if process_gone(req.pid) => return Ok(false),
             Err(source) => return Err(AttachError::Read { path: link, source }),
         };
+        // Stamped before reading: a file changed meanwhile gets a stamp
+        // that no longer matches it, and is examined again next time.
+        let stamp = Stamp::of(&real).filter(|s| s.id() == (req.dev, req.ino));
         let mut sites = find_sites(&link, &api::all())?;
+        if let Some(stamp) = stamp {
+            self.examined.push((real.clone(), stamp, !sites.is_empty()));
+        }
         if !sites.is_empty() {
             let mut links = Links::default();
             attach_sites(&self.progs, &sites, &mut links)?;

@@ -20,11 +20,16 @@ use std::time::Duration;
 use libbpf_rs::MapCore;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 
+use crate::attach::cache::ImageCache;
 use crate::attach::worker::AttachWorker;
 use crate::attach::{self, AttachError, Links};
 use crate::engine::idle::{DeepSleep, SleepFlag};
 use crate::engine::{self, Barrier, Fault, Pipeline};
-use crate::pressure::{Coordinator, HighWater, Latch, PressureTimeout};
+use crate::pressure::{
+    self, BssWord, Coordinator, HighWater, Latch, Pause, PressureError, PressureTimeout, RingRoom,
+    RoomError,
+};
+use crate::proctree::cgroup::TreeCgroup;
 use crate::proctree::stops::Stops;
 use crate::proctree::{self, CommandSpec, SpawnError};
 use crate::report::{
@@ -156,6 +161,8 @@ pub enum CaptureError {
     StackDepth(u32),
     #[error(transparent)]
     Pressure(#[from] crate::pressure::PressureError),
+    #[error(transparent)]
+    Room(#[from] RoomError),
     #[error("{0} records could not be decoded: memtrail's BPF and userspace disagree")]
     Malformed(u64),
     #[error("writing the event stream failed")]
@@ -230,7 +237,27 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     if opts.stack_depth > MAX_STACK_DEPTH {
         return Err(CaptureError::StackDepth(opts.stack_depth));
     }
+    let rooms = ring_rooms(opts);
+    let cpus = libbpf_rs::num_possible_cpus().map_or(1, |n| n as u64);
+    if opts.pressure_timeout.enabled() {
+        pressure::check_room(&rooms, opts.watermark_percent, cpus)?;
+    }
     check_environment()?;
+    // The tree's cgroup pauses it unseen; without one, SIGSTOP does.
+    let cgroup = if opts.pressure_timeout.enabled() {
+        match TreeCgroup::create() {
+            Ok(cgroup) => Some(Arc::new(cgroup)),
+            Err(err) => {
+                tracing::info!(
+                    error = &err as &(dyn std::error::Error + 'static),
+                    "no cgroup freezer: pressure pauses will stop processes with SIGSTOP"
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
 
     let mut storage = MaybeUninit::uninit();
     let mut open = MemtrailSkelBuilder::default()
@@ -255,8 +282,13 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             .rodata_data
             .as_deref_mut()
             .expect("the BPF object has .rodata tunables");
-        let mark = |size: u64| size * u64::from(opts.watermark_percent.clamp(1, 99)) / 100;
+        let mark = |size: u64| pressure::watermark_bytes(size, opts.watermark_percent);
         ro.pressure_enabled = opts.pressure_timeout.enabled();
+        ro.pressure_freeze = cgroup.is_some();
+        for (i, room) in rooms.iter().enumerate() {
+            ro.ring_capacity[i] = room.capacity;
+            ro.ring_record[i] = room.record;
+        }
         if opts.faults.one_thread_slot {
             ro.thread_slot_mask = 0;
         }
@@ -269,12 +301,15 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     // Before any process can be stopped: the guardian resumes the tree if
     // memtrail dies, however it dies.
     let _guardian = sys::spawn_guardian(skel.maps.tracked.as_fd())?;
-    let latch_word: *mut u64 = &raw mut skel
+    let bss = skel
         .maps
         .bss_data
         .as_deref_mut()
-        .expect("the BPF object has a .bss")
-        .pressure_latch;
+        .expect("the BPF object has a .bss");
+    let latch_word: *mut u64 = &raw mut bss.pressure_latch;
+    let unrecorded_word: *mut u64 = &raw mut bss.hard_stops_unrecorded;
+    // The root, before it execs: forks add, exits subtract.
+    bss.tree_threads = 1;
 
     // libc and the C++ runtimes are probed up front (every command loads
     // them); other images as the attach worker meets them.
@@ -296,6 +331,28 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
             known.insert(id);
         }
+    }
+    // Images earlier captures examined, unchanged since: known without a
+    // hold (see attach::cache).
+    let mut image_cache = ImageCache::load();
+    for entry in image_cache.valid() {
+        let id = entry.stamp.id();
+        if known.contains(&id) {
+            continue;
+        }
+        if entry.has_sites {
+            let found = attach::find_sites(&entry.path, &attach::api::all())
+                .and_then(|found| attach::attach_sites(&progs, &found, &mut links).map(|()| found));
+            match found {
+                Ok(found) => sites.extend(found),
+                Err(err) => {
+                    tracing::debug!(image = %entry.path.display(), %err, "cached image not probed up front");
+                    continue;
+                }
+            }
+        }
+        sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
+        known.insert(id);
     }
     for site in sites.iter().filter(|s| !s.emulated) {
         tracing::info!(%site, "probe site single-steps its first instruction (~14 µs a hit)");
@@ -402,7 +459,17 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     .map_err(spawn_err)?;
 
     let done = Arc::new(AtomicBool::new(false));
+    let done_fd = sys::eventfd()?;
+    let wake_epoll = sys::epoll_for(&[
+        (skel.maps.pressure_wake.as_fd(), false),
+        (done_fd.as_fd(), false),
+    ])?;
     let coordinator = Coordinator {
+        wake: RingConsumer::new(
+            skel.maps.pressure_wake.as_fd(),
+            skel.maps.pressure_wake.max_entries() as usize,
+        )?,
+        wake_epoll,
         // SAFETY: the skeleton (and so its .bss mapping) outlives the
         // coordinator thread, which is joined below.
         latch: unsafe { Latch::new(latch_word) },
@@ -419,6 +486,20 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         barrier: barrier.clone(),
         pipelines: PIPELINES.to_vec(),
         timeout: opts.pressure_timeout,
+        pause: match &cgroup {
+            Some(cgroup) => Pause::Freeze {
+                cgroup: cgroup.clone(),
+                hard_stops: skel.maps.hard_stops.as_fd().try_clone_to_owned().map_err(
+                    |source| CaptureError::Io {
+                        what: "duplicating a BPF map descriptor",
+                        source,
+                    },
+                )?,
+                // SAFETY: as for the latch.
+                unrecorded: unsafe { BssWord::new(unrecorded_word) },
+            },
+            None => Pause::Signal,
+        },
         done: done.clone(),
     };
     let pressure = std::thread::Builder::new()
@@ -429,8 +510,9 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             source,
         })?;
 
-    let tree = track_tree(&skel, &spec);
+    let tree = track_tree(&skel, &spec, cgroup.as_deref());
     done.store(true, Ordering::Release);
+    sys::eventfd_signal(done_fd.as_fd());
     let pressure = pressure.join().map_err(|_| CaptureError::PollerPanicked)?;
     if let Err(err) = pressure {
         barrier.stop();
@@ -469,6 +551,10 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         (events.sink, stacks.sink, mappings.sink, attacher.sink);
     links.append(&mut attacher.links);
     sites.append(&mut attacher.sites);
+    for (path, stamp, has_sites) in attacher.examined.drain(..) {
+        image_cache.record(&path, stamp, has_sites);
+    }
+    image_cache.save();
     // Detach now: memtrail's own allocations (symbolization below) would
     // otherwise hit the probes too.
     drop(links);
@@ -621,6 +707,7 @@ fn attach_tracepoints(skel: &MemtrailSkel<'_>, links: &mut Links) -> Result<(), 
 fn track_tree(
     skel: &MemtrailSkel<'_>,
     spec: &CommandSpec,
+    cgroup: Option<&TreeCgroup>,
 ) -> Result<(u32, Option<ChildExit>, u64), CaptureError> {
     // memtrail stays alive for Ctrl-C and Ctrl-\: the command decides.
     sys::ignore_signal(libc::SIGINT)?;
@@ -628,16 +715,26 @@ fn track_tree(
     let held = proctree::spawn_held(spec)?;
     let pid = held.pid();
     sys::forward_termination_to(pid as i32)?;
-    let tracked = skel.maps.tracked.update(
-        &pid.to_ne_bytes(),
-        &0u32.to_ne_bytes(),
-        libbpf_rs::MapFlags::ANY,
-    );
+    let tracked = skel
+        .maps
+        .tracked
+        .update(
+            &pid.to_ne_bytes(),
+            &0u32.to_ne_bytes(),
+            libbpf_rs::MapFlags::ANY,
+        )
+        .map_err(CaptureError::Load)
+        .and_then(|()| {
+            cgroup.map_or(Ok(()), |cg| {
+                cg.add(pid)
+                    .map_err(|e| CaptureError::Pressure(PressureError::Cgroup(e)))
+            })
+        });
     if let Err(err) = tracked {
         // Dropping `held` closes the go pipe: the child exits unexec'd.
         drop(held);
         let _ = proctree::wait_tree(pid);
-        return Err(CaptureError::Load(err));
+        return Err(err);
     }
     let start_ns = sys::monotonic_ns();
     let released = held.release();
@@ -645,6 +742,50 @@ fn track_tree(
     released?;
     Ok((pid, root_exit, start_ns))
 }
+
+/// Each ring's capacity and largest record (with its ring header), by ring
+/// index (`enum mt_ring`).
+fn ring_rooms(opts: &Options) -> [RingRoom; 4] {
+    use crate::skel::memtrail::types as t;
+    use std::mem::size_of;
+    let with_header = |n: usize| (n as u64 + 8).next_multiple_of(8);
+    let event = size_of::<t::mt_alloc_event>()
+        .max(size_of::<t::mt_fork_event>())
+        .max(size_of::<t::mt_exec_event>())
+        .max(size_of::<t::mt_exit_event>());
+    let mapping = with_header(size_of::<t::mt_mapping_record>());
+    [
+        RingRoom {
+            name: "events",
+            option: "--ring-size",
+            capacity: opts.ring_size as u64,
+            record: with_header(event),
+        },
+        RingRoom {
+            name: "stacks",
+            option: "--stack-ring-size",
+            capacity: opts.stack_ring_size as u64,
+            record: with_header(size_of::<t::mt_stack_record>()),
+        },
+        RingRoom {
+            name: "mappings",
+            option: "fixed",
+            capacity: MAPPINGS_RING_SIZE,
+            record: mapping,
+        },
+        RingRoom {
+            name: "attach",
+            option: "fixed",
+            capacity: ATTACH_RING_SIZE,
+            record: mapping,
+        },
+    ]
+}
+
+/// Sizes of the mappings and attach-request rings (`max_entries` in
+/// bpf/memtrail.bpf.c).
+const MAPPINGS_RING_SIZE: u64 = 1 << 20;
+const ATTACH_RING_SIZE: u64 = 1 << 20;
 
 /// Pipeline names by barrier index.
 const PIPELINES: [&str; 4] = ["events", "stacks", "mappings", "attach"];

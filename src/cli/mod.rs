@@ -256,6 +256,7 @@ pub fn exit_code(err: &CaptureError) -> i32 {
         CaptureError::AttachImage { .. } => exit::ATTACH,
         CaptureError::Lost(_) => exit::LOST,
         CaptureError::Pressure(_) => exit::PRESSURE,
+        CaptureError::Room(_) => exit::USAGE,
         _ => exit::INTERNAL,
     }
 }

@@ -144,15 +144,20 @@ pub enum Fault {
     Wedge,
 }
 
-/// Picks a core for each of `n` pollers: the last cores, leaving core 0 to
-/// the command. `None` when the process may run on one core only.
+/// Picks a core for each of `n` pollers, in pipeline order: distinct cores
+/// from the last one down, wrapping around when there are fewer cores than
+/// pollers, so that one busy core never holds every poller (issue 11: on two
+/// cores all four shared core 1, and a pressure pause waited on all of them
+/// whenever it was busy). The events and stacks pollers, the busy ones,
+/// come first and so never share a core when there are two. `None` when
+/// the process may run on one core only.
 pub fn poller_cores(n: usize) -> Vec<Option<core_affinity::CoreId>> {
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     if cores.len() < 2 {
         return vec![None; n];
     }
     (0..n)
-        .map(|i| Some(cores[cores.len() - 1 - i % (cores.len() - 1)]))
+        .map(|i| Some(cores[cores.len() - 1 - i % cores.len()]))
         .collect()
 }
 

@@ -1,22 +1,35 @@
 //! Backpressure: pausing the tracked tree when a ring fills up, so a
 //! capture loses nothing however fast the tree allocates.
 //!
-//! BPF side (bpf/memtrail.bpf.c): after submitting a record, a producer
-//! whose ring is filled past the ring's watermark latches a pressure
-//! episode (compare-and-swap on `pressure_latch` in the BPF program's .bss)
-//! and, if it won, stops its own process.
+//! BPF side (bpf/memtrail.bpf.c, `check_pressure`): after submitting a
+//! record, a producer whose ring is filled past the ring's watermark
+//! latches a pressure episode (compare-and-swap on `pressure_latch` in the
+//! BPF program's .bss). Past the ring's *hard mark* it also stops its own
+//! process: the hard mark leaves room for [`RECORDS_PER_THREAD`] records of
+//! the ring's largest size per live thread of the tree, which is all the
+//! tree can still produce before each thread stops at its own next check.
+//! Without a usable cgroup every producer past the watermark stops itself.
 //!
 //! Userspace side ([`Coordinator`], one thread): it sees the latch through
-//! the mmap'd .bss, takes the `Pressure` stop ownership of every process in
-//! the tracked map (through [`Stops`], so pidfds, and never resuming what
-//! another owner still holds), confirms each has stopped, raises the
-//! pipelines' epoch barrier so each drains its ring up to the producer
-//! position after the stop, then clears the latch and releases its hold.
+//! the mmap'd .bss and pauses the tree, preferably by freezing the tree's
+//! cgroup ([`TreeCgroup`]: no signal, nothing the tree can observe), else by
+//! taking the `Pressure` stop ownership of every process in the tracked map
+//! (through [`Stops`], so pidfds, SIGSTOP). It holds the processes that
+//! stopped themselves, raises the pipelines' epoch barrier so each drains
+//! its ring up to the producer position after the pause, then clears the
+//! latch, resumes what it holds and thaws the cgroup.
 //!
 //! Timeouts: `0` turns pausing off (ring loss is still detected and fails
-//! the capture); a finite duration bounds each episode — past it the tree
-//! is killed and the capture fails naming the pipeline that did not drain;
-//! `inf` waits as long as recovery takes.
+//! the capture); a finite duration bounds each whole episode — freezing or
+//! stopping the tree and draining — past it the tree is killed and the
+//! capture fails naming what was late; `inf` waits as long as recovery
+//! takes.
+//!
+//! Room above the watermark ([`check_room`]): with pausing on, each ring
+//! must hold, above its watermark, [`RECORDS_PER_THREAD`] of its largest
+//! records per CPU plus one (the record that crossed), so that the
+//! producers running when the mark is crossed fit; smaller combinations
+//! are refused before the command starts.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -29,12 +42,14 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Barrier;
-use crate::engine::idle::IdleWait;
-use crate::proctree::stops::{Owner, Stops};
+use crate::proctree::cgroup::TreeCgroup;
+use crate::proctree::stops::{Owner, StopState, Stops};
+use crate::ring::RingConsumer;
 use crate::sys;
 
-/// How often the coordinator looks at the latch when pausing is on.
-pub const LATCH_NAP: Duration = Duration::from_millis(1);
+/// Longest sleep of the coordinator between two looks at the latch and the
+/// end of the tree (it is woken for both).
+const LATCH_CHECK_MS: i32 = 100;
 
 /// `--pressure-timeout`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -122,6 +137,76 @@ impl fmt::Display for PressureTimeout {
     }
 }
 
+/// Records one thread can write into one ring between two of its pressure
+/// checks (`MT_RECORDS_PER_THREAD` in bpf/memtrail.bpf.c).
+pub const RECORDS_PER_THREAD: u64 = 2;
+
+/// A ring's size and its largest record, for [`check_room`].
+#[derive(Clone, Copy, Debug)]
+pub struct RingRoom {
+    pub name: &'static str,
+    /// The option that sets its size, for the error message.
+    pub option: &'static str,
+    pub capacity: u64,
+    /// Largest record, with its 8-byte ring header.
+    pub record: u64,
+}
+
+/// The watermark, in bytes, of a ring of `capacity` at `percent`.
+pub fn watermark_bytes(capacity: u64, percent: u8) -> u64 {
+    capacity * u64::from(percent.clamp(1, 99)) / 100
+}
+
+/// Bytes a ring must hold above its watermark with pausing on: the
+/// crossing record plus [`RECORDS_PER_THREAD`] records for each CPU's
+/// producer.
+pub fn min_room(record: u64, cpus: u64) -> u64 {
+    (RECORDS_PER_THREAD * cpus.max(1) + 1) * record
+}
+
+/// A ring whose room above the watermark is too small.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "the {name} ring ({capacity} bytes, {option}) leaves {room} bytes above a {percent}% \
+     watermark; pausing needs at least {needed} ({cpus} CPUs x {RECORDS_PER_THREAD} records \
+     of {record} bytes, plus one): use a larger ring or a watermark of at most {max_percent}%"
+)]
+pub struct RoomError {
+    pub name: &'static str,
+    pub option: &'static str,
+    pub capacity: u64,
+    pub percent: u8,
+    pub room: u64,
+    pub needed: u64,
+    pub cpus: u64,
+    pub record: u64,
+    /// The highest watermark this ring allows (0: none).
+    pub max_percent: u64,
+}
+
+/// Checks that every ring has [`min_room`] above its watermark.
+pub fn check_room(rings: &[RingRoom], percent: u8, cpus: u64) -> Result<(), RoomError> {
+    for ring in rings {
+        let room = ring.capacity - watermark_bytes(ring.capacity, percent);
+        let needed = min_room(ring.record, cpus);
+        if room < needed {
+            let max_percent = ring.capacity.saturating_sub(needed) * 100 / ring.capacity;
+            return Err(RoomError {
+                name: ring.name,
+                option: ring.option,
+                capacity: ring.capacity,
+                percent,
+                room,
+                needed,
+                cpus,
+                record: ring.record,
+                max_percent,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Pressure statistics of a capture (in the profile and the summary).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PressureStats {
@@ -161,6 +246,13 @@ pub enum PressureError {
          not drain; the tracked tree was killed"
     )]
     Timeout { timeout: Duration, pipeline: String },
+    #[error(
+        "a pressure episode did not recover within {timeout:?}: the tree did not pause \
+         ({what}); the tracked tree was killed"
+    )]
+    PauseTimeout { timeout: Duration, what: String },
+    #[error("pausing the tree through its cgroup failed")]
+    Cgroup(#[from] crate::proctree::cgroup::CgroupError),
     #[error(transparent)]
     Sys(#[from] sys::SysError),
 }
@@ -200,6 +292,45 @@ impl Latch {
     }
 }
 
+/// A word of the BPF program's .bss the coordinator reads.
+pub struct BssWord(*const AtomicU64);
+
+// SAFETY: as for `Latch`: a u64 in the skeleton's .bss mapping, which
+// outlives the coordinator thread; all access is atomic.
+unsafe impl Send for BssWord {}
+
+impl BssWord {
+    /// # Safety
+    /// `word` must point into a loaded skeleton's .bss and stay valid as
+    /// long as the `BssWord`.
+    pub unsafe fn new(word: *mut u64) -> Self {
+        Self(word.cast_const().cast())
+    }
+
+    fn load(&self) -> u64 {
+        // SAFETY: see `new`: valid, aligned, and only accessed atomically.
+        // Relaxed: a counter read after the tree is paused, which the
+        // cgroup file read (a syscall) orders after the BPF writes.
+        unsafe { &*self.0 }.load(Ordering::Relaxed)
+    }
+}
+
+/// How the coordinator pauses the tree.
+pub enum Pause {
+    /// Freezing the tree's cgroup; BPF stops a process itself only past a
+    /// ring's hard mark and records it in `hard_stops`.
+    Freeze {
+        cgroup: Arc<TreeCgroup>,
+        /// The `hard_stops` map: tgids that stopped themselves.
+        hard_stops: OwnedFd,
+        /// `hard_stops_unrecorded` in .bss: self-stops `hard_stops` had no
+        /// room for.
+        unrecorded: BssWord,
+    },
+    /// SIGSTOP to every process of the tree through pidfds.
+    Signal,
+}
+
 /// The pressure coordinator (runs on its own thread).
 pub struct Coordinator {
     pub latch: Latch,
@@ -209,34 +340,35 @@ pub struct Coordinator {
     /// Pipeline names, by barrier index, for error messages.
     pub pipelines: Vec<&'static str>,
     pub timeout: PressureTimeout,
-    /// Set when the tree has exited.
+    pub pause: Pause,
+    /// The `pressure_wake` ring, which the latching producer writes to with
+    /// a forced wakeup.
+    pub wake: RingConsumer,
+    /// An epoll set over `wake` and `done_fd`.
+    pub wake_epoll: OwnedFd,
+    /// Set when the tree has exited, then `done_fd` signalled.
     pub done: Arc<AtomicBool>,
 }
 
 impl Coordinator {
     /// Runs until `done`; returns the episodes' statistics.
-    pub fn run(self) -> Result<PressureStats, PressureError> {
+    pub fn run(mut self) -> Result<PressureStats, PressureError> {
         let mut stats = PressureStats::default();
-        // Without pausing the latch is never set: just wait for the end.
-        // With it, a latched tree has already stopped itself, so a 1 ms nap
-        // only adds to the pause, and costs ~1% of a core while idle.
-        let nap = if self.timeout.enabled() {
-            LATCH_NAP
-        } else {
-            Duration::from_millis(20)
-        };
-        let mut idle = IdleWait::new(nap);
+        let mut unrecorded_seen = 0;
         loop {
+            // Consume the wakeups first: the ring's epoll is level
+            // triggered, so a latch set after this look still wakes us.
+            self.wake.poll(|_| {});
             if !self.latch.is_set() {
                 if self.done.load(Ordering::Acquire) {
                     return Ok(stats);
                 }
-                idle.idle();
+                // The timeout only guards against a missed `done` signal.
+                sys::epoll_wait(self.wake_epoll.as_fd(), LATCH_CHECK_MS);
                 continue;
             }
-            idle.reset();
             let started = Instant::now();
-            self.episode(started)?;
+            self.episode(started, &mut unrecorded_seen)?;
             let pause = started.elapsed().as_nanos() as u64;
             stats.episodes += 1;
             stats.total_pause_ns += pause;
@@ -251,26 +383,53 @@ impl Coordinator {
         }
     }
 
-    fn episode(&self, started: Instant) -> Result<(), PressureError> {
+    fn timeout_duration(&self) -> Duration {
+        match self.timeout {
+            PressureTimeout::After(d) => d,
+            _ => Duration::ZERO,
+        }
+    }
+
+    fn episode(&self, started: Instant, unrecorded_seen: &mut u64) -> Result<(), PressureError> {
         let deadline = self.deadline(started);
-        // Stop every process of the tree; a fork made before its parent
-        // stopped adds a pid, so scan until no new one appears.
-        let mut held: HashSet<u32> = HashSet::new();
-        loop {
-            let pids = sys::bpf_map_u32_keys(self.tracked_map.as_fd())?;
-            let new: Vec<u32> = pids.into_iter().filter(|p| !held.contains(p)).collect();
-            if new.is_empty() {
-                break;
-            }
-            for pid in new {
-                if let Err(err) = self.stops.stop(pid as i32, Owner::Pressure) {
-                    tracing::debug!(pid, %err, "could not stop a tracked process");
+        match &self.pause {
+            Pause::Freeze {
+                cgroup,
+                hard_stops,
+                unrecorded,
+            } => {
+                cgroup.freeze()?;
+                if !cgroup.wait_frozen(deadline)? {
+                    let what = format!(
+                        "its cgroup {} was not frozen in time",
+                        cgroup.path().display()
+                    );
+                    return Err(self.fail(PressureError::PauseTimeout {
+                        timeout: self.timeout_duration(),
+                        what,
+                    }));
                 }
-                held.insert(pid);
+                // Frozen: no thread of the tree runs a BPF program now, so
+                // the self-stops are all recorded.
+                let pids = sys::bpf_map_u32_keys(hard_stops.as_fd())?;
+                tracing::debug!(
+                    frozen_after = ?started.elapsed(),
+                    self_stopped = pids.len(),
+                    "tree frozen"
+                );
+                for &pid in &pids {
+                    if let Err(err) = self.stops.hold_stopped(pid as i32, Owner::Pressure) {
+                        tracing::debug!(pid, %err, "could not hold a self-stopped process");
+                    }
+                    let _ = sys::bpf_map_delete(hard_stops.as_fd(), &pid.to_ne_bytes());
+                }
+                let unrecorded = unrecorded.load();
+                if unrecorded != *unrecorded_seen {
+                    *unrecorded_seen = unrecorded;
+                    self.hold_stopping()?;
+                }
             }
-            for &pid in &held {
-                let _ = self.stops.wait_stopped(pid as i32);
-            }
+            Pause::Signal => self.stop_tree(deadline)?,
         }
         let epoch = self.barrier.raise();
         let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -281,23 +440,80 @@ impl Coordinator {
                 .map(|&i| self.pipelines.get(i).copied().unwrap_or("?"))
                 .collect::<Vec<_>>()
                 .join(", ");
-            self.kill_tree();
-            let _ = self.stops.release_all(Owner::Pressure);
-            return Err(PressureError::Timeout {
-                timeout: match self.timeout {
-                    PressureTimeout::After(d) => d,
-                    _ => Duration::ZERO,
-                },
+            return Err(self.fail(PressureError::Timeout {
+                timeout: self.timeout_duration(),
                 pipeline,
-            });
+            }));
         }
         self.latch.clear();
+        // SIGCONT first: while frozen, it discards a self-stop not yet
+        // acted on, which the parent then never sees.
         let _ = self.stops.release_all(Owner::Pressure);
+        if let Pause::Freeze { cgroup, .. } = &self.pause {
+            cgroup.thaw()?;
+        }
         Ok(())
     }
 
+    /// Holds every process of the tree that is stopped or has a stop
+    /// pending (self-stops `hard_stops` had no room for).
+    fn hold_stopping(&self) -> Result<(), PressureError> {
+        for pid in sys::bpf_map_u32_keys(self.tracked_map.as_fd())? {
+            let states = sys::thread_states(pid as i32);
+            if states.is_ok_and(|t| t.stop_pending || t.stopped > 0) {
+                let _ = self.stops.hold_stopped(pid as i32, Owner::Pressure);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every process of the tree through pidfds, waiting for each
+    /// stop until the episode's deadline. A fork made before its parent
+    /// stopped adds a pid, so scan until no new one appears.
+    fn stop_tree(&self, deadline: Option<Instant>) -> Result<(), PressureError> {
+        let mut held: HashSet<u32> = HashSet::new();
+        loop {
+            let pids = sys::bpf_map_u32_keys(self.tracked_map.as_fd())?;
+            let new: Vec<u32> = pids.into_iter().filter(|p| !held.contains(p)).collect();
+            if new.is_empty() {
+                return Ok(());
+            }
+            for pid in new {
+                if let Err(err) = self.stops.stop(pid as i32, Owner::Pressure) {
+                    tracing::debug!(pid, %err, "could not stop a tracked process");
+                }
+                held.insert(pid);
+            }
+            for &pid in &held {
+                let state = self.stops.wait_stopped_until(pid as i32, deadline);
+                if deadline.is_some_and(|d| Instant::now() >= d)
+                    && !matches!(state, Ok(Some(StopState::Stopped | StopState::Exited)))
+                {
+                    return Err(self.fail(PressureError::PauseTimeout {
+                        timeout: self.timeout_duration(),
+                        what: format!("process {pid} did not stop in time"),
+                    }));
+                }
+            }
+        }
+    }
+
+    /// Kills the tree and lets go of it after a late episode.
+    fn fail(&self, err: PressureError) -> PressureError {
+        self.kill_tree();
+        let _ = self.stops.release_all(Owner::Pressure);
+        if let Pause::Freeze { cgroup, .. } = &self.pause {
+            // SIGKILL reaches frozen tasks; thawing lets them die at once.
+            let _ = cgroup.thaw();
+        }
+        err
+    }
+
     fn kill_tree(&self) {
-        let pids = sys::bpf_map_u32_keys(self.tracked_map.as_fd()).unwrap_or_default();
+        let mut pids = sys::bpf_map_u32_keys(self.tracked_map.as_fd()).unwrap_or_default();
+        if let Pause::Freeze { cgroup, .. } = &self.pause {
+            pids.extend(cgroup.pids().unwrap_or_default());
+        }
         for pid in pids {
             if let Ok(fd) = sys::pidfd_open(pid as i32) {
                 let _ = sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL);

@@ -8,6 +8,7 @@
 //! memtrail is the tree's subreaper: orphaned descendants are re-parented to
 //! it, so waiting until no child is left means the whole tree has exited.
 
+pub mod cgroup;
 pub mod stops;
 
 use std::ffi::{CString, OsStr, OsString};

@@ -562,10 +562,21 @@ impl Stops {
     /// [`StopState::Stopped`] or [`StopState::Exited`]; returns the state
     /// last seen, `None` when it is not held.
     pub fn wait_stopped(&self, pid: i32) -> Result<Option<StopState>, StopsError> {
+        self.wait_stopped_until(pid, None)
+    }
+
+    /// [`Stops::wait_stopped`], giving up at `deadline` when that comes
+    /// before the timeout.
+    pub fn wait_stopped_until(
+        &self,
+        pid: i32,
+        deadline: Option<Instant>,
+    ) -> Result<Option<StopState>, StopsError> {
         let Some(pidfd) = self.pidfd(pid) else {
             return Ok(None);
         };
-        let deadline = Instant::now() + self.timeout;
+        let timeout = Instant::now() + self.timeout;
+        let deadline = deadline.map_or(timeout, |d| d.min(timeout));
         let mut idle = IdleWait::new(NAP);
         loop {
             let state = observe(pid, &pidfd).map_err(|source| StopsError::Sys { pid, source })?;

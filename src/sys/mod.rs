@@ -491,6 +491,20 @@ pub fn bpf_map_update(map: std::os::fd::BorrowedFd<'_>, key: &[u8], value: &[u8]
     Ok(())
 }
 
+/// Deletes `key` from a BPF map (a missing key is not an error).
+pub fn bpf_map_delete(map: std::os::fd::BorrowedFd<'_>, key: &[u8]) -> SysResult<()> {
+    // SAFETY: key is valid for the map's key size, which the caller
+    // matches; the kernel copies it.
+    let ret = unsafe { libbpf_sys::bpf_map_delete_elem(map.as_raw_fd(), key.as_ptr().cast()) };
+    if ret < 0 && -ret != libc::ENOENT {
+        return Err(SysError {
+            call: "bpf(BPF_MAP_DELETE_ELEM)",
+            source: io::Error::from_raw_os_error(-ret),
+        });
+    }
+    Ok(())
+}
+
 /// A file's identity as the kernel's BPF programs see it: (`s_dev` in the
 /// kernel's encoding, major << 20 | minor, inode).
 pub fn kernel_file_id(path: &Path) -> io::Result<(u64, u64)> {
