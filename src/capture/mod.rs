@@ -299,7 +299,8 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     }
     let mut skel = open.load().map_err(CaptureError::Load)?;
     // Before any process can be stopped: the guardian resumes the tree if
-    // memtrail dies, however it dies.
+    // memtrail dies, however it dies (none when memtrail is PID 1 of its
+    // PID namespace, whose death kills the whole tree).
     let _guardian = sys::spawn_guardian(skel.maps.tracked.as_fd())?;
     let bss = skel
         .maps

@@ -648,41 +648,166 @@ pub fn bpf_map_u32_keys(map: std::os::fd::BorrowedFd<'_>) -> SysResult<Vec<u32>>
     }
 }
 
-/// Starts the guardian: a small process, not memtrail's child (it is
-/// created with CLONE_PARENT), that waits for the write end returned here to
-/// close — however memtrail ends, SIGKILL included — and then sends SIGCONT,
-/// through pidfds, to every process left in the tracked map, so nothing of
-/// the tree stays stopped by a pressure pause or an attach hold.
-pub fn spawn_guardian(tracked_map: std::os::fd::BorrowedFd<'_>) -> SysResult<OwnedFd> {
-    let (read_end, write_end) = pipe()?;
-    let map_fd = tracked_map.as_raw_fd();
-    let read_fd = read_end.as_raw_fd();
-    // SAFETY: clone with CLONE_PARENT | SIGCHLD and no new stack behaves
-    // like fork; the child only makes raw system calls (async-signal-safe)
-    // and ends with _exit.
-    let pid = unsafe {
+/// Whether this process is a child subreaper (`PR_GET_CHILD_SUBREAPER`).
+fn is_child_subreaper() -> SysResult<bool> {
+    let mut flag: libc::c_int = 0;
+    // SAFETY: PR_GET_CHILD_SUBREAPER writes one int through the pointer.
+    check("prctl(PR_GET_CHILD_SUBREAPER)", unsafe {
+        libc::prctl(libc::PR_GET_CHILD_SUBREAPER, &raw mut flag, 0, 0, 0)
+    })?;
+    Ok(flag != 0)
+}
+
+/// Clears this process's child-subreaper flag.
+fn clear_child_subreaper() -> SysResult<()> {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes one integer argument.
+    check("prctl(PR_SET_CHILD_SUBREAPER, 0)", unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    })
+    .map(drop)
+}
+
+/// A fork made with the raw system call: no `pthread_atfork` handlers run
+/// in a child of a multithreaded process. Returns 0 in the child.
+///
+/// # Safety
+/// The child may only make async-signal-safe calls until it execs or
+/// `_exit`s.
+unsafe fn raw_fork() -> libc::c_long {
+    // SAFETY: clone with SIGCHLD only and no new stack behaves like fork;
+    // the caller restricts what the child does.
+    unsafe {
         libc::syscall(
             libc::SYS_clone,
-            (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong,
+            libc::SIGCHLD as libc::c_ulong,
             0usize,
             0usize,
             0usize,
             0usize,
         )
-    };
-    if pid < 0 {
-        return Err(SysError::last("clone(CLONE_PARENT)"));
     }
+}
+
+/// Starts the guardian: a small process that waits for the write end
+/// returned here to close — however memtrail ends, SIGKILL included — and
+/// then sends SIGCONT, through pidfds, to every process left in the tracked
+/// map, so nothing of the tree stays stopped by a pressure pause or an
+/// attach hold.
+///
+/// The guardian is nobody's child that cares (issue 11): memtrail forks an
+/// intermediate process, which calls `setsid` and forks the guardian, then
+/// exits; memtrail reaps it before returning. The guardian is then an
+/// orphan, re-parented to the nearest subreaper above memtrail or to init,
+/// never to memtrail's parent unless that parent made itself a subreaper or
+/// is its namespace's init (which reap orphans by design), and never to
+/// memtrail: its subreaper flag is cleared for the double fork and restored
+/// after the reap, so the guardian is neither waited for by memtrail's wait
+/// loop nor a member of the tracked tree (the tracked map has no entry for
+/// memtrail or its intermediate). Being in a session of its own, the
+/// guardian survives a kill of memtrail's process group and a hangup of
+/// its terminal. When `spawn_guardian` returns, the guardian is already in
+/// that session.
+///
+/// Returns `None` when memtrail is PID 1 of its PID namespace: every
+/// orphan there is re-parented to memtrail itself (so a guardian would be
+/// waited for by memtrail, which it waits for), and none is needed: when
+/// the namespace's init exits, SIGKILL included, the kernel kills every
+/// process of the namespace and of the namespaces below it, which is every
+/// process the tree can hold, and a killed process does not stay stopped.
+pub fn spawn_guardian(tracked_map: std::os::fd::BorrowedFd<'_>) -> SysResult<Option<OwnedFd>> {
+    // SAFETY: getpid has no preconditions.
+    if unsafe { libc::getpid() } == 1 {
+        return Ok(None);
+    }
+    let (read_end, write_end) = pipe()?;
+    let map_fd = tracked_map.as_raw_fd();
+    let read_fd = read_end.as_raw_fd();
+    // memtrail may have been exec'd by a process that made itself a
+    // subreaper, or made itself one already: the guardian would then be
+    // re-parented to memtrail when the intermediate exits.
+    let subreaper = is_child_subreaper()?;
+    if subreaper {
+        clear_child_subreaper()?;
+    }
+    // SAFETY: the child only makes raw system calls (async-signal-safe)
+    // and ends with _exit.
+    let pid = unsafe { raw_fork() };
     if pid == 0 {
         // SAFETY: in the child; see above.
-        unsafe { guardian_main(read_fd, map_fd) }
+        unsafe { guardian_intermediate(read_fd, map_fd) }
     }
+    let forked = if pid < 0 {
+        Err(SysError::last("fork (guardian)"))
+    } else {
+        reap_intermediate(pid as libc::pid_t)
+    };
+    // The intermediate's exit re-parented the guardian before the reap
+    // returned: being a subreaper again cannot make it memtrail's child.
+    if subreaper {
+        set_child_subreaper()?;
+    }
+    forked?;
     drop(read_end);
-    Ok(write_end)
+    Ok(Some(write_end))
+}
+
+/// Waits for the guardian's intermediate process; its exit code is 0 or
+/// the errno of the call that failed in it.
+fn reap_intermediate(pid: libc::pid_t) -> SysResult<()> {
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is a valid out pointer for the call.
+        if unsafe { libc::waitpid(pid, &mut status, 0) } == pid {
+            break;
+        }
+        let err = SysError::last("waitpid (guardian)");
+        match err.errno() {
+            Some(libc::EINTR) => continue,
+            // SIGCHLD ignored (a disposition inherited from memtrail's
+            // parent): the kernel reaped the intermediate once it exited,
+            // and its status is lost. The guardian most likely runs.
+            Some(libc::ECHILD) => return Ok(()),
+            _ => return Err(err),
+        }
+    }
+    match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
+        (true, 0) => Ok(()),
+        (true, errno) => Err(SysError {
+            call: "fork (guardian)",
+            source: io::Error::from_raw_os_error(errno),
+        }),
+        _ => Err(SysError {
+            call: "fork (guardian)",
+            source: io::Error::other(format!(
+                "the guardian's intermediate process was killed by signal {}",
+                libc::WTERMSIG(status)
+            )),
+        }),
+    }
 }
 
 /// # Safety
-/// Only in the freshly cloned guardian: raw system calls, never returns.
+/// Only in the freshly forked intermediate process: raw system calls,
+/// never returns.
+unsafe fn guardian_intermediate(read_fd: libc::c_int, map_fd: libc::c_int) -> ! {
+    // SAFETY: plain system calls; the guardian branch never returns.
+    unsafe {
+        // A new session and process group, which the guardian inherits: it
+        // is out of memtrail's process group before memtrail goes on, and,
+        // not a session leader, can never acquire a controlling terminal.
+        if libc::setsid() < 0 {
+            libc::_exit(*libc::__errno_location());
+        }
+        match raw_fork() {
+            0 => guardian_main(read_fd, map_fd),
+            pid if pid < 0 => libc::_exit(*libc::__errno_location()),
+            _ => libc::_exit(0),
+        }
+    }
+}
+
+/// # Safety
+/// Only in the freshly forked guardian: raw system calls, never returns.
 unsafe fn guardian_main(read_fd: libc::c_int, map_fd: libc::c_int) -> ! {
     // SAFETY: plain system calls on integers and local buffers.
     unsafe {
