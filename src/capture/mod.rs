@@ -301,7 +301,10 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     // Before any process can be stopped: the guardian resumes the tree if
     // memtrail dies, however it dies (none when memtrail is PID 1 of its
     // PID namespace, whose death kills the whole tree).
-    let _guardian = sys::spawn_guardian(skel.maps.tracked.as_fd())?;
+    let _guardian = sys::spawn_guardian(
+        skel.maps.tracked.as_fd(),
+        cgroup.as_deref().map(TreeCgroup::for_guardian),
+    )?;
     let bss = skel
         .maps
         .bss_data

@@ -20,7 +20,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -46,6 +46,10 @@ pub enum CgroupError {
 #[derive(Debug)]
 pub struct TreeCgroup {
     dir: PathBuf,
+    /// The parent directory (for the guardian, which removes the cgroup
+    /// if memtrail dies) and the cgroup's name in it.
+    parent: File,
+    name: std::ffi::CString,
     /// `cgroup.freeze`, open for writing.
     freeze: File,
     /// `cgroup.events`, open for reading.
@@ -144,8 +148,19 @@ impl TreeCgroup {
                 return Err(err);
             }
         };
+        let name = std::ffi::CString::new(format!("memtrail-{}", std::process::id()))
+            .expect("no NUL in a number");
+        let parent = match File::open(&parent) {
+            Ok(file) => file,
+            Err(e) => {
+                let _ = fs::remove_dir(&dir);
+                return Err(io_err("opening", &parent)(e));
+            }
+        };
         let cgroup = Self {
             dir,
+            parent,
+            name,
             freeze,
             events,
         };
@@ -159,9 +174,14 @@ impl TreeCgroup {
         &self.dir
     }
 
-    /// `cgroup.freeze`, for the guardian to thaw the tree if memtrail dies.
-    pub fn freeze_fd(&self) -> BorrowedFd<'_> {
-        self.freeze.as_fd()
+    /// What the guardian needs to thaw and remove the cgroup if memtrail
+    /// dies.
+    pub fn for_guardian(&self) -> crate::sys::GuardianCgroup<'_> {
+        crate::sys::GuardianCgroup {
+            freeze: self.freeze.as_fd(),
+            parent: self.parent.as_fd(),
+            name: &self.name,
+        }
     }
 
     /// Moves process `pid` (with all its threads) into the cgroup.

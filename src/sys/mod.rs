@@ -688,11 +688,26 @@ unsafe fn raw_fork() -> libc::c_long {
     }
 }
 
+/// The tree's cgroup, for the guardian.
+pub struct GuardianCgroup<'a> {
+    /// `cgroup.freeze`, open for writing.
+    pub freeze: std::os::fd::BorrowedFd<'a>,
+    /// The cgroup's parent directory.
+    pub parent: std::os::fd::BorrowedFd<'a>,
+    /// The cgroup's name in `parent`.
+    pub name: &'a std::ffi::CStr,
+}
+
+/// The guardian's cgroup descriptors and name (raw: used after fork).
+type GuardianFds = Option<(libc::c_int, libc::c_int, *const libc::c_char)>;
+
 /// Starts the guardian: a small process that waits for the write end
 /// returned here to close — however memtrail ends, SIGKILL included — and
 /// then sends SIGCONT, through pidfds, to every process left in the tracked
 /// map, so nothing of the tree stays stopped by a pressure pause or an
-/// attach hold.
+/// attach hold. With `cgroup`, the tree's cgroup (`cgroup.freeze` open for
+/// writing, the cgroup's parent directory and its name), it first thaws the
+/// cgroup, then removes it once the tree has left it.
 ///
 /// The guardian is nobody's child that cares (issue 11): memtrail forks an
 /// intermediate process, which calls `setsid` and forks the guardian, then
@@ -714,7 +729,10 @@ unsafe fn raw_fork() -> libc::c_long {
 /// the namespace's init exits, SIGKILL included, the kernel kills every
 /// process of the namespace and of the namespaces below it, which is every
 /// process the tree can hold, and a killed process does not stay stopped.
-pub fn spawn_guardian(tracked_map: std::os::fd::BorrowedFd<'_>) -> SysResult<Option<OwnedFd>> {
+pub fn spawn_guardian(
+    tracked_map: std::os::fd::BorrowedFd<'_>,
+    cgroup: Option<GuardianCgroup<'_>>,
+) -> SysResult<Option<OwnedFd>> {
     // SAFETY: getpid has no preconditions.
     if unsafe { libc::getpid() } == 1 {
         return Ok(None);
@@ -722,6 +740,7 @@ pub fn spawn_guardian(tracked_map: std::os::fd::BorrowedFd<'_>) -> SysResult<Opt
     let (read_end, write_end) = pipe()?;
     let map_fd = tracked_map.as_raw_fd();
     let read_fd = read_end.as_raw_fd();
+    let cg = cgroup.map(|c| (c.freeze.as_raw_fd(), c.parent.as_raw_fd(), c.name.as_ptr()));
     // memtrail may have been exec'd by a process that made itself a
     // subreaper, or made itself one already: the guardian would then be
     // re-parented to memtrail when the intermediate exits.
@@ -734,7 +753,7 @@ pub fn spawn_guardian(tracked_map: std::os::fd::BorrowedFd<'_>) -> SysResult<Opt
     let pid = unsafe { raw_fork() };
     if pid == 0 {
         // SAFETY: in the child; see above.
-        unsafe { guardian_intermediate(read_fd, map_fd) }
+        unsafe { guardian_intermediate(read_fd, map_fd, cg) }
     }
     let forked = if pid < 0 {
         Err(SysError::last("fork (guardian)"))
@@ -789,7 +808,7 @@ fn reap_intermediate(pid: libc::pid_t) -> SysResult<()> {
 /// # Safety
 /// Only in the freshly forked intermediate process: raw system calls,
 /// never returns.
-unsafe fn guardian_intermediate(read_fd: libc::c_int, map_fd: libc::c_int) -> ! {
+unsafe fn guardian_intermediate(read_fd: libc::c_int, map_fd: libc::c_int, cg: GuardianFds) -> ! {
     // SAFETY: plain system calls; the guardian branch never returns.
     unsafe {
         // A new session and process group, which the guardian inherits: it
@@ -799,7 +818,7 @@ unsafe fn guardian_intermediate(read_fd: libc::c_int, map_fd: libc::c_int) -> ! 
             libc::_exit(*libc::__errno_location());
         }
         match raw_fork() {
-            0 => guardian_main(read_fd, map_fd),
+            0 => guardian_main(read_fd, map_fd, cg),
             pid if pid < 0 => libc::_exit(*libc::__errno_location()),
             _ => libc::_exit(0),
         }
@@ -808,18 +827,31 @@ unsafe fn guardian_intermediate(read_fd: libc::c_int, map_fd: libc::c_int) -> ! 
 
 /// # Safety
 /// Only in the freshly forked guardian: raw system calls, never returns.
-unsafe fn guardian_main(read_fd: libc::c_int, map_fd: libc::c_int) -> ! {
+unsafe fn guardian_main(read_fd: libc::c_int, map_fd: libc::c_int, cg: GuardianFds) -> ! {
     // SAFETY: plain system calls on integers and local buffers.
     unsafe {
         for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
             libc::signal(sig, libc::SIG_IGN);
         }
-        // Keep only the pipe (fd 3) and the tracked map (fd 4): holding
-        // memtrail's other BPF objects would keep them alive.
-        if libc::dup2(read_fd, 3) < 0 || libc::dup2(map_fd, 4) < 0 {
+        // Keep only the pipe (fd 3), the tracked map (fd 4) and the
+        // cgroup's freeze file and parent (fds 5, 6): holding memtrail's
+        // other BPF objects would keep them alive. Each is first copied
+        // above the targets, so no dup2 closes one not yet moved.
+        let high = |fd: libc::c_int| libc::fcntl(fd, libc::F_DUPFD, 64);
+        let (pipe, map) = (high(read_fd), high(map_fd));
+        let (freeze, parent) = match cg {
+            Some((freeze, parent, _)) => (high(freeze), high(parent)),
+            None => (-1, -1),
+        };
+        if pipe < 0 || map < 0 || libc::dup2(pipe, 3) < 0 || libc::dup2(map, 4) < 0 {
             libc::_exit(1);
         }
-        libc::syscall(libc::SYS_close_range, 5u32, u32::MAX, 0u32);
+        if cg.is_some()
+            && (freeze < 0 || parent < 0 || libc::dup2(freeze, 5) < 0 || libc::dup2(parent, 6) < 0)
+        {
+            libc::_exit(1);
+        }
+        libc::syscall(libc::SYS_close_range, 7u32, u32::MAX, 0u32);
         for fd in 0..3 {
             libc::close(fd);
         }
@@ -828,6 +860,11 @@ unsafe fn guardian_main(read_fd: libc::c_int, map_fd: libc::c_int) -> ! {
             if *libc::__errno_location() != libc::EINTR {
                 break;
             }
+        }
+        // Thaw first: a frozen process would not act on SIGCONT, and a
+        // process held frozen is as stuck as a stopped one.
+        if cg.is_some() {
+            libc::write(5, b"0".as_ptr().cast(), 1);
         }
         let mut prev = 0u32;
         let mut first = true;
@@ -854,6 +891,19 @@ unsafe fn guardian_main(read_fd: libc::c_int, map_fd: libc::c_int) -> ! {
             }
             prev = next;
             first = false;
+        }
+        // The cgroup can go once the tree has left it (rmdir fails with
+        // EBUSY until then).
+        if let Some((_, _, name)) = cg {
+            while libc::unlinkat(6, name, libc::AT_REMOVEDIR) < 0
+                && *libc::__errno_location() == libc::EBUSY
+            {
+                let nap = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 100_000_000,
+                };
+                libc::nanosleep(&nap, std::ptr::null_mut());
+            }
         }
         libc::_exit(0)
     }
