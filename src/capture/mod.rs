@@ -28,8 +28,8 @@ use crate::pressure::{Coordinator, HighWater, Latch, PressureTimeout};
 use crate::proctree::stops::Stops;
 use crate::proctree::{self, CommandSpec, SpawnError};
 use crate::report::{
-    Aggregator, AtomicOutput, EventWriter, ExitInfo, LostEvents, OutputError, Profile, StackEntry,
-    StackMetrics,
+    Aggregator, EventWriter, ExitInfo, LostEvents, OutputError, OutputFile, Profile,
+    SameOutputError, StackEntry, StackMetrics,
 };
 use crate::ring::{RingConsumer, RingError};
 use crate::skel::memtrail::{MemtrailSkel, MemtrailSkelBuilder};
@@ -119,6 +119,8 @@ pub enum CaptureError {
     Spawn(#[from] SpawnError),
     #[error(transparent)]
     Output(#[from] OutputError),
+    #[error(transparent)]
+    SameOutput(#[from] SameOutputError),
     #[error("memtrail needs {0}: run it as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)")]
     Privileges(&'static str),
     #[error("this kernel lacks {feature}: {hint}")]
@@ -212,16 +214,13 @@ fn check_environment() -> Result<(), CaptureError> {
 pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     // Everything that can fail on bad input fails before the command runs.
     let spec = CommandSpec::new(opts.command.clone())?;
-    let output = opts
-        .output
-        .as_deref()
-        .map(AtomicOutput::create)
-        .transpose()?;
-    let events = opts
-        .events
-        .as_deref()
-        .map(AtomicOutput::create)
-        .transpose()?;
+    let outputs: Vec<_> = [("--output", &opts.output), ("--events", &opts.events)]
+        .into_iter()
+        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+        .collect();
+    crate::report::check_distinct(&outputs)?;
+    let output = opts.output.as_deref().map(OutputFile::create).transpose()?;
+    let events = opts.events.as_deref().map(OutputFile::create).transpose()?;
     for size in [opts.ring_size, opts.stack_ring_size] {
         if !size.is_power_of_two() || size < rustix::param::page_size() {
             return Err(RingError::BadSize(size).into());

@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use crate::capture::{self, CaptureError, Options};
 use crate::proctree::SpawnError;
 use crate::render::{self, Format, Metric, ReportError, ReportOptions};
-use crate::report::{AtomicOutput, write_summary};
+use crate::report::{OutputFile, check_distinct, write_summary};
 
 /// Exit codes of memtrail's own failures. Otherwise memtrail exits with the
 /// command's code (128 + N when a signal N killed it).
@@ -47,13 +47,14 @@ const EXIT_CODES_HELP: &str = "\
 Exit status:
   memtrail exits with the command's exit status (128+N if signal N killed it),
   unless memtrail itself fails:
-    2    bad usage
+    2    bad usage (also: two outputs naming the same file)
     65   memtrail report: the profile is not a valid memtrail profile
     66   memtrail report: the profile cannot be read
     70   internal failure
     71   events were lost: the capture is incomplete, no report was written
     72   missing privileges or kernel feature
-    73   an output file cannot be written (checked before the command starts;
+    73   an output cannot be written (checked before the command starts; a
+         stream output - a FIFO or a device - can also fail while written;
          for memtrail report, also standard output)
     74   another tracer holds a conflicting uprobe (ref_ctr_offset mismatch)
     75   an executable image the command loaded could not be examined or probed
@@ -96,12 +97,17 @@ pub enum Command {
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Write the profile (JSON, schema in docs/profile.md) to PATH. The file
-    /// appears only when the capture succeeded.
+    /// Write the profile (JSON, schema in docs/profile.md) to PATH. A
+    /// regular file (or a new one) appears whole, only when the capture
+    /// succeeded, and a symlink's target is replaced, not the link; `-`
+    /// (stdout), a FIFO (with a reader) or a character device is written as
+    /// a stream; anything else is refused before the command starts.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
 
-    /// Stream every event to PATH, one JSON object a line.
+    /// Stream every event to PATH, one JSON object a line. PATH is written
+    /// like --output's (a FIFO or `-` gets the events as they come); no two
+    /// outputs may name the same file.
     #[arg(long, value_name = "PATH")]
     pub events: Option<PathBuf>,
 
@@ -155,7 +161,8 @@ pub struct RunArgs {
     pub report: Option<Format>,
 
     /// Write the --report report to PATH. Like --output, it is checked before
-    /// the command starts and appears only when the capture succeeded.
+    /// the command starts, and a file appears only when the capture
+    /// succeeded.
     #[arg(
         long,
         value_name = "PATH",
@@ -201,8 +208,10 @@ pub struct ReportArgs {
     #[arg(short = 'n', long, value_name = "N")]
     pub top: Option<usize>,
 
-    /// Write the report to PATH instead of stdout. The file appears whole,
-    /// only when the report was written.
+    /// Write the report to PATH instead of stdout (`-`). A regular file
+    /// appears whole, only when the report was written (a symlink's target
+    /// is replaced, not the link); a FIFO or a character device is written
+    /// as a stream.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
 }
@@ -244,6 +253,7 @@ pub fn exit_code(err: &CaptureError) -> i32 {
             _ => exit::INTERNAL,
         },
         CaptureError::Output(_) | CaptureError::EventStream(_) => exit::OUTPUT,
+        CaptureError::SameOutput(_) => exit::USAGE,
         CaptureError::Privileges(_)
         | CaptureError::KernelFeature { .. }
         | CaptureError::Load(_) => exit::UNSUPPORTED,
@@ -279,8 +289,9 @@ pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportErr
         by: args.by,
         top: args.top,
     };
-    match args.output {
-        Some(path) => render::write_report_file(&profile, &opts, AtomicOutput::create(&path)?)?,
+    match args.output.filter(|p| p.as_os_str() != "-") {
+        Some(path) => render::write_report_file(&profile, &opts, OutputFile::create(&path)?)?,
+        // `-o -` is stdout: a closed pipe is then no failure either.
         None => {
             let mut w = BufWriter::new(stdout);
             render::write_report(&profile, &opts, &mut w)
@@ -293,6 +304,15 @@ pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportErr
 
 /// Runs `memtrail run`; returns the process exit code.
 pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> {
+    let outputs: Vec<_> = [
+        ("--output", &args.output),
+        ("--events", &args.events),
+        ("--report-output", &args.report_output),
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+    .collect();
+    check_distinct(&outputs)?;
     let opts = Options {
         command: args.command,
         output: args.output,
@@ -308,7 +328,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     let report_output = args
         .report_output
         .as_deref()
-        .map(AtomicOutput::create)
+        .map(OutputFile::create)
         .transpose()?;
     let outcome = capture::run(&opts)?;
     if !args.quiet {

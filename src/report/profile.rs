@@ -4,7 +4,7 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 
-use super::output::{AtomicOutput, OutputError};
+use super::output::{OutputError, OutputFile};
 use super::{Aggregator, HeapCounters, MapCounters};
 use crate::attach::Site;
 
@@ -226,7 +226,7 @@ impl Profile {
 }
 
 /// Writes the profile and renames it into place.
-pub fn write_profile(profile: &Profile, out: AtomicOutput) -> Result<(), OutputError> {
+pub fn write_profile(profile: &Profile, out: OutputFile) -> Result<(), OutputError> {
     let err = |source| OutputError {
         path: out.path().to_owned(),
         source,
