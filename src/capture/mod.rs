@@ -121,6 +121,11 @@ pub enum CaptureError {
     Output(#[from] OutputError),
     #[error(transparent)]
     SameOutput(#[from] SameOutputError),
+    #[error(
+        "{} received before the command started: nothing was run and no output written",
+        sys::signals::name(*.0)
+    )]
+    Interrupted(i32),
     #[error("memtrail needs {0}: run it as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)")]
     Privileges(&'static str),
     #[error("this kernel lacks {feature}: {hint}")]
@@ -213,6 +218,7 @@ fn check_environment() -> Result<(), CaptureError> {
 /// Runs one capture.
 pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     // Everything that can fail on bad input fails before the command runs.
+    sys::signals::catch()?;
     let spec = CommandSpec::new(opts.command.clone())?;
     let outputs: Vec<_> = [("--output", &opts.output), ("--events", &opts.events)]
         .into_iter()
@@ -624,9 +630,24 @@ fn track_tree(
     // memtrail stays alive for Ctrl-C and Ctrl-\: the command decides.
     sys::ignore_signal(libc::SIGINT)?;
     sys::ignore_signal(libc::SIGQUIT)?;
+    // SIGTERM or SIGHUP during the set-up: give up before anything runs.
+    // One that comes from here on is passed on to the command.
+    if let Some(sig) = sys::signals::termination() {
+        return Err(CaptureError::Interrupted(sig));
+    }
     let held = proctree::spawn_held(spec)?;
     let pid = held.pid();
-    sys::forward_termination_to(pid as i32)?;
+    // Until the whole tree is waited for: SIGTERM, SIGHUP, SIGUSR1 and
+    // SIGUSR2 reach the command.
+    let _forward = match sys::signals::Forward::new(pid as i32) {
+        Ok(forward) => forward,
+        Err(err) => {
+            // Dropping `held` closes the go pipe: the child exits unexec'd.
+            drop(held);
+            let _ = proctree::wait_tree(pid);
+            return Err(err.into());
+        }
+    };
     let tracked = skel.maps.tracked.update(
         &pid.to_ne_bytes(),
         &0u32.to_ne_bytes(),

@@ -46,7 +46,9 @@ pub mod exit {
 const EXIT_CODES_HELP: &str = "\
 Exit status:
   memtrail exits with the command's exit status (128+N if signal N killed it),
-  unless memtrail itself fails:
+  unless memtrail itself fails (or SIGTERM or SIGHUP, N, ended it before the
+  command started: 128+N). SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are passed
+  on to the command once it runs.
     2    bad usage (also: two outputs naming the same file)
     65   memtrail report: the profile is not a valid memtrail profile
     66   memtrail report: the profile cannot be read
@@ -254,6 +256,8 @@ pub fn exit_code(err: &CaptureError) -> i32 {
         },
         CaptureError::Output(_) | CaptureError::EventStream(_) => exit::OUTPUT,
         CaptureError::SameOutput(_) => exit::USAGE,
+        // As if the signal had ended memtrail, which it would have.
+        CaptureError::Interrupted(sig) => 128 + sig,
         CaptureError::Privileges(_)
         | CaptureError::KernelFeature { .. }
         | CaptureError::Load(_) => exit::UNSUPPORTED,
@@ -304,6 +308,9 @@ pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportErr
 
 /// Runs `memtrail run`; returns the process exit code.
 pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> {
+    // Before any output is opened: SIGTERM and the like must not end
+    // memtrail halfway (see sys::signals).
+    crate::sys::signals::catch()?;
     let outputs: Vec<_> = [
         ("--output", &args.output),
         ("--events", &args.events),
@@ -330,7 +337,10 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         .as_deref()
         .map(OutputFile::create)
         .transpose()?;
-    let outcome = capture::run(&opts)?;
+    let outcome = capture::run(&opts);
+    // Even with --quiet: what memtrail did with a signal is not the summary.
+    let _ = write_signal_notes(stderr);
+    let outcome = outcome?;
     if !args.quiet {
         // A closed stderr must not turn a good capture into a failure.
         let _ = write_summary(stderr, &outcome.profile);
@@ -353,6 +363,30 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         }
     }
     Ok(outcome.exit_code)
+}
+
+/// Says what became of SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to
+/// memtrail (SIGTERM or SIGHUP before the command started is the capture's
+/// error instead).
+fn write_signal_notes(w: &mut impl Write) -> io::Result<()> {
+    use crate::sys::signals::{self, Fate};
+    for (sig, fate) in signals::notes() {
+        let name = signals::name(sig);
+        match fate {
+            Fate::Sent => writeln!(w, "memtrail: received {name}: passed it on to the command")?,
+            Fate::Late => writeln!(
+                w,
+                "memtrail: received {name} after the command exited: nothing to pass it on to"
+            )?,
+            // The capture's error says it.
+            Fate::Early if matches!(sig, libc::SIGTERM | libc::SIGHUP) => {}
+            Fate::Early => writeln!(
+                w,
+                "memtrail: received {name} before the command started: ignored it"
+            )?,
+        }
+    }
+    Ok(())
 }
 
 /// Re-export so `main` can use the default.
