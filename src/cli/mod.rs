@@ -126,9 +126,11 @@ pub struct RunArgs {
 
     /// What to do when a ring fills past the watermark. `0` (default): no
     /// pausing; lost events are detected and fail the capture (exit 71). A
-    /// duration (`250ms`, `2s`, `1m`): pause the tree until the rings drain,
-    /// and if an episode takes longer, kill the tree and fail (exit 76).
-    /// `inf`: pause as long as draining takes.
+    /// duration (`250ms`, `2s`, `1m`; units ns, us, ms, s, m) from 1ms to a
+    /// day: pause the tree until the rings drain, and if an episode takes
+    /// longer, kill the tree and fail (exit 76); a nonzero duration below
+    /// 1ms is rejected, never rounded to 0. `inf`: pause as long as
+    /// draining takes.
     #[arg(
         long,
         value_name = "TIMEOUT",
