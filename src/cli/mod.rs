@@ -69,8 +69,11 @@ Exit status:
     0    the report was written (or standard output was closed early)
     2    bad usage
     65   the profile is not a valid memtrail profile (not JSON, another format
-         or version, a missing or mistyped field)
-    66   the profile cannot be read (missing, not a file, no permission)
+         or version, a missing or mistyped field; every field must be there,
+         null where the schema allows it)
+    66   the profile cannot be read (missing, no permission, not a regular
+         file - a FIFO or a device is refused, not read - or larger than
+         the 1 GiB a profile may have)
     73   the report cannot be written (--output or standard output)";
 
 /// Track every heap allocation of a command's whole process tree with eBPF.
