@@ -11,7 +11,7 @@
 //!
 //! Ownership: renderers write into a writer the caller owns and never close
 //! it; files go through [`OutputFile`], so a report file appears whole or
-//! not at all.
+//! not at all (a FIFO or a device gets it as a stream).
 //!
 //! Site frames are innermost first (as in the profile's `stacks`);
 //! folded stacks and flamegraphs reverse them (outermost caller first),
