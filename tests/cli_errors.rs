@@ -152,3 +152,45 @@ fn cli_usage_errors_exit_2() {
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(dir_entries(dir.path()).is_empty(), "the command ran");
 }
+
+/// Check that a nonzero `--pressure-timeout` below the 1 ms minimum is bad
+/// usage (exit 2, saying why) whatever its unit and digits, never a silent
+/// 0 (off), and that zero in any unit is off and runs (issue 11:
+/// `0.0000000001s` became 0 while `1us` was rejected).
+#[test]
+fn cli_pressure_timeout_below_minimum_exits_2() {
+    for short in ["0.0000000001s", "1us", "999999ns", "0.5ms"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let args = with_marker(
+            &["run".into(), "--pressure-timeout".into(), short.into()],
+            dir.path(),
+        );
+        let (_, status, _, stderr) = memtrail(&args, b"");
+        assert_eq!(status.code(), Some(2), "{short}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "pressure timeout `{short}` is shorter than the 1ms memtrail can keep"
+            )),
+            "{short}: {stderr}"
+        );
+        assert!(
+            dir_entries(dir.path()).is_empty(),
+            "{short}: the command ran"
+        );
+    }
+    for zero in ["0", "0.000s", "0ns"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let args = with_marker(
+            &[
+                "run".into(),
+                "-q".into(),
+                "--pressure-timeout".into(),
+                zero.into(),
+            ],
+            dir.path(),
+        );
+        let (_, status, _, stderr) = memtrail(&args, b"");
+        assert_eq!(status.code(), Some(0), "{zero}: {stderr}");
+        assert_eq!(dir_entries(dir.path()), ["marker"], "{zero}");
+    }
+}

@@ -299,3 +299,120 @@ fn report_closed_stdout() {
          No space left on device (os error 28)\n"
     );
 }
+
+/// Check that a profile missing any field, `null`able ones included, is
+/// invalid (exit 65, naming the field), as `memtrail report --help` says
+/// (issue 11: a profile without `stacks`, `pressure` or `exit.code` was
+/// reported on).
+#[test]
+fn report_missing_fields_exit_65() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["stacks"], "stacks"),
+        (&["pressure"], "pressure"),
+        (&["exit", "code"], "code"),
+        (&["exit", "signal"], "signal"),
+        (&["lost_events", "attach"], "attach"),
+        (&["processes", "0", "exit_code"], "exit_code"),
+        (&["processes", "0", "end_ns"], "end_ns"),
+        (&["stacks", "0", "frames", "0", "file"], "file"),
+        (&["stacks", "0", "frames", "0", "module"], "module"),
+        (&["stacks", "0", "frames", "0", "inlined"], "inlined"),
+    ];
+    for (at, field) in cases {
+        let mut doc = sites();
+        let (last, parents) = at.split_last().expect("a path");
+        let mut v = &mut doc;
+        for key in parents {
+            v = match key.parse::<usize>() {
+                Ok(i) => &mut v[i],
+                Err(_) => &mut v[*key],
+            };
+        }
+        assert!(
+            v.as_object_mut().expect("object").remove(*last).is_some(),
+            "{at:?} not in the fixture"
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let profile = write_profile(dir.path(), &doc);
+        let run = memtrail(&["report".as_ref(), profile.as_os_str()]);
+        run.expect_code(65);
+        let expected = format!(
+            "memtrail: error: {} is not a valid memtrail profile: missing field `{field}`",
+            profile.display()
+        );
+        assert!(
+            run.stderr.starts_with(&expected),
+            "{at:?}: {:?} does not start with {expected:?}",
+            run.stderr
+        );
+        assert!(run.stdout.is_empty(), "{at:?}");
+    }
+}
+
+/// Check that a profile path that is not a regular file (a FIFO, which is
+/// not waited on, or a device like /dev/zero, which is not read) or a file
+/// larger than the 1 GiB cap is unreadable (exit 66) and writes nothing
+/// (issue 11: `report FIFO` blocked and `report /dev/zero` grew to 3.8 GB).
+#[test]
+fn report_special_files_exit_66() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    // Sparse: takes no disk.
+    let big = dir.path().join("big.json");
+    File::create(&big)
+        .and_then(|f| f.set_len((1 << 30) + 1))
+        .expect("create a sparse file");
+    let out = dir.path().join("report.txt");
+    for (profile, why) in [
+        (fifo.as_path(), "not a regular file (a FIFO)"),
+        (big.as_path(), "larger than the 1 GiB a profile may have"),
+        (
+            Path::new("/dev/zero"),
+            "not a regular file (a character device)",
+        ),
+    ] {
+        let mut child = Command::new(MEMTRAIL)
+            .args([
+                "report".as_ref(),
+                profile.as_os_str(),
+                "-o".as_ref(),
+                out.as_os_str(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn memtrail");
+        // A bound on failure, not a timing assumption: memtrail must not
+        // block or read without end.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().expect("try_wait").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{}: memtrail still runs after 60 s", profile.display());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let run = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(
+            run.status.code(),
+            Some(66),
+            "{}: {stderr}",
+            profile.display()
+        );
+        assert_eq!(
+            stderr,
+            format!(
+                "memtrail: error: cannot read the profile {}: {why}\n",
+                profile.display()
+            )
+        );
+        assert!(run.stdout.is_empty());
+        assert_eq!(dir_entries(dir.path()), ["big.json", "fifo"]);
+    }
+}

@@ -33,8 +33,8 @@ use crate::proctree::cgroup::TreeCgroup;
 use crate::proctree::stops::Stops;
 use crate::proctree::{self, CommandSpec, SpawnError};
 use crate::report::{
-    Aggregator, AtomicOutput, EventWriter, ExitInfo, LostEvents, OutputError, Profile, StackEntry,
-    StackMetrics,
+    Aggregator, EventWriter, ExitInfo, LostEvents, OutputError, OutputFile, Profile,
+    SameOutputError, StackEntry, StackMetrics,
 };
 use crate::ring::{RingConsumer, RingError};
 use crate::skel::memtrail::{MemtrailSkel, MemtrailSkelBuilder};
@@ -124,6 +124,13 @@ pub enum CaptureError {
     Spawn(#[from] SpawnError),
     #[error(transparent)]
     Output(#[from] OutputError),
+    #[error(transparent)]
+    SameOutput(#[from] SameOutputError),
+    #[error(
+        "{} received before the command started: nothing was run and no output written",
+        sys::signals::name(*.0)
+    )]
+    Interrupted(i32),
     #[error("memtrail needs {0}: run it as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)")]
     Privileges(&'static str),
     #[error("this kernel lacks {feature}: {hint}")]
@@ -218,17 +225,15 @@ fn check_environment() -> Result<(), CaptureError> {
 /// Runs one capture.
 pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     // Everything that can fail on bad input fails before the command runs.
+    sys::signals::catch()?;
     let spec = CommandSpec::new(opts.command.clone())?;
-    let output = opts
-        .output
-        .as_deref()
-        .map(AtomicOutput::create)
-        .transpose()?;
-    let events = opts
-        .events
-        .as_deref()
-        .map(AtomicOutput::create)
-        .transpose()?;
+    let outputs: Vec<_> = [("--output", &opts.output), ("--events", &opts.events)]
+        .into_iter()
+        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+        .collect();
+    crate::report::check_distinct(&outputs)?;
+    let output = opts.output.as_deref().map(OutputFile::create).transpose()?;
+    let events = opts.events.as_deref().map(OutputFile::create).transpose()?;
     for size in [opts.ring_size, opts.stack_ring_size] {
         if !size.is_power_of_two() || size < rustix::param::page_size() {
             return Err(RingError::BadSize(size).into());
@@ -716,9 +721,24 @@ fn track_tree(
     // memtrail stays alive for Ctrl-C and Ctrl-\: the command decides.
     sys::ignore_signal(libc::SIGINT)?;
     sys::ignore_signal(libc::SIGQUIT)?;
+    // SIGTERM or SIGHUP during the set-up: give up before anything runs.
+    // One that comes from here on is passed on to the command.
+    if let Some(sig) = sys::signals::termination() {
+        return Err(CaptureError::Interrupted(sig));
+    }
     let held = proctree::spawn_held(spec)?;
     let pid = held.pid();
-    sys::forward_termination_to(pid as i32)?;
+    // Until the whole tree is waited for: SIGTERM, SIGHUP, SIGUSR1 and
+    // SIGUSR2 reach the command.
+    let _forward = match sys::signals::Forward::new(pid as i32) {
+        Ok(forward) => forward,
+        Err(err) => {
+            // Dropping `held` closes the go pipe: the child exits unexec'd.
+            drop(held);
+            let _ = proctree::wait_tree(pid);
+            return Err(err.into());
+        }
+    };
     let tracked = skel
         .maps
         .tracked

@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use crate::capture::{self, CaptureError, Options};
 use crate::proctree::SpawnError;
 use crate::render::{self, Format, Metric, ReportError, ReportOptions};
-use crate::report::{AtomicOutput, write_summary};
+use crate::report::{OutputFile, check_distinct, write_summary};
 
 /// Exit codes of memtrail's own failures. Otherwise memtrail exits with the
 /// command's code (128 + N when a signal N killed it).
@@ -46,14 +46,17 @@ pub mod exit {
 const EXIT_CODES_HELP: &str = "\
 Exit status:
   memtrail exits with the command's exit status (128+N if signal N killed it),
-  unless memtrail itself fails:
-    2    bad usage
+  unless memtrail itself fails (or SIGTERM or SIGHUP, N, ended it before the
+  command started: 128+N). SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are passed
+  on to the command once it runs.
+    2    bad usage (also: two outputs naming the same file)
     65   memtrail report: the profile is not a valid memtrail profile
     66   memtrail report: the profile cannot be read
     70   internal failure
     71   events were lost: the capture is incomplete, no report was written
     72   missing privileges or kernel feature
-    73   an output file cannot be written (checked before the command starts;
+    73   an output cannot be written (checked before the command starts; a
+         stream output - a FIFO or a device - can also fail while written;
          for memtrail report, also standard output)
     74   another tracer holds a conflicting uprobe (ref_ctr_offset mismatch)
     75   an executable image the command loaded could not be examined or probed
@@ -66,8 +69,11 @@ Exit status:
     0    the report was written (or standard output was closed early)
     2    bad usage
     65   the profile is not a valid memtrail profile (not JSON, another format
-         or version, a missing or mistyped field)
-    66   the profile cannot be read (missing, not a file, no permission)
+         or version, a missing or mistyped field; every field must be there,
+         null where the schema allows it)
+    66   the profile cannot be read (missing, no permission, not a regular
+         file - a FIFO or a device is refused, not read - or larger than
+         the 1 GiB a profile may have)
     73   the report cannot be written (--output or standard output)";
 
 /// Track every heap allocation of a command's whole process tree with eBPF.
@@ -96,12 +102,17 @@ pub enum Command {
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Write the profile (JSON, schema in docs/profile.md) to PATH. The file
-    /// appears only when the capture succeeded.
+    /// Write the profile (JSON, schema in docs/profile.md) to PATH. A
+    /// regular file (or a new one) appears whole, only when the capture
+    /// succeeded, and a symlink's target is replaced, not the link; `-`
+    /// (stdout), a FIFO (with a reader) or a character device is written as
+    /// a stream; anything else is refused before the command starts.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
 
-    /// Stream every event to PATH, one JSON object a line.
+    /// Stream every event to PATH, one JSON object a line. PATH is written
+    /// like --output's (a FIFO or `-` gets the events as they come); no two
+    /// outputs may name the same file.
     #[arg(long, value_name = "PATH")]
     pub events: Option<PathBuf>,
 
@@ -118,9 +129,11 @@ pub struct RunArgs {
 
     /// What to do when a ring fills past the watermark. `0` (default): no
     /// pausing; lost events are detected and fail the capture (exit 71). A
-    /// duration (`250ms`, `2s`, `1m`): pause the tree until the rings drain,
-    /// and if an episode takes longer, kill the tree and fail (exit 76).
-    /// `inf`: pause as long as draining takes.
+    /// duration (`250ms`, `2s`, `1m`; units ns, us, ms, s, m) from 1ms to a
+    /// day: pause the tree until the rings drain, and if an episode takes
+    /// longer, kill the tree and fail (exit 76); a nonzero duration below
+    /// 1ms is rejected, never rounded to 0. `inf`: pause as long as
+    /// draining takes.
     #[arg(
         long,
         value_name = "TIMEOUT",
@@ -155,7 +168,8 @@ pub struct RunArgs {
     pub report: Option<Format>,
 
     /// Write the --report report to PATH. Like --output, it is checked before
-    /// the command starts and appears only when the capture succeeded.
+    /// the command starts, and a file appears only when the capture
+    /// succeeded.
     #[arg(
         long,
         value_name = "PATH",
@@ -201,8 +215,10 @@ pub struct ReportArgs {
     #[arg(short = 'n', long, value_name = "N")]
     pub top: Option<usize>,
 
-    /// Write the report to PATH instead of stdout. The file appears whole,
-    /// only when the report was written.
+    /// Write the report to PATH instead of stdout (`-`). A regular file
+    /// appears whole, only when the report was written (a symlink's target
+    /// is replaced, not the link); a FIFO or a character device is written
+    /// as a stream.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
 }
@@ -244,6 +260,9 @@ pub fn exit_code(err: &CaptureError) -> i32 {
             _ => exit::INTERNAL,
         },
         CaptureError::Output(_) | CaptureError::EventStream(_) => exit::OUTPUT,
+        CaptureError::SameOutput(_) => exit::USAGE,
+        // As if the signal had ended memtrail, which it would have.
+        CaptureError::Interrupted(sig) => 128 + sig,
         CaptureError::Privileges(_)
         | CaptureError::KernelFeature { .. }
         | CaptureError::Load(_) => exit::UNSUPPORTED,
@@ -280,8 +299,9 @@ pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportErr
         by: args.by,
         top: args.top,
     };
-    match args.output {
-        Some(path) => render::write_report_file(&profile, &opts, AtomicOutput::create(&path)?)?,
+    match args.output.filter(|p| p.as_os_str() != "-") {
+        Some(path) => render::write_report_file(&profile, &opts, OutputFile::create(&path)?)?,
+        // `-o -` is stdout: a closed pipe is then no failure either.
         None => {
             let mut w = BufWriter::new(stdout);
             render::write_report(&profile, &opts, &mut w)
@@ -294,6 +314,18 @@ pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportErr
 
 /// Runs `memtrail run`; returns the process exit code.
 pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> {
+    // Before any output is opened: SIGTERM and the like must not end
+    // memtrail halfway (see sys::signals).
+    crate::sys::signals::catch()?;
+    let outputs: Vec<_> = [
+        ("--output", &args.output),
+        ("--events", &args.events),
+        ("--report-output", &args.report_output),
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+    .collect();
+    check_distinct(&outputs)?;
     let opts = Options {
         command: args.command,
         output: args.output,
@@ -309,9 +341,12 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     let report_output = args
         .report_output
         .as_deref()
-        .map(AtomicOutput::create)
+        .map(OutputFile::create)
         .transpose()?;
-    let outcome = capture::run(&opts)?;
+    let outcome = capture::run(&opts);
+    // Even with --quiet: what memtrail did with a signal is not the summary.
+    let _ = write_signal_notes(stderr);
+    let outcome = outcome?;
     if !args.quiet {
         // A closed stderr must not turn a good capture into a failure.
         let _ = write_summary(stderr, &outcome.profile);
@@ -334,6 +369,30 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         }
     }
     Ok(outcome.exit_code)
+}
+
+/// Says what became of SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to
+/// memtrail (SIGTERM or SIGHUP before the command started is the capture's
+/// error instead).
+fn write_signal_notes(w: &mut impl Write) -> io::Result<()> {
+    use crate::sys::signals::{self, Fate};
+    for (sig, fate) in signals::notes() {
+        let name = signals::name(sig);
+        match fate {
+            Fate::Sent => writeln!(w, "memtrail: received {name}: passed it on to the command")?,
+            Fate::Late => writeln!(
+                w,
+                "memtrail: received {name} after the command exited: nothing to pass it on to"
+            )?,
+            // The capture's error says it.
+            Fate::Early if matches!(sig, libc::SIGTERM | libc::SIGHUP) => {}
+            Fate::Early => writeln!(
+                w,
+                "memtrail: received {name} before the command started: ignored it"
+            )?,
+        }
+    }
+    Ok(())
 }
 
 /// Re-export so `main` can use the default.

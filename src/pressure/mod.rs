@@ -69,27 +69,47 @@ impl PressureTimeout {
     }
 }
 
+/// The shortest finite timeout: a pause (a wakeup, a freeze, a drain) takes
+/// tens to hundreds of microseconds, so a shorter bound could not be kept.
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// The longest finite timeout: anything longer is `inf` in all but name.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+
 /// Why a timeout was rejected.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error(
-    "invalid pressure timeout `{0}`: use 0 (no pausing), a duration such as 250ms, 2s or \
-     1m, or inf"
-)]
-pub struct ParseTimeoutError(pub String);
+pub enum ParseTimeoutError {
+    #[error(
+        "invalid pressure timeout `{0}`: use 0 (no pausing), a duration such as 250ms, 2s or \
+         1m, or inf"
+    )]
+    Invalid(String),
+    #[error(
+        "pressure timeout `{0}` is shorter than the {MIN_TIMEOUT:?} memtrail can keep: use at \
+         least 1ms, or 0 for no pausing"
+    )]
+    TooShort(String),
+    #[error("pressure timeout `{0}` is longer than a day: use inf to wait as long as it takes")]
+    TooLong(String),
+}
 
 impl FromStr for PressureTimeout {
     type Err = ParseTimeoutError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || ParseTimeoutError(s.to_owned());
+        let err = || ParseTimeoutError::Invalid(s.to_owned());
         if s == "inf" {
             return Ok(Self::Infinite);
         }
         if s == "0" {
             return Ok(Self::Off);
         }
-        let (number, unit_ns) = if let Some(n) = s.strip_suffix("ms") {
-            (n, 1_000_000u128)
+        let (number, unit_ns) = if let Some(n) = s.strip_suffix("ns") {
+            (n, 1u128)
+        } else if let Some(n) = s.strip_suffix("us").or_else(|| s.strip_suffix("µs")) {
+            (n, 1_000)
+        } else if let Some(n) = s.strip_suffix("ms") {
+            (n, 1_000_000)
         } else if let Some(n) = s.strip_suffix('s') {
             (n, 1_000_000_000)
         } else if let Some(n) = s.strip_suffix('m') {
@@ -111,17 +131,22 @@ impl FromStr for PressureTimeout {
         let mut ns = int.checked_mul(unit_ns).ok_or_else(err)?;
         let mut scale = unit_ns;
         for digit in frac.bytes() {
+            // Digits past a nanosecond add nothing (they only matter to
+            // tell zero from nonzero, below).
             scale /= 10;
-            ns = ns
-                .checked_add(u128::from(digit - b'0') * scale)
-                .ok_or_else(err)?;
+            ns += u128::from(digit - b'0') * scale;
         }
-        // At most a day: anything longer is `inf` in all but name.
-        if ns > 86_400 * 1_000_000_000 {
-            return Err(err());
-        }
-        if ns == 0 {
+        // One rule: zero, in any unit and with any number of zero digits,
+        // is off; any other duration must be one the coordinator can keep.
+        // Nothing is rounded: `0.0000000001s` is not 0.
+        if number.bytes().all(|c| c == b'0' || c == b'.') {
             return Ok(Self::Off);
+        }
+        if ns < MIN_TIMEOUT.as_nanos() {
+            return Err(ParseTimeoutError::TooShort(s.to_owned()));
+        }
+        if ns > MAX_TIMEOUT.as_nanos() {
+            return Err(ParseTimeoutError::TooLong(s.to_owned()));
         }
         Ok(Self::After(Duration::from_nanos(ns as u64)))
     }
@@ -542,6 +567,42 @@ mod tests {
         assert_eq!(
             ok("1.5s"),
             PressureTimeout::After(Duration::from_millis(1500))
+        );
+        assert_eq!(ok("0.000ms"), PressureTimeout::Off);
+        assert_eq!(ok("0ns"), PressureTimeout::Off);
+        assert_eq!(ok("1ms"), PressureTimeout::After(MIN_TIMEOUT));
+        assert_eq!(ok("1000us"), PressureTimeout::After(MIN_TIMEOUT));
+        assert_eq!(ok("1000000ns"), PressureTimeout::After(MIN_TIMEOUT));
+        assert_eq!(ok("0.001s"), PressureTimeout::After(MIN_TIMEOUT));
+        assert_eq!(ok("1440m"), PressureTimeout::After(MAX_TIMEOUT));
+    }
+
+    /// Check that a nonzero timeout below the 1 ms minimum is rejected as
+    /// too short, whatever its unit and however many digits it has, rather
+    /// than rounded to 0 (off) (issue 11: `0.0000000001s` became 0 while
+    /// `1us` was rejected as malformed).
+    #[test]
+    fn pressure_timeout_below_minimum_rejected() {
+        for short in [
+            "0.0000000001s",
+            "0.00000000000000000000000000000000000001s",
+            "1us",
+            "1µs",
+            "999us",
+            "999999ns",
+            "1ns",
+            "0.5ms",
+            "0.000999s",
+        ] {
+            assert_eq!(
+                short.parse::<PressureTimeout>(),
+                Err(ParseTimeoutError::TooShort(short.to_owned())),
+                "{short:?}"
+            );
+        }
+        assert_eq!(
+            "1441m".parse::<PressureTimeout>(),
+            Err(ParseTimeoutError::TooLong("1441m".to_owned()))
         );
     }
 

@@ -10,8 +10,8 @@
 //! --report` renders the profile it just built.
 //!
 //! Ownership: renderers write into a writer the caller owns and never close
-//! it; files go through [`AtomicOutput`], so a report file appears whole or
-//! not at all.
+//! it; files go through [`OutputFile`], so a report file appears whole or
+//! not at all (a FIFO or a device gets it as a stream).
 //!
 //! Site frames are innermost first (as in the profile's `stacks`);
 //! folded stacks and flamegraphs reverse them (outermost caller first),
@@ -30,7 +30,7 @@ use std::path::PathBuf;
 
 pub use load::load_profile;
 
-use crate::report::{AtomicOutput, OutputError, Profile};
+use crate::report::{OutputError, OutputFile, Profile};
 
 /// The sites a text report shows when `--top` is not given.
 pub const DEFAULT_TEXT_TOP: usize = 10;
@@ -185,7 +185,7 @@ pub fn write_report(profile: &Profile, opts: &ReportOptions, w: &mut dyn Write) 
 pub fn write_report_file(
     profile: &Profile,
     opts: &ReportOptions,
-    out: AtomicOutput,
+    out: OutputFile,
 ) -> Result<(), OutputError> {
     let err = |source| OutputError {
         path: out.path().to_owned(),

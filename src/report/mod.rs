@@ -24,7 +24,7 @@ mod summary;
 
 use std::collections::{BTreeMap, HashMap};
 
-pub use output::{AtomicOutput, OutputError};
+pub use output::{OutputError, OutputFile, SameOutputError, check_distinct};
 pub use profile::{
     ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION, Profile, StackEntry,
     StackMetrics, wait_status_code, write_profile,

@@ -1,87 +1,420 @@
-//! Output files that appear whole or not at all.
+//! Output paths: written whole or not at all where they name a file,
+//! written as a stream where they do not.
 //!
-//! The temporary file is created next to the destination when the capture
-//! starts, so an unwritable path fails before the command runs; it is renamed
-//! into place only when the capture succeeded, and removed otherwise.
+//! [`OutputFile::create`] decides how a path is written, and opens it, before
+//! the command starts, so an output that cannot be written fails first:
+//! - `-`: standard output, as a stream.
+//! - a FIFO or a character device (symlinks followed): opened for writing
+//!   and written as a stream. Whole-or-nothing cannot hold for a stream (the
+//!   event stream is written while the capture runs). A FIFO that no process
+//!   has open for reading is refused rather than waited for.
+//! - a regular file, or a path that names nothing yet: written whole or not
+//!   at all. A symlink is followed to the file it names (a dangling one to
+//!   the file it would name) and that file is replaced; the link stays. The
+//!   data goes into an unnamed file (`O_TMPFILE`) in that file's directory,
+//!   which [`OutputFile::commit`] links into place (`linkat`; over an
+//!   existing file, linked under a temporary name `.NAME.XXXX.tmp` and
+//!   renamed over it). Until the commit the data has no name, so however
+//!   memtrail ends, SIGKILL included, no temporary file is left behind; only
+//!   the replacement of an existing file names it, for the two system calls
+//!   between the link and the rename. Where the directory's filesystem has
+//!   no `O_TMPFILE` (vfat, exFAT, NFS, some FUSE filesystems), a named
+//!   temporary file `.NAME.XXXX.tmp` is created instead: it is removed on
+//!   every way memtrail ends except SIGKILL.
+//! - anything else (a directory, a block device, a socket) is refused.
+//!
+//! [`check_distinct`] refuses two outputs naming the same file: the same
+//! inode, or the same directory entry yet to be created, whatever the paths.
 
-use std::fs::File;
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::io::Errno;
 use tempfile::NamedTempFile;
+
+/// Symlinks followed when resolving a dangling one, as the kernel's limit.
+const MAX_SYMLINKS: usize = 40;
+
+/// How a path is shown in messages: `-` is standard output.
+fn shown(path: &Path) -> String {
+    if is_stdout(path) {
+        "standard output".to_owned()
+    } else {
+        path.display().to_string()
+    }
+}
+
+fn is_stdout(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
 
 /// Errors creating or committing an output file.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot write {}", path.display())]
+#[error("cannot write {}", shown(path))]
 pub struct OutputError {
     pub path: PathBuf,
     #[source]
     pub source: io::Error,
 }
 
-/// A file written under a temporary name and renamed into place.
+/// Two outputs name the same file.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{first} and {second} name the same file ({}): give each output its own",
+    shown(path)
+)]
+pub struct SameOutputError {
+    pub first: &'static str,
+    pub second: &'static str,
+    pub path: PathBuf,
+}
+
+/// What an output path names, decided before anything is opened.
+enum Target {
+    /// `-`.
+    Stdout,
+    /// A FIFO or a character device, opened through the path as given.
+    Stream,
+    /// A regular file to replace, or one to create: its directory and name
+    /// once symlinks are followed, and its (device, inode) if it exists.
+    File {
+        dir: PathBuf,
+        name: OsString,
+        existing: Option<(u64, u64)>,
+    },
+}
+
+/// What makes two outputs the same file.
+#[derive(Debug, PartialEq, Eq)]
+enum Identity {
+    Inode(u64, u64),
+    /// A file yet to be created: its directory's (device, inode) and name.
+    Entry(u64, u64, OsString),
+}
+
+fn refused(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "it is {what}; memtrail writes regular files, FIFOs, character devices and - (standard output)"
+        ),
+    )
+}
+
+/// Splits a file path into its directory (`.` when it has none) and name.
+fn split(path: &Path) -> io::Result<(PathBuf, OsString)> {
+    let not_a_name = || io::Error::new(io::ErrorKind::InvalidInput, "not a file name");
+    // `Path` drops a trailing slash; the user meant a directory.
+    if path.as_os_str().as_bytes().ends_with(b"/") {
+        return Err(not_a_name());
+    }
+    let name = path.file_name().ok_or_else(not_a_name)?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    Ok((dir, name.to_owned()))
+}
+
+/// Follows a chain of symlinks that ends at nothing; returns the path the
+/// last link names (the file to create).
+fn follow_dangling(path: &Path) -> io::Result<PathBuf> {
+    let mut p = path.to_owned();
+    for _ in 0..MAX_SYMLINKS {
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let link = fs::read_link(&p)?;
+                p = match p.parent() {
+                    Some(dir) if link.is_relative() => dir.join(link),
+                    _ => link,
+                };
+            }
+            Ok(_) => return Ok(p),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(p),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::ELOOP))
+}
+
+fn resolve(path: &Path) -> io::Result<Target> {
+    if is_stdout(path) {
+        return Ok(Target::Stdout);
+    }
+    match fs::metadata(path) {
+        Ok(meta) => {
+            let ft = meta.file_type();
+            if ft.is_file() {
+                let (dir, name) = split(&fs::canonicalize(path)?)?;
+                Ok(Target::File {
+                    dir,
+                    name,
+                    existing: Some((meta.dev(), meta.ino())),
+                })
+            } else if ft.is_fifo() || ft.is_char_device() {
+                Ok(Target::Stream)
+            } else if ft.is_dir() {
+                Err(io::Error::new(
+                    io::ErrorKind::IsADirectory,
+                    "is a directory",
+                ))
+            } else if ft.is_block_device() {
+                Err(refused("a block device"))
+            } else {
+                Err(refused("a socket"))
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let (dir, name) = split(&follow_dangling(path)?)?;
+            Ok(Target::File {
+                dir,
+                name,
+                existing: None,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The identity of what `path` names, if it can be found (a path that
+/// cannot be resolved fails later, when it is created).
+fn identity(path: &Path) -> Option<Identity> {
+    let inode = |m: fs::Metadata| Identity::Inode(m.dev(), m.ino());
+    match resolve(path).ok()? {
+        Target::Stdout => {
+            let stat = rustix::fs::fstat(io::stdout()).ok()?;
+            Some(Identity::Inode(stat.st_dev, stat.st_ino))
+        }
+        Target::Stream => fs::metadata(path).ok().map(inode),
+        Target::File {
+            existing: Some((dev, ino)),
+            ..
+        } => Some(Identity::Inode(dev, ino)),
+        Target::File {
+            dir,
+            name,
+            existing: None,
+        } => {
+            let m = fs::metadata(dir).ok()?;
+            Some(Identity::Entry(m.dev(), m.ino(), name))
+        }
+    }
+}
+
+/// Refuses two outputs, named by their flags, that are the same file.
+pub fn check_distinct(outputs: &[(&'static str, &Path)]) -> Result<(), SameOutputError> {
+    let ids: Vec<_> = outputs
+        .iter()
+        .map(|&(flag, path)| (flag, path, identity(path)))
+        .collect();
+    for (i, (first, _, a)) in ids.iter().enumerate() {
+        for (second, path, b) in &ids[i + 1..] {
+            if a.is_some() && a == b {
+                return Err(SameOutputError {
+                    first,
+                    second,
+                    path: path.to_path_buf(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How the data reaches its destination.
 #[derive(Debug)]
-pub struct AtomicOutput {
-    tmp: NamedTempFile,
+enum Kind {
+    /// An unnamed file in `dir`, linked in as `name` on commit.
+    Unnamed {
+        file: File,
+        dir: OwnedFd,
+        name: OsString,
+    },
+    /// A named temporary file renamed to `target` on commit (filesystems
+    /// without O_TMPFILE).
+    Named { tmp: NamedTempFile, target: PathBuf },
+    /// Written in place: standard output, a FIFO, a character device.
+    Stream(File),
+}
+
+/// An output, opened before the command starts (see the module docs).
+#[derive(Debug)]
+pub struct OutputFile {
+    kind: Kind,
     path: PathBuf,
 }
 
-impl AtomicOutput {
-    /// Creates the temporary file beside `path`.
+impl OutputFile {
+    /// Resolves `path` and opens what will receive the data.
     pub fn create(path: &Path) -> Result<Self, OutputError> {
         let err = |source| OutputError {
             path: path.to_owned(),
             source,
         };
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
+        let kind = match resolve(path).map_err(err)? {
+            Target::Stdout => {
+                let fd =
+                    rustix::io::fcntl_dupfd_cloexec(io::stdout(), 0).map_err(|e| err(e.into()))?;
+                Kind::Stream(File::from(fd))
+            }
+            Target::Stream => Kind::Stream(open_stream(path).map_err(err)?),
+            Target::File { dir, name, .. } => open_file(&dir, name).map_err(err)?,
         };
-        let name = path.file_name().ok_or_else(|| {
-            err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "not a file name",
-            ))
-        })?;
-        if path.is_dir() {
-            return Err(err(io::Error::new(
-                io::ErrorKind::IsADirectory,
-                "is a directory",
-            )));
-        }
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!(".{}.", name.to_string_lossy()))
-            .suffix(".tmp")
-            // Like any file a program writes (tempfile's default is 0600);
-            // the umask still applies.
-            .permissions(std::fs::Permissions::from_mode(0o644))
-            .tempfile_in(dir)
-            .map_err(err)?;
         Ok(Self {
-            tmp,
+            kind,
             path: path.to_owned(),
         })
     }
 
+    /// The path as given.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// The temporary file, to write into.
+    /// The file to write into.
     pub fn file(&self) -> &File {
-        self.tmp.as_file()
+        match &self.kind {
+            Kind::Unnamed { file, .. } | Kind::Stream(file) => file,
+            Kind::Named { tmp, .. } => tmp.as_file(),
+        }
     }
 
-    /// Flushes to disk and renames into place.
+    /// Puts a file in place, flushed to disk; a stream is already written.
     pub fn commit(self) -> Result<(), OutputError> {
         let path = self.path;
         let err = |source| OutputError {
             path: path.clone(),
             source,
         };
-        self.tmp.as_file().sync_all().map_err(err)?;
-        self.tmp.persist(&path).map_err(|e| err(e.error))?;
-        Ok(())
+        match self.kind {
+            Kind::Stream(_) => Ok(()),
+            Kind::Named { tmp, target } => {
+                tmp.as_file().sync_all().map_err(err)?;
+                tmp.persist(&target).map_err(|e| err(e.error))?;
+                Ok(())
+            }
+            Kind::Unnamed { file, dir, name } => {
+                file.sync_all().map_err(err)?;
+                link_into_place(&file, &dir, &name).map_err(err)
+            }
+        }
+    }
+}
+
+/// Opens a FIFO or a character device for writing, without blocking on a
+/// FIFO that has no reader.
+fn open_stream(path: &Path) -> io::Result<File> {
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENXIO) => io::Error::new(
+                e.kind(),
+                "no process has the FIFO open for reading (start the reader first)",
+            ),
+            _ => e,
+        })?;
+    // The path may have changed since it was resolved.
+    let ft = file.metadata()?.file_type();
+    if !(ft.is_fifo() || ft.is_char_device()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "changed while it was opened",
+        ));
+    }
+    // Writes block as usual once open.
+    let flags = rustix::fs::fcntl_getfl(&file)?;
+    rustix::fs::fcntl_setfl(&file, flags - OFlags::NONBLOCK)?;
+    Ok(file)
+}
+
+/// Creates the unnamed file in `dir`, or a named temporary one where the
+/// filesystem has no O_TMPFILE.
+fn open_file(dir: &Path, name: OsString) -> io::Result<Kind> {
+    let dir_fd = rustix::fs::open(
+        dir,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    // Like any file a program writes; the umask still applies.
+    let mode = Mode::from_raw_mode(0o644);
+    match rustix::fs::openat(
+        &dir_fd,
+        ".",
+        OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
+        mode,
+    ) {
+        Ok(fd) => Ok(Kind::Unnamed {
+            file: File::from(fd),
+            dir: dir_fd,
+            name,
+        }),
+        // EOPNOTSUPP: the filesystem lacks O_TMPFILE; EISDIR: the kernel
+        // does (it then sees only O_DIRECTORY).
+        Err(Errno::OPNOTSUPP | Errno::ISDIR) => {
+            tracing::debug!(dir = %dir.display(), "no O_TMPFILE here: a named temporary file");
+            let tmp = tempfile::Builder::new()
+                .prefix(&format!(".{}.", name.to_string_lossy()))
+                .suffix(".tmp")
+                .permissions(fs::Permissions::from_mode(0o644))
+                .tempfile_in(dir)?;
+            Ok(Kind::Named {
+                tmp,
+                target: dir.join(name),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Gives the unnamed `file` the name `name` in `dir`, replacing what has
+/// that name.
+fn link_into_place(file: &File, dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
+    match link_unnamed(file, dir, name) {
+        Err(Errno::EXIST) => {}
+        other => return other.map_err(Into::into),
+    }
+    // linkat never replaces: link under a fresh name, rename over.
+    let stamp = crate::sys::monotonic_ns();
+    for attempt in 0..100u32 {
+        let mut tmp = OsString::from(".");
+        tmp.push(name);
+        tmp.push(format!(".{:x}{stamp:x}{attempt:x}.tmp", std::process::id()));
+        match link_unnamed(file, dir, &tmp) {
+            Err(Errno::EXIST) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(()) => {}
+        }
+        if let Err(e) = rustix::fs::renameat(dir, &tmp, dir, name) {
+            let _ = rustix::fs::unlinkat(dir, &tmp, AtFlags::empty());
+            return Err(e.into());
+        }
+        return Ok(());
+    }
+    Err(io::Error::from_raw_os_error(libc::EEXIST))
+}
+
+/// linkat of an O_TMPFILE file: through /proc/self/fd (any user), or with
+/// AT_EMPTY_PATH where /proc is not mounted (needs CAP_DAC_READ_SEARCH).
+fn link_unnamed(file: &File, dir: &OwnedFd, name: &OsStr) -> rustix::io::Result<()> {
+    let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    match rustix::fs::linkat(
+        rustix::fs::CWD,
+        &proc_path,
+        dir,
+        name,
+        AtFlags::SYMLINK_FOLLOW,
+    ) {
+        Err(Errno::NOENT) if !Path::new("/proc/self/fd").exists() => {
+            rustix::fs::linkat(file.as_fd(), "", dir, name, AtFlags::EMPTY_PATH)
+        }
+        other => other,
     }
 }

@@ -4,9 +4,20 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 
-use super::output::{AtomicOutput, OutputError};
+use super::output::{OutputError, OutputFile};
 use super::{Aggregator, HeapCounters, MapCounters};
 use crate::attach::Site;
+
+/// A field that may be `null` but must be there: serde would otherwise
+/// take a missing `Option` field for `None`, and `memtrail report` promises
+/// that a missing field is an invalid profile.
+fn required<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d)
+}
 
 /// Bumped on any incompatible change of the document.
 pub const PROFILE_VERSION: u32 = 1;
@@ -28,10 +39,8 @@ pub struct Profile {
     pub probes: Vec<ProbeEntry>,
     /// Allocation sites: one entry per distinct call stack, with what was
     /// allocated from it. Empty when stacks were not captured.
-    #[serde(default)]
     pub stacks: Vec<StackEntry>,
     /// Backpressure episodes and ring fill.
-    #[serde(default)]
     pub pressure: crate::pressure::PressureStats,
 }
 
@@ -55,12 +64,15 @@ pub struct Frame {
     /// The instruction address in the process.
     pub addr: u64,
     /// The file the address belongs to.
+    #[serde(deserialize_with = "required")]
     pub module: Option<String>,
     /// Demangled function name.
+    #[serde(deserialize_with = "required")]
     pub function: Option<String>,
+    #[serde(deserialize_with = "required")]
     pub file: Option<String>,
+    #[serde(deserialize_with = "required")]
     pub line: Option<u32>,
-    #[serde(default)]
     pub inlined: bool,
 }
 
@@ -81,7 +93,9 @@ pub struct StackMetrics {
 /// How the command ended: an exit code, or the signal that killed it.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct ExitInfo {
+    #[serde(deserialize_with = "required")]
     pub code: Option<i32>,
+    #[serde(deserialize_with = "required")]
     pub signal: Option<i32>,
 }
 
@@ -91,8 +105,10 @@ pub struct ProcessEntry {
     pub ppid: u32,
     pub exe: String,
     /// Exit code (or 128 + signal), when the process was seen to exit.
+    #[serde(deserialize_with = "required")]
     pub exit_code: Option<i32>,
     pub start_ns: u64,
+    #[serde(deserialize_with = "required")]
     pub end_ns: Option<u64>,
     #[serde(flatten)]
     pub heap: HeapCounters,
@@ -106,13 +122,10 @@ pub struct LostEvents {
     /// Processes or calls that could not be tracked (a BPF map was full).
     pub tracking: u64,
     /// Records the stack ring could not take.
-    #[serde(default)]
     pub stacks: u64,
     /// Records the mappings ring could not take.
-    #[serde(default)]
     pub mappings: u64,
     /// Attach requests the attach ring could not take.
-    #[serde(default)]
     pub attach: u64,
 }
 
@@ -226,7 +239,7 @@ impl Profile {
 }
 
 /// Writes the profile and renames it into place.
-pub fn write_profile(profile: &Profile, out: AtomicOutput) -> Result<(), OutputError> {
+pub fn write_profile(profile: &Profile, out: OutputFile) -> Result<(), OutputError> {
     let err = |source| OutputError {
         path: out.path().to_owned(),
         source,

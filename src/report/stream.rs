@@ -8,16 +8,16 @@ use std::io::{self, BufWriter, Write};
 
 use crate::record::{Body, Kind, Mem, Record};
 
-use super::output::AtomicOutput;
+use super::output::OutputFile;
 
-/// Writes records as JSON lines into an [`AtomicOutput`].
+/// Writes records as JSON lines into an [`OutputFile`].
 pub struct EventWriter {
     out: BufWriter<File>,
-    file: AtomicOutput,
+    file: OutputFile,
 }
 
 impl EventWriter {
-    pub fn new(file: AtomicOutput) -> io::Result<Self> {
+    pub fn new(file: OutputFile) -> io::Result<Self> {
         let out = BufWriter::with_capacity(1 << 20, file.file().try_clone()?);
         Ok(Self { out, file })
     }

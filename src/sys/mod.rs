@@ -8,6 +8,8 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
+pub mod signals;
+
 /// A failed system call: its name and the OS error.
 #[derive(Debug, thiserror::Error)]
 #[error("{call} failed")]
@@ -207,16 +209,21 @@ pub fn fork_held(plan: &ExecPlan) -> SysResult<HeldChild> {
     let (err_r, err_w) = pipe()?;
     let mut argv: Vec<*const libc::c_char> = plan.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
+    // The child must not run memtrail's handler for the signals it passes
+    // on (its copy of the handler would swallow them): they stay blocked
+    // in the child until its dispositions are the defaults again.
+    let mask = signals::block_forwarded()?;
     // SAFETY: the child only calls async-signal-safe functions (read,
-    // sigaction, setgroups, setgid, setuid, execv, write, _exit) on data
-    // prepared before the fork, then execs or exits.
+    // sigaction, sigprocmask, setgroups, setgid, setuid, execv, write,
+    // _exit) on data prepared before the fork, then execs or exits.
     let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(SysError::last("fork"));
-    }
     if pid == 0 {
         // SAFETY: see above; this branch never returns.
-        unsafe { child_after_fork(plan, &argv, go_r.as_raw_fd(), err_w.as_raw_fd()) }
+        unsafe { child_after_fork(plan, &argv, &mask, go_r.as_raw_fd(), err_w.as_raw_fd()) }
+    }
+    signals::restore_mask(&mask);
+    if pid < 0 {
+        return Err(SysError::last("fork"));
     }
     drop(go_r);
     drop(err_w);
@@ -233,6 +240,7 @@ pub fn fork_held(plan: &ExecPlan) -> SysResult<HeldChild> {
 unsafe fn child_after_fork(
     plan: &ExecPlan,
     argv: &[*const libc::c_char],
+    mask: &libc::sigset_t,
     go: libc::c_int,
     err: libc::c_int,
 ) -> ! {
@@ -254,12 +262,19 @@ unsafe fn child_after_fork(
         // SAFETY: _exit is async-signal-safe.
         unsafe { libc::_exit(127) }
     }
-    // memtrail ignores SIGINT/SIGQUIT; the command gets the defaults back.
-    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGPIPE] {
+    // memtrail ignores SIGINT/SIGQUIT (and Rust SIGPIPE) and catches the
+    // signals it passes on; the command gets the defaults back, then the
+    // signal mask memtrail had (a signal passed on meanwhile is delivered
+    // now, with its default action).
+    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGPIPE]
+        .into_iter()
+        .chain(signals::FORWARDED)
+    {
         // SAFETY: signal() with SIG_DFL is async-signal-safe in practice
         // (a single rt_sigaction call in glibc).
         unsafe { libc::signal(sig, libc::SIG_DFL) };
     }
+    signals::restore_mask(mask);
     if let Some(creds) = &plan.creds {
         // SAFETY: plain syscalls on prepared data.
         unsafe {
@@ -382,37 +397,6 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: `ts` is a valid out pointer; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// The process SIGTERM and SIGHUP are passed on to (0: none).
-static FORWARD_TO: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-extern "C" fn forward_signal(sig: libc::c_int) {
-    let pid = FORWARD_TO.load(std::sync::atomic::Ordering::Relaxed);
-    if pid > 0 {
-        // SAFETY: kill is async-signal-safe.
-        unsafe { libc::kill(pid, sig) };
-    }
-}
-
-/// Passes SIGTERM and SIGHUP sent to memtrail on to `pid`, so that
-/// `kill memtrail` ends the command and memtrail still writes its report.
-pub fn forward_termination_to(pid: i32) -> SysResult<()> {
-    FORWARD_TO.store(pid, std::sync::atomic::Ordering::Relaxed);
-    for sig in [libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: a zeroed sigaction with a handler that only makes
-        // async-signal-safe calls; SA_RESTART keeps waitpid going.
-        unsafe {
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = forward_signal as *const () as usize;
-            act.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut act.sa_mask);
-            if libc::sigaction(sig, &act, std::ptr::null_mut()) != 0 {
-                return Err(SysError::last("sigaction"));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Attaches the BPF program `prog` to `offsets` of the file at `path` in
