@@ -253,6 +253,56 @@ struct {
  * all threads but one keep their state in task storage. */
 const volatile __u32 thread_slot_mask = MT_THREAD_SLOTS - 1;
 
+/*
+ * PID namespaces. Every pid or tid userspace sees (record headers, fork
+ * children, the tracked and hard_stops maps) is as memtrail's own PID
+ * namespace numbers it, so that memtrail running inside a container (PID 1
+ * of a namespace included) opens pidfds and reads /proc with the ids it
+ * gets. Thread slots stay indexed by the kernel's global tid: they are
+ * internal. In the initial namespace pidns_translate is false and the
+ * verifier drops the translation.
+ */
+const volatile bool pidns_translate = false;
+const volatile __u32 pidns_ino = 0;
+
+/* Namespaces nest at most this deep (MAX_PID_NS_LEVEL). */
+#define MT_PIDNS_LEVELS 33
+
+/* pid's number in memtrail's namespace; 0 when it has none there (a
+ * process outside it, which cannot be in the tracked tree). */
+static __always_inline __u32 pid_in_ns(struct pid *pid)
+{
+	unsigned int level = BPF_CORE_READ(pid, level);
+	struct upid up;
+
+	for (int i = 0; i < MT_PIDNS_LEVELS; i++) {
+		if (i > level)
+			break;
+		if (bpf_core_read(&up, sizeof(up), &pid->numbers[i]))
+			break;
+		if (BPF_CORE_READ(up.ns, ns.inum) == pidns_ino)
+			return up.nr;
+	}
+	return 0;
+}
+
+/* tgid << 32 | tid of task, as memtrail's namespace numbers them. */
+static __always_inline __u64 task_ids(struct task_struct *task)
+{
+	if (!pidns_translate)
+		return (__u64)(__u32)task->tgid << 32 | (__u32)task->pid;
+	return (__u64)pid_in_ns(BPF_CORE_READ(task, group_leader, thread_pid)) << 32 |
+	       pid_in_ns(BPF_CORE_READ(task, thread_pid));
+}
+
+/* current_ids(), as memtrail's namespace numbers them. */
+static __always_inline __u64 current_ids(void)
+{
+	if (!pidns_translate)
+		return bpf_get_current_pid_tgid();
+	return task_ids(bpf_get_current_task_btf());
+}
+
 static __always_inline struct thread_slot *slot_of(__u32 tid)
 {
 	__u32 idx = tid & thread_slot_mask;
@@ -283,7 +333,7 @@ static __always_inline struct inflight *current_call(void)
 	return task_call(task, task->pid);
 }
 
-/* The current thread's state and its ids, as bpf_get_current_pid_tgid()
+/* The current thread's state and its ids, as current_ids()
  * gives them (tgid << 32 | pid), read from the task without a helper call. */
 static __always_inline struct inflight *current_call_ids(__u64 *pid_tgid)
 {
@@ -292,7 +342,7 @@ static __always_inline struct inflight *current_call_ids(__u64 *pid_tgid)
 	struct inflight *cur = task_call(task, tid);
 
 	if (cur)
-		*pid_tgid = (__u64)(__u32)task->tgid << 32 | tid;
+		*pid_tgid = task_ids(task);
 	return cur;
 }
 
@@ -432,7 +482,7 @@ static __always_inline void check_pressure(void *ring, enum mt_ring idx, __u64 w
 		reserve_for = tree_threads * MT_RECORDS_PER_THREAD * ring_record[idx & (MT_RINGS - 1)];
 		if (avail + reserve_for <= ring_capacity[idx & (MT_RINGS - 1)])
 			return;
-		tgid = bpf_get_current_pid_tgid() >> 32;
+		tgid = current_ids() >> 32;
 		if (bpf_map_update_elem(&hard_stops, &tgid, &one, BPF_ANY))
 			__sync_fetch_and_add(&hard_stops_unrecorded, 1);
 	}
@@ -663,7 +713,7 @@ int alloc_enter(struct pt_regs *ctx)
 SEC("uprobe.multi")
 int new_enter(struct pt_regs *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 pid_tgid = current_ids();
 	struct inflight *cur;
 
 	if (!stack_depth)
@@ -752,7 +802,7 @@ static __always_inline __u16 syscall_flags(void)
 
 static __always_inline int stash_args(__u64 a0, __u64 a1, __u64 a2)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 pid_tgid = current_ids();
 	__u32 tid = (__u32)pid_tgid;
 	struct sysargs args = { .args = { a0, a1, a2 } };
 
@@ -868,7 +918,7 @@ static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr)
 SEC("tracepoint/syscalls/sys_exit_mmap")
 int sys_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 pid_tgid = current_ids();
 	__u32 tid = (__u32)pid_tgid;
 	struct sysargs args;
 
@@ -886,7 +936,7 @@ int sys_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 SEC("tracepoint/syscalls/sys_enter_munmap")
 int sys_enter_munmap(struct trace_event_raw_sys_enter *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 pid_tgid = current_ids();
 
 	if (!is_tracked(pid_tgid >> 32))
 		return 0;
@@ -904,7 +954,7 @@ int sys_enter_mremap(struct trace_event_raw_sys_enter *ctx)
 SEC("tracepoint/syscalls/sys_exit_mremap")
 int sys_exit_mremap(struct trace_event_raw_sys_exit *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 pid_tgid = current_ids();
 	__u32 tid = (__u32)pid_tgid;
 	struct sysargs args;
 
@@ -924,7 +974,7 @@ int sys_enter_brk(struct trace_event_raw_sys_enter *ctx)
 SEC("tracepoint/syscalls/sys_exit_brk")
 int sys_exit_brk(struct trace_event_raw_sys_exit *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 pid_tgid = current_ids();
 	__u32 tid = (__u32)pid_tgid;
 	struct sysargs args;
 
@@ -937,7 +987,7 @@ int sys_exit_brk(struct trace_event_raw_sys_exit *ctx)
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 {
-	__u32 ptgid = parent->tgid, ctgid = child->tgid;
+	__u32 ptgid = task_ids(parent) >> 32, ctgid = task_ids(child) >> 32;
 	struct mt_fork_event *e;
 
 	if (!is_tracked(ptgid))
@@ -953,7 +1003,7 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	e = reserve(sizeof(*e));
 	if (!e)
 		return 0;
-	fill_header(&e->hdr, bpf_get_current_pid_tgid(), MT_FORK, 0);
+	fill_header(&e->hdr, current_ids(), MT_FORK, 0);
 	e->hdr.pid = ptgid;
 	e->child_pid = ctgid;
 	e->_pad = 0;
@@ -965,14 +1015,14 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm *bprm)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 pid_tgid = current_ids();
 	struct mt_exec_event *e;
 
 	if (!is_tracked(pid_tgid >> 32))
 		return 0;
 	/* A thread other than the leader that execs takes the leader's tid
 	 * (de_thread); its old tid is no longer anyone's. */
-	if ((__u32)old_pid != (__u32)pid_tgid)
+	if ((__u32)old_pid != (__u32)p->pid)
 		release_slot(old_pid);
 	/* The root enters the tree here (the others at fork); every thread
 	 * starts the new image with fresh state. */
@@ -992,13 +1042,13 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(sched_exit, struct task_struct *p)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 pid_tgid = current_ids();
 	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
 	struct mt_exit_event *e;
 
 	/* A thread that dies inside a syscall (its task storage goes with it). */
 	bpf_map_delete_elem(&sysargs, &tid);
-	release_slot(tid);
+	release_slot(p->pid);
 	if (!is_tracked(tgid))
 		return 0;
 	__sync_fetch_and_add(&tree_threads, -1);

@@ -131,6 +131,23 @@ fn thread_states(pid: i32) -> Vec<char> {
         .collect()
 }
 
+/// Whether the cgroup v2 of process `pid` reports itself frozen.
+fn cgroup_frozen(pid: i32) -> bool {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let Some(root) = mounts.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.get(2) == Some(&"cgroup2")).then(|| f[1].to_owned())
+    }) else {
+        return false;
+    };
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let Some(path) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return false;
+    };
+    std::fs::read_to_string(format!("{root}{path}/cgroup.events"))
+        .is_ok_and(|e| e.lines().any(|l| l == "frozen 1"))
+}
+
 /// The session id of process `pid`, from `/proc/PID/stat`.
 fn session(pid: i32) -> i32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -236,13 +253,15 @@ fn guardian_survives_process_group_kill() {
     let _storm_guard = KillOnDrop(pidfd.try_clone().expect("dup the pidfd"));
 
     // The pressure pause, not the attach hold at its exec (when the storm
-    // has one thread): a storm thread has started, and every thread is
-    // stopped. Nothing maps an executable image after that, so the stop is
-    // the pause, which the wedged pipeline never ends.
+    // has one thread): a storm thread has started, and the tree's cgroup is
+    // frozen (or, past the hard mark, every thread is stopped). Nothing maps
+    // an executable image after that, so this is the pause, which the
+    // wedged pipeline never ends.
     let deadline = Instant::now() + GUARD;
     loop {
         let states = thread_states(storm);
-        if states.len() > 1 && states.iter().all(|&s| s == 'T') {
+        let paused = states.iter().all(|&s| s == 'T') || cgroup_frozen(storm);
+        if states.len() > 1 && paused {
             break;
         }
         assert!(
@@ -271,4 +290,51 @@ fn guardian_survives_process_group_kill() {
         thread_states(storm)
     );
     assert!(done.exists(), "the storm was killed before its end");
+}
+
+/// Check that inside a PID namespace of its own memtrail tracks its tree
+/// exactly, with pids as the namespace numbers them (issue 11: BPF keyed the
+/// tree by the kernel's global pids while memtrail inserted the command by
+/// its namespace pid, so nothing was tracked and the run still exited 0).
+#[test]
+fn guardian_pid_namespace_tracks_exactly() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let events = dir.path().join("events.jsonl");
+    let out = Command::new("unshare")
+        .args(["-pf", "--mount-proc", MEMTRAIL, "run", "-q", "--events"])
+        .arg(&events)
+        .arg("--")
+        .arg(fixture("fork"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run unshare");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{stderr}");
+    let events = common::read_events(&events).expect("events written");
+    let sizes = |size: u64| {
+        events
+            .iter()
+            .filter(|e| common::kind(e) == "malloc" && e["size"].as_u64() == Some(size))
+            .map(common::pid)
+            .collect::<Vec<_>>()
+    };
+    let parent = sizes(500009);
+    assert_eq!(parent.len(), 1, "{stderr}");
+    let child = sizes(500029);
+    assert_eq!(child.len(), 1);
+    assert_eq!(sizes(300007), parent);
+    assert_eq!(sizes(500057), child);
+    assert_ne!(parent, child);
+    // The namespace's numbers: the fork event names the child as the
+    // allocations do, and both live in memtrail's /proc-visible range.
+    let fork = events
+        .iter()
+        .find(|e| common::kind(e) == "fork")
+        .expect("fork event");
+    assert_eq!(common::pid(fork), parent[0]);
+    assert_eq!(fork["child_pid"].as_u64(), Some(u64::from(child[0])));
+    assert!(
+        parent[0] < 100 && child[0] < 100,
+        "not namespace pids: {parent:?} {child:?}"
+    );
 }

@@ -289,6 +289,12 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             .expect("the BPF object has .rodata tunables");
         let mark = |size: u64| pressure::watermark_bytes(size, opts.watermark_percent);
         ro.pressure_enabled = opts.pressure_timeout.enabled();
+        // In a PID namespace of its own (a container), BPF reports ids as
+        // memtrail sees them.
+        if let Some(ino) = sys::pid_namespace().filter(|&ino| ino != sys::INIT_PID_NS_INO) {
+            ro.pidns_translate = true;
+            ro.pidns_ino = ino;
+        }
         ro.pressure_freeze = cgroup.is_some();
         for (i, room) in rooms.iter().enumerate() {
             ro.ring_capacity[i] = room.capacity;

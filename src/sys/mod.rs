@@ -475,6 +475,17 @@ pub fn bpf_map_update(map: std::os::fd::BorrowedFd<'_>, key: &[u8], value: &[u8]
     Ok(())
 }
 
+/// The inode of the initial PID namespace (`PROC_PID_INIT_INO`).
+pub const INIT_PID_NS_INO: u32 = 0xEFFF_FFFC;
+
+/// The inode of memtrail's PID namespace (`/proc/self/ns/pid`), if
+/// readable.
+pub fn pid_namespace() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata("/proc/self/ns/pid").ok()?;
+    u32::try_from(md.ino()).ok()
+}
+
 /// Deletes `key` from a BPF map (a missing key is not an error).
 pub fn bpf_map_delete(map: std::os::fd::BorrowedFd<'_>, key: &[u8]) -> SysResult<()> {
     // SAFETY: key is valid for the map's key size, which the caller
