@@ -423,8 +423,11 @@ impl Coordinator {
                 hard_stops,
                 unrecorded,
             } => {
-                cgroup.freeze()?;
-                if !cgroup.wait_frozen(deadline)? {
+                let frozen = cgroup
+                    .freeze()
+                    .and_then(|()| cgroup.wait_frozen(deadline))
+                    .map_err(|e| self.fail(e.into()))?;
+                if !frozen {
                     let what = format!(
                         "its cgroup {} was not frozen in time",
                         cgroup.path().display()
@@ -472,8 +475,12 @@ impl Coordinator {
         }
         self.latch.clear();
         // SIGCONT first: while frozen, it discards a self-stop not yet
-        // acted on, which the parent then never sees.
-        let _ = self.stops.release_all(Owner::Pressure);
+        // acted on, which the parent then never sees. Frozen, every
+        // self-stop has been generated: nothing to wait for.
+        let _ = match self.pause {
+            Pause::Freeze { .. } => self.stops.release_all_generated(Owner::Pressure),
+            Pause::Signal => self.stops.release_all(Owner::Pressure),
+        };
         if let Pause::Freeze { cgroup, .. } = &self.pause {
             cgroup.thaw()?;
         }

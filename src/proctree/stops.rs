@@ -424,7 +424,7 @@ impl Stops {
             let pidfd = Arc::clone(&entry.pidfd);
             table.claim(pid, pidfd)
         };
-        self.resume(vec![claim])
+        self.resume(vec![claim], self.timeout)
             .pop()
             .map_or(Ok(Released::NotHeld), |(_, result)| result)
     }
@@ -433,6 +433,19 @@ impl Stops {
     /// does, waiting for all their stops at once. One result per process, by
     /// pid.
     pub fn release_all(&self, owner: Owner) -> Outcomes {
+        self.release_all_within(owner, self.timeout)
+    }
+
+    /// [`Stops::release_all`] for holds whose stops are known to have been
+    /// generated already (the pressure coordinator's, once the tree is
+    /// frozen: a BPF self-stop is generated before its program returns), so
+    /// a process not seen stopped was resumed by someone else and need not
+    /// be waited for.
+    pub fn release_all_generated(&self, owner: Owner) -> Outcomes {
+        self.release_all_within(owner, Duration::ZERO)
+    }
+
+    fn release_all_within(&self, owner: Owner, timeout: Duration) -> Outcomes {
         let mut outcomes = Outcomes::new();
         let mut claims = Vec::new();
         {
@@ -456,7 +469,7 @@ impl Stops {
                 }
             }
         }
-        outcomes.extend(self.resume(claims));
+        outcomes.extend(self.resume(claims, timeout));
         outcomes.sort_by_key(|&(pid, _)| pid);
         outcomes
     }
@@ -479,7 +492,7 @@ impl Stops {
                 .map(|(pid, pidfd)| table.claim(pid, pidfd))
                 .collect()
         };
-        let mut outcomes = self.resume(claims);
+        let mut outcomes = self.resume(claims, self.timeout);
         outcomes.sort_by_key(|&(pid, _)| pid);
         outcomes
     }
@@ -487,11 +500,11 @@ impl Stops {
     /// Waits until each claimed process is safe to resume (or the timeout
     /// passed, or the claim lapsed), then finishes every claim under the
     /// lock.
-    fn resume(&self, claims: Vec<Claim>) -> Outcomes {
+    fn resume(&self, claims: Vec<Claim>, timeout: Duration) -> Outcomes {
         if claims.is_empty() {
             return Outcomes::new();
         }
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + timeout;
         let mut seen: Vec<Result<StopState, SysError>> =
             claims.iter().map(|_| Ok(StopState::Running)).collect();
         let mut waiting: Vec<usize> = (0..claims.len()).collect();
