@@ -77,7 +77,7 @@ pub struct Options {
 }
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
-/// wedge-events,stall-stacks,one-thread-slot` in the CLI; see
+/// wedge-events,stall-stacks,one-thread-slot,no-cgroup` in the CLI; see
 /// [`engine::Fault`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Faults {
@@ -87,6 +87,9 @@ pub struct Faults {
     /// bpf/memtrail.bpf.c): the other threads keep their state in task
     /// storage, the path a thread takes when its slot is held.
     pub one_thread_slot: bool,
+    /// No cgroup for the tree: pressure pauses stop processes with SIGSTOP,
+    /// the path taken where there is no usable cgroup v2 freezer.
+    pub no_cgroup: bool,
 }
 
 impl Faults {
@@ -96,6 +99,10 @@ impl Faults {
         for name in spec.split(',').map(str::trim) {
             if name == "one-thread-slot" {
                 faults.one_thread_slot = true;
+                continue;
+            }
+            if name == "no-cgroup" {
+                faults.no_cgroup = true;
                 continue;
             }
             let (fault, pipeline) = match name.split_once('-') {
@@ -249,7 +256,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     }
     check_environment()?;
     // The tree's cgroup pauses it unseen; without one, SIGSTOP does.
-    let cgroup = if opts.pressure_timeout.enabled() {
+    let cgroup = if opts.pressure_timeout.enabled() && !opts.faults.no_cgroup {
         match TreeCgroup::create() {
             Ok(cgroup) => Some(Arc::new(cgroup)),
             Err(err) => {

@@ -277,7 +277,11 @@ impl Drop for TreeCgroup {
     /// on every normal path; a cgroup still holding processes stays, and
     /// the kernel removes nothing by itself, so say so).
     fn drop(&mut self) {
-        if let Err(err) = self.thaw() {
+        // The guardian, woken when memtrail let go of it, may have removed
+        // the cgroup already.
+        if let Err(err) = self.thaw()
+            && self.dir.exists()
+        {
             tracing::warn!(%err, "could not thaw the tree's cgroup");
         }
         if let Err(err) = fs::remove_dir(&self.dir) {
