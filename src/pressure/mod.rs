@@ -473,6 +473,7 @@ impl Coordinator {
                 pipeline,
             }));
         }
+        tracing::debug!(drained_after = ?started.elapsed(), "pipelines drained");
         self.latch.clear();
         // SIGCONT first: while frozen, it discards a self-stop not yet
         // acted on, which the parent then never sees. Frozen, every
