@@ -194,7 +194,8 @@ pub fn min_room(record: u64, cpus: u64) -> u64 {
 #[error(
     "the {name} ring ({capacity} bytes, {option}) leaves {room} bytes above a {percent}% \
      watermark; pausing needs at least {needed} ({cpus} CPUs x {RECORDS_PER_THREAD} records \
-     of {record} bytes, plus one): use a larger ring or a watermark of at most {max_percent}%"
+     of {record} bytes, plus one): use a ring of at least {min_size} bytes at this watermark{}",
+    if *max_percent > 0 { format!(", or a watermark of at most {max_percent}%") } else { String::new() }
 )]
 pub struct RoomError {
     pub name: &'static str,
@@ -207,6 +208,8 @@ pub struct RoomError {
     pub record: u64,
     /// The highest watermark this ring allows (0: none).
     pub max_percent: u64,
+    /// The smallest ring (a power of two) that has the room at `percent`.
+    pub min_size: u64,
 }
 
 /// Checks that every ring has [`min_room`] above its watermark.
@@ -216,6 +219,10 @@ pub fn check_room(rings: &[RingRoom], percent: u8, cpus: u64) -> Result<(), Room
         let needed = min_room(ring.record, cpus);
         if room < needed {
             let max_percent = ring.capacity.saturating_sub(needed) * 100 / ring.capacity;
+            let mut min_size = ring.capacity;
+            while min_size - watermark_bytes(min_size, percent) < needed {
+                min_size *= 2;
+            }
             return Err(RoomError {
                 name: ring.name,
                 option: ring.option,
@@ -226,6 +233,7 @@ pub fn check_room(rings: &[RingRoom], percent: u8, cpus: u64) -> Result<(), Room
                 cpus,
                 record: ring.record,
                 max_percent,
+                min_size,
             });
         }
     }
@@ -558,6 +566,29 @@ impl Coordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Check that the room rule accepts a ring at exactly its minimum and
+    /// refuses it one byte short, naming the highest watermark and the
+    /// smallest ring that would do (issue 11).
+    #[test]
+    fn pressure_room_minimum_exact() {
+        let ring = |capacity| RingRoom {
+            name: "events",
+            option: "--ring-size",
+            capacity,
+            record: 64,
+        };
+        // 4 KiB at 92%: 4096 - 3768 = 328 >= (2*2+1)*64 = 320.
+        assert_eq!(check_room(&[ring(4096)], 92, 2), Ok(()));
+        let err = check_room(&[ring(4096)], 93, 2).unwrap_err();
+        assert_eq!((err.room, err.needed, err.max_percent), (287, 320, 92));
+        assert_eq!(err.min_size, 8192);
+        assert!(err.to_string().contains("at most 92%"), "{err}");
+        // No watermark makes a ring smaller than the room work.
+        let err = check_room(&[ring(256)], 50, 2).unwrap_err();
+        assert_eq!((err.max_percent, err.min_size), (0, 1024));
+        assert!(!err.to_string().contains("at most"), "{err}");
+    }
 
     /// Check that every documented form of --pressure-timeout parses.
     #[test]
