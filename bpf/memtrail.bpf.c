@@ -147,6 +147,8 @@ const volatile __u64 ring_record[MT_RINGS] = {};
 /* Live threads of the tracked tree: userspace sets 1 for the root before
  * it execs; forks add, exits subtract. */
 __u64 tree_threads = 0;
+/* The most live threads the tree had (a statistic: racy maximum). */
+__u64 tree_threads_peak = 0;
 
 /* Processes that stopped themselves past a hard mark, for the coordinator
  * to hold and resume; hard_stops_unrecorded counts the ones this map had
@@ -993,7 +995,8 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	if (!is_tracked(ptgid))
 		return 0;
 	track_task(child);
-	__sync_fetch_and_add(&tree_threads, 1);
+	if (__sync_fetch_and_add(&tree_threads, 1) + 1 > tree_threads_peak)
+		tree_threads_peak = tree_threads;
 	if (ptgid == ctgid)
 		return 0; /* a thread */
 	if (bpf_map_update_elem(&tracked, &ctgid, &ptgid, BPF_ANY)) {

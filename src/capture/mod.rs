@@ -168,9 +168,9 @@ pub enum CaptureError {
         "events were lost ({} on the events ring, {} on the stack ring, {} on the \
          mappings ring, {} attach requests, {} untracked calls or processes): the \
          capture is incomplete and no report was written; {}",
-        .0.events, .0.stacks, .0.mappings, .0.attach, .0.tracking, .0.advice()
+        .0.events, .0.stacks, .0.mappings, .0.attach, .0.tracking, .1
     )]
-    Lost(LostEvents),
+    Lost(LostEvents, String),
     #[error("--stack-depth {0} is more than the {MAX_STACK_DEPTH} frames a stack record holds")]
     StackDepth(u32),
     #[error(transparent)]
@@ -595,7 +595,22 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
 
     let lost = read_lost(&skel);
     if lost.any() {
-        return Err(CaptureError::Lost(lost));
+        let advice = if opts.pressure_timeout.enabled() {
+            let bss = skel
+                .maps
+                .bss_data
+                .as_deref()
+                .expect("the BPF object has a .bss");
+            loss_advice(
+                &lost,
+                &rooms,
+                opts.watermark_percent,
+                bss.tree_threads_peak.max(1),
+            )
+        } else {
+            lost.advice()
+        };
+        return Err(CaptureError::Lost(lost, advice));
     }
     let EventSink {
         mut agg,
@@ -778,6 +793,36 @@ fn track_tree(
     let root_exit = proctree::wait_tree(pid)?;
     released?;
     Ok((pid, root_exit, start_ns))
+}
+
+/// Why a paused capture still lost records, and what ring sizes would do:
+/// each live thread of the tree may write two records past a ring's mark
+/// before it stops, so a tree with more threads than the ring has room for
+/// above its watermark can overrun it before the freeze lands.
+fn loss_advice(lost: &LostEvents, rooms: &[RingRoom], percent: u8, threads: u64) -> String {
+    let counts = [lost.events, lost.stacks, lost.mappings, lost.attach];
+    let needs: Vec<String> = rooms
+        .iter()
+        .zip(counts)
+        .filter(|&(room, n)| n != 0 && room.option != "fixed")
+        .map(|(room, _)| {
+            let needed = (pressure::RECORDS_PER_THREAD * threads + 1) * room.record;
+            let mut size = room.capacity;
+            while size - pressure::watermark_bytes(size, percent) < needed {
+                size *= 2;
+            }
+            format!("{} {size}", room.option)
+        })
+        .collect();
+    if needs.is_empty() {
+        return lost.advice();
+    }
+    format!(
+        "the tree had up to {threads} live threads, and each may write {} records past a \
+         ring's watermark before it stops: retry with {} (or a lower --watermark)",
+        pressure::RECORDS_PER_THREAD,
+        needs.join(" and ")
+    )
 }
 
 /// Each ring's capacity and largest record (with its ring header), by ring

@@ -273,7 +273,7 @@ pub fn exit_code(err: &CaptureError) -> i32 {
             ..
         } => exit::CONFLICT,
         CaptureError::AttachImage { .. } => exit::ATTACH,
-        CaptureError::Lost(_) => exit::LOST,
+        CaptureError::Lost(..) => exit::LOST,
         CaptureError::Pressure(_) => exit::PRESSURE,
         CaptureError::Room(_) => exit::USAGE,
         _ => exit::INTERNAL,

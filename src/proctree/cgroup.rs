@@ -101,6 +101,33 @@ fn unescape_mount(field: &str) -> String {
     out
 }
 
+/// Removes the empty `memtrail-PID` cgroups of memtrails that are gone (one
+/// killed between creating its cgroup and starting its guardian leaves
+/// one): a cgroup whose pid names no live memtrail and that holds no
+/// process.
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("memtrail-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim_end() == "memtrail");
+        let empty = fs::read_to_string(entry.path().join("cgroup.events"))
+            .is_ok_and(|e| e.lines().any(|l| l == "populated 0"));
+        if !alive && empty && fs::remove_dir(entry.path()).is_ok() {
+            tracing::debug!(cgroup = %entry.path().display(), "removed a stale cgroup");
+        }
+    }
+}
+
 /// memtrail's own cgroup v2 path (the `0::` line of /proc/self/cgroup).
 fn own_cgroup() -> Result<String, CgroupError> {
     let text = fs::read_to_string("/proc/self/cgroup").map_err(|source| CgroupError::Io {
@@ -119,6 +146,7 @@ impl TreeCgroup {
     /// freezer.
     pub fn create() -> Result<Self, CgroupError> {
         let parent = cgroup2_mount()?.join(own_cgroup()?);
+        remove_stale(&parent);
         let dir = parent.join(format!("memtrail-{}", std::process::id()));
         let io_err = |what, path: &Path| {
             let path = path.to_owned();

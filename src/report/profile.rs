@@ -138,7 +138,8 @@ impl LostEvents {
             || self.attach != 0
     }
 
-    /// What may avoid the loss next time, for the error message.
+    /// What may avoid the loss next time, for the error message, when the
+    /// tree was not paused (see `capture::loss_advice` otherwise).
     pub fn advice(&self) -> String {
         let larger: Vec<&str> = [
             (self.events, "--ring-size"),
