@@ -33,6 +33,13 @@ use tempfile::TempDir;
 /// The memtrail binary under test.
 pub const MEMTRAIL: &str = env!("CARGO_BIN_EXE_memtrail");
 
+/// The memtrail binary the helpers run: `$MEMTRAIL_BIN` when set (to run a
+/// test against another build, e.g. the commit before a fix, and see it
+/// fail), else [`MEMTRAIL`].
+pub fn memtrail_bin() -> OsString {
+    std::env::var_os("MEMTRAIL_BIN").unwrap_or_else(|| MEMTRAIL.into())
+}
+
 /// Allocator event kinds of the event stream (everything but syscalls and
 /// process events).
 pub const ALLOC_KINDS: &[&str] = &[
@@ -206,7 +213,7 @@ pub fn memtrail_env(
     stdin: &[u8],
     env: &[(&str, &str)],
 ) -> (u32, ExitStatus, Vec<u8>, String) {
-    let mut child = Command::new(MEMTRAIL)
+    let mut child = Command::new(memtrail_bin())
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::piped())

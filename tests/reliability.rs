@@ -1,0 +1,562 @@
+//! Reliability under pressure, as the tracked program sees it (issue 11,
+//! parts 2, 3 and 4): pauses the tree cannot observe, rings too small for
+//! pausing refused and the smallest accepted ones lossless, and a finite
+//! `--pressure-timeout` that bounds the whole episode.
+//!
+//! Every run has a private image cache (`MEMTRAIL_CACHE_DIR`), so that what
+//! an earlier capture examined is known exactly. `MEMTRAIL_BIN` runs the
+//! tests against another build (see `common::memtrail_bin`).
+
+mod common;
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{fixture, memtrail_bin, wait_or_kill};
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// Far above any run of these tests: reaching it means memtrail hung.
+const HANG: Duration = Duration::from_secs(180);
+
+/// Largest record of the events ring with its 8-byte ring header: the exec
+/// event (`struct mt_exec_event` in bpf/memtrail.h, 280 bytes), which
+/// check_room counts every record of this ring at.
+const EVENT_RECORD: u64 = 280 + 8;
+/// Largest record of the stack ring with its ring header: `struct
+/// mt_stack_record`, 16 bytes and 128 frames, plus 8.
+const STACK_RECORD: u64 = 16 + 128 * 8 + 8;
+/// Records one thread writes into a ring between two pressure checks
+/// (`RECORDS_PER_THREAD`).
+const RECORDS_PER_CPU: u64 = 2;
+
+/// Storm rounds per thread or process.
+const ROUNDS: u64 = 3000;
+
+/// What one `memtrail run` did.
+struct Run {
+    pid: u32,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    profile: Option<Value>,
+    _dir: TempDir,
+}
+
+impl Run {
+    fn profile(&self) -> &Value {
+        self.profile
+            .as_ref()
+            .unwrap_or_else(|| panic!("no profile; stderr:\n{}", self.stderr))
+    }
+
+    fn expect_code(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code,
+            Some(code),
+            "memtrail's exit code; stdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+
+    fn episodes(&self) -> u64 {
+        self.profile()["pressure"]["episodes"]
+            .as_u64()
+            .expect("pressure.episodes")
+    }
+}
+
+/// Runs `memtrail run -q --output P OPTS -- CMD` with `cache` as its image
+/// cache and `env` added, stdout and stderr to files (so a hang cannot
+/// block on a pipe). Panics if it does not end within [`HANG`].
+fn run(cache: &Path, opts: &[&str], cmd: &[OsString], env: &[(&str, &OsString)]) -> Run {
+    let dir = tempfile::tempdir().expect("create a run directory");
+    let profile = dir.path().join("profile.json");
+    let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let mut child = Command::new(memtrail_bin())
+        .args(["run", "-q", "--output"])
+        .arg(&profile)
+        .args(opts)
+        .arg("--")
+        .args(cmd)
+        .env("MEMTRAIL_CACHE_DIR", cache)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(File::create(&out).expect("create stdout file"))
+        .stderr(File::create(&err).expect("create stderr file"))
+        .spawn()
+        .expect("spawn memtrail");
+    let pid = child.id();
+    let status = wait_or_kill(&mut child, HANG);
+    let stdout = fs::read_to_string(&out).expect("read stdout");
+    let stderr = fs::read_to_string(&err).expect("read stderr");
+    let status = status.unwrap_or_else(|| {
+        panic!("memtrail hung (killed after {HANG:?}); stdout:\n{stdout}\nstderr:\n{stderr}")
+    });
+    Run {
+        pid,
+        code: status.code(),
+        stdout,
+        stderr,
+        profile: common::read_profile(&profile),
+        _dir: dir,
+    }
+}
+
+/// A command line of OS strings.
+fn argv(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Vec<OsString> {
+    args.iter().map(|a| a.as_ref().to_os_string()).collect()
+}
+
+/// A private image cache that has seen `cmd`'s images: one capture of it.
+fn warm_cache(cmd: &[OsString]) -> TempDir {
+    let cache = tempfile::tempdir().expect("create a cache directory");
+    run(cache.path(), &[], cmd, &[]).expect_code(0);
+    cache
+}
+
+/// Allocations of exactly `size` bytes in the profile: the sum over the
+/// stacks whose every allocation is `size` bytes.
+fn allocations_of(p: &Value, size: u64) -> u64 {
+    p["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .filter(|s| s["allocations"].as_u64().unwrap() * size == s["bytes"].as_u64().unwrap())
+        .filter(|s| s["bytes"].as_u64().unwrap() % size == 0)
+        .map(|s| s["allocations"].as_u64().unwrap())
+        .sum()
+}
+
+/// Asserts no ring lost a record.
+fn nothing_lost(p: &Value) {
+    let lost = &p["lost_events"];
+    for ring in ["events", "stacks", "mappings", "attach", "tracking"] {
+        assert_eq!(lost[ring], 0, "{ring} lost: {lost}");
+    }
+}
+
+/// `rounds R cmd C` printed by the selfstop and vfork_loop fixtures: R.
+fn rounds_made(stdout: &str) -> u64 {
+    let rest = stdout
+        .trim_end()
+        .strip_prefix("rounds ")
+        .unwrap_or_else(|| panic!("fixture output: {stdout:?}"));
+    let (rounds, cmd) = rest.split_once(" cmd ").expect("rounds R cmd C");
+    assert_eq!(cmd, "0", "the background command failed: {stdout:?}");
+    rounds.parse().expect("a round count")
+}
+
+/// Possible CPUs (`/sys/devices/system/cpu/possible`, e.g. `0-1` or
+/// `0-3,6`): the count libbpf sizes per-CPU producers by, and so memtrail's
+/// rule.
+fn possible_cpus() -> u64 {
+    let text = fs::read_to_string("/sys/devices/system/cpu/possible").expect("read possible CPUs");
+    text.trim()
+        .split(',')
+        .map(|range| match range.split_once('-') {
+            Some((a, b)) => b.parse::<u64>().unwrap() - a.parse::<u64>().unwrap() + 1,
+            None => 1,
+        })
+        .sum()
+}
+
+/// The room a ring needs above its watermark: two records per CPU plus the
+/// crossing one.
+fn min_room(record: u64) -> u64 {
+    (RECORDS_PER_CPU * possible_cpus() + 1) * record
+}
+
+/// The highest watermark (percent) that leaves `min_room(record)` in a ring
+/// of `capacity` bytes; `None` when even 1% does not.
+fn max_watermark(capacity: u64, record: u64) -> Option<u64> {
+    (1..=99)
+        .rev()
+        .find(|p| capacity - capacity * p / 100 >= min_room(record))
+}
+
+/// Check that a job-control shell under memtrail sees its jobs as without
+/// it (issue 11, part 2): `bash -c 'set -m; /bin/true; echo rc=$?'` prints
+/// `rc=0` and no `Stopped` job once /bin/true is in the image cache.
+///
+/// The first exec ever of an image is still held with SIGSTOP until
+/// memtrail has examined it (a shell reports that job `Stopped`, rc=147),
+/// and so is any exec of it made while that examination runs (a shell that
+/// moves on from the stopped job does that). Execs one after the other hold
+/// an image at most once: on a cold cache, a parent watching with
+/// `WUNTRACED` sees at most one stop for the first of two runs of /bin/true
+/// and none for the second; in later captures of the unchanged image,
+/// none at all.
+#[test]
+fn attach_job_control_shell_sees_no_stop() {
+    let cache = tempfile::tempdir().expect("create a cache directory");
+    let cold = run(
+        cache.path(),
+        &[],
+        &argv(&[&fixture("wuntraced"), &"2", &"/bin/true"]),
+        &[],
+    );
+    cold.expect_code(0);
+    let runs: Vec<&str> = cold.stdout.lines().collect();
+    assert!(
+        matches!(
+            runs[..],
+            ["stops 0 code 0" | "stops 1 code 0", "stops 0 code 0"]
+        ),
+        "{}",
+        cold.stdout
+    );
+
+    let shell = argv(&[&"/bin/bash", &"-c", &"set -m; /bin/true; echo rc=$?"]);
+    for _ in 0..3 {
+        let warm = run(cache.path(), &[], &shell, &[]);
+        warm.expect_code(0);
+        assert_eq!(warm.stdout, "rc=0\n", "stderr:\n{}", warm.stderr);
+        assert!(!warm.stderr.contains("Stopped"), "{}", warm.stderr);
+    }
+}
+
+/// Check that a parent looping on `waitpid(WUNTRACED)` over an 8-thread
+/// storm sees no stop while pressure pauses it (issue 11, part 2): with a
+/// warm image cache and a 1 MiB ring, the cgroup freeze lands long before
+/// the ring's hard mark, so no producer stops itself; episodes happen and
+/// every allocation is counted.
+#[test]
+fn pressure_wuntraced_parent_sees_no_stop() {
+    let storm = fixture("storm");
+    let cache = warm_cache(&argv(&[
+        &fixture("wuntraced"),
+        &"1",
+        &storm,
+        &"threads",
+        &"1",
+    ]));
+    let rounds = ROUNDS.to_string();
+    let cmd = argv(&[&fixture("wuntraced"), &"1", &storm, &"threads", &rounds]);
+    let fault: OsString = "slow-events".into();
+    let r = run(
+        cache.path(),
+        &["--ring-size", "1M", "--pressure-timeout", "inf"],
+        &cmd,
+        &[("MEMTRAIL_FAULT", &fault)],
+    );
+    r.expect_code(0);
+    assert_eq!(r.stdout, "stops 0 code 0\n", "stderr:\n{}", r.stderr);
+    let p = r.profile();
+    nothing_lost(p);
+    assert!(r.episodes() > 0, "no episode: {}", p["pressure"]);
+    assert_eq!(allocations_of(p, 45678), 8 * ROUNDS);
+}
+
+/// Check that a child stopping itself (`raise(SIGSTOP)`) while its parent
+/// waits for that stop with `WUNTRACED` behaves as without memtrail while
+/// pressure episodes pause the tree (a storm in the same tree, `inf`; issue
+/// 11, part 2): the parent sees exactly the child's own stop each round,
+/// its SIGCONT lets the child exit 0, and the run completes (it hung when
+/// the parent consumed memtrail's stop instead of the child's).
+#[test]
+fn pressure_self_stopping_child_seen_once() {
+    let storm = fixture("storm");
+    let cache = warm_cache(&argv(&[
+        &fixture("selfstop"),
+        &"1",
+        &storm,
+        &"threads",
+        &"1",
+    ]));
+    let rounds = ROUNDS.to_string();
+    let cmd = argv(&[&fixture("selfstop"), &"20", &storm, &"threads", &rounds]);
+    let fault: OsString = "slow-events".into();
+    let r = run(
+        cache.path(),
+        &["--ring-size", "1M", "--pressure-timeout", "inf"],
+        &cmd,
+        &[("MEMTRAIL_FAULT", &fault)],
+    );
+    r.expect_code(0);
+    let made = rounds_made(&r.stdout);
+    assert!(made >= 20, "{}", r.stdout);
+    let p = r.profile();
+    nothing_lost(p);
+    assert!(r.episodes() > 0, "no episode: {}", p["pressure"]);
+    assert_eq!(allocations_of(p, 45678), 8 * ROUNDS);
+    assert_eq!(allocations_of(p, 12345), 200 * made);
+}
+
+/// One storm (`storm` or `stack_storm` fixture, threads or procs) under
+/// `inf` with the given rings and watermark: exits 0, loses nothing, counts
+/// every allocation.
+fn tiny_ring_storm(cache: &Path, fixture_name: &str, mode: &str, opts: &[&str], rounds: u64) {
+    let n = rounds.to_string();
+    let cmd = argv(&[&fixture(fixture_name), &mode, &n]);
+    let r = run(cache, opts, &cmd, &[]);
+    r.expect_code(0);
+    let p = r.profile();
+    nothing_lost(p);
+    let workers = if mode == "threads" { 8 } else { 16 };
+    let per_round = if fixture_name == "stack_storm" {
+        100
+    } else {
+        1
+    };
+    assert_eq!(
+        allocations_of(p, 45678),
+        workers * rounds * per_round,
+        "{fixture_name} {mode} {opts:?}"
+    );
+    assert!(r.episodes() > 0, "no episode: {}", p["pressure"]);
+}
+
+/// `--ring-size 4K` at the highest watermark it allows, `inf`.
+fn events_ring_at_minimum() -> Vec<String> {
+    let wm = max_watermark(4096, EVENT_RECORD).expect("a 4K events ring is usable");
+    ["--ring-size", "4K", "--watermark", &wm.to_string()]
+        .into_iter()
+        .chain(["--pressure-timeout", "inf"])
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `--stack-ring-size 8K` (and `--ring-size 4K`) at the highest watermark
+/// the stack ring allows, `inf`.
+fn stack_ring_at_minimum() -> Vec<String> {
+    let wm = max_watermark(8192, STACK_RECORD).expect("an 8K stack ring is usable");
+    ["--ring-size", "4K", "--stack-ring-size", "8K"]
+        .into_iter()
+        .chain(["--watermark", &wm.to_string(), "--pressure-timeout", "inf"])
+        .map(str::to_owned)
+        .collect()
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// Check that `inf` is lossless on the smallest events ring memtrail
+/// accepts (issue 11, part 3: a 4 KiB ring at 99% lost 358,226 events). The
+/// rule: room above the watermark of at least (2 x CPUs + 1) of the ring's
+/// largest records with their ring header (288 B: the exec event); at the
+/// highest watermark that leaves it in a 4 KiB ring, 8-thread and
+/// 16-process storms, 3 times each, exit 0, lose nothing and count every
+/// allocation.
+#[test]
+fn pressure_tiny_events_ring_at_minimum_is_lossless() {
+    let cache = tempfile::tempdir().expect("create a cache directory");
+    let opts = events_ring_at_minimum();
+    for _ in 0..3 {
+        tiny_ring_storm(cache.path(), "storm", "threads", &strs(&opts), 1000);
+        tiny_ring_storm(cache.path(), "storm", "procs", &strs(&opts), 500);
+    }
+}
+
+/// Check the same for the smallest stack ring memtrail accepts (issue 11,
+/// part 3: deep stacks lost stack records on a 4 KiB stack ring): at the
+/// highest watermark that leaves (2 x CPUs + 1) x 1048 B (a stack record
+/// with its header) in an 8 KiB stack ring, storms of 100 distinct stacks
+/// per thread or process, 3 times each, exit 0, lose nothing and count
+/// every allocation.
+#[test]
+#[ignore = "fails: the process storm loses ~1,000 stack records a run at this minimum \
+            (issue 11, part 3; see the reltests report)"]
+fn pressure_tiny_stack_ring_at_minimum_is_lossless() {
+    let cache = tempfile::tempdir().expect("create a cache directory");
+    let opts = stack_ring_at_minimum();
+    for _ in 0..3 {
+        tiny_ring_storm(cache.path(), "stack_storm", "threads", &strs(&opts), 2);
+        tiny_ring_storm(cache.path(), "stack_storm", "procs", &strs(&opts), 2);
+    }
+}
+
+/// Check that a ring one percent of watermark short of the room pausing
+/// needs is refused before the command starts (issue 11, part 3): exit 2,
+/// a message naming the ring, its option and the room needed, and the
+/// command not run; for the events ring (4 KiB) and the stack ring (8 KiB).
+#[test]
+fn pressure_ring_below_minimum_refused() {
+    let cache = tempfile::tempdir().expect("create a cache directory");
+    let cases = [
+        (
+            events_ring_at_minimum(),
+            "events",
+            "--ring-size",
+            EVENT_RECORD,
+        ),
+        (
+            stack_ring_at_minimum(),
+            "stacks",
+            "--stack-ring-size",
+            STACK_RECORD,
+        ),
+    ];
+    for (mut opts, ring, option, record) in cases {
+        // One percent above the highest accepted watermark.
+        let wm = opts.iter().position(|o| o == "--watermark").unwrap() + 1;
+        opts[wm] = (opts[wm].parse::<u64>().unwrap() + 1).to_string();
+        let marker_dir = tempfile::tempdir().expect("create a marker directory");
+        let marker = marker_dir.path().join("ran");
+        let cmd = argv(&[&"/usr/bin/touch", &marker]);
+        let r = run(cache.path(), &strs(&opts), &cmd, &[]);
+        r.expect_code(2);
+        for part in [
+            format!("the {ring} ring"),
+            option.to_owned(),
+            format!("at least {}", min_room(record)),
+        ] {
+            assert!(r.stderr.contains(&part), "{part:?} not in:\n{}", r.stderr);
+        }
+        assert!(!marker.exists(), "the command ran: {opts:?}");
+    }
+}
+
+/// Check that a finite `--pressure-timeout` is met with a vfork tree (issue
+/// 11, part 4): a parent vforking children that run a while before they
+/// exec, next to a storm on a 64 KiB ring, with `250ms`, exits 0 with every
+/// pause shorter than the timeout and every allocation counted (each pause
+/// took 1.01 s, waiting for the vfork parent to stop, and the capture
+/// failed with 76).
+#[test]
+fn pressure_vfork_tree_meets_finite_timeout() {
+    let cache = tempfile::tempdir().expect("create a cache directory");
+    let rounds = ROUNDS.to_string();
+    let cmd = argv(&[
+        &fixture("vfork_loop"),
+        &"20",
+        &"/bin/true",
+        &fixture("storm"),
+        &"threads",
+        &rounds,
+    ]);
+    let r = run(
+        cache.path(),
+        &["--ring-size", "64K", "--pressure-timeout", "250ms"],
+        &cmd,
+        &[],
+    );
+    r.expect_code(0);
+    assert!(rounds_made(&r.stdout) >= 20, "{}", r.stdout);
+    let p = r.profile();
+    nothing_lost(p);
+    assert!(r.episodes() > 0, "no episode: {}", p["pressure"]);
+    let longest = p["pressure"]["longest_pause_ns"].as_u64().unwrap();
+    assert!(longest < 250_000_000, "{}", p["pressure"]);
+    assert_eq!(allocations_of(p, 45678), 8 * ROUNDS);
+}
+
+/// The cgroup v2 mount point, from /proc/mounts.
+fn cgroup2_mount() -> PathBuf {
+    let mounts = fs::read_to_string("/proc/mounts").expect("read /proc/mounts");
+    mounts
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
+        })
+        .expect("a cgroup2 mount")
+}
+
+/// Directories named `name` under `dir`, recursively.
+fn find_dirs(dir: &Path, name: &str, found: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            if e.file_name() == name {
+                found.push(e.path());
+            }
+            find_dirs(&e.path(), name, found);
+        }
+    }
+}
+
+/// Processes whose environment holds `marker`, with their state letter.
+fn marked_processes(marker: &str) -> Vec<(u32, char)> {
+    let mut found = Vec::new();
+    for e in fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(env) = fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        if env.split(|&b| b == 0).any(|v| v == marker.as_bytes()) {
+            let state = fs::read_to_string(e.path().join("stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(')')?.1.trim_start().chars().next())
+                .unwrap_or('?');
+            found.push((pid, state));
+        }
+    }
+    found
+}
+
+/// Check that a pressure episode that cannot recover in time (the events
+/// poller wedged, `250ms`, a vfork tree next to the storm) fails with 76
+/// naming the events pipeline only, and leaves nothing behind (issue 11,
+/// part 4): the tree killed, no process of it stopped or frozen, no
+/// `memtrail-PID` cgroup left.
+#[test]
+fn pressure_wedged_poller_fails_cleanly() {
+    let cache = tempfile::tempdir().expect("create a cache directory");
+    let tag = tempfile::tempdir().expect("create a tag directory");
+    let marker_path = tag.path().join("storm-done");
+    let marker = format!("STORM_DONE={}", marker_path.display());
+    let rounds = ROUNDS.to_string();
+    let cmd = argv(&[
+        &fixture("vfork_loop"),
+        &"20",
+        &"/bin/true",
+        &fixture("storm"),
+        &"threads",
+        &rounds,
+    ]);
+    let fault: OsString = "wedge-events".into();
+    let r = run(
+        cache.path(),
+        &["--ring-size", "64K", "--pressure-timeout", "250ms"],
+        &cmd,
+        &[
+            ("MEMTRAIL_FAULT", &fault),
+            ("STORM_DONE", &marker_path.clone().into_os_string()),
+        ],
+    );
+    r.expect_code(76);
+    assert!(
+        r.stderr.contains("the events pipeline did not drain"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.profile.is_none());
+
+    // SIGKILL reaches every process of the tree; wait (bounded) for them to
+    // be gone, and none may be stopped meanwhile.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = marked_processes(&marker);
+        assert!(
+            left.iter().all(|&(_, s)| s != 'T' && s != 't'),
+            "stopped: {left:?}"
+        );
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tree is still there: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!marker_path.exists(), "the storm ran to its end");
+    let mut cgroups = Vec::new();
+    find_dirs(
+        &cgroup2_mount(),
+        &format!("memtrail-{}", r.pid),
+        &mut cgroups,
+    );
+    assert!(cgroups.is_empty(), "cgroup left: {cgroups:?}");
+}
