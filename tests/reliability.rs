@@ -221,6 +221,23 @@ fn attach_job_control_shell_sees_no_stop() {
     }
 }
 
+/// `WRAPPER ARG storm threads ROUNDS` under `--ring-size 1M
+/// --pressure-timeout inf` with a slowed events pipeline, on an image cache
+/// warmed by a one-round run of the same.
+fn paused_storm_under(wrapper: &str, arg: &str) -> Run {
+    let storm = fixture("storm");
+    let cache = warm_cache(&argv(&[&fixture(wrapper), &"1", &storm, &"threads", &"1"]));
+    let rounds = ROUNDS.to_string();
+    let cmd = argv(&[&fixture(wrapper), &arg, &storm, &"threads", &rounds]);
+    let fault: OsString = "slow-events".into();
+    run(
+        cache.path(),
+        &["--ring-size", "1M", "--pressure-timeout", "inf"],
+        &cmd,
+        &[("MEMTRAIL_FAULT", &fault)],
+    )
+}
+
 /// Check that a parent looping on `waitpid(WUNTRACED)` over an 8-thread
 /// storm sees no stop while pressure pauses it (issue 11, part 2): with a
 /// warm image cache and a 1 MiB ring, the cgroup freeze lands long before
@@ -228,23 +245,7 @@ fn attach_job_control_shell_sees_no_stop() {
 /// every allocation is counted.
 #[test]
 fn pressure_wuntraced_parent_sees_no_stop() {
-    let storm = fixture("storm");
-    let cache = warm_cache(&argv(&[
-        &fixture("wuntraced"),
-        &"1",
-        &storm,
-        &"threads",
-        &"1",
-    ]));
-    let rounds = ROUNDS.to_string();
-    let cmd = argv(&[&fixture("wuntraced"), &"1", &storm, &"threads", &rounds]);
-    let fault: OsString = "slow-events".into();
-    let r = run(
-        cache.path(),
-        &["--ring-size", "1M", "--pressure-timeout", "inf"],
-        &cmd,
-        &[("MEMTRAIL_FAULT", &fault)],
-    );
+    let r = paused_storm_under("wuntraced", "1");
     r.expect_code(0);
     assert_eq!(r.stdout, "stops 0 code 0\n", "stderr:\n{}", r.stderr);
     let p = r.profile();
@@ -261,23 +262,7 @@ fn pressure_wuntraced_parent_sees_no_stop() {
 /// the parent consumed memtrail's stop instead of the child's).
 #[test]
 fn pressure_self_stopping_child_seen_once() {
-    let storm = fixture("storm");
-    let cache = warm_cache(&argv(&[
-        &fixture("selfstop"),
-        &"1",
-        &storm,
-        &"threads",
-        &"1",
-    ]));
-    let rounds = ROUNDS.to_string();
-    let cmd = argv(&[&fixture("selfstop"), &"20", &storm, &"threads", &rounds]);
-    let fault: OsString = "slow-events".into();
-    let r = run(
-        cache.path(),
-        &["--ring-size", "1M", "--pressure-timeout", "inf"],
-        &cmd,
-        &[("MEMTRAIL_FAULT", &fault)],
-    );
+    let r = paused_storm_under("selfstop", "20");
     r.expect_code(0);
     let made = rounds_made(&r.stdout);
     assert!(made >= 20, "{}", r.stdout);
