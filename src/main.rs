@@ -1,6 +1,6 @@
 //! `memtrail`: parse flags, run, map errors to exit codes.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -26,6 +26,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
+        // Colours only for a person at a terminal: never escapes in a file
+        // or a pipe (issue 16).
+        .with_ansi(io::stderr().is_terminal())
         .with_target(false)
         .init();
     // Unlocked: each write takes the lock for itself. Holding it for the
