@@ -188,8 +188,10 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "METRIC", requires = "report")]
     pub report_by: Option<Metric>,
 
-    /// The command and its arguments.
-    #[arg(required = true, last = true, value_name = "CMD")]
+    /// The command and its arguments. memtrail's own flags come before it;
+    /// everything from the command's name on is the command's, so `--` is
+    /// only needed when the command's name starts with `-`.
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
 
