@@ -192,6 +192,8 @@ pub enum CaptureError {
 #[derive(Debug)]
 pub struct Outcome {
     pub profile: Profile,
+    /// Probe sites the kernel single-steps that the command went through.
+    pub slow_probes: Vec<crate::report::SlowProbe>,
     /// The exit code memtrail passes on: the command's, or 128 + signal.
     pub exit_code: i32,
 }
@@ -619,6 +621,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     let mut profile = Profile::build(&agg, command, exit, (start_ns, end_ns), lost, &sites);
+    let slow_probes = crate::report::slow_probes(&sites, &agg, &mappings.mappings);
     profile.stacks = symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
     pressure_stats.high_water = read_high_water(&skel).max(seen);
     profile.pressure = pressure_stats;
@@ -630,6 +633,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     }
     Ok(Outcome {
         profile,
+        slow_probes,
         exit_code: root_exit.map_or(0, ChildExit::code),
     })
 }

@@ -351,7 +351,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     let outcome = outcome?;
     if !args.quiet {
         // A closed stderr must not turn a good capture into a failure.
-        let _ = write_summary(stderr, &outcome.profile);
+        let _ = write_summary(stderr, &outcome.profile, &outcome.slow_probes);
     }
     if let Some(format) = args.report {
         let report = ReportOptions {
