@@ -36,7 +36,9 @@ fn cli_usage_trailing_command_without_double_dash() {
     // own (-q, -o): sh prints them, and memtrail prints its summary.
     let out = dir.path().join("argv");
     let script = format!("printf '%s\\n' \"$@\" > {}", out.display());
-    let args = os(&["run", "sh", "-c", &script, "sh", "-q", "-o", "x", "--", "-la"]);
+    let args = os(&[
+        "run", "sh", "-c", &script, "sh", "-q", "-o", "x", "--", "-la",
+    ]);
     let (_, status, _, stderr) = memtrail(&args, b"");
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert_eq!(
@@ -87,5 +89,8 @@ fn cli_usage_log_without_colours_off_a_terminal() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains(" INFO "), "no diagnostics: {stderr}");
-    assert!(!stderr.contains('\x1b'), "ANSI escapes in a pipe: {stderr:?}");
+    assert!(
+        !stderr.contains('\x1b'),
+        "ANSI escapes in a pipe: {stderr:?}"
+    );
 }
