@@ -36,8 +36,20 @@ fn cli_usage_trailing_command_without_double_dash() {
     // own (-q, -o): sh prints them, and memtrail prints its summary.
     let out = dir.path().join("argv");
     let script = format!("printf '%s\\n' \"$@\" > {}", out.display());
+    let kept = dir.path().join("kept.json");
     let args = os(&[
-        "run", "sh", "-c", &script, "sh", "-q", "-o", "x", "--", "-la",
+        "run",
+        "-o",
+        kept.to_str().expect("UTF-8"),
+        "sh",
+        "-c",
+        &script,
+        "sh",
+        "-q",
+        "-o",
+        "x",
+        "--",
+        "-la",
     ]);
     let (_, status, _, stderr) = memtrail(&args, b"");
     assert_eq!(status.code(), Some(0), "{stderr}");

@@ -61,6 +61,9 @@ pub struct Options {
     pub command: Vec<OsString>,
     pub output: Option<PathBuf>,
     pub events: Option<PathBuf>,
+    /// Whether `output` and `events` may replace existing regular files
+    /// (otherwise the capture fails before the command starts).
+    pub replace_outputs: bool,
     /// Size in bytes of the events ring (a power of two, at least a page).
     pub ring_size: usize,
     /// Frames captured per allocation stack (0: no stacks), at most
@@ -234,8 +237,9 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
         .collect();
     crate::report::check_distinct(&outputs)?;
-    let output = opts.output.as_deref().map(OutputFile::create).transpose()?;
-    let events = opts.events.as_deref().map(OutputFile::create).transpose()?;
+    let create = |path| OutputFile::create_with(path, opts.replace_outputs);
+    let output = opts.output.as_deref().map(create).transpose()?;
+    let events = opts.events.as_deref().map(create).transpose()?;
     for size in [opts.ring_size, opts.stack_ring_size] {
         if !size.is_power_of_two() || size < rustix::param::page_size() {
             return Err(RingError::BadSize(size).into());

@@ -55,9 +55,10 @@ Exit status:
     70   internal failure
     71   events were lost: the capture is incomplete, no report was written
     72   missing privileges or kernel feature
-    73   an output cannot be written (checked before the command starts; a
-         stream output - a FIFO or a device - can also fail while written;
-         for memtrail report, also standard output)
+    73   an output cannot be written, or names an existing file and --force
+         was not given (checked before the command starts; a stream output -
+         a FIFO or a device - can also fail while written; for memtrail
+         report, also standard output)
     74   another tracer holds a conflicting uprobe (ref_ctr_offset mismatch)
     75   an executable image the command loaded could not be examined or probed
     76   a pressure pause did not recover within --pressure-timeout (tree killed)
@@ -102,13 +103,25 @@ pub enum Command {
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Write the profile (JSON, schema in docs/profile.md) to PATH. A
-    /// regular file (or a new one) appears whole, only when the capture
-    /// succeeded, and a symlink's target is replaced, not the link; `-`
-    /// (stdout), a FIFO (with a reader) or a character device is written as
-    /// a stream; anything else is refused before the command starts.
+    /// Write the profile (JSON, schema in docs/profile.md) to PATH. A new
+    /// regular file appears whole, only when the capture succeeded (an
+    /// existing one is refused unless --force, and then its symlink's
+    /// target is replaced, not the link); `-` (stdout), a FIFO (with a
+    /// reader) or a character device is written as a stream; anything else
+    /// is refused before the command starts. Without --output the profile
+    /// goes to `memtrail.CMD.PID.json` in the working directory (CMD the
+    /// command's file name, PID memtrail's), which the summary names;
+    /// with --quiet and no --output no profile is kept.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+
+    /// Replace files that --output, --events or --report-output name.
+    /// Without it, an existing regular file there is refused (exit 73)
+    /// before the command starts, and so is one that appears while the
+    /// command runs; streams (`-`, FIFOs, character devices) are written
+    /// either way.
+    #[arg(short, long)]
+    pub force: bool,
 
     /// Stream every event to PATH, one JSON object a line. PATH is written
     /// like --output's (a FIFO or `-` gets the events as they come); no two
@@ -319,8 +332,15 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     // Before any output is opened: SIGTERM and the like must not end
     // memtrail halfway (see sys::signals).
     crate::sys::signals::catch()?;
+    // Without --output the profile is kept under a name of its own, said
+    // in the summary; with --quiet nothing would say it, so none is kept.
+    let output = match &args.output {
+        Some(path) => Some(path.clone()),
+        None if args.quiet => None,
+        None => Some(default_profile_path(&args.command, std::process::id())),
+    };
     let outputs: Vec<_> = [
-        ("--output", &args.output),
+        ("--output", &output),
         ("--events", &args.events),
         ("--report-output", &args.report_output),
     ]
@@ -330,8 +350,9 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     check_distinct(&outputs)?;
     let opts = Options {
         command: args.command,
-        output: args.output,
+        output: output.clone(),
         events: args.events,
+        replace_outputs: args.force,
         ring_size: args.ring_size,
         stack_depth: args.stack_depth,
         stack_ring_size: args.stack_ring_size,
@@ -343,7 +364,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     let report_output = args
         .report_output
         .as_deref()
-        .map(OutputFile::create)
+        .map(|path| OutputFile::create_with(path, args.force))
         .transpose()?;
     let outcome = capture::run(&opts);
     // Even with --quiet: what memtrail did with a signal is not the summary.
@@ -352,6 +373,14 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     if !args.quiet {
         // A closed stderr must not turn a good capture into a failure.
         let _ = write_summary(stderr, &outcome.profile, &outcome.slow_probes);
+        // Where the profile went, when it is a file (not a stream).
+        if let Some(path) = output.filter(|p| p.as_os_str() != "-" && p.is_file()) {
+            let _ = writeln!(
+                stderr,
+                "memtrail: profile written to {} (memtrail report {0} ranks its allocation sites)",
+                path.display()
+            );
+        }
     }
     if let Some(format) = args.report {
         let report = ReportOptions {
@@ -371,6 +400,32 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         }
     }
     Ok(outcome.exit_code)
+}
+
+/// Where the profile goes without --output: `memtrail.CMD.PID.json` in the
+/// working directory, CMD the command's file name (characters other than
+/// letters, digits, `-`, `_` and `.` as `_`), PID memtrail's own process id,
+/// as heaptrack and memray name theirs.
+pub fn default_profile_path(command: &[OsString], pid: u32) -> PathBuf {
+    let name = command
+        .first()
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let name = name.trim_start_matches('.');
+    let name = if name.is_empty() { "command" } else { name };
+    PathBuf::from(format!("memtrail.{name}.{pid}.json"))
 }
 
 /// Says what became of SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to
