@@ -106,3 +106,45 @@ fn cli_usage_log_without_colours_off_a_terminal() {
         "ANSI escapes in a pipe: {stderr:?}"
     );
 }
+
+/// Check that ring sizes take the units people write (`64MiB`, `16 MiB`,
+/// `512KiB`, `64MB` as MiB) and a duration such as `1.5s` is a pressure
+/// timeout, and that a size that is no power of two says so (issue 16:
+/// `--ring-size 64MiB` was not a size).
+#[test]
+fn cli_usage_sizes_and_durations_in_units() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("marker");
+    for (ring, stack_ring, timeout) in [("64MiB", "16 MiB", "1.5s"), ("64MB", "512KiB", "250ms")] {
+        let mut args = os(&[
+            "run",
+            "-q",
+            "--ring-size",
+            ring,
+            "--stack-ring-size",
+            stack_ring,
+            "--pressure-timeout",
+            timeout,
+        ]);
+        args.push(fixture("touch_marker").into());
+        args.push(marker.clone().into());
+        let (_, status, _, stderr) = memtrail(&args, b"");
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{ring} {stack_ring} {timeout}: {stderr}"
+        );
+        assert!(marker.exists());
+        fs::remove_file(&marker).expect("remove marker");
+    }
+    let mut args = os(&["run", "-q", "--ring-size", "48MiB"]);
+    args.push(fixture("touch_marker").into());
+    args.push(marker.clone().into());
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`48MiB` must be a power of two"),
+        "{stderr}"
+    );
+    assert!(!marker.exists(), "the command ran");
+}

@@ -129,14 +129,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub events: Option<PathBuf>,
 
-    /// Size of the events ring buffer in bytes (a power of two; K, M and G
-    /// suffixes accepted). Larger rings absorb longer bursts.
+    /// Size of the events ring buffer: a power of two, in bytes or with a
+    /// binary unit (`64M`, `64MiB`, `512K`, `1G`; `MB` means MiB too).
+    /// Larger rings absorb longer bursts.
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_size)]
     pub ring_size: usize,
 
-    /// Size of the stack ring buffer in bytes (a power of two; K, M and G
-    /// suffixes accepted). Each new distinct stack takes about 1 KiB until
-    /// it is read.
+    /// Size of the stack ring buffer: a power of two, in bytes or with a
+    /// binary unit (as --ring-size). Each new distinct stack takes about
+    /// 1 KiB until it is read.
     #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
     pub stack_ring_size: usize,
 
@@ -238,21 +239,29 @@ pub struct ReportArgs {
     pub output: Option<PathBuf>,
 }
 
-/// Parses `4096`, `64K`, `64M`, `1G`.
+/// Parses a ring size: bytes (`4096`, `4096B`), or a number of KiB, MiB or
+/// GiB (`64K`, `64KiB`, `64KB`, `64M`, `64MiB`, `1G`, ...; any case, a
+/// space allowed before the unit). Every unit is binary: a ring is a power
+/// of two, so `64MB` can only mean 64 MiB.
 pub fn parse_size(s: &str) -> Result<usize, String> {
-    let (digits, mult) = match s.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&s[..i], 1usize << 10),
-        Some((i, 'm' | 'M')) => (&s[..i], 1 << 20),
-        Some((i, 'g' | 'G')) => (&s[..i], 1 << 30),
-        _ => (s, 1),
+    let invalid = || {
+        format!("`{s}` is not a size: use bytes or a whole number of K, M or G (e.g. 256K, 64MiB)")
     };
-    let n: usize = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 256K, 64M)"))?;
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let unit = unit.trim_start().to_ascii_lowercase();
+    let shift = match unit.as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(invalid()),
+    };
+    let n: usize = digits.parse().map_err(|_| invalid())?;
     let bytes = n
-        .checked_mul(mult)
+        .checked_mul(1 << shift)
         .filter(|b| *b <= u32::MAX as usize)
-        .ok_or_else(|| format!("`{s}` is too large"))?;
+        .ok_or_else(|| format!("`{s}` is too large: a ring holds at most 2G"))?;
     if !bytes.is_power_of_two() || bytes < rustix::param::page_size() {
         return Err(format!(
             "`{s}` must be a power of two of at least the page size ({} bytes)",
@@ -454,3 +463,34 @@ fn write_signal_notes(w: &mut impl Write) -> io::Result<()> {
 
 /// Re-export so `main` can use the default.
 pub use capture::DEFAULT_RING_SIZE;
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_as_people_write_them() {
+        for (s, bytes) in [
+            ("4096", 4096),
+            ("4096B", 4096),
+            ("64K", 64 << 10),
+            ("64k", 64 << 10),
+            ("64KiB", 64 << 10),
+            ("64KB", 64 << 10),
+            ("64M", 64 << 20),
+            ("64MiB", 64 << 20),
+            ("64mib", 64 << 20),
+            ("64 MiB", 64 << 20),
+            ("64MB", 64 << 20),
+            ("1G", 1 << 30),
+            ("1GiB", 1 << 30),
+        ] {
+            assert_eq!(parse_size(s), Ok(bytes), "{s}");
+        }
+        for s in [
+            "", "M", "1.5M", "64Mi", "64MBs", "-64M", "64 M B", "48M", "8G", "1K",
+        ] {
+            assert!(parse_size(s).is_err(), "{s} was accepted");
+        }
+    }
+}
