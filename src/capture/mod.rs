@@ -237,7 +237,13 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
         .collect();
     crate::report::check_distinct(&outputs)?;
-    let create = |path| OutputFile::create_with(path, opts.replace_outputs);
+    // Under sudo, the files are the invoking user's, as the command is.
+    let owner = spec.creds.as_ref().map(|c| (c.uid, c.gid));
+    let create = |path| {
+        let out = OutputFile::create_with(path, opts.replace_outputs)?;
+        owner.map_or(Ok(()), |owner| out.give_to(owner))?;
+        Ok::<_, OutputError>(out)
+    };
     let output = opts.output.as_deref().map(create).transpose()?;
     let events = opts.events.as_deref().map(create).transpose()?;
     for size in [opts.ring_size, opts.stack_ring_size] {

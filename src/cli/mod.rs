@@ -373,7 +373,12 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     let report_output = args
         .report_output
         .as_deref()
-        .map(|path| OutputFile::create_with(path, args.force))
+        .map(|path| {
+            let out = OutputFile::create_with(path, args.force)?;
+            // Under sudo, the invoking user's, as the command is.
+            crate::proctree::invoking_user().map_or(Ok(()), |owner| out.give_to(owner))?;
+            Ok::<_, crate::report::OutputError>(out)
+        })
         .transpose()?;
     let outcome = capture::run(&opts);
     // Even with --quiet: what memtrail did with a signal is not the summary.

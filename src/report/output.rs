@@ -295,6 +295,26 @@ impl OutputFile {
         })
     }
 
+    /// Gives the file to be committed to `uid`:`gid` (under sudo, the
+    /// invoking user), before anything is written or linked: it appears
+    /// theirs. A stream is not memtrail's to give.
+    pub fn give_to(&self, (uid, gid): (u32, u32)) -> Result<(), OutputError> {
+        let file = match &self.kind {
+            Kind::Unnamed { file, .. } => file,
+            Kind::Named { tmp, .. } => tmp.as_file(),
+            Kind::Stream(_) => return Ok(()),
+        };
+        rustix::fs::fchown(
+            file,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        )
+        .map_err(|e| OutputError {
+            path: self.path.clone(),
+            source: e.into(),
+        })
+    }
+
     /// The path as given.
     pub fn path(&self) -> &Path {
         &self.path
