@@ -134,8 +134,12 @@ pub enum CaptureError {
         sys::signals::name(*.0)
     )]
     Interrupted(i32),
-    #[error("memtrail needs {0}: run it as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)")]
-    Privileges(&'static str),
+    #[error(
+        "memtrail lacks {}: run it as root, or give it the capabilities it needs \
+         (setcap {CAPABILITIES}+ep memtrail)",
+        .0.join(", ")
+    )]
+    Privileges(Vec<&'static str>),
     #[error("this kernel lacks {feature}: {hint}")]
     KernelFeature {
         feature: &'static str,
@@ -201,18 +205,33 @@ pub struct Outcome {
     pub exit_code: i32,
 }
 
+/// The capabilities memtrail needs without root, as `setcap` spells them.
+/// CAP_SYS_ADMIN can stand for CAP_BPF, CAP_PERFMON and
+/// CAP_CHECKPOINT_RESTORE; CAP_DAC_OVERRIDE for CAP_DAC_READ_SEARCH.
+pub const CAPABILITIES: &str = "cap_bpf,cap_perfmon,cap_dac_read_search,cap_checkpoint_restore";
+
+/// Checks, before anything is loaded, that memtrail may do what a capture
+/// does; names every capability that is missing.
 fn check_environment() -> Result<(), CaptureError> {
+    const CAP_DAC_OVERRIDE: u32 = 1;
+    const CAP_DAC_READ_SEARCH: u32 = 2;
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
-    let admin = sys::has_capability(CAP_SYS_ADMIN);
-    if !admin && !sys::has_capability(CAP_BPF) {
-        return Err(CaptureError::Privileges("CAP_BPF to load BPF programs"));
+    const CAP_CHECKPOINT_RESTORE: u32 = 40;
+    let has = sys::has_capability;
+    let admin = has(CAP_SYS_ADMIN);
+    let mut missing = Vec::new();
+    if !admin && !has(CAP_BPF) {
+        missing.push("CAP_BPF (to load BPF programs)");
     }
-    if !admin && !sys::has_capability(CAP_PERFMON) {
-        return Err(CaptureError::Privileges(
-            "CAP_PERFMON to attach uprobes and tracepoints",
-        ));
+    if !admin && !has(CAP_PERFMON) {
+        missing.push("CAP_PERFMON (to attach uprobes and tracepoints)");
+    }
+    if !admin && !has(CAP_CHECKPOINT_RESTORE) {
+        missing.push(
+            "CAP_CHECKPOINT_RESTORE (to open the files processes map, through /proc/PID/map_files)",
+        );
     }
     if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
         return Err(CaptureError::KernelFeature {
@@ -220,11 +239,33 @@ fn check_environment() -> Result<(), CaptureError> {
             hint: "memtrail needs a kernel built with CONFIG_DEBUG_INFO_BTF=y",
         });
     }
-    sys::ensure_tracefs().map_err(|_| CaptureError::KernelFeature {
-        feature: "tracefs at /sys/kernel/tracing",
-        hint: "mount it (mount -t tracefs nodev /sys/kernel/tracing) or enable CONFIG_TRACING",
-    })?;
-    Ok(())
+    match sys::ensure_tracefs() {
+        Ok(()) => {}
+        // tracefs is root's alone (mode 0700): its tracepoint ids need
+        // CAP_DAC_READ_SEARCH to be read.
+        Err(err) if err.errno() == Some(libc::EACCES) => {
+            if !has(CAP_DAC_READ_SEARCH) && !has(CAP_DAC_OVERRIDE) {
+                missing.push(
+                    "CAP_DAC_READ_SEARCH (to read tracepoint ids in tracefs, which only root may search)",
+                );
+            }
+        }
+        Err(err) if err.errno() == Some(libc::EPERM) && !admin => missing.push(
+            "CAP_SYS_ADMIN to mount tracefs at /sys/kernel/tracing (or mount it as root first)",
+        ),
+        Err(_) => {
+            return Err(CaptureError::KernelFeature {
+                feature: "tracefs at /sys/kernel/tracing",
+                hint: "mount it (mount -t tracefs nodev /sys/kernel/tracing) or enable \
+                       CONFIG_TRACING",
+            });
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(CaptureError::Privileges(missing))
+    }
 }
 
 /// Runs one capture.

@@ -390,8 +390,16 @@ pub fn ignore_signal(sig: i32) -> SysResult<()> {
 /// libbpf resolves syscall tracepoint ids through it.
 pub fn ensure_tracefs() -> SysResult<()> {
     let probe = Path::new("/sys/kernel/tracing/events");
-    if probe.exists() {
-        return Ok(());
+    match std::fs::metadata(probe) {
+        Ok(_) => return Ok(()),
+        // Mounted, but not ours to search (mode 0700, root's).
+        Err(err) if err.kind() == io::ErrorKind::PermissionDenied => {
+            return Err(SysError {
+                call: "stat(/sys/kernel/tracing/events)",
+                source: err,
+            });
+        }
+        Err(_) => {}
     }
     let src = c"tracefs";
     let target = c"/sys/kernel/tracing";
