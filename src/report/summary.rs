@@ -93,6 +93,76 @@ fn human_ns(ns: u64) -> String {
     }
 }
 
+/// Executables shown in the summary; the profile lists every process.
+const EXECUTABLES_SHOWN: usize = 10;
+
+/// The processes of one executable.
+#[derive(Debug, Default)]
+struct ExeGroup<'a> {
+    exe: &'a str,
+    processes: u64,
+    allocations: u64,
+    allocated_bytes: u64,
+    frees: u64,
+    /// The highest peak of any one of them.
+    peak: u64,
+    leaked: u64,
+}
+
+/// One line per executable, largest first (highest peak, then most bytes
+/// allocated): a wrapper script's dozens of short-lived shells and helpers
+/// take a line, not a screen.
+fn write_executables(w: &mut impl Write, p: &Profile) -> io::Result<()> {
+    let mut groups: Vec<ExeGroup<'_>> = Vec::new();
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for proc in &p.processes {
+        let i = *index.entry(proc.exe.as_str()).or_insert_with(|| {
+            groups.push(ExeGroup {
+                exe: &proc.exe,
+                ..ExeGroup::default()
+            });
+            groups.len() - 1
+        });
+        let g = &mut groups[i];
+        g.processes += 1;
+        g.allocations += proc.heap.allocations;
+        g.allocated_bytes += proc.heap.allocated_bytes;
+        g.frees += proc.heap.frees;
+        g.peak = g.peak.max(proc.heap.peak_live_bytes);
+        g.leaked += proc.heap.live_bytes_at_exit;
+    }
+    groups.sort_by(|a, b| {
+        (b.peak, b.allocated_bytes, b.processes)
+            .cmp(&(a.peak, a.allocated_bytes, a.processes))
+            .then(a.exe.cmp(b.exe))
+    });
+    writeln!(
+        w,
+        "  {:>9} {:>10} {:>10} {:>12} {:>12}  exe (peak: the highest of one process)",
+        "processes", "allocs", "frees", "peak", "leaked"
+    )?;
+    for g in groups.iter().take(EXECUTABLES_SHOWN) {
+        writeln!(
+            w,
+            "  {:>9} {:>10} {:>10} {:>12} {:>12}  {}",
+            g.processes,
+            g.allocations,
+            g.frees,
+            human_bytes(g.peak),
+            human_bytes(g.leaked),
+            g.exe
+        )?;
+    }
+    if groups.len() > EXECUTABLES_SHOWN {
+        writeln!(
+            w,
+            "  and {} more executables (the profile lists every process)",
+            groups.len() - EXECUTABLES_SHOWN
+        )?;
+    }
+    Ok(())
+}
+
 /// Writes the summary of `p`; `slow` are the single-stepping probe sites
 /// the command went through ([`slow_probes`]).
 pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io::Result<()> {
@@ -160,24 +230,7 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
         )?;
     }
     if p.processes.len() > 1 {
-        writeln!(
-            w,
-            "  {:>8} {:>8} {:>10} {:>10} {:>12} {:>12}  exe",
-            "pid", "ppid", "allocs", "frees", "peak", "leaked"
-        )?;
-        for proc in &p.processes {
-            writeln!(
-                w,
-                "  {:>8} {:>8} {:>10} {:>10} {:>12} {:>12}  {}",
-                proc.pid,
-                proc.ppid,
-                proc.heap.allocations,
-                proc.heap.frees,
-                human_bytes(proc.heap.peak_live_bytes),
-                human_bytes(proc.heap.live_bytes_at_exit),
-                proc.exe
-            )?;
-        }
+        write_executables(w, p)?;
     }
     if !slow.is_empty() {
         const SHOWN: usize = 5;
