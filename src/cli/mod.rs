@@ -3,6 +3,8 @@
 //! Output for the user goes through explicit writers (the summary to
 //! stderr); diagnostics go through `tracing`.
 
+pub mod version;
+
 use std::ffi::OsString;
 use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
@@ -79,7 +81,7 @@ Exit status:
 
 /// Track every heap allocation of a command's whole process tree with eBPF.
 #[derive(Debug, Parser)]
-#[command(name = "memtrail", version, after_long_help = EXIT_CODES_HELP)]
+#[command(name = "memtrail", version = version::SHORT, after_long_help = EXIT_CODES_HELP)]
 pub struct Cli {
     /// Diagnostics to show: error, warn, info, debug or trace (also
     /// MEMTRAIL_LOG, which takes tracing filter directives).
@@ -99,6 +101,57 @@ pub enum Command {
     /// --output`: as text, JSON, folded stacks, a flame graph or pprof.
     #[command(after_long_help = REPORT_EXIT_CODES_HELP)]
     Report(ReportArgs),
+    /// Print a completion script for SHELL on stdout (e.g. `memtrail
+    /// completions bash > /etc/bash_completion.d/memtrail`).
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print memtrail's man page (roff) on stdout, or a subcommand's (e.g.
+    /// `memtrail man run > /usr/local/share/man/man1/memtrail-run.1`).
+    Man {
+        /// The subcommand whose page to print: run or report.
+        #[arg(value_name = "SUBCOMMAND", value_parser = ["run", "report"])]
+        page: Option<String>,
+    },
+}
+
+/// The names of [`Command`]'s subcommands, as typed.
+pub const SUBCOMMANDS: &[&str] = &["run", "report", "completions", "man", "help"];
+
+/// Writes the completion script for `shell`.
+pub fn completions(shell: clap_complete::Shell, out: &mut impl Write) -> io::Result<()> {
+    // clap_complete panics on a failed write: generate into memory.
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cli_command(), "memtrail", &mut script);
+    out.write_all(&script)?;
+    out.flush()
+}
+
+/// Writes the man page of memtrail, or of its subcommand `page`.
+pub fn man(page: Option<&str>, out: &mut impl Write) -> io::Result<()> {
+    let cmd = cli_command();
+    let cmd = match page {
+        Some(name) => {
+            let sub = cmd
+                .find_subcommand(name)
+                .cloned()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such subcommand"))?;
+            // Its page is memtrail-NAME(1), as git's and cargo's are.
+            let title = match name {
+                "run" => "memtrail-run",
+                _ => "memtrail-report",
+            };
+            sub.name(title).version(version::SHORT)
+        }
+        None => cmd,
+    };
+    clap_mangen::Man::new(cmd).render(out)
+}
+
+fn cli_command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 #[derive(Debug, clap::Args)]
