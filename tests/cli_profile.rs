@@ -155,3 +155,45 @@ fn cli_profile_streams_need_no_force() {
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert_eq!(dir_entries(dir.path()), ["marker"]);
 }
+
+/// Check that a frame memtrail cannot symbolize (in an executable stripped
+/// of its symbols) has `function`, `file` and `line` written as `null`, not
+/// left out, with its `module`, as docs/profile.md says (issue 16: the docs
+/// and the JSON disagreed).
+#[test]
+fn cli_profile_unresolved_frame_fields_are_null() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = dir.path().join("stripped");
+    fs::copy(fixture("malloc_once"), &exe).expect("copy");
+    let strip = Command::new("strip")
+        .arg("--strip-all")
+        .arg(&exe)
+        .status()
+        .expect("run strip");
+    assert!(strip.success());
+    let profile = dir.path().join("p.json");
+    let args: Vec<OsString> = vec![
+        "run".into(),
+        "-q".into(),
+        "-o".into(),
+        profile.clone().into(),
+        exe.clone().into(),
+    ];
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let profile = profile_at(&profile);
+    let exe = exe.to_str().expect("UTF-8");
+    let frames: Vec<&Value> = profile["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .flat_map(|s| s["frames"].as_array().expect("frames"))
+        .filter(|f| f["module"] == exe)
+        .collect();
+    assert!(!frames.is_empty(), "no frame in the stripped executable");
+    for frame in frames {
+        for key in ["function", "file", "line"] {
+            assert_eq!(frame.get(key), Some(&Value::Null), "{key} in {frame}");
+        }
+    }
+}
