@@ -1,4 +1,5 @@
-//! Compiles `bpf/*.bpf.c` into libbpf skeletons in `OUT_DIR`.
+//! Compiles `bpf/*.bpf.c` into libbpf skeletons in `OUT_DIR`, and names
+//! the git commit built from for `memtrail --version`.
 //!
 //! clang comes from `$CLANG`, else `clang-19`, else `clang`; with none of them
 //! the build stops with the package to install.
@@ -31,7 +32,43 @@ fn find_clang() -> PathBuf {
     );
 }
 
+/// Runs `git ARGS` in the crate's directory; its trimmed output, if it
+/// succeeded.
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// Sets `MEMTRAIL_GIT_COMMIT` for `memtrail --version`: the commit built
+/// from, or `unknown` outside a git checkout (a source archive). Rebuilt
+/// when HEAD moves: HEAD itself, the branch it names, packed refs.
+fn git_commit() {
+    let commit = git(&["rev-parse", "--short=12", "HEAD"]);
+    println!(
+        "cargo:rustc-env=MEMTRAIL_GIT_COMMIT={}",
+        commit.as_deref().unwrap_or("unknown")
+    );
+    if commit.is_none() {
+        return;
+    }
+    let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+    watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+    for name in watched {
+        // Only files that exist: cargo reruns the script on every build
+        // for one that does not.
+        if let Some(path) =
+            git(&["rev-parse", "--git-path", &name]).filter(|path| Path::new(path).exists())
+        {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+}
+
 fn main() {
+    git_commit();
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let clang = find_clang();
     println!("cargo:rerun-if-env-changed=CLANG");

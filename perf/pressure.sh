@@ -18,7 +18,7 @@ cc -O0 -pthread -Itests/fixtures -o "$work/storm" tests/fixtures/storm.c
 run() { # label, ring size, fault
   local start end
   start=$(date +%s%N)
-  MEMTRAIL_FAULT=$3 "$memtrail" run -q --pressure-timeout inf --ring-size "$2" \
+  MEMTRAIL_FAULT=$3 "$memtrail" run -q --force --pressure-timeout inf --ring-size "$2" \
     --output "$work/p.json" -- "$work/storm" threads "$rounds"
   end=$(date +%s%N)
   python3 - "$1" "$(( (end - start) / 1000000 ))" "$work/p.json" <<'PY'

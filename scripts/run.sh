@@ -10,5 +10,4 @@ cargo build --release --quiet
 out=target/demo
 mkdir -p "$out"
 cc -O1 -g -fno-omit-frame-pointer -pthread -o "$out/demo" scripts/demo/demo.c
-target/release/memtrail run --output "$out/profile.json" --report text -- "$out/demo"
-echo "profile written to $out/profile.json" >&2
+target/release/memtrail run --force --output "$out/profile.json" --report text -- "$out/demo"

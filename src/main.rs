@@ -1,14 +1,27 @@
 //! `memtrail`: parse flags, run, map errors to exit codes.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use memtrail::cli::{self, Cli, Command};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let mut command = Cli::command();
+    // `memtrail --version` probes the kernel: only when asked.
+    let asks_version = std::env::args_os()
+        .skip(1)
+        .take_while(|a| !cli::SUBCOMMANDS.iter().any(|s| a == s))
+        .any(|a| a == "--version");
+    if asks_version {
+        let long: &'static str = Box::leak(cli::version::long().into_boxed_str());
+        command = command.long_version(long);
+    }
+    let parsed = command
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(err) => {
             let code = if err.use_stderr() {
@@ -26,6 +39,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
+        // Colours only for a person at a terminal: never escapes in a file
+        // or a pipe (issue 16).
+        .with_ansi(io::stderr().is_terminal())
         .with_target(false)
         .init();
     // Unlocked: each write takes the lock for itself. Holding it for the
@@ -49,8 +65,31 @@ fn main() -> ExitCode {
                 cli::report_exit_code(&err)
             }
         },
+        Command::Completions { shell } => written(
+            cli::completions(shell, &mut io::stdout().lock()),
+            "the completion script",
+            &mut stderr,
+        ),
+        Command::Man { page } => written(
+            cli::man(page.as_deref(), &mut io::stdout().lock()),
+            "the man page",
+            &mut stderr,
+        ),
     };
     ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+/// The exit code of writing `what` to stdout: 0 also when the reader
+/// closed it early (`| head`), 73 when it could not be written.
+fn written(result: io::Result<()>, what: &str, stderr: &mut impl Write) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(err) if err.kind() == io::ErrorKind::BrokenPipe => 0,
+        Err(err) => {
+            let _ = writeln!(stderr, "memtrail: error: writing {what}: {err}");
+            cli::exit::OUTPUT
+        }
+    }
 }
 
 /// `error: cause: cause`, like anyhow's `{:#}`.

@@ -139,9 +139,10 @@ fn cli_output_dash_is_stdout() {
     assert_eq!(dir_entries(dir.path()), ["marker"]);
 }
 
-/// Check that an output path that is a symlink replaces the file the link
-/// names, in the target's directory, and leaves the link a link; a dangling
-/// link creates its target (issue 11: the link was replaced by a file).
+/// Check that an output path that is a symlink replaces (with --force) the
+/// file the link names, in the target's directory, and leaves the link a
+/// link; a dangling link creates its target (issue 11: the link was
+/// replaced by a file).
 #[test]
 fn cli_output_through_symlink_replaces_target() {
     let links = tempfile::tempdir().expect("tempdir");
@@ -161,6 +162,7 @@ fn cli_output_through_symlink_replaces_target() {
     std::os::unix::fs::symlink("e1", links.path().join("e")).expect("symlink to e1");
     let (code, stderr) = run_marked(
         &[
+            "--force".into(),
             "--output".into(),
             links.path().join("p").into(),
             "--events".into(),

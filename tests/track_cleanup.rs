@@ -121,13 +121,13 @@ fn ids_of(list: &[serde_json::Value], key: &str) -> BTreeSet<u64> {
         .collect()
 }
 
-/// Runs `memtrail run -- wait_stdin`, calls `during(memtrail_pid,
+/// Runs `memtrail run -q -- wait_stdin`, calls `during(memtrail_pid,
 /// command_pid)` while the command blocks, then ends the command and
 /// returns memtrail's pid once it has exited 0.
 fn while_running(during: impl FnOnce(u32, u32)) -> u32 {
     let mut child = Command::new(MEMTRAIL)
-        .arg("run")
-        .arg("--")
+        // No summary, and so no profile kept in the checkout.
+        .args(["run", "-q", "--"])
         .arg(fixture("wait_stdin"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -61,6 +61,9 @@ pub struct Options {
     pub command: Vec<OsString>,
     pub output: Option<PathBuf>,
     pub events: Option<PathBuf>,
+    /// Whether `output` and `events` may replace existing regular files
+    /// (otherwise the capture fails before the command starts).
+    pub replace_outputs: bool,
     /// Size in bytes of the events ring (a power of two, at least a page).
     pub ring_size: usize,
     /// Frames captured per allocation stack (0: no stacks), at most
@@ -138,8 +141,12 @@ pub enum CaptureError {
         sys::signals::name(*.0)
     )]
     Interrupted(i32),
-    #[error("memtrail needs {0}: run it as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)")]
-    Privileges(&'static str),
+    #[error(
+        "memtrail lacks {}: run it as root, or give it the capabilities it needs \
+         (setcap {CAPABILITIES}+ep memtrail)",
+        .0.join(", ")
+    )]
+    Privileges(Vec<&'static str>),
     #[error("this kernel lacks {feature}: {hint}")]
     KernelFeature {
         feature: &'static str,
@@ -199,22 +206,39 @@ pub enum CaptureError {
 #[derive(Debug)]
 pub struct Outcome {
     pub profile: Profile,
+    /// Probe sites the kernel single-steps that the command went through.
+    pub slow_probes: Vec<crate::report::SlowProbe>,
     /// The exit code memtrail passes on: the command's, or 128 + signal.
     pub exit_code: i32,
 }
 
+/// The capabilities memtrail needs without root, as `setcap` spells them.
+/// CAP_SYS_ADMIN can stand for CAP_BPF, CAP_PERFMON and
+/// CAP_CHECKPOINT_RESTORE; CAP_DAC_OVERRIDE for CAP_DAC_READ_SEARCH.
+pub const CAPABILITIES: &str = "cap_bpf,cap_perfmon,cap_dac_read_search,cap_checkpoint_restore";
+
+/// Checks, before anything is loaded, that memtrail may do what a capture
+/// does; names every capability that is missing.
 fn check_environment() -> Result<(), CaptureError> {
+    const CAP_DAC_OVERRIDE: u32 = 1;
+    const CAP_DAC_READ_SEARCH: u32 = 2;
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
-    let admin = sys::has_capability(CAP_SYS_ADMIN);
-    if !admin && !sys::has_capability(CAP_BPF) {
-        return Err(CaptureError::Privileges("CAP_BPF to load BPF programs"));
+    const CAP_CHECKPOINT_RESTORE: u32 = 40;
+    let has = sys::has_capability;
+    let admin = has(CAP_SYS_ADMIN);
+    let mut missing = Vec::new();
+    if !admin && !has(CAP_BPF) {
+        missing.push("CAP_BPF (to load BPF programs)");
     }
-    if !admin && !sys::has_capability(CAP_PERFMON) {
-        return Err(CaptureError::Privileges(
-            "CAP_PERFMON to attach uprobes and tracepoints",
-        ));
+    if !admin && !has(CAP_PERFMON) {
+        missing.push("CAP_PERFMON (to attach uprobes and tracepoints)");
+    }
+    if !admin && !has(CAP_CHECKPOINT_RESTORE) {
+        missing.push(
+            "CAP_CHECKPOINT_RESTORE (to open the files processes map, through /proc/PID/map_files)",
+        );
     }
     if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
         return Err(CaptureError::KernelFeature {
@@ -222,11 +246,33 @@ fn check_environment() -> Result<(), CaptureError> {
             hint: "memtrail needs a kernel built with CONFIG_DEBUG_INFO_BTF=y",
         });
     }
-    sys::ensure_tracefs().map_err(|_| CaptureError::KernelFeature {
-        feature: "tracefs at /sys/kernel/tracing",
-        hint: "mount it (mount -t tracefs nodev /sys/kernel/tracing) or enable CONFIG_TRACING",
-    })?;
-    Ok(())
+    match sys::ensure_tracefs() {
+        Ok(()) => {}
+        // tracefs is root's alone (mode 0700): its tracepoint ids need
+        // CAP_DAC_READ_SEARCH to be read.
+        Err(err) if err.errno() == Some(libc::EACCES) => {
+            if !has(CAP_DAC_READ_SEARCH) && !has(CAP_DAC_OVERRIDE) {
+                missing.push(
+                    "CAP_DAC_READ_SEARCH (to read tracepoint ids in tracefs, which only root may search)",
+                );
+            }
+        }
+        Err(err) if err.errno() == Some(libc::EPERM) && !admin => missing.push(
+            "CAP_SYS_ADMIN to mount tracefs at /sys/kernel/tracing (or mount it as root first)",
+        ),
+        Err(_) => {
+            return Err(CaptureError::KernelFeature {
+                feature: "tracefs at /sys/kernel/tracing",
+                hint: "mount it (mount -t tracefs nodev /sys/kernel/tracing) or enable \
+                       CONFIG_TRACING",
+            });
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(CaptureError::Privileges(missing))
+    }
 }
 
 /// Runs one capture.
@@ -239,8 +285,15 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
         .collect();
     crate::report::check_distinct(&outputs)?;
-    let output = opts.output.as_deref().map(OutputFile::create).transpose()?;
-    let events = opts.events.as_deref().map(OutputFile::create).transpose()?;
+    // Under sudo, the files are the invoking user's, as the command is.
+    let owner = spec.creds.as_ref().map(|c| (c.uid, c.gid));
+    let create = |path| {
+        let out = OutputFile::create_with(path, opts.replace_outputs)?;
+        owner.map_or(Ok(()), |owner| out.give_to(owner))?;
+        Ok::<_, OutputError>(out)
+    };
+    let output = opts.output.as_deref().map(create).transpose()?;
+    let events = opts.events.as_deref().map(create).transpose()?;
     for size in [opts.ring_size, opts.stack_ring_size] {
         if !size.is_power_of_two() || size < rustix::param::page_size() {
             return Err(RingError::BadSize(size).into());
@@ -647,6 +700,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     let mut profile = Profile::build(&agg, command, exit, (start_ns, end_ns), lost, &sites);
+    let slow_probes = crate::report::slow_probes(&sites, &agg, &mappings.mappings);
     profile.stacks = symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
     pressure_stats.high_water = read_high_water(&skel).max(seen);
     profile.pressure = pressure_stats;
@@ -658,6 +712,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     }
     Ok(Outcome {
         profile,
+        slow_probes,
         exit_code: root_exit.map_or(0, ChildExit::code),
     })
 }

@@ -3,6 +3,8 @@
 //! Output for the user goes through explicit writers (the summary to
 //! stderr); diagnostics go through `tracing`.
 
+pub mod version;
+
 use std::ffi::OsString;
 use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
@@ -55,9 +57,10 @@ Exit status:
     70   internal failure
     71   events were lost: the capture is incomplete, no report was written
     72   missing privileges or kernel feature
-    73   an output cannot be written (checked before the command starts; a
-         stream output - a FIFO or a device - can also fail while written;
-         for memtrail report, also standard output)
+    73   an output cannot be written, or names an existing file and --force
+         was not given (checked before the command starts; a stream output -
+         a FIFO or a device - can also fail while written; for memtrail
+         report, also standard output)
     74   another tracer holds a conflicting uprobe (ref_ctr_offset mismatch)
     75   an executable image the command loaded could not be examined or probed
     76   a pressure pause did not recover within --pressure-timeout (tree killed)
@@ -78,7 +81,7 @@ Exit status:
 
 /// Track every heap allocation of a command's whole process tree with eBPF.
 #[derive(Debug, Parser)]
-#[command(name = "memtrail", version, after_long_help = EXIT_CODES_HELP)]
+#[command(name = "memtrail", version = version::SHORT, after_long_help = EXIT_CODES_HELP)]
 pub struct Cli {
     /// Diagnostics to show: error, warn, info, debug or trace (also
     /// MEMTRAIL_LOG, which takes tracing filter directives).
@@ -98,17 +101,80 @@ pub enum Command {
     /// --output`: as text, JSON, folded stacks, a flame graph or pprof.
     #[command(after_long_help = REPORT_EXIT_CODES_HELP)]
     Report(ReportArgs),
+    /// Print a completion script for SHELL on stdout (e.g. `memtrail
+    /// completions bash > /etc/bash_completion.d/memtrail`).
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print memtrail's man page (roff) on stdout, or a subcommand's (e.g.
+    /// `memtrail man run > /usr/local/share/man/man1/memtrail-run.1`).
+    Man {
+        /// The subcommand whose page to print: run or report.
+        #[arg(value_name = "SUBCOMMAND", value_parser = ["run", "report"])]
+        page: Option<String>,
+    },
+}
+
+/// The names of [`Command`]'s subcommands, as typed.
+pub const SUBCOMMANDS: &[&str] = &["run", "report", "completions", "man", "help"];
+
+/// Writes the completion script for `shell`.
+pub fn completions(shell: clap_complete::Shell, out: &mut impl Write) -> io::Result<()> {
+    // clap_complete panics on a failed write: generate into memory.
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cli_command(), "memtrail", &mut script);
+    out.write_all(&script)?;
+    out.flush()
+}
+
+/// Writes the man page of memtrail, or of its subcommand `page`.
+pub fn man(page: Option<&str>, out: &mut impl Write) -> io::Result<()> {
+    let cmd = cli_command();
+    let cmd = match page {
+        Some(name) => {
+            let sub = cmd
+                .find_subcommand(name)
+                .cloned()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such subcommand"))?;
+            // Its page is memtrail-NAME(1), as git's and cargo's are.
+            let title = match name {
+                "run" => "memtrail-run",
+                _ => "memtrail-report",
+            };
+            sub.name(title).version(version::SHORT)
+        }
+        None => cmd,
+    };
+    clap_mangen::Man::new(cmd).render(out)
+}
+
+fn cli_command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Write the profile (JSON, schema in docs/profile.md) to PATH. A
-    /// regular file (or a new one) appears whole, only when the capture
-    /// succeeded, and a symlink's target is replaced, not the link; `-`
-    /// (stdout), a FIFO (with a reader) or a character device is written as
-    /// a stream; anything else is refused before the command starts.
+    /// Write the profile (JSON, schema in docs/profile.md) to PATH. A new
+    /// regular file appears whole, only when the capture succeeded (an
+    /// existing one is refused unless --force, and then its symlink's
+    /// target is replaced, not the link); `-` (stdout), a FIFO (with a
+    /// reader) or a character device is written as a stream; anything else
+    /// is refused before the command starts. Without --output the profile
+    /// goes to `memtrail.CMD.PID.json` in the working directory (CMD the
+    /// command's file name, PID memtrail's), which the summary names;
+    /// with --quiet and no --output no profile is kept.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+
+    /// Replace files that --output, --events or --report-output name.
+    /// Without it, an existing regular file there is refused (exit 73)
+    /// before the command starts, and so is one that appears while the
+    /// command runs; streams (`-`, FIFOs, character devices) are written
+    /// either way.
+    #[arg(short, long)]
+    pub force: bool,
 
     /// Stream every event to PATH, one JSON object a line. PATH is written
     /// like --output's (a FIFO or `-` gets the events as they come); no two
@@ -116,14 +182,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub events: Option<PathBuf>,
 
-    /// Size of the events ring buffer in bytes (a power of two; K, M and G
-    /// suffixes accepted). Larger rings absorb longer bursts.
+    /// Size of the events ring buffer: a power of two, in bytes or with a
+    /// binary unit (`64M`, `64MiB`, `512K`, `1G`; `MB` means MiB too).
+    /// Larger rings absorb longer bursts.
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_size)]
     pub ring_size: usize,
 
-    /// Size of the stack ring buffer in bytes (a power of two; K, M and G
-    /// suffixes accepted). Each new distinct stack takes about 1 KiB until
-    /// it is read.
+    /// Size of the stack ring buffer: a power of two, in bytes or with a
+    /// binary unit (as --ring-size). Each new distinct stack takes about
+    /// 1 KiB until it is read.
     #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
     pub stack_ring_size: usize,
 
@@ -188,8 +255,10 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "METRIC", requires = "report")]
     pub report_by: Option<Metric>,
 
-    /// The command and its arguments.
-    #[arg(required = true, last = true, value_name = "CMD")]
+    /// The command and its arguments. memtrail's own flags come before it;
+    /// everything from the command's name on is the command's, so `--` is
+    /// only needed when the command's name starts with `-`.
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
 
@@ -223,21 +292,29 @@ pub struct ReportArgs {
     pub output: Option<PathBuf>,
 }
 
-/// Parses `4096`, `64K`, `64M`, `1G`.
+/// Parses a ring size: bytes (`4096`, `4096B`), or a number of KiB, MiB or
+/// GiB (`64K`, `64KiB`, `64KB`, `64M`, `64MiB`, `1G`, ...; any case, a
+/// space allowed before the unit). Every unit is binary: a ring is a power
+/// of two, so `64MB` can only mean 64 MiB.
 pub fn parse_size(s: &str) -> Result<usize, String> {
-    let (digits, mult) = match s.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&s[..i], 1usize << 10),
-        Some((i, 'm' | 'M')) => (&s[..i], 1 << 20),
-        Some((i, 'g' | 'G')) => (&s[..i], 1 << 30),
-        _ => (s, 1),
+    let invalid = || {
+        format!("`{s}` is not a size: use bytes or a whole number of K, M or G (e.g. 256K, 64MiB)")
     };
-    let n: usize = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (e.g. 4096, 256K, 64M)"))?;
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let unit = unit.trim_start().to_ascii_lowercase();
+    let shift = match unit.as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(invalid()),
+    };
+    let n: usize = digits.parse().map_err(|_| invalid())?;
     let bytes = n
-        .checked_mul(mult)
+        .checked_mul(1 << shift)
         .filter(|b| *b <= u32::MAX as usize)
-        .ok_or_else(|| format!("`{s}` is too large"))?;
+        .ok_or_else(|| format!("`{s}` is too large: a ring holds at most 2G"))?;
     if !bytes.is_power_of_two() || bytes < rustix::param::page_size() {
         return Err(format!(
             "`{s}` must be a power of two of at least the page size ({} bytes)",
@@ -317,8 +394,15 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     // Before any output is opened: SIGTERM and the like must not end
     // memtrail halfway (see sys::signals).
     crate::sys::signals::catch()?;
+    // Without --output the profile is kept under a name of its own, said
+    // in the summary; with --quiet nothing would say it, so none is kept.
+    let output = match &args.output {
+        Some(path) => Some(path.clone()),
+        None if args.quiet => None,
+        None => Some(default_profile_path(&args.command, std::process::id())),
+    };
     let outputs: Vec<_> = [
-        ("--output", &args.output),
+        ("--output", &output),
         ("--events", &args.events),
         ("--report-output", &args.report_output),
     ]
@@ -328,8 +412,9 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     check_distinct(&outputs)?;
     let opts = Options {
         command: args.command,
-        output: args.output,
+        output: output.clone(),
         events: args.events,
+        replace_outputs: args.force,
         ring_size: args.ring_size,
         stack_depth: args.stack_depth,
         stack_ring_size: args.stack_ring_size,
@@ -341,7 +426,12 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     let report_output = args
         .report_output
         .as_deref()
-        .map(OutputFile::create)
+        .map(|path| {
+            let out = OutputFile::create_with(path, args.force)?;
+            // Under sudo, the invoking user's, as the command is.
+            crate::proctree::invoking_user().map_or(Ok(()), |owner| out.give_to(owner))?;
+            Ok::<_, crate::report::OutputError>(out)
+        })
         .transpose()?;
     let outcome = capture::run(&opts);
     // Even with --quiet: what memtrail did with a signal is not the summary.
@@ -349,7 +439,15 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     let outcome = outcome?;
     if !args.quiet {
         // A closed stderr must not turn a good capture into a failure.
-        let _ = write_summary(stderr, &outcome.profile);
+        let _ = write_summary(stderr, &outcome.profile, &outcome.slow_probes);
+        // Where the profile went, when it is a file (not a stream).
+        if let Some(path) = output.filter(|p| p.as_os_str() != "-" && p.is_file()) {
+            let _ = writeln!(
+                stderr,
+                "memtrail: profile written to {} (memtrail report {0} ranks its allocation sites)",
+                path.display()
+            );
+        }
     }
     if let Some(format) = args.report {
         let report = ReportOptions {
@@ -369,6 +467,32 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         }
     }
     Ok(outcome.exit_code)
+}
+
+/// Where the profile goes without --output: `memtrail.CMD.PID.json` in the
+/// working directory, CMD the command's file name (characters other than
+/// letters, digits, `-`, `_` and `.` as `_`), PID memtrail's own process id,
+/// as heaptrack and memray name theirs.
+pub fn default_profile_path(command: &[OsString], pid: u32) -> PathBuf {
+    let name = command
+        .first()
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let name = name.trim_start_matches('.');
+    let name = if name.is_empty() { "command" } else { name };
+    PathBuf::from(format!("memtrail.{name}.{pid}.json"))
 }
 
 /// Says what became of SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to
@@ -397,3 +521,34 @@ fn write_signal_notes(w: &mut impl Write) -> io::Result<()> {
 
 /// Re-export so `main` can use the default.
 pub use capture::DEFAULT_RING_SIZE;
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_as_people_write_them() {
+        for (s, bytes) in [
+            ("4096", 4096),
+            ("4096B", 4096),
+            ("64K", 64 << 10),
+            ("64k", 64 << 10),
+            ("64KiB", 64 << 10),
+            ("64KB", 64 << 10),
+            ("64M", 64 << 20),
+            ("64MiB", 64 << 20),
+            ("64mib", 64 << 20),
+            ("64 MiB", 64 << 20),
+            ("64MB", 64 << 20),
+            ("1G", 1 << 30),
+            ("1GiB", 1 << 30),
+        ] {
+            assert_eq!(parse_size(s), Ok(bytes), "{s}");
+        }
+        for s in [
+            "", "M", "1.5M", "64Mi", "64MBs", "-64M", "64 M B", "48M", "8G", "1K",
+        ] {
+            assert!(parse_size(s).is_err(), "{s} was accepted");
+        }
+    }
+}

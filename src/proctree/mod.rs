@@ -71,6 +71,7 @@ impl CommandSpec {
                 .map(|a| cstr(a))
                 .collect::<Result<_, _>>()?,
             creds: self.creds.clone(),
+            env: self.creds.as_ref().and_then(user_env),
         })
     }
 }
@@ -125,6 +126,45 @@ fn sudo_credentials() -> Option<Credentials> {
         return None;
     }
     Credentials::for_user(uid, gid).ok()
+}
+
+/// memtrail's environment as `sudo -u USER` would pass it on: `HOME`,
+/// `USER`, `LOGNAME` and `SHELL` from the user's passwd entry instead of
+/// root's (a `SHELL` left empty in passwd is `/bin/sh`, as login does),
+/// everything else as it is. `None` without a passwd entry: the
+/// environment stays memtrail's.
+fn user_env(creds: &Credentials) -> Option<Vec<CString>> {
+    let user = creds.user.as_ref()?;
+    let shell: &OsStr = if user.shell.is_empty() {
+        OsStr::new("/bin/sh")
+    } else {
+        &user.shell
+    };
+    let set: [(&str, &OsStr); 4] = [
+        ("HOME", &user.home),
+        ("USER", &user.name),
+        ("LOGNAME", &user.name),
+        ("SHELL", shell),
+    ];
+    let entry = |name: &OsStr, value: &OsStr| {
+        let mut bytes = name.as_bytes().to_vec();
+        bytes.push(b'=');
+        bytes.extend_from_slice(value.as_bytes());
+        // A name or value from the environment or passwd has no NUL.
+        CString::new(bytes).ok()
+    };
+    let mut env: Vec<CString> = std::env::vars_os()
+        .filter(|(name, _)| !set.iter().any(|(n, _)| name == n))
+        .filter_map(|(name, value)| entry(&name, &value))
+        .collect();
+    env.extend(set.iter().filter_map(|(n, v)| entry(OsStr::new(n), v)));
+    Some(env)
+}
+
+/// The invoking user's uid and gid when root runs memtrail through sudo:
+/// whom the command runs as, and whom the files memtrail writes belong to.
+pub fn invoking_user() -> Option<(u32, u32)> {
+    sudo_credentials().map(|c| (c.uid, c.gid))
 }
 
 /// A command forked and waiting to exec.

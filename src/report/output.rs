@@ -248,11 +248,30 @@ enum Kind {
 pub struct OutputFile {
     kind: Kind,
     path: PathBuf,
+    /// Whether an existing regular file may be replaced.
+    replace: bool,
+}
+
+/// Why an existing file was not replaced.
+fn exists() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        "it exists, and memtrail replaces a file only with --force",
+    )
 }
 
 impl OutputFile {
-    /// Resolves `path` and opens what will receive the data.
+    /// Resolves `path` and opens what will receive the data; an existing
+    /// regular file is replaced on commit.
     pub fn create(path: &Path) -> Result<Self, OutputError> {
+        Self::create_with(path, true)
+    }
+
+    /// Like [`create`](Self::create), but unless `replace`, a regular file
+    /// that `path` names (through symlinks) is refused, now and, should one
+    /// appear meanwhile, on commit. Streams (`-`, FIFOs, character devices)
+    /// are written whatever `replace` says: they are not replaced.
+    pub fn create_with(path: &Path, replace: bool) -> Result<Self, OutputError> {
         let err = |source| OutputError {
             path: path.to_owned(),
             source,
@@ -264,11 +283,35 @@ impl OutputFile {
                 Kind::Stream(File::from(fd))
             }
             Target::Stream => Kind::Stream(open_stream(path).map_err(err)?),
+            Target::File {
+                existing: Some(_), ..
+            } if !replace => return Err(err(exists())),
             Target::File { dir, name, .. } => open_file(&dir, name).map_err(err)?,
         };
         Ok(Self {
             kind,
             path: path.to_owned(),
+            replace,
+        })
+    }
+
+    /// Gives the file to be committed to `uid`:`gid` (under sudo, the
+    /// invoking user), before anything is written or linked: it appears
+    /// theirs. A stream is not memtrail's to give.
+    pub fn give_to(&self, (uid, gid): (u32, u32)) -> Result<(), OutputError> {
+        let file = match &self.kind {
+            Kind::Unnamed { file, .. } => file,
+            Kind::Named { tmp, .. } => tmp.as_file(),
+            Kind::Stream(_) => return Ok(()),
+        };
+        rustix::fs::fchown(
+            file,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        )
+        .map_err(|e| OutputError {
+            path: self.path.clone(),
+            source: e.into(),
         })
     }
 
@@ -287,6 +330,7 @@ impl OutputFile {
 
     /// Puts a file in place, flushed to disk; a stream is already written.
     pub fn commit(self) -> Result<(), OutputError> {
+        let replace = self.replace;
         let path = self.path;
         let err = |source| OutputError {
             path: path.clone(),
@@ -296,12 +340,29 @@ impl OutputFile {
             Kind::Stream(_) => Ok(()),
             Kind::Named { tmp, target } => {
                 tmp.as_file().sync_all().map_err(err)?;
-                tmp.persist(&target).map_err(|e| err(e.error))?;
+                if replace {
+                    tmp.persist(&target).map_err(|e| err(e.error))?;
+                } else {
+                    tmp.persist_noclobber(&target)
+                        .map_err(|e| match e.error.kind() {
+                            io::ErrorKind::AlreadyExists => err(exists()),
+                            _ => err(e.error),
+                        })?;
+                }
                 Ok(())
             }
             Kind::Unnamed { file, dir, name } => {
                 file.sync_all().map_err(err)?;
-                link_into_place(&file, &dir, &name).map_err(err)
+                if replace {
+                    link_into_place(&file, &dir, &name).map_err(err)
+                } else {
+                    // linkat never replaces: a file that appeared meanwhile
+                    // stays.
+                    link_unnamed(&file, &dir, &name).map_err(|e| match e {
+                        Errno::EXIST => err(exists()),
+                        e => err(e.into()),
+                    })
+                }
             }
         }
     }

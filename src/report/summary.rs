@@ -1,8 +1,73 @@
 //! The human summary written to stderr after a capture.
 
+use std::collections::HashMap;
 use std::io::{self, Write};
+use std::path::{Path, PathBuf};
 
+use super::Aggregator;
 use super::profile::Profile;
+use crate::attach::{Role, Site};
+use crate::symbolize::Mapping;
+
+/// A probe site the kernel single-steps (~14 µs a hit), that the command
+/// went through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlowProbe {
+    pub symbol: String,
+    pub image: PathBuf,
+    /// Outermost calls recorded of the site's API in the processes that
+    /// mapped its image: the hits, unless another image in the same
+    /// process also provides that API (calls nested in another allocator
+    /// call are not recorded, and not counted).
+    pub calls: u64,
+}
+
+/// The single-stepping sites of `sites` that were hit, most calls first.
+///
+/// The event stream does not say which probe made an event, only its API
+/// (`kind`): a site's calls are the calls of its kind in the processes
+/// that mapped its image. C++ `operator new` sites make no event of their
+/// own (the malloc they call does), so they are never counted here; the
+/// profile's `probes` list them.
+pub fn slow_probes(
+    sites: &[Site],
+    agg: &Aggregator,
+    mappings: &HashMap<u32, Vec<Mapping>>,
+) -> Vec<SlowProbe> {
+    let mut canonical: HashMap<PathBuf, Option<PathBuf>> = HashMap::new();
+    let mut canon = |p: &Path| {
+        canonical
+            .entry(p.to_owned())
+            .or_insert_with(|| std::fs::canonicalize(p).ok())
+            .clone()
+    };
+    let mut slow = Vec::new();
+    for site in sites.iter().filter(|s| !s.emulated && s.role != Role::New) {
+        let id = crate::sys::kernel_file_id(&site.image).ok();
+        let image = canon(&site.image);
+        let mut calls = 0;
+        for p in agg.processes() {
+            let list = mappings.get(&p.pid).map_or(&[][..], Vec::as_slice);
+            let mapped = list.iter().any(|m| match (m.file_id, id) {
+                (Some(a), Some(b)) => a == b,
+                _ => image.is_some() && canon(&m.path) == image,
+            });
+            if mapped {
+                calls += p.calls.get(site.kind as usize).copied().unwrap_or(0);
+            }
+        }
+        if calls > 0 {
+            slow.push(SlowProbe {
+                symbol: site.symbol.clone(),
+                image: site.image.clone(),
+                calls,
+            });
+        }
+    }
+    slow.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.symbol.cmp(&b.symbol)));
+    slow.dedup();
+    slow
+}
 
 /// Formats a byte count with a binary unit.
 pub fn human_bytes(bytes: u64) -> String {
@@ -28,8 +93,79 @@ fn human_ns(ns: u64) -> String {
     }
 }
 
-/// Writes the summary of `p`.
-pub fn write_summary(w: &mut impl Write, p: &Profile) -> io::Result<()> {
+/// Executables shown in the summary; the profile lists every process.
+const EXECUTABLES_SHOWN: usize = 10;
+
+/// The processes of one executable.
+#[derive(Debug, Default)]
+struct ExeGroup<'a> {
+    exe: &'a str,
+    processes: u64,
+    allocations: u64,
+    allocated_bytes: u64,
+    frees: u64,
+    /// The highest peak of any one of them.
+    peak: u64,
+    leaked: u64,
+}
+
+/// One line per executable, largest first (highest peak, then most bytes
+/// allocated): a wrapper script's dozens of short-lived shells and helpers
+/// take a line, not a screen.
+fn write_executables(w: &mut impl Write, p: &Profile) -> io::Result<()> {
+    let mut groups: Vec<ExeGroup<'_>> = Vec::new();
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for proc in &p.processes {
+        let i = *index.entry(proc.exe.as_str()).or_insert_with(|| {
+            groups.push(ExeGroup {
+                exe: &proc.exe,
+                ..ExeGroup::default()
+            });
+            groups.len() - 1
+        });
+        let g = &mut groups[i];
+        g.processes += 1;
+        g.allocations += proc.heap.allocations;
+        g.allocated_bytes += proc.heap.allocated_bytes;
+        g.frees += proc.heap.frees;
+        g.peak = g.peak.max(proc.heap.peak_live_bytes);
+        g.leaked += proc.heap.live_bytes_at_exit;
+    }
+    groups.sort_by(|a, b| {
+        (b.peak, b.allocated_bytes, b.processes)
+            .cmp(&(a.peak, a.allocated_bytes, a.processes))
+            .then(a.exe.cmp(b.exe))
+    });
+    writeln!(
+        w,
+        "  {:>9} {:>10} {:>10} {:>12} {:>12}  exe (peak: the highest of one process)",
+        "processes", "allocs", "frees", "peak", "leaked"
+    )?;
+    for g in groups.iter().take(EXECUTABLES_SHOWN) {
+        writeln!(
+            w,
+            "  {:>9} {:>10} {:>10} {:>12} {:>12}  {}",
+            g.processes,
+            g.allocations,
+            g.frees,
+            human_bytes(g.peak),
+            human_bytes(g.leaked),
+            g.exe
+        )?;
+    }
+    if groups.len() > EXECUTABLES_SHOWN {
+        writeln!(
+            w,
+            "  and {} more executables (the profile lists every process)",
+            groups.len() - EXECUTABLES_SHOWN
+        )?;
+    }
+    Ok(())
+}
+
+/// Writes the summary of `p`; `slow` are the single-stepping probe sites
+/// the command went through ([`slow_probes`]).
+pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io::Result<()> {
     let t = &p.totals;
     let how = match (p.exit.code, p.exit.signal) {
         (_, Some(sig)) => format!("was killed by signal {sig}"),
@@ -94,41 +230,31 @@ pub fn write_summary(w: &mut impl Write, p: &Profile) -> io::Result<()> {
         )?;
     }
     if p.processes.len() > 1 {
-        writeln!(
-            w,
-            "  {:>8} {:>8} {:>10} {:>10} {:>12} {:>12}  exe",
-            "pid", "ppid", "allocs", "frees", "peak", "leaked"
-        )?;
-        for proc in &p.processes {
-            writeln!(
-                w,
-                "  {:>8} {:>8} {:>10} {:>10} {:>12} {:>12}  {}",
-                proc.pid,
-                proc.ppid,
-                proc.heap.allocations,
-                proc.heap.frees,
-                human_bytes(proc.heap.peak_live_bytes),
-                human_bytes(proc.heap.live_bytes_at_exit),
-                proc.exe
-            )?;
-        }
+        write_executables(w, p)?;
     }
-    let slow: Vec<&str> = p
-        .probes
-        .iter()
-        .filter(|s| !s.emulated)
-        .map(|s| s.symbol.as_str())
-        .collect();
     if !slow.is_empty() {
         const SHOWN: usize = 5;
+        let shown: Vec<String> = slow
+            .iter()
+            .take(SHOWN)
+            .map(|s| {
+                let image = s.image.file_name().unwrap_or(s.image.as_os_str());
+                format!(
+                    "{} ({}) {} call{}",
+                    s.symbol,
+                    image.to_string_lossy(),
+                    s.calls,
+                    if s.calls == 1 { "" } else { "s" }
+                )
+            })
+            .collect();
         let more = slow.len().saturating_sub(SHOWN);
         writeln!(
             w,
-            "  note: {} probe sites single-step their first instruction (~14 µs a call): {}{}",
-            slow.len(),
-            slow[..slow.len().min(SHOWN)].join(", "),
+            "  note: probes that single-step their first instruction (~14 µs a call) were hit: {}{}",
+            shown.join(", "),
             if more > 0 {
-                format!(" and {more} more (the profile's probes list them)")
+                format!(" and {more} more")
             } else {
                 String::new()
             }

@@ -3,7 +3,7 @@
 //! Each wrapper names its call in the error and keeps the `io::Error` as the
 //! source. Callers above this module see safe functions only.
 
-use std::ffi::{CStr, CString};
+use std::ffi::{CStr, CString, OsStr, OsString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
@@ -155,25 +155,48 @@ pub struct Credentials {
     pub uid: u32,
     pub gid: u32,
     pub groups: Vec<libc::gid_t>,
+    /// The user's passwd entry, when there is one: login name, home
+    /// directory and shell.
+    pub user: Option<PasswdEntry>,
+}
+
+/// What the command's environment takes from the user's passwd entry.
+#[derive(Clone, Debug)]
+pub struct PasswdEntry {
+    pub name: OsString,
+    pub home: OsString,
+    pub shell: OsString,
 }
 
 impl Credentials {
-    /// The supplementary groups of `user`, for `setgroups` in the child.
+    /// The passwd entry and supplementary groups of `uid`, for `setgroups`
+    /// and the environment of the child.
     pub fn for_user(uid: u32, gid: u32) -> SysResult<Self> {
-        // SAFETY: getpwuid_r with a buffer we own; the result points into it.
-        let name = unsafe {
-            let mut pwd: libc::passwd = std::mem::zeroed();
-            let mut buf = vec![0 as libc::c_char; 16 * 1024];
-            let mut out = std::ptr::null_mut();
-            let rc = libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut out);
-            if rc != 0 || out.is_null() {
-                None
+        use std::os::unix::ffi::OsStrExt;
+        let os = |p: *const libc::c_char| {
+            if p.is_null() {
+                OsString::new()
             } else {
-                Some(CStr::from_ptr(pwd.pw_name).to_owned())
+                // SAFETY: a non-NULL field of the passwd entry getpwuid_r
+                // filled: a NUL-terminated string in `buf`, alive here.
+                OsStr::from_bytes(unsafe { CStr::from_ptr(p) }.to_bytes()).to_owned()
             }
         };
+        let mut buf = vec![0 as libc::c_char; 16 * 1024];
+        // SAFETY: all-zero is a valid passwd (NULL pointers, zero ids).
+        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut out = std::ptr::null_mut();
+        // SAFETY: getpwuid_r with a buffer we own; the result points into it.
+        let rc = unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut out) };
+        let user = (rc == 0 && !out.is_null()).then(|| PasswdEntry {
+            name: os(pwd.pw_name),
+            home: os(pwd.pw_dir),
+            shell: os(pwd.pw_shell),
+        });
         let mut groups = vec![gid];
-        if let Some(name) = name {
+        if let Some(user) = &user
+            && let Ok(name) = CString::new(user.name.as_bytes())
+        {
             let mut n: libc::c_int = 256;
             let mut list = vec![0 as libc::gid_t; n as usize];
             // SAFETY: `list` has room for `n` entries; getgrouplist updates n.
@@ -183,7 +206,12 @@ impl Credentials {
                 groups = list;
             }
         }
-        Ok(Self { uid, gid, groups })
+        Ok(Self {
+            uid,
+            gid,
+            groups,
+            user,
+        })
     }
 }
 
@@ -193,6 +221,9 @@ pub struct ExecPlan {
     pub path: CString,
     pub argv: Vec<CString>,
     pub creds: Option<Credentials>,
+    /// The command's environment (`NAME=value` each); memtrail's own when
+    /// `None`.
+    pub env: Option<Vec<CString>>,
 }
 
 /// A forked child that waits for `release` before it execs.
@@ -209,17 +240,32 @@ pub fn fork_held(plan: &ExecPlan) -> SysResult<HeldChild> {
     let (err_r, err_w) = pipe()?;
     let mut argv: Vec<*const libc::c_char> = plan.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
+    let envp: Option<Vec<*const libc::c_char>> = plan.env.as_ref().map(|env| {
+        env.iter()
+            .map(|e| e.as_ptr())
+            .chain([std::ptr::null()])
+            .collect()
+    });
     // The child must not run memtrail's handler for the signals it passes
     // on (its copy of the handler would swallow them): they stay blocked
     // in the child until its dispositions are the defaults again.
     let mask = signals::block_forwarded()?;
     // SAFETY: the child only calls async-signal-safe functions (read,
-    // sigaction, sigprocmask, setgroups, setgid, setuid, execv, write,
+    // sigaction, sigprocmask, setgroups, setgid, setuid, execv(e), write,
     // _exit) on data prepared before the fork, then execs or exits.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         // SAFETY: see above; this branch never returns.
-        unsafe { child_after_fork(plan, &argv, &mask, go_r.as_raw_fd(), err_w.as_raw_fd()) }
+        unsafe {
+            child_after_fork(
+                plan,
+                &argv,
+                envp.as_deref(),
+                &mask,
+                go_r.as_raw_fd(),
+                err_w.as_raw_fd(),
+            )
+        }
     }
     signals::restore_mask(&mask);
     if pid < 0 {
@@ -240,6 +286,7 @@ pub fn fork_held(plan: &ExecPlan) -> SysResult<HeldChild> {
 unsafe fn child_after_fork(
     plan: &ExecPlan,
     argv: &[*const libc::c_char],
+    envp: Option<&[*const libc::c_char]>,
     mask: &libc::sigset_t,
     go: libc::c_int,
     err: libc::c_int,
@@ -289,8 +336,13 @@ unsafe fn child_after_fork(
             }
         }
     }
-    // SAFETY: path and argv are NUL-terminated and argv ends with NULL.
-    unsafe { libc::execv(plan.path.as_ptr(), argv.as_ptr()) };
+    match envp {
+        // SAFETY: path, argv and envp are NUL-terminated and argv and envp
+        // end with NULL.
+        Some(envp) => unsafe { libc::execve(plan.path.as_ptr(), argv.as_ptr(), envp.as_ptr()) },
+        // SAFETY: path and argv are NUL-terminated and argv ends with NULL.
+        None => unsafe { libc::execv(plan.path.as_ptr(), argv.as_ptr()) },
+    };
     fail(2)
 }
 
@@ -338,8 +390,16 @@ pub fn ignore_signal(sig: i32) -> SysResult<()> {
 /// libbpf resolves syscall tracepoint ids through it.
 pub fn ensure_tracefs() -> SysResult<()> {
     let probe = Path::new("/sys/kernel/tracing/events");
-    if probe.exists() {
-        return Ok(());
+    match std::fs::metadata(probe) {
+        Ok(_) => return Ok(()),
+        // Mounted, but not ours to search (mode 0700, root's).
+        Err(err) if err.kind() == io::ErrorKind::PermissionDenied => {
+            return Err(SysError {
+                call: "stat(/sys/kernel/tracing/events)",
+                source: err,
+            });
+        }
+        Err(_) => {}
     }
     let src = c"tracefs";
     let target = c"/sys/kernel/tracing";

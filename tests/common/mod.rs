@@ -213,7 +213,11 @@ pub fn memtrail_env(
     stdin: &[u8],
     env: &[(&str, &str)],
 ) -> (u32, ExitStatus, Vec<u8>, String) {
+    // A working directory of its own: a run without --output keeps its
+    // profile there (memtrail.CMD.PID.json), not in the checkout.
+    let cwd = tempfile::tempdir().expect("create a working directory");
     let mut child = Command::new(memtrail_bin())
+        .current_dir(cwd.path())
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::piped())

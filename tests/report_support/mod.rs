@@ -70,7 +70,11 @@ impl Run {
 
 /// Runs `memtrail ARGS` with no stdin.
 pub fn memtrail<S: AsRef<OsStr>>(args: &[S]) -> Run {
+    // A working directory of its own: a run without --output keeps its
+    // profile there (memtrail.CMD.PID.json), not in the checkout.
+    let cwd = tempfile::tempdir().expect("create a working directory");
     let out = Command::new(MEMTRAIL)
+        .current_dir(cwd.path())
         .args(args)
         .stdin(Stdio::null())
         .output()

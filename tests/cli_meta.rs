@@ -1,0 +1,112 @@
+//! What memtrail says about itself (issue 16): `--version` with the commit
+//! and the kernel's BPF features, shell completions, man pages.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use common::MEMTRAIL;
+
+/// `memtrail ARGS`: exit code, stdout, stderr.
+fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(MEMTRAIL)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run memtrail");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Check that `--version` names the release and the commit built from
+/// (the checkout's HEAD) and lists every kernel BPF feature memtrail needs
+/// as found on this machine, and `-V` the first line only.
+#[test]
+fn cli_meta_version_names_commit_and_bpf_features() {
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run git");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    let first = format!("memtrail {} (commit {head})", env!("CARGO_PKG_VERSION"));
+
+    let (code, stdout, stderr) = run(&["--version"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], first);
+    assert_eq!(lines[1], "kernel BPF features memtrail needs:");
+    let features: Vec<Vec<&str>> = lines[2..]
+        .iter()
+        .map(|l| l.rsplitn(2, ' ').collect())
+        .collect();
+    let names: Vec<&str> = features.iter().map(|f| f[1].trim()).collect();
+    assert_eq!(
+        names,
+        [
+            "BTF",
+            "ring buffers",
+            "uprobe_multi links",
+            "tp_btf programs",
+            "task storage",
+            "bpf_send_signal",
+            "bpf_find_vma",
+        ]
+    );
+    assert!(features.iter().all(|f| f[0] == "found"), "{stdout}");
+
+    let (code, stdout, _) = run(&["-V"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(stdout, format!("{first}\n"));
+}
+
+/// Check that `memtrail completions SHELL` prints a script for each shell
+/// clap_complete knows that covers the subcommands and their flags, and
+/// that bash and zsh accept the scripts for bash and zsh as syntax.
+#[test]
+fn cli_meta_completions_for_each_shell() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let (code, stdout, stderr) = run(&["completions", shell]);
+        assert_eq!(code, Some(0), "{shell}: {stderr}");
+        for word in ["run", "report", "pressure-timeout", "report-output"] {
+            assert!(stdout.contains(word), "{shell}: no {word}");
+        }
+    }
+    let (_, bash, _) = run(&["completions", "bash"]);
+    assert!(bash.contains("complete -F _memtrail"), "{bash}");
+    let mut check = Command::new("bash")
+        .arg("-n")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("run bash");
+    check
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(bash.as_bytes())
+        .expect("write");
+    assert!(check.wait().expect("wait").success(), "bash -n failed");
+    let (code, _, stderr) = run(&["completions", "no-such-shell"]);
+    assert_eq!(code, Some(2), "{stderr}");
+}
+
+/// Check that `memtrail man` prints memtrail(1) and `memtrail man run`
+/// memtrail-run(1), in roff, with the flags documented.
+#[test]
+fn cli_meta_man_pages() {
+    let (code, page, stderr) = run(&["man"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(page.contains(".TH memtrail 1"), "{page}");
+    assert!(page.contains("memtrail\\-run"), "{page}");
+    let (code, page, stderr) = run(&["man", "run"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(page.contains(".TH memtrail-run 1"), "{page}");
+    assert!(page.contains("\\-\\-pressure\\-timeout"), "{page}");
+    assert!(page.contains("\\-\\-force"), "{page}");
+    let (code, _, _) = run(&["man", "nothing"]);
+    assert_eq!(code, Some(2));
+}
