@@ -4,6 +4,7 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
+use memtrail::bench::cli as bench;
 use memtrail::cli::{self, Cli, Command};
 use tracing_subscriber::EnvFilter;
 
@@ -47,6 +48,23 @@ fn main() -> ExitCode {
             Err(err) => {
                 let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
                 cli::report_exit_code(&err)
+            }
+        },
+        Command::Bench(args) => {
+            let mut stdout = io::stdout().lock();
+            match bench::bench(args, &mut stdout, &mut stderr) {
+                Ok(code) => code,
+                Err(err) => {
+                    let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
+                    bench::bench_exit_code(&err)
+                }
+            }
+        }
+        Command::Compare(args) => match bench::compare(args, &mut io::stdout().lock()) {
+            Ok(code) => code,
+            Err(err) => {
+                let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
+                bench::compare_exit_code(&err)
             }
         },
     };

@@ -98,6 +98,14 @@ pub enum Command {
     /// --output`: as text, JSON, folded stacks, a flame graph or pprof.
     #[command(after_long_help = REPORT_EXIT_CODES_HELP)]
     Report(ReportArgs),
+    /// Run benchmarks under full captures and record their memory metrics
+    /// (docs/bench.md).
+    #[command(after_long_help = crate::bench::cli::BENCH_EXIT_HELP)]
+    Bench(crate::bench::cli::BenchArgs),
+    /// Compare two bench results (or two profiles): per metric the change
+    /// and a verdict, and the sites behind each regression.
+    #[command(after_long_help = crate::bench::cli::COMPARE_EXIT_HELP)]
+    Compare(crate::bench::cli::CompareArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -138,6 +146,7 @@ pub struct RunArgs {
         long,
         value_name = "TIMEOUT",
         default_value = "0",
+        env = "MEMTRAIL_PRESSURE_TIMEOUT",
         allow_hyphen_values = true
     )]
     pub pressure_timeout: crate::pressure::PressureTimeout,
