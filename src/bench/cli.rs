@@ -55,6 +55,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["name", "command"])]
     pub suite: Option<PathBuf>,
 
+    /// Run nothing: render the results document RESULTS.json (e.g.
+    /// target/memtrail/new/results.json) in --format.
+    #[arg(long, value_name = "RESULTS.json",
+          conflicts_with_all = ["suite", "name", "command", "runs", "save_baseline", "baseline"])]
+    pub from: Option<PathBuf>,
+
     /// The name of the command-line benchmark [default: the program's file
     /// name].
     #[arg(long, value_name = "NAME")]
@@ -130,7 +136,7 @@ pub struct BenchArgs {
     pub quiet: bool,
 
     /// The benchmark command and its arguments (without --suite).
-    #[arg(last = true, value_name = "CMD", required_unless_present = "suite")]
+    #[arg(last = true, value_name = "CMD", required_unless_present_any = ["suite", "from"])]
     pub command: Vec<String>,
 }
 
@@ -227,6 +233,11 @@ pub fn bench(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<i32, BenchError> {
+    if let Some(path) = &args.from {
+        let results = super::load_results(path)?;
+        write_results(&results, args.format, args.output.as_deref(), stdout)?;
+        return Ok(exit::OK);
+    }
     let benchmarks = match &args.suite {
         Some(path) => suite::load(path, args.runs)?,
         None => {
@@ -305,34 +316,7 @@ pub fn bench(
         quiet: args.quiet,
     };
     let results = super::run(&opts, stderr)?;
-    let write_err = |path: PathBuf| {
-        move |source| BenchError::Io {
-            what: "cannot write",
-            path,
-            source,
-        }
-    };
-    match out_file {
-        Some(out) => {
-            let path = out.path().to_owned();
-            let mut w = BufWriter::new(out.file());
-            format::write(&results, args.format, &mut w)
-                .and_then(|()| w.flush())
-                .map_err(write_err(path.clone()))?;
-            drop(w);
-            out.commit().map_err(|e| BenchError::Io {
-                what: "cannot write",
-                path: e.path,
-                source: e.source,
-            })?;
-        }
-        None => {
-            let mut w = BufWriter::new(stdout);
-            format::write(&results, args.format, &mut w)
-                .and_then(|()| w.flush())
-                .map_err(write_err(PathBuf::from("-")))?;
-        }
-    }
+    write_results_to(&results, args.format, out_file, stdout)?;
     let mut code = exit::OK;
     for r in &results.benchmarks {
         if r.exit.code != Some(0) {
@@ -357,6 +341,61 @@ pub fn bench(
         }
     }
     Ok(code)
+}
+
+/// Writes `results` in `format` to `output` (a path, `-`) or `stdout`.
+fn write_results(
+    results: &super::results::Results,
+    format: BenchFormat,
+    output: Option<&std::path::Path>,
+    stdout: &mut dyn Write,
+) -> Result<(), BenchError> {
+    let out_file = output
+        .filter(|p| p.as_os_str() != "-")
+        .map(OutputFile::create)
+        .transpose()
+        .map_err(|e| BenchError::Io {
+            what: "cannot write",
+            path: e.path.clone(),
+            source: e.source,
+        })?;
+    write_results_to(results, format, out_file, stdout)
+}
+
+fn write_results_to(
+    results: &super::results::Results,
+    format: BenchFormat,
+    out_file: Option<OutputFile>,
+    stdout: &mut dyn Write,
+) -> Result<(), BenchError> {
+    let write_err = |path: PathBuf| {
+        move |source| BenchError::Io {
+            what: "cannot write",
+            path,
+            source,
+        }
+    };
+    match out_file {
+        Some(out) => {
+            let path = out.path().to_owned();
+            let mut w = BufWriter::new(out.file());
+            format::write(results, format, &mut w)
+                .and_then(|()| w.flush())
+                .map_err(write_err(path))?;
+            drop(w);
+            out.commit().map_err(|e| BenchError::Io {
+                what: "cannot write",
+                path: e.path,
+                source: e.source,
+            })
+        }
+        None => {
+            let mut w = BufWriter::new(stdout);
+            format::write(results, format, &mut w)
+                .and_then(|()| w.flush())
+                .map_err(write_err(PathBuf::from("-")))
+        }
+    }
 }
 
 /// Runs `memtrail compare`; returns the exit code (0 or 1).
