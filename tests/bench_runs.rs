@@ -316,3 +316,28 @@ fn bench_runs_failed_capture_leaves_nothing() {
     assert!(stderr.contains("the capture failed"), "{stderr}");
     assert_eq!(common::dir_entries(&out), Vec::<String>::new());
 }
+
+/// Check that MEMTRAIL_PRESSURE_TIMEOUT is honoured by `run` and `bench`
+/// alike: an invalid value is bad usage (exit 2) naming it, before
+/// anything runs (issue 14).
+#[test]
+fn bench_runs_pressure_timeout_from_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    for cmd in [
+        args(&[&"run", &"--", &"true"]),
+        args(&[&"bench", &"--dir", &dir.path(), &"--", &"true"]),
+    ] {
+        let out = Command::new(MEMTRAIL)
+            .args(&cmd)
+            .env("MEMTRAIL_PRESSURE_TIMEOUT", "soon")
+            .output()
+            .expect("run memtrail");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
+        assert!(
+            stderr.contains("invalid pressure timeout `soon`"),
+            "{stderr}"
+        );
+    }
+    assert_eq!(common::dir_entries(dir.path()), Vec::<String>::new());
+}
