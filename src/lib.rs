@@ -13,11 +13,15 @@
 //! - [`symbolize`]: stacks to functions and lines, after the capture.
 //! - [`report`]: aggregating events into the profile, summary and stream.
 //! - [`render`]: reports on allocation sites: text, JSON, folded, flamegraph, pprof.
+//! - [`bench`]: `memtrail bench`, memory metrics of benchmarks.
+//! - [`compare`]: `memtrail compare`, regressions between two bench results.
 //! - [`cli`]: the `memtrail` command line.
 
 pub mod attach;
+pub mod bench;
 pub mod capture;
 pub mod cli;
+pub mod compare;
 pub mod engine;
 pub mod pressure;
 pub mod proctree;

@@ -4,6 +4,7 @@ use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
+use memtrail::bench::cli as bench;
 use memtrail::cli::{self, Cli, Command};
 use tracing_subscriber::EnvFilter;
 
@@ -75,6 +76,23 @@ fn main() -> ExitCode {
             "the man page",
             &mut stderr,
         ),
+        Command::Bench(args) => {
+            let mut stdout = io::stdout().lock();
+            match bench::bench(args, &mut stdout, &mut stderr) {
+                Ok(code) => code,
+                Err(err) => {
+                    let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
+                    bench::bench_exit_code(&err)
+                }
+            }
+        }
+        Command::Compare(args) => match bench::compare(args, &mut io::stdout().lock()) {
+            Ok(code) => code,
+            Err(err) => {
+                let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
+                bench::compare_exit_code(&err)
+            }
+        },
     };
     ExitCode::from(code.clamp(0, 255) as u8)
 }

@@ -111,14 +111,30 @@ pub enum Command {
     /// Print memtrail's man page (roff) on stdout, or a subcommand's (e.g.
     /// `memtrail man run > /usr/local/share/man/man1/memtrail-run.1`).
     Man {
-        /// The subcommand whose page to print: run or report.
-        #[arg(value_name = "SUBCOMMAND", value_parser = ["run", "report"])]
+        /// The subcommand whose page to print: run, report, bench or compare.
+        #[arg(value_name = "SUBCOMMAND", value_parser = ["run", "report", "bench", "compare"])]
         page: Option<String>,
     },
+    /// Run benchmarks under full captures and record their memory metrics
+    /// (docs/bench.md).
+    #[command(after_long_help = crate::bench::cli::BENCH_EXIT_HELP)]
+    Bench(crate::bench::cli::BenchArgs),
+    /// Compare two bench results (or two profiles): per metric the change
+    /// and a verdict, and the sites behind each regression.
+    #[command(after_long_help = crate::bench::cli::COMPARE_EXIT_HELP)]
+    Compare(crate::bench::cli::CompareArgs),
 }
 
 /// The names of [`Command`]'s subcommands, as typed.
-pub const SUBCOMMANDS: &[&str] = &["run", "report", "completions", "man", "help"];
+pub const SUBCOMMANDS: &[&str] = &[
+    "run",
+    "report",
+    "bench",
+    "compare",
+    "completions",
+    "man",
+    "help",
+];
 
 /// Writes the completion script for `shell`.
 pub fn completions(shell: clap_complete::Shell, out: &mut impl Write) -> io::Result<()> {
@@ -141,6 +157,8 @@ pub fn man(page: Option<&str>, out: &mut impl Write) -> io::Result<()> {
             // Its page is memtrail-NAME(1), as git's and cargo's are.
             let title = match name {
                 "run" => "memtrail-run",
+                "bench" => "memtrail-bench",
+                "compare" => "memtrail-compare",
                 _ => "memtrail-report",
             };
             sub.name(title).version(version::SHORT)
@@ -205,6 +223,7 @@ pub struct RunArgs {
         long,
         value_name = "TIMEOUT",
         default_value = "0",
+        env = "MEMTRAIL_PRESSURE_TIMEOUT",
         allow_hyphen_values = true
     )]
     pub pressure_timeout: crate::pressure::PressureTimeout,

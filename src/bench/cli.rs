@@ -1,0 +1,445 @@
+//! The `memtrail bench` and `memtrail compare` command lines: flags, and
+//! running them to an exit code. `cli/mod.rs` only wires them in.
+
+use std::ffi::OsString;
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+
+use super::format::{self, BenchFormat};
+use super::{BenchError, BenchOptions, suite};
+use crate::compare::{self, CompareError, FlameMetric, Input, Thresholds};
+use crate::report::OutputFile;
+
+/// Exit codes of `memtrail bench` and `memtrail compare`.
+pub mod exit {
+    /// Nothing regressed (compare), every benchmark ran and exited 0
+    /// (bench).
+    pub const OK: i32 = 0;
+    /// Something regressed (compare, bench --baseline), or a benchmark's
+    /// command exited nonzero (bench).
+    pub const REGRESSED: i32 = 1;
+    /// Bad usage or bad input (a suite, results or profile that cannot be
+    /// read or is invalid, a missing baseline).
+    pub const BAD_INPUT: i32 = 2;
+    /// An output cannot be written.
+    pub const OUTPUT: i32 = crate::cli::exit::OUTPUT;
+    /// memtrail itself failed.
+    pub const INTERNAL: i32 = crate::cli::exit::INTERNAL;
+}
+
+pub const BENCH_EXIT_HELP: &str = "\
+Exit status:
+    0    every benchmark ran and its command exited 0 (and, with --baseline,
+         nothing regressed)
+    1    a benchmark's command exited nonzero or was killed, or with
+         --baseline a metric regressed beyond its --threshold
+    2    bad usage or input: an invalid suite, a missing baseline
+    73   the results cannot be written (--output, the results directory)
+  A capture that failed (no profile) ends the bench with the exit status of
+  its `memtrail run` (e.g. 71 lost events, 72 missing privileges, 127 the
+  command was not found); its message is above it on stderr.";
+
+pub const COMPARE_EXIT_HELP: &str = "\
+Exit status:
+    0    nothing regressed
+    1    a metric of a benchmark regressed beyond its --threshold (or its
+         command no longer exits 0)
+    2    bad usage or input (a file that is not memtrail bench results or a
+         profile, an unknown benchmark for --format flamegraph)
+    73   the report cannot be written";
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Run the benchmarks of a TOML suite file (name, command, cwd, env,
+    /// runs: docs/bench.md) instead of one command.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["name", "command"])]
+    pub suite: Option<PathBuf>,
+
+    /// Run nothing: render the results document RESULTS.json (e.g.
+    /// target/memtrail/new/results.json) in --format.
+    #[arg(long, value_name = "RESULTS.json",
+          conflicts_with_all = ["suite", "name", "command", "runs", "save_baseline", "baseline"])]
+    pub from: Option<PathBuf>,
+
+    /// The name of the command-line benchmark [default: the program's file
+    /// name].
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+
+    /// Runs of each benchmark (overrides the suite's). With more than one,
+    /// the spread of each metric is reported and a benchmark whose metrics
+    /// differ between runs is flagged non-deterministic, with the sites that
+    /// differed. [default: the suite's, else 1]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: Option<u32>,
+
+    /// Format of the results on stdout or --output: text, json (the results
+    /// document, docs/bench.md), markdown, bmf (Bencher Metric Format), gab
+    /// (github-action-benchmark customSmallerIsBetter).
+    #[arg(short, long, value_enum, value_name = "FORMAT", default_value_t = BenchFormat::Text)]
+    pub format: BenchFormat,
+
+    /// Write the results in --format to PATH instead of stdout (a file
+    /// appears whole once every benchmark ran). The JSON results document is
+    /// also always saved as DIR/new/results.json (or DIR/NAME/ with
+    /// --save-baseline).
+    #[arg(short, long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+
+    /// Save the results and profiles as baseline NAME (DIR/NAME/) instead of
+    /// DIR/new/.
+    #[arg(long, value_name = "NAME")]
+    pub save_baseline: Option<String>,
+
+    /// Compare the results with the saved baseline NAME, as `memtrail
+    /// compare` would (the comparison goes to stderr); exit 1 if a metric
+    /// regressed.
+    #[arg(long, value_name = "NAME")]
+    pub baseline: Option<String>,
+
+    /// With --baseline: how much a metric may grow, as in `memtrail
+    /// compare --threshold` [default: 0, exact].
+    #[arg(long = "threshold", value_name = "LIMITS", value_parser = compare::check_threshold,
+          requires = "baseline")]
+    pub thresholds: Vec<String>,
+
+    /// Where results and baselines are kept [default: $CARGO_TARGET_DIR/memtrail,
+    /// else target/memtrail].
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+
+    /// Passed on to every capture, as `memtrail run --pressure-timeout`.
+    #[arg(long, value_name = "TIMEOUT", env = "MEMTRAIL_PRESSURE_TIMEOUT",
+          allow_hyphen_values = true, value_parser = check_timeout)]
+    pub pressure_timeout: Option<String>,
+
+    /// Passed on to every capture, as `memtrail run --ring-size`.
+    #[arg(long, value_name = "BYTES", value_parser = check_size)]
+    pub ring_size: Option<String>,
+
+    /// Passed on to every capture, as `memtrail run --stack-ring-size`.
+    #[arg(long, value_name = "BYTES", value_parser = check_size)]
+    pub stack_ring_size: Option<String>,
+
+    /// Passed on to every capture, as `memtrail run --watermark`.
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(1..=99))]
+    pub watermark: Option<u8>,
+
+    /// Passed on to every capture, as `memtrail run --stack-depth` (0 leaves
+    /// no sites for compare to name).
+    #[arg(long, value_name = "FRAMES",
+          value_parser = clap::value_parser!(u32).range(0..=crate::capture::MAX_STACK_DEPTH as i64))]
+    pub stack_depth: Option<u32>,
+
+    /// No progress on stderr.
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// The benchmark command and its arguments (without --suite).
+    #[arg(last = true, value_name = "CMD", required_unless_present_any = ["suite", "from"])]
+    pub command: Vec<String>,
+}
+
+fn check_timeout(s: &str) -> Result<String, String> {
+    s.parse::<crate::pressure::PressureTimeout>()
+        .map(|_| s.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+fn check_size(s: &str) -> Result<String, String> {
+    crate::cli::parse_size(s).map(|_| s.to_owned())
+}
+
+/// `memtrail compare` output formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompareFormat {
+    /// For a terminal.
+    Text,
+    /// For a pull-request comment.
+    Markdown,
+    /// The comparison as a JSON document (docs/bench.md).
+    Json,
+    /// A differential flame graph (SVG) of one benchmark's two profiles.
+    Flamegraph,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    /// The base: bench results (results.json) or a profile.
+    #[arg(value_name = "BASE")]
+    pub base: PathBuf,
+
+    /// The new results or profile, of the same kind as BASE.
+    #[arg(value_name = "NEW")]
+    pub new: PathBuf,
+
+    /// How much a metric may grow before it regresses: `1%` for every
+    /// metric, `peak=0.5%,allocations=0` per metric (a percentage of the
+    /// base, or an absolute count or bytes), or both (`1%,leaked=0`).
+    /// Repeatable. Metrics: allocations, frees, allocated_bytes (bytes),
+    /// peak_live_bytes (peak), leaked_bytes (leaked), leaked_blocks,
+    /// mmap_peak_bytes (mmap). [default: 0, exact]
+    #[arg(long = "threshold", value_name = "LIMITS", value_parser = compare::check_threshold)]
+    pub thresholds: Vec<String>,
+
+    /// Report format.
+    #[arg(short, long, value_enum, value_name = "FORMAT", default_value_t = CompareFormat::Text)]
+    pub format: CompareFormat,
+
+    /// With --format flamegraph: the benchmark to draw (needed when the
+    /// inputs have more than one).
+    #[arg(long, value_name = "NAME")]
+    pub bench: Option<String>,
+
+    /// With --format flamegraph: what the graph is sized by.
+    #[arg(long, value_enum, value_name = "METRIC", default_value_t = FlameMetric::Bytes)]
+    pub by: FlameMetric,
+
+    /// Allocation sites named per regressed benchmark (0: none).
+    #[arg(long, value_name = "N", default_value_t = compare::DEFAULT_SITES)]
+    pub sites: usize,
+
+    /// Write the report to PATH instead of stdout (a file appears whole).
+    #[arg(short, long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+}
+
+/// The exit code for a failed bench.
+pub fn bench_exit_code(err: &BenchError) -> i32 {
+    match err {
+        BenchError::SuiteRead { .. }
+        | BenchError::SuiteInvalid { .. }
+        | BenchError::Usage(_)
+        | BenchError::ResultsRead { .. }
+        | BenchError::ResultsInvalid { .. } => exit::BAD_INPUT,
+        BenchError::Capture { code, .. } => *code,
+        BenchError::Io { .. } => exit::OUTPUT,
+        BenchError::Spawn { .. } | BenchError::Profile { .. } => exit::INTERNAL,
+    }
+}
+
+/// The exit code for a failed compare.
+pub fn compare_exit_code(err: &CompareError) -> i32 {
+    match err {
+        CompareError::Output(_) | CompareError::Stdout(_) => exit::OUTPUT,
+        _ => exit::BAD_INPUT,
+    }
+}
+
+/// Runs `memtrail bench`: results to `stdout` (or --output), progress and
+/// the --baseline comparison to `stderr`. Returns the exit code.
+pub fn bench(
+    args: BenchArgs,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<i32, BenchError> {
+    if let Some(path) = &args.from {
+        let results = super::load_results(path)?;
+        write_results(&results, args.format, args.output.as_deref(), stdout)?;
+        return Ok(exit::OK);
+    }
+    let benchmarks = match &args.suite {
+        Some(path) => suite::load(path, args.runs)?,
+        None => {
+            let name = args
+                .name
+                .clone()
+                .unwrap_or_else(|| suite::default_name(&args.command));
+            suite::check_name(&name).map_err(BenchError::Usage)?;
+            let cwd = std::env::current_dir().map_err(|source| BenchError::Io {
+                what: "cannot read the working directory",
+                path: PathBuf::from("."),
+                source,
+            })?;
+            vec![suite::Benchmark {
+                name,
+                command: args.command.clone(),
+                cwd,
+                env: Default::default(),
+                runs: args.runs.unwrap_or(1),
+            }]
+        }
+    };
+    let dir = args
+        .dir
+        .clone()
+        .map_or_else(super::default_dir, |d| std::path::absolute(&d).unwrap_or(d));
+    let save_as = args
+        .save_baseline
+        .clone()
+        .unwrap_or_else(|| "new".to_owned());
+    suite::check_name(&save_as).map_err(|e| BenchError::Usage(format!("--save-baseline: {e}")))?;
+    let thresholds = Thresholds::parse_all(&args.thresholds).map_err(BenchError::Usage)?;
+    // Read before the run replaces anything.
+    let baseline = match &args.baseline {
+        Some(name) if *name == save_as => {
+            return Err(BenchError::Usage(format!(
+                "--baseline {name} would be replaced by this run's results: save them under \
+                 another name (--save-baseline)"
+            )));
+        }
+        Some(name) => {
+            let path = super::results_path(&dir, name);
+            let results = super::load_results(&path)?;
+            Some(Input { path, results })
+        }
+        None => None,
+    };
+    let out_file = args
+        .output
+        .as_deref()
+        .filter(|p| p.as_os_str() != "-")
+        .map(OutputFile::create)
+        .transpose()
+        .map_err(|e| BenchError::Io {
+            what: "cannot write",
+            path: e.path.clone(),
+            source: e.source,
+        })?;
+    let mut capture_args: Vec<OsString> = Vec::new();
+    let mut pass = |flag: &str, v: Option<String>| {
+        if let Some(v) = v {
+            capture_args.push(flag.into());
+            capture_args.push(v.into());
+        }
+    };
+    pass("--pressure-timeout", args.pressure_timeout.clone());
+    pass("--ring-size", args.ring_size.clone());
+    pass("--stack-ring-size", args.stack_ring_size.clone());
+    pass("--watermark", args.watermark.map(|v| v.to_string()));
+    pass("--stack-depth", args.stack_depth.map(|v| v.to_string()));
+    let opts = BenchOptions {
+        benchmarks,
+        capture_args,
+        dir: dir.clone(),
+        save_as: save_as.clone(),
+        quiet: args.quiet,
+    };
+    let results = super::run(&opts, stderr)?;
+    write_results_to(&results, args.format, out_file, stdout)?;
+    let mut code = exit::OK;
+    for r in &results.benchmarks {
+        if r.exit.code != Some(0) {
+            let _ = writeln!(
+                stderr,
+                "memtrail bench: {}: the command exited with {}",
+                r.name,
+                format::exit_text(&r.exit)
+            );
+            code = exit::REGRESSED;
+        }
+    }
+    if let Some(base) = baseline {
+        let new = Input {
+            path: super::results_path(&dir, &save_as),
+            results,
+        };
+        let c = compare::compare(&base, &new, &thresholds, compare::DEFAULT_SITES);
+        let _ = compare::write_text(&c, stderr);
+        if c.regressed {
+            code = exit::REGRESSED;
+        }
+    }
+    Ok(code)
+}
+
+/// Writes `results` in `format` to `output` (a path, `-`) or `stdout`.
+fn write_results(
+    results: &super::results::Results,
+    format: BenchFormat,
+    output: Option<&std::path::Path>,
+    stdout: &mut dyn Write,
+) -> Result<(), BenchError> {
+    let out_file = output
+        .filter(|p| p.as_os_str() != "-")
+        .map(OutputFile::create)
+        .transpose()
+        .map_err(|e| BenchError::Io {
+            what: "cannot write",
+            path: e.path.clone(),
+            source: e.source,
+        })?;
+    write_results_to(results, format, out_file, stdout)
+}
+
+fn write_results_to(
+    results: &super::results::Results,
+    format: BenchFormat,
+    out_file: Option<OutputFile>,
+    stdout: &mut dyn Write,
+) -> Result<(), BenchError> {
+    let write_err = |path: PathBuf| {
+        move |source| BenchError::Io {
+            what: "cannot write",
+            path,
+            source,
+        }
+    };
+    match out_file {
+        Some(out) => {
+            let path = out.path().to_owned();
+            let mut w = BufWriter::new(out.file());
+            format::write(results, format, &mut w)
+                .and_then(|()| w.flush())
+                .map_err(write_err(path))?;
+            drop(w);
+            out.commit().map_err(|e| BenchError::Io {
+                what: "cannot write",
+                path: e.path,
+                source: e.source,
+            })
+        }
+        None => {
+            let mut w = BufWriter::new(stdout);
+            format::write(results, format, &mut w)
+                .and_then(|()| w.flush())
+                .map_err(write_err(PathBuf::from("-")))
+        }
+    }
+}
+
+/// Runs `memtrail compare`; returns the exit code (0 or 1).
+pub fn compare(args: CompareArgs, stdout: &mut dyn Write) -> Result<i32, CompareError> {
+    let thresholds = Thresholds::parse_all(&args.thresholds).map_err(CompareError::Usage)?;
+    let base = Input::load(&args.base)?;
+    let new = Input::load(&args.new)?;
+    let out_file = args
+        .output
+        .as_deref()
+        .filter(|p| p.as_os_str() != "-")
+        .map(OutputFile::create)
+        .transpose()?;
+    let c = compare::compare(&base, &new, &thresholds, args.sites);
+    let render = |w: &mut dyn Write| -> Result<(), CompareError> {
+        match args.format {
+            CompareFormat::Text => compare::write_text(&c, w).map_err(CompareError::Stdout),
+            CompareFormat::Markdown => compare::write_markdown(&c, w).map_err(CompareError::Stdout),
+            CompareFormat::Json => serde_json::to_writer_pretty(&mut *w, &c)
+                .map_err(io::Error::from)
+                .and_then(|()| writeln!(w))
+                .map_err(CompareError::Stdout),
+            CompareFormat::Flamegraph => {
+                compare::write_flamegraph(&base, &new, args.bench.as_deref(), args.by, w)
+            }
+        }
+    };
+    match out_file {
+        Some(out) => {
+            let mut w = BufWriter::new(out.file());
+            render(&mut w)?;
+            w.flush().map_err(CompareError::Stdout)?;
+            drop(w);
+            out.commit()?;
+        }
+        None => {
+            let mut w = BufWriter::new(stdout);
+            render(&mut w)?;
+            w.flush().map_err(CompareError::Stdout)?;
+        }
+    }
+    Ok(if c.regressed {
+        exit::REGRESSED
+    } else {
+        exit::OK
+    })
+}

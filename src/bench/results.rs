@@ -1,0 +1,276 @@
+//! The results document of `memtrail bench` (format `memtrail-bench`,
+//! versioned; schema in docs/bench.md), and the metrics read from a
+//! profile.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::report::{ExitInfo, Profile, StackEntry};
+
+/// The `format` field of every results document.
+pub const RESULTS_FORMAT: &str = "memtrail-bench";
+
+/// Bumped on any incompatible change of the document.
+pub const RESULTS_VERSION: u32 = 1;
+
+/// One metric of a benchmark: what it measures and how it is read from a
+/// profile. Every metric is smaller-is-better.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Metric {
+    Allocations,
+    Frees,
+    AllocatedBytes,
+    PeakLiveBytes,
+    LeakedBytes,
+    LeakedBlocks,
+    MmapPeakBytes,
+}
+
+impl Metric {
+    /// Every metric, in the order reports show them.
+    pub const ALL: [Metric; 7] = [
+        Self::Allocations,
+        Self::Frees,
+        Self::AllocatedBytes,
+        Self::PeakLiveBytes,
+        Self::LeakedBytes,
+        Self::LeakedBlocks,
+        Self::MmapPeakBytes,
+    ];
+
+    /// The key in results documents (and BMF measures).
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Allocations => "allocations",
+            Self::Frees => "frees",
+            Self::AllocatedBytes => "allocated_bytes",
+            Self::PeakLiveBytes => "peak_live_bytes",
+            Self::LeakedBytes => "leaked_bytes",
+            Self::LeakedBlocks => "leaked_blocks",
+            Self::MmapPeakBytes => "mmap_peak_bytes",
+        }
+    }
+
+    /// The metric named `name`: its key or a short name (`bytes`, `peak`,
+    /// `leaked`, `mmap`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        let short = match name {
+            "bytes" => Some(Self::AllocatedBytes),
+            "peak" => Some(Self::PeakLiveBytes),
+            "leaked" => Some(Self::LeakedBytes),
+            "blocks" => Some(Self::LeakedBlocks),
+            "mmap" => Some(Self::MmapPeakBytes),
+            _ => None,
+        };
+        short.or_else(|| Self::ALL.into_iter().find(|m| m.key() == name))
+    }
+
+    /// Bytes or a count.
+    pub fn is_bytes(self) -> bool {
+        matches!(
+            self,
+            Self::AllocatedBytes | Self::PeakLiveBytes | Self::LeakedBytes | Self::MmapPeakBytes
+        )
+    }
+
+    /// The unit, for BMF-style outputs.
+    pub fn unit(self) -> &'static str {
+        if self.is_bytes() { "bytes" } else { "count" }
+    }
+
+    /// The metric's value in a profile.
+    pub fn of(self, p: &Profile) -> u64 {
+        match self {
+            Self::Allocations => p.totals.allocations,
+            Self::Frees => p.totals.frees,
+            Self::AllocatedBytes => p.totals.allocated_bytes,
+            Self::PeakLiveBytes => p.totals.peak_live_bytes,
+            Self::LeakedBytes => p.totals.live_bytes_at_exit,
+            Self::LeakedBlocks => p.totals.live_allocations_at_exit,
+            // Anonymous mmap outside allocator calls (profile
+            // `mappings.peak_mapped_bytes`, always present in version 1).
+            Self::MmapPeakBytes => p.mappings.peak_mapped_bytes,
+        }
+    }
+}
+
+/// A metric over a benchmark's runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stat {
+    /// The median run's value (the lower median for an even number of
+    /// runs).
+    pub value: u64,
+    pub min: u64,
+    pub max: u64,
+    /// Every run's value, in run order.
+    pub runs: Vec<u64>,
+}
+
+impl Stat {
+    pub fn of(runs: Vec<u64>) -> Self {
+        let mut sorted = runs.clone();
+        sorted.sort_unstable();
+        Self {
+            value: sorted
+                .get((sorted.len().saturating_sub(1)) / 2)
+                .copied()
+                .unwrap_or(0),
+            min: sorted.first().copied().unwrap_or(0),
+            max: sorted.last().copied().unwrap_or(0),
+            runs,
+        }
+    }
+
+    /// `max - min`.
+    pub fn spread(&self) -> u64 {
+        self.max - self.min
+    }
+}
+
+/// An allocation site whose counts differed between runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteRuns {
+    /// Where it allocated: `function (file:line)` of the innermost frame.
+    pub site: String,
+    /// The folded stack (outermost caller first, `;`-separated).
+    pub stack: String,
+    /// Allocations from this site in each run.
+    pub allocations: Vec<u64>,
+    /// Bytes from this site in each run.
+    pub bytes: Vec<u64>,
+}
+
+/// One benchmark's results.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BenchResult {
+    pub name: String,
+    pub command: Vec<String>,
+    /// The working directory it ran in.
+    pub cwd: PathBuf,
+    pub runs: u32,
+    /// How the command ended in the median run of `allocations` (see
+    /// `profile`).
+    pub exit: ExitInfo,
+    /// Whether every run ended with the same status.
+    pub exit_consistent: bool,
+    /// Keyed by [`Metric::key`].
+    pub metrics: BTreeMap<String, Stat>,
+    /// False when a metric differed between runs.
+    pub deterministic: bool,
+    /// Sites whose allocations or bytes differed between runs, largest
+    /// difference first.
+    pub differing_sites: Vec<SiteRuns>,
+    /// The profile of the median run, for drill-down: relative to the
+    /// document's `profile_dir`.
+    pub profile: PathBuf,
+    /// Every run's profile, in run order.
+    pub profiles: Vec<PathBuf>,
+    /// Per marked region metrics: always empty until region markers land
+    /// (see docs/bench.md, "Regions").
+    pub regions: BTreeMap<String, BTreeMap<String, Stat>>,
+}
+
+impl BenchResult {
+    /// The metric's value (the median run's).
+    pub fn value(&self, m: Metric) -> Option<u64> {
+        self.metrics.get(m.key()).map(|s| s.value)
+    }
+}
+
+/// The results document.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Results {
+    pub format: String,
+    pub version: u32,
+    /// Where the profiles named in `benchmarks` were written (absolute).
+    pub profile_dir: PathBuf,
+    pub benchmarks: Vec<BenchResult>,
+}
+
+impl Results {
+    pub fn new(profile_dir: PathBuf, benchmarks: Vec<BenchResult>) -> Self {
+        Self {
+            format: RESULTS_FORMAT.to_owned(),
+            version: RESULTS_VERSION,
+            profile_dir,
+            benchmarks,
+        }
+    }
+
+    /// Where a profile named in the document is: under `profile_dir`, or,
+    /// when the directory was moved or copied (a CI artifact), under
+    /// `doc_dir`, the directory the document was read from.
+    pub fn profile_path(&self, rel: &Path, doc_dir: Option<&Path>) -> PathBuf {
+        let primary = self.profile_dir.join(rel);
+        match doc_dir {
+            Some(dir) if !primary.exists() => dir.join(rel),
+            _ => primary,
+        }
+    }
+}
+
+/// `function (file:line)` of a stack's innermost frame, or the best it has.
+pub fn site_name(stack: &StackEntry) -> String {
+    let Some(f) = stack.frames.first() else {
+        return "[no frames]".to_owned();
+    };
+    let func = f.function.clone().unwrap_or_else(|| match &f.module {
+        Some(m) => format!("[{}]", m.rsplit('/').next().unwrap_or(m)),
+        None => format!("{:#x}", f.addr),
+    });
+    match (&f.file, f.line) {
+        (Some(file), Some(line)) => format!("{func} ({file}:{line})"),
+        (Some(file), None) => format!("{func} ({file})"),
+        _ => func,
+    }
+}
+
+/// The key sites are matched by across runs and builds: the folded stack of
+/// function names (outermost first), which addresses (ASLR, another
+/// build) and line numbers (code moved within a function) do not change.
+pub fn site_key(stack: &StackEntry) -> String {
+    if stack.frames.is_empty() {
+        return "[no frames]".to_owned();
+    }
+    stack
+        .frames
+        .iter()
+        .rev()
+        .map(|f| {
+            let name = match (&f.function, &f.module) {
+                (Some(func), _) => func.clone(),
+                (None, Some(m)) => format!("[{}]", m.rsplit('/').next().unwrap_or(m)),
+                (None, None) => "[unknown]".to_owned(),
+            };
+            name.replace(';', ":")
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// A profile's sites merged by [`site_key`]: summed allocations and bytes,
+/// and the [`site_name`] of the largest stack (by bytes) under each key.
+pub fn sites_by_key(p: &Profile) -> BTreeMap<String, SiteSum> {
+    let mut sites: BTreeMap<String, SiteSum> = BTreeMap::new();
+    for s in &p.stacks {
+        let e = sites.entry(site_key(s)).or_default();
+        e.allocations += s.metrics.allocations;
+        e.bytes += s.metrics.bytes;
+        if e.name.is_empty() || s.metrics.bytes > e.largest {
+            e.name = site_name(s);
+            e.largest = s.metrics.bytes;
+        }
+    }
+    sites
+}
+
+/// One merged site of [`sites_by_key`].
+#[derive(Clone, Debug, Default)]
+pub struct SiteSum {
+    pub name: String,
+    pub allocations: u64,
+    pub bytes: u64,
+    largest: u64,
+}
