@@ -183,6 +183,45 @@ fn bench_compare_identical_builds_change_nothing() {
     }
     assert_eq!(doc["benchmarks"][0]["status"], "unchanged");
     assert_eq!(doc["regressed"], false);
+    // Each baseline of the setup replaced its temporary directory whole
+    // (another test may be saving one of its own meanwhile).
+    let left: Vec<String> = common::dir_entries(&setup().dir)
+        .into_iter()
+        .filter(|n| {
+            [".base.", ".twin.", ".extra."]
+                .iter()
+                .any(|p| n.starts_with(p))
+        })
+        .collect();
+    assert_eq!(left, Vec::<String>::new());
+}
+
+/// Check the Markdown report for a pull-request comment: the verdict, a
+/// table row per metric and the site behind the regression.
+#[test]
+fn bench_compare_markdown_comment() {
+    let args = [
+        os("compare"),
+        results("base"),
+        results("extra"),
+        os("--format"),
+        os("markdown"),
+    ];
+    let (code, stdout, stderr) = memtrail(&args.iter().collect::<Vec<_>>());
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stdout.starts_with("### ❌ memtrail"), "{stdout}");
+    assert!(
+        stdout.contains("| allocations | 11 | 111 | +100 (+909.09%) | REGRESSED |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("| allocated | 10,100 B | 16,500 B | +6,400 B (+63.37%) | REGRESSED |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\n- +100 allocations (+6,400 B) at extra_allocs ("),
+        "{stdout}"
+    );
 }
 
 /// Check that an improvement (the extra build as the base) exits 0.

@@ -169,7 +169,8 @@ pub struct CompareArgs {
     #[arg(value_name = "BASE")]
     pub base: PathBuf,
 
-    /// The new results or profile, of the same kind as BASE.
+    /// The new results or profile. A profile is a benchmark named
+    /// `profile`, so it compares with another profile.
     #[arg(value_name = "NEW")]
     pub new: PathBuf,
 
@@ -177,7 +178,7 @@ pub struct CompareArgs {
     /// metric, `peak=0.5%,allocations=0` per metric (a percentage of the
     /// base, or an absolute count or bytes), or both (`1%,leaked=0`).
     /// Repeatable. Metrics: allocations, frees, allocated_bytes (bytes),
-    /// peak_live_bytes (peak), leaked_bytes (leaked), leaked_blocks,
+    /// peak_live_bytes (peak), leaked_bytes (leaked), leaked_blocks (blocks),
     /// mmap_peak_bytes (mmap). [default: 0, exact]
     #[arg(long = "threshold", value_name = "LIMITS", value_parser = compare::check_threshold)]
     pub thresholds: Vec<String>,
@@ -279,6 +280,7 @@ pub fn bench(
             )));
         }
         Some(name) => {
+            suite::check_name(name).map_err(|e| BenchError::Usage(format!("--baseline: {e}")))?;
             let path = super::results_path(&dir, name);
             let results = super::load_results(&path)?;
             Some(Input { path, results })

@@ -215,6 +215,9 @@ fn run_all(
         source,
     })?;
     let start = Instant::now();
+    // Wall time of the child captures, for the harness's own cost (perf/).
+    let mut captures = Duration::ZERO;
+    let mut total_runs = 0u32;
     let count = opts.benchmarks.len();
     let mut out = Vec::with_capacity(count);
     for (i, bench) in opts.benchmarks.iter().enumerate() {
@@ -239,7 +242,10 @@ fn run_all(
             }
             let rel = PathBuf::from(&bench.name).join(format!("run-{run}.json"));
             let path = work.join(&rel);
+            let t = Instant::now();
             capture(&exe, bench, &opts.capture_args, &path, run)?;
+            captures += t.elapsed();
+            total_runs += 1;
             let profile = render::load_profile(&path).map_err(|source| BenchError::Profile {
                 name: bench.name.clone(),
                 run,
@@ -254,6 +260,11 @@ fn run_all(
         }
         out.push(result);
     }
+    tracing::info!(
+        runs = total_runs,
+        captures_us = captures.as_micros() as u64,
+        "child captures' wall time"
+    );
     Ok(Results::new(final_dir.to_owned(), out))
 }
 

@@ -697,3 +697,44 @@ pub fn write_flamegraph(
     opts.deterministic = true;
     inferno::flamegraph::from_lines(&mut opts, lines.iter().copied(), w).map_err(io)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_parse() {
+        let t = Thresholds::parse_all(&["1%".into()]).unwrap();
+        assert_eq!(t.for_metric(Metric::PeakLiveBytes), Limit::Percent(1.0));
+        let t = Thresholds::parse_all(&["peak=0.5%,allocations=0".into(), "leaked=4096".into()])
+            .unwrap();
+        assert_eq!(t.for_metric(Metric::PeakLiveBytes), Limit::Percent(0.5));
+        assert_eq!(t.for_metric(Metric::Allocations), Limit::Absolute(0));
+        assert_eq!(t.for_metric(Metric::LeakedBytes), Limit::Absolute(4096));
+        assert_eq!(t.for_metric(Metric::Frees), Limit::Absolute(0), "default");
+        for bad in ["x", "-1%", "nan%", "speed=1%", "peak=", "1.5"] {
+            assert!(Thresholds::parse_all(&[bad.into()]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn verdicts() {
+        let s = |v| Stat::of(vec![v]);
+        let pct = Limit::Percent(1.0);
+        let v = |b, n, t| judge(Metric::Allocations, &s(b), &s(n), t).verdict;
+        assert_eq!(v(100, 100, pct), Verdict::Unchanged);
+        assert_eq!(v(100, 101, pct), Verdict::Within);
+        assert_eq!(v(100, 102, pct), Verdict::Regressed);
+        assert_eq!(v(100, 98, pct), Verdict::Improved);
+        assert_eq!(v(0, 1, pct), Verdict::Regressed, "growth from 0");
+        assert_eq!(v(10, 11, Limit::Absolute(0)), Verdict::Regressed);
+        assert_eq!(v(10, 11, Limit::Absolute(1)), Verdict::Within);
+    }
+
+    #[test]
+    fn signed_numbers() {
+        assert_eq!(signed(6400), "+6,400");
+        assert_eq!(signed(-12000), "-12,000");
+        assert_eq!(signed(0), "0");
+    }
+}
