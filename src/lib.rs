@@ -15,6 +15,7 @@
 //! - [`report`]: aggregating events into the profile, summary and stream.
 //! - [`render`]: reports on allocation sites: text, JSON, folded, flamegraph, pprof.
 //! - [`cli`]: the `memtrail` command line.
+//! - [`ffi`]: the C ABI (`include/memtrail.h`).
 
 //!
 //! The public API is small: a [`Session`] ([`SessionOptions`], [`Target`]),
@@ -30,6 +31,8 @@ pub mod capture;
 pub mod cli;
 #[doc(hidden)]
 pub mod engine;
+#[doc(hidden)]
+pub mod ffi;
 #[doc(hidden)]
 pub mod pressure;
 #[doc(hidden)]
