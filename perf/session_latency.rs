@@ -88,8 +88,16 @@ fn main() {
     let _ = writeln!(
         out,
         "target p99 <= 1 ms: snapshot {} / region_end {}",
-        if p99_snap <= 1_000_000 { "met" } else { "MISSED" },
-        if p99_end <= 1_000_000 { "met" } else { "MISSED" }
+        if p99_snap <= 1_000_000 {
+            "met"
+        } else {
+            "MISSED"
+        },
+        if p99_end <= 1_000_000 {
+            "met"
+        } else {
+            "MISSED"
+        }
     );
     session.finish().expect("finish");
 }
