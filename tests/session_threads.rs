@@ -34,8 +34,9 @@ fn names() -> Vec<String> {
 }
 
 /// Check that a session failing after its pollers and coordinator started,
-/// and a session dropped while tracking, join every thread they started
-/// before returning (issue 13: detached pollers read the unmapped .bss).
+/// a session dropped while tracking, and one unwound by a panic join every
+/// thread they started before returning (issue 13: detached pollers read
+/// the unmapped .bss).
 #[test]
 fn session_threads_joined_on_error_and_drop() {
     let before = threads();
@@ -56,5 +57,13 @@ fn session_threads_joined_on_error_and_drop() {
     // Four pollers and the pressure coordinator.
     assert_eq!(threads(), before + 5);
     drop(session);
+    assert_eq!(settled(before), before, "{:?}", names());
+
+    let unwound = std::panic::catch_unwind(|| {
+        let _session = Session::start(&SessionOptions::default(), Target::SelfProcess)
+            .expect("a session on this process");
+        panic!("injected panic while a session runs");
+    });
+    assert!(unwound.is_err());
     assert_eq!(settled(before), before, "{:?}", names());
 }
