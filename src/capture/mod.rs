@@ -1,10 +1,11 @@
-//! One capture: load the probes, start the command held, follow its tree,
-//! drain the rings, check for loss and build the profile.
+//! `memtrail run`'s capture: a [`Session`] on the command, with the CLI's
+//! process effects, and its outputs; plus what sessions share: the capture
+//! error type and its [`ErrorKind`], fault injection, the pipelines' sinks,
+//! and building the profile.
 //!
-//! This is the library entry point the CLI (and later the C ABI) calls.
-//! Ownership: the capture owns the BPF skeleton and the probe links (all
-//! detached when it returns, whatever the path), the poller thread (joined
-//! before it returns) and the output files (committed only on success).
+//! Ownership: the session owns the BPF skeleton, the probe links and every
+//! thread (see [`crate::session`]); [`run`] owns the output files, committed
+//! only when the capture succeeded.
 
 pub(crate) mod sinks;
 
