@@ -26,7 +26,7 @@
 //!
 //! Exact points in time: [`Session::snapshot`] and regions raise the
 //! pipelines' epoch barrier and wait for the events pipeline to drain
-//! (see [`regions`]).
+//! (see the `regions` submodule).
 
 pub(crate) mod regions;
 
@@ -906,7 +906,7 @@ impl Session {
     }
 
     /// Begins a region on the calling thread (regions are per thread and
-    /// nest: see [`regions`]). `name` is cut to [`NAME_MAX`] bytes.
+    /// nest: see the `regions` module). `name` is cut to [`NAME_MAX`] bytes.
     pub fn region_begin(&self, name: &str) -> Result<(), CaptureError> {
         let mut buf = [0u8; NAME_MAX + 1];
         let n = name.len().min(NAME_MAX);
