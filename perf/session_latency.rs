@@ -59,6 +59,12 @@ fn main() {
             black_box(session.snapshot().expect("snapshot"));
         }));
     }
+    let mut totals = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        totals.push(time(|| {
+            black_box(session.totals().expect("totals"));
+        }));
+    }
     let mut begin = Vec::with_capacity(calls);
     let mut end = Vec::with_capacity(calls);
     for _ in 0..calls {
@@ -82,6 +88,7 @@ fn main() {
         "session latency (issue 13), calls back to back on an idle session:"
     );
     let p99_snap = report(out, "snapshot()", snap);
+    report(out, "totals()", totals);
     report(out, "region_begin()", begin);
     let p99_end = report(out, "region_end()", end);
     report(out, "snapshot() after 30 ms idle (deep sleep)", idle);

@@ -501,11 +501,10 @@ pub unsafe extern "C" fn memtrail_snapshot(
         let Some(s) = guard.as_ref() else {
             return fail(MEMTRAIL_E_STATE, "the session has finished");
         };
-        let snap = match s.snapshot() {
-            Ok(snap) => snap,
+        let t: Totals = match s.totals() {
+            Ok(t) => t,
             Err(err) => return from_error(&err),
         };
-        let t: Totals = snap.totals;
         let value = memtrail_totals {
             size: 0,
             allocations: t.allocations,

@@ -905,6 +905,16 @@ impl Session {
         }
     }
 
+    /// The totals of [`snapshot`](Self::snapshot) alone: returns nothing
+    /// allocated, so a process tracking itself sees no event of the call
+    /// (and the events poller is not pacing at the next one).
+    pub fn totals(&self) -> Result<Totals, CaptureError> {
+        match self.ask(Op::Totals)? {
+            Reply::Totals(t) => Ok(t),
+            _ => Err(CaptureError::State("unexpected reply")),
+        }
+    }
+
     /// Begins a region on the calling thread (regions are per thread and
     /// nest: see the `regions` module). `name` is cut to [`NAME_MAX`] bytes.
     pub fn region_begin(&self, name: &str) -> Result<(), CaptureError> {

@@ -75,6 +75,7 @@ pub struct Snapshot {
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Op {
     Snapshot,
+    Totals,
     Begin { tid: u32, name: [u8; NAME_MAX + 1] },
     End { tid: u32 },
 }
@@ -83,6 +84,7 @@ pub(crate) enum Op {
 #[derive(Debug)]
 pub(crate) enum Reply {
     Snapshot(Snapshot),
+    Totals(Totals),
     Begun,
     Ended(RegionCounts),
     /// `End` on a thread with no region open.
@@ -244,6 +246,7 @@ impl Regions {
         };
         p.reply = Some(match op {
             Op::Snapshot => Reply::Snapshot(snapshot(agg)),
+            Op::Totals => Reply::Totals(snapshot_totals(agg)),
             Op::Begin { tid, name } => {
                 let uid = self.next_uid;
                 self.next_uid += 1;
@@ -282,6 +285,22 @@ impl Regions {
         );
         Reply::Ended(region.counts)
     }
+}
+
+/// The tree's totals alone: nothing allocated for the caller to free.
+fn snapshot_totals(agg: &Aggregator) -> Totals {
+    let mut t = Totals::default();
+    for p in agg.processes() {
+        let (live_bytes, live_allocations) = agg.live_of(p);
+        t.allocations += p.heap.allocations;
+        t.frees += p.heap.frees;
+        t.allocated_bytes += p.heap.allocated_bytes;
+        t.freed_bytes += p.heap.freed_bytes;
+        t.live_allocations += live_allocations;
+        t.live_bytes += live_bytes;
+    }
+    t.peak_live_bytes = agg.totals().peak_live_bytes;
+    t
 }
 
 fn snapshot(agg: &Aggregator) -> Snapshot {
