@@ -452,6 +452,38 @@ static __always_inline bool is_tracked(__u32 tgid)
 	return bpf_map_lookup_elem(&tracked, &tgid) != NULL;
 }
 
+/*
+ * Threads of a tracked process that are not part of the tree: memtrail's
+ * own pollers and coordinator when it tracks its own process
+ * (src/session). They start before the process enters `tracked`, so they
+ * never get call state (see task_call) and their allocator calls are not
+ * seen; this map leaves their syscalls out too. Userspace fills it.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u32);
+} excluded_threads SEC(".maps");
+
+/* Set with excluded_threads: without it the test is the process's alone. */
+const volatile bool threads_excluded = false;
+
+/* Whether the current thread (pid_tgid) belongs to the tree. */
+static __always_inline bool thread_tracked(__u64 pid_tgid)
+{
+	__u32 tid = (__u32)pid_tgid;
+
+	if (!is_tracked(pid_tgid >> 32))
+		return false;
+	return !threads_excluded || !bpf_map_lookup_elem(&excluded_threads, &tid);
+}
+
+/* Whether a process that maps a new image is stopped until its allocators
+ * are probed. Off when memtrail tracks its own process (src/session): the
+ * attach worker is one of its threads. */
+const volatile bool attach_hold = true;
+
 static __always_inline void *reserve(__u64 size)
 {
 	void *rec = bpf_ringbuf_reserve(&events, size, 0);
@@ -808,7 +840,7 @@ static __always_inline int stash_args(__u64 a0, __u64 a1, __u64 a2)
 	__u32 tid = (__u32)pid_tgid;
 	struct sysargs args = { .args = { a0, a1, a2 } };
 
-	if (!is_tracked(pid_tgid >> 32))
+	if (!thread_tracked(pid_tgid))
 		return 0;
 	if (bpf_map_update_elem(&sysargs, &tid, &args, BPF_ANY))
 		__sync_fetch_and_add(&drops_tracking, 1);
@@ -893,7 +925,8 @@ static __always_inline void request_attach(__u64 pid_tgid, const struct vma_info
 	}
 	fill_mapping(m, pid_tgid, info);
 	bpf_ringbuf_submit(m, submit_flags(MT_RING_ATTACH));
-	bpf_send_signal(SIGSTOP);
+	if (attach_hold)
+		bpf_send_signal(SIGSTOP);
 	check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
 }
 
@@ -940,7 +973,7 @@ int sys_enter_munmap(struct trace_event_raw_sys_enter *ctx)
 {
 	__u64 pid_tgid = current_ids();
 
-	if (!is_tracked(pid_tgid >> 32))
+	if (!thread_tracked(pid_tgid))
 		return 0;
 	emit_alloc(pid_tgid, MT_MUNMAP, syscall_flags(), ctx->args[0], ctx->args[1], 0, 0);
 	return 0;

@@ -13,6 +13,8 @@ echo "== cargo fmt --check" >&2
 cargo fmt --check
 echo "== cargo clippy" >&2
 cargo clippy --all-targets --quiet -- -D warnings
+echo "== C header (include/memtrail.h) up to date" >&2
+cargo test --quiet --test ffi_header
 echo "== BPF stack budget" >&2
 scripts/check-bpf-stack.sh
 echo "== cargo test" >&2

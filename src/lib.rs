@@ -7,7 +7,8 @@
 //! - [`engine`]: pinned poller threads, idle strategy, epoch barriers.
 //! - [`record`]: decoding ring records into events.
 //! - [`attach`]: finding allocator entry points and attaching probes.
-//! - [`capture`]: one capture from start to profile, the library entry point.
+//! - [`session`]: one capture, owned start to finish: the library entry point.
+//! - [`capture`]: `memtrail run`'s capture (a session on a command, and its outputs).
 //! - [`pressure`]: pausing the tree when a ring fills up, instead of losing events.
 //! - [`proctree`]: starting the command and following its process tree.
 //! - [`symbolize`]: stacks to functions and lines, after the capture.
@@ -16,19 +17,50 @@
 //! - [`bench`]: `memtrail bench`, memory metrics of benchmarks.
 //! - [`compare`]: `memtrail compare`, regressions between two bench results.
 //! - [`cli`]: the `memtrail` command line.
+//! - [`ffi`]: the C ABI (`include/memtrail.h`).
+//!
+//! The public API is small: a [`Session`] ([`SessionOptions`], [`Target`]),
+//! its [`Snapshot`]s and [`RegionCounts`], and one error type with a
+//! [`ErrorKind`]. The modules are public for the CLI, `tests/` and `perf/`
+//! only (hidden from the docs): they are internals, not a stable API.
 
+#[doc(hidden)]
 pub mod attach;
+#[doc(hidden)]
 pub mod bench;
+#[doc(hidden)]
 pub mod capture;
+#[doc(hidden)]
 pub mod cli;
+#[doc(hidden)]
 pub mod compare;
+#[doc(hidden)]
 pub mod engine;
+#[doc(hidden)]
+pub mod ffi;
+#[doc(hidden)]
 pub mod pressure;
+#[doc(hidden)]
 pub mod proctree;
+#[doc(hidden)]
 pub mod record;
+#[doc(hidden)]
 pub mod render;
+#[doc(hidden)]
 pub mod report;
+#[doc(hidden)]
 pub mod ring;
+pub mod session;
+#[doc(hidden)]
 pub mod skel;
+#[doc(hidden)]
 pub mod symbolize;
+#[doc(hidden)]
 pub mod sys;
+
+pub use capture::{CaptureError as Error, ErrorKind, Faults};
+pub use pressure::PressureTimeout;
+pub use session::{
+    Finish, ProcessTotals, Region, RegionCounts, Session, SessionOptions, Snapshot, Target, Totals,
+    TreeExit,
+};

@@ -46,6 +46,9 @@ pub struct AttachWorker {
     pub sites: Vec<Site>,
     pub failures: Vec<AttachFailure>,
     pub malformed: u64,
+    /// Whether requesting processes are held stopped (BPF stopped them);
+    /// off when memtrail tracks its own process (`attach_hold` in BPF).
+    pub hold: bool,
     /// Images examined, as they were then, and whether they had allocator
     /// entry points: for the image cache.
     pub examined: Vec<(PathBuf, Stamp, bool)>,
@@ -69,6 +72,7 @@ impl AttachWorker {
             sites: Vec::new(),
             failures: Vec::new(),
             malformed: 0,
+            hold: true,
             examined: Vec::new(),
         }
     }
@@ -130,12 +134,27 @@ impl Sink for AttachWorker {
             return;
         };
         let pid = req.pid;
+        if !self.hold {
+            self.examine_request(&req);
+            return;
+        }
         if let Err(err) = self.stops.hold_stopped(pid as i32, Owner::Attach) {
             tracing::debug!(pid, %err, "could not hold the requesting process");
         }
+        self.examine_request(&req);
+        if let Err(err) = self.stops.release(pid as i32, Owner::Attach) {
+            tracing::warn!(pid, %err, "could not resume a process after attaching");
+        }
+    }
+}
+
+impl AttachWorker {
+    /// Examines the requested image unless known.
+    fn examine_request(&mut self, req: &MappingRecord) {
+        let pid = req.pid;
         let id = (req.dev, req.ino);
         if !self.known.contains(&id) {
-            match self.examine(&req) {
+            match self.examine(req) {
                 Ok(true) => self.mark_known(id),
                 // Not examined: the next process that maps it asks again.
                 Ok(false) => tracing::debug!(pid, image = %req.name, "exited before examined"),
@@ -154,9 +173,6 @@ impl Sink for AttachWorker {
                     self.mark_known(id);
                 }
             }
-        }
-        if let Err(err) = self.stops.release(pid as i32, Owner::Attach) {
-            tracing::warn!(pid, %err, "could not resume a process after attaching");
         }
     }
 }

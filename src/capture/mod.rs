@@ -1,47 +1,34 @@
-//! One capture: load the probes, start the command held, follow its tree,
-//! drain the rings, check for loss and build the profile.
+//! `memtrail run`'s capture: a [`Session`] on the command, with the CLI's
+//! process effects, and its outputs; plus what sessions share: the capture
+//! error type and its [`ErrorKind`], fault injection, the pipelines' sinks,
+//! and building the profile.
 //!
-//! This is the library entry point the CLI (and later the C ABI) calls.
-//! Ownership: the capture owns the BPF skeleton and the probe links (all
-//! detached when it returns, whatever the path), the poller thread (joined
-//! before it returns) and the output files (committed only on success).
+//! Ownership: the session owns the BPF skeleton, the probe links and every
+//! thread (see [`crate::session`]); [`run`] owns the output files, committed
+//! only when the capture succeeded.
 
-mod sinks;
+pub(crate) mod sinks;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::OsString;
-use std::mem::MaybeUninit;
-use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use libbpf_rs::MapCore;
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-
-use crate::attach::cache::ImageCache;
-use crate::attach::worker::AttachWorker;
 use crate::attach::{self, AttachError, Links};
-use crate::engine::idle::{DeepSleep, SleepFlag};
-use crate::engine::{self, Barrier, Fault, Pipeline};
-use crate::pressure::{
-    self, BssWord, Coordinator, HighWater, Latch, Pause, PressureError, PressureTimeout, RingRoom,
-    RoomError,
-};
-use crate::proctree::cgroup::TreeCgroup;
-use crate::proctree::stops::Stops;
-use crate::proctree::{self, CommandSpec, SpawnError};
+use crate::engine::Fault;
+use crate::pressure::{HighWater, PressureTimeout, RingRoom, RoomError};
+use crate::proctree::{CommandSpec, SpawnError};
 use crate::report::{
-    Aggregator, EventWriter, ExitInfo, LostEvents, OutputError, OutputFile, Profile,
-    SameOutputError, StackEntry, StackMetrics,
+    Aggregator, EventWriter, LostEvents, OutputError, OutputFile, Profile, SameOutputError,
+    StackEntry, StackMetrics,
 };
-use crate::ring::{RingConsumer, RingError};
-use crate::skel::memtrail::{MemtrailSkel, MemtrailSkelBuilder};
+use crate::ring::RingError;
+use crate::session::{Finish, Session, SessionOptions, Target};
+use crate::skel::memtrail::MemtrailSkel;
 use crate::symbolize::{AddressSpaces, StackSymbolizer};
 use crate::sys::{self, ChildExit, SysError};
 
-use sinks::{EventSink, MappingSink, Stack, StackSink};
+use sinks::Stack;
 
 /// Default size of the events ring: 64 MiB absorbs long bursts.
 pub const DEFAULT_RING_SIZE: usize = 64 << 20;
@@ -53,7 +40,7 @@ pub const DEFAULT_STACK_DEPTH: u32 = 127;
 pub const MAX_STACK_DEPTH: u32 = 128;
 
 /// How long the final drain may take before the capture is declared broken.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What to capture and where to write it.
 #[derive(Debug, Clone)]
@@ -80,7 +67,8 @@ pub struct Options {
 }
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
-/// wedge-events,stall-stacks,one-thread-slot,no-cgroup` in the CLI; see
+/// wedge-events,stall-stacks,one-thread-slot,no-cgroup,fail-after-start` in
+/// the CLI; see
 /// [`engine::Fault`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Faults {
@@ -90,6 +78,9 @@ pub struct Faults {
     /// bpf/memtrail.bpf.c): the other threads keep their state in task
     /// storage, the path a thread takes when its slot is held.
     pub one_thread_slot: bool,
+    /// Fail a session right after its threads started
+    /// (`fail-after-start`): the path every later error takes.
+    pub fail_after_start: bool,
     /// No cgroup for the tree: pressure pauses stop processes with SIGSTOP,
     /// the path taken where there is no usable cgroup v2 freezer.
     pub no_cgroup: bool,
@@ -106,6 +97,10 @@ impl Faults {
             }
             if name == "no-cgroup" {
                 faults.no_cgroup = true;
+                continue;
+            }
+            if name == "fail-after-start" {
+                faults.fail_after_start = true;
                 continue;
             }
             let (fault, pipeline) = match name.split_once('-') {
@@ -194,12 +189,90 @@ pub enum CaptureError {
     PollerPanicked,
     #[error(transparent)]
     Sys(#[from] SysError),
+    #[error("invalid options: {0}")]
+    InvalidOptions(&'static str),
+    #[error("{0}")]
+    State(&'static str),
+    #[error("injected failure (MEMTRAIL_FAULT=fail-after-start)")]
+    Injected,
     #[error("{what}")]
     Io {
         what: &'static str,
         #[source]
         source: std::io::Error,
     },
+}
+
+/// What kind of failure a [`CaptureError`] is: the CLI maps it to an exit
+/// code, the C ABI to an error code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Bad options or arguments (usage).
+    InvalidArgument,
+    /// A call that does not fit the session's state (no region open, no
+    /// tree to wait for).
+    State,
+    /// The command was not found.
+    NotFound,
+    /// The command is not executable.
+    NotExecutable,
+    /// An output cannot be written.
+    Output,
+    /// Missing privileges or kernel feature, or the BPF programs did not load.
+    Unsupported,
+    /// Another tracer holds a conflicting uprobe.
+    Conflict,
+    /// An image the tree loaded could not be examined or probed.
+    Attach,
+    /// Events were lost.
+    Lost,
+    /// A pressure pause did not recover in time.
+    Pressure,
+    /// A terminating signal came before the command started.
+    Interrupted,
+    /// Anything else: memtrail itself failed.
+    Internal,
+}
+
+impl CaptureError {
+    /// The kind of failure.
+    pub fn kind(&self) -> ErrorKind {
+        use crate::sys::ExecFailure;
+        match self {
+            Self::Spawn(SpawnError::NotFound(_)) => ErrorKind::NotFound,
+            Self::Spawn(SpawnError::NotExecutable(_)) => ErrorKind::NotExecutable,
+            Self::Spawn(SpawnError::Nul(_)) => ErrorKind::InvalidArgument,
+            Self::Spawn(SpawnError::Exec { source, .. }) => match source {
+                ExecFailure::Exec(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    ErrorKind::NotFound
+                }
+                ExecFailure::Exec(_) => ErrorKind::NotExecutable,
+                _ => ErrorKind::Internal,
+            },
+            Self::Output(_) | Self::EventStream(_) => ErrorKind::Output,
+            Self::SameOutput(_)
+            | Self::Room(_)
+            | Self::InvalidOptions(_)
+            | Self::StackDepth(_)
+            | Self::Ring(RingError::BadSize(_)) => ErrorKind::InvalidArgument,
+            Self::State(_) => ErrorKind::State,
+            Self::Interrupted(_) => ErrorKind::Interrupted,
+            Self::Privileges(_) | Self::KernelFeature { .. } | Self::Load(_) => {
+                ErrorKind::Unsupported
+            }
+            Self::Attach(AttachError::Conflict { .. })
+            | Self::AttachImage {
+                source: AttachError::Conflict { .. },
+                ..
+            } => ErrorKind::Conflict,
+            Self::Attach(_) | Self::AttachTracepoint { .. } => ErrorKind::Unsupported,
+            Self::AttachImage { .. } => ErrorKind::Attach,
+            Self::Lost(..) => ErrorKind::Lost,
+            Self::Pressure(_) => ErrorKind::Pressure,
+            _ => ErrorKind::Internal,
+        }
+    }
 }
 
 /// A finished capture.
@@ -219,7 +292,7 @@ pub const CAPABILITIES: &str = "cap_bpf,cap_perfmon,cap_dac_read_search,cap_chec
 
 /// Checks, before anything is loaded, that memtrail may do what a capture
 /// does; names every capability that is missing.
-fn check_environment() -> Result<(), CaptureError> {
+pub(crate) fn check_environment() -> Result<(), CaptureError> {
     const CAP_DAC_OVERRIDE: u32 = 1;
     const CAP_DAC_READ_SEARCH: u32 = 2;
     const CAP_SYS_ADMIN: u32 = 21;
@@ -275,16 +348,27 @@ fn check_environment() -> Result<(), CaptureError> {
     }
 }
 
-/// Runs one capture.
+/// Runs one capture: `memtrail run`. Starts a [`Session`] on the command
+/// (with the CLI's process effects), waits for its tree, and writes the
+/// outputs, each only if the capture succeeded.
 pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     // Everything that can fail on bad input fails before the command runs.
-    sys::signals::catch()?;
-    let spec = CommandSpec::new(opts.command.clone())?;
     let outputs: Vec<_> = [("--output", &opts.output), ("--events", &opts.events)]
         .into_iter()
         .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
         .collect();
     crate::report::check_distinct(&outputs)?;
+    let session_opts = SessionOptions {
+        ring_size: opts.ring_size,
+        stack_ring_size: opts.stack_ring_size,
+        stack_depth: opts.stack_depth,
+        pressure_timeout: opts.pressure_timeout,
+        watermark_percent: opts.watermark_percent,
+        process_effects: true,
+        faults: opts.faults,
+    };
+    let target = Target::Command(opts.command.clone());
+    let spec = CommandSpec::new(opts.command.clone())?;
     // Under sudo, the files are the invoking user's, as the command is.
     let owner = spec.creds.as_ref().map(|c| (c.uid, c.gid));
     let create = |path| {
@@ -294,416 +378,20 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     };
     let output = opts.output.as_deref().map(create).transpose()?;
     let events = opts.events.as_deref().map(create).transpose()?;
-    for size in [opts.ring_size, opts.stack_ring_size] {
-        if !size.is_power_of_two() || size < rustix::param::page_size() {
-            return Err(RingError::BadSize(size).into());
-        }
-    }
-    if opts.stack_depth > MAX_STACK_DEPTH {
-        return Err(CaptureError::StackDepth(opts.stack_depth));
-    }
-    let rooms = ring_rooms(opts);
-    let cpus = libbpf_rs::num_possible_cpus().map_or(1, |n| n as u64);
-    if opts.pressure_timeout.enabled() {
-        pressure::check_room(&rooms, opts.watermark_percent, cpus)?;
-    }
-    check_environment()?;
-    // The tree's cgroup pauses it unseen; without one, SIGSTOP does.
-    let cgroup = if opts.pressure_timeout.enabled() && !opts.faults.no_cgroup {
-        match TreeCgroup::create() {
-            Ok(cgroup) => Some(Arc::new(cgroup)),
-            Err(err) => {
-                tracing::info!(
-                    error = &err as &(dyn std::error::Error + 'static),
-                    "no cgroup freezer: pressure pauses will stop processes with SIGSTOP"
-                );
-                None
-            }
-        }
-    } else {
-        None
-    };
-
-    let mut storage = MaybeUninit::uninit();
-    let mut open = MemtrailSkelBuilder::default()
-        .open(&mut storage)
-        .map_err(CaptureError::Load)?;
-    open.maps
-        .events
-        .set_max_entries(opts.ring_size as u32)
-        .map_err(CaptureError::Load)?;
-    open.maps
-        .stacks
-        .set_max_entries(opts.stack_ring_size as u32)
-        .map_err(CaptureError::Load)?;
-    open.maps
-        .rodata_data
-        .as_deref_mut()
-        .expect("the BPF object has .rodata tunables")
-        .stack_depth = opts.stack_depth;
-    {
-        let ro = open
-            .maps
-            .rodata_data
-            .as_deref_mut()
-            .expect("the BPF object has .rodata tunables");
-        let mark = |size: u64| pressure::watermark_bytes(size, opts.watermark_percent);
-        ro.pressure_enabled = opts.pressure_timeout.enabled();
-        // In a PID namespace of its own (a container), BPF reports ids as
-        // memtrail sees them.
-        if let Some(ino) = sys::pid_namespace().filter(|&ino| ino != sys::INIT_PID_NS_INO) {
-            ro.pidns_translate = true;
-            ro.pidns_ino = ino;
-        }
-        ro.pressure_freeze = cgroup.is_some();
-        for (i, room) in rooms.iter().enumerate() {
-            ro.ring_capacity[i] = room.capacity;
-            ro.ring_record[i] = room.record;
-        }
-        if opts.faults.one_thread_slot {
-            ro.thread_slot_mask = 0;
-        }
-        ro.watermark_events = mark(opts.ring_size as u64);
-        ro.watermark_stacks = mark(opts.stack_ring_size as u64);
-        ro.watermark_mappings = mark(u64::from(open.maps.mappings.max_entries()));
-        ro.watermark_attach = mark(u64::from(open.maps.attach_requests.max_entries()));
-    }
-    let mut skel = open.load().map_err(CaptureError::Load)?;
-    // Before any process can be stopped: the guardian resumes the tree if
-    // memtrail dies, however it dies (none when memtrail is PID 1 of its
-    // PID namespace, whose death kills the whole tree).
-    let _guardian = sys::spawn_guardian(
-        skel.maps.tracked.as_fd(),
-        cgroup.as_deref().map(TreeCgroup::for_guardian),
-    )?;
-    let bss = skel
-        .maps
-        .bss_data
-        .as_deref_mut()
-        .expect("the BPF object has a .bss");
-    let latch_word: *mut u64 = &raw mut bss.pressure_latch;
-    let unrecorded_word: *mut u64 = &raw mut bss.hard_stops_unrecorded;
-    // The root, before it execs: forks add, exits subtract.
-    bss.tree_threads = 1;
-
-    // libc and the C++ runtimes are probed up front (every command loads
-    // them); other images as the attach worker meets them.
-    let progs = attach::AllocPrograms::memtrail(&skel).map_err(|source| CaptureError::Io {
-        what: "duplicating BPF program descriptors",
-        source,
-    })?;
-    let mut images = vec![attach::libc_path()?];
-    images.extend(attach::cxx_runtimes());
-    let mut links = Links::default();
-    attach_tracepoints(&skel, &mut links)?;
-    let mut sites = Vec::new();
-    let mut known = HashSet::new();
-    for image in &images {
-        let found = attach::find_sites(image, &attach::api::all())?;
-        attach::attach_sites(&progs, &found, &mut links)?;
-        sites.extend(found);
-        if let Ok(id) = sys::kernel_file_id(image) {
-            sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
-            known.insert(id);
-        }
-    }
-    // Images earlier captures examined, unchanged since: known without a
-    // hold (see attach::cache).
-    let mut image_cache = ImageCache::load();
-    for entry in image_cache.valid() {
-        let id = entry.stamp.id();
-        if known.contains(&id) {
-            continue;
-        }
-        if entry.has_sites {
-            let found = attach::find_sites(&entry.path, &attach::api::all())
-                .and_then(|found| attach::attach_sites(&progs, &found, &mut links).map(|()| found));
-            match found {
-                Ok(found) => sites.extend(found),
-                Err(err) => {
-                    tracing::debug!(image = %entry.path.display(), %err, "cached image not probed up front");
-                    continue;
-                }
-            }
-        }
-        sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
-        known.insert(id);
-    }
-    for site in sites.iter().filter(|s| !s.emulated) {
-        tracing::info!(%site, "probe site single-steps its first instruction (~14 µs a hit)");
-    }
-    let stops = Arc::new(Stops::new());
-
+    session_opts.validate(&target)?;
     let stream = events
         .map(EventWriter::new)
         .transpose()
         .map_err(CaptureError::EventStream)?;
-    let bss = skel
-        .maps
-        .bss_data
-        .as_deref_mut()
-        .expect("the BPF object has a .bss");
-    let sleeping: Vec<*mut u64> = bss.sleeping.iter_mut().map(std::ptr::from_mut).collect();
-    let maps = &skel.maps;
-    let barrier = Barrier::new(4).map_err(|source| CaptureError::Io {
-        what: "creating the pipeline barrier",
-        source,
-    })?;
-    let deep = |ring: usize, map: std::os::fd::BorrowedFd<'_>| {
-        // SAFETY: the .bss mapping lives with the skeleton, which outlives
-        // the pollers (joined below).
-        let flag = unsafe { SleepFlag::new(sleeping[ring]) };
-        DeepSleep::new(flag, map, barrier.kick_fd()).map_err(|source| CaptureError::Io {
-            what: "setting up a poller's deep sleep",
-            source,
-        })
-    };
-    let cores = engine::poller_cores(4);
-    let spawn_err = |source| CaptureError::Io {
-        what: "starting a poller thread",
-        source,
-    };
-    let event_poller = engine::spawn(
-        Pipeline {
-            name: "events",
-            ring: RingConsumer::new(maps.events.as_fd(), opts.ring_size)?,
-            sink: EventSink::new(Aggregator::new(), stream),
-            fault: opts.faults.events,
-            deep_sleep: Some(deep(0, maps.events.as_fd())?),
-            paced: true,
-        },
-        barrier.clone(),
-        0,
-        cores[0],
-    )
-    .map_err(spawn_err)?;
-    let stack_poller = engine::spawn(
-        Pipeline {
-            name: "stacks",
-            ring: RingConsumer::new(maps.stacks.as_fd(), maps.stacks.max_entries() as usize)?,
-            sink: StackSink::default(),
-            fault: opts.faults.stacks,
-            deep_sleep: Some(deep(1, maps.stacks.as_fd())?),
-            paced: true,
-        },
-        barrier.clone(),
-        1,
-        cores[1],
-    )
-    .map_err(spawn_err)?;
-    let mapping_poller = engine::spawn(
-        Pipeline {
-            name: "mappings",
-            ring: RingConsumer::new(maps.mappings.as_fd(), maps.mappings.max_entries() as usize)?,
-            sink: MappingSink::default(),
-            fault: Fault::None,
-            deep_sleep: Some(deep(2, maps.mappings.as_fd())?),
-            paced: false,
-        },
-        barrier.clone(),
-        2,
-        cores[2],
-    )
-    .map_err(spawn_err)?;
-
-    let known_fd = skel
-        .maps
-        .known_images
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|source| CaptureError::Io {
-            what: "duplicating a BPF map descriptor",
-            source,
-        })?;
-    let attach_poller = engine::spawn(
-        Pipeline {
-            name: "attach",
-            ring: RingConsumer::new(
-                maps.attach_requests.as_fd(),
-                maps.attach_requests.max_entries() as usize,
-            )?,
-            sink: AttachWorker::new(progs, known_fd, known, stops.clone()),
-            fault: Fault::None,
-            deep_sleep: Some(deep(3, maps.attach_requests.as_fd())?),
-            paced: false,
-        },
-        barrier.clone(),
-        3,
-        cores[3],
-    )
-    .map_err(spawn_err)?;
-
-    let done = Arc::new(AtomicBool::new(false));
-    let done_fd = sys::eventfd()?;
-    let wake_epoll = sys::epoll_for(&[
-        (skel.maps.pressure_wake.as_fd(), false),
-        (done_fd.as_fd(), false),
-    ])?;
-    let coordinator = Coordinator {
-        wake: RingConsumer::new(
-            skel.maps.pressure_wake.as_fd(),
-            skel.maps.pressure_wake.max_entries() as usize,
-        )?,
-        wake_epoll,
-        // SAFETY: the skeleton (and so its .bss mapping) outlives the
-        // coordinator thread, which is joined below.
-        latch: unsafe { Latch::new(latch_word) },
-        tracked_map: skel
-            .maps
-            .tracked
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|source| CaptureError::Io {
-                what: "duplicating a BPF map descriptor",
-                source,
-            })?,
-        stops: stops.clone(),
-        barrier: barrier.clone(),
-        pipelines: PIPELINES.to_vec(),
-        timeout: opts.pressure_timeout,
-        pause: match &cgroup {
-            Some(cgroup) => Pause::Freeze {
-                cgroup: cgroup.clone(),
-                hard_stops: skel.maps.hard_stops.as_fd().try_clone_to_owned().map_err(
-                    |source| CaptureError::Io {
-                        what: "duplicating a BPF map descriptor",
-                        source,
-                    },
-                )?,
-                // SAFETY: as for the latch.
-                unrecorded: unsafe { BssWord::new(unrecorded_word) },
-            },
-            None => Pause::Signal,
-        },
-        done: done.clone(),
-    };
-    let pressure = std::thread::Builder::new()
-        .name("memtrail-pressure".into())
-        .spawn(move || coordinator.run())
-        .map_err(|source| CaptureError::Io {
-            what: "starting the pressure coordinator",
-            source,
-        })?;
-
-    let tree = track_tree(&skel, &spec, cgroup.as_deref());
-    done.store(true, Ordering::Release);
-    sys::eventfd_signal(done_fd.as_fd());
-    let pressure = pressure.join().map_err(|_| CaptureError::PollerPanicked)?;
-    if let Err(err) = pressure {
-        barrier.stop();
-        let _ = (
-            event_poller.join(),
-            stack_poller.join(),
-            mapping_poller.join(),
-            attach_poller.join(),
-        );
-        let _ = stops.resume_everything();
-        return Err(CaptureError::Pressure(err));
-    }
-    let mut pressure_stats = pressure.unwrap_or_default();
-    // Whatever happened to the tree, drain and join the pollers.
-    let epoch = barrier.raise();
-    let drained = barrier.wait(epoch, Some(DRAIN_TIMEOUT));
-    barrier.stop();
-    let joined = (
-        event_poller.join(),
-        stack_poller.join(),
-        mapping_poller.join(),
-        attach_poller.join(),
-    );
-    // Nothing of the tree may stay stopped, whatever happened.
-    let _ = stops.resume_everything();
-    let (Ok(events), Ok(stacks), Ok(mappings), Ok(attacher)) = joined else {
-        return Err(CaptureError::PollerPanicked);
-    };
-    let seen = HighWater {
-        events: events.high_water,
-        stacks: stacks.high_water,
-        mappings: mappings.high_water,
-        attach: attacher.high_water,
-    };
-    let (events, stacks, mappings, mut attacher) =
-        (events.sink, stacks.sink, mappings.sink, attacher.sink);
-    links.append(&mut attacher.links);
-    sites.append(&mut attacher.sites);
-    for (path, stamp, has_sites) in attacher.examined.drain(..) {
-        image_cache.record(&path, stamp, has_sites);
-    }
-    image_cache.save();
-    // Detach now: memtrail's own allocations (symbolization below) would
-    // otherwise hit the probes too.
-    drop(links);
-    if let Some(failure) = attacher.failures.into_iter().next() {
-        return Err(CaptureError::AttachImage {
-            image: failure.image,
-            pid: failure.pid,
-            source: failure.error,
-        });
-    }
-    let (root, root_exit, start_ns) = tree?;
-    if !drained {
-        return Err(CaptureError::DrainTimeout(DRAIN_TIMEOUT));
-    }
-    let end_ns = sys::monotonic_ns();
-
-    let lost = read_lost(&skel);
-    if lost.any() {
-        let advice = if opts.pressure_timeout.enabled() {
-            let bss = skel
-                .maps
-                .bss_data
-                .as_deref()
-                .expect("the BPF object has a .bss");
-            loss_advice(
-                &lost,
-                &rooms,
-                opts.watermark_percent,
-                bss.tree_threads_peak.max(1),
-            )
-        } else {
-            lost.advice()
-        };
-        return Err(CaptureError::Lost(lost, advice));
-    }
-    let EventSink {
-        mut agg,
+    let mut session = Session::start_with(&session_opts, target, stream)?;
+    let waited = session.wait();
+    let Finish {
+        profile,
+        slow_probes,
+        exit,
         stream,
-        stream_error,
-        ..
-    } = events;
-    let malformed = agg.malformed + stacks.malformed + mappings.malformed + attacher.malformed;
-    if malformed > 0 {
-        return Err(CaptureError::Malformed(malformed));
-    }
-    if let Some(err) = stream_error {
-        return Err(CaptureError::EventStream(err));
-    }
-    agg.finish(end_ns);
-    agg.set_parent(root, std::process::id());
-    let exit = match root_exit {
-        Some(ChildExit::Exited(code)) => ExitInfo {
-            code: Some(code),
-            signal: None,
-        },
-        Some(ChildExit::Signaled(sig)) => ExitInfo {
-            code: None,
-            signal: Some(sig),
-        },
-        None => ExitInfo {
-            code: None,
-            signal: None,
-        },
-    };
-    let command = opts
-        .command
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    let mut profile = Profile::build(&agg, command, exit, (start_ns, end_ns), lost, &sites);
-    let slow_probes = crate::report::slow_probes(&sites, &agg, &mappings.mappings);
-    profile.stacks = symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
-    pressure_stats.high_water = read_high_water(&skel).max(seen);
-    profile.pressure = pressure_stats;
+    } = session.finish()?;
+    waited?;
     if let Some(stream) = stream {
         stream.commit()?;
     }
@@ -713,13 +401,48 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     Ok(Outcome {
         profile,
         slow_probes,
-        exit_code: root_exit.map_or(0, ChildExit::code),
+        exit_code: exit.root.map_or(0, ChildExit::code),
     })
+}
+
+/// Why a paused capture still lost records, and what ring sizes would do:
+/// each live thread of the tree may write two records past a ring's mark
+/// before it stops, so a tree with more threads than the ring has room for
+/// above its watermark can overrun it before the freeze lands.
+pub(crate) fn loss_advice(
+    lost: &LostEvents,
+    rooms: &[RingRoom],
+    percent: u8,
+    threads: u64,
+) -> String {
+    let counts = [lost.events, lost.stacks, lost.mappings, lost.attach];
+    let needs: Vec<String> = rooms
+        .iter()
+        .zip(counts)
+        .filter(|&(room, n)| n != 0 && room.option != "fixed")
+        .map(|(room, _)| {
+            let needed = (crate::pressure::RECORDS_PER_THREAD * threads + 1) * room.record;
+            let mut size = room.capacity;
+            while size - crate::pressure::watermark_bytes(size, percent) < needed {
+                size *= 2;
+            }
+            format!("{} {size}", room.option)
+        })
+        .collect();
+    if needs.is_empty() {
+        return lost.advice();
+    }
+    format!(
+        "the tree had up to {threads} live threads, and each may write {} records past a \
+         ring's watermark before it stops: retry with {} (or a lower --watermark)",
+        crate::pressure::RECORDS_PER_THREAD,
+        needs.join(" and ")
+    )
 }
 
 /// Builds the allocation sites: every stack that allocated, symbolized,
 /// largest allocated bytes first.
-fn symbolize_stacks(
+pub(crate) fn symbolize_stacks(
     agg: &Aggregator,
     stacks: &HashMap<u64, Stack>,
     mut mappings: HashMap<u32, Vec<crate::symbolize::Mapping>>,
@@ -769,7 +492,10 @@ fn symbolize_stacks(
 }
 
 /// Attaches the syscall and sched tracepoint programs.
-fn attach_tracepoints(skel: &MemtrailSkel<'_>, links: &mut Links) -> Result<(), CaptureError> {
+pub(crate) fn attach_tracepoints(
+    skel: &MemtrailSkel<'_>,
+    links: &mut Links,
+) -> Result<(), CaptureError> {
     let p = &skel.progs;
     for prog in [
         &p.sched_fork,
@@ -794,95 +520,9 @@ fn attach_tracepoints(skel: &MemtrailSkel<'_>, links: &mut Links) -> Result<(), 
     Ok(())
 }
 
-/// Starts the command tracked and waits for its whole tree. Returns the
-/// root pid, how it ended, and when it was released.
-fn track_tree(
-    skel: &MemtrailSkel<'_>,
-    spec: &CommandSpec,
-    cgroup: Option<&TreeCgroup>,
-) -> Result<(u32, Option<ChildExit>, u64), CaptureError> {
-    // memtrail stays alive for Ctrl-C and Ctrl-\: the command decides.
-    sys::ignore_signal(libc::SIGINT)?;
-    sys::ignore_signal(libc::SIGQUIT)?;
-    // SIGTERM or SIGHUP during the set-up: give up before anything runs.
-    // One that comes from here on is passed on to the command.
-    if let Some(sig) = sys::signals::termination() {
-        return Err(CaptureError::Interrupted(sig));
-    }
-    let held = proctree::spawn_held(spec)?;
-    let pid = held.pid();
-    // Until the whole tree is waited for: SIGTERM, SIGHUP, SIGUSR1 and
-    // SIGUSR2 reach the command.
-    let _forward = match sys::signals::Forward::new(pid as i32) {
-        Ok(forward) => forward,
-        Err(err) => {
-            // Dropping `held` closes the go pipe: the child exits unexec'd.
-            drop(held);
-            let _ = proctree::wait_tree(pid);
-            return Err(err.into());
-        }
-    };
-    let tracked = skel
-        .maps
-        .tracked
-        .update(
-            &pid.to_ne_bytes(),
-            &0u32.to_ne_bytes(),
-            libbpf_rs::MapFlags::ANY,
-        )
-        .map_err(CaptureError::Load)
-        .and_then(|()| {
-            cgroup.map_or(Ok(()), |cg| {
-                cg.add(pid)
-                    .map_err(|e| CaptureError::Pressure(PressureError::Cgroup(e)))
-            })
-        });
-    if let Err(err) = tracked {
-        // Dropping `held` closes the go pipe: the child exits unexec'd.
-        drop(held);
-        let _ = proctree::wait_tree(pid);
-        return Err(err);
-    }
-    let start_ns = sys::monotonic_ns();
-    let released = held.release();
-    let root_exit = proctree::wait_tree(pid)?;
-    released?;
-    Ok((pid, root_exit, start_ns))
-}
-
-/// Why a paused capture still lost records, and what ring sizes would do:
-/// each live thread of the tree may write two records past a ring's mark
-/// before it stops, so a tree with more threads than the ring has room for
-/// above its watermark can overrun it before the freeze lands.
-fn loss_advice(lost: &LostEvents, rooms: &[RingRoom], percent: u8, threads: u64) -> String {
-    let counts = [lost.events, lost.stacks, lost.mappings, lost.attach];
-    let needs: Vec<String> = rooms
-        .iter()
-        .zip(counts)
-        .filter(|&(room, n)| n != 0 && room.option != "fixed")
-        .map(|(room, _)| {
-            let needed = (pressure::RECORDS_PER_THREAD * threads + 1) * room.record;
-            let mut size = room.capacity;
-            while size - pressure::watermark_bytes(size, percent) < needed {
-                size *= 2;
-            }
-            format!("{} {size}", room.option)
-        })
-        .collect();
-    if needs.is_empty() {
-        return lost.advice();
-    }
-    format!(
-        "the tree had up to {threads} live threads, and each may write {} records past a \
-         ring's watermark before it stops: retry with {} (or a lower --watermark)",
-        pressure::RECORDS_PER_THREAD,
-        needs.join(" and ")
-    )
-}
-
 /// Each ring's capacity and largest record (with its ring header), by ring
 /// index (`enum mt_ring`).
-fn ring_rooms(opts: &Options) -> [RingRoom; 4] {
+pub(crate) fn ring_rooms(ring_size: usize, stack_ring_size: usize) -> [RingRoom; 4] {
     use crate::skel::memtrail::types as t;
     use std::mem::size_of;
     let with_header = |n: usize| (n as u64 + 8).next_multiple_of(8);
@@ -895,13 +535,13 @@ fn ring_rooms(opts: &Options) -> [RingRoom; 4] {
         RingRoom {
             name: "events",
             option: "--ring-size",
-            capacity: opts.ring_size as u64,
+            capacity: ring_size as u64,
             record: with_header(event),
         },
         RingRoom {
             name: "stacks",
             option: "--stack-ring-size",
-            capacity: opts.stack_ring_size as u64,
+            capacity: stack_ring_size as u64,
             record: with_header(size_of::<t::mt_stack_record>()),
         },
         RingRoom {
@@ -925,11 +565,11 @@ const MAPPINGS_RING_SIZE: u64 = 1 << 20;
 const ATTACH_RING_SIZE: u64 = 1 << 20;
 
 /// Pipeline names by barrier index.
-const PIPELINES: [&str; 4] = ["events", "stacks", "mappings", "attach"];
+pub(crate) const PIPELINES: [&str; 4] = ["events", "stacks", "mappings", "attach"];
 
 /// The high-water marks the producers kept (only with pressure on: see
 /// check_pressure in bpf/memtrail.bpf.c).
-fn read_high_water(skel: &MemtrailSkel<'_>) -> HighWater {
+pub(crate) fn read_high_water(skel: &MemtrailSkel<'_>) -> HighWater {
     let bss = skel
         .maps
         .bss_data
@@ -943,7 +583,7 @@ fn read_high_water(skel: &MemtrailSkel<'_>) -> HighWater {
     }
 }
 
-fn read_lost(skel: &MemtrailSkel<'_>) -> LostEvents {
+pub(crate) fn read_lost(skel: &MemtrailSkel<'_>) -> LostEvents {
     let bss = skel
         .maps
         .bss_data

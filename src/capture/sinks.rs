@@ -7,8 +7,10 @@ use std::path::PathBuf;
 
 use crate::attach::strip_deleted;
 use crate::engine::Sink;
+use crate::record::Body;
 use crate::record::{self, MappingRecord};
 use crate::report::{Aggregator, EventWriter};
+use crate::session::regions::Regions;
 use crate::symbolize::Mapping;
 
 /// Aggregation and the optional event stream.
@@ -18,6 +20,8 @@ pub struct EventSink {
     pub stream_error: Option<std::io::Error>,
     /// The latest clock reading in ring order.
     clock: u64,
+    /// Snapshots and regions of a library session.
+    pub(crate) regions: Option<Regions>,
 }
 
 impl EventSink {
@@ -27,6 +31,7 @@ impl EventSink {
             stream,
             stream_error: None,
             clock: 0,
+            regions: None,
         }
     }
 }
@@ -48,12 +53,26 @@ impl Sink for EventSink {
         } else {
             self.clock = self.clock.max(rec.hdr.ts_ns);
         }
-        self.agg.apply(&rec);
+        match (&mut self.regions, &rec.body) {
+            (Some(regions), Body::Mem(mem)) if regions.active() => {
+                let before = self.agg.heap_of(rec.hdr.pid).unwrap_or_default();
+                self.agg.apply(&rec);
+                let after = self.agg.heap_of(rec.hdr.pid).unwrap_or_default();
+                regions.observe(&rec.hdr, mem, before, after);
+            }
+            _ => self.agg.apply(&rec),
+        }
         if let Some(stream) = &mut self.stream {
             if let Err(err) = stream.write(&rec) {
                 self.stream_error = Some(err);
                 self.stream = None;
             }
+        }
+    }
+
+    fn drained(&mut self, epoch: u64) {
+        if let Some(regions) = &mut self.regions {
+            regions.drained(epoch, &self.agg);
         }
     }
 }
@@ -122,7 +141,7 @@ impl MappingSink {
 
     /// Adds the executable file mappings /proc lists for `pid` (the
     /// dynamic loader's and the vDSO's are only found there).
-    fn scan_proc(&mut self, pid: u32) {
+    pub(crate) fn scan_proc(&mut self, pid: u32) {
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
             return;
         };

@@ -12,7 +12,6 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::capture::{self, CaptureError, Options};
-use crate::proctree::SpawnError;
 use crate::render::{self, Format, Metric, ReportError, ReportOptions};
 use crate::report::{OutputFile, check_distinct, write_summary};
 
@@ -345,33 +344,22 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 
 /// The exit code for a failed capture.
 pub fn exit_code(err: &CaptureError) -> i32 {
-    match err {
-        CaptureError::Spawn(SpawnError::NotFound(_)) => exit::NOT_FOUND,
-        CaptureError::Spawn(SpawnError::NotExecutable(_)) => exit::NOT_EXECUTABLE,
-        CaptureError::Spawn(SpawnError::Exec { source, .. }) => match source {
-            crate::sys::ExecFailure::Exec(e) if e.kind() == io::ErrorKind::NotFound => {
-                exit::NOT_FOUND
-            }
-            crate::sys::ExecFailure::Exec(_) => exit::NOT_EXECUTABLE,
+    use crate::capture::ErrorKind;
+    match err.kind() {
+        ErrorKind::NotFound => exit::NOT_FOUND,
+        ErrorKind::NotExecutable => exit::NOT_EXECUTABLE,
+        ErrorKind::Output => exit::OUTPUT,
+        ErrorKind::InvalidArgument => exit::USAGE,
+        // As if the signal had ended memtrail, which it would have.
+        ErrorKind::Interrupted => match err {
+            CaptureError::Interrupted(sig) => 128 + sig,
             _ => exit::INTERNAL,
         },
-        CaptureError::Output(_) | CaptureError::EventStream(_) => exit::OUTPUT,
-        CaptureError::SameOutput(_) => exit::USAGE,
-        // As if the signal had ended memtrail, which it would have.
-        CaptureError::Interrupted(sig) => 128 + sig,
-        CaptureError::Privileges(_)
-        | CaptureError::KernelFeature { .. }
-        | CaptureError::Load(_) => exit::UNSUPPORTED,
-        CaptureError::Attach(crate::attach::AttachError::Conflict { .. }) => exit::CONFLICT,
-        CaptureError::Attach(_) | CaptureError::AttachTracepoint { .. } => exit::UNSUPPORTED,
-        CaptureError::AttachImage {
-            source: crate::attach::AttachError::Conflict { .. },
-            ..
-        } => exit::CONFLICT,
-        CaptureError::AttachImage { .. } => exit::ATTACH,
-        CaptureError::Lost(..) => exit::LOST,
-        CaptureError::Pressure(_) => exit::PRESSURE,
-        CaptureError::Room(_) => exit::USAGE,
+        ErrorKind::Unsupported => exit::UNSUPPORTED,
+        ErrorKind::Conflict => exit::CONFLICT,
+        ErrorKind::Attach => exit::ATTACH,
+        ErrorKind::Lost => exit::LOST,
+        ErrorKind::Pressure => exit::PRESSURE,
         _ => exit::INTERNAL,
     }
 }

@@ -27,6 +27,11 @@ use crate::ring::RingConsumer;
 /// Receives the records of one pipeline, on its poller thread.
 pub trait Sink: Send + 'static {
     fn record(&mut self, bytes: &[u8]);
+
+    /// Called on the poller thread once the pipeline has drained for
+    /// `epoch`, before it acknowledges it: the sink has then seen every
+    /// record made before the epoch was raised (see the module docs).
+    fn drained(&mut self, _epoch: u64) {}
 }
 
 /// Epoch counters shared by a coordinator and its pipelines.
@@ -67,6 +72,28 @@ impl Barrier {
         let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
         crate::sys::eventfd_signal(self.kick.as_fd());
         epoch
+    }
+
+    /// The epoch last raised. An epoch above it is raised after this read.
+    pub fn current(&self) -> u64 {
+        // SeqCst: ordered with `raise` (see `requested`).
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Waits until pipeline `index` acknowledged `epoch`; false on timeout.
+    pub fn wait_one(&self, index: usize, epoch: u64, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut idle = idle::IdleWait::default();
+        loop {
+            // Acquire pairs with the Release in `ack`, as in `wait`.
+            if self.acks[index].load(Ordering::Acquire) >= epoch {
+                return true;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+            idle.idle();
+        }
     }
 
     /// Waits until every pipeline acknowledged `epoch`; false on timeout.
@@ -169,18 +196,47 @@ pub struct Finished<S> {
     pub high_water: u64,
 }
 
+/// The thread ids of memtrail's own threads, each added by the thread
+/// itself as it starts (a process that tracks itself leaves them out).
+#[derive(Debug, Default)]
+pub struct ThreadIds {
+    tids: std::sync::Mutex<Vec<u32>>,
+    added: std::sync::Condvar,
+}
+
+impl ThreadIds {
+    /// Adds the calling thread.
+    pub fn add_current(&self) {
+        let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+        let mut tids = self.tids.lock().unwrap_or_else(|e| e.into_inner());
+        tids.push(tid);
+        self.added.notify_all();
+    }
+
+    /// Waits until `n` threads have added themselves; returns their ids.
+    pub fn wait_for(&self, n: usize) -> Vec<u32> {
+        let mut tids = self.tids.lock().unwrap_or_else(|e| e.into_inner());
+        while tids.len() < n {
+            tids = self.added.wait(tids).unwrap_or_else(|e| e.into_inner());
+        }
+        tids.clone()
+    }
+}
+
 /// Starts the poller of `pipeline` as pipeline number `index` of `barrier`.
-/// The thread returns the sink and the ring's high-water mark when the
-/// barrier stops it.
+/// The thread adds itself to `tids`, and returns the sink and the ring's
+/// high-water mark when the barrier stops it.
 pub fn spawn<S: Sink>(
     mut pipeline: Pipeline<S>,
     barrier: Arc<Barrier>,
     index: usize,
     core: Option<core_affinity::CoreId>,
+    tids: Arc<ThreadIds>,
 ) -> std::io::Result<JoinHandle<Finished<S>>> {
     std::thread::Builder::new()
         .name(format!("memtrail-{}", pipeline.name))
         .spawn(move || {
+            tids.add_current();
             if let Some(core) = core {
                 if !core_affinity::set_for_current(core) {
                     tracing::debug!(core = core.id, "could not pin poller; running unpinned");
@@ -200,11 +256,10 @@ fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
         idle = idle.with_deep_sleep(deep);
     }
     let mut acked = 0;
-    let sink = &mut p.sink;
     let mut since_pause = 0u32;
     let slow = p.fault == Fault::Slow;
     let mut consumed = 0;
-    let mut record = |rec: &[u8]| {
+    let mut record = |sink: &mut S, rec: &[u8]| {
         sink.record(rec);
         if slow {
             since_pause += 1;
@@ -230,11 +285,14 @@ fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
         }
         let before = p.ring.position();
         if p.fault != Fault::Stall || wanted > 0 {
-            handed = p.ring.poll(&mut record);
+            handed = p.ring.poll(&mut |rec: &[u8]| record(&mut p.sink, rec));
         }
         if wanted > acked {
             let target = p.ring.producer_pos();
-            handed += p.ring.drain_to(target, &mut record);
+            handed += p
+                .ring
+                .drain_to(target, &mut |rec: &[u8]| record(&mut p.sink, rec));
+            p.sink.drained(wanted);
             acked = wanted;
             barrier.ack(index, wanted);
         }

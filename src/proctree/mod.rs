@@ -188,10 +188,13 @@ impl Held {
     }
 }
 
-/// Forks the command, held before exec.
-pub fn spawn_held(spec: &CommandSpec) -> Result<Held, SpawnError> {
+/// Forks the command, held before exec; with `subreaper`, memtrail first
+/// becomes the subreaper of its tree (a process-wide effect: the CLI's).
+pub fn spawn_held(spec: &CommandSpec, subreaper: bool) -> Result<Held, SpawnError> {
     let plan = spec.plan()?;
-    sys::set_child_subreaper()?;
+    if subreaper {
+        sys::set_child_subreaper()?;
+    }
     let child = sys::fork_held(&plan)?;
     Ok(Held {
         child,

@@ -272,6 +272,19 @@ impl Aggregator {
         t
     }
 
+    /// The heap counters of the newest process with `pid`, if seen.
+    pub fn heap_of(&self, pid: u32) -> Option<HeapCounters> {
+        self.by_pid.get(&pid).map(|&idx| self.procs[idx].heap)
+    }
+
+    /// What a running process has live now: bytes and blocks (zero once
+    /// it has exited).
+    pub fn live_of(&self, proc: &Process) -> (u64, u64) {
+        proc.state
+            .as_deref()
+            .map_or((0, 0), |s| (s.live_bytes, s.blocks.len() as u64))
+    }
+
     /// Tree-wide mapping counters.
     pub fn mapping_totals(&self) -> MapCounters {
         let mut t = MapCounters::default();

@@ -586,6 +586,61 @@ pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
+/// Opens a pidfd for thread `tid` (`PIDFD_THREAD`): BPF task storage takes
+/// it as the key that names the thread.
+pub fn pidfd_open_thread(tid: i32) -> SysResult<OwnedFd> {
+    // SAFETY: as for pidfd_open; PIDFD_THREAD is O_EXCL.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid, libc::O_EXCL) };
+    if fd < 0 {
+        return Err(SysError::last("pidfd_open(PIDFD_THREAD)"));
+    }
+    // SAFETY: pidfd_open succeeded, so `fd` is an open descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// Waits until the process behind `pidfd` has exited (it need not be a
+/// child).
+pub fn wait_pidfd(pidfd: std::os::fd::BorrowedFd<'_>) -> SysResult<()> {
+    let mut pfd = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd.
+        let ret = unsafe { libc::poll(&mut pfd, 1, -1) };
+        if ret >= 0 {
+            return Ok(());
+        }
+        let err = SysError::last("poll(pidfd)");
+        if err.errno() != Some(libc::EINTR) {
+            return Err(err);
+        }
+    }
+}
+
+/// Waits for child `pid` to end (and reaps it).
+pub fn wait_pid(pid: i32) -> SysResult<ChildExit> {
+    loop {
+        let mut status = 0;
+        // SAFETY: `status` is a valid out pointer for the call.
+        let ret = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+        if ret < 0 {
+            let err = SysError::last("waitpid");
+            if err.errno() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(err);
+        }
+        if libc::WIFEXITED(status) {
+            return Ok(ChildExit::Exited(libc::WEXITSTATUS(status)));
+        }
+        if libc::WIFSIGNALED(status) {
+            return Ok(ChildExit::Signaled(libc::WTERMSIG(status)));
+        }
+    }
+}
+
 /// Sends `sig` (0: only check that the process still exists) to the process
 /// behind `pidfd`, like kill(2). ESRCH: it has exited and been reaped.
 pub fn pidfd_send_signal(pidfd: std::os::fd::BorrowedFd<'_>, sig: i32) -> SysResult<()> {

@@ -1,0 +1,1158 @@
+//! A session: one capture, owned from start to finish, for the CLI and for
+//! programs that embed memtrail.
+//!
+//! Ownership and the one invariant that matters: a [`Session`] owns the
+//! loaded BPF object (its maps, whose .bss words the threads read through
+//! raw pointers: `SleepFlag`, `Latch`, `BssWord`), the probe links, and
+//! every thread it starts (four pinned pollers and the pressure
+//! coordinator). Its fields drop in declaration order: the threads first
+//! (told to stop and joined), then the links, then the object. A session
+//! under construction keeps the same order in its locals (the object is
+//! declared before the threads), so an error, or a panic, at any point
+//! after the first thread started joins every thread before the mappings
+//! go: no thread can outlive them, by construction.
+//!
+//! What a session tracks ([`Target`]): a command it spawns (as `memtrail
+//! run` does), its own process (every thread of the embedding program but
+//! the session's own, which start before the process is tracked and so
+//! never get BPF call state, and whose syscalls BPF leaves out through the
+//! `excluded_threads` map), or an existing process.
+//!
+//! Process-wide effects are opt-in ([`SessionOptions::process_effects`], on
+//! for the CLI only): forwarding SIGTERM and the like to the command,
+//! ignoring SIGINT/SIGQUIT, and becoming the subreaper of the command's
+//! tree. Without them, [`Session::wait`] waits for the command's root
+//! process only.
+//!
+//! Exact points in time: [`Session::snapshot`] and regions raise the
+//! pipelines' epoch barrier and wait for the events pipeline to drain
+//! (see the `regions` submodule).
+
+pub(crate) mod regions;
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::mem::{ManuallyDrop, MaybeUninit};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{MapCore, OpenObject};
+
+use crate::attach::cache::ImageCache;
+use crate::attach::worker::AttachWorker;
+use crate::attach::{self, Links};
+use crate::capture::sinks::{EventSink, MappingSink, StackSink};
+use crate::capture::{CaptureError, Faults, MAX_STACK_DEPTH};
+use crate::engine::idle::{DeepSleep, SleepFlag};
+use crate::engine::{self, Barrier, Fault, Finished, Pipeline, ThreadIds};
+use crate::pressure::{
+    self, BssWord, Coordinator, HighWater, Latch, Pause, PressureError, PressureStats,
+    PressureTimeout,
+};
+use crate::proctree::cgroup::TreeCgroup;
+use crate::proctree::stops::Stops;
+use crate::proctree::{self, CommandSpec};
+use crate::report::{Aggregator, EventWriter, ExitInfo, Profile};
+use crate::ring::{RingConsumer, RingError};
+use crate::skel::memtrail::{MemtrailSkel, MemtrailSkelBuilder, OpenMemtrailSkel};
+use crate::sys::{self, ChildExit};
+
+use regions::{Control, Op, Regions, Reply};
+pub use regions::{NAME_MAX, ProcessTotals, RegionCounts, Snapshot, Totals};
+
+/// How long a snapshot or region call waits for the events pipeline.
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a session tracks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A command the session starts, tracked from its first instruction.
+    Command(Vec<OsString>),
+    /// The calling process, but for the session's own threads.
+    SelfProcess,
+    /// A running process (its threads from now on, and what it forks).
+    Pid(u32),
+}
+
+/// A session's settings. [`Default`] is `memtrail run`'s defaults.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Size in bytes of the events ring (a power of two, at least a page).
+    pub ring_size: usize,
+    /// Size in bytes of the stack ring (a power of two, at least a page).
+    pub stack_ring_size: usize,
+    /// Frames per allocation stack (0: none), at most [`MAX_STACK_DEPTH`].
+    pub stack_depth: u32,
+    /// Backpressure (must be off for [`Target::SelfProcess`]: a process
+    /// cannot pause itself).
+    pub pressure_timeout: PressureTimeout,
+    /// Ring fill, in percent (1 to 99), past which the tree is paused.
+    pub watermark_percent: u8,
+    /// Signal forwarding, SIGINT/SIGQUIT ignored, subreaper: for the CLI.
+    pub process_effects: bool,
+    /// Fault injection for tests.
+    pub faults: Faults,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        Self {
+            ring_size: crate::capture::DEFAULT_RING_SIZE,
+            stack_ring_size: crate::capture::DEFAULT_STACK_RING_SIZE,
+            stack_depth: crate::capture::DEFAULT_STACK_DEPTH,
+            pressure_timeout: PressureTimeout::Off,
+            watermark_percent: 75,
+            process_effects: false,
+            faults: Faults::default(),
+        }
+    }
+}
+
+impl SessionOptions {
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self, target: &Target) -> Result<(), CaptureError> {
+        for size in [self.ring_size, self.stack_ring_size] {
+            if !size.is_power_of_two() || size < rustix::param::page_size() || size > 1 << 31 {
+                return Err(RingError::BadSize(size).into());
+            }
+        }
+        if self.stack_depth > MAX_STACK_DEPTH {
+            return Err(CaptureError::StackDepth(self.stack_depth));
+        }
+        if !(1..=99).contains(&self.watermark_percent) {
+            return Err(CaptureError::InvalidOptions(
+                "the watermark must be 1 to 99 percent",
+            ));
+        }
+        match target {
+            Target::SelfProcess if self.pressure_timeout.enabled() => {
+                Err(CaptureError::InvalidOptions(
+                    "a session tracking its own process cannot pause it: the pressure timeout must be 0",
+                ))
+            }
+            Target::Pid(0) => Err(CaptureError::InvalidOptions("pid 0 names no process")),
+            Target::Command(argv) if argv.is_empty() => {
+                Err(CaptureError::InvalidOptions("the command is empty"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// How a session's tree ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeExit {
+    /// How the root process ended, when the session could wait for it
+    /// (a command it spawned).
+    pub root: Option<ChildExit>,
+}
+
+/// The loaded BPF object: the skeleton and the storage it borrows.
+struct Loaded {
+    skel: ManuallyDrop<MemtrailSkel<'static>>,
+    storage: NonNull<MaybeUninit<OpenObject>>,
+}
+
+impl Loaded {
+    /// Opens, configures and loads the BPF object.
+    fn load(
+        configure: impl FnOnce(&mut OpenMemtrailSkel<'_>) -> Result<(), CaptureError>,
+    ) -> Result<Self, CaptureError> {
+        let storage = NonNull::from(Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit())));
+        let free = || {
+            // SAFETY: `storage` came from Box::leak above and nothing
+            // borrows it any more (the skeleton failed or was dropped).
+            drop(unsafe { Box::from_raw(storage.as_ptr()) });
+        };
+        // SAFETY: the box lives until `Loaded::drop` (or `free` on failure),
+        // which first drops the skeleton that borrows it; it is never
+        // moved (it is on the heap) and borrowed by nothing else.
+        let object: &'static mut MaybeUninit<OpenObject> = unsafe { &mut *storage.as_ptr() };
+        let loaded = MemtrailSkelBuilder::default()
+            .open(object)
+            .map_err(CaptureError::Load)
+            .and_then(|mut open| {
+                configure(&mut open)?;
+                open.load().map_err(CaptureError::Load)
+            });
+        match loaded {
+            Ok(skel) => Ok(Self {
+                skel: ManuallyDrop::new(skel),
+                storage,
+            }),
+            Err(err) => {
+                free();
+                Err(err)
+            }
+        }
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here, before the storage it borrows.
+        unsafe { ManuallyDrop::drop(&mut self.skel) };
+        // SAFETY: from Box::leak in `load`; the skeleton is gone.
+        drop(unsafe { Box::from_raw(self.storage.as_ptr()) });
+    }
+}
+
+/// Every thread of a session. Dropping it stops and joins them all, and
+/// resumes whatever the session still holds stopped.
+struct Threads {
+    barrier: Arc<Barrier>,
+    done: Arc<AtomicBool>,
+    done_fd: OwnedFd,
+    stops: Arc<Stops>,
+    tids: Arc<ThreadIds>,
+    started: usize,
+    events: Option<JoinHandle<Finished<EventSink>>>,
+    stacks: Option<JoinHandle<Finished<StackSink>>>,
+    mappings: Option<JoinHandle<Finished<MappingSink>>>,
+    attach: Option<JoinHandle<Finished<AttachWorker>>>,
+    pressure: Option<JoinHandle<Result<PressureStats, PressureError>>>,
+}
+
+/// What the pollers handed back.
+struct Joined {
+    events: Finished<EventSink>,
+    stacks: Finished<StackSink>,
+    mappings: Finished<MappingSink>,
+    attach: Finished<AttachWorker>,
+}
+
+impl Threads {
+    /// Stops the coordinator; its result (None if it was not started).
+    fn stop_pressure(
+        &mut self,
+    ) -> Option<std::thread::Result<Result<PressureStats, PressureError>>> {
+        self.done.store(true, Ordering::Release);
+        sys::eventfd_signal(self.done_fd.as_fd());
+        self.pressure.take().map(JoinHandle::join)
+    }
+
+    /// Stops and joins the pollers; None if one panicked or was not started.
+    fn join_pollers(&mut self) -> Option<Joined> {
+        self.barrier.stop();
+        let events = self.events.take().map(JoinHandle::join);
+        let stacks = self.stacks.take().map(JoinHandle::join);
+        let mappings = self.mappings.take().map(JoinHandle::join);
+        let attach = self.attach.take().map(JoinHandle::join);
+        Some(Joined {
+            events: events?.ok()?,
+            stacks: stacks?.ok()?,
+            mappings: mappings?.ok()?,
+            attach: attach?.ok()?,
+        })
+    }
+}
+
+impl Drop for Threads {
+    fn drop(&mut self) {
+        let _ = self.stop_pressure();
+        let _ = self.join_pollers();
+        // Nothing of the tree may stay stopped, whatever happened.
+        let _ = self.stops.resume_everything();
+    }
+}
+
+/// The command a session started.
+struct Root {
+    pid: u32,
+    /// Set once waited for.
+    exit: Option<Option<ChildExit>>,
+    /// Signals passed on to it while it runs (CLI only).
+    forward: Option<sys::signals::Forward>,
+}
+
+/// One capture, from start to finish. See the module docs.
+pub struct Session {
+    // Field order is drop order: threads, then links, then the BPF object.
+    threads: Threads,
+    links: Links,
+    loaded: Loaded,
+    control: Arc<Control>,
+    /// Serializes snapshot and region calls.
+    ops: Mutex<()>,
+    target: Target,
+    root: Option<Root>,
+    /// For a tracked existing process: its pidfd, to wait on.
+    pidfd: Option<OwnedFd>,
+    cgroup: Option<Arc<TreeCgroup>>,
+    _guardian: Option<OwnedFd>,
+    sites: Vec<attach::Site>,
+    image_cache: ImageCache,
+    start_ns: u64,
+    command: Vec<String>,
+    /// The rings' sizes and records, the pausing mode and the watermark:
+    /// for the advice of a loss.
+    rooms: [pressure::RingRoom; 4],
+    opts_pressure: crate::pressure::PressureTimeout,
+    opts_watermark: u8,
+}
+
+// SAFETY: the BPF object is only touched through `&mut self` (start,
+// finish, drop); libbpf objects are not tied to the thread that made them.
+// The `&self` methods (snapshot, regions) use only the control mailbox and
+// the barrier, which are Sync.
+unsafe impl Send for Session {}
+// SAFETY: as above.
+unsafe impl Sync for Session {}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The result of [`Session::finish`].
+pub struct Finish {
+    pub profile: Profile,
+    /// Probe sites the kernel single-steps that the tree went through.
+    pub slow_probes: Vec<crate::report::SlowProbe>,
+    /// How the tree ended (what [`Session::wait`] saw).
+    pub exit: TreeExit,
+    pub(crate) stream: Option<EventWriter>,
+}
+
+impl Session {
+    /// Starts a session tracking `target`.
+    pub fn start(opts: &SessionOptions, target: Target) -> Result<Self, CaptureError> {
+        Self::start_with(opts, target, None)
+    }
+
+    /// [`start`](Self::start), streaming every event to `stream`.
+    pub(crate) fn start_with(
+        opts: &SessionOptions,
+        target: Target,
+        stream: Option<EventWriter>,
+    ) -> Result<Self, CaptureError> {
+        opts.validate(&target)?;
+        let spec = match &target {
+            Target::Command(argv) => Some(CommandSpec::new(argv.clone())?),
+            _ => None,
+        };
+        let is_self = target == Target::SelfProcess;
+        let rooms = crate::capture::ring_rooms(opts.ring_size, opts.stack_ring_size);
+        let cpus = libbpf_rs::num_possible_cpus().map_or(1, |n| n as u64);
+        if opts.pressure_timeout.enabled() {
+            pressure::check_room(&rooms, opts.watermark_percent, cpus)?;
+        }
+        crate::capture::check_environment()?;
+        // An existing process is not moved into a cgroup of ours: it is
+        // paused with SIGSTOP.
+        let cgroup = if opts.pressure_timeout.enabled() && spec.is_some() && !opts.faults.no_cgroup
+        {
+            match TreeCgroup::create() {
+                Ok(cgroup) => Some(Arc::new(cgroup)),
+                Err(err) => {
+                    tracing::info!(
+                        error = &err as &(dyn std::error::Error + 'static),
+                        "no cgroup freezer: pressure pauses will stop processes with SIGSTOP"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        // A process that exists already is looked at before the object
+        // loads: its pid must still name it.
+        let pidfd = match target {
+            Target::Pid(pid) => Some(sys::pidfd_open(pid as i32)?),
+            _ => None,
+        };
+
+        let mut loaded = Loaded::load(|open| {
+            open.maps
+                .events
+                .set_max_entries(opts.ring_size as u32)
+                .map_err(CaptureError::Load)?;
+            open.maps
+                .stacks
+                .set_max_entries(opts.stack_ring_size as u32)
+                .map_err(CaptureError::Load)?;
+            let mappings = u64::from(open.maps.mappings.max_entries());
+            let attach = u64::from(open.maps.attach_requests.max_entries());
+            let ro = open
+                .maps
+                .rodata_data
+                .as_deref_mut()
+                .expect("the BPF object has .rodata tunables");
+            let mark = |size: u64| pressure::watermark_bytes(size, opts.watermark_percent);
+            ro.stack_depth = opts.stack_depth;
+            ro.pressure_enabled = opts.pressure_timeout.enabled();
+            // In a PID namespace of its own (a container), BPF reports ids
+            // as memtrail sees them.
+            if let Some(ino) = sys::pid_namespace().filter(|&ino| ino != sys::INIT_PID_NS_INO) {
+                ro.pidns_translate = true;
+                ro.pidns_ino = ino;
+            }
+            ro.pressure_freeze = cgroup.is_some();
+            ro.attach_hold = !is_self;
+            ro.threads_excluded = is_self;
+            for (i, room) in rooms.iter().enumerate() {
+                ro.ring_capacity[i] = room.capacity;
+                ro.ring_record[i] = room.record;
+            }
+            if opts.faults.one_thread_slot {
+                ro.thread_slot_mask = 0;
+            }
+            ro.watermark_events = mark(opts.ring_size as u64);
+            ro.watermark_stacks = mark(opts.stack_ring_size as u64);
+            ro.watermark_mappings = mark(mappings);
+            ro.watermark_attach = mark(attach);
+            Ok(())
+        })?;
+        // Before any process can be stopped: the guardian resumes the tree
+        // if memtrail dies, however it dies. A process tracking itself is
+        // never stopped.
+        let guardian = if is_self {
+            None
+        } else {
+            sys::spawn_guardian(
+                loaded.skel.maps.tracked.as_fd(),
+                cgroup.as_deref().map(TreeCgroup::for_guardian),
+            )?
+        };
+        let skel = &mut *loaded.skel;
+        let bss = skel
+            .maps
+            .bss_data
+            .as_deref_mut()
+            .expect("the BPF object has a .bss");
+        let latch_word: *mut u64 = &raw mut bss.pressure_latch;
+        let unrecorded_word: *mut u64 = &raw mut bss.hard_stops_unrecorded;
+        let sleeping: Vec<*mut u64> = bss.sleeping.iter_mut().map(std::ptr::from_mut).collect();
+
+        // libc and the C++ runtimes are probed up front (every command
+        // loads them); so are the images a running process has mapped;
+        // other images as the attach worker meets them.
+        let progs = attach::AllocPrograms::memtrail(skel).map_err(|source| CaptureError::Io {
+            what: "duplicating BPF program descriptors",
+            source,
+        })?;
+        let mut images = vec![attach::libc_path()?];
+        images.extend(attach::cxx_runtimes());
+        let mut links = Links::default();
+        crate::capture::attach_tracepoints(skel, &mut links)?;
+        let mut sites = Vec::new();
+        let mut known = HashSet::new();
+        for image in &images {
+            let found = attach::find_sites(image, &attach::api::all())?;
+            attach::attach_sites(&progs, &found, &mut links)?;
+            sites.extend(found);
+            if let Ok(id) = sys::kernel_file_id(image) {
+                sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
+                known.insert(id);
+            }
+        }
+        let running = match target {
+            Target::SelfProcess => Some(std::process::id()),
+            Target::Pid(pid) => Some(pid),
+            Target::Command(_) => None,
+        };
+        if let Some(pid) = running {
+            for image in mapped_images(pid) {
+                let Ok(id) = sys::kernel_file_id(&image) else {
+                    continue;
+                };
+                if known.contains(&id) {
+                    continue;
+                }
+                match attach::find_sites(&image, &attach::api::all())
+                    .and_then(|f| attach::attach_sites(&progs, &f, &mut links).map(|()| f))
+                {
+                    Ok(found) => sites.extend(found),
+                    Err(err) => {
+                        tracing::warn!(image = %image.display(), %err, "a mapped image could not be probed");
+                    }
+                }
+                sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
+                known.insert(id);
+            }
+        }
+        let image_cache = ImageCache::load();
+        for entry in image_cache.valid() {
+            let id = entry.stamp.id();
+            if known.contains(&id) {
+                continue;
+            }
+            if entry.has_sites {
+                let found =
+                    attach::find_sites(&entry.path, &attach::api::all()).and_then(|found| {
+                        attach::attach_sites(&progs, &found, &mut links).map(|()| found)
+                    });
+                match found {
+                    Ok(found) => sites.extend(found),
+                    Err(err) => {
+                        tracing::debug!(image = %entry.path.display(), %err, "cached image not probed up front");
+                        continue;
+                    }
+                }
+            }
+            sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
+            known.insert(id);
+        }
+        for site in sites.iter().filter(|s| !s.emulated) {
+            tracing::info!(%site, "probe site single-steps its first instruction (~14 µs a hit)");
+        }
+
+        // From here on every thread started is in `threads`, declared
+        // after `loaded`: any return joins them before the object goes.
+        let barrier = Barrier::new(4).map_err(|source| CaptureError::Io {
+            what: "creating the pipeline barrier",
+            source,
+        })?;
+        let stops = Arc::new(Stops::new());
+        let mut threads = Threads {
+            barrier: barrier.clone(),
+            done: Arc::new(AtomicBool::new(false)),
+            done_fd: sys::eventfd()?,
+            stops: stops.clone(),
+            tids: Arc::new(ThreadIds::default()),
+            started: 0,
+            events: None,
+            stacks: None,
+            mappings: None,
+            attach: None,
+            pressure: None,
+        };
+        let control = Arc::new(Control::default());
+        let maps = &skel.maps;
+        let deep = |ring: usize, map: std::os::fd::BorrowedFd<'_>| {
+            // SAFETY: the .bss mapping lives with `loaded`, which outlives
+            // the pollers (`threads` joins them first, see above).
+            let flag = unsafe { SleepFlag::new(sleeping[ring]) };
+            DeepSleep::new(flag, map, barrier.kick_fd()).map_err(|source| CaptureError::Io {
+                what: "setting up a poller's deep sleep",
+                source,
+            })
+        };
+        let cores = engine::poller_cores(4);
+        let spawn_err = |source| CaptureError::Io {
+            what: "starting a poller thread",
+            source,
+        };
+        let mut event_sink = EventSink::new(Aggregator::new(), stream);
+        event_sink.regions = Some(Regions::new(control.clone()));
+        threads.events = Some(
+            engine::spawn(
+                Pipeline {
+                    name: "events",
+                    ring: RingConsumer::new(maps.events.as_fd(), opts.ring_size)?,
+                    sink: event_sink,
+                    fault: opts.faults.events,
+                    deep_sleep: Some(deep(0, maps.events.as_fd())?),
+                    paced: true,
+                },
+                barrier.clone(),
+                0,
+                cores[0],
+                threads.tids.clone(),
+            )
+            .map_err(spawn_err)?,
+        );
+        threads.started += 1;
+        threads.stacks = Some(
+            engine::spawn(
+                Pipeline {
+                    name: "stacks",
+                    ring: RingConsumer::new(
+                        maps.stacks.as_fd(),
+                        maps.stacks.max_entries() as usize,
+                    )?,
+                    sink: StackSink::default(),
+                    fault: opts.faults.stacks,
+                    deep_sleep: Some(deep(1, maps.stacks.as_fd())?),
+                    paced: true,
+                },
+                barrier.clone(),
+                1,
+                cores[1],
+                threads.tids.clone(),
+            )
+            .map_err(spawn_err)?,
+        );
+        threads.started += 1;
+        let mut mapping_sink = MappingSink::default();
+        if let Some(pid) = running {
+            mapping_sink.scan_proc(pid);
+        }
+        threads.mappings = Some(
+            engine::spawn(
+                Pipeline {
+                    name: "mappings",
+                    ring: RingConsumer::new(
+                        maps.mappings.as_fd(),
+                        maps.mappings.max_entries() as usize,
+                    )?,
+                    sink: mapping_sink,
+                    fault: Fault::None,
+                    deep_sleep: Some(deep(2, maps.mappings.as_fd())?),
+                    paced: false,
+                },
+                barrier.clone(),
+                2,
+                cores[2],
+                threads.tids.clone(),
+            )
+            .map_err(spawn_err)?,
+        );
+        threads.started += 1;
+        let dup = |fd: std::os::fd::BorrowedFd<'_>| {
+            fd.try_clone_to_owned().map_err(|source| CaptureError::Io {
+                what: "duplicating a BPF map descriptor",
+                source,
+            })
+        };
+        let mut worker =
+            AttachWorker::new(progs, dup(maps.known_images.as_fd())?, known, stops.clone());
+        worker.hold = !is_self;
+        threads.attach = Some(
+            engine::spawn(
+                Pipeline {
+                    name: "attach",
+                    ring: RingConsumer::new(
+                        maps.attach_requests.as_fd(),
+                        maps.attach_requests.max_entries() as usize,
+                    )?,
+                    sink: worker,
+                    fault: Fault::None,
+                    deep_sleep: Some(deep(3, maps.attach_requests.as_fd())?),
+                    paced: false,
+                },
+                barrier.clone(),
+                3,
+                cores[3],
+                threads.tids.clone(),
+            )
+            .map_err(spawn_err)?,
+        );
+        threads.started += 1;
+        let wake_epoll = sys::epoll_for(&[
+            (maps.pressure_wake.as_fd(), false),
+            (threads.done_fd.as_fd(), false),
+        ])?;
+        let coordinator = Coordinator {
+            wake: RingConsumer::new(
+                maps.pressure_wake.as_fd(),
+                maps.pressure_wake.max_entries() as usize,
+            )?,
+            wake_epoll,
+            // SAFETY: `loaded` (and so its .bss mapping) outlives the
+            // coordinator thread, which `threads` joins first.
+            latch: unsafe { Latch::new(latch_word) },
+            tracked_map: dup(maps.tracked.as_fd())?,
+            stops: stops.clone(),
+            barrier: barrier.clone(),
+            pipelines: crate::capture::PIPELINES.to_vec(),
+            timeout: opts.pressure_timeout,
+            pause: match &cgroup {
+                Some(cgroup) => Pause::Freeze {
+                    cgroup: cgroup.clone(),
+                    hard_stops: dup(maps.hard_stops.as_fd())?,
+                    // SAFETY: as for the latch.
+                    unrecorded: unsafe { BssWord::new(unrecorded_word) },
+                },
+                None => Pause::Signal,
+            },
+            done: threads.done.clone(),
+        };
+        let tids = threads.tids.clone();
+        threads.pressure = Some(
+            std::thread::Builder::new()
+                .name("memtrail-pressure".into())
+                .spawn(move || {
+                    tids.add_current();
+                    coordinator.run()
+                })
+                .map_err(|source| CaptureError::Io {
+                    what: "starting the pressure coordinator",
+                    source,
+                })?,
+        );
+        threads.started += 1;
+        if opts.faults.fail_after_start {
+            return Err(CaptureError::Injected);
+        }
+
+        let mut session = Session {
+            threads,
+            links,
+            loaded,
+            control,
+            ops: Mutex::new(()),
+            target: target.clone(),
+            root: None,
+            pidfd,
+            cgroup,
+            _guardian: guardian,
+            sites,
+            image_cache,
+            start_ns: sys::monotonic_ns(),
+            command: Vec::new(),
+            rooms,
+            opts_pressure: opts.pressure_timeout,
+            opts_watermark: opts.watermark_percent,
+        };
+        match target {
+            Target::Command(argv) => {
+                session.command = argv
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect();
+                let spec = spec.expect("resolved above");
+                session.start_command(&spec, opts.process_effects)?;
+            }
+            Target::SelfProcess | Target::Pid(_) => {
+                let pid = running.expect("a running target");
+                session.command = vec![
+                    std::fs::read_link(format!("/proc/{pid}/exe"))
+                        .map(|p| p.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                ];
+                let own = if is_self {
+                    session.threads.tids.wait_for(session.threads.started)
+                } else {
+                    Vec::new()
+                };
+                session.track_running(pid, &own)?;
+            }
+        }
+        Ok(session)
+    }
+
+    /// Starts the command held, tracks it and lets it exec.
+    fn start_command(&mut self, spec: &CommandSpec, effects: bool) -> Result<(), CaptureError> {
+        if effects {
+            // memtrail stays alive for Ctrl-C and Ctrl-\: the command decides.
+            sys::ignore_signal(libc::SIGINT)?;
+            sys::ignore_signal(libc::SIGQUIT)?;
+            // SIGTERM or SIGHUP during the set-up: give up before anything
+            // runs. One that comes from here on is passed on to the command.
+            if let Some(sig) = sys::signals::termination() {
+                return Err(CaptureError::Interrupted(sig));
+            }
+        }
+        let held = proctree::spawn_held(spec, effects)?;
+        let pid = held.pid();
+        // From here a drop kills and reaps the child, whatever happens.
+        self.root = Some(Root {
+            pid,
+            exit: None,
+            forward: None,
+        });
+        let skel = &mut *self.loaded.skel;
+        skel.maps
+            .bss_data
+            .as_deref_mut()
+            .expect("the BPF object has a .bss")
+            .tree_threads = 1;
+        if effects {
+            // Until the whole tree is waited for: SIGTERM, SIGHUP, SIGUSR1
+            // and SIGUSR2 reach the command. On failure, dropping `held`
+            // closes the go pipe: the child exits unexec'd.
+            let forward = sys::signals::Forward::new(pid as i32)?;
+            if let Some(root) = &mut self.root {
+                root.forward = Some(forward);
+            }
+        }
+        skel.maps
+            .tracked
+            .update(
+                &pid.to_ne_bytes(),
+                &0u32.to_ne_bytes(),
+                libbpf_rs::MapFlags::ANY,
+            )
+            .map_err(CaptureError::Load)?;
+        if let Some(cg) = &self.cgroup {
+            cg.add(pid)
+                .map_err(|e| CaptureError::Pressure(PressureError::Cgroup(e)))?;
+        }
+        self.start_ns = sys::monotonic_ns();
+        held.release()?;
+        Ok(())
+    }
+
+    /// Tracks the threads of running process `pid` but `own` (the
+    /// session's), and what they start from now on.
+    fn track_running(&mut self, pid: u32, own: &[u32]) -> Result<(), CaptureError> {
+        let skel = &mut *self.loaded.skel;
+        for tid in own {
+            skel.maps
+                .excluded_threads
+                .update(
+                    &tid.to_ne_bytes(),
+                    &1u32.to_ne_bytes(),
+                    libbpf_rs::MapFlags::ANY,
+                )
+                .map_err(CaptureError::Load)?;
+        }
+        let mut given: HashSet<u32> = own.iter().copied().collect();
+        let value = vec![0u8; skel.maps.inflight.value_size() as usize];
+        let give = |tid: u32| -> Result<(), CaptureError> {
+            let fd = match sys::pidfd_open_thread(tid as i32) {
+                Ok(fd) => fd,
+                // Exited meanwhile.
+                Err(err) if err.errno() == Some(libc::ESRCH) => return Ok(()),
+                Err(err) => return Err(err.into()),
+            };
+            skel.maps
+                .inflight
+                .update(
+                    &fd.as_raw_fd().to_ne_bytes(),
+                    &value,
+                    libbpf_rs::MapFlags::NO_EXIST,
+                )
+                .map_err(CaptureError::Load)
+        };
+        let mut threads = 0u64;
+        for tid in thread_ids(pid) {
+            if given.insert(tid) {
+                give(tid)?;
+                threads += 1;
+            }
+        }
+        skel.maps
+            .tracked
+            .update(
+                &pid.to_ne_bytes(),
+                &0u32.to_ne_bytes(),
+                libbpf_rs::MapFlags::ANY,
+            )
+            .map_err(CaptureError::Load)?;
+        // Threads started between the listing and `tracked`: their parent
+        // had state, but the process was not tracked yet (see sched_fork).
+        for tid in thread_ids(pid) {
+            if given.insert(tid) {
+                give(tid)?;
+                threads += 1;
+            }
+        }
+        skel.maps
+            .bss_data
+            .as_deref_mut()
+            .expect("the BPF object has a .bss")
+            .tree_threads = threads;
+        self.start_ns = sys::monotonic_ns();
+        Ok(())
+    }
+
+    /// What the session tracks.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// The root process: the command's, or the tracked process.
+    pub fn pid(&self) -> u32 {
+        match self.target {
+            Target::SelfProcess => std::process::id(),
+            Target::Pid(pid) => pid,
+            Target::Command(_) => self.root.as_ref().map_or(0, |r| r.pid),
+        }
+    }
+
+    /// Waits until the tracked tree has exited: with process effects (the
+    /// CLI), the command's whole tree; otherwise the command's root
+    /// process, or the tracked existing process. A session tracking its
+    /// own process has nothing to wait for.
+    pub fn wait(&mut self) -> Result<TreeExit, CaptureError> {
+        match self.target {
+            Target::SelfProcess => Err(CaptureError::State(
+                "a session tracking its own process has no tree to wait for",
+            )),
+            Target::Pid(_) => {
+                if let Some(fd) = &self.pidfd {
+                    sys::wait_pidfd(fd.as_fd())?;
+                }
+                Ok(TreeExit { root: None })
+            }
+            Target::Command(_) => {
+                let Some(root) = &mut self.root else {
+                    return Err(CaptureError::State("the command did not start"));
+                };
+                if let Some(exit) = root.exit {
+                    return Ok(TreeExit { root: exit });
+                }
+                let exit = if root.forward.is_some() {
+                    proctree::wait_tree(root.pid)?
+                } else {
+                    Some(sys::wait_pid(root.pid as i32)?)
+                };
+                root.exit = Some(exit);
+                root.forward = None;
+                Ok(TreeExit { root: exit })
+            }
+        }
+    }
+
+    /// Runs `op` on the events poller once it has drained what was made
+    /// before this call.
+    fn ask(&self, op: Op) -> Result<Reply, CaptureError> {
+        let _one = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        let barrier = &self.threads.barrier;
+        self.control.post(op, || barrier.current());
+        let epoch = barrier.raise();
+        if !barrier.wait_one(0, epoch, Some(BARRIER_TIMEOUT)) {
+            let _ = self.control.take_reply();
+            return Err(CaptureError::DrainTimeout(BARRIER_TIMEOUT));
+        }
+        self.control
+            .take_reply()
+            .ok_or(CaptureError::State("the events pipeline has stopped"))
+    }
+
+    /// Totals of the tracked processes including every event made before
+    /// the call. The returned value is allocated by the events poller: a
+    /// process tracking itself sees its drop as frees of blocks it never
+    /// allocated (`unmatched_frees`), not as frees.
+    pub fn snapshot(&self) -> Result<Snapshot, CaptureError> {
+        match self.ask(Op::Snapshot)? {
+            Reply::Snapshot(snap) => Ok(snap),
+            _ => Err(CaptureError::State("unexpected reply")),
+        }
+    }
+
+    /// The totals of [`snapshot`](Self::snapshot) alone: returns nothing
+    /// allocated, so a process tracking itself sees no event of the call
+    /// (and the events poller is not pacing at the next one).
+    pub fn totals(&self) -> Result<Totals, CaptureError> {
+        match self.ask(Op::Totals)? {
+            Reply::Totals(t) => Ok(t),
+            _ => Err(CaptureError::State("unexpected reply")),
+        }
+    }
+
+    /// Begins a region on the calling thread (regions are per thread and
+    /// nest: see the `regions` module). `name` is cut to [`NAME_MAX`] bytes.
+    pub fn region_begin(&self, name: &str) -> Result<(), CaptureError> {
+        let mut buf = [0u8; NAME_MAX + 1];
+        let n = name.len().min(NAME_MAX);
+        buf[..n].copy_from_slice(&name.as_bytes()[..n]);
+        let tid = current_tid();
+        match self.ask(Op::Begin { tid, name: buf })? {
+            Reply::Begun => Ok(()),
+            _ => Err(CaptureError::State("unexpected reply")),
+        }
+    }
+
+    /// Ends the calling thread's innermost region; its counts.
+    pub fn region_end(&self) -> Result<RegionCounts, CaptureError> {
+        match self.ask(Op::End { tid: current_tid() })? {
+            Reply::Ended(counts) => Ok(counts),
+            Reply::NoRegion => Err(CaptureError::State("no region is open on this thread")),
+            _ => Err(CaptureError::State("unexpected reply")),
+        }
+    }
+
+    /// A region that ends when [`Region::end`] is called or when dropped.
+    pub fn region<'s>(&'s self, name: &str) -> Result<Region<'s>, CaptureError> {
+        self.region_begin(name)?;
+        Ok(Region {
+            session: self,
+            open: true,
+        })
+    }
+
+    /// Ends the capture: stops tracking, drains every ring, joins the
+    /// threads and builds the profile. Call [`wait`](Self::wait) first to
+    /// capture a command to its end; otherwise the profile holds what the
+    /// tree did so far.
+    pub fn finish(mut self) -> Result<Finish, CaptureError> {
+        let pressure = self.threads.stop_pressure();
+        let mut pressure_stats = match pressure {
+            Some(Ok(Ok(stats))) => stats,
+            Some(Ok(Err(err))) => return Err(CaptureError::Pressure(err)),
+            Some(Err(_)) => return Err(CaptureError::PollerPanicked),
+            None => PressureStats::default(),
+        };
+        // Whatever happened to the tree, drain and join the pollers.
+        let barrier = self.threads.barrier.clone();
+        let epoch = barrier.raise();
+        let drained = barrier.wait(epoch, Some(crate::capture::DRAIN_TIMEOUT));
+        let joined = self.threads.join_pollers();
+        let _ = self.threads.stops.resume_everything();
+        let Some(Joined {
+            events,
+            stacks,
+            mappings,
+            attach: attacher,
+        }) = joined
+        else {
+            return Err(CaptureError::PollerPanicked);
+        };
+        let seen = HighWater {
+            events: events.high_water,
+            stacks: stacks.high_water,
+            mappings: mappings.high_water,
+            attach: attacher.high_water,
+        };
+        let (events, stacks, mappings, mut attacher) =
+            (events.sink, stacks.sink, mappings.sink, attacher.sink);
+        let mut sites = std::mem::take(&mut self.sites);
+        sites.append(&mut attacher.sites);
+        for (path, stamp, has_sites) in attacher.examined.drain(..) {
+            self.image_cache.record(&path, stamp, has_sites);
+        }
+        self.image_cache.save();
+        // Detach now: memtrail's own allocations (symbolization below)
+        // would otherwise hit the probes too.
+        drop(std::mem::take(&mut self.links));
+        drop(std::mem::take(&mut attacher.links));
+        if let Some(failure) = attacher.failures.into_iter().next() {
+            return Err(CaptureError::AttachImage {
+                image: failure.image,
+                pid: failure.pid,
+                source: failure.error,
+            });
+        }
+        if !drained {
+            return Err(CaptureError::DrainTimeout(crate::capture::DRAIN_TIMEOUT));
+        }
+        let end_ns = sys::monotonic_ns();
+        let lost = crate::capture::read_lost(&self.loaded.skel);
+        if lost.any() {
+            let advice = if self.opts_pressure.enabled() {
+                let bss = self
+                    .loaded
+                    .skel
+                    .maps
+                    .bss_data
+                    .as_deref()
+                    .expect("the BPF object has a .bss");
+                crate::capture::loss_advice(
+                    &lost,
+                    &self.rooms,
+                    self.opts_watermark,
+                    bss.tree_threads_peak.max(1),
+                )
+            } else {
+                lost.advice()
+            };
+            return Err(CaptureError::Lost(lost, advice));
+        }
+        let EventSink {
+            mut agg,
+            stream,
+            stream_error,
+            ..
+        } = events;
+        let malformed = agg.malformed + stacks.malformed + mappings.malformed + attacher.malformed;
+        if malformed > 0 {
+            return Err(CaptureError::Malformed(malformed));
+        }
+        if let Some(err) = stream_error {
+            return Err(CaptureError::EventStream(err));
+        }
+        agg.finish(end_ns);
+        let root_exit = self.root.as_ref().and_then(|r| r.exit.flatten());
+        if let Some(root) = &self.root {
+            agg.set_parent(root.pid, std::process::id());
+        }
+        let exit = match root_exit {
+            Some(ChildExit::Exited(code)) => ExitInfo {
+                code: Some(code),
+                signal: None,
+            },
+            Some(ChildExit::Signaled(sig)) => ExitInfo {
+                code: None,
+                signal: Some(sig),
+            },
+            None => ExitInfo {
+                code: None,
+                signal: None,
+            },
+        };
+        let command = std::mem::take(&mut self.command);
+        let mut profile =
+            Profile::build(&agg, command, exit, (self.start_ns, end_ns), lost, &sites);
+        let slow_probes = crate::report::slow_probes(&sites, &agg, &mappings.mappings);
+        profile.stacks = crate::capture::symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
+        pressure_stats.high_water = crate::capture::read_high_water(&self.loaded.skel).max(seen);
+        profile.pressure = pressure_stats;
+        Ok(Finish {
+            profile,
+            slow_probes,
+            exit: TreeExit { root: root_exit },
+            stream,
+        })
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // A command not waited for is killed and reaped: nothing is left
+        // running untracked, or as a zombie of the embedder.
+        if let Some(root) = &mut self.root {
+            if root.exit.is_none() {
+                let _ = sys::kill(root.pid as i32, libc::SIGKILL);
+                let _ = sys::wait_pid(root.pid as i32);
+                root.exit = Some(None);
+            }
+        }
+        // The fields drop next, threads first (see the struct).
+    }
+}
+
+/// A region of the calling thread (see [`Session::region`]).
+#[derive(Debug)]
+pub struct Region<'s> {
+    session: &'s Session,
+    open: bool,
+}
+
+impl Region<'_> {
+    /// Ends the region; its counts.
+    pub fn end(mut self) -> Result<RegionCounts, CaptureError> {
+        self.open = false;
+        self.session.region_end()
+    }
+}
+
+impl Drop for Region<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            let _ = self.session.region_end();
+        }
+    }
+}
+
+fn current_tid() -> u32 {
+    rustix::thread::gettid().as_raw_nonzero().get() as u32
+}
+
+/// The thread ids of process `pid`.
+fn thread_ids(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The executable files process `pid` has mapped, each once.
+fn mapped_images(pid: u32) -> Vec<PathBuf> {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    let mut seen = HashSet::new();
+    maps.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let perms = fields.nth(1)?;
+            let path = fields.nth(3)?;
+            (perms.contains('x') && path.starts_with('/')).then(|| PathBuf::from(path))
+        })
+        .filter(|p| seen.insert(p.clone()))
+        .collect()
+}

@@ -1,0 +1,174 @@
+/* A C client of memtrail's C ABI (issue 13), run by tests/ffi_c.rs:
+ * `client self` tracks itself and checks a region's exact counts, `client
+ * spawn PROFILE` tracks a child, `client errors` checks every error path.
+ * Built with -O0 -fno-builtin so that every malloc and free is a call. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "memtrail.h"
+
+#define CHECK(cond)                                                           \
+	do {                                                                  \
+		if (!(cond)) {                                                \
+			fprintf(stderr, "%s:%d: failed: %s (last error: %s)\n", \
+				__FILE__, __LINE__, #cond, memtrail_last_error()); \
+			return 1;                                             \
+		}                                                             \
+	} while (0)
+
+static int track_self(void)
+{
+	memtrail_session *s = NULL;
+	memtrail_region_counts rc;
+	memtrail_totals before, after;
+	void *a, *b, *c;
+
+	CHECK(memtrail_track_self(NULL, &s) == MEMTRAIL_OK);
+	memset(&before, 0, sizeof(before));
+	before.size = sizeof(before);
+	CHECK(memtrail_snapshot(s, &before) == MEMTRAIL_OK);
+
+	memset(&rc, 0, sizeof(rc));
+	rc.size = sizeof(rc);
+	CHECK(memtrail_region_begin(s, "three mallocs, one free") == MEMTRAIL_OK);
+	a = malloc(100);
+	b = malloc(200);
+	c = malloc(300);
+	free(b);
+	CHECK(memtrail_region_end(s, &rc) == MEMTRAIL_OK);
+	CHECK(rc.allocations == 3);
+	CHECK(rc.frees == 1);
+	CHECK(rc.allocated_bytes == 600);
+	CHECK(rc.freed_bytes == 200);
+	CHECK(rc.peak_live_bytes == 600);
+	CHECK(rc.live_allocations == 2);
+	CHECK(rc.live_bytes == 400);
+	free(a);
+	free(c);
+
+	memset(&after, 0, sizeof(after));
+	after.size = sizeof(after);
+	CHECK(memtrail_snapshot(s, &after) == MEMTRAIL_OK);
+	CHECK(after.allocations - before.allocations == 3);
+	CHECK(after.frees - before.frees == 3);
+
+	/* A caller built with a newer, larger struct: the library writes its
+	 * own part and leaves the rest as it was. */
+	{
+		struct {
+			memtrail_region_counts rc;
+			uint64_t newer;
+		} big;
+
+		memset(&big, 0xff, sizeof(big));
+		big.rc.size = sizeof(big);
+		CHECK(memtrail_region_begin(s, "newer struct") == MEMTRAIL_OK);
+		CHECK(memtrail_region_end(s, &big.rc) == MEMTRAIL_OK);
+		CHECK(big.rc.size == sizeof(big));
+		CHECK(big.rc.allocations == 0 && big.rc.live_bytes == 0);
+		CHECK(big.newer == UINT64_MAX);
+	}
+
+	CHECK(memtrail_wait(s, NULL) == MEMTRAIL_E_STATE);
+	CHECK(memtrail_session_free(s) == MEMTRAIL_OK);
+	return 0;
+}
+
+static int spawn(const char *profile)
+{
+	char *argv[] = { "/bin/sh", "-c", "exit 3", NULL };
+	memtrail_session *s = NULL;
+	int code = 0;
+
+	CHECK(memtrail_spawn(NULL, (const char *const *)argv, &s) == MEMTRAIL_OK);
+	CHECK(memtrail_wait(s, &code) == MEMTRAIL_OK);
+	CHECK(code == 3);
+	CHECK(memtrail_write_profile(s, profile) == MEMTRAIL_OK);
+	CHECK(access(profile, R_OK) == 0);
+	/* Finished: only freeing is left. */
+	CHECK(memtrail_write_profile(s, profile) == MEMTRAIL_E_STATE);
+	CHECK(memtrail_session_free(s) == MEMTRAIL_OK);
+	return 0;
+}
+
+static int errors(void)
+{
+	memtrail_options opts;
+	memtrail_session *s = NULL;
+	memtrail_region_counts rc;
+	memtrail_totals t;
+	char *missing[] = { "memtrail-no-such-command", NULL };
+	char *empty[] = { NULL };
+	int not_a_session = 0;
+
+	CHECK(memtrail_options_default(NULL) == MEMTRAIL_E_NULL);
+	CHECK(memtrail_options_default(&opts) == MEMTRAIL_OK);
+	CHECK(opts.size == sizeof(opts));
+	CHECK(memtrail_track_self(&opts, NULL) == MEMTRAIL_E_NULL);
+
+	opts.size = 0;
+	CHECK(memtrail_track_self(&opts, &s) == MEMTRAIL_E_INVALID);
+	CHECK(strlen(memtrail_last_error()) > 0);
+	CHECK(memtrail_options_default(&opts) == MEMTRAIL_OK);
+	opts.ring_size = 3;
+	CHECK(memtrail_track_self(&opts, &s) == MEMTRAIL_E_INVALID);
+	CHECK(memtrail_options_default(&opts) == MEMTRAIL_OK);
+	opts.watermark_percent = 100;
+	CHECK(memtrail_track_self(&opts, &s) == MEMTRAIL_E_INVALID);
+	CHECK(memtrail_options_default(&opts) == MEMTRAIL_OK);
+	opts.stack_depth = 1000;
+	CHECK(memtrail_track_self(&opts, &s) == MEMTRAIL_E_INVALID);
+	CHECK(memtrail_options_default(&opts) == MEMTRAIL_OK);
+	opts.pressure_timeout_ns = 1000; /* below 1 ms */
+	CHECK(memtrail_spawn(&opts, (const char *const *)missing, &s) == MEMTRAIL_E_INVALID);
+	opts.pressure_timeout_ns = UINT64_MAX; /* a process cannot pause itself */
+	CHECK(memtrail_track_self(&opts, &s) == MEMTRAIL_E_INVALID);
+	CHECK(s == NULL);
+
+	CHECK(memtrail_spawn(NULL, NULL, &s) == MEMTRAIL_E_NULL);
+	CHECK(memtrail_spawn(NULL, (const char *const *)empty, &s) == MEMTRAIL_E_INVALID);
+	CHECK(memtrail_spawn(NULL, (const char *const *)missing, &s) == MEMTRAIL_E_NOT_FOUND);
+	CHECK(memtrail_track_pid(NULL, -1, &s) == MEMTRAIL_E_INVALID);
+
+	memset(&rc, 0, sizeof(rc));
+	rc.size = sizeof(rc);
+	memset(&t, 0, sizeof(t));
+	t.size = sizeof(t);
+	CHECK(memtrail_snapshot(NULL, &t) == MEMTRAIL_E_NULL);
+	CHECK(memtrail_region_begin(NULL, "x") == MEMTRAIL_E_NULL);
+	CHECK(memtrail_region_end(NULL, &rc) == MEMTRAIL_E_NULL);
+	CHECK(memtrail_wait(NULL, NULL) == MEMTRAIL_E_NULL);
+	CHECK(memtrail_write_profile(NULL, "x") == MEMTRAIL_E_NULL);
+	CHECK(memtrail_session_free(NULL) == MEMTRAIL_E_NULL);
+	CHECK(memtrail_snapshot((memtrail_session *)&not_a_session, &t) == MEMTRAIL_E_HANDLE);
+	CHECK(memtrail_session_free((memtrail_session *)&not_a_session) == MEMTRAIL_E_HANDLE);
+
+	CHECK(memtrail_track_self(NULL, &s) == MEMTRAIL_OK);
+	CHECK(memtrail_region_end(s, &rc) == MEMTRAIL_E_STATE);
+	CHECK(memtrail_region_begin(s, NULL) == MEMTRAIL_E_NULL);
+	CHECK(memtrail_region_begin(s, "\xff\xfe") == MEMTRAIL_E_INVALID);
+	CHECK(memtrail_snapshot(s, NULL) == MEMTRAIL_E_NULL);
+	t.size = 4;
+	CHECK(memtrail_snapshot(s, &t) == MEMTRAIL_E_INVALID);
+	CHECK(memtrail_write_profile(s, NULL) == MEMTRAIL_E_NULL);
+	CHECK(memtrail_write_profile(s, "/nonexistent-dir/profile.json") == MEMTRAIL_E_OUTPUT);
+	CHECK(memtrail_session_free(s) == MEMTRAIL_OK);
+	/* Double free of a session. */
+	CHECK(memtrail_session_free(s) == MEMTRAIL_E_HANDLE);
+	CHECK(memtrail_snapshot(s, &t) == MEMTRAIL_E_HANDLE);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 2 && !strcmp(argv[1], "self"))
+		return track_self();
+	if (argc == 3 && !strcmp(argv[1], "spawn"))
+		return spawn(argv[2]);
+	if (argc == 2 && !strcmp(argv[1], "errors"))
+		return errors();
+	fprintf(stderr, "usage: client self|spawn PROFILE|errors\n");
+	return 2;
+}

@@ -1,0 +1,84 @@
+//! The C ABI from C (issue 13): tests/ffi/client.c, built against
+//! include/memtrail.h with -Wall -Wextra -Werror and linked to the cdylib.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Builds the client once per test binary; returns its path.
+fn client() -> &'static Path {
+    static CLIENT: OnceLock<PathBuf> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        // target/<profile>/deps/ffi_c-HASH -> target/<profile>, where cargo
+        // puts libmemtrail.so.
+        let exe = std::env::current_exe().expect("test executable");
+        let lib_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target dir")
+            .to_owned();
+        assert!(
+            lib_dir.join("libmemtrail.so").exists(),
+            "no libmemtrail.so in {}",
+            lib_dir.display()
+        );
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ffi-client");
+        let status = Command::new("cc")
+            .args(["-std=c11", "-D_DEFAULT_SOURCE", "-O0", "-fno-builtin", "-g"])
+            .args(["-Wall", "-Wextra", "-Werror"])
+            .arg("-I")
+            .arg(root.join("include"))
+            .arg(root.join("tests/ffi/client.c"))
+            .arg("-o")
+            .arg(&out)
+            .arg("-L")
+            .arg(&lib_dir)
+            .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+            .arg("-lmemtrail")
+            .status()
+            .expect("run cc");
+        assert!(status.success(), "compiling tests/ffi/client.c failed");
+        out
+    })
+}
+
+fn run(args: &[&str]) {
+    let out = Command::new(client())
+        .args(args)
+        .output()
+        .expect("run the client");
+    assert!(
+        out.status.success(),
+        "client {args:?}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Check that a C program tracking itself gets exactly 3 allocations and 1
+/// free from a region with 3 mallocs and 1 free, and exact snapshots.
+#[test]
+fn ffi_c_self_region_exact() {
+    run(&["self"]);
+}
+
+/// Check that a C program spawning a child through the C ABI waits for it,
+/// gets its exit code and writes its profile.
+#[test]
+fn ffi_c_spawn_writes_profile() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let profile = dir.path().join("profile.json");
+    run(&["spawn", profile.to_str().expect("UTF-8 path")]);
+    let text = std::fs::read_to_string(&profile).expect("profile written");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("profile is JSON");
+    assert!(json.get("totals").is_some(), "{text}");
+}
+
+/// Check that every error path of the C ABI returns its code: NULL
+/// pointers, bad options, sizes too small, a freed (double-freed) or bogus
+/// session handle, a missing command, no region open.
+#[test]
+fn ffi_c_error_paths_return_codes() {
+    run(&["errors"]);
+}
