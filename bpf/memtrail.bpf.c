@@ -337,6 +337,12 @@ struct mt_fork_event _mt_fork_event = {};
 struct mt_exec_event _mt_exec_event = {};
 struct mt_exit_event _mt_exit_event = {};
 struct mt_stack_record _mt_stack_record = {};
+struct mt_unwind_row _mt_unwind_row = {};
+struct mt_unwind_image _mt_unwind_image = {};
+enum mt_unwind_cfa _mt_unwind_cfa = MT_CFA_NONE;
+enum mt_unwind_rbp _mt_unwind_rbp = MT_RBP_SAME;
+enum mt_stack_end _mt_stack_end = MT_END_COMPLETE;
+enum mt_unwind_mode _mt_unwind_mode = MT_UNWIND_AUTO;
 struct mt_mapping_record _mt_mapping_record = {};
 enum mt_kind _mt_kind = 0;
 enum mt_flags _mt_flags = 0;
@@ -443,42 +449,370 @@ struct user_frame {
 };
 
 /*
- * Walks the user stack of an allocator call at its entry, hashing its
- * frames (seeded with the process id) and, with ips, storing them there.
- * Returns the hash, never 0; *nr gets the number of frames.
+ * Unwinding. A stack is walked in the program, frame by frame, from the
+ * allocator call's entry up to the outermost frame or --stack-depth:
  *
- * At entry the caller's frame is not yet linked: its return address, ra,
- * read from the top of the stack, goes first; the chain of saved frame
- * pointers from the caller's frame pointer gives the rest. The chain is
- * walked here rather than with bpf_get_stack(): the kernel's walker reads
- * on until a read faults, and the chain of every stack ends in a frame
- * pointer of 0 (set by _start), so each call paid a page fault (~1 us a
- * call on this kind of machine). This walk stops where the chain does: at
- * a frame pointer that is not above the previous one (0 included), or not
- * 8-aligned, or unreadable.
+ * - Each frame's address must fall in an executable mapping of the process
+ *   (bpf_find_vma; the mapping of the previous frame is remembered, so a
+ *   run of frames in one image looks once): a return address elsewhere (a
+ *   heap pointer a frame-pointer step took for one) ends the walk instead of
+ *   splitting one site into many stacks (issue 16).
+ * - The mapping's file names its image's unwind table (`unwind_images`,
+ *   loaded by userspace while the attach hold keeps the image's code from
+ *   running): its rows, sorted by address in `unwind_rows`, are searched
+ *   for the frame's address (a return address minus one: the call, which a
+ *   noreturn call at a function's end would otherwise place in the next
+ *   function). The row gives the CFA (rsp or rbp plus an offset, or the
+ *   PLT's expression), the return address at CFA - 8 and where the caller's
+ *   rbp was saved.
+ * - Where there is no table (or no row, or a rule BPF does not evaluate),
+ *   --unwind auto takes a frame-pointer step; --unwind dwarf stops there,
+ *   and --unwind fp always takes frame-pointer steps.
+ * - The signal trampoline's row (__restore_rt) takes the interrupted
+ *   registers from the ucontext the kernel saved: the walk goes on through
+ *   a signal handler into the code it interrupted. That frame's address is
+ *   the interrupted instruction itself, not a return address, so it is
+ *   recorded plus one (userspace symbolizes every frame minus one).
+ *
+ * The walk's state lives in `struct unwind_walk` on the program's stack
+ * (bpf_loop callbacks receive it by pointer); the loops are bpf_loop
+ * callbacks, each verified once, so the walk's size is not the verifier's
+ * problem. Every walk also hashes the frames it keeps.
  */
-static __always_inline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
-					__u32 depth, __u64 *ips, __u32 *nr)
+
+/* Rows the unwind tables of all images share. */
+#define MT_UNWIND_ROWS (1 << 20)
+/* Binary search steps: enough for MT_UNWIND_ROWS rows. */
+#define MT_UNWIND_SEARCH 21
+#define VM_EXEC 0x4
+#define EBUSY 16
+
+/* Userspace writes rows through its mapping of the array, then inserts the
+ * image's entry in unwind_images (a syscall, after the rows are written). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, MT_UNWIND_ROWS);
+	__type(key, __u32);
+	__type(value, struct mt_unwind_row);
+} unwind_rows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1 << 12);
+	__type(key, struct image_id);
+	__type(value, struct mt_unwind_image);
+} unwind_images SEC(".maps");
+
+/* --unwind, set before load. */
+const volatile __u32 unwind_mode = MT_UNWIND_AUTO;
+
+struct unwind_walk {
+	__u64 pc; /* the frame's address */
+	__u64 sp; /* rsp in that frame (the CFA of the frame below) */
+	__u64 bp; /* rbp in that frame, 0 when not recoverable */
+	__u64 h;
+	struct mt_stack_record *rec; /* where frames go, NULL on the hashing walk */
+	/* The executable mapping of the last frame looked up, and its image's
+	 * rows (count 0: no table). Table address = pc - start + base. */
+	__u64 map_start;
+	__u64 map_end;
+	__u64 map_base;
+	__u32 first;
+	__u32 count;
+	__u32 n;
+	__u32 depth;
+	__u16 end;   /* enum mt_stack_end */
+	__u8 exact;  /* pc is an interrupted instruction, not a return address */
+	__u8 is_exec;
+};
+
+struct unwind_search {
+	__u32 lo;
+	__u32 hi;
+	__u32 key;
+};
+
+/* One step of the search for the first row above key in [lo, hi). */
+static long search_step(__u64 i, void *data)
+{
+	struct unwind_search *s = data;
+	struct mt_unwind_row *row;
+	__u32 mid;
+
+	if (s->lo >= s->hi)
+		return 1;
+	mid = s->lo + (s->hi - s->lo) / 2;
+	row = bpf_map_lookup_elem(&unwind_rows, &mid);
+	if (!row)
+		return 1;
+	if (row->pc <= s->key)
+		s->lo = mid + 1;
+	else
+		s->hi = mid;
+	return 0;
+}
+
+/* Records the mapping holding the walk's pc, and its image's table. */
+static long look_at_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct unwind_walk *w = data;
+	struct mt_unwind_image *img;
+	struct image_id id = {};
+	struct file *file;
+
+	w->map_start = vma->vm_start;
+	w->map_end = vma->vm_end;
+	w->count = 0;
+	w->is_exec = (vma->vm_flags & VM_EXEC) != 0;
+	file = vma->vm_file;
+	if (!w->is_exec || !file)
+		return 0; /* not code, or code without a file (JIT, vDSO) */
+	id.ino = file->f_inode->i_ino;
+	id.dev = file->f_inode->i_sb->s_dev;
+	img = bpf_map_lookup_elem(&unwind_images, &id);
+	if (img) {
+		w->first = img->first;
+		w->count = img->count;
+		w->map_base = (vma->vm_pgoff << PAGE_SHIFT) + img->bias;
+	}
+	return 0;
+}
+
+/* Whether the walk's pc is in an executable mapping; sets end if not. */
+static __always_inline bool in_code(struct unwind_walk *w)
+{
+	long err;
+
+	if (w->pc >= w->map_start && w->pc < w->map_end)
+		return w->is_exec;
+	w->is_exec = 0;
+	err = bpf_find_vma(bpf_get_current_task_btf(), w->pc, look_at_vma, w, 0);
+	if (err == -EBUSY) {
+		w->end = MT_END_BUSY;
+		return false;
+	}
+	if (err || !w->is_exec) {
+		w->map_end = 0; /* nothing cached */
+		w->end = MT_END_NOT_CODE;
+		return false;
+	}
+	return true;
+}
+
+/* A frame-pointer step: the frame's rbp points at the caller's saved rbp,
+ * then the return address. False (with end set) when the chain ends. */
+static __always_inline bool fp_step(struct unwind_walk *w, __u16 why)
 {
 	struct user_frame frame;
-	__u64 h = mix(tgid, ra), below = PT_REGS_SP(ctx), fp = PT_REGS_FP(ctx);
-	__u32 n;
 
-	if (ips)
-		ips[0] = ra;
-	for (n = 1; n < MT_MAX_STACK; n++) {
-		if (n >= depth || fp <= below || (fp & 7))
-			break;
-		if (bpf_probe_read_user(&frame, sizeof(frame), (void *)fp))
-			break;
-		if (ips)
-			ips[n] = frame.ret;
-		h = mix(h, frame.ret);
-		below = fp;
-		fp = frame.next;
+	if (w->bp < w->sp || (w->bp & 7)) {
+		w->end = why;
+		return false;
 	}
-	*nr = n;
-	return h ? h : 1;
+	if (bpf_probe_read_user(&frame, sizeof(frame), (void *)w->bp)) {
+		w->end = MT_END_UNREADABLE;
+		return false;
+	}
+	w->sp = w->bp + 16;
+	w->bp = frame.next;
+	w->pc = frame.ret;
+	w->exact = 0;
+	return true;
+}
+
+/* The row covering the walk's pc, if its image has a table. */
+static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row *out)
+{
+	struct unwind_search s;
+	struct mt_unwind_row *row;
+	__u32 idx;
+
+	s.key = w->pc - (w->exact ? 0 : 1) - w->map_start + w->map_base;
+	s.lo = w->first;
+	s.hi = w->first + w->count;
+	bpf_loop(MT_UNWIND_SEARCH, search_step, &s, 0);
+	if (s.lo <= w->first)
+		return false; /* below the first row */
+	idx = s.lo - 1;
+	row = bpf_map_lookup_elem(&unwind_rows, &idx);
+	if (!row)
+		return false;
+	*out = *row;
+	return true;
+}
+
+/* The rule for the walk's frame: its row, or MT_CFA_NONE without one. */
+static __always_inline void frame_rule(struct unwind_walk *w, struct mt_unwind_row *row)
+{
+	if (unwind_mode == MT_UNWIND_FP || !w->count || !find_row(w, row))
+		row->kind = MT_CFA_NONE;
+}
+
+/* Moves the walk from its frame to the caller's by the frame's rule; false
+ * (with end set) when it cannot. */
+static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind_row *rowp)
+{
+	struct mt_unwind_row row = *rowp;
+	struct user_frame saved;
+	__u64 cfa, ra;
+	__u8 cfa_kind;
+
+	if (unwind_mode == MT_UNWIND_FP)
+		return fp_step(w, MT_END_COMPLETE);
+	cfa_kind = row.kind & 0xf;
+	switch (cfa_kind) {
+	case MT_CFA_RSP:
+		cfa = w->sp + row.cfa_off;
+		break;
+	case MT_CFA_RBP:
+		if (!w->bp) {
+			w->end = MT_END_UNREADABLE;
+			return false;
+		}
+		cfa = w->bp + row.cfa_off;
+		break;
+	case MT_CFA_PLT:
+		cfa = w->sp + 8 + ((w->pc & 15) >= (__u64)row.rbp_off ? 8 : 0);
+		break;
+	case MT_CFA_END:
+		w->end = MT_END_COMPLETE;
+		return false;
+	case MT_CFA_SIGNAL: {
+		/* struct ucontext at sp: uc_mcontext at 40, its rbp, rsp and
+		 * rip at 80, 120 and 128 past it. */
+		__u64 bp, sp, ip;
+
+		if (bpf_probe_read_user(&bp, 8, (void *)(w->sp + 120)) ||
+		    bpf_probe_read_user(&sp, 8, (void *)(w->sp + 160)) ||
+		    bpf_probe_read_user(&ip, 8, (void *)(w->sp + 168))) {
+			w->end = MT_END_UNREADABLE;
+			return false;
+		}
+		w->bp = bp;
+		w->sp = sp;
+		w->pc = ip;
+		w->exact = 1;
+		return true;
+	}
+	default:
+		if (unwind_mode == MT_UNWIND_DWARF) {
+			w->end = cfa_kind == MT_CFA_UNSUPPORTED ? MT_END_UNSUPPORTED
+								: MT_END_NO_TABLE;
+			return false;
+		}
+		return fp_step(w, MT_END_NO_TABLE);
+	}
+	/* The caller's frame is above this one. */
+	if (cfa <= w->sp || cfa & 7) {
+		w->end = MT_END_UNREADABLE;
+		return false;
+	}
+	switch (row.kind >> 4) {
+	case MT_RBP_AT:
+		if (row.rbp_off == -16) {
+			/* The usual frame: saved rbp right below the return
+			 * address, one read for both. */
+			if (bpf_probe_read_user(&saved, sizeof(saved), (void *)(cfa - 16))) {
+				w->end = MT_END_UNREADABLE;
+				return false;
+			}
+			w->bp = saved.next;
+			ra = saved.ret;
+			goto done;
+		}
+		if (bpf_probe_read_user(&w->bp, 8, (void *)(cfa + row.rbp_off))) {
+			w->end = MT_END_UNREADABLE;
+			return false;
+		}
+		break;
+	case MT_RBP_LOST:
+		w->bp = 0;
+		break;
+	}
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8))) {
+		w->end = MT_END_UNREADABLE;
+		return false;
+	}
+done:
+	w->sp = cfa;
+	w->pc = ra;
+	w->exact = 0;
+	return true;
+}
+
+/*
+ * Stores frame n of a stack record. A global function, verified once on
+ * its own: the frame's index, which rises every step, stays out of the
+ * walk's verifier state, so the walk's loop converges instead of being
+ * verified once per frame.
+ */
+__noinline int mt_store_frame(struct mt_stack_record *rec, __u32 n, __u64 ip)
+{
+	if (rec && n < MT_MAX_STACK)
+		rec->ips[n] = ip;
+	return 0;
+}
+
+/* One frame: keep the walk's pc if it is code and within the depth, then
+ * step to the caller. */
+static long unwind_step(__u64 i, void *data)
+{
+	struct unwind_walk *w = data;
+	struct mt_unwind_row row = {};
+	__u32 n = w->n;
+	__u64 ip;
+
+	if (!w->pc) {
+		w->end = MT_END_COMPLETE;
+		return 1;
+	}
+	if (!in_code(w))
+		return 1;
+	if (n >= w->depth) {
+		w->end = MT_END_DEPTH;
+		return 1;
+	}
+	frame_rule(w, &row);
+	/* Userspace symbolizes every frame minus one (the call of a return
+	 * address): an interrupted instruction, and the signal trampoline
+	 * (which the kernel made the handler's return address; no call
+	 * precedes it), are recorded plus one. */
+	ip = w->pc + (w->exact || (row.kind & 0xf) == MT_CFA_SIGNAL);
+	if (w->rec)
+		mt_store_frame(w->rec, n, ip);
+	w->h = mix(w->h, ip);
+	w->n = n + 1;
+	return unwind_frame(w, &row) ? 0 : 1;
+}
+
+/*
+ * Walks the user stack of an allocator call at its entry, hashing its
+ * frames (seeded with the process id) and, with rec, storing them in its
+ * ips. Returns the hash, never 0; *nr gets the number of frames, *end why the
+ * walk stopped.
+ *
+ * At entry the caller's frame is not yet set up past the return address
+ * on top of the stack: the walk starts there, with the caller's rsp just
+ * above it and its rbp still in rbp.
+ */
+static __always_inline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
+					__u32 depth, struct mt_stack_record *rec, __u32 *nr,
+					__u16 *end)
+{
+	struct unwind_walk w = {
+		.pc = ra,
+		.sp = PT_REGS_SP(ctx) + 8,
+		.bp = PT_REGS_FP(ctx),
+		.h = tgid,
+		.rec = rec,
+		.depth = depth,
+	};
+
+	bpf_loop(MT_MAX_STACK + 1, unwind_step, &w, 0);
+	*nr = w.n;
+	*end = w.end;
+	return w.h ? w.h : 1;
 }
 
 /*
@@ -486,9 +820,9 @@ static __always_inline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 r
  * a stack not seen before is also written to the stack ring.
  *
  * Most calls come from stacks already written, so the stack is first only
- * hashed as it is walked (in registers and 16 bytes of the program's own
- * stack, never a per-CPU map) and looked up; only a new one is walked
- * again into a record reserved on the stack ring. A record is thus
+ * hashed as it is walked (in registers and the walk's state on the
+ * program's own stack, never a per-CPU map) and looked up; only a new one
+ * is walked again into a record reserved on the stack ring. A record is thus
  * reserved only for new stacks, and the ring's space is not taken and
  * given back a kilobyte at a time for every allocation.
  */
@@ -498,13 +832,14 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 	struct mt_stack_record *rec;
 	__u64 ra, h;
 	__u8 one = 1;
+	__u16 end;
 	__u32 n;
 
 	if (!stack_depth)
 		return 0;
 	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)PT_REGS_SP(ctx)))
 		ra = 0;
-	h = walk_stack(ctx, tgid, ra, depth, NULL, &n);
+	h = walk_stack(ctx, tgid, ra, depth, NULL, &n, &end);
 	if (bpf_map_lookup_elem(&known_stacks, &h))
 		return h;
 	rec = bpf_ringbuf_reserve(&stacks, sizeof(*rec), 0);
@@ -515,11 +850,11 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 	/* The same walk, into the record: the stack is the thread's own and
 	 * the thread is here, so it gives the same frames and hash (but the
 	 * record carries what this walk saw, whatever happens). */
-	h = walk_stack(ctx, tgid, ra, depth, rec->ips, &n);
+	h = walk_stack(ctx, tgid, ra, depth, rec, &n, &end);
 	rec->id = h;
 	rec->pid = tgid;
 	rec->nr = n;
-	rec->_pad = 0;
+	rec->end = end;
 	if (bpf_map_update_elem(&known_stacks, &h, &one, BPF_NOEXIST) == -EEXIST)
 		bpf_ringbuf_discard(rec, BPF_RB_NO_WAKEUP);
 	else

@@ -11,6 +11,7 @@
 //! - [`pressure`]: pausing the tree when a ring fills up, instead of losing events.
 //! - [`proctree`]: starting the command and following its process tree.
 //! - [`symbolize`]: stacks to functions and lines, after the capture.
+//! - [`unwind`]: unwind tables compiled from each image's CFI, for the BPF stack walker.
 //! - [`report`]: aggregating events into the profile, summary and stream.
 //! - [`render`]: reports on allocation sites: text, JSON, folded, flamegraph, pprof.
 //! - [`cli`]: the `memtrail` command line.
@@ -28,3 +29,4 @@ pub mod ring;
 pub mod skel;
 pub mod symbolize;
 pub mod sys;
+pub mod unwind;

@@ -45,6 +45,9 @@ pub struct AttachWorker {
     pub sites: Vec<Site>,
     pub failures: Vec<AttachFailure>,
     pub malformed: u64,
+    /// Unwind tables, loaded for each image before its hold is released
+    /// (None with `--unwind fp`).
+    pub tables: Option<crate::unwind::Tables>,
 }
 
 impl AttachWorker {
@@ -55,6 +58,7 @@ impl AttachWorker {
         known_images: OwnedFd,
         known: HashSet<(u64, u64)>,
         stops: Arc<Stops>,
+        tables: Option<crate::unwind::Tables>,
     ) -> Self {
         Self {
             progs,
@@ -65,11 +69,12 @@ impl AttachWorker {
             sites: Vec::new(),
             failures: Vec::new(),
             malformed: 0,
+            tables,
         }
     }
 
     /// Examines and probes one image; `Ok(false)` when the process is gone.
-    fn examine(&mut self, req: &MappingRecord) -> Result<bool, AttachError> {
+    fn examine(&mut self, req: &MappingRecord, id: (u64, u64)) -> Result<bool, AttachError> {
         let link = PathBuf::from(format!(
             "/proc/{}/map_files/{:x}-{:x}",
             req.pid, req.start, req.end
@@ -81,6 +86,9 @@ impl AttachWorker {
             }
             Err(source) => return Err(AttachError::Read { path: link, source }),
         };
+        if let Some(tables) = &mut self.tables {
+            tables.load(&link, &real, id);
+        }
         let mut sites = find_sites(&link, &api::all())?;
         if !sites.is_empty() {
             let mut links = Links::default();
@@ -117,7 +125,7 @@ impl Sink for AttachWorker {
         }
         let id = (req.dev, req.ino);
         if !self.known.contains(&id) {
-            match self.examine(&req) {
+            match self.examine(&req, id) {
                 Ok(_) => self.mark_known(id),
                 Err(error) => {
                     tracing::error!(pid, image = %req.name, %error, "attach failed");

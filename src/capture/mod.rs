@@ -63,6 +63,8 @@ pub struct Options {
     pub stack_depth: u32,
     /// Size in bytes of the stack ring (a power of two, at least a page).
     pub stack_ring_size: usize,
+    /// How stacks are walked: unwind tables, frame pointers, or both.
+    pub unwind: crate::unwind::Mode,
     /// Backpressure: off (`0`, loss detection only), bounded, or unbounded.
     pub pressure_timeout: PressureTimeout,
     /// Fill of a ring, in percent, past which producers pause the tree.
@@ -257,6 +259,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
             .expect("the BPF object has .rodata tunables");
         let mark = |size: u64| size * u64::from(opts.watermark_percent.clamp(1, 99)) / 100;
         ro.pressure_enabled = opts.pressure_timeout.enabled();
+        ro.unwind_mode = opts.unwind.raw();
         if opts.faults.one_thread_slot {
             ro.thread_slot_mask = 0;
         }
@@ -284,6 +287,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     })?;
     let mut images = vec![attach::libc_path()?];
     images.extend(attach::cxx_runtimes());
+    let mut tables = unwind_tables(&skel, opts);
     let mut links = Links::default();
     attach_tracepoints(&skel, &mut links)?;
     let mut sites = Vec::new();
@@ -293,8 +297,18 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         attach::attach_sites(&progs, &found, &mut links)?;
         sites.extend(found);
         if let Ok(id) = sys::kernel_file_id(image) {
+            if let Some(tables) = &mut tables {
+                tables.load(image, image, id);
+            }
             sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
             known.insert(id);
+        }
+    }
+    // The dynamic loader: the kernel maps it at exec, with no mmap to ask
+    // for its table by, and dlopen's allocations run through it.
+    if let (Some(tables), Some(ld_so)) = (&mut tables, crate::attach::ld_so_path()) {
+        if let Ok(id) = sys::kernel_file_id(&ld_so) {
+            tables.load(&ld_so, &ld_so, id);
         }
     }
     for site in sites.iter().filter(|s| !s.emulated) {
@@ -390,7 +404,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
                 maps.attach_requests.as_fd(),
                 maps.attach_requests.max_entries() as usize,
             )?,
-            sink: AttachWorker::new(progs, known_fd, known, stops.clone()),
+            sink: AttachWorker::new(progs, known_fd, known, stops.clone(), tables),
             fault: Fault::None,
             deep_sleep: Some(deep(3, maps.attach_requests.as_fd())?),
             paced: false,
@@ -525,6 +539,11 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         .collect();
     let mut profile = Profile::build(&agg, command, exit, (start_ns, end_ns), lost, &sites);
     profile.stacks = symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
+    profile.unwind = crate::unwind::report(
+        opts.unwind,
+        attacher.tables.map(|t| t.images_seen).unwrap_or_default(),
+        &profile.stacks,
+    );
     pressure_stats.high_water = read_high_water(&skel).max(seen);
     profile.pressure = pressure_stats;
     if let Some(stream) = stream {
@@ -557,7 +576,7 @@ fn symbolize_stacks(
         parents: agg.processes().map(|p| (p.pid, p.ppid)).collect(),
     };
     /// A stack to symbolize: id, metrics, return addresses.
-    type Site<'a> = (u64, StackMetrics, &'a [u64]);
+    type Site<'a> = (u64, StackMetrics, &'a Stack);
     let mut by_pid: HashMap<u32, Vec<Site<'_>>> = HashMap::new();
     for (id, metrics) in agg.stack_metrics() {
         if metrics.allocations == 0 {
@@ -567,27 +586,44 @@ fn symbolize_stacks(
             Some(stack) => by_pid
                 .entry(stack.pid)
                 .or_default()
-                .push((id, metrics, &stack.ips)),
+                .push((id, metrics, stack)),
             None => tracing::warn!(id, "an allocation names a stack that was never recorded"),
         }
     }
     let symbolizer = StackSymbolizer::new();
     let mut entries = Vec::new();
     for (pid, list) in by_pid {
-        let ips: Vec<&[u64]> = list.iter().map(|(_, _, ips)| *ips).collect();
+        let ips: Vec<&[u64]> = list.iter().map(|(_, _, stack)| &stack.ips[..]).collect();
         let frames = symbolizer.symbolize(&spaces, pid, &ips);
         entries.extend(
             list.into_iter()
                 .zip(frames)
-                .map(|((id, metrics, _), frames)| StackEntry {
+                .map(|((id, metrics, stack), frames)| StackEntry {
                     id,
                     frames,
+                    end: stack.end,
                     metrics,
                 }),
         );
     }
     entries.sort_by(|a, b| b.metrics.bytes.cmp(&a.metrics.bytes).then(a.id.cmp(&b.id)));
     entries
+}
+
+/// The unwind tables' maps, when stacks are walked with tables; without
+/// them (the maps cannot be mapped) stacks take frame-pointer steps.
+fn unwind_tables(skel: &MemtrailSkel<'_>, opts: &Options) -> Option<crate::unwind::Tables> {
+    if !opts.unwind.uses_tables() || opts.stack_depth == 0 {
+        return None;
+    }
+    let maps = &skel.maps;
+    crate::unwind::Tables::new(
+        maps.unwind_rows.as_fd(),
+        maps.unwind_rows.max_entries(),
+        maps.unwind_images.as_fd(),
+    )
+    .inspect_err(|err| tracing::warn!(%err, "no unwind tables: stacks take frame-pointer steps"))
+    .ok()
 }
 
 /// Attaches the syscall and sched tracepoint programs.

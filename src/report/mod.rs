@@ -26,8 +26,8 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use output::{AtomicOutput, OutputError};
 pub use profile::{
-    ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION, Profile, StackEntry,
-    StackMetrics, wait_status_code, write_profile,
+    EndedEarly, ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION, Profile, StackEntry,
+    StackMetrics, UnwindReport, wait_status_code, write_profile,
 };
 pub use stream::EventWriter;
 pub use summary::{human_bytes, write_summary};
