@@ -1,0 +1,239 @@
+//! Stacks of code built without frame pointers, unwound in BPF from each
+//! image's unwind tables (issue 12), and frames that must be code (issue 16).
+
+mod common;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use common::{fixture, fixture_with_flags, num};
+use serde_json::Value;
+
+/// How the unwinding fixtures are built: optimised, no frame pointers.
+const NO_FP: &[&str] = &[
+    "-O2",
+    "-g",
+    "-fomit-frame-pointer",
+    "-fno-builtin",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-pthread",
+];
+
+fn fixture_source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// The 1-based line of `marker` in a fixture's source.
+fn line_of(file: &str, marker: &str) -> u64 {
+    let text = std::fs::read_to_string(fixture_source(file)).unwrap();
+    let idx = text
+        .lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("{marker} not in {file}"));
+    idx as u64 + 1
+}
+
+fn stacks(profile: &Value) -> &[Value] {
+    profile["stacks"].as_array().expect("stacks array")
+}
+
+fn frames(stack: &Value) -> &[Value] {
+    stack["frames"].as_array().expect("frames array")
+}
+
+fn function(frame: &Value) -> &str {
+    frame["function"].as_str().unwrap_or("")
+}
+
+fn module(frame: &Value) -> &str {
+    frame["module"].as_str().unwrap_or("")
+}
+
+/// Function names of a stack's frames, innermost first.
+fn functions(stack: &Value) -> Vec<&str> {
+    frames(stack).iter().map(function).collect()
+}
+
+fn assert_at(frame: &Value, function_name: &str, file: &str, line: u64) {
+    assert_eq!(function(frame), function_name, "frame {frame}");
+    let path = frame["file"].as_str().unwrap_or_default();
+    assert!(path.ends_with(file), "frame {frame} not in {file}");
+    assert_eq!(frame["line"].as_u64(), Some(line), "frame {frame}");
+}
+
+/// The stack of the allocation of `bytes` bytes (one allocation).
+fn stack_of(profile: &Value, bytes: u64) -> &Value {
+    let found: Vec<&Value> = stacks(profile)
+        .iter()
+        .filter(|s| num(s, "bytes") == bytes)
+        .collect();
+    assert_eq!(found.len(), 1, "{bytes}-byte stacks: {found:#?}");
+    found[0]
+}
+
+/// `memtrail run -q -o PROFILE ARGS -- CMD`; the profile.
+fn run_profile(cmd: &[OsString], args: &[&str]) -> Value {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("profile.json");
+    let mut argv: Vec<OsString> = vec!["run".into(), "-q".into(), "-o".into()];
+    argv.push(out.clone().into());
+    argv.extend(args.iter().map(Into::into));
+    argv.push("--".into());
+    argv.extend(cmd.iter().cloned());
+    let (_, status, _, stderr) = common::memtrail_env(&argv, b"", &[]);
+    assert!(status.success(), "{stderr}");
+    common::read_profile(&out).expect("profile written")
+}
+
+/// The frames of a complete stack from its end: glibc's start-up, then
+/// main (whose index is returned).
+fn assert_reaches_start(stack: &Value) -> usize {
+    assert_eq!(stack["end"], "complete", "{stack:#}");
+    let f = functions(stack);
+    let n = f.len();
+    assert!(n >= 4, "{f:?}");
+    assert_eq!(
+        &f[n - 3..],
+        ["__libc_start_call_main", "__libc_start_main_impl", "_start"],
+        "{f:?}"
+    );
+    assert_eq!(f[n - 4], "main", "{f:?}");
+    n - 4
+}
+
+/// Check that stacks of a C program built -O2 -fomit-frame-pointer are
+/// exact frame by frame from the allocating function to main and on to
+/// _start: a plain call chain, a path through glibc's qsort with an
+/// allocating comparator, and an allocation in a signal handler, through
+/// the signal trampoline into the interrupted code.
+#[test]
+fn stacks_unwind_without_frame_pointers_exact() {
+    let exe = fixture_with_flags("stack_unwind", NO_FP);
+    let p = run_profile(&[exe.into()], &[]);
+    let src = "stack_unwind.c";
+    assert_eq!(p["unwind"]["mode"], "auto");
+    assert_eq!(stacks(&p).len(), 4, "{:#?}", stacks(&p));
+
+    let chain = stack_of(&p, 11111);
+    let main = assert_reaches_start(chain);
+    assert_eq!(main, 3, "{:?}", functions(chain));
+    let f = frames(chain);
+    assert_at(&f[0], "leaf", src, line_of(src, "LEAF_SITE"));
+    assert_at(&f[1], "middle", src, line_of(src, "MIDDLE_CALL"));
+    assert_at(&f[2], "outer", src, line_of(src, "OUTER_CALL"));
+    assert_at(&f[3], "main", src, line_of(src, "MAIN_OUTER"));
+
+    let sort = stack_of(&p, 22222);
+    let main = assert_reaches_start(sort);
+    let f = frames(sort);
+    assert_at(&f[0], "cmp", src, line_of(src, "CMP_SITE"));
+    assert_at(&f[main - 1], "sort_path", src, line_of(src, "SORT_CALL"));
+    assert_at(&f[main], "main", src, line_of(src, "MAIN_SORT"));
+    let inside = &f[1..main - 1];
+    assert!(
+        !inside.is_empty() && inside.iter().all(|fr| module(fr).ends_with("/libc.so.6")),
+        "{:?}",
+        functions(sort)
+    );
+    assert!(
+        inside.iter().any(|fr| function(fr).contains("qsort")),
+        "{:?}",
+        functions(sort)
+    );
+
+    let handler = stack_of(&p, 33333);
+    let main = assert_reaches_start(handler);
+    let f = frames(handler);
+    assert_at(&f[0], "on_signal", src, line_of(src, "HANDLER_SITE"));
+    assert_eq!(function(&f[1]), "__restore_rt", "{:?}", functions(handler));
+    assert_at(&f[main - 1], "signal_path", src, line_of(src, "RAISE_CALL"));
+    assert_at(&f[main], "main", src, line_of(src, "MAIN_SIGNAL"));
+    let inside = &f[2..main - 1];
+    assert!(
+        inside.iter().all(|fr| module(fr).ends_with("/libc.so.6"))
+            && inside.iter().any(|fr| function(fr).contains("raise")),
+        "{:?}",
+        functions(handler)
+    );
+
+    let direct = stack_of(&p, 44444);
+    assert_eq!(assert_reaches_start(direct), 0);
+    assert_at(&frames(direct)[0], "main", src, line_of(src, "MAIN_SITE"));
+    assert_eq!(p["unwind"]["ended_early"], serde_json::json!([]));
+}
+
+/// Check that a recursion deeper than --stack-depth, built without frame
+/// pointers, keeps exactly --stack-depth frames (127 by default, 5 asked),
+/// each at its call, says the depth ended it, and that a shallow stack
+/// starts at main.
+#[test]
+fn stacks_unwind_depth_exact() {
+    let exe = fixture_with_flags("stack_deep", NO_FP);
+    let src = "stack_deep.c";
+    let (site, call) = (line_of(src, "DEEP_SITE"), line_of(src, "DEEP_CALL"));
+    for (depth, args) in [(127, &[][..]), (5, &["--stack-depth", "5"][..])] {
+        let p = run_profile(&[exe.clone().into()], args);
+        let deep = stack_of(&p, 33333);
+        assert_eq!(deep["end"], "depth_limit");
+        let f = frames(deep);
+        assert_eq!(f.len(), depth, "{f:#?}");
+        assert_at(&f[0], "deep", src, site);
+        for frame in &f[1..] {
+            assert_at(frame, "deep", src, call);
+        }
+        let shallow = stack_of(&p, 44444);
+        assert_eq!(assert_reaches_start(shallow), 0);
+        assert_at(&frames(shallow)[0], "main", src, line_of(src, "MAIN_SITE"));
+        let early = &p["unwind"]["ended_early"];
+        assert_eq!(
+            early,
+            &serde_json::json!([{"reason": "depth_limit", "stacks": 1, "bytes": 33333}])
+        );
+    }
+}
+
+/// The functions of each stack up to main (all of a stack cut by the
+/// depth), by allocated bytes.
+fn to_main(p: &Value) -> Vec<(u64, Vec<String>)> {
+    let mut out: Vec<(u64, Vec<String>)> = stacks(p)
+        .iter()
+        .map(|s| {
+            let f = functions(s);
+            let end = f
+                .iter()
+                .position(|f| *f == "main")
+                .map_or(f.len(), |m| m + 1);
+            (
+                num(s, "bytes"),
+                f[..end].iter().map(|s| s.to_string()).collect(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Check that on programs built with frame pointers, --unwind dwarf and
+/// --unwind fp give the same stacks up to main (beyond it, glibc's start-up
+/// has no frame pointers: only the tables reach _start).
+#[test]
+fn stacks_unwind_dwarf_matches_frame_pointers() {
+    for name in ["stacks", "stack_deep"] {
+        let exe = fixture(name);
+        let fp = run_profile(&[exe.clone().into()], &["--unwind", "fp"]);
+        let dwarf = run_profile(&[exe.into()], &["--unwind", "dwarf"]);
+        assert_eq!(fp["unwind"]["mode"], "fp");
+        assert_eq!(dwarf["unwind"]["mode"], "dwarf");
+        assert!(!stacks(&fp).is_empty());
+        assert_eq!(to_main(&fp), to_main(&dwarf), "{name}");
+        for s in stacks(&dwarf) {
+            if s["end"] != "depth_limit" {
+                assert_reaches_start(s);
+            }
+        }
+    }
+}
