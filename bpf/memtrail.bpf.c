@@ -514,14 +514,13 @@ struct unwind_walk {
 	__u64 h;
 	struct mt_stack_record *rec; /* where frames go, NULL on the hashing walk */
 	/* The executable mapping of the last frame looked up, and its image's
-	 * rows (count 0: no table). Table address = pc - start + base. */
+	 * rows (count 0: no table). Table address = pc - shift. */
 	__u64 map_start;
 	__u64 map_end;
-	__u64 map_base;
+	__u64 shift;
 	__u32 first;
 	__u32 count;
 	__u32 n;
-	__u32 depth;
 	__u16 end;   /* enum mt_stack_end */
 	__u8 exact;  /* pc is an interrupted instruction, not a return address */
 	__u8 is_exec;
@@ -574,7 +573,8 @@ static long look_at_vma(struct task_struct *task, struct vm_area_struct *vma, vo
 	if (img) {
 		w->first = img->first;
 		w->count = img->count;
-		w->map_base = (vma->vm_pgoff << PAGE_SHIFT) + img->bias;
+		/* image address = pc - vm_start + file offset of vm_start + bias */
+		w->shift = w->map_start - (vma->vm_pgoff << PAGE_SHIFT) - img->bias;
 	}
 	return 0;
 }
@@ -602,21 +602,20 @@ static __always_inline bool in_code(struct unwind_walk *w)
 
 /* A frame-pointer step: the frame's rbp points at the caller's saved rbp,
  * then the return address. False (with end set) when the chain ends. */
-static __always_inline bool fp_step(struct unwind_walk *w, __u16 why)
+static __always_inline bool fp_step(struct unwind_walk *w, __u16 why,
+				    struct user_frame *frame)
 {
-	struct user_frame frame;
-
 	if (w->bp < w->sp || (w->bp & 7)) {
 		w->end = why;
 		return false;
 	}
-	if (bpf_probe_read_user(&frame, sizeof(frame), (void *)w->bp)) {
+	if (bpf_probe_read_user(frame, sizeof(*frame), (void *)w->bp)) {
 		w->end = MT_END_UNREADABLE;
 		return false;
 	}
 	w->sp = w->bp + 16;
-	w->bp = frame.next;
-	w->pc = frame.ret;
+	w->bp = frame->next;
+	w->pc = frame->ret;
 	w->exact = 0;
 	return true;
 }
@@ -628,7 +627,7 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	struct mt_unwind_row *row;
 	__u32 idx;
 
-	s.key = w->pc - (w->exact ? 0 : 1) - w->map_start + w->map_base;
+	s.key = w->pc - (w->exact ? 0 : 1) - w->shift;
 	s.lo = w->first;
 	s.hi = w->first + w->count;
 	bpf_loop(MT_UNWIND_SEARCH, search_step, &s, 0);
@@ -653,27 +652,27 @@ static __always_inline void frame_rule(struct unwind_walk *w, struct mt_unwind_r
  * (with end set) when it cannot. */
 static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind_row *rowp)
 {
-	struct mt_unwind_row row = *rowp;
+	const struct mt_unwind_row *row = rowp;
 	struct user_frame saved;
 	__u64 cfa, ra;
 	__u8 cfa_kind;
 
 	if (unwind_mode == MT_UNWIND_FP)
-		return fp_step(w, MT_END_COMPLETE);
-	cfa_kind = row.kind & 0xf;
+		return fp_step(w, MT_END_COMPLETE, &saved);
+	cfa_kind = row->kind & 0xf;
 	switch (cfa_kind) {
 	case MT_CFA_RSP:
-		cfa = w->sp + row.cfa_off;
+		cfa = w->sp + row->cfa_off;
 		break;
 	case MT_CFA_RBP:
 		if (!w->bp) {
 			w->end = MT_END_UNREADABLE;
 			return false;
 		}
-		cfa = w->bp + row.cfa_off;
+		cfa = w->bp + row->cfa_off;
 		break;
 	case MT_CFA_PLT:
-		cfa = w->sp + 8 + ((w->pc & 15) >= (__u64)row.rbp_off ? 8 : 0);
+		cfa = w->sp + 8 + ((w->pc & 15) >= (__u64)row->rbp_off ? 8 : 0);
 		break;
 	case MT_CFA_END:
 		w->end = MT_END_COMPLETE;
@@ -681,17 +680,14 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 	case MT_CFA_SIGNAL: {
 		/* struct ucontext at sp: uc_mcontext at 40, its rbp, rsp and
 		 * rip at 80, 120 and 128 past it. */
-		__u64 bp, sp, ip;
+		__u64 uc = w->sp;
 
-		if (bpf_probe_read_user(&bp, 8, (void *)(w->sp + 120)) ||
-		    bpf_probe_read_user(&sp, 8, (void *)(w->sp + 160)) ||
-		    bpf_probe_read_user(&ip, 8, (void *)(w->sp + 168))) {
+		if (bpf_probe_read_user(&w->bp, 8, (void *)(uc + 120)) ||
+		    bpf_probe_read_user(&w->pc, 8, (void *)(uc + 168)) ||
+		    bpf_probe_read_user(&w->sp, 8, (void *)(uc + 160))) {
 			w->end = MT_END_UNREADABLE;
 			return false;
 		}
-		w->bp = bp;
-		w->sp = sp;
-		w->pc = ip;
 		w->exact = 1;
 		return true;
 	}
@@ -701,16 +697,16 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 								: MT_END_NO_TABLE;
 			return false;
 		}
-		return fp_step(w, MT_END_NO_TABLE);
+		return fp_step(w, MT_END_NO_TABLE, &saved);
 	}
 	/* The caller's frame is above this one. */
 	if (cfa <= w->sp || cfa & 7) {
 		w->end = MT_END_UNREADABLE;
 		return false;
 	}
-	switch (row.kind >> 4) {
+	switch (row->kind >> 4) {
 	case MT_RBP_AT:
-		if (row.rbp_off == -16) {
+		if (row->rbp_off == -16) {
 			/* The usual frame: saved rbp right below the return
 			 * address, one read for both. */
 			if (bpf_probe_read_user(&saved, sizeof(saved), (void *)(cfa - 16))) {
@@ -721,7 +717,7 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 			ra = saved.ret;
 			goto done;
 		}
-		if (bpf_probe_read_user(&w->bp, 8, (void *)(cfa + row.rbp_off))) {
+		if (bpf_probe_read_user(&w->bp, 8, (void *)(cfa + row->rbp_off))) {
 			w->end = MT_END_UNREADABLE;
 			return false;
 		}
@@ -769,7 +765,7 @@ static long unwind_step(__u64 i, void *data)
 	}
 	if (!in_code(w))
 		return 1;
-	if (n >= w->depth) {
+	if (n >= stack_depth || n >= MT_MAX_STACK) {
 		w->end = MT_END_DEPTH;
 		return 1;
 	}
@@ -797,7 +793,7 @@ static long unwind_step(__u64 i, void *data)
  * above it and its rbp still in rbp.
  */
 static __always_inline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
-					__u32 depth, struct mt_stack_record *rec, __u32 *nr,
+					struct mt_stack_record *rec, __u32 *nr,
 					__u16 *end)
 {
 	struct unwind_walk w = {
@@ -806,7 +802,6 @@ static __always_inline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 r
 		.bp = PT_REGS_FP(ctx),
 		.h = tgid,
 		.rec = rec,
-		.depth = depth,
 	};
 
 	bpf_loop(MT_MAX_STACK + 1, unwind_step, &w, 0);
@@ -828,7 +823,6 @@ static __always_inline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 r
  */
 static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 {
-	const __u32 depth = stack_depth < MT_MAX_STACK ? stack_depth : MT_MAX_STACK;
 	struct mt_stack_record *rec;
 	__u64 ra, h;
 	__u8 one = 1;
@@ -839,7 +833,7 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 		return 0;
 	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)PT_REGS_SP(ctx)))
 		ra = 0;
-	h = walk_stack(ctx, tgid, ra, depth, NULL, &n, &end);
+	h = walk_stack(ctx, tgid, ra, NULL, &n, &end);
 	if (bpf_map_lookup_elem(&known_stacks, &h))
 		return h;
 	rec = bpf_ringbuf_reserve(&stacks, sizeof(*rec), 0);
@@ -850,7 +844,7 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 	/* The same walk, into the record: the stack is the thread's own and
 	 * the thread is here, so it gives the same frames and hash (but the
 	 * record carries what this walk saw, whatever happens). */
-	h = walk_stack(ctx, tgid, ra, depth, rec, &n, &end);
+	h = walk_stack(ctx, tgid, ra, rec, &n, &end);
 	rec->id = h;
 	rec->pid = tgid;
 	rec->nr = n;
