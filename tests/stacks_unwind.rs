@@ -237,3 +237,109 @@ fn stacks_unwind_dwarf_matches_frame_pointers() {
         }
     }
 }
+
+/// Check that C++ stacks built without frame pointers go through
+/// libstdc++ and std::sort exactly: an allocating comparator's `new` shows
+/// the comparator, std::sort's frames and the caller down to main; a thrown
+/// exception's object is allocated in libstdc++ from the thrower, and the
+/// exception is still caught (the fixture exits 0 only then).
+#[test]
+fn stacks_unwind_cxx_through_libstdcxx() {
+    let exe = fixture_with_flags("stack_unwind_cxx", NO_FP);
+    let p = run_profile(&[exe.into()], &[]);
+    let src = "stack_unwind_cxx.cc";
+    let sort = stack_of(&p, 55555);
+    let main = assert_reaches_start(sort);
+    let f = frames(sort);
+    assert_at(&f[0], "by_value(int, int)", src, line_of(src, "CMP_NEW"));
+    assert_at(&f[main - 1], "sort_path()", src, line_of(src, "SORT_CALL"));
+    assert_at(&f[main], "main", src, line_of(src, "MAIN_SORT"));
+    assert!(
+        f[1..main - 1]
+            .iter()
+            .any(|fr| function(fr).contains("std::__introsort_loop")),
+        "{:?}",
+        functions(sort)
+    );
+
+    let thrown: Vec<&Value> = stacks(&p)
+        .iter()
+        .filter(|s| function(&frames(s)[0]) == "__cxa_allocate_exception")
+        .collect();
+    assert_eq!(thrown.len(), 1, "{:#?}", stacks(&p));
+    assert_eq!(assert_reaches_start(thrown[0]), 2);
+    let f = frames(thrown[0]);
+    assert!(module(&f[0]).contains("libstdc++"), "{}", f[0]);
+    assert_at(&f[1], "throw_path(int)", src, line_of(src, "THROW"));
+    assert_at(&f[2], "main", src, line_of(src, "MAIN_THROW"));
+}
+
+/// Check that a Rust program built with optimisations and without forced
+/// frame pointers (Rust's default, as its std is built) has stacks from
+/// the allocating function through std's start-up to C's main and _start.
+#[test]
+fn stacks_unwind_rust_release() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exe = dir.path().join("stack_rust");
+    let status =
+        std::process::Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+            .args(["-g", "-C", "opt-level=2", "-o"])
+            .arg(&exe)
+            .arg(fixture_source("stack_rust.rs"))
+            .status()
+            .expect("rustc runs");
+    assert!(status.success());
+    let p = run_profile(&[exe.into()], &[]);
+    let sites: Vec<&Value> = stacks(&p)
+        .iter()
+        .filter(|s| functions(s).contains(&"stack_rust::make_buffer"))
+        .collect();
+    let bytes: u64 = sites.iter().map(|s| num(s, "bytes")).sum();
+    assert_eq!(bytes, 3 * 55555, "{:#?}", stacks(&p));
+    for site in sites {
+        let f = functions(site);
+        let at = f
+            .iter()
+            .position(|f| *f == "stack_rust::make_buffer")
+            .unwrap();
+        assert_eq!(f[at + 1], "stack_rust::main", "{f:?}");
+        assert_eq!(
+            frames(site)[at]["line"].as_u64(),
+            Some(line_of("stack_rust.rs", "MAKE_BUFFER"))
+        );
+        assert!(f.contains(&"std::rt::lang_start_internal"), "{f:?}");
+        assert_reaches_start(site);
+    }
+}
+
+/// Check that on Debian's python3.11 (glibc and python built without frame
+/// pointers) every allocated byte has a complete stack: each reaches the
+/// interpreter's entry (Py_BytesMain, which main tail-calls) and glibc's
+/// start-up down to _start.
+#[test]
+fn stacks_unwind_python_reaches_main() {
+    let python = Path::new("/usr/bin/python3.11");
+    assert!(python.exists(), "scripts/test.sh installs python3.11");
+    let p = run_profile(
+        &[
+            python.into(),
+            "-c".into(),
+            "x=[str(i)*3 for i in range(200000)]".into(),
+        ],
+        &[],
+    );
+    let all = stacks(&p);
+    assert!(all.len() > 100, "{} stacks", all.len());
+    let total: u64 = all.iter().map(|s| num(s, "bytes")).sum();
+    assert_eq!(total, num(&p["totals"], "allocated_bytes"));
+    for s in all {
+        let f = functions(s);
+        assert_eq!(s["end"], "complete", "{f:?}");
+        assert!(f.contains(&"Py_BytesMain"), "{f:?}");
+        assert!(
+            f.ends_with(&["__libc_start_call_main", "__libc_start_main_impl", "_start"]),
+            "{f:?}"
+        );
+    }
+    assert_eq!(p["unwind"]["ended_early"], serde_json::json!([]));
+}
