@@ -28,7 +28,9 @@ fn main() -> ExitCode {
         .with_writer(io::stderr)
         .with_target(false)
         .init();
-    let mut stderr = io::stderr().lock();
+    // Not locked for the whole run: the capture's threads log through
+    // tracing to stderr too, and would wait on the lock forever.
+    let mut stderr = io::stderr();
     let code = match cli.command {
         Command::Run(args) => match cli::run(args, &mut stderr) {
             Ok(code) => code,
