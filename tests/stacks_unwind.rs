@@ -343,3 +343,96 @@ fn stacks_unwind_python_reaches_main() {
     }
     assert_eq!(p["unwind"]["ended_early"], serde_json::json!([]));
 }
+
+/// Check that a frame-pointer step landing on data (rbp pointing at a
+/// vector on the stack, whose end, a heap address, sits where a return
+/// address would) ends the walk instead of taking the heap address as a
+/// frame: the ten allocations of one site stay one stack (issue 16).
+#[test]
+fn stacks_frames_outside_code_end_the_walk() {
+    let exe = fixture_with_flags("stack_heap_rbp", NO_FP);
+    let src = "stack_heap_rbp.c";
+    for mode in ["fp", "auto"] {
+        let p = run_profile(&[exe.clone().into()], &["--unwind", mode]);
+        let all = stacks(&p);
+        assert_eq!(all.len(), 1, "--unwind {mode}: {all:#?}");
+        assert_eq!(
+            (num(&all[0], "allocations"), num(&all[0], "bytes")),
+            (10, 55000)
+        );
+        assert_at(&frames(&all[0])[0], "grow", src, line_of(src, "GROW_SITE"));
+        if mode == "auto" {
+            assert_eq!(assert_reaches_start(&all[0]), 1);
+        }
+    }
+}
+
+/// Check that an image without any CFI (built without unwind tables,
+/// .eh_frame removed) is a warning naming it and shorter stacks, never a
+/// failed capture: the profile and the summary say which image and why
+/// stacks ended.
+#[test]
+fn stacks_unwind_image_without_cfi_warns() {
+    let built = fixture_with_flags(
+        "stack_unwind",
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-unwind-tables",
+            "-fno-builtin",
+        ],
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exe = dir.path().join("no_cfi");
+    let status = std::process::Command::new("objcopy")
+        .args([
+            "--remove-section",
+            ".eh_frame",
+            "--remove-section",
+            ".eh_frame_hdr",
+        ])
+        .arg(&built)
+        .arg(&exe)
+        .status()
+        .expect("objcopy runs");
+    assert!(status.success());
+    let out = dir.path().join("profile.json");
+    let argv: Vec<OsString> = vec![
+        "run".into(),
+        "-o".into(),
+        out.clone().into(),
+        "--".into(),
+        exe.clone().into(),
+    ];
+    let (_, status, _, stderr) = common::memtrail_env(&argv, b"", &[]);
+    assert!(status.success(), "{stderr}");
+    let exe_name = exe.to_str().unwrap();
+    assert!(
+        stderr.contains("no unwind information") && stderr.contains(exe_name),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("no unwind table for {exe_name} (no CFI)")),
+        "{stderr}"
+    );
+    let p = common::read_profile(&out).expect("profile");
+    let image = p["unwind"]["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["image"] == exe_name)
+        .expect("the image's entry");
+    assert_eq!(image["status"], "no_cfi");
+    assert_eq!(stacks(&p).len(), 4);
+    for (bytes, first) in [
+        (11111, "leaf"),
+        (22222, "cmp"),
+        (33333, "on_signal"),
+        (44444, "main"),
+    ] {
+        let s = stack_of(&p, bytes);
+        assert_eq!(function(&frames(s)[0]), first);
+        assert_ne!(s["end"], "complete", "{s:#}");
+    }
+}
