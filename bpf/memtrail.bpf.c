@@ -782,19 +782,26 @@ static long unwind_step(__u64 i, void *data)
 	return unwind_frame(w, &row) ? 0 : 1;
 }
 
+struct walk_out {
+	__u32 nr;
+	__u16 end;
+};
+
 /*
  * Walks the user stack of an allocator call at its entry, hashing its
  * frames (seeded with the process id) and, with rec, storing them in its
- * ips. Returns the hash, never 0; *nr gets the number of frames, *end why the
- * walk stopped.
+ * ips. Returns the hash, never 0; out gets the number of frames and why
+ * the walk stopped. A global function, verified once on its own for both
+ * calls (the hashing walk and the recording one) and with arguments it
+ * cannot assume: the two programs that walk stacks load in 0.15 s instead
+ * of 0.55 s.
  *
  * At entry the caller's frame is not yet set up past the return address
  * on top of the stack: the walk starts there, with the caller's rsp just
  * above it and its rbp still in rbp.
  */
-static __always_inline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
-					struct mt_stack_record *rec, __u32 *nr,
-					__u16 *end)
+__noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
+			    struct mt_stack_record *rec, struct walk_out *out)
 {
 	struct unwind_walk w = {
 		.pc = ra,
@@ -804,9 +811,11 @@ static __always_inline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 r
 		.rec = rec,
 	};
 
+	if (!ctx || !out)
+		return 1;
 	bpf_loop(MT_MAX_STACK + 1, unwind_step, &w, 0);
-	*nr = w.n;
-	*end = w.end;
+	out->nr = w.n;
+	out->end = w.end;
 	return w.h ? w.h : 1;
 }
 
@@ -825,15 +834,14 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 {
 	struct mt_stack_record *rec;
 	__u64 ra, h;
+	struct walk_out out = {};
 	__u8 one = 1;
-	__u16 end;
-	__u32 n;
 
 	if (!stack_depth)
 		return 0;
 	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)PT_REGS_SP(ctx)))
 		ra = 0;
-	h = walk_stack(ctx, tgid, ra, NULL, &n, &end);
+	h = walk_stack(ctx, tgid, ra, NULL, &out);
 	if (bpf_map_lookup_elem(&known_stacks, &h))
 		return h;
 	rec = bpf_ringbuf_reserve(&stacks, sizeof(*rec), 0);
@@ -844,11 +852,11 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 	/* The same walk, into the record: the stack is the thread's own and
 	 * the thread is here, so it gives the same frames and hash (but the
 	 * record carries what this walk saw, whatever happens). */
-	h = walk_stack(ctx, tgid, ra, rec, &n, &end);
+	h = walk_stack(ctx, tgid, ra, rec, &out);
 	rec->id = h;
 	rec->pid = tgid;
-	rec->nr = n;
-	rec->end = end;
+	rec->nr = out.nr;
+	rec->end = out.end;
 	if (bpf_map_update_elem(&known_stacks, &h, &one, BPF_NOEXIST) == -EEXIST)
 		bpf_ringbuf_discard(rec, BPF_RB_NO_WAKEUP);
 	else

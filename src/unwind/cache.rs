@@ -45,6 +45,14 @@ impl Cache {
         Some(Self { dir })
     }
 
+    /// A cache in `dir` (made if missing).
+    pub fn at(dir: &Path) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+        })
+    }
+
     fn path(&self, build_id: &str) -> PathBuf {
         self.dir.join(format!("{build_id}.v1"))
     }

@@ -275,27 +275,8 @@ impl Tables {
         self.images_seen.last().expect("just pushed")
     }
 
-    /// The image's table, from the cache or compiled (and then cached);
-    /// None for an image without CFI. The flag says whether it was cached.
     fn table_of(&self, path: &Path) -> Result<(Option<Table>, bool), UnwindError> {
-        let data = std::fs::read(path).map_err(|source| UnwindError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        let build_id = cache::build_id(&data);
-        let cache = self.cache.as_ref().zip(build_id.as_deref());
-        if let Some(table) = cache.and_then(|(c, id)| c.get(id)) {
-            return Ok((Some(table), true));
-        }
-        match table::compile(&data)? {
-            Compiled::NoCfi => Ok((None, false)),
-            Compiled::Table(table) => {
-                if let Some((c, id)) = cache {
-                    c.put(id, &table);
-                }
-                Ok((Some(table), false))
-            }
-        }
+        prepare(path, self.cache.as_ref())
     }
 
     /// Appends `table`'s rows to the rows map and makes them the image's.
@@ -329,6 +310,30 @@ impl Tables {
             rows: count,
             source: table.source.to_owned(),
             cached,
+        }
+    }
+}
+
+/// The table of the image at `path`, from `cache` or compiled (and then
+/// cached); None for an image without CFI. The flag says whether it came
+/// from the cache.
+pub fn prepare(path: &Path, cache: Option<&cache::Cache>) -> Result<(Option<Table>, bool), UnwindError> {
+    let data = std::fs::read(path).map_err(|source| UnwindError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let build_id = cache::build_id(&data);
+    let cache = cache.zip(build_id.as_deref());
+    if let Some(table) = cache.and_then(|(c, id)| c.get(id)) {
+        return Ok((Some(table), true));
+    }
+    match table::compile(&data)? {
+        Compiled::NoCfi => Ok((None, false)),
+        Compiled::Table(table) => {
+            if let Some((c, id)) = cache {
+                c.put(id, &table);
+            }
+            Ok((Some(table), false))
         }
     }
 }
