@@ -29,26 +29,30 @@ rounds, work = int(sys.argv[1]), sys.argv[2]
 memtrail = os.path.abspath("target/release/memtrail")
 N = 200000
 
-def alloc_enters():
-    progs = json.loads(subprocess.check_output(["bpftool", "prog", "show", "--json"]))
-    return {p["id"]: p for p in progs if p.get("name") == "alloc_enter"}
-
-def prog_stats(before):
-    """run_time_ns and run_cnt of the alloc_enter loaded since `before` (this
-    bpftool cannot name a program's process: another memtrail starting
-    meanwhile makes the run fail rather than measure the wrong program)."""
-    new = [p for i, p in alloc_enters().items() if i not in before]
-    if len(new) != 1:
-        raise SystemExit(f"{len(new)} new alloc_enter programs: is another memtrail running?")
-    return new[0].get("run_time_ns", 0), new[0].get("run_cnt", 0)
+def prog_stats(pid):
+    """run_time_ns and run_cnt of the alloc_enter program memtrail `pid`
+    holds (found through its descriptors' fdinfo: this bpftool cannot name
+    a program's process)."""
+    ids = set()
+    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+        try:
+            for line in open(f"/proc/{pid}/fdinfo/{fd}"):
+                if line.startswith("prog_id:"):
+                    ids.add(int(line.split()[1]))
+        except OSError:
+            pass
+    for i in ids:
+        p = json.loads(subprocess.check_output(["bpftool", "prog", "show", "id", str(i), "--json"]))
+        if p.get("name") == "alloc_enter":
+            return p.get("run_time_ns", 0), p.get("run_cnt", 0)
+    raise SystemExit(f"memtrail {pid} holds no alloc_enter")
 
 def chain_run(exe, args):
     out = f"{work}/chain.json"
-    before = alloc_enters()
     p = subprocess.Popen([memtrail, "run", "-q", "-o", out, *args, "--", exe, str(N)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert p.stdout.readline() == b"ready\n"
-    ns, cnt = prog_stats(before)
+    ns, cnt = prog_stats(p.pid)
     p.stdin.write(b"\n"); p.stdin.close(); p.wait()
     assert p.returncode == 0
     prof = json.load(open(out))
