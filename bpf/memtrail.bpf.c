@@ -482,8 +482,11 @@ struct user_frame {
 
 /* Rows the unwind tables of all images share. */
 #define MT_UNWIND_ROWS (1 << 20)
-/* Binary search steps: enough for MT_UNWIND_ROWS rows. */
+/* Binary search steps: enough for MT_UNWIND_ROWS rows (a page's rows are
+ * usually a few dozen: the search ends after 5 or 6). */
 #define MT_UNWIND_SEARCH 21
+/* Page index entries the tables of all images share (512 MiB of code). */
+#define MT_UNWIND_PAGES (1 << 17)
 #define VM_EXEC 0x4
 #define EBUSY 16
 
@@ -496,6 +499,17 @@ struct {
 	__type(key, __u32);
 	__type(value, struct mt_unwind_row);
 } unwind_rows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, MT_UNWIND_PAGES);
+	__type(key, __u32);
+	/* A row index; 64 bits because the kernel lays array elements out
+	 * 8 bytes apart anyway, and userspace writes them through the map's
+	 * mapping. */
+	__type(value, __u64);
+} unwind_pages SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -514,12 +528,13 @@ struct unwind_walk {
 	__u64 h;
 	struct mt_stack_record *rec; /* where frames go, NULL on the hashing walk */
 	/* The executable mapping of the last frame looked up, and its image's
-	 * rows (count 0: no table). Table address = pc - shift. */
+	 * table (npages 0: none). Table address = pc - shift. */
 	__u64 map_start;
 	__u64 map_end;
 	__u64 shift;
-	__u32 first;
-	__u32 count;
+	__u32 pages;
+	__u32 npages;
+	__u32 base_page;
 	__u32 n;
 	__u16 end;   /* enum mt_stack_end */
 	__u8 exact;  /* pc is an interrupted instruction, not a return address */
@@ -562,7 +577,7 @@ static long look_at_vma(struct task_struct *task, struct vm_area_struct *vma, vo
 
 	w->map_start = vma->vm_start;
 	w->map_end = vma->vm_end;
-	w->count = 0;
+	w->npages = 0;
 	w->is_exec = (vma->vm_flags & VM_EXEC) != 0;
 	file = vma->vm_file;
 	if (!w->is_exec || !file)
@@ -571,8 +586,9 @@ static long look_at_vma(struct task_struct *task, struct vm_area_struct *vma, vo
 	id.dev = file->f_inode->i_sb->s_dev;
 	img = bpf_map_lookup_elem(&unwind_images, &id);
 	if (img) {
-		w->first = img->first;
-		w->count = img->count;
+		w->pages = img->pages;
+		w->npages = img->npages;
+		w->base_page = img->base_page;
 		/* image address = pc - vm_start + file offset of vm_start + bias */
 		w->shift = w->map_start - (vma->vm_pgoff << PAGE_SHIFT) - img->bias;
 	}
@@ -588,6 +604,8 @@ static __always_inline bool in_code(struct unwind_walk *w)
 		return w->is_exec;
 	w->is_exec = 0;
 	err = bpf_find_vma(bpf_get_current_task_btf(), w->pc, look_at_vma, w, 0);
+	if (err == -EBUSY) /* the mmap lock was contended: once more */
+		err = bpf_find_vma(bpf_get_current_task_btf(), w->pc, look_at_vma, w, 0);
 	if (err == -EBUSY) {
 		w->end = MT_END_BUSY;
 		return false;
@@ -623,15 +641,31 @@ static __always_inline bool fp_step(struct unwind_walk *w, __u16 why,
 /* The row covering the walk's pc, if its image has a table. */
 static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row *out)
 {
+	__u64 key = w->pc - (w->exact ? 0 : 1) - w->shift;
 	struct unwind_search s;
 	struct mt_unwind_row *row;
-	__u32 idx;
+	__u64 *from, *to;
+	__u32 idx, page;
 
-	s.key = w->pc - (w->exact ? 0 : 1) - w->shift;
-	s.lo = w->first;
-	s.hi = w->first + w->count;
+	if (key > 0xffffffffULL || (key >> 12) < w->base_page)
+		return false; /* below the first row */
+	page = (key >> 12) - w->base_page;
+	if (page >= w->npages)
+		page = w->npages - 1; /* past the last row's page: the last row */
+	idx = w->pages + page;
+	from = bpf_map_lookup_elem(&unwind_pages, &idx);
+	idx++;
+	to = bpf_map_lookup_elem(&unwind_pages, &idx);
+	if (!from || !to)
+		return false;
+	/* The row holding key is the last one at or below it: in this page, or
+	 * the one before the page's first (never another image's: page 0
+	 * starts with the image's first row, which is below nothing). */
+	s.key = key;
+	s.lo = *from;
+	s.hi = *to;
 	bpf_loop(MT_UNWIND_SEARCH, search_step, &s, 0);
-	if (s.lo <= w->first)
+	if (s.lo == *from && page == 0)
 		return false; /* below the first row */
 	idx = s.lo - 1;
 	row = bpf_map_lookup_elem(&unwind_rows, &idx);
@@ -644,7 +678,7 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 /* The rule for the walk's frame: its row, or MT_CFA_NONE without one. */
 static __always_inline void frame_rule(struct unwind_walk *w, struct mt_unwind_row *row)
 {
-	if (unwind_mode == MT_UNWIND_FP || !w->count || !find_row(w, row))
+	if (unwind_mode == MT_UNWIND_FP || !w->npages || !find_row(w, row))
 		row->kind = MT_CFA_NONE;
 }
 

@@ -204,9 +204,17 @@ struct mt_unwind_row {
 	__s8 rbp_off;
 };
 
+/*
+ * An image's table: its rows, and a page index into them that narrows each
+ * search to one page's rows. Page p of the image (addresses from
+ * (base_page + p) << 12) starts at row unwind_pages[pages + p], the first
+ * row at or above it; entry pages + npages is the end of the rows.
+ */
 struct mt_unwind_image {
-	__u32 first; /* index of the image's first row in unwind_rows */
-	__u32 count;
+	__u32 pages;     /* index of the image's first entry in unwind_pages */
+	__u32 npages;
+	__u32 base_page; /* the first row's address >> 12 */
+	__u32 _pad;
 	/* image address = file offset + bias (of the executable segment) */
 	__s64 bias;
 };

@@ -57,8 +57,13 @@ def chain_run(exe, args):
     assert p.returncode == 0
     prof = json.load(open(out))
     assert cnt >= N, cnt
-    frames = max((len(s["frames"]) for s in prof["stacks"] if s["allocations"] >= N), default=0)
-    return ns / cnt, frames
+    top = max(prof["stacks"], key=lambda s: s["allocations"],
+              default={"allocations": N if "0" in args else 0, "frames": []})
+    early = {e["reason"]: e["stacks"] for e in prof["unwind"]["ended_early"]}
+    if top["allocations"] != N:
+        print(f"note: {exe} {args}: the loop's {N} allocations took {len(prof['stacks'])} stacks "
+              f"(largest {top['allocations']}), ended early: {early}", file=sys.stderr)
+    return ns / cnt, len(top["frames"])
 
 configs = [
     ("fp build, --stack-depth 0", "chain_fp", ["--stack-depth", "0"]),

@@ -618,8 +618,8 @@ fn unwind_tables(skel: &MemtrailSkel<'_>, opts: &Options) -> Option<crate::unwin
     }
     let maps = &skel.maps;
     crate::unwind::Tables::new(
-        maps.unwind_rows.as_fd(),
-        maps.unwind_rows.max_entries(),
+        (maps.unwind_rows.as_fd(), maps.unwind_rows.max_entries()),
+        (maps.unwind_pages.as_fd(), maps.unwind_pages.max_entries()),
         maps.unwind_images.as_fd(),
     )
     .inspect_err(|err| tracing::warn!(%err, "no unwind tables: stacks take frame-pointer steps"))

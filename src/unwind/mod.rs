@@ -195,18 +195,27 @@ pub struct Tables {
     rows: MmapMut,
     capacity: u32,
     next: u32,
+    /// `unwind_pages` (page index entries), mapped writable.
+    pages: MmapMut,
+    pages_capacity: u32,
+    pages_next: u32,
     images: OwnedFd,
     cache: Option<cache::Cache>,
     /// Every image seen, in order.
     pub images_seen: Vec<ImageTable>,
 }
 
+// The kernel lays array map elements out 8 bytes apart: the rows map's
+// mapping is an array of rows only if a row takes a multiple of 8 bytes.
+const _: () = assert!(Row::SIZE % 8 == 0);
+
 impl Tables {
-    /// Maps `rows_map` (`unwind_rows`, `capacity` rows) and keeps
-    /// `images_map` (`unwind_images`).
+    /// Maps `rows_map` (`unwind_rows`, `capacity` rows) and `pages_map`
+    /// (`unwind_pages`, `pages_capacity` entries), and keeps `images_map`
+    /// (`unwind_images`).
     pub fn new(
-        rows_map: BorrowedFd<'_>,
-        capacity: u32,
+        (rows_map, capacity): (BorrowedFd<'_>, u32),
+        (pages_map, pages_capacity): (BorrowedFd<'_>, u32),
         images_map: BorrowedFd<'_>,
     ) -> Result<Self, UnwindError> {
         let len = capacity as usize * Row::SIZE;
@@ -219,11 +228,23 @@ impl Tables {
                 .map_mut(rows_map.as_raw_fd())
         }
         .map_err(UnwindError::Map)?;
+        let len = pages_capacity as usize * 8;
+        // SAFETY: as above, unwind_pages is a BPF_F_MMAPABLE array of
+        // `pages_capacity` u64 entries.
+        let pages = unsafe {
+            memmap2::MmapOptions::new()
+                .len(len)
+                .map_mut(pages_map.as_raw_fd())
+        }
+        .map_err(UnwindError::Map)?;
         let images = images_map.try_clone_to_owned().map_err(UnwindError::Map)?;
         Ok(Self {
             rows,
             capacity,
             next: 0,
+            pages,
+            pages_capacity,
+            pages_next: 0,
             images,
             cache: cache::Cache::open(),
             images_seen: Vec::new(),
@@ -291,12 +312,24 @@ impl Tables {
         if count > room {
             return Outcome::TooBig { rows: count, room };
         }
+        let index = table.page_index(self.next);
+        let pages_room = self.pages_capacity - self.pages_next;
+        if index.len() > pages_room as usize {
+            return Outcome::TooBig { rows: count, room };
+        }
         let at = self.next as usize * Row::SIZE;
         let dst = &mut self.rows[at..at + table.rows.len() * Row::SIZE];
         for (row, bytes) in table.rows.iter().zip(dst.chunks_exact_mut(Row::SIZE)) {
             row.encode(bytes);
         }
-        let value = image_value(self.next, count, table.bias);
+        let at = self.pages_next as usize * 8;
+        let dst = &mut self.pages[at..at + index.len() * 8];
+        for (entry, bytes) in index.iter().zip(dst.chunks_exact_mut(8)) {
+            bytes.copy_from_slice(&u64::from(*entry).to_ne_bytes());
+        }
+        let base_page = table.rows.first().map_or(0, |r| r.pc >> 12);
+        let npages = index.len() as u32 - 1;
+        let value = image_value(self.pages_next, npages, base_page, table.bias);
         let key = crate::attach::image_key(id);
         // The update is a syscall: the rows written above are visible to
         // BPF before the entry that leads to them.
@@ -306,6 +339,7 @@ impl Tables {
             };
         }
         self.next += count;
+        self.pages_next += npages + 1;
         Outcome::Loaded {
             rows: count,
             source: table.source.to_owned(),
@@ -317,7 +351,10 @@ impl Tables {
 /// The table of the image at `path`, from `cache` or compiled (and then
 /// cached); None for an image without CFI. The flag says whether it came
 /// from the cache.
-pub fn prepare(path: &Path, cache: Option<&cache::Cache>) -> Result<(Option<Table>, bool), UnwindError> {
+pub fn prepare(
+    path: &Path,
+    cache: Option<&cache::Cache>,
+) -> Result<(Option<Table>, bool), UnwindError> {
     let data = std::fs::read(path).map_err(|source| UnwindError::Read {
         path: path.to_owned(),
         source,
@@ -339,12 +376,21 @@ pub fn prepare(path: &Path, cache: Option<&cache::Cache>) -> Result<(Option<Tabl
 }
 
 /// `struct mt_unwind_image` for an image's rows.
-fn image_value(first: u32, count: u32, bias: i64) -> [u8; size_of::<mt_unwind_image>()] {
+fn image_value(
+    pages: u32,
+    npages: u32,
+    base_page: u32,
+    bias: i64,
+) -> [u8; size_of::<mt_unwind_image>()] {
     use std::mem::offset_of;
     let mut value = [0u8; size_of::<mt_unwind_image>()];
     let mut put = |at: usize, bytes: &[u8]| value[at..at + bytes.len()].copy_from_slice(bytes);
-    put(offset_of!(mt_unwind_image, first), &first.to_ne_bytes());
-    put(offset_of!(mt_unwind_image, count), &count.to_ne_bytes());
+    put(offset_of!(mt_unwind_image, pages), &pages.to_ne_bytes());
+    put(offset_of!(mt_unwind_image, npages), &npages.to_ne_bytes());
+    put(
+        offset_of!(mt_unwind_image, base_page),
+        &base_page.to_ne_bytes(),
+    );
     put(offset_of!(mt_unwind_image, bias), &bias.to_ne_bytes());
     value
 }

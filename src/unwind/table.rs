@@ -30,6 +30,30 @@ pub struct Table {
     pub source: &'static str,
 }
 
+impl Table {
+    /// The page index of the rows, once they start at row `first` of the
+    /// rows map: for each 4 KiB page from the first row's, the index of the
+    /// first row at or above it; then the end of the rows.
+    pub fn page_index(&self, first: u32) -> Vec<u32> {
+        let (Some(lo), Some(hi)) = (self.rows.first(), self.rows.last()) else {
+            return vec![first];
+        };
+        let base = lo.pc >> 12;
+        let npages = (hi.pc >> 12) - base + 1;
+        let mut index = Vec::with_capacity(npages as usize + 1);
+        let mut at = 0usize;
+        for page in 0..npages {
+            let start = (base + page) << 12;
+            while at < self.rows.len() && self.rows[at].pc < start {
+                at += 1;
+            }
+            index.push(first + at as u32);
+        }
+        index.push(first + self.rows.len() as u32);
+        index
+    }
+}
+
 /// One row, as BPF reads it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Row {
@@ -317,6 +341,21 @@ mod tests {
                 Row { pc: 0x40, ..none },
             ]
         );
+    }
+
+    /// Check that the page index points each page at its first row, and
+    /// a page without rows at the next row above it.
+    #[test]
+    fn unwind_page_index() {
+        let table = Table {
+            bias: 0,
+            rows: [0x1010, 0x1ff0, 0x3004, 0x3008]
+                .map(|pc| Row { pc, ..rsp(8) })
+                .to_vec(),
+            source: ".eh_frame",
+        };
+        // Pages 0x1000, 0x2000 (no row), 0x3000; then the end.
+        assert_eq!(table.page_index(100), [100, 102, 102, 104]);
     }
 
     /// Check that Debian's libc compiles: rsp- and rbp-based rows, the PLT
