@@ -71,9 +71,9 @@ pub struct StackEntry {
     /// the inlined ones (`inlined: true`) before the function they were
     /// inlined into.
     pub frames: Vec<Frame>,
-    /// Why the walk stopped after these frames (`complete`: at the
-    /// outermost frame).
-    #[serde(default)]
+    /// Why the walk stopped after these frames; absent when it reached the
+    /// outermost frame (`complete`).
+    #[serde(default, skip_serializing_if = "crate::unwind::StackEnd::is_complete")]
     pub end: crate::unwind::StackEnd,
     #[serde(flatten)]
     pub metrics: StackMetrics,

@@ -139,7 +139,8 @@ pub fn write_summary(w: &mut impl Write, p: &Profile) -> io::Result<()> {
 }
 
 /// Says when stacks ended before their outermost frame for another reason
-/// than --stack-depth, and which images had no unwind table.
+/// than --stack-depth (when that holds 1% of the allocated bytes or more),
+/// and which images had no unwind table.
 fn write_unwind_notes(w: &mut impl Write, p: &Profile) -> io::Result<()> {
     use crate::unwind::{Outcome, StackEnd};
     let u = &p.unwind;
@@ -148,10 +149,10 @@ fn write_unwind_notes(w: &mut impl Write, p: &Profile) -> io::Result<()> {
         .iter()
         .filter(|e| e.reason != StackEnd::DepthLimit)
         .collect();
-    if !early.is_empty() {
-        let (stacks, bytes): (u64, u64) = early
-            .iter()
-            .fold((0, 0), |(s, b), e| (s + e.stacks, b + e.bytes));
+    let (stacks, bytes): (u64, u64) = early
+        .iter()
+        .fold((0, 0), |(s, b), e| (s + e.stacks, b + e.bytes));
+    if stacks > 0 && bytes.saturating_mul(100) >= u.bytes {
         let reasons: Vec<String> = early
             .iter()
             .map(|e| format!("{} {}", e.stacks, e.reason.describe()))

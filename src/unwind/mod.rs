@@ -146,6 +146,11 @@ impl StackEnd {
         }
     }
 
+    /// Whether the walk reached the outermost frame.
+    pub fn is_complete(&self) -> bool {
+        *self == StackEnd::Complete
+    }
+
     /// Words for the summary.
     pub fn describe(self) -> &'static str {
         match self {
