@@ -488,6 +488,10 @@ struct user_frame {
 /* Page index entries the tables of all images share (512 MiB of code). */
 #define MT_UNWIND_PAGES (1 << 17)
 #define VM_EXEC 0x4
+/* Retries of a mapping look-up that found the mmap lock taken. */
+#define MT_FIND_VMA_TRIES 8
+/* Retries of a mapping look-up that found the mmap lock taken. */
+#define MT_FIND_VMA_TRIES 8
 #define EBUSY 16
 
 /* Userspace writes rows through its mapping of the array, then inserts the
@@ -521,6 +525,103 @@ struct {
 /* --unwind, set before load. */
 const volatile __u32 unwind_mode = MT_UNWIND_AUTO;
 
+/*
+ * The executable mappings walks of a process found lately, so that most
+ * frames need no bpf_find_vma (which costs 0.3-0.6 us, and fails while
+ * another thread of the process holds its mmap lock to map or unmap, as
+ * starting threads do: their stacks would end early). A process's entry is
+ * dropped when it unmaps part of a cached mapping, maps code or execs.
+ * Threads of a process share the entry without a lock; a slot is emptied
+ * (end = 0) before it is rewritten, and a reader that raced the rewrite
+ * may take a half-written mapping (only while new mappings are met).
+ */
+#define MT_CODE_MAPS 4
+
+struct code_map {
+	__u64 start;
+	__u64 end;
+	__u64 shift; /* table address = pc - shift */
+	__u32 pages;
+	__u32 npages; /* 0: no table */
+	__u32 base_page;
+	__u32 is_exec;
+};
+
+struct code_maps {
+	struct code_map m[MT_CODE_MAPS];
+	__u32 next;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_MAX_PROCS);
+	__type(key, __u32);
+	__type(value, struct code_maps);
+} code_maps SEC(".maps");
+
+/* A process's first entry. */
+static const struct code_maps no_code_maps = {};
+
+/* Drops tgid's cached mappings if [addr, addr + len) touches one. */
+static __always_inline void forget_code_maps(__u32 tgid, __u64 addr, __u64 len)
+{
+	struct code_maps *cm = bpf_map_lookup_elem(&code_maps, &tgid);
+
+	if (!cm)
+		return;
+	for (int i = 0; i < MT_CODE_MAPS; i++) {
+		if (addr < cm->m[i].end && addr + len > cm->m[i].start) {
+			bpf_map_delete_elem(&code_maps, &tgid);
+			return;
+		}
+	}
+}
+
+/*
+ * The current process's cached mappings: with put 0, the one holding pc
+ * into *m (returns 1; 0 if none holds it); with put 1, caches *m, an
+ * executable mapping. Global: verified once, on its own.
+ */
+__noinline int mt_code_map(__u64 pc, struct code_map *m, int put)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct code_maps *cm = bpf_map_lookup_elem(&code_maps, &tgid);
+	struct code_map *slot;
+
+	if (!m)
+		return 0;
+	if (!put) {
+		if (!cm)
+			return 0;
+		for (int i = 0; i < MT_CODE_MAPS; i++) {
+			if (pc >= cm->m[i].start && pc < cm->m[i].end) {
+				*m = cm->m[i];
+				return 1;
+			}
+		}
+		return 0;
+	}
+	if (!cm) {
+		bpf_map_update_elem(&code_maps, &tgid, &no_code_maps, BPF_NOEXIST);
+		cm = bpf_map_lookup_elem(&code_maps, &tgid);
+		if (!cm)
+			return 0;
+	}
+	slot = &cm->m[cm->next++ % MT_CODE_MAPS];
+	slot->end = 0; /* no reader takes the slot while it changes */
+	barrier();
+	slot->start = m->start;
+	slot->shift = m->shift;
+	slot->pages = m->pages;
+	slot->npages = m->npages;
+	slot->base_page = m->base_page;
+	slot->is_exec = 1;
+	barrier();
+	slot->end = m->end;
+	return 0;
+}
+
 struct unwind_walk {
 	__u64 pc; /* the frame's address */
 	__u64 sp; /* rsp in that frame (the CFA of the frame below) */
@@ -528,17 +629,11 @@ struct unwind_walk {
 	__u64 h;
 	struct mt_stack_record *rec; /* where frames go, NULL on the hashing walk */
 	/* The executable mapping of the last frame looked up, and its image's
-	 * table (npages 0: none). Table address = pc - shift. */
-	__u64 map_start;
-	__u64 map_end;
-	__u64 shift;
-	__u32 pages;
-	__u32 npages;
-	__u32 base_page;
+	 * table. */
+	struct code_map map;
 	__u32 n;
 	__u16 end;   /* enum mt_stack_end */
 	__u8 exact;  /* pc is an interrupted instruction, not a return address */
-	__u8 is_exec;
 };
 
 struct unwind_search {
@@ -575,22 +670,22 @@ static long look_at_vma(struct task_struct *task, struct vm_area_struct *vma, vo
 	struct image_id id = {};
 	struct file *file;
 
-	w->map_start = vma->vm_start;
-	w->map_end = vma->vm_end;
-	w->npages = 0;
-	w->is_exec = (vma->vm_flags & VM_EXEC) != 0;
+	w->map.start = vma->vm_start;
+	w->map.end = vma->vm_end;
+	w->map.npages = 0;
+	w->map.is_exec = (vma->vm_flags & VM_EXEC) != 0;
 	file = vma->vm_file;
-	if (!w->is_exec || !file)
+	if (!w->map.is_exec || !file)
 		return 0; /* not code, or code without a file (JIT, vDSO) */
 	id.ino = file->f_inode->i_ino;
 	id.dev = file->f_inode->i_sb->s_dev;
 	img = bpf_map_lookup_elem(&unwind_images, &id);
 	if (img) {
-		w->pages = img->pages;
-		w->npages = img->npages;
-		w->base_page = img->base_page;
+		w->map.pages = img->pages;
+		w->map.npages = img->npages;
+		w->map.base_page = img->base_page;
 		/* image address = pc - vm_start + file offset of vm_start + bias */
-		w->shift = w->map_start - (vma->vm_pgoff << PAGE_SHIFT) - img->bias;
+		w->map.shift = w->map.start - (vma->vm_pgoff << PAGE_SHIFT) - img->bias;
 	}
 	return 0;
 }
@@ -600,21 +695,27 @@ static __always_inline bool in_code(struct unwind_walk *w)
 {
 	long err;
 
-	if (w->pc >= w->map_start && w->pc < w->map_end)
-		return w->is_exec;
-	w->is_exec = 0;
+	if (w->pc >= w->map.start && w->pc < w->map.end)
+		return w->map.is_exec;
+	if (mt_code_map(w->pc, &w->map, 0))
+		return true;
+	w->map.is_exec = 0;
 	err = bpf_find_vma(bpf_get_current_task_btf(), w->pc, look_at_vma, w, 0);
-	if (err == -EBUSY) /* the mmap lock was contended: once more */
+	/* The mmap lock was contended (another thread maps or unmaps, as
+	 * starting threads do): try a few more times. */
+	for (int t = 0; t < MT_FIND_VMA_TRIES && err == -EBUSY; t++)
 		err = bpf_find_vma(bpf_get_current_task_btf(), w->pc, look_at_vma, w, 0);
 	if (err == -EBUSY) {
+		w->map.end = 0;
 		w->end = MT_END_BUSY;
 		return false;
 	}
-	if (err || !w->is_exec) {
-		w->map_end = 0; /* nothing cached */
+	if (err || !w->map.is_exec) {
+		w->map.end = 0; /* nothing kept */
 		w->end = MT_END_NOT_CODE;
 		return false;
 	}
+	mt_code_map(w->pc, &w->map, 1);
 	return true;
 }
 
@@ -641,18 +742,18 @@ static __always_inline bool fp_step(struct unwind_walk *w, __u16 why,
 /* The row covering the walk's pc, if its image has a table. */
 static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row *out)
 {
-	__u64 key = w->pc - (w->exact ? 0 : 1) - w->shift;
+	__u64 key = w->pc - (w->exact ? 0 : 1) - w->map.shift;
 	struct unwind_search s;
 	struct mt_unwind_row *row;
 	__u64 *from, *to;
 	__u32 idx, page;
 
-	if (key > 0xffffffffULL || (key >> 12) < w->base_page)
+	if (key > 0xffffffffULL || (key >> 12) < w->map.base_page)
 		return false; /* below the first row */
-	page = (key >> 12) - w->base_page;
-	if (page >= w->npages)
-		page = w->npages - 1; /* past the last row's page: the last row */
-	idx = w->pages + page;
+	page = (key >> 12) - w->map.base_page;
+	if (page >= w->map.npages)
+		page = w->map.npages - 1; /* past the last row's page: the last row */
+	idx = w->map.pages + page;
 	from = bpf_map_lookup_elem(&unwind_pages, &idx);
 	idx++;
 	to = bpf_map_lookup_elem(&unwind_pages, &idx);
@@ -678,7 +779,7 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 /* The rule for the walk's frame: its row, or MT_CFA_NONE without one. */
 static __always_inline void frame_rule(struct unwind_walk *w, struct mt_unwind_row *row)
 {
-	if (unwind_mode == MT_UNWIND_FP || !w->npages || !find_row(w, row))
+	if (unwind_mode == MT_UNWIND_FP || !w->map.npages || !find_row(w, row))
 		row->kind = MT_CFA_NONE;
 }
 
@@ -1187,6 +1288,8 @@ int sys_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 		emit_alloc(pid_tgid, MT_MMAP, syscall_flags(), ctx->ret, args.args[0], 0, 0);
 	else
 		emit_mapping(pid_tgid, ctx->ret);
+	/* A new mapping may replace cached ones (MAP_FIXED). */
+	forget_code_maps(pid_tgid >> 32, ctx->ret, args.args[0]);
 	return 0;
 }
 
@@ -1199,6 +1302,7 @@ int sys_enter_munmap(struct trace_event_raw_sys_enter *ctx)
 
 	if (!is_tracked(pid_tgid >> 32))
 		return 0;
+	forget_code_maps(pid_tgid >> 32, ctx->args[0], ctx->args[1]);
 	emit_alloc(pid_tgid, MT_MUNMAP, syscall_flags(), ctx->args[0], ctx->args[1], 0, 0);
 	return 0;
 }
@@ -1284,6 +1388,11 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 		release_slot(old_pid);
 	/* The root enters the tree here (the others at fork); every thread
 	 * starts the new image with fresh state. */
+	{
+		__u32 tgid = pid_tgid >> 32;
+
+		bpf_map_delete_elem(&code_maps, &tgid); /* a new image */
+	}
 	track_task(bpf_get_current_task_btf());
 	e = reserve(sizeof(*e));
 	if (!e)
@@ -1314,6 +1423,7 @@ int BPF_PROG(sched_exit, struct task_struct *p)
 	if (BPF_CORE_READ(p, signal, live.counter) != 0)
 		return 0;
 	bpf_map_delete_elem(&tracked, &tgid);
+	bpf_map_delete_elem(&code_maps, &tgid);
 	e = reserve(sizeof(*e));
 	if (!e)
 		return 0;
