@@ -133,8 +133,90 @@ struct mt_stack_record {
 	__u64 id;   /* hash of pid and frames; never 0 */
 	__u32 pid;  /* tgid: frames are addresses of this process */
 	__u16 nr;   /* end of the frames in ips */
-	__u16 _pad;
+	__u16 end;  /* enum mt_stack_end: why the walk stopped there */
 	__u64 ips[MT_MAX_STACK];
+};
+
+/* Why a stack walk stopped (mt_stack_record.end). */
+enum mt_stack_end {
+	/* The outermost frame: a return address the unwind table marks
+	 * undefined (_start, clone), or a frame-pointer chain's end. */
+	MT_END_COMPLETE = 0,
+	/* --stack-depth frames were kept and there was another one. */
+	MT_END_DEPTH = 1,
+	/* A frame in code without an unwind table (an image without CFI,
+	 * JIT code, a table the maps could not hold), where the frame-pointer
+	 * step could not go on (or was not allowed: --unwind dwarf). */
+	MT_END_NO_TABLE = 2,
+	/* Stack memory the unwinder needed could not be read, or a step did
+	 * not move up the stack. */
+	MT_END_UNREADABLE = 3,
+	/* A return address outside every executable mapping of the process. */
+	MT_END_NOT_CODE = 4,
+	/* A CFI rule the BPF unwinder does not evaluate (--unwind dwarf). */
+	MT_END_UNSUPPORTED = 5,
+	/* The process's mappings could not be looked at (mmap lock held). */
+	MT_END_BUSY = 6,
+};
+
+/* --unwind (the `unwind_mode` tunable). */
+enum mt_unwind_mode {
+	/* Unwind tables where an image has them, frame pointers elsewhere. */
+	MT_UNWIND_AUTO = 0,
+	MT_UNWIND_FP = 1,
+	MT_UNWIND_DWARF = 2,
+};
+
+/*
+ * Unwind tables (src/unwind compiles them from .eh_frame/.debug_frame): one
+ * per image, its rows sorted by address in the `unwind_rows` array, found
+ * by image in `unwind_images`. A row holds from its pc to the next row's.
+ *   kind = enum mt_unwind_cfa | enum mt_unwind_rbp << 4
+ *   the return address is at CFA - 8.
+ */
+enum mt_unwind_cfa {
+	/* No CFI covers this address. */
+	MT_CFA_NONE = 0,
+	MT_CFA_RSP = 1, /* CFA = rsp + cfa_off */
+	MT_CFA_RBP = 2, /* CFA = rbp + cfa_off */
+	/* The PLT's expression: CFA = rsp + 8, + 8 more when
+	 * (pc & 15) >= rbp_off. */
+	MT_CFA_PLT = 3,
+	/* The outermost frame: the return address is undefined. */
+	MT_CFA_END = 4,
+	/* The signal trampoline (__restore_rt): rsp points at the ucontext
+	 * the kernel saved; the interrupted registers are in it. */
+	MT_CFA_SIGNAL = 5,
+	/* A rule BPF does not evaluate (another register, an expression). */
+	MT_CFA_UNSUPPORTED = 6,
+};
+
+enum mt_unwind_rbp {
+	MT_RBP_SAME = 0, /* the caller's rbp is still in rbp */
+	MT_RBP_AT = 1,   /* saved at CFA + rbp_off */
+	MT_RBP_LOST = 2, /* not recoverable by this unwinder */
+};
+
+struct mt_unwind_row {
+	__u32 pc;       /* image address (ELF virtual address) */
+	__s16 cfa_off;
+	__u8 kind;
+	__s8 rbp_off;
+};
+
+/*
+ * An image's table: its rows, and a page index into them that narrows each
+ * search to one page's rows. Page p of the image (addresses from
+ * (base_page + p) << 12) starts at row unwind_pages[pages + p], the first
+ * row at or above it; entry pages + npages is the end of the rows.
+ */
+struct mt_unwind_image {
+	__u32 pages;     /* index of the image's first entry in unwind_pages */
+	__u32 npages;
+	__u32 base_page; /* the first row's address >> 12 */
+	__u32 _pad;
+	/* image address = file offset + bias (of the executable segment) */
+	__s64 bias;
 };
 
 /*

@@ -38,6 +38,7 @@ enum bpf_map_type {
 
 enum {
 	BPF_F_NO_PREALLOC = 1,
+	BPF_F_MMAPABLE = 1024,
 };
 
 enum {
@@ -124,6 +125,7 @@ struct file {
 struct vm_area_struct {
 	unsigned long vm_start;
 	unsigned long vm_end;
+	unsigned long vm_flags;
 	unsigned long vm_pgoff;
 	struct file *vm_file;
 } __attribute__((preserve_access_index));

@@ -12,6 +12,7 @@
 //! - [`pressure`]: pausing the tree when a ring fills up, instead of losing events.
 //! - [`proctree`]: starting the command and following its process tree.
 //! - [`symbolize`]: stacks to functions and lines, after the capture.
+//! - [`unwind`]: unwind tables compiled from each image's CFI, for the BPF stack walker.
 //! - [`report`]: aggregating events into the profile, summary and stream.
 //! - [`render`]: reports on allocation sites: text, JSON, folded, flamegraph, pprof.
 //! - [`bench`]: `memtrail bench`, memory metrics of benchmarks.
@@ -57,6 +58,8 @@ pub mod skel;
 pub mod symbolize;
 #[doc(hidden)]
 pub mod sys;
+#[doc(hidden)]
+pub mod unwind;
 
 pub use capture::{CaptureError as Error, ErrorKind, Faults};
 pub use pressure::PressureTimeout;

@@ -283,7 +283,7 @@ fn run_profile(fixture: &str, args: &[&str], env: &[(&str, &str)]) -> Value {
     common::read_profile(&out).expect("profile written")
 }
 
-/// Check that the frame-pointer walk keeps exactly `--stack-depth` frames
+/// Check that the stack walk keeps exactly `--stack-depth` frames
 /// of a stack deeper than that (127 by default, 5 asked), each at its
 /// call, and that a shallow stack starts at main.
 #[test]

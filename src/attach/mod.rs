@@ -165,6 +165,21 @@ pub fn libc_path() -> Result<PathBuf, AttachError> {
         .ok_or(AttachError::NoLibc)
 }
 
+/// The dynamic loader this process runs with (the one dynamically linked
+/// commands use).
+pub fn ld_so_path() -> Option<PathBuf> {
+    let maps = fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .find(|path| {
+            Path::new(path)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("ld-linux"))
+        })
+        .map(PathBuf::from)
+}
+
 /// The allocator sites of `image` for the given API.
 pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError> {
     let data = fs::read(image).map_err(|source| AttachError::Read {

@@ -52,6 +52,9 @@ pub struct AttachWorker {
     /// Images examined, as they were then, and whether they had allocator
     /// entry points: for the image cache.
     pub examined: Vec<(PathBuf, Stamp, bool)>,
+    /// Unwind tables, loaded for each image before its hold is released
+    /// (None with `--unwind fp`).
+    pub tables: Option<crate::unwind::Tables>,
 }
 
 impl AttachWorker {
@@ -62,6 +65,7 @@ impl AttachWorker {
         known_images: OwnedFd,
         known: HashSet<(u64, u64)>,
         stops: Arc<Stops>,
+        tables: Option<crate::unwind::Tables>,
     ) -> Self {
         Self {
             progs,
@@ -74,11 +78,12 @@ impl AttachWorker {
             malformed: 0,
             hold: true,
             examined: Vec::new(),
+            tables,
         }
     }
 
     /// Examines and probes one image; `Ok(false)` when the process is gone.
-    fn examine(&mut self, req: &MappingRecord) -> Result<bool, AttachError> {
+    fn examine(&mut self, req: &MappingRecord, id: (u64, u64)) -> Result<bool, AttachError> {
         let link = PathBuf::from(format!(
             "/proc/{}/map_files/{:x}-{:x}",
             req.pid, req.start, req.end
@@ -94,6 +99,9 @@ impl AttachWorker {
         // Stamped before reading: a file changed meanwhile gets a stamp
         // that no longer matches it, and is examined again next time.
         let stamp = Stamp::of(&real).filter(|s| s.id() == (req.dev, req.ino));
+        if let Some(tables) = &mut self.tables {
+            tables.load(&link, &real, id);
+        }
         let mut sites = find_sites(&link, &api::all())?;
         if let Some(stamp) = stamp {
             self.examined.push((real.clone(), stamp, !sites.is_empty()));
@@ -154,7 +162,7 @@ impl AttachWorker {
         let pid = req.pid;
         let id = (req.dev, req.ino);
         if !self.known.contains(&id) {
-            match self.examine(req) {
+            match self.examine(req, id) {
                 Ok(true) => self.mark_known(id),
                 // Not examined: the next process that maps it asks again.
                 Ok(false) => tracing::debug!(pid, image = %req.name, "exited before examined"),

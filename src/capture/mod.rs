@@ -58,6 +58,8 @@ pub struct Options {
     pub stack_depth: u32,
     /// Size in bytes of the stack ring (a power of two, at least a page).
     pub stack_ring_size: usize,
+    /// How stacks are walked: unwind tables, frame pointers, or both.
+    pub unwind: crate::unwind::Mode,
     /// Backpressure: off (`0`, loss detection only), bounded, or unbounded.
     pub pressure_timeout: PressureTimeout,
     /// Fill of a ring, in percent, past which producers pause the tree.
@@ -362,6 +364,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         ring_size: opts.ring_size,
         stack_ring_size: opts.stack_ring_size,
         stack_depth: opts.stack_depth,
+        unwind: opts.unwind,
         pressure_timeout: opts.pressure_timeout,
         watermark_percent: opts.watermark_percent,
         process_effects: true,
@@ -458,7 +461,7 @@ pub(crate) fn symbolize_stacks(
         parents: agg.processes().map(|p| (p.pid, p.ppid)).collect(),
     };
     /// A stack to symbolize: id, metrics, return addresses.
-    type Site<'a> = (u64, StackMetrics, &'a [u64]);
+    type Site<'a> = (u64, StackMetrics, &'a Stack);
     let mut by_pid: HashMap<u32, Vec<Site<'_>>> = HashMap::new();
     for (id, metrics) in agg.stack_metrics() {
         if metrics.allocations == 0 {
@@ -468,27 +471,50 @@ pub(crate) fn symbolize_stacks(
             Some(stack) => by_pid
                 .entry(stack.pid)
                 .or_default()
-                .push((id, metrics, &stack.ips)),
+                .push((id, metrics, stack)),
             None => tracing::warn!(id, "an allocation names a stack that was never recorded"),
         }
     }
     let symbolizer = StackSymbolizer::new();
     let mut entries = Vec::new();
     for (pid, list) in by_pid {
-        let ips: Vec<&[u64]> = list.iter().map(|(_, _, ips)| *ips).collect();
+        let ips: Vec<&[u64]> = list.iter().map(|(_, _, stack)| &stack.ips[..]).collect();
         let frames = symbolizer.symbolize(&spaces, pid, &ips);
         entries.extend(
             list.into_iter()
                 .zip(frames)
-                .map(|((id, metrics, _), frames)| StackEntry {
+                .map(|((id, metrics, stack), frames)| StackEntry {
                     id,
                     frames,
+                    end: stack.end,
                     metrics,
                 }),
         );
     }
     entries.sort_by(|a, b| b.metrics.bytes.cmp(&a.metrics.bytes).then(a.id.cmp(&b.id)));
     entries
+}
+
+/// The unwind tables' maps, when stacks are walked with tables; without
+/// them (the maps cannot be mapped) stacks take frame-pointer steps.
+pub(crate) fn unwind_tables(
+    skel: &MemtrailSkel<'_>,
+    mode: crate::unwind::Mode,
+    stack_depth: u32,
+) -> Option<crate::unwind::Tables> {
+    if !mode.uses_tables() || stack_depth == 0 {
+        return None;
+    }
+    use libbpf_rs::MapCore;
+    use std::os::fd::AsFd;
+    let maps = &skel.maps;
+    crate::unwind::Tables::new(
+        (maps.unwind_rows.as_fd(), maps.unwind_rows.max_entries()),
+        (maps.unwind_pages.as_fd(), maps.unwind_pages.max_entries()),
+        maps.unwind_images.as_fd(),
+    )
+    .inspect_err(|err| tracing::warn!(%err, "no unwind tables: stacks take frame-pointer steps"))
+    .ok()
 }
 
 /// Attaches the syscall and sched tracepoint programs.

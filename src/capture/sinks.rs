@@ -83,6 +83,8 @@ impl Sink for EventSink {
 pub struct Stack {
     pub pid: u32,
     pub ips: Vec<u64>,
+    /// Why the walk stopped after these frames.
+    pub end: crate::unwind::StackEnd,
 }
 
 /// Whether `ip` can be an x86_64 user-space code address: above the
@@ -110,6 +112,7 @@ impl Sink for StackSink {
                     // pointers reads arbitrary stack words: stop at the
                     // first that cannot be a user code address.
                     ips: rec.ips().take_while(|&ip| is_user_code(ip)).collect(),
+                    end: crate::unwind::StackEnd::from_raw(rec.end),
                 });
             }
             Err(_) => self.malformed += 1,

@@ -234,11 +234,18 @@ pub struct RunArgs {
     pub watermark: u8,
 
     /// Frames of call stack to record per allocation (at most 128); 0
-    /// records no stacks. Stacks are walked by frame pointers: code built
-    /// without them (-fomit-frame-pointer) gives short stacks.
+    /// records no stacks.
     #[arg(long, value_name = "FRAMES", default_value_t = crate::capture::DEFAULT_STACK_DEPTH,
           value_parser = clap::value_parser!(u32).range(0..=crate::capture::MAX_STACK_DEPTH as i64))]
     pub stack_depth: u32,
+
+    /// How stacks are walked: `auto` unwinds from each image's unwind
+    /// tables (.eh_frame, compiled once per image and cached by build id)
+    /// and takes frame-pointer steps where an image has none; `dwarf` uses
+    /// tables only (a frame without one ends the stack); `fp` follows frame
+    /// pointers only (code built without them gives short stacks).
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = crate::unwind::Mode::Auto)]
+    pub unwind: crate::unwind::Mode,
 
     /// Do not print the summary.
     #[arg(short, long)]
@@ -424,6 +431,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         replace_outputs: args.force,
         ring_size: args.ring_size,
         stack_depth: args.stack_depth,
+        unwind: args.unwind,
         stack_ring_size: args.stack_ring_size,
         pressure_timeout: args.pressure_timeout,
         watermark_percent: args.watermark,

@@ -226,6 +226,8 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
 pub struct StackRecord<'a> {
     pub id: u64,
     pub pid: u32,
+    /// Why the walk stopped after these frames (`enum mt_stack_end`).
+    pub end: u16,
     /// Return addresses, innermost first, as raw little-endian `u64`s.
     ips: &'a [u8],
 }
@@ -247,6 +249,7 @@ pub fn decode_stack(bytes: &[u8]) -> Result<StackRecord<'_>, DecodeError> {
     Ok(StackRecord {
         id: rec.id,
         pid: rec.pid,
+        end: rec.end,
         ips: &bytes[ips_at..ips_at + nr * 8],
     })
 }

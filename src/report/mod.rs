@@ -26,8 +26,8 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use output::{OutputError, OutputFile, SameOutputError, check_distinct};
 pub use profile::{
-    ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION, Profile, StackEntry,
-    StackMetrics, wait_status_code, write_profile,
+    EndedEarly, ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION, Profile, StackEntry,
+    StackMetrics, UnwindReport, wait_status_code, write_profile,
 };
 pub use stream::EventWriter;
 pub use summary::{SlowProbe, human_bytes, slow_probes, write_summary};

@@ -42,6 +42,32 @@ pub struct Profile {
     pub stacks: Vec<StackEntry>,
     /// Backpressure episodes and ring fill.
     pub pressure: crate::pressure::PressureStats,
+    /// How stacks were walked, the unwind tables of the images, and why
+    /// stacks ended before their outermost frame.
+    #[serde(default)]
+    pub unwind: UnwindReport,
+}
+
+/// How stacks were walked (`--unwind`) and how far they got.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct UnwindReport {
+    pub mode: crate::unwind::Mode,
+    /// Images examined for unwind tables, in order (empty with `fp`).
+    pub images: Vec<crate::unwind::ImageTable>,
+    /// Distinct stacks (and the bytes allocated from them) that ended
+    /// before their outermost frame, by reason.
+    pub ended_early: Vec<EndedEarly>,
+    /// Every distinct stack that allocated, and its bytes.
+    pub stacks: u64,
+    pub bytes: u64,
+}
+
+/// Stacks that ended early for one reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndedEarly {
+    pub reason: crate::unwind::StackEnd,
+    pub stacks: u64,
+    pub bytes: u64,
 }
 
 /// One distinct allocation call stack and its metrics.
@@ -54,6 +80,10 @@ pub struct StackEntry {
     /// the inlined ones (`inlined: true`) before the function they were
     /// inlined into.
     pub frames: Vec<Frame>,
+    /// Why the walk stopped after these frames; absent when it reached the
+    /// outermost frame (`complete`).
+    #[serde(default, skip_serializing_if = "crate::unwind::StackEnd::is_complete")]
+    pub end: crate::unwind::StackEnd,
     #[serde(flatten)]
     pub metrics: StackMetrics,
 }
@@ -235,6 +265,7 @@ impl Profile {
             probes: sites.iter().map(ProbeEntry::from).collect(),
             stacks: Vec::new(),
             pressure: Default::default(),
+            unwind: Default::default(),
         }
     }
 }

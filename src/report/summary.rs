@@ -232,6 +232,7 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
     if p.processes.len() > 1 {
         write_executables(w, p)?;
     }
+    write_unwind_notes(w, p)?;
     if !slow.is_empty() {
         const SHOWN: usize = 5;
         let shown: Vec<String> = slow
@@ -258,6 +259,60 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
             } else {
                 String::new()
             }
+        )?;
+    }
+    Ok(())
+}
+
+/// Says when stacks ended before their outermost frame for another reason
+/// than --stack-depth (when that holds 1% of the allocated bytes or more),
+/// and which images had no unwind table.
+fn write_unwind_notes(w: &mut impl Write, p: &Profile) -> io::Result<()> {
+    use crate::unwind::{Outcome, StackEnd};
+    let u = &p.unwind;
+    let early: Vec<_> = u
+        .ended_early
+        .iter()
+        .filter(|e| e.reason != StackEnd::DepthLimit)
+        .collect();
+    let (stacks, bytes): (u64, u64) = early
+        .iter()
+        .fold((0, 0), |(s, b), e| (s + e.stacks, b + e.bytes));
+    if stacks > 0 && bytes.saturating_mul(100) >= u.bytes {
+        let reasons: Vec<String> = early
+            .iter()
+            .map(|e| format!("{} {}", e.stacks, e.reason.describe()))
+            .collect();
+        writeln!(
+            w,
+            "  note: {stacks} of {} stacks ({} of {} allocated) end before the program's entry \
+             (--unwind {}): {}",
+            u.stacks,
+            human_bytes(bytes),
+            human_bytes(u.bytes),
+            u.mode,
+            reasons.join(", ")
+        )?;
+    }
+    let without: Vec<String> = u
+        .images
+        .iter()
+        .filter(|i| !matches!(i.outcome, Outcome::Loaded { .. }))
+        .map(|i| {
+            let why = match &i.outcome {
+                Outcome::NoCfi => "no CFI".to_owned(),
+                Outcome::TooBig { rows, room } => format!("{rows} rows, room for {room}"),
+                Outcome::Failed { reason } => reason.clone(),
+                Outcome::Loaded { .. } => unreachable!("filtered out"),
+            };
+            format!("{} ({why})", i.image.display())
+        })
+        .collect();
+    if !without.is_empty() {
+        writeln!(
+            w,
+            "  note: no unwind table for {}: stacks through them use frame pointers",
+            without.join(", ")
         )?;
     }
     Ok(())

@@ -89,6 +89,8 @@ pub struct SessionOptions {
     pub stack_ring_size: usize,
     /// Frames per allocation stack (0: none), at most [`MAX_STACK_DEPTH`].
     pub stack_depth: u32,
+    /// How stacks are walked: unwind tables, frame pointers, or both.
+    pub unwind: crate::unwind::Mode,
     /// Backpressure (must be off for [`Target::SelfProcess`]: a process
     /// cannot pause itself).
     pub pressure_timeout: PressureTimeout,
@@ -106,6 +108,7 @@ impl Default for SessionOptions {
             ring_size: crate::capture::DEFAULT_RING_SIZE,
             stack_ring_size: crate::capture::DEFAULT_STACK_RING_SIZE,
             stack_depth: crate::capture::DEFAULT_STACK_DEPTH,
+            unwind: crate::unwind::Mode::default(),
             pressure_timeout: PressureTimeout::Off,
             watermark_percent: 75,
             process_effects: false,
@@ -295,6 +298,8 @@ pub struct Session {
     rooms: [pressure::RingRoom; 4],
     opts_pressure: crate::pressure::PressureTimeout,
     opts_watermark: u8,
+    /// How stacks were walked, for the profile.
+    unwind: crate::unwind::Mode,
 }
 
 // SAFETY: the BPF object is only touched through `&mut self` (start,
@@ -389,6 +394,7 @@ impl Session {
                 .expect("the BPF object has .rodata tunables");
             let mark = |size: u64| pressure::watermark_bytes(size, opts.watermark_percent);
             ro.stack_depth = opts.stack_depth;
+            ro.unwind_mode = opts.unwind.raw();
             ro.pressure_enabled = opts.pressure_timeout.enabled();
             // In a PID namespace of its own (a container), BPF reports ids
             // as memtrail sees them.
@@ -442,6 +448,14 @@ impl Session {
         })?;
         let mut images = vec![attach::libc_path()?];
         images.extend(attach::cxx_runtimes());
+        let mut tables = crate::capture::unwind_tables(skel, opts.unwind, opts.stack_depth);
+        // Loads an image's unwind table (images known up front are never
+        // held, so this is their only chance).
+        let mut load_table = |image: &std::path::Path, id: (u64, u64)| {
+            if let Some(tables) = &mut tables {
+                tables.load(image, image, id);
+            }
+        };
         let mut links = Links::default();
         crate::capture::attach_tracepoints(skel, &mut links)?;
         let mut sites = Vec::new();
@@ -451,9 +465,17 @@ impl Session {
             attach::attach_sites(&progs, &found, &mut links)?;
             sites.extend(found);
             if let Ok(id) = sys::kernel_file_id(image) {
+                load_table(image, id);
                 sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
                 known.insert(id);
             }
+        }
+        // The dynamic loader: the kernel maps it at exec, with no mmap to
+        // ask for its table by, and dlopen's allocations run through it.
+        if let Some(ld_so) = crate::attach::ld_so_path()
+            && let Ok(id) = sys::kernel_file_id(&ld_so)
+        {
+            load_table(&ld_so, id);
         }
         let running = match target {
             Target::SelfProcess => Some(std::process::id()),
@@ -476,6 +498,7 @@ impl Session {
                         tracing::warn!(image = %image.display(), %err, "a mapped image could not be probed");
                     }
                 }
+                load_table(&image, id);
                 sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
                 known.insert(id);
             }
@@ -499,6 +522,7 @@ impl Session {
                     }
                 }
             }
+            load_table(&entry.path, id);
             sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
             known.insert(id);
         }
@@ -614,8 +638,13 @@ impl Session {
                 source,
             })
         };
-        let mut worker =
-            AttachWorker::new(progs, dup(maps.known_images.as_fd())?, known, stops.clone());
+        let mut worker = AttachWorker::new(
+            progs,
+            dup(maps.known_images.as_fd())?,
+            known,
+            stops.clone(),
+            tables,
+        );
         worker.hold = !is_self;
         threads.attach = Some(
             engine::spawn(
@@ -703,6 +732,7 @@ impl Session {
             rooms,
             opts_pressure: opts.pressure_timeout,
             opts_watermark: opts.watermark_percent,
+            unwind: opts.unwind,
         };
         match target {
             Target::Command(argv) => {
@@ -998,6 +1028,11 @@ impl Session {
         };
         let (events, stacks, mappings, mut attacher) =
             (events.sink, stacks.sink, mappings.sink, attacher.sink);
+        let images_seen = attacher
+            .tables
+            .take()
+            .map(|t| t.images_seen)
+            .unwrap_or_default();
         let mut sites = std::mem::take(&mut self.sites);
         sites.append(&mut attacher.sites);
         for (path, stamp, has_sites) in attacher.examined.drain(..) {
@@ -1077,6 +1112,7 @@ impl Session {
             Profile::build(&agg, command, exit, (self.start_ns, end_ns), lost, &sites);
         let slow_probes = crate::report::slow_probes(&sites, &agg, &mappings.mappings);
         profile.stacks = crate::capture::symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
+        profile.unwind = crate::unwind::report(self.unwind, images_seen, &profile.stacks);
         pressure_stats.high_water = crate::capture::read_high_water(&self.loaded.skel).max(seen);
         profile.pressure = pressure_stats;
         Ok(Finish {

@@ -75,17 +75,24 @@ static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
 /// Builds `tests/fixtures/<name>.c` (or `.cc`) once and returns the absolute,
 /// canonical path of the executable.
 pub fn fixture(name: &str) -> PathBuf {
+    fixture_with_flags(name, C_FLAGS)
+}
+
+/// Like [`fixture`], compiled with `flags` instead of the usual ones (e.g.
+/// optimised, without frame pointers).
+pub fn fixture_with_flags(name: &str, flags: &[&str]) -> PathBuf {
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     let built = built.get_or_insert_with(HashMap::new);
-    if let Some(path) = built.get(name) {
+    let key = format!("{name} {}", flags.join(" "));
+    if let Some(path) = built.get(&key) {
         return path.clone();
     }
-    let path = compile(name);
-    built.insert(name.to_owned(), path.clone());
+    let path = compile(name, flags);
+    built.insert(key, path.clone());
     path
 }
 
-fn compile(name: &str) -> PathBuf {
+fn compile(name: &str, flags: &[&str]) -> PathBuf {
     let src_dir = fixtures_src();
     let (src, compiler) = if src_dir.join(format!("{name}.c")).exists() {
         (src_dir.join(format!("{name}.c")), "cc")
@@ -95,7 +102,7 @@ fn compile(name: &str) -> PathBuf {
     let source = fs::read(&src).unwrap_or_else(|e| panic!("read {}: {e}", src.display()));
     let header = fs::read(src_dir.join("fixture.h")).expect("read tests/fixtures/fixture.h");
     let mut hasher = DefaultHasher::new();
-    (compiler, C_FLAGS, &source, &header).hash(&mut hasher);
+    (compiler, flags, &source, &header).hash(&mut hasher);
 
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("memtrail-fixtures");
     fs::create_dir_all(&out_dir).expect("create fixture directory");
@@ -108,7 +115,7 @@ fn compile(name: &str) -> PathBuf {
     }
     let tmp = out_dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let output = Command::new(compiler)
-        .args(C_FLAGS)
+        .args(flags)
         .arg("-I")
         .arg(&src_dir)
         .arg("-o")

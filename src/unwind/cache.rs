@@ -1,0 +1,156 @@
+//! The on-disk cache of compiled unwind tables, by build id.
+//!
+//! `$MEMTRAIL_CACHE_DIR`, else `$XDG_CACHE_HOME/memtrail`, else
+//! `~/.cache/memtrail`; tables go to `unwind/<build id>.v1`. An entry is
+//! written whole (a temporary file renamed into place) and checked when
+//! read: a damaged or foreign file is ignored and compiled again. Images
+//! without a build id are compiled every time. The cache is an
+//! optimisation only: any failure to use it is logged at debug level.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use object::Object;
+
+use super::table::{Row, Table};
+
+const MAGIC: &[u8; 8] = b"MTUNWND1";
+const HEADER: usize = 8 + 8 + 4 + 4;
+const SOURCES: [&str; 2] = [".eh_frame", ".debug_frame"];
+
+/// The cache directory.
+pub struct Cache {
+    dir: PathBuf,
+}
+
+/// The GNU build id of an ELF image, as hex.
+pub fn build_id(data: &[u8]) -> Option<String> {
+    let file = object::File::parse(data).ok()?;
+    let id = file.build_id().ok()??;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl Cache {
+    /// The cache, if a directory for it can be named and made.
+    pub fn open() -> Option<Self> {
+        let base = std::env::var_os("MEMTRAIL_CACHE_DIR")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| Path::new(&d).join("memtrail")))
+            .or_else(|| std::env::var_os("HOME").map(|d| Path::new(&d).join(".cache/memtrail")))?;
+        let dir = base.join("unwind");
+        if let Err(err) = std::fs::create_dir_all(&dir) {
+            tracing::debug!(dir = %dir.display(), %err, "no unwind table cache");
+            return None;
+        }
+        Some(Self { dir })
+    }
+
+    /// A cache in `dir` (made if missing).
+    pub fn at(dir: &Path) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+        })
+    }
+
+    fn path(&self, build_id: &str) -> PathBuf {
+        self.dir.join(format!("{build_id}.v1"))
+    }
+
+    /// The cached table of the image with `build_id`.
+    pub fn get(&self, build_id: &str) -> Option<Table> {
+        let data = std::fs::read(self.path(build_id)).ok()?;
+        let table = decode(&data);
+        if table.is_none() {
+            tracing::debug!(build_id, "ignoring a damaged cached unwind table");
+        }
+        table
+    }
+
+    /// Caches `table` for the image with `build_id`.
+    pub fn put(&self, build_id: &str, table: &Table) {
+        let result = (|| -> std::io::Result<()> {
+            let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
+            tmp.write_all(&encode(table))?;
+            tmp.persist(self.path(build_id))?;
+            Ok(())
+        })();
+        if let Err(err) = result {
+            tracing::debug!(build_id, %err, "could not cache an unwind table");
+        }
+    }
+}
+
+fn encode(table: &Table) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + table.rows.len() * Row::SIZE);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&table.bias.to_le_bytes());
+    let source = SOURCES.iter().position(|s| *s == table.source).unwrap_or(0) as u32;
+    out.extend_from_slice(&source.to_le_bytes());
+    out.extend_from_slice(&(table.rows.len() as u32).to_le_bytes());
+    for row in &table.rows {
+        out.extend_from_slice(&row.pc.to_le_bytes());
+        out.extend_from_slice(&row.cfa_off.to_le_bytes());
+        out.push(row.kind);
+        out.push(row.rbp_off as u8);
+    }
+    out
+}
+
+fn decode(data: &[u8]) -> Option<Table> {
+    let (head, body) = data.split_at_checked(HEADER)?;
+    if &head[..8] != MAGIC {
+        return None;
+    }
+    let bias = i64::from_le_bytes(head[8..16].try_into().ok()?);
+    let source = *SOURCES.get(u32::from_le_bytes(head[16..20].try_into().ok()?) as usize)?;
+    let count = u32::from_le_bytes(head[20..24].try_into().ok()?) as usize;
+    if body.len() != count.checked_mul(Row::SIZE)? {
+        return None;
+    }
+    let rows: Vec<Row> = body
+        .chunks_exact(Row::SIZE)
+        .map(|c| Row {
+            pc: u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            cfa_off: i16::from_le_bytes([c[4], c[5]]),
+            kind: c[6],
+            rbp_off: c[7] as i8,
+        })
+        .collect();
+    rows.windows(2)
+        .all(|w| w[0].pc < w[1].pc)
+        .then_some(Table { bias, rows, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Check that a table survives the cache's encoding, and that a cut or
+    /// foreign file is refused.
+    #[test]
+    fn unwind_cache_round_trip() {
+        let table = Table {
+            bias: -4096,
+            rows: vec![
+                Row {
+                    pc: 0x1000,
+                    cfa_off: 8,
+                    kind: 1,
+                    rbp_off: 0,
+                },
+                Row {
+                    pc: 0x1004,
+                    cfa_off: 16,
+                    kind: 0x12,
+                    rbp_off: -16,
+                },
+            ],
+            source: ".debug_frame",
+        };
+        let bytes = encode(&table);
+        assert_eq!(decode(&bytes), Some(table));
+        assert_eq!(decode(&bytes[..bytes.len() - 1]), None);
+        assert_eq!(decode(b"not a table at all, no no no"), None);
+    }
+}

@@ -1,0 +1,443 @@
+//! Unwind tables for the BPF stack walker (issue 12).
+//!
+//! Most programs are built without frame pointers, so the BPF program
+//! unwinds from tables: for every executable image the attach pipeline
+//! examines, [`table::compile`] reduces its `.eh_frame` (or `.debug_frame`)
+//! to rows the walker evaluates, and [`Tables`] loads them into the BPF maps
+//! `unwind_rows` (one array shared by all images, written through its
+//! mapping) and `unwind_images` (file identity -> first row, row count,
+//! bias). An image gets its table before its code runs: up front for the
+//! libraries every command loads, else while the attach hold keeps the
+//! process that mapped it stopped.
+//!
+//! Invariants:
+//! - Rows are written before the image's `unwind_images` entry (a syscall,
+//!   which orders them for BPF), and never change afterwards; rows are only
+//!   appended, so the walker never sees a half-written table.
+//! - One table per image (device and inode), shared by every process that
+//!   maps it; compiled tables are cached on disk by build id, so the next
+//!   run of the same image only reads its rows.
+//! - Nothing here fails a capture: an image without CFI, a table too big
+//!   for the maps, or an unreadable one gets a warning naming the image, and
+//!   its frames take frame-pointer steps (or end the stack, with
+//!   `--unwind dwarf`).
+
+pub mod cache;
+pub mod table;
+
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use memmap2::MmapMut;
+
+pub use table::{Compiled, Row, Table};
+
+use crate::skel::memtrail::types::{mt_stack_end as End, mt_unwind_image, mt_unwind_mode};
+
+/// Errors preparing unwind tables.
+#[derive(Debug, thiserror::Error)]
+pub enum UnwindError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot parse the call frame information: {0}")]
+    Parse(String),
+    #[error("cannot map the BPF unwind rows")]
+    Map(#[source] std::io::Error),
+}
+
+/// `--unwind`: how stacks are walked.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Unwind tables where an image has them, frame pointers elsewhere.
+    #[default]
+    Auto,
+    /// Frame pointers only.
+    Fp,
+    /// Unwind tables only: a frame without one ends the stack.
+    Dwarf,
+}
+
+impl Mode {
+    /// The `unwind_mode` tunable.
+    pub fn raw(self) -> u32 {
+        match self {
+            Mode::Auto => mt_unwind_mode::MT_UNWIND_AUTO.0,
+            Mode::Fp => mt_unwind_mode::MT_UNWIND_FP.0,
+            Mode::Dwarf => mt_unwind_mode::MT_UNWIND_DWARF.0,
+        }
+    }
+
+    /// Whether images need tables.
+    pub fn uses_tables(self) -> bool {
+        self != Mode::Fp
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Auto => "auto",
+            Mode::Fp => "fp",
+            Mode::Dwarf => "dwarf",
+        })
+    }
+}
+
+/// Why a stack walk stopped (`enum mt_stack_end`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum StackEnd {
+    /// The outermost frame (or the end of a frame-pointer chain).
+    #[default]
+    Complete,
+    /// `--stack-depth` frames kept, and there were more.
+    DepthLimit,
+    /// A frame in code without an unwind table.
+    NoTable,
+    /// Stack memory could not be read (or made no sense).
+    Unreadable,
+    /// A return address outside the executable mappings.
+    NotCode,
+    /// A CFI rule the BPF unwinder does not evaluate.
+    Unsupported,
+    /// The process's mappings were locked by another thread.
+    MappingsBusy,
+}
+
+impl StackEnd {
+    pub fn from_raw(raw: u16) -> Self {
+        match End(u32::from(raw)) {
+            End::MT_END_DEPTH => StackEnd::DepthLimit,
+            End::MT_END_NO_TABLE => StackEnd::NoTable,
+            End::MT_END_UNREADABLE => StackEnd::Unreadable,
+            End::MT_END_NOT_CODE => StackEnd::NotCode,
+            End::MT_END_UNSUPPORTED => StackEnd::Unsupported,
+            End::MT_END_BUSY => StackEnd::MappingsBusy,
+            _ => StackEnd::Complete,
+        }
+    }
+
+    /// Whether the walk reached the outermost frame.
+    pub fn is_complete(&self) -> bool {
+        *self == StackEnd::Complete
+    }
+
+    /// Words for the summary.
+    pub fn describe(self) -> &'static str {
+        match self {
+            StackEnd::Complete => "complete",
+            StackEnd::DepthLimit => "--stack-depth reached",
+            StackEnd::NoTable => "code without unwind table or frame pointer",
+            StackEnd::Unreadable => "unreadable stack",
+            StackEnd::NotCode => "return address outside code",
+            StackEnd::Unsupported => "unsupported unwind rule",
+            StackEnd::MappingsBusy => "mappings locked",
+        }
+    }
+}
+
+/// What became of one image's table.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum Outcome {
+    /// Loaded: `rows` rows from `source`, compiled now or read from the
+    /// cache.
+    Loaded {
+        rows: u32,
+        source: String,
+        cached: bool,
+    },
+    /// No call frame information: frames there take frame-pointer steps.
+    NoCfi,
+    /// More rows than the maps had room left for.
+    TooBig { rows: u32, room: u32 },
+    /// The image could not be read or its CFI parsed.
+    Failed { reason: String },
+}
+
+/// One image's table, for the profile and the summary.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct ImageTable {
+    pub image: PathBuf,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// Time to compile (or read from the cache) and load, in microseconds.
+    pub micros: u64,
+}
+
+/// The unwind maps of the loaded BPF object, and what went into them.
+pub struct Tables {
+    /// `unwind_rows`, mapped writable.
+    rows: MmapMut,
+    capacity: u32,
+    next: u32,
+    /// `unwind_pages` (page index entries), mapped writable.
+    pages: MmapMut,
+    pages_capacity: u32,
+    pages_next: u32,
+    images: OwnedFd,
+    cache: Option<cache::Cache>,
+    /// Every image seen, in order.
+    pub images_seen: Vec<ImageTable>,
+}
+
+// The kernel lays array map elements out 8 bytes apart: the rows map's
+// mapping is an array of rows only if a row takes a multiple of 8 bytes.
+const _: () = assert!(Row::SIZE % 8 == 0);
+
+impl Tables {
+    /// Maps `rows_map` (`unwind_rows`, `capacity` rows) and `pages_map`
+    /// (`unwind_pages`, `pages_capacity` entries), and keeps `images_map`
+    /// (`unwind_images`).
+    pub fn new(
+        (rows_map, capacity): (BorrowedFd<'_>, u32),
+        (pages_map, pages_capacity): (BorrowedFd<'_>, u32),
+        images_map: BorrowedFd<'_>,
+    ) -> Result<Self, UnwindError> {
+        let len = capacity as usize * Row::SIZE;
+        // SAFETY: the unwind_rows map is a BPF_F_MMAPABLE array of exactly
+        // `capacity` rows; the mapping keeps the map alive by itself, and
+        // the BPF side only reads it.
+        let rows = unsafe {
+            memmap2::MmapOptions::new()
+                .len(len)
+                .map_mut(rows_map.as_raw_fd())
+        }
+        .map_err(UnwindError::Map)?;
+        let len = pages_capacity as usize * 8;
+        // SAFETY: as above, unwind_pages is a BPF_F_MMAPABLE array of
+        // `pages_capacity` u64 entries.
+        let pages = unsafe {
+            memmap2::MmapOptions::new()
+                .len(len)
+                .map_mut(pages_map.as_raw_fd())
+        }
+        .map_err(UnwindError::Map)?;
+        let images = images_map.try_clone_to_owned().map_err(UnwindError::Map)?;
+        Ok(Self {
+            rows,
+            capacity,
+            next: 0,
+            pages,
+            pages_capacity,
+            pages_next: 0,
+            images,
+            cache: cache::Cache::open(),
+            images_seen: Vec::new(),
+        })
+    }
+
+    /// Rows loaded so far.
+    pub fn rows_used(&self) -> u32 {
+        self.next
+    }
+
+    /// Prepares and loads the table of the image at `path` (a file whose
+    /// device and inode are `id`, named `name` in warnings); warns, naming
+    /// the image, when it has none or it does not fit.
+    pub fn load(&mut self, path: &Path, name: &Path, id: (u64, u64)) -> &ImageTable {
+        let started = Instant::now();
+        let outcome = match self.table_of(path) {
+            Ok((Some(table), cached)) => self.install(id, &table, cached),
+            Ok((None, _)) => Outcome::NoCfi,
+            Err(err) => Outcome::Failed {
+                reason: error_chain(&err),
+            },
+        };
+        match &outcome {
+            Outcome::Loaded { .. } => {}
+            Outcome::NoCfi => tracing::warn!(
+                image = %name.display(),
+                "no unwind information (stripped?): stacks through it take frame-pointer steps \
+                 and may be shorter"
+            ),
+            Outcome::TooBig { rows, room } => tracing::warn!(
+                image = %name.display(),
+                rows,
+                room,
+                "unwind table does not fit the BPF maps: stacks through it take frame-pointer \
+                 steps and may be shorter"
+            ),
+            Outcome::Failed { reason } => tracing::warn!(
+                image = %name.display(),
+                %reason,
+                "cannot prepare an unwind table: stacks through it may be shorter"
+            ),
+        }
+        self.images_seen.push(ImageTable {
+            image: name.to_owned(),
+            outcome,
+            micros: started.elapsed().as_micros() as u64,
+        });
+        self.images_seen.last().expect("just pushed")
+    }
+
+    fn table_of(&self, path: &Path) -> Result<(Option<Table>, bool), UnwindError> {
+        prepare(path, self.cache.as_ref())
+    }
+
+    /// Appends `table`'s rows to the rows map and makes them the image's.
+    fn install(&mut self, id: (u64, u64), table: &Table, cached: bool) -> Outcome {
+        let room = self.capacity - self.next;
+        let Ok(count) = u32::try_from(table.rows.len()) else {
+            return Outcome::TooBig {
+                rows: u32::MAX,
+                room,
+            };
+        };
+        if count > room {
+            return Outcome::TooBig { rows: count, room };
+        }
+        let index = table.page_index(self.next);
+        let pages_room = self.pages_capacity - self.pages_next;
+        if index.len() > pages_room as usize {
+            return Outcome::TooBig { rows: count, room };
+        }
+        let at = self.next as usize * Row::SIZE;
+        let dst = &mut self.rows[at..at + table.rows.len() * Row::SIZE];
+        for (row, bytes) in table.rows.iter().zip(dst.chunks_exact_mut(Row::SIZE)) {
+            row.encode(bytes);
+        }
+        let at = self.pages_next as usize * 8;
+        let dst = &mut self.pages[at..at + index.len() * 8];
+        for (entry, bytes) in index.iter().zip(dst.chunks_exact_mut(8)) {
+            bytes.copy_from_slice(&u64::from(*entry).to_ne_bytes());
+        }
+        let base_page = table.rows.first().map_or(0, |r| r.pc >> 12);
+        let npages = index.len() as u32 - 1;
+        let value = image_value(self.pages_next, npages, base_page, table.bias);
+        let key = crate::attach::image_key(id);
+        // The update is a syscall: the rows written above are visible to
+        // BPF before the entry that leads to them.
+        if let Err(err) = crate::sys::bpf_map_update(self.images.as_fd(), &key, &value) {
+            return Outcome::Failed {
+                reason: format!("recording the table in BPF: {err}"),
+            };
+        }
+        self.next += count;
+        self.pages_next += npages + 1;
+        Outcome::Loaded {
+            rows: count,
+            source: table.source.to_owned(),
+            cached,
+        }
+    }
+}
+
+/// The table of the image at `path`, from `cache` or compiled (and then
+/// cached); None for an image without CFI. The flag says whether it came
+/// from the cache.
+pub fn prepare(
+    path: &Path,
+    cache: Option<&cache::Cache>,
+) -> Result<(Option<Table>, bool), UnwindError> {
+    let data = std::fs::read(path).map_err(|source| UnwindError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let build_id = cache::build_id(&data);
+    let cache = cache.zip(build_id.as_deref());
+    if let Some(table) = cache.and_then(|(c, id)| c.get(id)) {
+        return Ok((Some(table), true));
+    }
+    match table::compile(&data)? {
+        Compiled::NoCfi => Ok((None, false)),
+        Compiled::Table(table) => {
+            if let Some((c, id)) = cache {
+                c.put(id, &table);
+            }
+            Ok((Some(table), false))
+        }
+    }
+}
+
+/// `struct mt_unwind_image` for an image's rows.
+fn image_value(
+    pages: u32,
+    npages: u32,
+    base_page: u32,
+    bias: i64,
+) -> [u8; size_of::<mt_unwind_image>()] {
+    use std::mem::offset_of;
+    let mut value = [0u8; size_of::<mt_unwind_image>()];
+    let mut put = |at: usize, bytes: &[u8]| value[at..at + bytes.len()].copy_from_slice(bytes);
+    put(offset_of!(mt_unwind_image, pages), &pages.to_ne_bytes());
+    put(offset_of!(mt_unwind_image, npages), &npages.to_ne_bytes());
+    put(
+        offset_of!(mt_unwind_image, base_page),
+        &base_page.to_ne_bytes(),
+    );
+    put(offset_of!(mt_unwind_image, bias), &bias.to_ne_bytes());
+    value
+}
+
+/// `err` and its sources, for a one-line reason.
+fn error_chain(err: &UnwindError) -> String {
+    let mut out = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// The profile's account of unwinding: the mode, the images' tables, and
+/// how many distinct stacks (and their bytes) ended before their outermost
+/// frame, by reason.
+pub fn report(
+    mode: Mode,
+    images: Vec<ImageTable>,
+    stacks: &[crate::report::StackEntry],
+) -> crate::report::UnwindReport {
+    let mut early: std::collections::BTreeMap<StackEnd, (u64, u64)> = Default::default();
+    for stack in stacks.iter().filter(|s| s.end != StackEnd::Complete) {
+        let e = early.entry(stack.end).or_default();
+        e.0 += 1;
+        e.1 += stack.metrics.bytes;
+    }
+    crate::report::UnwindReport {
+        mode,
+        images,
+        ended_early: early
+            .into_iter()
+            .map(|(reason, (stacks, bytes))| crate::report::EndedEarly {
+                reason,
+                stacks,
+                bytes,
+            })
+            .collect(),
+        stacks: stacks.len() as u64,
+        bytes: stacks.iter().map(|s| s.metrics.bytes).sum(),
+    }
+}

@@ -1,0 +1,380 @@
+//! Compiling an image's call frame information into an unwind table.
+//!
+//! gimli evaluates the CFI programs of every FDE (`.eh_frame`, or
+//! `.debug_frame` where that is all the image has) into rows; each row is
+//! reduced to what the BPF unwinder evaluates (`struct mt_unwind_row`): the
+//! CFA as rsp or rbp plus an offset, or the PLT's expression; where the
+//! caller's rbp was saved; the outermost frame; the signal trampoline. A
+//! rule outside that is kept as `MT_CFA_UNSUPPORTED`, so the unwinder stops
+//! (or takes a frame-pointer step) there instead of guessing. Consecutive
+//! rows with the same rule merge; a gap between FDEs gets a `MT_CFA_NONE`
+//! row so an address there is not taken for the FDE below it.
+
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, LittleEndian, Reader, RegisterRule,
+    UnwindContext, UnwindSection, X86_64,
+};
+use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
+
+use super::UnwindError;
+use crate::skel::memtrail::types::{mt_unwind_cfa as Cfa, mt_unwind_rbp as Rbp, mt_unwind_row};
+
+/// An image's compiled table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Table {
+    /// Image address minus file offset, in the executable segment.
+    pub bias: i64,
+    /// Rows sorted by `pc`.
+    pub rows: Vec<Row>,
+    /// Which section the rows come from (`.eh_frame`, `.debug_frame`).
+    pub source: &'static str,
+}
+
+impl Table {
+    /// The page index of the rows, once they start at row `first` of the
+    /// rows map: for each 4 KiB page from the first row's, the index of the
+    /// first row at or above it; then the end of the rows.
+    pub fn page_index(&self, first: u32) -> Vec<u32> {
+        let (Some(lo), Some(hi)) = (self.rows.first(), self.rows.last()) else {
+            return vec![first];
+        };
+        let base = lo.pc >> 12;
+        let npages = (hi.pc >> 12) - base + 1;
+        let mut index = Vec::with_capacity(npages as usize + 1);
+        let mut at = 0usize;
+        for page in 0..npages {
+            let start = (base + page) << 12;
+            while at < self.rows.len() && self.rows[at].pc < start {
+                at += 1;
+            }
+            index.push(first + at as u32);
+        }
+        index.push(first + self.rows.len() as u32);
+        index
+    }
+}
+
+/// One row, as BPF reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Row {
+    pub pc: u32,
+    pub cfa_off: i16,
+    /// `enum mt_unwind_cfa | enum mt_unwind_rbp << 4`.
+    pub kind: u8,
+    pub rbp_off: i8,
+}
+
+impl Row {
+    pub const SIZE: usize = size_of::<mt_unwind_row>();
+
+    fn rule(cfa: Cfa, cfa_off: i16, rbp: Rbp, rbp_off: i8) -> Row {
+        Row {
+            pc: 0,
+            cfa_off,
+            kind: cfa.0 as u8 | (rbp.0 as u8) << 4,
+            rbp_off,
+        }
+    }
+
+    pub fn cfa(&self) -> Cfa {
+        Cfa(u32::from(self.kind & 0xf))
+    }
+
+    fn same_rule(&self, other: &Row) -> bool {
+        (self.cfa_off, self.kind, self.rbp_off) == (other.cfa_off, other.kind, other.rbp_off)
+    }
+
+    /// Writes the row in the map's layout (`struct mt_unwind_row`) into
+    /// `out`, [`Row::SIZE`] bytes.
+    pub fn encode(&self, out: &mut [u8]) {
+        use std::mem::offset_of;
+        let mut put = |at: usize, bytes: &[u8]| out[at..at + bytes.len()].copy_from_slice(bytes);
+        put(offset_of!(mt_unwind_row, pc), &self.pc.to_ne_bytes());
+        put(
+            offset_of!(mt_unwind_row, cfa_off),
+            &self.cfa_off.to_ne_bytes(),
+        );
+        put(offset_of!(mt_unwind_row, kind), &[self.kind]);
+        put(
+            offset_of!(mt_unwind_row, rbp_off),
+            &self.rbp_off.to_ne_bytes(),
+        );
+    }
+}
+
+/// What an image has to unwind from.
+pub enum Compiled {
+    Table(Table),
+    /// Neither `.eh_frame` nor `.debug_frame` (a stripped image).
+    NoCfi,
+}
+
+const PF_X: u32 = 1;
+
+/// Compiles the unwind table of the ELF image in `data`.
+pub fn compile(data: &[u8]) -> Result<Compiled, UnwindError> {
+    let parse = |e: &dyn std::fmt::Display| UnwindError::Parse(e.to_string());
+    let file = object::File::parse(data).map_err(|e| parse(&e))?;
+    let exec = file.segments().find(|seg| match seg.flags() {
+        SegmentFlags::Elf { p_flags } => p_flags & PF_X != 0,
+        _ => false,
+    });
+    let Some(exec) = exec else {
+        return Ok(Compiled::NoCfi);
+    };
+    let bias = exec.address() as i64 - exec.file_range().0 as i64;
+    let addr_of = |name: &str| file.section_by_name(name).map_or(0, |s| s.address());
+    let mut spans: Vec<(u64, u64, Row)> = Vec::new();
+    let source;
+    if let Some(section) = file.section_by_name(".eh_frame") {
+        let bytes = section.data().map_err(|e| parse(&e))?;
+        let eh = EhFrame::new(bytes, LittleEndian);
+        let bases = BaseAddresses::default()
+            .set_eh_frame(section.address())
+            .set_text(addr_of(".text"))
+            .set_got(addr_of(".got"));
+        collect(&eh, &bases, &mut spans).map_err(|e| parse(&e))?;
+        source = ".eh_frame";
+    } else if let Some(section) = file.section_by_name(".debug_frame").filter(|s| {
+        s.compressed_file_range()
+            .is_ok_and(|r| r.format == object::CompressionFormat::None)
+    }) {
+        let bytes = section.data().map_err(|e| parse(&e))?;
+        let mut debug = DebugFrame::new(bytes, LittleEndian);
+        debug.set_address_size(8);
+        collect(&debug, &BaseAddresses::default(), &mut spans).map_err(|e| parse(&e))?;
+        source = ".debug_frame";
+    } else {
+        return Ok(Compiled::NoCfi);
+    }
+    if spans.is_empty() {
+        return Ok(Compiled::NoCfi);
+    }
+    spans.sort_by_key(|&(start, end, _)| (start, end));
+    if spans
+        .last()
+        .is_some_and(|&(_, end, _)| end > u64::from(u32::MAX))
+    {
+        return Err(UnwindError::Parse(
+            "code above 4 GiB (table rows hold 32-bit addresses)".into(),
+        ));
+    }
+    Ok(Compiled::Table(Table {
+        bias,
+        rows: merge(&spans),
+        source,
+    }))
+}
+
+/// Sorted spans into rows: a row per change of rule, a `NONE` row where a
+/// gap between spans starts.
+fn merge(spans: &[(u64, u64, Row)]) -> Vec<Row> {
+    let none = Row::rule(Cfa::MT_CFA_NONE, 0, Rbp::MT_RBP_SAME, 0);
+    let mut rows: Vec<Row> = Vec::with_capacity(spans.len());
+    let mut covered_to = 0u64;
+    for &(start, end, rule) in spans {
+        if start >= end || end <= covered_to {
+            continue; // empty, or inside a span already taken
+        }
+        let start = start.max(covered_to);
+        if covered_to != 0 && start > covered_to {
+            push(&mut rows, covered_to, none);
+        }
+        push(&mut rows, start, rule);
+        covered_to = end;
+    }
+    if covered_to != 0 {
+        push(&mut rows, covered_to, none);
+    }
+    rows
+}
+
+fn push(rows: &mut Vec<Row>, pc: u64, rule: Row) {
+    let pc = pc as u32;
+    if let Some(last) = rows.last_mut() {
+        if last.same_rule(&rule) {
+            return;
+        }
+        if last.pc == pc {
+            *last = Row { pc, ..rule };
+            return;
+        }
+    }
+    rows.push(Row { pc, ..rule });
+}
+
+/// Every row of every FDE of `section`, as (start, end, rule).
+fn collect<'a, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    spans: &mut Vec<(u64, u64, Row)>,
+) -> gimli::Result<()>
+where
+    S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>,
+    S::Offset: gimli::UnwindOffset<usize>,
+{
+    let mut ctx = UnwindContext::new();
+    let mut entries = section.entries(bases);
+    while let Some(entry) = entries.next()? {
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let fde = match partial.parse(S::cie_from_offset) {
+            Ok(fde) => fde,
+            Err(err) => {
+                tracing::debug!(%err, "skipping an unreadable FDE");
+                continue;
+            }
+        };
+        let signal = fde.is_signal_trampoline();
+        let mut table = match fde.rows(section, bases, &mut ctx) {
+            Ok(table) => table,
+            Err(err) => {
+                tracing::debug!(%err, "skipping an FDE whose program fails");
+                continue;
+            }
+        };
+        loop {
+            let row = match table.next_row() {
+                Ok(Some(row)) => row,
+                Ok(None) => break,
+                Err(err) => {
+                    // Rows so far stand; the FDE's rest is left uncovered.
+                    tracing::debug!(%err, "an FDE's program stops early");
+                    break;
+                }
+            };
+            let rule = if signal {
+                Row::rule(Cfa::MT_CFA_SIGNAL, 0, Rbp::MT_RBP_SAME, 0)
+            } else {
+                reduce(section, row)
+            };
+            spans.push((row.start_address(), row.end_address(), rule));
+        }
+    }
+    Ok(())
+}
+
+/// The standard PLT CFA expression, up to its threshold literal:
+/// `DW_OP_breg7 (rsp) 8; DW_OP_breg16 (rip) 0; DW_OP_lit15; DW_OP_and;
+/// DW_OP_lit<N>; DW_OP_ge; DW_OP_lit3; DW_OP_shl; DW_OP_plus`.
+const PLT_HEAD: [u8; 6] = [0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a];
+const PLT_TAIL: [u8; 4] = [0x2a, 0x33, 0x24, 0x22];
+
+fn reduce<'a, S>(section: &S, row: &gimli::UnwindTableRow<usize>) -> Row
+where
+    S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>,
+{
+    let unsupported = Row::rule(Cfa::MT_CFA_UNSUPPORTED, 0, Rbp::MT_RBP_SAME, 0);
+    match row.register(X86_64::RA) {
+        RegisterRule::Undefined => return Row::rule(Cfa::MT_CFA_END, 0, Rbp::MT_RBP_SAME, 0),
+        RegisterRule::Offset(-8) => {}
+        _ => return unsupported,
+    }
+    let (cfa, cfa_off, plt) = match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } => {
+            let Ok(off) = i16::try_from(*offset) else {
+                return unsupported;
+            };
+            match *register {
+                X86_64::RSP => (Cfa::MT_CFA_RSP, off, 0),
+                X86_64::RBP => (Cfa::MT_CFA_RBP, off, 0),
+                _ => return unsupported,
+            }
+        }
+        CfaRule::Expression(expr) => {
+            let Ok(expr) = expr.get(section) else {
+                return unsupported;
+            };
+            let Ok(bytes) = expr.0.to_slice() else {
+                return unsupported;
+            };
+            match *bytes {
+                [a, b, c, d, e, f, lit @ 0x30..=0x4f, g, h, i, j]
+                    if [a, b, c, d, e, f] == PLT_HEAD && [g, h, i, j] == PLT_TAIL =>
+                {
+                    (Cfa::MT_CFA_PLT, 8, (lit - 0x30) as i8)
+                }
+                _ => return unsupported,
+            }
+        }
+    };
+    let (rbp, rbp_off) = match row.register(X86_64::RBP) {
+        RegisterRule::Undefined | RegisterRule::SameValue => (Rbp::MT_RBP_SAME, plt),
+        RegisterRule::Offset(off) => match i8::try_from(off) {
+            Ok(off) if cfa != Cfa::MT_CFA_PLT => (Rbp::MT_RBP_AT, off),
+            _ => (Rbp::MT_RBP_LOST, plt),
+        },
+        _ => (Rbp::MT_RBP_LOST, plt),
+    };
+    Row::rule(cfa, cfa_off, rbp, rbp_off)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rsp(off: i16) -> Row {
+        Row::rule(Cfa::MT_CFA_RSP, off, Rbp::MT_RBP_SAME, 0)
+    }
+
+    /// Check that rows merge where the rule repeats, and that a gap between
+    /// FDEs starts a NONE row.
+    #[test]
+    fn unwind_rows_merge_and_mark_gaps() {
+        let spans = [
+            (0x10, 0x14, rsp(8)),
+            (0x14, 0x20, rsp(8)),
+            (0x30, 0x40, rsp(16)),
+        ];
+        let rows = merge(&spans);
+        let none = Row::rule(Cfa::MT_CFA_NONE, 0, Rbp::MT_RBP_SAME, 0);
+        assert_eq!(
+            rows,
+            [
+                Row { pc: 0x10, ..rsp(8) },
+                Row { pc: 0x20, ..none },
+                Row {
+                    pc: 0x30,
+                    ..rsp(16)
+                },
+                Row { pc: 0x40, ..none },
+            ]
+        );
+    }
+
+    /// Check that the page index points each page at its first row, and
+    /// a page without rows at the next row above it.
+    #[test]
+    fn unwind_page_index() {
+        let table = Table {
+            bias: 0,
+            rows: [0x1010, 0x1ff0, 0x3004, 0x3008]
+                .map(|pc| Row { pc, ..rsp(8) })
+                .to_vec(),
+            source: ".eh_frame",
+        };
+        // Pages 0x1000, 0x2000 (no row), 0x3000; then the end.
+        assert_eq!(table.page_index(100), [100, 102, 102, 104]);
+    }
+
+    /// Check that Debian's libc compiles: rsp- and rbp-based rows, the PLT
+    /// expression, the signal trampoline and an outermost frame.
+    #[test]
+    fn unwind_compiles_libc() {
+        let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
+        let Compiled::Table(table) = compile(&data).expect("compiles") else {
+            panic!("libc has CFI");
+        };
+        let kinds: std::collections::HashSet<u32> = table.rows.iter().map(|r| r.cfa().0).collect();
+        for kind in [
+            Cfa::MT_CFA_RSP,
+            Cfa::MT_CFA_RBP,
+            Cfa::MT_CFA_END,
+            Cfa::MT_CFA_SIGNAL,
+        ] {
+            assert!(kinds.contains(&kind.0), "{kind:?} missing");
+        }
+        assert!(table.rows.windows(2).all(|w| w[0].pc < w[1].pc));
+    }
+}
