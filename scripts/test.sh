@@ -18,4 +18,7 @@ cargo test --quiet --test ffi_header
 echo "== BPF stack budget" >&2
 scripts/check-bpf-stack.sh
 echo "== cargo test" >&2
+# The C and Python clients link libmemtrail.so, which cargo test does not
+# build by itself.
+cargo build --lib --quiet
 cargo test

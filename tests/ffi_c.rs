@@ -20,7 +20,7 @@ fn client() -> &'static Path {
             .to_owned();
         assert!(
             lib_dir.join("libmemtrail.so").exists(),
-            "no libmemtrail.so in {}",
+            "no libmemtrail.so in {}: run `cargo build --lib` first (scripts/test.sh does)",
             lib_dir.display()
         );
         let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ffi-client");

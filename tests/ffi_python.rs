@@ -17,7 +17,11 @@ fn ffi_python_region_exact() {
         .and_then(Path::parent)
         .expect("target dir")
         .join("libmemtrail.so");
-    assert!(lib.exists(), "no {}", lib.display());
+    assert!(
+        lib.exists(),
+        "no {}: run `cargo build --lib` first (scripts/test.sh does)",
+        lib.display()
+    );
     let out = Command::new("python3")
         .arg(root.join("examples/regions.py"))
         .env("MEMTRAIL_LIB", &lib)
