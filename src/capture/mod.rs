@@ -425,10 +425,7 @@ pub(crate) fn loss_advice(
         .filter(|&(room, n)| n != 0 && room.option != "fixed")
         .map(|(room, _)| {
             let needed = (crate::pressure::RECORDS_PER_THREAD * threads + 1) * room.record;
-            let mut size = room.capacity;
-            while size - crate::pressure::watermark_bytes(size, percent) < needed {
-                size *= 2;
-            }
+            let size = crate::pressure::min_ring_size(room.capacity, percent, needed);
             format!("{} {size}", room.option)
         })
         .collect();

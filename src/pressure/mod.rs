@@ -189,6 +189,16 @@ pub fn min_room(record: u64, cpus: u64) -> u64 {
     (RECORDS_PER_THREAD * cpus.max(1) + 1) * record
 }
 
+/// The smallest ring, doubling from `capacity`, that leaves `needed` bytes
+/// above a `percent` watermark.
+pub fn min_ring_size(capacity: u64, percent: u8, needed: u64) -> u64 {
+    let mut size = capacity;
+    while size - watermark_bytes(size, percent) < needed {
+        size *= 2;
+    }
+    size
+}
+
 /// A ring whose room above the watermark is too small.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
@@ -219,10 +229,7 @@ pub fn check_room(rings: &[RingRoom], percent: u8, cpus: u64) -> Result<(), Room
         let needed = min_room(ring.record, cpus);
         if room < needed {
             let max_percent = ring.capacity.saturating_sub(needed) * 100 / ring.capacity;
-            let mut min_size = ring.capacity;
-            while min_size - watermark_bytes(min_size, percent) < needed {
-                min_size *= 2;
-            }
+            let min_size = min_ring_size(ring.capacity, percent, needed);
             return Err(RoomError {
                 name: ring.name,
                 option: ring.option,
