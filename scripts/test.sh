@@ -21,4 +21,6 @@ echo "== cargo test" >&2
 # The C and Python clients link libmemtrail.so, which cargo test does not
 # build by itself.
 cargo build --lib --quiet
-cargo test
+# --no-fail-fast: one failing binary does not hide the others; the timeout
+# turns a hang the tests own watchdogs miss into a failure within CI's limit.
+timeout --kill-after=60 70m cargo test --no-fail-fast

@@ -9,6 +9,7 @@ mod common;
 use std::ffi::OsString;
 use std::fs;
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -104,17 +105,36 @@ fn cli_output_onto_fifo_streams() {
     );
     assert_eq!(dir_entries(dir.path()), ["fifo"], "the command ran");
 
-    // A reader first (non-blocking, so it need not wait for a writer); the
-    // profile (a few KiB) fits in the pipe, so memtrail never waits for it.
-    let mut reader = fs::OpenOptions::new()
+    // A reader first (non-blocking, so it need not wait for a writer), and a
+    // writer of our own that keeps the reader from seeing end-of-file before
+    // memtrail opens the FIFO. The reader drains on a thread while memtrail
+    // runs: the profile need not fit in the pipe (its capacity shrinks to
+    // one page when the user's pipe allowance is spent).
+    let reader = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(&fifo)
         .expect("open the FIFO for reading");
+    let holder = fs::OpenOptions::new()
+        .write(true)
+        .open(&fifo)
+        .expect("open the FIFO for writing");
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let fd = reader.as_raw_fd();
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK), 0);
+    }
+    let drain = std::thread::spawn(move || {
+        let mut reader = reader;
+        let mut bytes = Vec::new();
+        reader.read_to_end(&mut bytes).expect("read the FIFO");
+        bytes
+    });
     let (code, stderr) = run_marked(&["--output".into(), fifo.clone().into()], dir.path());
+    drop(holder);
+    let bytes = drain.join().expect("reader thread");
     assert_eq!(code, 0, "{stderr}");
-    let mut bytes = Vec::new();
-    reader.read_to_end(&mut bytes).expect("read the FIFO");
     parse_profile(&bytes);
     assert!(file_type(&fifo).is_fifo(), "the FIFO was replaced");
     assert_eq!(dir_entries(dir.path()), ["fifo", "marker"]);

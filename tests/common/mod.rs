@@ -207,6 +207,32 @@ pub fn dir_entries(dir: &Path) -> Vec<String> {
     names
 }
 
+/// How long a test lets one memtrail run go before it kills it: far above
+/// any run of the suite (the longest take seconds), so it only turns a hang
+/// into a failing test instead of a CI job that runs out of time.
+const HANG_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Kills a memtrail that hangs (SIGKILL after [`HANG_LIMIT`]) unless
+/// disarmed first.
+struct Watchdog(std::sync::mpsc::Sender<()>);
+
+impl Watchdog {
+    fn new(pid: u32) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if rx.recv_timeout(HANG_LIMIT) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                // SAFETY: kill(2) on the child we have not reaped yet.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+        });
+        Self(tx)
+    }
+
+    fn disarm(self) {
+        let _ = self.0.send(());
+    }
+}
+
 /// Runs `memtrail ARGS` with `stdin` as its standard input and collects
 /// everything it printed. Returns memtrail's pid, exit status, stdout and
 /// stderr.
@@ -237,7 +263,9 @@ pub fn memtrail_env(
     // The command may exit without reading its input: a broken pipe is fine.
     let _ = input.write_all(stdin);
     drop(input);
+    let watchdog = Watchdog::new(pid);
     let output = child.wait_with_output().expect("wait for memtrail");
+    watchdog.disarm();
     (
         pid,
         output.status,
