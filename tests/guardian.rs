@@ -18,7 +18,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{MEMTRAIL, fixture};
+use common::{MEMTRAIL, cgroup_frozen, fixture};
 use memtrail::sys;
 
 /// Bound on every wait for something that must happen.
@@ -129,23 +129,6 @@ fn thread_states(pid: i32) -> Vec<char> {
             rest.trim_start().chars().next()
         })
         .collect()
-}
-
-/// Whether the cgroup v2 of process `pid` reports itself frozen.
-fn cgroup_frozen(pid: i32) -> bool {
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    let Some(root) = mounts.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        (f.get(2) == Some(&"cgroup2")).then(|| f[1].to_owned())
-    }) else {
-        return false;
-    };
-    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let Some(path) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
-        return false;
-    };
-    std::fs::read_to_string(format!("{root}{path}/cgroup.events"))
-        .is_ok_and(|e| e.lines().any(|l| l == "frozen 1"))
 }
 
 /// The session id of process `pid`, from `/proc/PID/stat`.
@@ -260,7 +243,7 @@ fn guardian_survives_process_group_kill() {
     let deadline = Instant::now() + GUARD;
     loop {
         let states = thread_states(storm);
-        let paused = states.iter().all(|&s| s == 'T') || cgroup_frozen(storm);
+        let paused = states.iter().all(|&s| s == 'T') || cgroup_frozen(storm as u32);
         if states.len() > 1 && paused {
             break;
         }

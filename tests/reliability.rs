@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{fixture, memtrail_bin, wait_or_kill};
+use common::{cgroup2_mount, fixture, memtrail_bin, wait_or_kill};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -464,18 +464,6 @@ fn pressure_vfork_tree_meets_finite_timeout() {
     let longest = p["pressure"]["longest_pause_ns"].as_u64().unwrap();
     assert!(longest < 250_000_000, "{}", p["pressure"]);
     assert_eq!(allocations_of(p, 45678), 8 * ROUNDS);
-}
-
-/// The cgroup v2 mount point, from /proc/mounts.
-fn cgroup2_mount() -> PathBuf {
-    let mounts = fs::read_to_string("/proc/mounts").expect("read /proc/mounts");
-    mounts
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
-        })
-        .expect("a cgroup2 mount")
 }
 
 /// Directories named `name` under `dir`, recursively.

@@ -543,3 +543,28 @@ pub fn wait_or_kill(
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// The cgroup v2 mount point, from /proc/mounts.
+pub fn cgroup2_mount() -> PathBuf {
+    let mounts = fs::read_to_string("/proc/mounts").expect("read /proc/mounts");
+    mounts
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
+        })
+        .expect("a cgroup2 mount")
+}
+
+/// Whether the cgroup v2 of process `pid` reports itself frozen (how a
+/// pressure pause holds the tree; a process there is not in state T).
+pub fn cgroup_frozen(pid: u32) -> bool {
+    let own = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let Some(path) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return false;
+    };
+    let events = cgroup2_mount()
+        .join(path.trim_start_matches('/'))
+        .join("cgroup.events");
+    fs::read_to_string(events).is_ok_and(|e| e.lines().any(|l| l == "frozen 1"))
+}
