@@ -439,7 +439,7 @@ fn run_poller(
             // As the capture's pollers do (src/engine), paced while busy.
             let mut consumed = 0;
             while !stop.load(Ordering::Relaxed) {
-                idle.pace(consumed, ring.size() as u64);
+                idle.pace(consumed, ring.size() as u64, || false);
                 let before = ring.position();
                 if ring.poll(&mut f) == 0 {
                     waits += 1;

@@ -19,7 +19,9 @@
 //! other core also slows the tracked program on this VM. Paced, a look takes
 //! a batch of records for one round of misses, and the poller uses a few
 //! percent of a core instead of all of it (`perf/RESULTS.md`). It adds at
-//! most [`BUSY_PACE`] plus timer slack to the delivery latency. A look that
+//! most [`BUSY_PACE`] plus timer slack to the delivery latency, and nothing
+//! to a barrier's: a raised barrier ends pace sleeps and naps (they wait on
+//! the barrier's eventfd, `epoll_pwait2`, where the poller has one). A look that
 //! took more than 1/[`FAST_FILL`] of the ring means producers could fill
 //! it during a sleep: the poller then looks again at once. Only the
 //! high-rate rings are paced (`Pipeline::paced`): attach requests hold a
@@ -86,6 +88,10 @@ impl SleepFlag {
 pub struct DeepSleep {
     flag: SleepFlag,
     epoll: OwnedFd,
+    /// The barrier's kick alone: pace sleeps and naps end when a barrier
+    /// is raised (the ring, readable while records wait, would end them at
+    /// once).
+    kick: OwnedFd,
 }
 
 impl DeepSleep {
@@ -97,7 +103,15 @@ impl DeepSleep {
         kick: BorrowedFd<'_>,
     ) -> std::io::Result<Self> {
         let epoll = crate::sys::epoll_for(&[(ring, false), (kick, true)]).map_err(|e| e.source)?;
-        Ok(Self { flag, epoll })
+        let kick = crate::sys::epoll_for(&[(kick, true)]).map_err(|e| e.source)?;
+        Ok(Self { flag, epoll, kick })
+    }
+
+    /// Sleeps `timeout`, or less if a barrier is raised meanwhile (or was
+    /// since the last wait: the kick is edge-triggered, so an old edge ends
+    /// one wait early, never a later one late).
+    fn nap(&self, timeout: Duration) {
+        crate::sys::epoll_wait_for(self.kick.as_fd(), timeout);
     }
 
     /// Raises the flag; sleeps unless `still_idle` (checked after raising
@@ -158,17 +172,28 @@ impl IdleWait {
     /// Called before each look at a ring of `ring_size` bytes, with the
     /// bytes the previous look consumed. After a look that consumed some,
     /// but not more than 1/[`FAST_FILL`] of the ring, sleeps until
-    /// [`BUSY_PACE`] has passed since that look began.
-    pub fn pace(&mut self, consumed: u64, ring_size: u64) {
-        if consumed > 0 && consumed <= ring_size / FAST_FILL {
+    /// [`BUSY_PACE`] has passed since that look began, unless `barrier`
+    /// says a barrier waits (checked before, and the sleep ends when one is
+    /// raised: a snapshot does not wait out the pace).
+    pub fn pace(&mut self, consumed: u64, ring_size: u64, barrier: impl FnOnce() -> bool) {
+        if consumed > 0 && consumed <= ring_size / FAST_FILL && !barrier() {
             if let Some(left) = self
                 .busy_since
                 .and_then(|since| BUSY_PACE.checked_sub(since.elapsed()))
             {
-                std::thread::sleep(left);
+                self.sleep(left);
             }
         }
         self.busy_since = Some(Instant::now());
+    }
+
+    /// Sleeps `timeout`, cut short by a barrier where the poller has its
+    /// kick.
+    fn sleep(&self, timeout: Duration) {
+        match &self.deep {
+            Some(deep) => deep.nap(timeout),
+            None => std::thread::sleep(timeout),
+        }
     }
 
     /// Nothing to do: spin, yield, nap, then (with deep sleep) block until
@@ -183,7 +208,7 @@ impl IdleWait {
                 return;
             }
         }
-        std::thread::sleep(self.nap);
+        self.sleep(self.nap);
         self.empty_naps += 1;
     }
 

@@ -278,11 +278,13 @@ fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
             idle.idle();
             continue;
         }
+        if p.paced {
+            idle.pace(consumed, p.ring.size() as u64, || {
+                barrier.requested() > acked
+            });
+        }
         let wanted = barrier.requested();
         let mut handed = 0;
-        if p.paced {
-            idle.pace(consumed, p.ring.size() as u64);
-        }
         let before = p.ring.position();
         if p.fault != Fault::Stall || wanted > 0 {
             handed = p.ring.poll(&mut |rec: &[u8]| record(&mut p.sink, rec));

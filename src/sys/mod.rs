@@ -1059,6 +1059,31 @@ pub fn epoll_for(fds: &[(std::os::fd::BorrowedFd<'_>, bool)]) -> SysResult<Owned
     Ok(ep)
 }
 
+/// Waits on an epoll instance for at most `timeout`, to the microsecond
+/// (epoll_pwait2); EINTR is a wakeup. Where the kernel lacks epoll_pwait2
+/// (before 5.11), sleeps `timeout` instead.
+pub fn epoll_wait_for(ep: std::os::fd::BorrowedFd<'_>, timeout: std::time::Duration) {
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `events` has room for the 4 events we ask for at most; `ts`
+    // lives for the call; no signal mask.
+    let ret = unsafe {
+        libc::epoll_pwait2(
+            ep.as_raw_fd(),
+            events.as_mut_ptr(),
+            4,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+    if ret < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        std::thread::sleep(timeout);
+    }
+}
+
 /// Waits on an epoll instance for at most `timeout_ms`; EINTR is a wakeup.
 pub fn epoll_wait(ep: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) {
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
