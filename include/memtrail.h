@@ -65,6 +65,54 @@ typedef enum memtrail_error {
 } memtrail_error;
 
 /**
+ * Report formats of `memtrail_write_report` (`memtrail report --format`).
+ */
+typedef enum memtrail_format {
+  /**
+   * The top sites with their metrics and stacks, as text.
+   */
+  MEMTRAIL_FORMAT_TEXT = 0,
+  /**
+   * The ranked sites as a JSON document.
+   */
+  MEMTRAIL_FORMAT_JSON = 1,
+  /**
+   * An SVG flame graph.
+   */
+  MEMTRAIL_FORMAT_FLAMEGRAPH = 2,
+  /**
+   * A gzipped pprof profile.proto.
+   */
+  MEMTRAIL_FORMAT_PPROF = 3,
+  /**
+   * Collapsed stacks (`outer;...;inner VALUE` a line).
+   */
+  MEMTRAIL_FORMAT_FOLDED = 4,
+} memtrail_format;
+
+/**
+ * What `memtrail_write_report` ranks sites by (`memtrail report --by`).
+ */
+typedef enum memtrail_metric {
+  /**
+   * Bytes allocated.
+   */
+  MEMTRAIL_METRIC_BYTES = 0,
+  /**
+   * Allocating calls.
+   */
+  MEMTRAIL_METRIC_COUNT = 1,
+  /**
+   * Bytes live at the tree's peak.
+   */
+  MEMTRAIL_METRIC_PEAK = 2,
+  /**
+   * Bytes still live when their process exited.
+   */
+  MEMTRAIL_METRIC_LEAKED = 3,
+} memtrail_metric;
+
+/**
  * A session handle (opaque).
  */
 typedef struct memtrail_session memtrail_session;
@@ -254,6 +302,28 @@ enum memtrail_error memtrail_wait(const struct memtrail_session *session, int *e
  */
 enum memtrail_error memtrail_write_profile(const struct memtrail_session *session,
                                            const char *path);
+
+/**
+ * Renders the report of the profile at `profile_path` (one
+ * `memtrail_write_profile` or `memtrail run` wrote) into `out_path`, as
+ * `memtrail report` does: whole or not at all; `-` is standard output.
+ * `format` is a `memtrail_format`, `by` a `memtrail_metric` (passed as
+ * integers: a value outside them is `MEMTRAIL_E_INVALID`, never undefined
+ * behaviour); `top` keeps the first `top` sites, 0 all of them. Needs no
+ * session and no privilege; any thread may call it.
+ *
+ * Errors: `MEMTRAIL_E_NULL`, `MEMTRAIL_E_INVALID` (format, metric, or a
+ * file that is not a profile this memtrail reads), `MEMTRAIL_E_NOT_FOUND`
+ * (no profile at `profile_path`), `MEMTRAIL_E_OUTPUT`.
+ *
+ * # Safety
+ * `profile_path` and `out_path` are NULL or NUL-terminated strings.
+ */
+enum memtrail_error memtrail_write_report(const char *profile_path,
+                                          const char *out_path,
+                                          uint32_t format,
+                                          uint32_t by,
+                                          uint32_t top);
 
 /**
  * The message of the calling thread's last error ("" if none). Valid

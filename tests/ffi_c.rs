@@ -75,6 +75,33 @@ fn ffi_c_spawn_writes_profile() {
     assert!(json.get("totals").is_some(), "{text}");
 }
 
+/// Check that a C program renders a profile's reports through the C ABI
+/// (text ranked by count with its top 3 sites, a gzipped pprof), and that
+/// each error of `memtrail_write_report` returns its code.
+#[test]
+fn ffi_c_write_report() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |name: &str| dir.path().join(name).to_str().expect("UTF-8").to_owned();
+    let (profile, text, pprof) = (path("profile.json"), path("report.txt"), path("p.pb.gz"));
+    run(&["spawn", &profile]);
+    run(&["report", &profile, &text, &pprof]);
+    let report = std::fs::read_to_string(&text).expect("text report written");
+    let expected = std::process::Command::new(env!("CARGO_BIN_EXE_memtrail"))
+        .args(["report", "--by", "count", "--top", "3", &profile])
+        .output()
+        .expect("memtrail report");
+    assert!(expected.status.success());
+    assert_eq!(report, String::from_utf8_lossy(&expected.stdout));
+    let pb = std::fs::read(&pprof).expect("pprof written");
+    assert_eq!(pb[..2], [0x1f, 0x8b], "not gzip");
+    let mut names: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["p.pb.gz", "profile.json", "report.txt"]);
+}
+
 /// Check that every error path of the C ABI returns its code: NULL
 /// pointers, bad options, sizes too small, a freed (double-freed) or bogus
 /// session handle, a missing command, no region open.

@@ -23,6 +23,12 @@ fn generate() -> String {
         usize_is_size_t: true,
         sys_includes: vec!["stddef.h".into(), "stdint.h".into()],
         no_includes: true,
+        // Passed as integers (a bad value is an error code, not UB), so
+        // no signature names them.
+        export: cbindgen::ExportConfig {
+            include: vec!["memtrail_format".into(), "memtrail_metric".into()],
+            ..Default::default()
+        },
         enumeration: cbindgen::EnumConfig {
             prefix_with_name: false,
             ..Default::default()

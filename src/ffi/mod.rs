@@ -679,6 +679,114 @@ pub unsafe extern "C" fn memtrail_write_profile(
     })
 }
 
+/// Report formats of `memtrail_write_report` (`memtrail report --format`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum memtrail_format {
+    /// The top sites with their metrics and stacks, as text.
+    MEMTRAIL_FORMAT_TEXT = 0,
+    /// The ranked sites as a JSON document.
+    MEMTRAIL_FORMAT_JSON = 1,
+    /// An SVG flame graph.
+    MEMTRAIL_FORMAT_FLAMEGRAPH = 2,
+    /// A gzipped pprof profile.proto.
+    MEMTRAIL_FORMAT_PPROF = 3,
+    /// Collapsed stacks (`outer;...;inner VALUE` a line).
+    MEMTRAIL_FORMAT_FOLDED = 4,
+}
+
+/// What `memtrail_write_report` ranks sites by (`memtrail report --by`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum memtrail_metric {
+    /// Bytes allocated.
+    MEMTRAIL_METRIC_BYTES = 0,
+    /// Allocating calls.
+    MEMTRAIL_METRIC_COUNT = 1,
+    /// Bytes live at the tree's peak.
+    MEMTRAIL_METRIC_PEAK = 2,
+    /// Bytes still live when their process exited.
+    MEMTRAIL_METRIC_LEAKED = 3,
+}
+
+/// Renders the report of the profile at `profile_path` (one
+/// `memtrail_write_profile` or `memtrail run` wrote) into `out_path`, as
+/// `memtrail report` does: whole or not at all; `-` is standard output.
+/// `format` is a `memtrail_format`, `by` a `memtrail_metric` (passed as
+/// integers: a value outside them is `MEMTRAIL_E_INVALID`, never undefined
+/// behaviour); `top` keeps the first `top` sites, 0 all of them. Needs no
+/// session and no privilege; any thread may call it.
+///
+/// Errors: `MEMTRAIL_E_NULL`, `MEMTRAIL_E_INVALID` (format, metric, or a
+/// file that is not a profile this memtrail reads), `MEMTRAIL_E_NOT_FOUND`
+/// (no profile at `profile_path`), `MEMTRAIL_E_OUTPUT`.
+///
+/// # Safety
+/// `profile_path` and `out_path` are NULL or NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memtrail_write_report(
+    profile_path: *const c_char,
+    out_path: *const c_char,
+    format: u32,
+    by: u32,
+    top: u32,
+) -> memtrail_error {
+    use crate::render::{Format, Metric, ReportError};
+    guard(|| {
+        if profile_path.is_null() || out_path.is_null() {
+            return fail(MEMTRAIL_E_NULL, "a path is NULL");
+        }
+        let format = match format {
+            0 => Format::Text,
+            1 => Format::Json,
+            2 => Format::Flamegraph,
+            3 => Format::Pprof,
+            4 => Format::Folded,
+            n => return fail(MEMTRAIL_E_INVALID, &format!("no report format {n}")),
+        };
+        let by = match by {
+            0 => Metric::Bytes,
+            1 => Metric::Count,
+            2 => Metric::Peak,
+            3 => Metric::Leaked,
+            n => return fail(MEMTRAIL_E_INVALID, &format!("no metric {n}")),
+        };
+        // SAFETY: NUL-terminated (`# Safety`).
+        let (profile_path, out_path) = unsafe {
+            (
+                std::path::Path::new(OsStr::from_bytes(CStr::from_ptr(profile_path).to_bytes())),
+                std::path::Path::new(OsStr::from_bytes(CStr::from_ptr(out_path).to_bytes())),
+            )
+        };
+        let profile = match crate::render::load_profile(profile_path) {
+            Ok(p) => p,
+            Err(err) => {
+                let code = match &err {
+                    ReportError::Read { source, .. }
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        MEMTRAIL_E_NOT_FOUND
+                    }
+                    ReportError::Output(_) | ReportError::Stdout(_) => MEMTRAIL_E_OUTPUT,
+                    _ => MEMTRAIL_E_INVALID,
+                };
+                return fail(code, &error_chain(&err));
+            }
+        };
+        let opts = crate::render::ReportOptions {
+            format,
+            by,
+            top: Some(top as usize),
+        };
+        let result = crate::report::OutputFile::create(out_path)
+            .and_then(|out| crate::render::write_report_file(&profile, &opts, out));
+        match result {
+            Ok(()) => MEMTRAIL_OK,
+            Err(err) => fail(MEMTRAIL_E_OUTPUT, &error_chain(&err)),
+        }
+    })
+}
+
 /// The message of the calling thread's last error ("" if none). Valid
 /// until the thread's next failing call.
 #[unsafe(no_mangle)]

@@ -93,6 +93,29 @@ static int spawn(const char *profile)
 	return 0;
 }
 
+/* Renders PROFILE as a text report (by count, top 3) into TEXT and as a
+ * pprof into PPROF; then every error path of memtrail_write_report. */
+static int report(const char *profile, const char *text, const char *pprof)
+{
+	CHECK(memtrail_write_report(profile, text, MEMTRAIL_FORMAT_TEXT,
+				    MEMTRAIL_METRIC_COUNT, 3) == MEMTRAIL_OK);
+	CHECK(memtrail_write_report(profile, pprof, MEMTRAIL_FORMAT_PPROF,
+				    MEMTRAIL_METRIC_BYTES, 0) == MEMTRAIL_OK);
+	CHECK(memtrail_write_report(NULL, text, 0, 0, 0) == MEMTRAIL_E_NULL);
+	CHECK(memtrail_write_report(profile, NULL, 0, 0, 0) == MEMTRAIL_E_NULL);
+	CHECK(memtrail_write_report(profile, text, 99, 0, 0) == MEMTRAIL_E_INVALID);
+	CHECK(memtrail_write_report(profile, text, 0, 99, 0) == MEMTRAIL_E_INVALID);
+	CHECK(memtrail_write_report("/nonexistent-dir/p.json", text, 0, 0, 0) ==
+	      MEMTRAIL_E_NOT_FOUND);
+	/* A file that is not a profile: the report is not written. */
+	CHECK(memtrail_write_report("/proc/self/stat", "/nonexistent-dir/r", 0, 0,
+				    0) == MEMTRAIL_E_INVALID);
+	CHECK(memtrail_write_report(profile, "/nonexistent-dir/report.txt", 0, 0,
+				    0) == MEMTRAIL_E_OUTPUT);
+	CHECK(strlen(memtrail_last_error()) > 0);
+	return 0;
+}
+
 static int errors(void)
 {
 	memtrail_options opts;
@@ -167,8 +190,10 @@ int main(int argc, char **argv)
 		return track_self();
 	if (argc == 3 && !strcmp(argv[1], "spawn"))
 		return spawn(argv[2]);
+	if (argc == 5 && !strcmp(argv[1], "report"))
+		return report(argv[2], argv[3], argv[4]);
 	if (argc == 2 && !strcmp(argv[1], "errors"))
 		return errors();
-	fprintf(stderr, "usage: client self|spawn PROFILE|errors\n");
+	fprintf(stderr, "usage: client self|spawn PROFILE|report PROFILE TEXT PPROF|errors\n");
 	return 2;
 }
