@@ -211,7 +211,7 @@ struct inflight {
 	__u64 stack_id; /* the outermost call's stack, 0 if none */
 	__u64 sp;       /* stack pointer at the outermost call's entry */
 	/* Stack of a C++ operator new entered on this thread, for the
-	 * allocator call it makes (see new_enter). */
+	 * allocator call it makes (see alloc_enter). */
 	__u64 new_stack_id;
 	__u64 new_sp;
 	__u64 cookie; /* attach cookie of the outermost call */
@@ -1191,6 +1191,37 @@ static __always_inline __u64 old_ptr(const struct inflight *call)
 	return arg(call, ptr);
 }
 
+/*
+ * C++ operator new's part of alloc_enter. No uretprobe on new: its return
+ * address would be the uretprobe trampoline, which C++ unwinders cannot
+ * step through, so a std::bad_alloc thrown out of new would terminate the
+ * program. new is not counted itself (the malloc it calls is); it captures
+ * the stack, whose first frame is the user's new expression, for that
+ * malloc to use.
+ */
+static __always_inline int new_enter(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = current_ids();
+	struct inflight *cur;
+
+	if (!stack_depth)
+		return 0;
+	cur = current_call();
+	if (!cur)
+		return 0;
+	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx)))
+		return 0; /* new called from inside an allocator: no new site */
+	cur->new_stack_id = capture_stack(ctx, pid_tgid >> 32);
+	cur->new_sp = PT_REGS_SP(ctx);
+	return 0;
+}
+
+/*
+ * Entry of an allocating call, or of C++ operator new (MT_CK_NEW in the
+ * cookie). One program for both: the verifier checks walk_stack, a global
+ * function and most of the load time, once per program, so one program
+ * rather than two halves it.
+ */
 SEC("uprobe.multi")
 int alloc_enter(struct pt_regs *ctx)
 {
@@ -1198,6 +1229,8 @@ int alloc_enter(struct pt_regs *ctx)
 	struct inflight *cur;
 	__u64 old;
 
+	if ((bpf_get_attach_cookie(ctx) >> MT_CK_FLAGS_SHIFT) & MT_CK_NEW)
+		return new_enter(ctx);
 	cur = current_call_ids(&pid_tgid);
 	if (!cur)
 		return 0;
@@ -1220,31 +1253,6 @@ int alloc_enter(struct pt_regs *ctx)
 	if (old)
 		emit_event(event_clock(cur), pid_tgid, MT_REALLOC_BEGIN, 0, old, 0, 0,
 			   0);
-	return 0;
-}
-
-/*
- * Entry of C++ operator new. No uretprobe here: its return address would be
- * the uretprobe trampoline, which C++ unwinders cannot step through, so a
- * std::bad_alloc thrown out of new would terminate the program. new is not
- * counted itself (the malloc it calls is); it captures the stack, whose
- * first frame is the user's new expression, for that malloc to use.
- */
-SEC("uprobe.multi")
-int new_enter(struct pt_regs *ctx)
-{
-	__u64 pid_tgid = current_ids();
-	struct inflight *cur;
-
-	if (!stack_depth)
-		return 0;
-	cur = current_call();
-	if (!cur)
-		return 0;
-	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx)))
-		return 0; /* new called from inside an allocator: no new site */
-	cur->new_stack_id = capture_stack(ctx, pid_tgid >> 32);
-	cur->new_sp = PT_REGS_SP(ctx);
 	return 0;
 }
 

@@ -60,6 +60,9 @@ enum mt_cookie_flags {
 	MT_CK_OUT_PTR = 1,
 	/* Resizes in place and returns the new size (jemalloc's xallocx). */
 	MT_CK_RESULT_IS_SIZE = 2,
+	/* C++ operator new: captures the stack for the allocator call it
+	 * makes, makes no record itself (see alloc_enter). */
+	MT_CK_NEW = 4,
 };
 
 /* Rings, as indices of the pollers' `sleeping` flags. */

@@ -134,6 +134,21 @@ pub struct Site {
     pub emulated: bool,
 }
 
+impl Site {
+    /// The site's attach cookie: its kind and argument layout, and for
+    /// operator new the flag that tells `alloc_enter` to only capture the
+    /// stack.
+    pub fn cookie(&self) -> u64 {
+        let new = if self.role == Role::New {
+            u64::from(crate::skel::memtrail::types::mt_cookie_flags::MT_CK_NEW.0)
+                << crate::skel::memtrail::types::mt_cookie_layout::MT_CK_FLAGS_SHIFT.0
+        } else {
+            0
+        };
+        self.abi.cookie(self.kind) | new
+    }
+}
+
 impl fmt::Display for Site {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -479,13 +494,12 @@ impl Drop for Links {
 }
 
 /// The programs allocator sites take, as program fds (sendable to the
-/// attach worker): entry and return of allocating calls, entry of frees,
-/// entry of C++ operator new.
+/// attach worker): entry of allocating calls and of C++ operator new (told
+/// apart by the cookie), return of allocating calls, entry of frees.
 pub struct AllocPrograms {
     pub enter: OwnedFd,
     pub ret: OwnedFd,
     pub free: OwnedFd,
-    pub new: OwnedFd,
 }
 
 impl AllocPrograms {
@@ -496,7 +510,6 @@ impl AllocPrograms {
             enter: p.alloc_enter.as_fd().try_clone_to_owned()?,
             ret: p.alloc_return.as_fd().try_clone_to_owned()?,
             free: p.free_enter.as_fd().try_clone_to_owned()?,
-            new: p.new_enter.as_fd().try_clone_to_owned()?,
         })
     }
 }
@@ -524,14 +537,14 @@ pub fn attach_sites(
         (progs.enter.as_fd(), false, &allocs),
         (progs.ret.as_fd(), true, &allocs),
         (progs.free.as_fd(), false, &frees),
-        (progs.new.as_fd(), false, &news),
+        (progs.enter.as_fd(), false, &news),
     ];
     for (prog, retprobe, group) in groups {
         let Some(first) = group.first() else {
             continue;
         };
         let offsets: Vec<u64> = group.iter().map(|s| s.offset).collect();
-        let cookies: Vec<u64> = group.iter().map(|s| s.abi.cookie(s.kind)).collect();
+        let cookies: Vec<u64> = group.iter().map(|s| s.cookie()).collect();
         let link = crate::sys::uprobe_multi(prog, &first.image, &offsets, &cookies, retprobe)
             .map_err(|err| uprobe_error(group, err))?;
         links.push_fd(link);
