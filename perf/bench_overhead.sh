@@ -39,7 +39,7 @@ per_run=()
 for r in $(seq "$rounds"); do
   t0=$(now)
   for _ in $(seq "$n"); do
-    "$mt" run -q -o "$out/p.json" -- "$out/work"
+    "$mt" run -q --force -o "$out/p.json" -- "$out/work"
   done
   t1=$(now)
   "$mt" --log info bench -q --dir "$out/b" --runs "$n" --name work --format json \

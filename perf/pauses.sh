@@ -28,7 +28,7 @@ for pause in freeze sigstop; do
     for ring in 64K 1M; do
       for _ in $(seq "$rounds"); do
         stops=$(MEMTRAIL_FAULT=$faults target/release/memtrail run -q --ring-size "$ring" \
-          --pressure-timeout inf -o "$out/p.json" -- "$out/wuntraced" "$out/storm" "$mode" "$n" |
+          --pressure-timeout inf --force -o "$out/p.json" -- "$out/wuntraced" "$out/storm" "$mode" "$n" |
           sed -n 's/^stops=//p')
         python3 - "$out/p.json" "$pause" "$mode" "$ring" "$stops" <<'PY'
 import json, sys

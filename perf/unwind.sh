@@ -49,7 +49,7 @@ def prog_stats(pid):
 
 def chain_run(exe, args):
     out = f"{work}/chain.json"
-    p = subprocess.Popen([memtrail, "run", "-q", "-o", out, *args, "--", exe, str(N)],
+    p = subprocess.Popen([memtrail, "run", "-q", "--force", "-o", out, *args, "--", exe, str(N)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert p.stdout.readline() == b"ready\n"
     ns, cnt = prog_stats(p.pid)
@@ -111,8 +111,8 @@ for name, args in workloads:
     t = {k: [] for k in ("bare", "auto", "fp", "heaptrack")}
     for _ in range(rounds):
         t["bare"].append(wall([py, *args]))
-        t["auto"].append(wall([memtrail, "run", "-q", "-o", f"{work}/p.json", "--", py, *args], cache_env))
-        t["fp"].append(wall([memtrail, "run", "-q", "-o", f"{work}/p.json", "--unwind", "fp", "--", py, *args], cache_env))
+        t["auto"].append(wall([memtrail, "run", "-q", "--force", "-o", f"{work}/p.json", "--", py, *args], cache_env))
+        t["fp"].append(wall([memtrail, "run", "-q", "--force", "-o", f"{work}/p.json", "--unwind", "fp", "--", py, *args], cache_env))
         t["heaptrack"].append(wall(["heaptrack", "-o", f"{work}/ht", py, *args]))
         for f in os.listdir(work):
             if f.startswith("ht"):
@@ -124,10 +124,10 @@ print()
 print(f"## Start-up: memtrail run -- {py} -c pass (seconds, median of {rounds})")
 t = {k: [] for k in ("fp", "cold", "cached")}
 for i in range(rounds):
-    t["fp"].append(wall([memtrail, "run", "-q", "-o", f"{work}/p.json", "--unwind", "fp", "--", py, "-c", "pass"]))
+    t["fp"].append(wall([memtrail, "run", "-q", "--force", "-o", f"{work}/p.json", "--unwind", "fp", "--", py, "-c", "pass"]))
     cold = dict(os.environ, MEMTRAIL_CACHE_DIR=f"{work}/cold{i}")
-    t["cold"].append(wall([memtrail, "run", "-q", "-o", f"{work}/p.json", "--", py, "-c", "pass"], cold))
-    t["cached"].append(wall([memtrail, "run", "-q", "-o", f"{work}/p.json", "--", py, "-c", "pass"], cold))
+    t["cold"].append(wall([memtrail, "run", "-q", "--force", "-o", f"{work}/p.json", "--", py, "-c", "pass"], cold))
+    t["cached"].append(wall([memtrail, "run", "-q", "--force", "-o", f"{work}/p.json", "--", py, "-c", "pass"], cold))
 m = {k: statistics.median(v) for k, v in t.items()}
 print("| --unwind fp | auto, cold cache | auto, cached | added cold | added cached |")
 print("|---:|---:|---:|---:|---:|")
