@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{MEMTRAIL, cgroup_frozen, fixture};
+use common::{KillOnDrop, MEMTRAIL, cgroup_frozen, fixture};
 use serde_json::Value;
 
 const ROUNDS: u64 = 3000;
@@ -186,24 +186,26 @@ fn pressure_memtrail_killed_during_pause_resumes_tree() {
         "threads".into(),
         ROUNDS.to_string().into(),
     ];
-    let mut memtrail = Command::new(MEMTRAIL)
-        .args(&args)
-        .env("MEMTRAIL_FAULT", "wedge-events")
-        .env("STORM_DONE", &done)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut memtrail = KillOnDrop(
+        Command::new(MEMTRAIL)
+            .args(&args)
+            .env("MEMTRAIL_FAULT", "wedge-events")
+            .env("STORM_DONE", &done)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let mut target = 0;
     wait_for("the paused storm", || {
-        target = children(memtrail.id())
+        target = children(memtrail.0.id())
             .into_iter()
             .find(|&c| stopped(c) || cgroup_frozen(c))
             .unwrap_or(0);
         target != 0
     });
-    memtrail.kill().unwrap();
-    memtrail.wait().unwrap();
+    memtrail.0.kill().unwrap();
+    memtrail.0.wait().unwrap();
     wait_for("the storm to finish", || Path::new(&done).exists());
 }
 

@@ -568,3 +568,15 @@ pub fn cgroup_frozen(pid: u32) -> bool {
         .join("cgroup.events");
     fs::read_to_string(events).is_ok_and(|e| e.lines().any(|l| l == "frozen 1"))
 }
+
+/// A child process killed and reaped when dropped, so a test that fails
+/// half-way leaves no memtrail running (a wedged capture with `inf` would
+/// run forever).
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
