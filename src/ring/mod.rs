@@ -43,11 +43,47 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use memmap2::{Mmap, MmapMut, MmapOptions};
 
 /// Set in a record header while the producer still fills it.
-pub const BUSY_BIT: u32 = 1 << 31;
+pub const BUSY_BIT: u32 = libbpf_sys::BPF_RINGBUF_BUSY_BIT;
 /// Set in a record header the producer discarded.
-pub const DISCARD_BIT: u32 = 1 << 30;
+pub const DISCARD_BIT: u32 = libbpf_sys::BPF_RINGBUF_DISCARD_BIT;
 /// Size of the header before each record body.
-pub const HEADER_LEN: usize = 8;
+pub const HEADER_LEN: usize = libbpf_sys::BPF_RINGBUF_HDR_SZ as usize;
+
+/// A record's header word, decoded (the one decoder of the ring's paths).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Header {
+    /// The producer is still writing it.
+    Busy,
+    /// Committed: its body's length, the bytes it takes in the ring, and
+    /// whether the producer discarded it.
+    Ready {
+        body: usize,
+        stride: u64,
+        discarded: bool,
+    },
+    /// A length the kernel never writes (longer than the ring can hold):
+    /// reading on would leave the mapping.
+    Invalid,
+}
+
+impl Header {
+    /// Decodes `word`, the header of a record in a ring of `size` bytes.
+    #[inline]
+    fn decode(word: u32, size: usize) -> Self {
+        if word & BUSY_BIT != 0 {
+            return Self::Busy;
+        }
+        let body = (word & !(BUSY_BIT | DISCARD_BIT)) as usize;
+        if body > size - HEADER_LEN {
+            return Self::Invalid;
+        }
+        Self::Ready {
+            body,
+            stride: ((HEADER_LEN + body + 7) & !7) as u64,
+            discarded: word & DISCARD_BIT != 0,
+        }
+    }
+}
 /// How far ahead of the read position `poll` and `drain_to` prefetch:
 /// 2-8 KiB measured alike (`perf/ring_bench.rs`), and it stays well within
 /// the L1 cache.
@@ -85,6 +121,9 @@ pub struct RingConsumer {
     published: u64,
     /// The highest fill seen: see [`RingConsumer::high_water`].
     high_water: u64,
+    /// A header with a length the kernel never writes was met: consuming
+    /// stopped there (see [`Header::Invalid`]).
+    invalid: bool,
 }
 
 impl RingConsumer {
@@ -123,6 +162,7 @@ impl RingConsumer {
             mask: size as u64 - 1,
             pos: 0,
             published: 0,
+            invalid: false,
             high_water: 0,
         };
         ring.pos = ring.consumer_pos().load(Ordering::Acquire);
@@ -223,7 +263,8 @@ impl RingConsumer {
                 let ahead = pos + PREFETCH_AHEAD + GROUP * last_stride;
                 let fetch = ahead | (CACHE_LINE - 1) < prod;
                 let ahead0 = data.wrapping_add(((pos + PREFETCH_AHEAD) & mask) as usize);
-                let body_len = (last_len & !(BUSY_BIT | DISCARD_BIT)) as usize;
+                // `last_len` decoded as Ready when it was first seen.
+                let body_len = last_len as usize;
                 let mut same = 0;
                 while same < GROUP {
                     let step = (same * last_stride) as usize;
@@ -269,17 +310,17 @@ impl RingConsumer {
             // xchg in bpf_ringbuf_commit(): the body written before the
             // commit is visible once BUSY is clear.
             let len = unsafe { &*rec.cast::<AtomicU32>() }.load(Ordering::Acquire);
-            if len & BUSY_BIT != 0 {
+            let Header::Ready {
+                body,
+                stride,
+                discarded,
+            } = Header::decode(len, size)
+            else {
+                // Busy: the rest is not written yet. Invalid: stop rather
+                // than read outside the mapping.
                 break;
-            }
-            let body = (len & !(BUSY_BIT | DISCARD_BIT)) as usize;
-            if body > size - HEADER_LEN {
-                // The kernel never writes such a length: stop rather than
-                // read outside the mapping.
-                break;
-            }
-            let stride = stride_of(len);
-            if len & DISCARD_BIT == 0 {
+            };
+            if !discarded {
                 // SAFETY: the body starts inside the first copy of the data
                 // area and is at most `size - 8` bytes long, so it ends
                 // inside the second copy: the double mapping keeps a record
@@ -321,6 +362,7 @@ impl RingConsumer {
             match self.take_one(&mut f) {
                 Some(true) => handed += 1,
                 Some(false) => {}
+                None if self.invalid => break,
                 None => {
                     // A producer on another CPU between reserve and
                     // commit: it finishes in bounded time.
@@ -350,19 +392,31 @@ impl RingConsumer {
         // Acquire pairs with the xchg in bpf_ringbuf_commit(): the record
         // body written before the commit is visible once BUSY is clear.
         let len = self.header(self.pos).load(Ordering::Acquire);
-        if len & BUSY_BIT != 0 {
-            return None;
-        }
-        let body = (len & !(BUSY_BIT | DISCARD_BIT)) as usize;
+        let (body, stride, discarded) = match Header::decode(len, self.size()) {
+            Header::Busy => return None,
+            Header::Ready {
+                body,
+                stride,
+                discarded,
+            } => (body, stride, discarded),
+            // A length the kernel never writes: stop here, as `poll` does,
+            // rather than read outside the mapping.
+            Header::Invalid => {
+                if !self.invalid {
+                    tracing::error!(len, pos = self.pos, "ring record with an impossible length");
+                }
+                self.invalid = true;
+                return None;
+            }
+        };
         let start = self.page + (self.pos & self.mask) as usize + HEADER_LEN;
-        let handed = len & DISCARD_BIT == 0;
-        if handed {
+        if !discarded {
             // The body may run past the end of the first copy of the data
             // area into the second: the double mapping keeps it contiguous.
             f(&self.producer[start..start + body]);
         }
-        self.pos += ((HEADER_LEN + body + 7) & !7) as u64;
-        Some(handed)
+        self.pos += stride;
+        Some(!discarded)
     }
 
     /// Returns consumed space to the producers.
@@ -377,13 +431,6 @@ impl RingConsumer {
     }
 }
 
-/// Bytes a record with header word `len` takes in the ring: header and
-/// body, padded to 8 bytes.
-#[inline]
-fn stride_of(len: u32) -> u64 {
-    ((HEADER_LEN + (len & !(BUSY_BIT | DISCARD_BIT)) as usize + 7) & !7) as u64
-}
-
 /// Asks the CPU to bring the line at `at` into L1; a hint that never faults.
 #[inline]
 fn prefetch(at: *const u8) {
@@ -396,4 +443,47 @@ fn prefetch(at: *const u8) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = at;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Check the one header decoder: busy, committed and discarded words,
+    /// the 8-byte padded stride, and a length no ring of this size can hold
+    /// (which `take_one` used to slice with, and panic).
+    #[test]
+    fn ring_header_decode() {
+        let size = 4096;
+        assert_eq!(Header::decode(BUSY_BIT | 24, size), Header::Busy);
+        assert_eq!(
+            Header::decode(13, size),
+            Header::Ready {
+                body: 13,
+                stride: 24,
+                discarded: false
+            }
+        );
+        assert_eq!(
+            Header::decode(DISCARD_BIT | 16, size),
+            Header::Ready {
+                body: 16,
+                stride: 24,
+                discarded: true
+            }
+        );
+        assert_eq!(
+            Header::decode((size - HEADER_LEN) as u32, size),
+            Header::Ready {
+                body: size - HEADER_LEN,
+                stride: size as u64,
+                discarded: false
+            }
+        );
+        assert_eq!(
+            Header::decode((size - HEADER_LEN + 1) as u32, size),
+            Header::Invalid
+        );
+        assert_eq!(Header::decode(DISCARD_BIT - 1, size), Header::Invalid);
+    }
 }
