@@ -462,6 +462,13 @@ pub fn monotonic_ns() -> u64 {
 /// Attaches the BPF program `prog` to `offsets` of the file at `path` in
 /// every process, as one uprobe_multi link (uretprobes with `retprobe`),
 /// each offset with its BPF cookie. Closing the returned fd detaches.
+///
+/// A raw `BPF_LINK_CREATE` rather than libbpf-rs's
+/// `ProgramMut::attach_uprobe_multi_with_opts`: that one needs the
+/// skeleton's program object, which is `!Send` and lives on the session's
+/// thread, while links are made on the attach worker, which holds only
+/// program fds (sendable, dup'ed); and its link owns the program borrow,
+/// where memtrail keeps links as plain fds it can close from any thread.
 pub fn uprobe_multi(
     prog: std::os::fd::BorrowedFd<'_>,
     path: &Path,
