@@ -333,6 +333,14 @@ fn report_missing_fields_exit_65() {
         (&["stacks", "0", "frames", "0", "file"], "file"),
         (&["stacks", "0", "frames", "0", "module"], "module"),
         (&["stacks", "0", "frames", "0", "inlined"], "inlined"),
+        (&["stacks", "0", "frames", "0", "build_id"], "build_id"),
+        (&["stacks", "0", "frames", "0", "offset"], "offset"),
+        (&["stacks", "0", "pid"], "pid"),
+        (&["stacks", "0", "exe"], "exe"),
+        (
+            &["stacks", "0", "live_allocations_at_peak"],
+            "live_allocations_at_peak",
+        ),
     ];
     for (at, field) in cases {
         let mut doc = sites();

@@ -69,7 +69,8 @@ Exit status:
 const REPORT_EXIT_CODES_HELP: &str = "\
 Exit status:
     0    the report was written (or standard output was closed early)
-    2    bad usage
+    2    bad usage (also: --pid or --exe naming no process of the profile,
+         --debuginfo-dir not a directory)
     65   the profile is not a valid memtrail profile (not JSON, another format
          or version, a missing or mistyped field; every field must be there,
          null where the schema allows it)
