@@ -120,6 +120,9 @@ impl AddressSpaces {
 /// Symbolizes stacks of return addresses.
 pub struct StackSymbolizer {
     symbolizer: Symbolizer,
+    /// Build ids of the files symbolized so far (read once per file, not
+    /// once per process).
+    build_ids: std::cell::RefCell<HashMap<PathBuf, Option<String>>>,
 }
 
 impl Default for StackSymbolizer {
@@ -136,7 +139,17 @@ impl StackSymbolizer {
                 .enable_inlined_fns(true)
                 .enable_demangling(true)
                 .build(),
+            build_ids: Default::default(),
         }
+    }
+
+    /// The build id of `path`, read once.
+    fn build_id(&self, path: &Path) -> Option<String> {
+        self.build_ids
+            .borrow_mut()
+            .entry(path.to_owned())
+            .or_insert_with(|| build_id_of(path))
+            .clone()
     }
 
     /// Symbolizes many stacks of one process at once: frames innermost
@@ -162,7 +175,7 @@ impl StackSymbolizer {
         let mut resolved: HashMap<(usize, usize), Vec<Frame>> = HashMap::new();
         for (path, items) in by_file {
             let module = path.display().to_string();
-            let build_id = path.is_absolute().then(|| build_id_of(path)).flatten();
+            let build_id = path.is_absolute().then(|| self.build_id(path)).flatten();
             let offsets: Vec<u64> = items.iter().map(|&(_, _, o)| o).collect();
             let results = if path.is_absolute() {
                 let src = Source::Elf(Elf::new(path));
