@@ -238,8 +238,9 @@ fn report_pprof_decodes() {
             )
         })
         .collect();
-    // Each image from where its file offset 0 is to past its highest
-    // frame, so an address minus `memory_start` is the file offset plus one.
+    // Each image from the page of its lowest frame to past its highest, so
+    // an address minus `memory_start` plus `file_offset` is the frame's
+    // offset plus one.
     assert_eq!(
         mappings,
         [
@@ -247,14 +248,14 @@ fn report_pprof_decodes() {
                 1,
                 SHOP,
                 "5d2c9e0f6a1b3c4d5e6f708192a3b4c5d6e7f801",
-                [0x40_0000, 0x40_3001, 0],
+                [0x40_1000, 0x40_3001, 0x1000],
                 [true; 4]
             ),
             (
                 2,
                 LIBC,
                 "c047672cae7964324658491e7dee26748ae5d2f8",
-                [0x7f00_0000_0000, 0x7f00_0002_9d91, 0],
+                [0x7f00_0002_9000, 0x7f00_0002_9d91, 0x2_9000],
                 [false; 4]
             )
         ]
@@ -424,9 +425,9 @@ fn report_pprof_go_tool_inuse_objects_tags_mappings() {
     assert_eq!(
         mappings,
         [
-            "1: 0x400000/0x403001/0x0 /opt/shop/bin/shop \
+            "1: 0x401000/0x403001/0x1000 /opt/shop/bin/shop \
              5d2c9e0f6a1b3c4d5e6f708192a3b4c5d6e7f801 [FN][FL][LN][IN]",
-            "2: 0x7f0000000000/0x7f0000029d91/0x0 /usr/lib/x86_64-linux-gnu/libc.so.6 \
+            "2: 0x7f0000029000/0x7f0000029d91/0x29000 /usr/lib/x86_64-linux-gnu/libc.so.6 \
              c047672cae7964324658491e7dee26748ae5d2f8",
         ],
         "{out}"

@@ -19,11 +19,13 @@
 //! - Samples carry labels `pid` (a number) and `exe` (a string): the
 //!   process the stack was walked in (`go tool pprof -tags`,
 //!   `-tagfocus exe=...`).
-//! - One mapping per image and load address: `memory_start` where the
-//!   image's file offset 0 would be, `file_offset` 0, `memory_limit` past
-//!   its highest frame, `filename` and `build_id`, so a location's address
-//!   minus `memory_start` is the file offset memtrail symbolized plus one
-//!   (tools that symbolize subtract the one from return addresses).
+//! - One mapping per image and load address, as the process's mapping of
+//!   the image's code would be: `file_offset` the page of its lowest
+//!   frame's file offset, `memory_start` that page's address, `memory_limit`
+//!   past its highest frame, `filename` and `build_id`. So a location's
+//!   address minus `memory_start` plus `file_offset` is the file offset
+//!   memtrail symbolized plus one (tools that symbolize subtract the one
+//!   from return addresses), and pprof finds the code segment from it.
 //! - `period_type` is `space/bytes` with `period` 1: every allocation is
 //!   recorded, none sampled.
 //!
@@ -79,6 +81,9 @@ fn sample_values(m: &StackMetrics) -> Vec<i64> {
     .map(|v| i64::try_from(v).unwrap_or(i64::MAX))
     .collect()
 }
+
+/// The page size mappings are aligned to.
+const PAGE: u64 = 4096;
 
 /// Identity of a location: its address, mapping and lines.
 type LocationKey = (u64, u64, Vec<(u64, i64)>);
@@ -147,6 +152,7 @@ impl Builder {
                     id: i as u64 + 1,
                     memory_start: base,
                     memory_limit: base,
+                    file_offset: u64::MAX,
                     filename,
                     build_id,
                     ..Default::default()
@@ -156,8 +162,19 @@ impl Builder {
             }
         };
         let mapping = &mut self.out.mapping[i];
-        if frame.offset.is_some() {
-            mapping.memory_limit = mapping.memory_limit.max(frame.addr.saturating_add(1));
+        match frame.offset {
+            Some(offset) => {
+                // From the page of the lowest frame: in the image's code
+                // segment, as the process's own mapping of it would be.
+                let page = offset & !(PAGE - 1);
+                if page < mapping.file_offset {
+                    mapping.file_offset = page;
+                    mapping.memory_start = base.wrapping_add(page);
+                }
+                mapping.memory_limit = mapping.memory_limit.max(frame.addr.saturating_add(1));
+            }
+            None if mapping.file_offset == u64::MAX => mapping.file_offset = 0,
+            None => {}
         }
         i
     }
