@@ -1,5 +1,10 @@
-//! Compiles `bpf/*.bpf.c` into libbpf skeletons in `OUT_DIR`, and names
-//! the git commit built from for `memtrail --version`.
+//! Compiles `bpf/*.bpf.c` into libbpf skeletons in `OUT_DIR`, generates the
+//! pprof message types from `proto/profile.proto`, and names the git commit
+//! built from for `memtrail --version`.
+//!
+//! protoc comes from the `protoc-bin-vendored` crate, not from the system:
+//! the build needs no package beyond the BPF toolchain, and every machine
+//! compiles the schema with the same protoc.
 //!
 //! clang comes from `$CLANG`, else `clang-19`, else `clang`; with none of them
 //! the build stops with the package to install.
@@ -67,8 +72,21 @@ fn git_commit() {
     }
 }
 
+/// Generates `perftools.profiles.rs` in `OUT_DIR` from the pprof schema.
+fn pprof_types() {
+    const SCHEMA: &str = "proto/profile.proto";
+    println!("cargo:rerun-if-changed={SCHEMA}");
+    let protoc = protoc_bin_vendored::protoc_bin_path()
+        .unwrap_or_else(|err| panic!("no vendored protoc for this host: {err}"));
+    prost_build::Config::new()
+        .protoc_executable(protoc)
+        .compile_protos(&[SCHEMA], &["proto"])
+        .unwrap_or_else(|err| panic!("compiling {SCHEMA}: {err}"));
+}
+
 fn main() {
     git_commit();
+    pprof_types();
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let clang = find_clang();
     println!("cargo:rerun-if-env-changed=CLANG");

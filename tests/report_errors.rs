@@ -55,10 +55,14 @@ fn report_invalid_profile_exits_65() {
     other_format["format"] = json!("pprof");
     let mut no_format = sites();
     no_format.as_object_mut().expect("object").remove("format");
-    let mut version_2 = sites();
-    version_2["version"] = json!(2);
+    let mut version_1 = sites();
+    version_1["version"] = json!(1);
+    let mut version_3 = sites();
+    version_3["version"] = json!(3);
     let mut version_string = sites();
-    version_string["version"] = json!("1");
+    version_string["version"] = json!("2");
+    let mut numeric_id = sites();
+    numeric_id["stacks"][0]["id"] = json!(10);
     let mut no_totals = sites();
     no_totals.as_object_mut().expect("object").remove("totals");
     let mut bad_frame = sites();
@@ -94,14 +98,26 @@ fn report_invalid_profile_exits_65() {
                 .into(),
         ),
         (
-            "version 2",
-            serde_json::to_vec(&version_2).expect("json"),
-            "is a profile of version 2; this memtrail reads version 1".into(),
+            "version 1 (issue 16: ids became strings)",
+            serde_json::to_vec(&version_1).expect("json"),
+            "is a profile of version 1; this memtrail reads version 2 (version 1 profiles \
+             lack each stack's process and image build ids: capture again)"
+                .into(),
+        ),
+        (
+            "version 3",
+            serde_json::to_vec(&version_3).expect("json"),
+            "is a profile of version 3; this memtrail reads version 2".into(),
         ),
         (
             "version as a string",
             serde_json::to_vec(&version_string).expect("json"),
-            "is a profile of version \"1\"; this memtrail reads version 1".into(),
+            "is a profile of version \"2\"; this memtrail reads version 2".into(),
+        ),
+        (
+            "a stack id as a number (issue 16)",
+            serde_json::to_vec(&numeric_id).expect("json"),
+            "is not a valid memtrail profile: invalid type: integer `10`, expected a string".into(),
         ),
         (
             "no totals",
@@ -259,7 +275,7 @@ fn report_closed_stdout() {
     doc["stacks"] = (0..5000)
         .map(|i| {
             let mut s = template.clone();
-            s["id"] = json!(i);
+            s["id"] = json!(i.to_string());
             s
         })
         .collect();
@@ -317,6 +333,14 @@ fn report_missing_fields_exit_65() {
         (&["stacks", "0", "frames", "0", "file"], "file"),
         (&["stacks", "0", "frames", "0", "module"], "module"),
         (&["stacks", "0", "frames", "0", "inlined"], "inlined"),
+        (&["stacks", "0", "frames", "0", "build_id"], "build_id"),
+        (&["stacks", "0", "frames", "0", "offset"], "offset"),
+        (&["stacks", "0", "pid"], "pid"),
+        (&["stacks", "0", "exe"], "exe"),
+        (
+            &["stacks", "0", "live_allocations_at_peak"],
+            "live_allocations_at_peak",
+        ),
     ];
     for (at, field) in cases {
         let mut doc = sites();

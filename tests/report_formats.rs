@@ -113,10 +113,12 @@ fn many_sites(n: u64) -> Value {
     doc["stacks"] = (1..=n)
         .map(|i| {
             json!({
-                "id": i,
+                "id": i.to_string(), "pid": 100, "exe": "/bin/m",
                 "frames": [{"addr": 0x1000 + i, "module": "/bin/m", "function": format!("f{i}"),
-                            "file": "m.c", "line": i, "inlined": false}],
+                            "file": "m.c", "line": i, "inlined": false,
+                            "build_id": null, "offset": 0xfff + i}],
                 "allocations": 1, "bytes": i, "live_bytes_at_peak": 0,
+                "live_allocations_at_peak": 0,
                 "live_bytes_at_exit": 0, "live_allocations_at_exit": 0
             })
         })
@@ -181,7 +183,7 @@ fn report_json_ranks_stacks() {
     let doc = sites();
     let out: Value = serde_json::from_str(&report(&doc, &["--format", "json"])).expect("JSON");
     assert_eq!(out["format"], "memtrail-report");
-    assert_eq!(out["version"], 1);
+    assert_eq!(out["version"], 2);
     assert_eq!(out["by"], "bytes");
     assert_eq!(out["total"], 10_500_001);
     assert_eq!(out["command"], json!(["./shop", "--items", "<3>"]));

@@ -106,6 +106,7 @@ fn report_pprof_decodes() {
         [
             ("alloc_objects", "count"),
             ("alloc_space", "bytes"),
+            ("inuse_objects", "count"),
             ("inuse_space", "bytes"),
             ("leaked_objects", "count"),
             ("leaked_space", "bytes"),
@@ -120,12 +121,40 @@ fn report_pprof_decodes() {
     assert_eq!(
         values,
         [
-            &[1000, 6_000_000, 3_000_000, 0, 0][..],
-            &[200, 2_500_000, 500_000, 5, 500_000],
-            &[299, 1_499_999, 500_000, 2, 100_000],
-            &[100, 500_000, 0, 0, 0],
-            &[1, 1, 0, 0, 0],
-            &[1, 1, 0, 0, 0],
+            &[1000, 6_000_000, 300, 3_000_000, 0, 0][..],
+            &[200, 2_500_000, 50, 500_000, 5, 500_000],
+            &[299, 1_499_999, 100, 500_000, 2, 100_000],
+            &[100, 500_000, 0, 0, 0, 0],
+            &[1, 1, 0, 0, 0, 0],
+            &[1, 1, 0, 0, 0, 0],
+        ]
+    );
+    let period_type = p.period_type.as_ref().expect("period_type");
+    assert_eq!(
+        (s(period_type.r#type), s(period_type.unit), p.period),
+        ("space", "bytes", 1)
+    );
+    // Each sample names its process: pid as a number, exe as a string.
+    let labels: Vec<Vec<(&str, &str, i64)>> = p
+        .sample
+        .iter()
+        .map(|x| {
+            x.label
+                .iter()
+                .map(|l| (s(l.key), s(l.str), l.num))
+                .collect()
+        })
+        .collect();
+    let shop = vec![("pid", "", 100), ("exe", SHOP, 0)];
+    assert_eq!(
+        labels,
+        [
+            shop.clone(),
+            shop.clone(),
+            shop.clone(),
+            shop.clone(),
+            shop,
+            vec![("pid", "", 101), ("exe", "/usr/bin/helper", 0)],
         ]
     );
     let stacks: Vec<Vec<String>> = p.sample.iter().map(|x| stack(&p, x)).collect();
@@ -190,13 +219,16 @@ fn report_pprof_decodes() {
     let ids: Vec<u64> = p.location.iter().map(|l| l.id).collect();
     assert_eq!(ids, (1..=11).collect::<Vec<u64>>(), "ids are nonzero");
 
-    let mappings: Vec<(u64, &str, [bool; 4])> = p
+    type MappingRow<'a> = (u64, &'a str, &'a str, [u64; 3], [bool; 4]);
+    let mappings: Vec<MappingRow<'_>> = p
         .mapping
         .iter()
         .map(|m| {
             (
                 m.id,
                 s(m.filename),
+                s(m.build_id),
+                [m.memory_start, m.memory_limit, m.file_offset],
                 [
                     m.has_functions,
                     m.has_filenames,
@@ -206,11 +238,26 @@ fn report_pprof_decodes() {
             )
         })
         .collect();
+    // Each image from the page of its lowest frame to past its highest, so
+    // an address minus `memory_start` plus `file_offset` is the frame's
+    // offset plus one.
     assert_eq!(
         mappings,
         [
-            (1, SHOP, [true; 4]),
-            (2, LIBC, [false, false, false, false])
+            (
+                1,
+                SHOP,
+                "5d2c9e0f6a1b3c4d5e6f708192a3b4c5d6e7f801",
+                [0x40_1000, 0x40_3001, 0x1000],
+                [true; 4]
+            ),
+            (
+                2,
+                LIBC,
+                "c047672cae7964324658491e7dee26748ae5d2f8",
+                [0x7f00_0002_9000, 0x7f00_0002_9d91, 0x2_9000],
+                [false; 4]
+            )
         ]
     );
 }
@@ -321,4 +368,68 @@ fn report_pprof_go_tool_top() {
     ];
     expected.sort();
     assert_eq!(top_rows(&out), expected, "{out}");
+}
+
+/// Check that `go tool pprof` takes `-sample_index=inuse_objects` (blocks
+/// live at the peak; issue 16: it refused it), shows each sample's process
+/// with `-tags`, and lists the mappings with their build ids and ranges
+/// (skipped when Go is not installed).
+#[test]
+fn report_pprof_go_tool_inuse_objects_tags_mappings() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = write_pprof(dir.path(), &[]);
+    let Some(out) = go_pprof(
+        &["-top", "-sample_index=inuse_objects", "-nodefraction=0"],
+        &file,
+    ) else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "report_pprof_go_tool_inuse_objects_tags_mappings: `go` not found, not checked"
+        );
+        return;
+    };
+    assert!(out.contains("Type: inuse_objects\n"), "{out}");
+    let row =
+        |flat: &str, cum: &str, name: &str| (flat.to_owned(), cum.to_owned(), name.to_owned());
+    let mut expected = vec![
+        row("0", "450", "[libc.so.6]"),
+        row("0", "450", "main"),
+        row("0", "300", "make_buffer"),
+        row("100", "100", "parse;token"),
+        row("300", "300", "std::vector::push_back (inline)"),
+        row("50", "150", "load_config"),
+    ];
+    expected.sort();
+    assert_eq!(top_rows(&out), expected, "{out}");
+
+    let out = go_pprof(&["-tags", "-sample_index=alloc_objects"], &file).expect("go is there");
+    let tags: Vec<&str> = out.lines().map(str::trim).collect();
+    for line in [
+        "exe: Total 1601.0",
+        "1600.0 (99.94%): /opt/shop/bin/shop",
+        "1.0 (0.062%): /usr/bin/helper",
+        "pid: Total 1601.0",
+        "1600.0 (99.94%): 100",
+        "1.0 (0.062%): 101",
+    ] {
+        assert!(tags.contains(&line), "no {line:?} in:\n{out}");
+    }
+
+    let out = go_pprof(&["-raw"], &file).expect("go is there");
+    let mappings: Vec<&str> = out
+        .lines()
+        .skip_while(|l| *l != "Mappings")
+        .skip(1)
+        .map(str::trim_end)
+        .collect();
+    assert_eq!(
+        mappings,
+        [
+            "1: 0x401000/0x403001/0x1000 /opt/shop/bin/shop \
+             5d2c9e0f6a1b3c4d5e6f708192a3b4c5d6e7f801 [FN][FL][LN][IN]",
+            "2: 0x7f0000029000/0x7f0000029d91/0x29000 /usr/lib/x86_64-linux-gnu/libc.so.6 \
+             c047672cae7964324658491e7dee26748ae5d2f8",
+        ],
+        "{out}"
+    );
 }

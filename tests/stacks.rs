@@ -5,7 +5,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{capture, cmd, num};
+use common::{capture, cmd, id, num};
 use serde_json::Value;
 
 fn fixture_source(name: &str) -> PathBuf {
@@ -139,10 +139,10 @@ fn stacks_sites_exact_and_symbolized() {
     assert_eq!(peak, 199999);
 
     // Every allocation event names one of these stacks.
-    let ids: Vec<u64> = stacks(p).iter().map(|s| num(s, "id")).collect();
+    let ids: Vec<u64> = stacks(p).iter().map(|s| id(s, "id")).collect();
     for e in run.events() {
         if ["malloc", "calloc"].contains(&e["kind"].as_str().unwrap()) {
-            assert!(ids.contains(&num(e, "stack_id")), "{e}");
+            assert!(ids.contains(&id(e, "stack_id")), "{e}");
         }
     }
 }
@@ -166,7 +166,7 @@ fn stacks_deduplicated_across_threads() {
         assert_eq!(num(s, "bytes"), 400 * 33333);
         assert_eq!(function(&frames(s)[2]), "worker");
     }
-    let mut ids: Vec<u64> = stacks(p).iter().map(|s| num(s, "id")).collect();
+    let mut ids: Vec<u64> = stacks(p).iter().map(|s| id(s, "id")).collect();
     let n = ids.len();
     ids.sort_unstable();
     ids.dedup();

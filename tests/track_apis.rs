@@ -261,7 +261,7 @@ fn track_api_profile_header() {
     let profile = run.profile();
     let exe = common::fixture("apis");
     assert_eq!(common::string(profile, "format"), "memtrail-profile");
-    assert_eq!(num(profile, "version"), 1);
+    assert_eq!(num(profile, "version"), 2);
     assert_eq!(
         common::field(profile, "command"),
         &serde_json::json!([common::path_str(&exe)])

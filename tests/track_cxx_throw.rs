@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{capture, cmd, num, sized};
+use common::{capture, cmd, id, sized};
 
 /// Check that std::bad_alloc thrown out of operator new under memtrail is
 /// caught by the program (exit 0, not std::terminate), and that the
@@ -14,5 +14,5 @@ fn track_cxx_exception_from_new_is_caught() {
     let events = run.events();
     let after = sized(events, "malloc", 66666);
     assert_eq!(after.len(), 3, "{after:?}");
-    assert!(after.iter().all(|e| num(e, "stack_id") != 0), "{after:?}");
+    assert!(after.iter().all(|e| id(e, "stack_id") != 0), "{after:?}");
 }

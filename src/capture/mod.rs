@@ -472,6 +472,8 @@ pub(crate) fn symbolize_stacks(
             None => tracing::warn!(id, "an allocation names a stack that was never recorded"),
         }
     }
+    let exes: HashMap<u32, &str> = agg.processes().map(|p| (p.pid, &p.exe[..])).collect();
+    let exe_of = |pid: u32| exes.get(&pid).copied().unwrap_or_default().to_owned();
     let symbolizer = StackSymbolizer::new();
     let mut entries = Vec::new();
     for (pid, list) in by_pid {
@@ -482,6 +484,8 @@ pub(crate) fn symbolize_stacks(
                 .zip(frames)
                 .map(|((id, metrics, stack), frames)| StackEntry {
                     id,
+                    pid,
+                    exe: exe_of(pid),
                     frames,
                     end: stack.end,
                     metrics,

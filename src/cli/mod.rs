@@ -69,7 +69,8 @@ Exit status:
 const REPORT_EXIT_CODES_HELP: &str = "\
 Exit status:
     0    the report was written (or standard output was closed early)
-    2    bad usage
+    2    bad usage (also: --pid or --exe naming no process of the profile,
+         --debuginfo-dir not a directory)
     65   the profile is not a valid memtrail profile (not JSON, another format
          or version, a missing or mistyped field; every field must be there,
          null where the schema allows it)
@@ -315,6 +316,24 @@ pub struct ReportArgs {
     /// as a stream.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+
+    /// Report only the stacks of process PID (repeatable; with --exe, a
+    /// stack of either is kept). Totals stay the whole tree's. A pid the
+    /// profile does not list is an error.
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+
+    /// Report only the stacks of processes running EXE: its path as the
+    /// profile's `processes` list it, or its file name (repeatable).
+    #[arg(long = "exe", value_name = "EXE")]
+    pub exes: Vec<String>,
+
+    /// Symbolize again, from DIR/.build-id/xx/rest.debug (the layout of
+    /// debuginfod's cache and of -dbgsym packages), the frames that have
+    /// no function but a build id: debug symbols installed after the
+    /// capture.
+    #[arg(long, value_name = "DIR")]
+    pub debuginfo_dir: Option<PathBuf>,
 }
 
 /// Parses a ring size: bytes (`4096`, `4096B`), or a number of KiB, MiB or
@@ -378,13 +397,26 @@ pub fn report_exit_code(err: &ReportError) -> i32 {
         ReportError::Invalid { .. } | ReportError::Format { .. } | ReportError::Version { .. } => {
             exit::PROFILE_INVALID
         }
+        ReportError::NoSuchProcess { .. } | ReportError::DebuginfoDir { .. } => exit::USAGE,
         ReportError::Output(_) | ReportError::Stdout(_) => exit::OUTPUT,
     }
 }
 
 /// Runs `memtrail report`, writing to `--output` or `stdout`.
 pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportError> {
-    let profile = render::load_profile(&args.profile)?;
+    let mut profile = render::load_profile(&args.profile)?;
+    let filter = render::StackFilter {
+        pids: args.pids,
+        exes: args.exes,
+    };
+    filter.apply(&mut profile, &args.profile)?;
+    if let Some(dir) = &args.debuginfo_dir {
+        if !dir.is_dir() {
+            return Err(ReportError::DebuginfoDir { path: dir.clone() });
+        }
+        let found = crate::symbolize::StackSymbolizer::new().resymbolize(&mut profile.stacks, dir);
+        tracing::info!(frames = found, dir = %dir.display(), "symbolized again");
+    }
     let opts = ReportOptions {
         format: args.format,
         by: args.by,

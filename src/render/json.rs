@@ -12,7 +12,7 @@ use crate::report::{Profile, StackEntry};
 pub(super) const REPORT_FORMAT: &str = "memtrail-report";
 
 /// Bumped on any incompatible change of the document.
-pub(super) const REPORT_VERSION: u32 = 1;
+pub(super) const REPORT_VERSION: u32 = 2;
 
 #[derive(Serialize)]
 struct Report<'a> {

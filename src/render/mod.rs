@@ -152,10 +152,23 @@ pub enum ReportError {
     )]
     Format { path: PathBuf, found: String },
     #[error(
-        "{} is a profile of version {found}; this memtrail reads version {}",
-        path.display(), crate::report::PROFILE_VERSION
+        "{} is a profile of version {found}; this memtrail reads version {}{}",
+        path.display(), crate::report::PROFILE_VERSION,
+        if found == "1" {
+            " (version 1 profiles lack each stack's process and image build ids: capture again)"
+        } else {
+            ""
+        }
     )]
     Version { path: PathBuf, found: String },
+    #[error("{} has no process {wanted} (its processes: {known})", path.display())]
+    NoSuchProcess {
+        path: PathBuf,
+        wanted: String,
+        known: String,
+    },
+    #[error("--debuginfo-dir {}: not a directory", path.display())]
+    DebuginfoDir { path: PathBuf },
     #[error(transparent)]
     Output(#[from] OutputError),
     #[error("writing the report to standard output failed")]
@@ -167,6 +180,63 @@ impl ReportError {
     /// not a failure.
     pub fn is_broken_pipe(&self) -> bool {
         matches!(self, Self::Stdout(e) if e.kind() == io::ErrorKind::BrokenPipe)
+    }
+}
+
+/// Which processes' stacks a report keeps (`--pid`, `--exe`): a stack is
+/// kept when its process matches any pid or any executable given, every
+/// stack when none is given. An executable matches by its path as the
+/// profile names it or by its file name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StackFilter {
+    pub pids: Vec<u32>,
+    pub exes: Vec<String>,
+}
+
+impl StackFilter {
+    fn keeps(&self, pid: u32, exe: &str) -> bool {
+        (self.pids.is_empty() && self.exes.is_empty())
+            || self.pids.contains(&pid)
+            || self
+                .exes
+                .iter()
+                .any(|e| e == exe || e == sites::module_base(exe))
+    }
+
+    /// Drops the stacks of other processes from `profile` (read from
+    /// `path`). A pid or executable that names no process of the profile
+    /// is an error, not an empty report. Totals and processes stay the
+    /// whole tree's.
+    pub fn apply(&self, profile: &mut Profile, path: &std::path::Path) -> Result<(), ReportError> {
+        let procs = &profile.processes;
+        let missing_pid = self
+            .pids
+            .iter()
+            .find(|&&pid| !procs.iter().any(|p| p.pid == pid))
+            .map(|pid| format!("with pid {pid}"));
+        let missing_exe = || {
+            self.exes
+                .iter()
+                .find(|&e| {
+                    !procs
+                        .iter()
+                        .any(|p| e == &p.exe || e == sites::module_base(&p.exe))
+                })
+                .map(|e| format!("running {e}"))
+        };
+        if let Some(wanted) = missing_pid.or_else(missing_exe) {
+            let known: Vec<String> = procs
+                .iter()
+                .map(|p| format!("{} {}", p.pid, p.exe))
+                .collect();
+            return Err(ReportError::NoSuchProcess {
+                path: path.to_owned(),
+                wanted,
+                known: known.join(", "),
+            });
+        }
+        profile.stacks.retain(|s| self.keeps(s.pid, &s.exe));
+        Ok(())
     }
 }
 

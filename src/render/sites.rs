@@ -99,6 +99,9 @@ fn add(sum: &mut StackMetrics, m: &StackMetrics) {
     sum.allocations = sum.allocations.saturating_add(m.allocations);
     sum.bytes = sum.bytes.saturating_add(m.bytes);
     sum.live_bytes_at_peak = sum.live_bytes_at_peak.saturating_add(m.live_bytes_at_peak);
+    sum.live_allocations_at_peak = sum
+        .live_allocations_at_peak
+        .saturating_add(m.live_allocations_at_peak);
     sum.live_bytes_at_exit = sum.live_bytes_at_exit.saturating_add(m.live_bytes_at_exit);
     sum.live_allocations_at_exit = sum
         .live_allocations_at_exit

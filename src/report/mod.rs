@@ -163,6 +163,8 @@ fn page_end(addr: u64, len: u64) -> u64 {
 struct StackAgg {
     metrics: StackMetrics,
     live: u64,
+    /// Blocks from this stack live now.
+    live_blocks: u64,
     /// Record sequence number of the last change of `live`.
     changed: u64,
 }
@@ -188,6 +190,7 @@ impl TreeLive {
         let s = self.stacks.entry(id).or_default();
         if s.changed <= peak_seq && peak_seq < seq {
             s.metrics.live_bytes_at_peak = s.live;
+            s.metrics.live_allocations_at_peak = s.live_blocks;
         }
         s.changed = seq;
         s
@@ -196,14 +199,18 @@ impl TreeLive {
     fn grow(&mut self, block: Block) {
         self.live_bytes += block.size;
         if block.stack != 0 {
-            self.stack(block.stack).live += block.size;
+            let s = self.stack(block.stack);
+            s.live += block.size;
+            s.live_blocks += 1;
         }
     }
 
     fn shrink(&mut self, block: Block) {
         self.live_bytes -= block.size;
         if block.stack != 0 {
-            self.stack(block.stack).live -= block.size;
+            let s = self.stack(block.stack);
+            s.live -= block.size;
+            s.live_blocks -= 1;
         }
     }
 
@@ -573,6 +580,7 @@ impl Aggregator {
         for s in self.tree.stacks.values_mut() {
             if s.changed <= peak_seq {
                 s.metrics.live_bytes_at_peak = s.live;
+                s.metrics.live_allocations_at_peak = s.live_blocks;
             }
         }
     }

@@ -19,8 +19,25 @@ where
     Option::<T>::deserialize(d)
 }
 
-/// Bumped on any incompatible change of the document.
-pub const PROFILE_VERSION: u32 = 1;
+/// Bumped on any incompatible change of the document. 2: stack ids are
+/// strings; stacks carry `pid` and `exe`, frames `build_id` and `offset`,
+/// stacks `live_allocations_at_peak`.
+pub const PROFILE_VERSION: u32 = 2;
+
+/// A 64-bit id as a decimal string.
+pub mod id_string {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(id)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse()
+            .map_err(|_| D::Error::custom(format!("a stack id is a decimal string, not {s:?}")))
+    }
+}
 
 /// The `format` field of every profile.
 pub const PROFILE_FORMAT: &str = "memtrail-profile";
@@ -73,8 +90,15 @@ pub struct EndedEarly {
 /// One distinct allocation call stack and its metrics.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StackEntry {
-    /// The stack's id in the event stream (`stack_id`).
+    /// The stack's id in the event stream (`stack_id`): 64 bits, written
+    /// as a decimal string so that JSON readers with 53-bit numbers (jq,
+    /// JavaScript) keep it whole.
+    #[serde(with = "id_string")]
     pub id: u64,
+    /// The process the stack was walked in.
+    pub pid: u32,
+    /// That process's executable (its `exe` in `processes`).
+    pub exe: String,
     /// Innermost first: `frames[0]` is the function that called the
     /// allocator. An address with inlined functions gives several frames,
     /// the inlined ones (`inlined: true`) before the function they were
@@ -104,6 +128,29 @@ pub struct Frame {
     #[serde(deserialize_with = "required")]
     pub line: Option<u32>,
     pub inlined: bool,
+    /// The GNU build id of `module`, in hex, when it has one.
+    #[serde(deserialize_with = "required")]
+    pub build_id: Option<String>,
+    /// The offset in `module` of `addr - 1`, the byte symbolized (the call
+    /// instruction), when the address is in a known file.
+    #[serde(deserialize_with = "required")]
+    pub offset: Option<u64>,
+}
+
+impl Frame {
+    /// A frame of `addr` in no known file.
+    pub fn unknown(addr: u64) -> Self {
+        Self {
+            addr,
+            module: None,
+            function: None,
+            file: None,
+            line: None,
+            inlined: false,
+            build_id: None,
+            offset: None,
+        }
+    }
 }
 
 /// What a stack allocated.
@@ -115,6 +162,8 @@ pub struct StackMetrics {
     pub bytes: u64,
     /// Bytes from this stack live when the tree's live heap peaked.
     pub live_bytes_at_peak: u64,
+    /// Blocks from this stack live when the tree's live heap peaked.
+    pub live_allocations_at_peak: u64,
     /// Bytes from this stack still live when their process exited.
     pub live_bytes_at_exit: u64,
     pub live_allocations_at_exit: u64,

@@ -56,7 +56,7 @@ impl EventWriter {
                     write!(w, r#","old_size":{old_size}"#)?;
                 }
                 if stack_id != 0 {
-                    write!(w, r#","stack_id":{stack_id}"#)?;
+                    write!(w, r#","stack_id":"{stack_id}""#)?;
                 }
                 if matches!(h.kind, Kind::Mmap | Kind::Munmap | Kind::Mremap | Kind::Brk) {
                     write!(w, r#","in_allocator":{}"#, h.in_allocator)?;

@@ -120,6 +120,9 @@ impl AddressSpaces {
 /// Symbolizes stacks of return addresses.
 pub struct StackSymbolizer {
     symbolizer: Symbolizer,
+    /// Build ids of the files symbolized so far (read once per file, not
+    /// once per process).
+    build_ids: std::cell::RefCell<HashMap<PathBuf, Option<String>>>,
 }
 
 impl Default for StackSymbolizer {
@@ -136,11 +139,23 @@ impl StackSymbolizer {
                 .enable_inlined_fns(true)
                 .enable_demangling(true)
                 .build(),
+            build_ids: Default::default(),
         }
     }
 
+    /// The build id of `path`, read once.
+    fn build_id(&self, path: &Path) -> Option<String> {
+        self.build_ids
+            .borrow_mut()
+            .entry(path.to_owned())
+            .or_insert_with(|| build_id_of(path))
+            .clone()
+    }
+
     /// Symbolizes many stacks of one process at once: frames innermost
-    /// first, an address with inlined calls giving several frames.
+    /// first, an address with inlined calls giving several frames. Every
+    /// frame in a known file names it, its build id and the file offset
+    /// symbolized, resolved or not.
     pub fn symbolize(
         &self,
         spaces: &AddressSpaces,
@@ -159,22 +174,31 @@ impl StackSymbolizer {
         }
         let mut resolved: HashMap<(usize, usize), Vec<Frame>> = HashMap::new();
         for (path, items) in by_file {
-            let offsets: Vec<u64> = items.iter().map(|&(_, _, o)| o).collect();
-            if !path.is_absolute() {
-                continue; // recorded by name only and never found
-            }
-            let src = Source::Elf(Elf::new(path));
             let module = path.display().to_string();
-            let results = match self.symbolizer.symbolize(&src, Input::FileOffset(&offsets)) {
-                Ok(r) => r,
-                Err(err) => {
-                    tracing::debug!(path = %module, %err, "symbolization failed");
-                    continue;
-                }
+            let build_id = path.is_absolute().then(|| self.build_id(path)).flatten();
+            let offsets: Vec<u64> = items.iter().map(|&(_, _, o)| o).collect();
+            let results = if path.is_absolute() {
+                let src = Source::Elf(Elf::new(path));
+                self.symbolizer
+                    .symbolize(&src, Input::FileOffset(&offsets))
+                    .inspect_err(|err| {
+                        tracing::debug!(path = %module, %err, "symbolization failed");
+                    })
+                    .ok()
+            } else {
+                None // recorded by name only and never found
             };
-            for ((s, f, _), sym) in items.iter().zip(results) {
-                let addr = stacks[*s][*f];
-                resolved.insert((*s, *f), frames_of(addr, &module, sym));
+            let mut results = results.map(Vec::into_iter);
+            for &(s, f, offset) in &items {
+                let base = Frame {
+                    addr: stacks[s][f],
+                    module: Some(module.clone()),
+                    build_id: build_id.clone(),
+                    offset: Some(offset),
+                    ..Frame::unknown(0)
+                };
+                let sym = results.as_mut().and_then(Iterator::next);
+                resolved.insert((s, f), frames_of(base, sym));
             }
         }
         stacks
@@ -184,62 +208,163 @@ impl StackSymbolizer {
                 ips.iter()
                     .enumerate()
                     .flat_map(|(f, &addr)| {
-                        resolved.remove(&(s, f)).unwrap_or_else(|| {
-                            vec![Frame {
-                                addr,
-                                module: spaces
-                                    .find(pid, addr)
-                                    .map(|m| m.path.display().to_string()),
-                                function: None,
-                                file: None,
-                                line: None,
-                                inlined: false,
-                            }]
-                        })
+                        resolved
+                            .remove(&(s, f))
+                            .unwrap_or_else(|| vec![Frame::unknown(addr)])
                     })
                     .collect()
             })
             .collect()
     }
+
+    /// Symbolizes again the frames without a function whose image has a
+    /// build id, from `DIR/.build-id/xx/rest.debug` (the layout of
+    /// debuginfod's cache and of distributions' `-dbgsym` packages), by the
+    /// file offset the capture recorded. Returns how many frames gained a
+    /// function.
+    pub fn resymbolize(&self, stacks: &mut [crate::report::StackEntry], dir: &Path) -> usize {
+        // (debug file, image) -> frames and their file offsets.
+        type Items = Vec<(usize, usize, u64)>;
+        let mut by_file: HashMap<(PathBuf, Option<&str>), Items> = HashMap::new();
+        for (s, stack) in stacks.iter().enumerate() {
+            for (f, frame) in stack.frames.iter().enumerate() {
+                if frame.function.is_some() {
+                    continue;
+                }
+                let (Some(id), Some(offset)) = (frame.build_id.as_deref(), frame.offset) else {
+                    continue;
+                };
+                if let Some(path) = debug_file(dir, id) {
+                    let image = frame.module.as_deref();
+                    by_file
+                        .entry((path, image))
+                        .or_default()
+                        .push((s, f, offset));
+                }
+            }
+        }
+        let mut found: Vec<((usize, usize), Frame, Symbolized<'_>)> = Vec::new();
+        for ((path, image), items) in by_file {
+            let offsets: Vec<u64> = items.iter().map(|&(_, _, o)| o).collect();
+            // A split debug file keeps the image's segment addresses but
+            // not their file offsets (its code sections are empty): the
+            // image itself, when it is still there and the same build,
+            // turns offsets into addresses; else the debug file (a full
+            // copy of the image) does.
+            let build_id = stacks[items[0].0].frames[items[0].1].build_id.as_deref();
+            let layout = image
+                .map(Path::new)
+                .filter(|image| build_id_of(image).as_deref() == build_id)
+                .unwrap_or(&path);
+            let Some(addrs) = virtual_addresses(layout, &offsets) else {
+                tracing::warn!(image = %layout.display(), "no segment layout to place offsets");
+                continue;
+            };
+            let src = Source::Elf(Elf::new(&path));
+            let results = match self.symbolizer.symbolize(&src, Input::VirtOffset(&addrs)) {
+                Ok(r) => r,
+                Err(err) => {
+                    tracing::warn!(path = %path.display(), %err, "debug file unreadable");
+                    continue;
+                }
+            };
+            for (&(s, f, _), sym) in items.iter().zip(results) {
+                if matches!(sym, Symbolized::Sym(_)) {
+                    found.push(((s, f), stacks[s].frames[f].clone(), sym));
+                }
+            }
+        }
+        let mut replaced: HashMap<(usize, usize), Vec<Frame>> = found
+            .into_iter()
+            .map(|(at, base, sym)| (at, frames_of(base, Some(sym))))
+            .collect();
+        let count = replaced.len();
+        for (s, stack) in stacks.iter_mut().enumerate() {
+            if !(0..stack.frames.len()).any(|f| replaced.contains_key(&(s, f))) {
+                continue;
+            }
+            let frames = std::mem::take(&mut stack.frames);
+            stack.frames = frames
+                .into_iter()
+                .enumerate()
+                .flat_map(|(f, frame)| replaced.remove(&(s, f)).unwrap_or_else(|| vec![frame]))
+                .collect();
+        }
+        count
+    }
+}
+
+/// The build id of the ELF file at `path`, in lowercase hex.
+fn build_id_of(path: &Path) -> Option<String> {
+    let id = blazesym::helper::read_elf_build_id(path)
+        .inspect_err(|err| tracing::debug!(path = %path.display(), %err, "no build id"))
+        .ok()??;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The virtual addresses of file offsets of the ELF file at `path`,
+/// through its loadable segments (an offset in none gives address 0).
+fn virtual_addresses(path: &Path, offsets: &[u64]) -> Option<Vec<u64>> {
+    use object::{Object, ObjectSegment};
+    let data = std::fs::read(path)
+        .inspect_err(|err| tracing::debug!(path = %path.display(), %err, "unreadable"))
+        .ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let segments: Vec<(u64, u64, u64)> = file
+        .segments()
+        .map(|seg| {
+            let (off, size) = seg.file_range();
+            (off, size, seg.address())
+        })
+        .filter(|&(_, size, _)| size != 0)
+        .collect();
+    let addrs = offsets
+        .iter()
+        .map(|&o| {
+            segments
+                .iter()
+                .find(|&&(off, size, _)| off <= o && o - off < size)
+                .map_or(0, |&(off, _, addr)| addr + (o - off))
+        })
+        .collect();
+    Some(addrs)
+}
+
+/// `DIR/.build-id/xx/rest.debug` for build id `xxrest`, if it exists.
+fn debug_file(dir: &Path, build_id: &str) -> Option<PathBuf> {
+    let valid = build_id.len() > 2 && build_id.bytes().all(|b| b.is_ascii_hexdigit());
+    if !valid {
+        return None;
+    }
+    let (head, rest) = build_id.split_at(2);
+    let path = dir
+        .join(".build-id")
+        .join(head)
+        .join(format!("{rest}.debug"));
+    path.is_file().then_some(path)
 }
 
 /// The frames of one address: inlined calls innermost first, then the
-/// function they were inlined into.
-fn frames_of(addr: u64, module: &str, sym: Symbolized<'_>) -> Vec<Frame> {
-    let unknown = || Frame {
-        addr,
-        module: Some(module.to_owned()),
-        function: None,
-        file: None,
-        line: None,
-        inlined: false,
-    };
-    let Symbolized::Sym(sym) = sym else {
-        return vec![unknown()];
+/// function they were inlined into. `base` is the frame without a function,
+/// which stands when `sym` found nothing.
+fn frames_of(base: Frame, sym: Option<Symbolized<'_>>) -> Vec<Frame> {
+    let Some(Symbolized::Sym(sym)) = sym else {
+        return vec![base];
     };
     let location = |info: Option<&blazesym::symbolize::CodeInfo<'_>>| {
         info.map(|c| (c.to_path().display().to_string(), c.line))
     };
+    let frame = |name: &str, loc: Option<(String, Option<u32>)>, inlined: bool| Frame {
+        function: Some(name.to_owned()),
+        line: loc.as_ref().and_then(|l| l.1),
+        file: loc.map(|l| l.0),
+        inlined,
+        ..base.clone()
+    };
     let mut frames = Vec::with_capacity(1 + sym.inlined.len());
     for inl in sym.inlined.iter().rev() {
-        let loc = location(inl.code_info.as_ref());
-        frames.push(Frame {
-            addr,
-            module: Some(module.to_owned()),
-            function: Some(inl.name.to_string()),
-            file: loc.as_ref().map(|l| l.0.clone()),
-            line: loc.and_then(|l| l.1),
-            inlined: true,
-        });
+        frames.push(frame(&inl.name, location(inl.code_info.as_ref()), true));
     }
-    let loc = location(sym.code_info.as_deref());
-    frames.push(Frame {
-        addr,
-        module: Some(module.to_owned()),
-        function: Some(sym.name.to_string()),
-        file: loc.as_ref().map(|l| l.0.clone()),
-        line: loc.and_then(|l| l.1),
-        inlined: false,
-    });
+    frames.push(frame(&sym.name, location(sym.code_info.as_deref()), false));
     frames
 }

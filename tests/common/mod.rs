@@ -348,6 +348,15 @@ pub fn num(v: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no unsigned integer `{key}` in {v}"))
 }
 
+/// `v[key]` as a 64-bit id, which profiles and events write as a decimal
+/// string (issue 16).
+pub fn id(v: &Value, key: &str) -> u64 {
+    v.get(key)
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no decimal string id `{key}` in {v}"))
+}
+
 /// `v[key]` as a signed integer.
 pub fn int(v: &Value, key: &str) -> i64 {
     v.get(key)

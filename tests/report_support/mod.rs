@@ -8,7 +8,11 @@
 //!   code and output.
 //!
 //! The fixture's stacks, with their metrics (allocations, bytes, live at
-//! peak, leaked bytes, leaked blocks):
+//! peak, leaked bytes, leaked blocks; blocks live at peak: 300, 50 and 100
+//! for stacks 10, 20 and 30, 0 for the others). Every stack is of process
+//! 100 (`/opt/shop/bin/shop`) but 50. Frames in `shop` (build id
+//! `5d2c9e0f…`) are at load address 0x400000, those in libc (build id
+//! `c047672c…`) at 0x7f0000000000.
 //!
 //! | id | frames, innermost first | metrics |
 //! | --- | --- | --- |
@@ -16,7 +20,7 @@
 //! | 20 | `load_config`:88 (0x402000), `main`:13 (0x401240), libc | 200, 2500000, 500000, 500000, 5 |
 //! | 30 | `parse;token`:120, `load_config`:90, `main`:13 (0x401240), libc | 299, 1499999, 500000, 100000, 2 |
 //! | 40 | 0xdead0 (no module), `main`:14 | 1, 1, 0, 0, 0 |
-//! | 50 | `free_list_grow` (no file) | 1, 1, 0, 0, 0 |
+//! | 50 | `free_list_grow` (no file), in process 101 (`/usr/bin/helper`) | 1, 1, 0, 0, 0 |
 //! | 60 | as 20 but `main` at 0x401250 | 100, 500000, 0, 0, 0 |
 #![allow(
     dead_code,
@@ -102,6 +106,11 @@ pub fn json_ids(report: &Value) -> Vec<u64> {
         .as_array()
         .expect("stacks array")
         .iter()
-        .map(|s| s["id"].as_u64().expect("id"))
+        .map(|s| {
+            s["id"]
+                .as_str()
+                .and_then(|id| id.parse().ok())
+                .expect("id is a decimal string")
+        })
         .collect()
 }
