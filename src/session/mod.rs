@@ -28,6 +28,7 @@
 //! pipelines' epoch barrier and wait for the events pipeline to drain
 //! (see the `regions` submodule).
 
+mod phases;
 pub(crate) mod regions;
 
 use std::collections::HashSet;
@@ -341,6 +342,7 @@ impl Session {
         stream: Option<EventWriter>,
     ) -> Result<Self, CaptureError> {
         opts.validate(&target)?;
+        let mut phases = phases::Phases::new("start-up");
         let spec = match &target {
             Target::Command(argv) => Some(CommandSpec::new(argv.clone())?),
             _ => None,
@@ -418,6 +420,7 @@ impl Session {
             ro.watermark_attach = mark(attach);
             Ok(())
         })?;
+        phases.done("BPF programs loaded and verified");
         // Before any process can be stopped: the guardian resumes the tree
         // if memtrail dies, however it dies. A process tracking itself is
         // never stopped.
@@ -429,6 +432,7 @@ impl Session {
                 cgroup.as_deref().map(TreeCgroup::for_guardian),
             )?
         };
+        phases.done("guardian");
         let skel = &mut *loaded.skel;
         let bss = skel
             .maps
@@ -503,6 +507,7 @@ impl Session {
                 known.insert(id);
             }
         }
+        phases.done("known images probed, their unwind tables loaded");
         let image_cache = ImageCache::load();
         for entry in image_cache.valid() {
             let id = entry.stamp.id();
@@ -526,6 +531,7 @@ impl Session {
             sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
             known.insert(id);
         }
+        phases.done("cached images probed, their unwind tables loaded");
         for site in sites.iter().filter(|s| !s.emulated) {
             tracing::info!(%site, "probe site single-steps its first instruction (~14 µs a hit)");
         }
@@ -741,7 +747,9 @@ impl Session {
                     .map(|a| a.to_string_lossy().into_owned())
                     .collect();
                 let spec = spec.expect("resolved above");
+                phases.done("pollers and coordinator started");
                 session.start_command(&spec, opts.process_effects)?;
+                phases.done("command started");
             }
             Target::SelfProcess | Target::Pid(_) => {
                 let pid = running.expect("a running target");
@@ -755,7 +763,9 @@ impl Session {
                 } else {
                     Vec::new()
                 };
+                phases.done("pollers and coordinator started");
                 session.track_running(pid, &own)?;
+                phases.done("running process tracked");
             }
         }
         Ok(session)
@@ -998,6 +1008,7 @@ impl Session {
     /// capture a command to its end; otherwise the profile holds what the
     /// tree did so far.
     pub fn finish(mut self) -> Result<Finish, CaptureError> {
+        let mut phases = phases::Phases::new("finish");
         let pressure = self.threads.stop_pressure();
         let mut pressure_stats = match pressure {
             Some(Ok(Ok(stats))) => stats,
@@ -1110,8 +1121,10 @@ impl Session {
         let command = std::mem::take(&mut self.command);
         let mut profile =
             Profile::build(&agg, command, exit, (self.start_ns, end_ns), lost, &sites);
+        phases.done("drained, detached, profile built");
         let slow_probes = crate::report::slow_probes(&sites, &agg, &mappings.mappings);
         profile.stacks = crate::capture::symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
+        phases.done("stacks symbolized");
         profile.unwind = crate::unwind::report(self.unwind, images_seen, &profile.stacks);
         pressure_stats.high_water = crate::capture::read_high_water(&self.loaded.skel).max(seen);
         profile.pressure = pressure_stats;
