@@ -109,6 +109,7 @@ fn report_pprof_decodes() {
             ("inuse_space", "bytes"),
             ("leaked_objects", "count"),
             ("leaked_space", "bytes"),
+            ("temporary_objects", "count"),
         ]
     );
     assert_eq!(s(p.default_sample_type), "alloc_space");
@@ -120,12 +121,12 @@ fn report_pprof_decodes() {
     assert_eq!(
         values,
         [
-            &[1000, 6_000_000, 3_000_000, 0, 0][..],
-            &[200, 2_500_000, 500_000, 5, 500_000],
-            &[299, 1_499_999, 500_000, 2, 100_000],
-            &[100, 500_000, 0, 0, 0],
-            &[1, 1, 0, 0, 0],
-            &[1, 1, 0, 0, 0],
+            &[1000, 6_000_000, 3_000_000, 0, 0, 0][..],
+            &[200, 2_500_000, 500_000, 5, 500_000, 0],
+            &[299, 1_499_999, 500_000, 2, 100_000, 0],
+            &[100, 500_000, 0, 0, 0, 0],
+            &[1, 1, 0, 0, 0, 0],
+            &[1, 1, 0, 0, 0, 0],
         ]
     );
     let stacks: Vec<Vec<String>> = p.sample.iter().map(|x| stack(&p, x)).collect();

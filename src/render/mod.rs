@@ -65,6 +65,9 @@ pub enum Metric {
     Peak,
     /// Bytes still live when their process exited.
     Leaked,
+    /// Temporary allocations: blocks freed by their thread before it
+    /// allocated or freed anything else (heaptrack's definition).
+    Temporary,
 }
 
 impl Metric {
@@ -75,6 +78,7 @@ impl Metric {
             Self::Count => p.totals.allocations,
             Self::Peak => p.totals.peak_live_bytes,
             Self::Leaked => p.totals.live_bytes_at_exit,
+            Self::Temporary => p.totals.temporary_allocations,
         }
     }
 
@@ -85,6 +89,7 @@ impl Metric {
             Self::Count => "count",
             Self::Peak => "peak",
             Self::Leaked => "leaked",
+            Self::Temporary => "temporary",
         }
     }
 
@@ -95,13 +100,14 @@ impl Metric {
             Self::Count => "allocations",
             Self::Peak => "bytes live at peak",
             Self::Leaked => "bytes leaked",
+            Self::Temporary => "temporary allocations",
         }
     }
 
     /// The unit of a value, for flame graph tooltips.
     fn unit(self) -> &'static str {
         match self {
-            Self::Count => "allocations",
+            Self::Count | Self::Temporary => "allocations",
             _ => "bytes",
         }
     }

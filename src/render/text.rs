@@ -115,6 +115,9 @@ fn metrics_line(m: &StackMetrics, by: Metric, total: u64) -> String {
                 human_bytes(m.live_bytes_at_exit),
                 notes(&[share, Some(plural(m.live_allocations_at_exit, "block"))])
             ),
+            Metric::Temporary => {
+                format!("{} temporary{}", m.temporary_allocations, notes(&[share]))
+            }
         }
     };
     let mut parts = vec![phrase(by)];
@@ -124,6 +127,10 @@ fn metrics_line(m: &StackMetrics, by: Metric, total: u64) -> String {
             .filter(|&metric| metric != by)
             .map(phrase),
     );
+    // Temporary allocations are named only where there are some.
+    if by != Metric::Temporary && m.temporary_allocations > 0 {
+        parts.push(phrase(Metric::Temporary));
+    }
     parts.join(", ")
 }
 

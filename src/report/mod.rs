@@ -15,7 +15,13 @@
 //! - per call stack, live bytes at the tree's peak are kept lazily: a stack
 //!   remembers when it last changed, and the first change after a new peak
 //!   (or the end of the capture) records its value at that peak, so a peak
-//!   costs O(1) however many stacks there are.
+//!   costs O(1) however many stacks there are;
+//! - a *temporary* allocation is one its thread frees before allocating or
+//!   freeing anything else (heaptrack's rule, kept per thread): each thread
+//!   remembers the address of its last allocation until its next free, and
+//!   a free of that address counts the block as temporary, in its process
+//!   and at the stack that allocated it. realloc is a free of the old block
+//!   then an allocation of the new one, as in heaptrack.
 
 mod output;
 mod profile;
@@ -47,6 +53,10 @@ pub struct HeapCounters {
     pub live_bytes_at_exit: u64,
     pub live_allocations_at_exit: u64,
     pub unmatched_frees: u64,
+    /// Blocks freed by their thread before it allocated or freed anything
+    /// else (see docs/profile.md, "Temporary allocations").
+    #[serde(default)]
+    pub temporary_allocations: u64,
 }
 
 /// Anonymous mappings and program break of a process or the whole tree.
@@ -114,6 +124,9 @@ struct LiveState {
     mapped_bytes: u64,
     brk_start: Option<u64>,
     brk_now: u64,
+    /// The address of each thread's last allocation, until that thread
+    /// frees something: the temporary-allocation rule.
+    last_alloc: HashMap<u32, u64>,
 }
 
 impl LiveState {
@@ -266,6 +279,7 @@ impl Aggregator {
             t.live_bytes_at_exit += h.live_bytes_at_exit;
             t.live_allocations_at_exit += h.live_allocations_at_exit;
             t.unmatched_frees += h.unmatched_frees;
+            t.temporary_allocations += h.temporary_allocations;
         }
         t.peak_live_bytes = self.tree.peak_live_bytes;
         t.peak_live_at_ns = self.tree.peak_live_at_ns;
@@ -443,6 +457,17 @@ impl Aggregator {
                     .filter(|o| o.addr == old_addr);
                 // Only the process's own old block leaves its live bytes.
                 let own_old = old.filter(|o| !o.inherited).map(|o| o.block);
+                if addr != 0 || (old.is_some() && size == 0) {
+                    // The old block is freed (heaptrack: a free, then an
+                    // allocation of the new block).
+                    let last = state.last_alloc.remove(&hdr.tid);
+                    if let Some(b) = own_old.filter(|_| last == Some(old_addr)) {
+                        temporary(heap, tree, b);
+                    }
+                    if addr != 0 {
+                        state.last_alloc.insert(hdr.tid, addr);
+                    }
+                }
                 if addr != 0 {
                     let block = Block {
                         size,
@@ -493,9 +518,18 @@ impl Aggregator {
                 state.live_bytes += size;
                 tree.grow(block);
                 stack_allocated(tree, block);
+                state.last_alloc.insert(hdr.tid, addr);
             }
             Kind::Free => {
+                let last = if addr == 0 {
+                    None
+                } else {
+                    state.last_alloc.remove(&hdr.tid)
+                };
                 if let Some(block) = state.blocks.remove(&addr) {
+                    if last == Some(addr) {
+                        temporary(heap, tree, block);
+                    }
                     heap.frees += 1;
                     heap.freed_bytes += block.size;
                     state.live_bytes -= block.size;
@@ -575,6 +609,14 @@ impl Aggregator {
                 s.metrics.live_bytes_at_peak = s.live;
             }
         }
+    }
+}
+
+/// Counts a freed block as temporary, in its process and at its stack.
+fn temporary(heap: &mut HeapCounters, tree: &mut TreeLive, block: Block) {
+    heap.temporary_allocations += 1;
+    if block.stack != 0 {
+        tree.stack(block.stack).metrics.temporary_allocations += 1;
     }
 }
 

@@ -118,6 +118,10 @@ pub struct StackMetrics {
     /// Bytes from this stack still live when their process exited.
     pub live_bytes_at_exit: u64,
     pub live_allocations_at_exit: u64,
+    /// Blocks from this stack freed by their thread before it allocated or
+    /// freed anything else.
+    #[serde(default)]
+    pub temporary_allocations: u64,
 }
 
 /// How the command ended: an exit code, or the signal that killed it.
