@@ -153,7 +153,7 @@ fn report_bad_flags_exit_2() {
     for (args, needle) in [
         (
             vec!["report", p, "--format", "svg"],
-            "[possible values: text, json, flamegraph, pprof, folded]",
+            "[possible values: text, json, flamegraph, pprof, folded, timeline]",
         ),
         (
             vec!["report", p, "--by", "time"],

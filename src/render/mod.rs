@@ -24,6 +24,7 @@ mod load;
 pub mod pprof;
 mod sites;
 mod text;
+mod timeline;
 
 use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
@@ -50,6 +51,10 @@ pub enum Format {
     /// Collapsed stacks, `outer;...;inner VALUE` a line, for any flame
     /// graph tool.
     Folded,
+    /// An SVG chart of the heap over time (the profile's timeline), with
+    /// the peak instant and the sites at the peak; `--by` and `--top` do
+    /// not apply.
+    Timeline,
 }
 
 /// What sites are ranked (and flame graphs sized) by.
@@ -184,6 +189,7 @@ pub fn write_report(profile: &Profile, opts: &ReportOptions, w: &mut dyn Write) 
         Format::Folded => folded::write(profile, opts.by, opts.limit(), w),
         Format::Flamegraph => flamegraph::write(profile, opts.by, opts.limit(), w),
         Format::Pprof => pprof::write(profile, opts.by, opts.limit(), w),
+        Format::Timeline => timeline::write(profile, w),
     }
 }
 

@@ -37,6 +37,12 @@ pub(super) fn write(
         plural(t.live_allocations_at_exit, "block"),
         human_bytes(t.live_bytes_at_exit)
     )?;
+    if let Some(spark) = super::timeline::sparkline(profile) {
+        writeln!(
+            w,
+            "  heap over time  {spark}  (--format timeline for the chart)"
+        )?;
+    }
     if profile.stacks.is_empty() {
         writeln!(w, "  no allocation sites: the profile has no stacks")?;
         return Ok(());

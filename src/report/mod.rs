@@ -27,6 +27,7 @@ mod output;
 mod profile;
 mod stream;
 mod summary;
+pub mod timeline;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -37,6 +38,7 @@ pub use profile::{
 };
 pub use stream::EventWriter;
 pub use summary::{SlowProbe, human_bytes, slow_probes, write_summary};
+pub use timeline::Timeline;
 
 use crate::record::{Body, Header, Kind, Mem, Record};
 
@@ -184,6 +186,7 @@ struct StackAgg {
 #[derive(Debug, Default)]
 struct TreeLive {
     live_bytes: u64,
+    live_blocks: u64,
     peak_live_bytes: u64,
     peak_live_at_ns: u64,
     /// Sequence number of the record that made the peak.
@@ -208,6 +211,7 @@ impl TreeLive {
 
     fn grow(&mut self, block: Block) {
         self.live_bytes += block.size;
+        self.live_blocks += 1;
         if block.stack != 0 {
             self.stack(block.stack).live += block.size;
         }
@@ -215,6 +219,7 @@ impl TreeLive {
 
     fn shrink(&mut self, block: Block) {
         self.live_bytes -= block.size;
+        self.live_blocks -= 1;
         if block.stack != 0 {
             self.stack(block.stack).live -= block.size;
         }
@@ -242,11 +247,59 @@ pub struct Aggregator {
     peak_mapped_bytes: u64,
     /// Records this version does not understand.
     pub malformed: u64,
+    /// The heap over time; `None` when not kept.
+    timeline: Option<timeline::Builder>,
 }
 
 impl Aggregator {
+    /// An aggregator that keeps the timeline.
     pub fn new() -> Self {
+        Self {
+            timeline: Some(timeline::Builder::default()),
+            ..Self::default()
+        }
+    }
+
+    /// An aggregator without the timeline (to measure what it costs).
+    pub fn without_timeline() -> Self {
         Self::default()
+    }
+
+    /// The timeline, times relative to `start_ns` (`None` when not kept).
+    pub fn timeline(&self, start_ns: u64) -> Option<Timeline> {
+        self.timeline.as_ref().map(|b| {
+            b.build(
+                start_ns,
+                self.procs.iter().map(|p| p.pid),
+                (self.tree.peak_live_bytes, self.tree.peak_live_at_ns),
+            )
+        })
+    }
+
+    /// Samples the tree and process `idx` into the timeline at `ts`.
+    fn sample(&mut self, idx: usize, ts: u64) {
+        let Some(b) = self.timeline.as_mut() else {
+            return;
+        };
+        let tree = timeline::Point {
+            live_bytes: self.tree.live_bytes,
+            live_blocks: self.tree.live_blocks,
+            mapped_bytes: self.mapped_bytes,
+        };
+        let proc = self.procs[idx]
+            .state
+            .as_deref()
+            .map_or_else(timeline::Point::default, |s| timeline::Point {
+                live_bytes: s.live_bytes,
+                live_blocks: s.blocks.len() as u64,
+                mapped_bytes: s.mapped_bytes,
+            });
+        b.record(ts, tree, idx, proc);
+    }
+
+    /// The tree's live heap now: bytes and blocks.
+    pub fn live_now(&self) -> (u64, u64) {
+        (self.tree.live_bytes, self.tree.live_blocks)
     }
 
     /// Names the parent of a process whose fork was not recorded (the root).
@@ -342,13 +395,17 @@ impl Aggregator {
                     }
                     self.mapped_bytes -= old.mapped_bytes;
                 }
+                self.sample(idx, ts);
             }
             Body::Exit { exit_code } => {
                 let idx = self.index(pid, ts);
                 self.procs[idx].exit_status = Some(exit_code);
                 self.close(idx, ts);
             }
-            Body::Mem(mem) => self.mem(&rec.hdr, mem),
+            Body::Mem(mem) => {
+                let idx = self.mem(&rec.hdr, mem);
+                self.sample(idx, ts);
+            }
         }
     }
 
@@ -384,6 +441,7 @@ impl Aggregator {
             state: Some(Box::new(state)),
             ..Process::default()
         });
+        self.sample(self.procs.len() - 1, ts);
     }
 
     /// Ends a process: what it still has live is its leaks.
@@ -408,16 +466,19 @@ impl Aggregator {
             }
         }
         self.mapped_bytes -= state.mapped_bytes;
+        self.sample(idx, ts);
     }
 
-    fn mem(&mut self, hdr: &Header, mem: Mem) {
+    /// Folds an allocator or memory-syscall record; returns its process's
+    /// index.
+    fn mem(&mut self, hdr: &Header, mem: Mem) -> usize {
         let idx = self.index(hdr.pid, hdr.ts_ns);
         let p = &mut self.procs[idx];
         if let Some(calls) = p.calls.get_mut(hdr.kind as usize) {
             *calls += 1;
         }
         let Some(state) = p.state.as_deref_mut() else {
-            return;
+            return idx;
         };
         let tree = &mut self.tree;
         let heap = &mut p.heap;
@@ -589,6 +650,7 @@ impl Aggregator {
         maps.peak_mapped_bytes = maps.peak_mapped_bytes.max(state.mapped_bytes);
         self.mapped_bytes = self.mapped_bytes + mapped_grew - mapped_shrank;
         self.peak_mapped_bytes = self.peak_mapped_bytes.max(self.mapped_bytes);
+        idx
     }
 
     /// Ends processes that never reported an exit (the capture ended

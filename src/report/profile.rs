@@ -46,6 +46,10 @@ pub struct Profile {
     /// stacks ended before their outermost frame.
     #[serde(default)]
     pub unwind: UnwindReport,
+    /// The heap over time (docs/profile.md, "Timeline"); empty in a
+    /// profile written before memtrail kept it.
+    #[serde(default)]
+    pub timeline: super::Timeline,
 }
 
 /// How stacks were walked (`--unwind`) and how far they got.
@@ -270,6 +274,7 @@ impl Profile {
             stacks: Vec::new(),
             pressure: Default::default(),
             unwind: Default::default(),
+            timeline: agg.timeline(start_ns).unwrap_or_default(),
         }
     }
 }
