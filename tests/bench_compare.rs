@@ -154,6 +154,7 @@ fn bench_compare_names_the_extra_allocations() {
         ("leaked_bytes", 0, "unchanged"),
         ("leaked_blocks", 0, "unchanged"),
         ("mmap_peak_bytes", 0, "unchanged"),
+        ("temporary_allocations", 0, "unchanged"),
     ]
     .iter()
     .map(|(m, c, v)| (m.to_string(), *c, v.to_string()))
@@ -177,7 +178,7 @@ fn bench_compare_identical_builds_change_nothing() {
     let (code, doc) = compare_json("base", "twin", &[]);
     assert_eq!(code, 0, "{doc:#}");
     let all = changes(&doc);
-    assert_eq!(all.len(), 7);
+    assert_eq!(all.len(), 8);
     for (metric, change, verdict) in all {
         assert_eq!((change, verdict.as_str()), (0, "unchanged"), "{metric}");
     }

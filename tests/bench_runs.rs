@@ -139,6 +139,13 @@ fn bench_runs_flags_non_deterministic_benchmark() {
     assert_eq!(steady["metrics"]["peak_live_bytes"]["value"], 10000);
     assert_eq!(steady["metrics"]["leaked_bytes"]["value"], 100);
     assert_eq!(steady["metrics"]["leaked_blocks"]["value"], 1);
+    // Ten blocks freed after all were allocated: none temporary; each of
+    // varying's blocks is freed at once: all temporary (issue 15).
+    assert_eq!(steady["metrics"]["temporary_allocations"]["value"], 0);
+    assert_eq!(
+        varying["metrics"]["temporary_allocations"]["runs"],
+        serde_json::json!([1, 2, 3])
+    );
     assert_eq!(steady["exit"]["code"], 0);
     // Every run's profile is kept for drill-down.
     for p in steady["profiles"].as_array().unwrap() {
@@ -225,12 +232,12 @@ fn bench_runs_bmf_and_gab_match_their_schemas() {
     assert_eq!(bmf["varying"]["allocations"]["lower_value"], 1.0);
     assert_eq!(bmf["varying"]["allocations"]["upper_value"], 3.0);
     assert_eq!(bmf["steady"]["allocated-bytes"]["value"], 10100.0);
-    assert_eq!(bmf["steady"].as_object().unwrap().len(), 7);
+    assert_eq!(bmf["steady"].as_object().unwrap().len(), 8);
 
     let gab = render("gab");
     check_gab(&gab);
     let entries = gab.as_array().unwrap();
-    assert_eq!(entries.len(), 14, "7 metrics of 2 benchmarks");
+    assert_eq!(entries.len(), 16, "8 metrics of 2 benchmarks");
     let peak = entries
         .iter()
         .find(|e| e["name"] == "steady - peak_live_bytes")

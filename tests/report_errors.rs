@@ -169,11 +169,11 @@ fn report_bad_flags_exit_2() {
     for (args, needle) in [
         (
             vec!["report", p, "--format", "svg"],
-            "[possible values: text, json, flamegraph, pprof, folded]",
+            "[possible values: text, json, flamegraph, pprof, folded, timeline]",
         ),
         (
             vec!["report", p, "--by", "time"],
-            "[possible values: bytes, count, peak, leaked]",
+            "[possible values: bytes, count, peak, leaked, temporary]",
         ),
         (vec!["report", p, "--top", "-1"], "unexpected argument '-1'"),
         (vec!["report", p, "--top", "ten"], "invalid digit"),

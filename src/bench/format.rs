@@ -56,6 +56,7 @@ pub fn title(m: Metric) -> &'static str {
         Metric::LeakedBytes => "leaked",
         Metric::LeakedBlocks => "leaked blocks",
         Metric::MmapPeakBytes => "mmap peak",
+        Metric::TemporaryAllocations => "temporary",
     }
 }
 

@@ -26,11 +26,12 @@ pub enum Metric {
     LeakedBytes,
     LeakedBlocks,
     MmapPeakBytes,
+    TemporaryAllocations,
 }
 
 impl Metric {
     /// Every metric, in the order reports show them.
-    pub const ALL: [Metric; 7] = [
+    pub const ALL: [Metric; 8] = [
         Self::Allocations,
         Self::Frees,
         Self::AllocatedBytes,
@@ -38,6 +39,7 @@ impl Metric {
         Self::LeakedBytes,
         Self::LeakedBlocks,
         Self::MmapPeakBytes,
+        Self::TemporaryAllocations,
     ];
 
     /// The key in results documents (and BMF measures).
@@ -50,11 +52,12 @@ impl Metric {
             Self::LeakedBytes => "leaked_bytes",
             Self::LeakedBlocks => "leaked_blocks",
             Self::MmapPeakBytes => "mmap_peak_bytes",
+            Self::TemporaryAllocations => "temporary_allocations",
         }
     }
 
     /// The metric named `name`: its key or a short name (`bytes`, `peak`,
-    /// `leaked`, `mmap`).
+    /// `leaked`, `mmap`, `temporary`).
     pub fn from_name(name: &str) -> Option<Self> {
         let short = match name {
             "bytes" => Some(Self::AllocatedBytes),
@@ -62,6 +65,7 @@ impl Metric {
             "leaked" => Some(Self::LeakedBytes),
             "blocks" => Some(Self::LeakedBlocks),
             "mmap" => Some(Self::MmapPeakBytes),
+            "temporary" => Some(Self::TemporaryAllocations),
             _ => None,
         };
         short.or_else(|| Self::ALL.into_iter().find(|m| m.key() == name))
@@ -92,6 +96,10 @@ impl Metric {
             // Anonymous mmap outside allocator calls (profile
             // `mappings.peak_mapped_bytes`, always present in version 1).
             Self::MmapPeakBytes => p.mappings.peak_mapped_bytes,
+            // Blocks freed by their thread before it allocated or freed
+            // anything else (profile `totals.temporary_allocations`; 0 in
+            // profiles written before it was counted).
+            Self::TemporaryAllocations => p.totals.temporary_allocations,
         }
     }
 }

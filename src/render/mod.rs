@@ -24,6 +24,7 @@ mod load;
 pub mod pprof;
 mod sites;
 mod text;
+mod timeline;
 
 use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
@@ -50,6 +51,10 @@ pub enum Format {
     /// Collapsed stacks, `outer;...;inner VALUE` a line, for any flame
     /// graph tool.
     Folded,
+    /// An SVG chart of the heap over time (the profile's timeline), with
+    /// the peak instant and the sites at the peak; `--by` and `--top` do
+    /// not apply.
+    Timeline,
 }
 
 /// What sites are ranked (and flame graphs sized) by.
@@ -65,6 +70,9 @@ pub enum Metric {
     Peak,
     /// Bytes still live when their process exited.
     Leaked,
+    /// Temporary allocations: blocks freed by their thread before it
+    /// allocated or freed anything else (heaptrack's definition).
+    Temporary,
 }
 
 impl Metric {
@@ -75,6 +83,7 @@ impl Metric {
             Self::Count => p.totals.allocations,
             Self::Peak => p.totals.peak_live_bytes,
             Self::Leaked => p.totals.live_bytes_at_exit,
+            Self::Temporary => p.totals.temporary_allocations,
         }
     }
 
@@ -85,6 +94,7 @@ impl Metric {
             Self::Count => "count",
             Self::Peak => "peak",
             Self::Leaked => "leaked",
+            Self::Temporary => "temporary",
         }
     }
 
@@ -95,13 +105,14 @@ impl Metric {
             Self::Count => "allocations",
             Self::Peak => "bytes live at peak",
             Self::Leaked => "bytes leaked",
+            Self::Temporary => "temporary allocations",
         }
     }
 
     /// The unit of a value, for flame graph tooltips.
     fn unit(self) -> &'static str {
         match self {
-            Self::Count => "allocations",
+            Self::Count | Self::Temporary => "allocations",
             _ => "bytes",
         }
     }
@@ -248,6 +259,7 @@ pub fn write_report(profile: &Profile, opts: &ReportOptions, w: &mut dyn Write) 
         Format::Folded => folded::write(profile, opts.by, opts.limit(), w),
         Format::Flamegraph => flamegraph::write(profile, opts.by, opts.limit(), w),
         Format::Pprof => pprof::write(profile, opts.by, opts.limit(), w),
+        Format::Timeline => timeline::write(profile, w),
     }
 }
 

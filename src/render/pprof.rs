@@ -3,7 +3,8 @@
 //!
 //! - Sample types, in this order: `alloc_objects/count` (allocations),
 //!   `alloc_space/bytes` (bytes), `inuse_space/bytes` (live at the tree's
-//!   peak), `leaked_objects/count` and `leaked_space/bytes` (live at exit).
+//!   peak), `leaked_objects/count` and `leaked_space/bytes` (live at exit),
+//!   `temporary_objects/count` (temporary allocations).
 //!   `default_sample_type` is the `--by` metric's.
 //! - One sample per site, every site (a site of value 0 for one metric
 //!   still has the others), ranked by the `--by` metric; `location_id[0]`
@@ -49,13 +50,14 @@ pub mod proto {
 }
 
 /// The sample types, in sample value order, and the metric each reads.
-pub const SAMPLE_TYPES: [(&str, &str); 6] = [
+pub const SAMPLE_TYPES: [(&str, &str); 7] = [
     ("alloc_objects", "count"),
     ("alloc_space", "bytes"),
     ("inuse_objects", "count"),
     ("inuse_space", "bytes"),
     ("leaked_objects", "count"),
     ("leaked_space", "bytes"),
+    ("temporary_objects", "count"),
 ];
 
 /// The sample type that stands for a `--by` metric.
@@ -65,6 +67,7 @@ pub fn sample_type_of(by: Metric) -> &'static str {
         Metric::Bytes => "alloc_space",
         Metric::Peak => "inuse_space",
         Metric::Leaked => "leaked_space",
+        Metric::Temporary => "temporary_objects",
     }
 }
 
@@ -76,6 +79,7 @@ fn sample_values(m: &StackMetrics) -> Vec<i64> {
         m.live_bytes_at_peak,
         m.live_allocations_at_exit,
         m.live_bytes_at_exit,
+        m.temporary_allocations,
     ]
     .into_iter()
     .map(|v| i64::try_from(v).unwrap_or(i64::MAX))

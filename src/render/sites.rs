@@ -27,6 +27,7 @@ impl Metric {
             Self::Count => m.allocations,
             Self::Peak => m.live_bytes_at_peak,
             Self::Leaked => m.live_bytes_at_exit,
+            Self::Temporary => m.temporary_allocations,
         }
     }
 }
@@ -106,6 +107,9 @@ fn add(sum: &mut StackMetrics, m: &StackMetrics) {
     sum.live_allocations_at_exit = sum
         .live_allocations_at_exit
         .saturating_add(m.live_allocations_at_exit);
+    sum.temporary_allocations = sum
+        .temporary_allocations
+        .saturating_add(m.temporary_allocations);
 }
 
 /// What a frame shows once symbolized: its address only when it has no

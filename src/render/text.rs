@@ -37,6 +37,12 @@ pub(super) fn write(
         plural(t.live_allocations_at_exit, "block"),
         human_bytes(t.live_bytes_at_exit)
     )?;
+    if let Some(spark) = super::timeline::sparkline(profile) {
+        writeln!(
+            w,
+            "  heap over time  {spark}  (--format timeline for the chart)"
+        )?;
+    }
     if profile.stacks.is_empty() {
         writeln!(w, "  no allocation sites: the profile has no stacks")?;
         return Ok(());
@@ -115,6 +121,9 @@ fn metrics_line(m: &StackMetrics, by: Metric, total: u64) -> String {
                 human_bytes(m.live_bytes_at_exit),
                 notes(&[share, Some(plural(m.live_allocations_at_exit, "block"))])
             ),
+            Metric::Temporary => {
+                format!("{} temporary{}", m.temporary_allocations, notes(&[share]))
+            }
         }
     };
     let mut parts = vec![phrase(by)];
@@ -124,6 +133,10 @@ fn metrics_line(m: &StackMetrics, by: Metric, total: u64) -> String {
             .filter(|&metric| metric != by)
             .map(phrase),
     );
+    // Temporary allocations are named only where there are some.
+    if by != Metric::Temporary && m.temporary_allocations > 0 {
+        parts.push(phrase(Metric::Temporary));
+    }
     parts.join(", ")
 }
 

@@ -15,12 +15,19 @@
 //! - per call stack, live bytes at the tree's peak are kept lazily: a stack
 //!   remembers when it last changed, and the first change after a new peak
 //!   (or the end of the capture) records its value at that peak, so a peak
-//!   costs O(1) however many stacks there are.
+//!   costs O(1) however many stacks there are;
+//! - a *temporary* allocation is one its thread frees before allocating or
+//!   freeing anything else (heaptrack's rule, kept per thread): each thread
+//!   remembers the address of its last allocation until its next free, and
+//!   a free of that address counts the block as temporary, in its process
+//!   and at the stack that allocated it. realloc is a free of the old block
+//!   then an allocation of the new one, as in heaptrack.
 
 mod output;
 mod profile;
 mod stream;
 mod summary;
+pub mod timeline;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -31,6 +38,7 @@ pub use profile::{
 };
 pub use stream::EventWriter;
 pub use summary::{SlowProbe, human_bytes, slow_probes, write_summary};
+pub use timeline::Timeline;
 
 use crate::record::{Body, Header, Kind, Mem, Record};
 
@@ -47,6 +55,10 @@ pub struct HeapCounters {
     pub live_bytes_at_exit: u64,
     pub live_allocations_at_exit: u64,
     pub unmatched_frees: u64,
+    /// Blocks freed by their thread before it allocated or freed anything
+    /// else (see docs/profile.md, "Temporary allocations").
+    #[serde(default)]
+    pub temporary_allocations: u64,
 }
 
 /// Anonymous mappings and program break of a process or the whole tree.
@@ -114,6 +126,9 @@ struct LiveState {
     mapped_bytes: u64,
     brk_start: Option<u64>,
     brk_now: u64,
+    /// The address of each thread's last allocation, until that thread
+    /// frees something: the temporary-allocation rule.
+    last_alloc: HashMap<u32, u64>,
 }
 
 impl LiveState {
@@ -173,6 +188,7 @@ struct StackAgg {
 #[derive(Debug, Default)]
 struct TreeLive {
     live_bytes: u64,
+    live_blocks: u64,
     peak_live_bytes: u64,
     peak_live_at_ns: u64,
     /// Sequence number of the record that made the peak.
@@ -198,6 +214,7 @@ impl TreeLive {
 
     fn grow(&mut self, block: Block) {
         self.live_bytes += block.size;
+        self.live_blocks += 1;
         if block.stack != 0 {
             let s = self.stack(block.stack);
             s.live += block.size;
@@ -207,6 +224,7 @@ impl TreeLive {
 
     fn shrink(&mut self, block: Block) {
         self.live_bytes -= block.size;
+        self.live_blocks -= 1;
         if block.stack != 0 {
             let s = self.stack(block.stack);
             s.live -= block.size;
@@ -236,11 +254,59 @@ pub struct Aggregator {
     peak_mapped_bytes: u64,
     /// Records this version does not understand.
     pub malformed: u64,
+    /// The heap over time; `None` when not kept.
+    timeline: Option<timeline::Builder>,
 }
 
 impl Aggregator {
+    /// An aggregator that keeps the timeline.
     pub fn new() -> Self {
+        Self {
+            timeline: Some(timeline::Builder::default()),
+            ..Self::default()
+        }
+    }
+
+    /// An aggregator without the timeline (to measure what it costs).
+    pub fn without_timeline() -> Self {
         Self::default()
+    }
+
+    /// The timeline, times relative to `start_ns` (`None` when not kept).
+    pub fn timeline(&self, start_ns: u64) -> Option<Timeline> {
+        self.timeline.as_ref().map(|b| {
+            b.build(
+                start_ns,
+                self.procs.iter().map(|p| p.pid),
+                (self.tree.peak_live_bytes, self.tree.peak_live_at_ns),
+            )
+        })
+    }
+
+    /// Samples the tree and process `idx` into the timeline at `ts`.
+    fn sample(&mut self, idx: usize, ts: u64) {
+        let Some(b) = self.timeline.as_mut() else {
+            return;
+        };
+        let tree = timeline::Point {
+            live_bytes: self.tree.live_bytes,
+            live_blocks: self.tree.live_blocks,
+            mapped_bytes: self.mapped_bytes,
+        };
+        let proc = self.procs[idx]
+            .state
+            .as_deref()
+            .map_or_else(timeline::Point::default, |s| timeline::Point {
+                live_bytes: s.live_bytes,
+                live_blocks: s.blocks.len() as u64,
+                mapped_bytes: s.mapped_bytes,
+            });
+        b.record(ts, tree, idx, proc);
+    }
+
+    /// The tree's live heap now: bytes and blocks.
+    pub fn live_now(&self) -> (u64, u64) {
+        (self.tree.live_bytes, self.tree.live_blocks)
     }
 
     /// Names the parent of a process whose fork was not recorded (the root).
@@ -273,6 +339,7 @@ impl Aggregator {
             t.live_bytes_at_exit += h.live_bytes_at_exit;
             t.live_allocations_at_exit += h.live_allocations_at_exit;
             t.unmatched_frees += h.unmatched_frees;
+            t.temporary_allocations += h.temporary_allocations;
         }
         t.peak_live_bytes = self.tree.peak_live_bytes;
         t.peak_live_at_ns = self.tree.peak_live_at_ns;
@@ -335,13 +402,17 @@ impl Aggregator {
                     }
                     self.mapped_bytes -= old.mapped_bytes;
                 }
+                self.sample(idx, ts);
             }
             Body::Exit { exit_code } => {
                 let idx = self.index(pid, ts);
                 self.procs[idx].exit_status = Some(exit_code);
                 self.close(idx, ts);
             }
-            Body::Mem(mem) => self.mem(&rec.hdr, mem),
+            Body::Mem(mem) => {
+                let idx = self.mem(&rec.hdr, mem);
+                self.sample(idx, ts);
+            }
         }
     }
 
@@ -377,6 +448,7 @@ impl Aggregator {
             state: Some(Box::new(state)),
             ..Process::default()
         });
+        self.sample(self.procs.len() - 1, ts);
     }
 
     /// Ends a process: what it still has live is its leaks.
@@ -401,16 +473,19 @@ impl Aggregator {
             }
         }
         self.mapped_bytes -= state.mapped_bytes;
+        self.sample(idx, ts);
     }
 
-    fn mem(&mut self, hdr: &Header, mem: Mem) {
+    /// Folds an allocator or memory-syscall record; returns its process's
+    /// index.
+    fn mem(&mut self, hdr: &Header, mem: Mem) -> usize {
         let idx = self.index(hdr.pid, hdr.ts_ns);
         let p = &mut self.procs[idx];
         if let Some(calls) = p.calls.get_mut(hdr.kind as usize) {
             *calls += 1;
         }
         let Some(state) = p.state.as_deref_mut() else {
-            return;
+            return idx;
         };
         let tree = &mut self.tree;
         let heap = &mut p.heap;
@@ -450,6 +525,17 @@ impl Aggregator {
                     .filter(|o| o.addr == old_addr);
                 // Only the process's own old block leaves its live bytes.
                 let own_old = old.filter(|o| !o.inherited).map(|o| o.block);
+                if addr != 0 || (old.is_some() && size == 0) {
+                    // The old block is freed (heaptrack: a free, then an
+                    // allocation of the new block).
+                    let last = state.last_alloc.remove(&hdr.tid);
+                    if let Some(b) = own_old.filter(|_| last == Some(old_addr)) {
+                        temporary(heap, tree, b);
+                    }
+                    if addr != 0 {
+                        state.last_alloc.insert(hdr.tid, addr);
+                    }
+                }
                 if addr != 0 {
                     let block = Block {
                         size,
@@ -500,9 +586,18 @@ impl Aggregator {
                 state.live_bytes += size;
                 tree.grow(block);
                 stack_allocated(tree, block);
+                state.last_alloc.insert(hdr.tid, addr);
             }
             Kind::Free => {
+                let last = if addr == 0 {
+                    None
+                } else {
+                    state.last_alloc.remove(&hdr.tid)
+                };
                 if let Some(block) = state.blocks.remove(&addr) {
+                    if last == Some(addr) {
+                        temporary(heap, tree, block);
+                    }
                     heap.frees += 1;
                     heap.freed_bytes += block.size;
                     state.live_bytes -= block.size;
@@ -562,6 +657,7 @@ impl Aggregator {
         maps.peak_mapped_bytes = maps.peak_mapped_bytes.max(state.mapped_bytes);
         self.mapped_bytes = self.mapped_bytes + mapped_grew - mapped_shrank;
         self.peak_mapped_bytes = self.peak_mapped_bytes.max(self.mapped_bytes);
+        idx
     }
 
     /// Ends processes that never reported an exit (the capture ended
@@ -583,6 +679,14 @@ impl Aggregator {
                 s.metrics.live_allocations_at_peak = s.live_blocks;
             }
         }
+    }
+}
+
+/// Counts a freed block as temporary, in its process and at its stack.
+fn temporary(heap: &mut HeapCounters, tree: &mut TreeLive, block: Block) {
+    heap.temporary_allocations += 1;
+    if block.stack != 0 {
+        tree.stack(block.stack).metrics.temporary_allocations += 1;
     }
 }
 

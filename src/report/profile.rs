@@ -63,6 +63,10 @@ pub struct Profile {
     /// stacks ended before their outermost frame.
     #[serde(default)]
     pub unwind: UnwindReport,
+    /// The heap over time (docs/profile.md, "Timeline"); empty in a
+    /// profile written before memtrail kept it.
+    #[serde(default)]
+    pub timeline: super::Timeline,
 }
 
 /// How stacks were walked (`--unwind`) and how far they got.
@@ -167,6 +171,10 @@ pub struct StackMetrics {
     /// Bytes from this stack still live when their process exited.
     pub live_bytes_at_exit: u64,
     pub live_allocations_at_exit: u64,
+    /// Blocks from this stack freed by their thread before it allocated or
+    /// freed anything else.
+    #[serde(default)]
+    pub temporary_allocations: u64,
 }
 
 /// How the command ended: an exit code, or the signal that killed it.
@@ -315,6 +323,7 @@ impl Profile {
             stacks: Vec::new(),
             pressure: Default::default(),
             unwind: Default::default(),
+            timeline: agg.timeline(start_ns).unwrap_or_default(),
         }
     }
 }

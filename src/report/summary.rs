@@ -163,6 +163,17 @@ fn write_executables(w: &mut impl Write, p: &Profile) -> io::Result<()> {
     Ok(())
 }
 
+/// The share of temporary allocations from which the summary names them:
+/// a tenth of all allocations (a program in which one allocation in ten
+/// lives only until the next allocator call has churn worth a look).
+pub const TEMPORARY_SHARE_SHOWN: f64 = 0.10;
+
+/// Whether temporary allocations are a large enough share to be named.
+fn temporary_is_large(t: &super::HeapCounters) -> bool {
+    t.temporary_allocations > 0
+        && t.temporary_allocations as f64 >= TEMPORARY_SHARE_SHOWN * t.allocations as f64
+}
+
 /// Writes the summary of `p`; `slow` are the single-stepping probe sites
 /// the command went through ([`slow_probes`]).
 pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io::Result<()> {
@@ -208,6 +219,15 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
         t.live_allocations_at_exit,
         human_bytes(t.live_bytes_at_exit)
     )?;
+    if temporary_is_large(t) {
+        writeln!(
+            w,
+            "  temporary   {:>10}  {:>11.1}%   of allocations freed before their thread allocated \
+             again (memtrail report --by temporary)",
+            t.temporary_allocations,
+            t.temporary_allocations as f64 * 100.0 / t.allocations as f64
+        )?;
+    }
     let m = &p.mappings;
     if m.mmaps > 0 || m.brk_peak_bytes > 0 {
         writeln!(
