@@ -28,6 +28,7 @@
 
 pub mod api;
 pub mod cache;
+pub mod usdt;
 pub mod worker;
 
 use std::fmt;
@@ -180,7 +181,8 @@ pub fn ld_so_path() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-/// The allocator sites of `image` for the given API.
+/// The allocator sites of `image` for the given API, and its USDT region
+/// markers (see [`usdt`]).
 pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError> {
     let data = fs::read(image).map_err(|source| AttachError::Read {
         path: image.to_owned(),
@@ -241,6 +243,7 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
             emulated,
         });
     }
+    sites.extend(usdt::find_markers(&elf, image));
     Ok(sites)
 }
 
@@ -345,7 +348,7 @@ impl Prefix {
             Some(i) => find(i).map(Some),
         };
         match role {
-            Role::New => Some(abi),
+            Role::New | Role::Marker => Some(abi),
             Role::Free => holds(ARG_REGS[0], ARG_REGS[0]).then_some(abi),
             Role::Alloc => Some(Abi {
                 size: find(abi.size)?,
@@ -480,12 +483,13 @@ impl Drop for Links {
 
 /// The programs allocator sites take, as program fds (sendable to the
 /// attach worker): entry and return of allocating calls, entry of frees,
-/// entry of C++ operator new.
+/// entry of C++ operator new, USDT region markers.
 pub struct AllocPrograms {
     pub enter: OwnedFd,
     pub ret: OwnedFd,
     pub free: OwnedFd,
     pub new: OwnedFd,
+    pub marker: OwnedFd,
 }
 
 impl AllocPrograms {
@@ -497,6 +501,7 @@ impl AllocPrograms {
             ret: p.alloc_return.as_fd().try_clone_to_owned()?,
             free: p.free_enter.as_fd().try_clone_to_owned()?,
             new: p.new_enter.as_fd().try_clone_to_owned()?,
+            marker: p.region_marker.as_fd().try_clone_to_owned()?,
         })
     }
 }
@@ -515,23 +520,31 @@ pub fn attach_sites(
             .filter(move |s| s.role == role)
             .collect::<Vec<_>>()
     };
-    let (allocs, frees, news) = (
+    let (allocs, frees, news, markers) = (
         of_role(Role::Alloc),
         of_role(Role::Free),
         of_role(Role::New),
+        of_role(Role::Marker),
     );
-    let groups: [(BorrowedFd<'_>, bool, &[&Site]); 4] = [
+    let groups: [(BorrowedFd<'_>, bool, &[&Site]); 5] = [
         (progs.enter.as_fd(), false, &allocs),
         (progs.ret.as_fd(), true, &allocs),
         (progs.free.as_fd(), false, &frees),
         (progs.new.as_fd(), false, &news),
+        (progs.marker.as_fd(), false, &markers),
     ];
     for (prog, retprobe, group) in groups {
         let Some(first) = group.first() else {
             continue;
         };
         let offsets: Vec<u64> = group.iter().map(|s| s.offset).collect();
-        let cookies: Vec<u64> = group.iter().map(|s| s.abi.cookie(s.kind)).collect();
+        let cookies: Vec<u64> = group
+            .iter()
+            .map(|s| match s.role {
+                Role::Marker => usdt::marker_cookie(s),
+                _ => s.abi.cookie(s.kind),
+            })
+            .collect();
         let link = crate::sys::uprobe_multi(prog, &first.image, &offsets, &cookies, retprobe)
             .map_err(|err| uprobe_error(group, err))?;
         links.push_fd(link);

@@ -19,6 +19,7 @@
 
 mod output;
 mod profile;
+mod regions;
 mod stream;
 mod summary;
 
@@ -29,6 +30,7 @@ pub use profile::{
     EndedEarly, ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION, Profile, StackEntry,
     StackMetrics, UnwindReport, wait_status_code, write_profile,
 };
+pub use regions::RegionEntry;
 pub use stream::EventWriter;
 pub use summary::{SlowProbe, human_bytes, slow_probes, write_summary};
 
@@ -335,6 +337,8 @@ impl Aggregator {
                 self.close(idx, ts);
             }
             Body::Mem(mem) => self.mem(&rec.hdr, mem),
+            // Folded by the region markers (crate::session::markers).
+            Body::Region { .. } => {}
         }
     }
 

@@ -46,6 +46,10 @@ pub struct Profile {
     /// stacks ended before their outermost frame.
     #[serde(default)]
     pub unwind: UnwindReport,
+    /// USDT region markers (`include/memtrail_usdt.h`), by name; empty
+    /// when the programs have none.
+    #[serde(default)]
+    pub regions: Vec<super::RegionEntry>,
 }
 
 /// How stacks were walked (`--unwind`) and how far they got.
@@ -266,6 +270,7 @@ impl Profile {
             stacks: Vec::new(),
             pressure: Default::default(),
             unwind: Default::default(),
+            regions: Vec::new(),
         }
     }
 }
