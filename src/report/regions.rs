@@ -44,3 +44,44 @@ impl RegionEntry {
         self.live_bytes += c.live_bytes;
     }
 }
+
+/// Regions shown in the summary; the profile lists every one.
+const REGIONS_SHOWN: usize = 20;
+
+/// The summary's table of regions, by name (nothing without markers).
+pub(crate) fn write_regions(
+    w: &mut impl std::io::Write,
+    regions: &[RegionEntry],
+) -> std::io::Result<()> {
+    if regions.is_empty() {
+        return Ok(());
+    }
+    let human = super::human_bytes;
+    writeln!(
+        w,
+        "  {:<20} {:>8} {:>10} {:>10} {:>12} {:>12} {:>8} {:>12}",
+        "region", "entries", "allocs", "frees", "allocated", "peak", "live", "live bytes"
+    )?;
+    for r in regions.iter().take(REGIONS_SHOWN) {
+        writeln!(
+            w,
+            "  {:<20} {:>8} {:>10} {:>10} {:>12} {:>12} {:>8} {:>12}",
+            r.name,
+            r.entries,
+            r.allocations,
+            r.frees,
+            human(r.allocated_bytes),
+            human(r.peak_live_bytes),
+            r.live_allocations,
+            human(r.live_bytes)
+        )?;
+    }
+    if regions.len() > REGIONS_SHOWN {
+        writeln!(
+            w,
+            "  and {} more regions (the profile lists every one)",
+            regions.len() - REGIONS_SHOWN
+        )?;
+    }
+    Ok(())
+}
