@@ -135,3 +135,142 @@ fn usdt_regions_none_without_markers() {
     assert_eq!(run.profile()["regions"], Value::Array(Vec::new()));
     assert!(!run.stderr.contains("region "), "{}", run.stderr);
 }
+
+/// Runs `memtrail ARGS`: exit code, stdout, stderr.
+fn memtrail(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
+    let out = std::process::Command::new(common::MEMTRAIL)
+        .args(args)
+        .output()
+        .expect("run memtrail");
+    (
+        out.status.code().expect("memtrail exited"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Check that `memtrail bench` fills each benchmark's `regions` with the
+/// region's exact metrics over every run, and that the BMF, github-action-
+/// benchmark, Markdown and compare outputs show region `R` of benchmark
+/// `B` as `B/R` (issue 14, per-region metrics).
+#[test]
+fn usdt_regions_in_bench_results() {
+    let exe = usdt_fixture("usdt_regions", &[]);
+    let lib = usdt_fixture("usdt_lib", &["-shared", "-fPIC"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, stderr) = memtrail(&[
+        "bench".as_ref(),
+        "-q".as_ref(),
+        "--runs".as_ref(),
+        "2".as_ref(),
+        "--name".as_ref(),
+        "marked".as_ref(),
+        "--dir".as_ref(),
+        dir.path().as_os_str(),
+        "--".as_ref(),
+        exe.as_os_str(),
+        lib.as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let results_path = dir.path().join("new/results.json");
+    let results: Value = serde_json::from_slice(&std::fs::read(&results_path).unwrap()).unwrap();
+    let bench = &results["benchmarks"][0];
+    assert_eq!(bench["deterministic"], Value::Bool(true));
+    let regions = bench["regions"].as_object().expect("regions");
+    let names: Vec<&String> = regions.keys().collect();
+    assert_eq!(names, ["inner", "lib", "loop", "outer", "worker"]);
+    let outer = &regions["outer"];
+    let expect = [
+        ("entries", 1),
+        ("allocations", 5),
+        ("frees", 3),
+        ("allocated_bytes", 320),
+        ("peak_live_bytes", 300),
+        ("leaked_bytes", 110),
+        ("leaked_blocks", 2),
+    ];
+    assert_eq!(outer.as_object().unwrap().len(), expect.len(), "{outer}");
+    for (key, value) in expect {
+        let stat = &outer[key];
+        assert_eq!(
+            (num(stat, "value"), num(stat, "min"), num(stat, "max")),
+            (value, value, value),
+            "outer {key}: {stat}"
+        );
+        assert_eq!(stat["runs"], serde_json::json!([value, value]), "{key}");
+    }
+    assert_eq!(num(&regions["loop"]["entries"], "value"), 3);
+    assert_eq!(num(&regions["lib"]["allocated_bytes"], "value"), 154);
+
+    let render = |format: &str| {
+        let (code, stdout, stderr) = memtrail(&[
+            "bench".as_ref(),
+            "--from".as_ref(),
+            results_path.as_os_str(),
+            "--format".as_ref(),
+            format.as_ref(),
+        ]);
+        assert_eq!(code, 0, "{stderr}");
+        stdout
+    };
+    let bmf: Value = serde_json::from_str(&render("bmf")).unwrap();
+    assert_eq!(bmf["marked/outer"]["allocations"]["value"], 5.0);
+    assert_eq!(bmf["marked/outer"]["peak-live-bytes"]["upper_value"], 300.0);
+    assert_eq!(bmf["marked/loop"]["entries"]["value"], 3.0);
+    assert_eq!(
+        bmf.as_object().unwrap().len(),
+        6,
+        "the benchmark and 5 regions"
+    );
+    let gab: Value = serde_json::from_str(&render("gab")).unwrap();
+    let worker = gab
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "marked/worker - allocated_bytes")
+        .expect("marked/worker - allocated_bytes");
+    assert_eq!(
+        (worker["value"].as_u64(), worker["unit"].as_str()),
+        (Some(200), Some("bytes"))
+    );
+    let markdown = render("markdown");
+    let row = markdown
+        .lines()
+        .find(|l| l.starts_with("| `marked/inner` |"))
+        .unwrap_or_else(|| panic!("no marked/inner row:\n{markdown}"));
+    assert_eq!(
+        row,
+        "| `marked/inner` | 2 | 1 | 20 B | 20 B | 10 B | 1 | - | code 0 | 2 |"
+    );
+
+    // compare: every region is a benchmark of its own, unchanged here.
+    let (code, stdout, stderr) = memtrail(&[
+        "compare".as_ref(),
+        "--format".as_ref(),
+        "json".as_ref(),
+        results_path.as_os_str(),
+        results_path.as_os_str(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let cmp: Value = serde_json::from_str(&stdout).unwrap();
+    let compared: Vec<&str> = cmp["benchmarks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            assert_eq!(b["status"], "unchanged", "{b}");
+            b["name"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        compared,
+        [
+            "marked",
+            "marked/inner",
+            "marked/lib",
+            "marked/loop",
+            "marked/outer",
+            "marked/worker"
+        ]
+    );
+}
