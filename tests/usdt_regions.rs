@@ -274,3 +274,25 @@ fn usdt_regions_in_bench_results() {
         ]
     );
 }
+
+/// Check that an image whose only sites are region markers stays out of
+/// the image cache (which would probe it up front in every later capture,
+/// whatever runs), and that its markers are found again in the next
+/// capture.
+#[test]
+fn usdt_regions_marker_images_not_cached() {
+    let exe = usdt_fixture("usdt_regions", &[]);
+    let cache = tempfile::tempdir().unwrap();
+    let cache_dir = cache.path().to_str().unwrap();
+    for _ in 0..2 {
+        let run = common::capture_env(
+            &[exe.clone().into_os_string()],
+            b"",
+            &[("MEMTRAIL_CACHE_DIR", cache_dir)],
+        );
+        run.expect_code(0);
+        assert_eq!(num(region(run.profile(), "outer"), "allocations"), 5);
+        let text = std::fs::read_to_string(cache.path().join("images-v1.tsv")).unwrap();
+        assert!(!text.contains(exe.to_str().unwrap()), "{text}");
+    }
+}
