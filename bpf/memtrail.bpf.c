@@ -454,11 +454,13 @@ enum mt_unwind_rbp _mt_unwind_rbp = MT_RBP_SAME;
 enum mt_stack_end _mt_stack_end = MT_END_COMPLETE;
 enum mt_unwind_mode _mt_unwind_mode = MT_UNWIND_AUTO;
 struct mt_mapping_record _mt_mapping_record = {};
+struct mt_region_event _mt_region_event = {};
 enum mt_kind _mt_kind = 0;
 enum mt_flags _mt_flags = 0;
 enum mt_cookie_layout _mt_cookie_layout = 0;
 enum mt_cookie_flags _mt_cookie_flags = 0;
 enum mt_ring _mt_ring = 0;
+enum mt_usdt_reg _mt_usdt_reg = 0;
 
 static __always_inline bool is_tracked(__u32 tgid)
 {
@@ -1320,6 +1322,64 @@ int free_enter(struct pt_regs *ctx)
 	if (!cur || cur->depth > 0)
 		return 0;
 	emit_event(event_clock(cur), pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);
+	return 0;
+}
+
+/* Where the register `reg` (enum mt_usdt_reg) is in struct pt_regs. */
+static __always_inline __u32 usdt_reg_off(__u32 reg)
+{
+	switch (reg) {
+	case MT_REG_AX: return offsetof(struct pt_regs, ax);
+	case MT_REG_BX: return offsetof(struct pt_regs, bx);
+	case MT_REG_CX: return offsetof(struct pt_regs, cx);
+	case MT_REG_DX: return offsetof(struct pt_regs, dx);
+	case MT_REG_SI: return offsetof(struct pt_regs, si);
+	case MT_REG_DI: return offsetof(struct pt_regs, di);
+	case MT_REG_BP: return offsetof(struct pt_regs, bp);
+	case MT_REG_SP: return offsetof(struct pt_regs, sp);
+	case MT_REG_R8: return offsetof(struct pt_regs, r8);
+	case MT_REG_R9: return offsetof(struct pt_regs, r9);
+	case MT_REG_R10: return offsetof(struct pt_regs, r10);
+	case MT_REG_R11: return offsetof(struct pt_regs, r11);
+	case MT_REG_R12: return offsetof(struct pt_regs, r12);
+	case MT_REG_R13: return offsetof(struct pt_regs, r13);
+	case MT_REG_R14: return offsetof(struct pt_regs, r14);
+	default: return offsetof(struct pt_regs, r15);
+	}
+}
+
+/*
+ * A USDT region marker of provider `memtrail` (include/memtrail_usdt.h),
+ * on the `nop` the marker sits on (emulated: no single-step). The cookie
+ * says begin or end and, for begin, which register holds the name. The
+ * record goes on the events ring, in order with the thread's heap events.
+ * The name is copied straight into the reserved record; the header touched
+ * its pages, and a name that cannot be read is left empty.
+ */
+SEC("uprobe.multi")
+int region_marker(struct pt_regs *ctx)
+{
+	__u64 cookie = bpf_get_attach_cookie(ctx), pid_tgid = 0, name;
+	__u16 kind = cookie & 0xffff;
+	struct mt_region_event *e;
+
+	if (!current_call_ids(&pid_tgid))
+		return 0;
+	e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	fill_header(&e->hdr, pid_tgid, kind, 0);
+	e->name[0] = 0;
+	if (kind == MT_REGION_BEGIN) {
+		/* The register, read at a variable offset of the registers
+		 * (a direct ctx access needs a constant one). */
+		if (bpf_probe_read_kernel(&name, sizeof(name),
+					  (void *)ctx + usdt_reg_off((cookie >> MT_USDT_REG_SHIFT) & 0xf)) ||
+		    bpf_probe_read_user_str(e->name, sizeof(e->name), (void *)name) < 0)
+			e->name[0] = 0;
+	}
+	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
+	check_pressure(&events, MT_RING_EVENTS, watermark_events, &hwm_events);
 	return 0;
 }
 

@@ -33,6 +33,10 @@ enum mt_kind {
 	MT_FORK = 32,
 	MT_EXEC = 33,
 	MT_EXIT = 34,
+	/* USDT region markers (include/memtrail_usdt.h); they are also the
+	 * attach cookies of the marker probes. */
+	MT_REGION_BEGIN = 40,
+	MT_REGION_END = 41,
 };
 
 /*
@@ -258,6 +262,33 @@ struct mt_exit_event {
 	struct mt_header hdr;
 	__s32 exit_code; /* wait status as the kernel keeps it */
 	__u32 _pad;
+};
+
+/* Bounded copy of a region marker's name (31 bytes and a NUL): the record
+ * is 56 bytes, 64 in the ring, like an allocation's. */
+#define MT_REGION_NAME_MAX 32
+
+/*
+ * A USDT region marker hit (region_begin / region_end of provider
+ * `memtrail`), on the events ring so it is ordered with the thread's heap
+ * events. begin: the name read from the process (empty if unreadable);
+ * end: no name.
+ *
+ * Attach cookie of a marker probe: bits 0-15 the kind, bits 16-23 the
+ * register holding the begin probe's name pointer (enum mt_usdt_reg).
+ */
+struct mt_region_event {
+	struct mt_header hdr;
+	char name[MT_REGION_NAME_MAX];
+};
+
+/* Registers a marker's argument may be in (its note's `8@%reg`). */
+enum mt_usdt_reg {
+	MT_REG_AX = 0, MT_REG_BX = 1, MT_REG_CX = 2, MT_REG_DX = 3,
+	MT_REG_SI = 4, MT_REG_DI = 5, MT_REG_BP = 6, MT_REG_SP = 7,
+	MT_REG_R8 = 8, MT_REG_R9 = 9, MT_REG_R10 = 10, MT_REG_R11 = 11,
+	MT_REG_R12 = 12, MT_REG_R13 = 13, MT_REG_R14 = 14, MT_REG_R15 = 15,
+	MT_USDT_REG_SHIFT = 16,
 };
 
 #endif /* MEMTRAIL_H */

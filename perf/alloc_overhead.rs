@@ -146,6 +146,7 @@ fn under_floor(exe: &Path, sites: &[Site], syscalls: &[String]) -> f64 {
         enter: fd(&skel.progs.floor_enter),
         ret: fd(&skel.progs.floor_return),
         free: fd(&skel.progs.floor_enter),
+        marker: fd(&skel.progs.floor_enter),
     };
     let mut links = Links::default();
     attach::attach_sites(&progs, sites, &mut links).expect("attach floor");

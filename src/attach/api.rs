@@ -19,6 +19,9 @@ pub enum Role {
     /// C++ `operator new`: entry probe only, for the stack of the malloc it
     /// calls (a uretprobe would break exceptions thrown out of it).
     New,
+    /// A USDT region marker (`include/memtrail_usdt.h`, see
+    /// [`super::usdt`]): kind `RegionBegin` or `RegionEnd`.
+    Marker,
 }
 
 /// Where an allocating call's arguments are (argument indices 0-2).

@@ -11,7 +11,9 @@
 //! at its path: an unchanged image without entry points is marked known
 //! in BPF (no hold), one with entry points is probed up front (no hold
 //! either). A file replaced or modified since changes inode or ctime and is
-//! examined again, held.
+//! examined again, held. An image whose only sites are USDT region markers
+//! is never recorded (it would be probed up front in every capture): it is
+//! examined, held, in each capture that maps it.
 //!
 //! Where: `$MEMTRAIL_CACHE_DIR`, else `$XDG_CACHE_HOME/memtrail`, else
 //! `$HOME/.cache/memtrail`; the file is `images-v1.tsv`, written whole

@@ -28,6 +28,7 @@
 
 pub mod api;
 pub mod cache;
+pub mod usdt;
 pub mod worker;
 
 use std::fmt;
@@ -137,15 +138,17 @@ pub struct Site {
 impl Site {
     /// The site's attach cookie: its kind and argument layout, and for
     /// operator new the flag that tells `alloc_enter` to only capture the
-    /// stack.
+    /// stack; a region marker's is its own (`usdt::marker_cookie`).
     pub fn cookie(&self) -> u64 {
-        let new = if self.role == Role::New {
-            u64::from(crate::skel::memtrail::types::mt_cookie_flags::MT_CK_NEW.0)
-                << crate::skel::memtrail::types::mt_cookie_layout::MT_CK_FLAGS_SHIFT.0
-        } else {
-            0
-        };
-        self.abi.cookie(self.kind) | new
+        match self.role {
+            Role::Marker => usdt::marker_cookie(self),
+            Role::New => {
+                self.abi.cookie(self.kind)
+                    | u64::from(crate::skel::memtrail::types::mt_cookie_flags::MT_CK_NEW.0)
+                        << crate::skel::memtrail::types::mt_cookie_layout::MT_CK_FLAGS_SHIFT.0
+            }
+            _ => self.abi.cookie(self.kind),
+        }
     }
 }
 
@@ -195,7 +198,8 @@ pub fn ld_so_path() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-/// The allocator sites of `image` for the given API.
+/// The allocator sites of `image` for the given API, and its USDT region
+/// markers (see [`usdt`]).
 pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError> {
     let data = fs::read(image).map_err(|source| AttachError::Read {
         path: image.to_owned(),
@@ -256,6 +260,7 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
             emulated,
         });
     }
+    sites.extend(usdt::find_markers(&elf, image));
     Ok(sites)
 }
 
@@ -360,7 +365,7 @@ impl Prefix {
             Some(i) => find(i).map(Some),
         };
         match role {
-            Role::New => Some(abi),
+            Role::New | Role::Marker => Some(abi),
             Role::Free => holds(ARG_REGS[0], ARG_REGS[0]).then_some(abi),
             Role::Alloc => Some(Abi {
                 size: find(abi.size)?,
@@ -495,11 +500,13 @@ impl Drop for Links {
 
 /// The programs allocator sites take, as program fds (sendable to the
 /// attach worker): entry of allocating calls and of C++ operator new (told
-/// apart by the cookie), return of allocating calls, entry of frees.
+/// apart by the cookie), return of allocating calls, entry of frees, USDT
+/// region markers.
 pub struct AllocPrograms {
     pub enter: OwnedFd,
     pub ret: OwnedFd,
     pub free: OwnedFd,
+    pub marker: OwnedFd,
 }
 
 impl AllocPrograms {
@@ -510,6 +517,7 @@ impl AllocPrograms {
             enter: p.alloc_enter.as_fd().try_clone_to_owned()?,
             ret: p.alloc_return.as_fd().try_clone_to_owned()?,
             free: p.free_enter.as_fd().try_clone_to_owned()?,
+            marker: p.region_marker.as_fd().try_clone_to_owned()?,
         })
     }
 }
@@ -528,16 +536,18 @@ pub fn attach_sites(
             .filter(move |s| s.role == role)
             .collect::<Vec<_>>()
     };
-    let (allocs, frees, news) = (
+    let (allocs, frees, news, markers) = (
         of_role(Role::Alloc),
         of_role(Role::Free),
         of_role(Role::New),
+        of_role(Role::Marker),
     );
-    let groups: [(BorrowedFd<'_>, bool, &[&Site]); 4] = [
+    let groups: [(BorrowedFd<'_>, bool, &[&Site]); 5] = [
         (progs.enter.as_fd(), false, &allocs),
         (progs.ret.as_fd(), true, &allocs),
         (progs.free.as_fd(), false, &frees),
         (progs.enter.as_fd(), false, &news),
+        (progs.marker.as_fd(), false, &markers),
     ];
     for (prog, retprobe, group) in groups {
         let Some(first) = group.first() else {

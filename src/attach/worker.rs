@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use super::cache::Stamp;
 use super::{
-    AllocPrograms, AttachError, Links, Site, api, attach_sites, find_sites, image_key,
+    AllocPrograms, AttachError, Links, Role, Site, api, attach_sites, find_sites, image_key,
     strip_deleted,
 };
 use crate::engine::Sink;
@@ -103,7 +103,12 @@ impl AttachWorker {
             tables.load(&link, &real, id);
         }
         let mut sites = find_sites(&link, &api::all())?;
-        if let Some(stamp) = stamp {
+        // An image whose only sites are region markers (a benchmark's
+        // executable) is not cached: the cache would probe it up front in
+        // every later capture, whatever that capture runs. It is examined
+        // again, held, when a capture maps it.
+        let only_markers = !sites.is_empty() && sites.iter().all(|s| s.role == Role::Marker);
+        if let Some(stamp) = stamp.filter(|_| !only_markers) {
             self.examined.push((real.clone(), stamp, !sites.is_empty()));
         }
         if !sites.is_empty() {

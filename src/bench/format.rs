@@ -6,7 +6,7 @@ use std::io::{self, Write};
 
 use serde_json::{Map, Value, json};
 
-use super::results::{BenchResult, Metric, Results};
+use super::results::{BenchResult, Metric, REGION_ENTRIES, Results};
 use crate::report::ExitInfo;
 
 /// A format of `memtrail bench --format`.
@@ -60,6 +60,16 @@ pub fn title(m: Metric) -> &'static str {
     }
 }
 
+/// A metric's title for a region: `leaked` is what was still live at the
+/// region's end.
+fn region_title(m: Metric) -> &'static str {
+    match m {
+        Metric::LeakedBytes => "live at end",
+        Metric::LeakedBlocks => "live blocks at end",
+        m => title(m),
+    }
+}
+
 /// `code 0`, `signal 9`.
 pub fn exit_text(e: &ExitInfo) -> String {
     match (e.code, e.signal) {
@@ -92,6 +102,21 @@ fn notes(r: &BenchResult) -> String {
         notes.push("exit status differed between runs".to_owned());
     }
     notes.join("; ")
+}
+
+/// Every benchmark followed by its regions, each region `R` of `B` as a
+/// benchmark `B/R` (see [`BenchResult::region_results`]).
+fn with_regions(results: &Results) -> Vec<BenchResult> {
+    results
+        .benchmarks
+        .iter()
+        .flat_map(|r| std::iter::once(r.clone()).chain(r.region_results()))
+        .collect()
+}
+
+/// A region's entry count (benchmarks have none).
+fn entries(r: &BenchResult) -> Option<&super::results::Stat> {
+    r.metrics.get(REGION_ENTRIES)
 }
 
 pub fn write(results: &Results, format: BenchFormat, w: &mut dyn Write) -> io::Result<()> {
@@ -130,6 +155,19 @@ fn write_text(results: &Results, w: &mut dyn Write) -> io::Result<()> {
         for m in Metric::ALL {
             writeln!(w, "  {:<14} {:>20}", title(m), cell(r, m))?;
         }
+        for region in r.region_results() {
+            let name = &region.name[r.name.len() + 1..];
+            let mut cols = vec![format!(
+                "entries {}",
+                entries(&region).map_or(0, |s| s.value)
+            )];
+            for m in Metric::ALL {
+                if region.metrics.contains_key(m.key()) {
+                    cols.push(format!("{} {}", region_title(m), cell(&region, m)));
+                }
+            }
+            writeln!(w, "  region {name}: {}", cols.join(", "))?;
+        }
         for s in &r.differing_sites {
             writeln!(
                 w,
@@ -157,7 +195,7 @@ fn write_markdown(results: &Results, w: &mut dyn Write) -> io::Result<()> {
         write!(w, " ---: |")?;
     }
     writeln!(w, " --- | ---: |")?;
-    for r in &results.benchmarks {
+    for r in &with_regions(results) {
         let name = match notes(r) {
             n if n.is_empty() => format!("`{}`", r.name),
             n => format!("`{}` ({n})", r.name),
@@ -180,8 +218,11 @@ pub fn bmf_measure(m: Metric) -> String {
 /// upper_value } } }`; the bounds are the lowest and highest run.
 pub fn bmf(results: &Results) -> Value {
     let mut doc = Map::new();
-    for r in &results.benchmarks {
+    for r in &with_regions(results) {
         let mut measures = Map::new();
+        if let Some(s) = entries(r) {
+            measures.insert(REGION_ENTRIES.into(), json!({ "value": s.value as f64 }));
+        }
         for m in Metric::ALL {
             let Some(s) = r.metrics.get(m.key()) else {
                 continue;
@@ -204,14 +245,18 @@ pub fn bmf(results: &Results) -> Value {
 /// named `BENCH - METRIC`.
 pub fn gab(results: &Results) -> Value {
     let mut out = Vec::new();
-    for r in &results.benchmarks {
-        for m in Metric::ALL {
-            let Some(s) = r.metrics.get(m.key()) else {
+    for r in &with_regions(results) {
+        let keys = Metric::ALL
+            .into_iter()
+            .map(|m| (m.key(), m.unit()))
+            .chain(entries(r).map(|_| (REGION_ENTRIES, "count")));
+        for (key, unit) in keys {
+            let Some(s) = r.metrics.get(key) else {
                 continue;
             };
             let mut e = Map::new();
-            e.insert("name".into(), json!(format!("{} - {}", r.name, m.key())));
-            e.insert("unit".into(), json!(m.unit()));
+            e.insert("name".into(), json!(format!("{} - {}", r.name, key)));
+            e.insert("unit".into(), json!(unit));
             e.insert("value".into(), json!(s.value));
             if r.runs > 1 {
                 e.insert("range".into(), json!(format!("{}..{}", s.min, s.max)));

@@ -16,11 +16,10 @@
 //! place and nothing half-written. Stale temporary directories of memtrail
 //! processes that are gone are removed on the next bench.
 //!
-//! Extension point for per-region metrics (USDT region markers, not merged
-//! yet): [`results::BenchResult::regions`] is written (empty) in every
-//! document; [`collect`] is where a profile's regions would be folded into
-//! it, and `compare` treats a region `R` of benchmark `B` as benchmark
-//! `B/R` once it is filled.
+//! Per-region metrics: the USDT region markers a benchmark hits (the
+//! profile's `regions`) fill [`results::BenchResult::regions`] in
+//! [`collect`]; `compare`, BMF and github-action-benchmark treat a region
+//! `R` of benchmark `B` as a benchmark `B/R`.
 
 pub mod cli;
 pub mod format;
@@ -352,7 +351,11 @@ pub fn collect(bench: &Benchmark, profiles: &[Profile], rels: Vec<PathBuf>) -> B
             )
         })
         .collect();
-    let deterministic = metrics.values().all(|s| s.spread() == 0);
+    let regions = results::regions_of(profiles);
+    let deterministic = metrics
+        .values()
+        .chain(regions.values().flat_map(|r| r.values()))
+        .all(|s| s.spread() == 0);
     // The median run of allocations represents the benchmark.
     let median = metrics[Metric::Allocations.key()].value;
     let rep = profiles
@@ -379,7 +382,7 @@ pub fn collect(bench: &Benchmark, profiles: &[Profile], rels: Vec<PathBuf>) -> B
         profile: rels[rep].clone(),
         profiles: rels,
         metrics,
-        regions: BTreeMap::new(),
+        regions,
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::report::{ExitInfo, Profile, StackEntry};
+use crate::report::{ExitInfo, Profile, RegionEntry, StackEntry};
 
 /// The `format` field of every results document.
 pub const RESULTS_FORMAT: &str = "memtrail-bench";
@@ -175,8 +175,9 @@ pub struct BenchResult {
     pub profile: PathBuf,
     /// Every run's profile, in run order.
     pub profiles: Vec<PathBuf>,
-    /// Per marked region metrics: always empty until region markers land
-    /// (see docs/bench.md, "Regions").
+    /// Per marked region (USDT markers, the profile's `regions`), its
+    /// metrics by key ([`region_metrics`]); empty without markers.
+    #[serde(default)]
     pub regions: BTreeMap<String, BTreeMap<String, Stat>>,
 }
 
@@ -185,6 +186,70 @@ impl BenchResult {
     pub fn value(&self, m: Metric) -> Option<u64> {
         self.metrics.get(m.key()).map(|s| s.value)
     }
+
+    /// Each region `R` as a benchmark of its own named `NAME/R`, for
+    /// `compare` and the BMF and github-action-benchmark outputs.
+    pub fn region_results(&self) -> impl Iterator<Item = BenchResult> + '_ {
+        self.regions.iter().map(|(region, metrics)| BenchResult {
+            name: format!("{}/{region}", self.name),
+            metrics: metrics.clone(),
+            deterministic: metrics.values().all(|s| s.spread() == 0),
+            differing_sites: Vec::new(),
+            regions: BTreeMap::new(),
+            ..self.clone()
+        })
+    }
+}
+
+/// The key of a region's entry count (not a [`Metric`]: a change in it is
+/// shown, never judged).
+pub const REGION_ENTRIES: &str = "entries";
+
+/// A region's metrics by key: the benchmark metrics it has, for that
+/// region only (`leaked_bytes` and `leaked_blocks` are what was allocated
+/// in the region and still live at its end; a region has no
+/// `mmap_peak_bytes`), and [`REGION_ENTRIES`].
+pub fn region_metrics(r: &RegionEntry) -> [(&'static str, u64); 7] {
+    [
+        (REGION_ENTRIES, r.entries),
+        (Metric::Allocations.key(), r.allocations),
+        (Metric::Frees.key(), r.frees),
+        (Metric::AllocatedBytes.key(), r.allocated_bytes),
+        (Metric::PeakLiveBytes.key(), r.peak_live_bytes),
+        (Metric::LeakedBytes.key(), r.live_bytes),
+        (Metric::LeakedBlocks.key(), r.live_allocations),
+    ]
+}
+
+/// Per region name, each metric over the runs' profiles (0 in a run that
+/// did not enter the region).
+pub fn regions_of(profiles: &[Profile]) -> BTreeMap<String, BTreeMap<String, Stat>> {
+    let names: std::collections::BTreeSet<&str> = profiles
+        .iter()
+        .flat_map(|p| p.regions.iter().map(|r| r.name.as_str()))
+        .collect();
+    let empty = RegionEntry::default();
+    names
+        .into_iter()
+        .map(|name| {
+            let per_run: Vec<[(&'static str, u64); 7]> = profiles
+                .iter()
+                .map(|p| {
+                    region_metrics(p.regions.iter().find(|r| r.name == name).unwrap_or(&empty))
+                })
+                .collect();
+            let stats = (0..7)
+                .map(|i| {
+                    let key = per_run.first().map_or("", |m| m[i].0);
+                    (
+                        key.to_owned(),
+                        Stat::of(per_run.iter().map(|m| m[i].1).collect()),
+                    )
+                })
+                .collect();
+            (name.to_owned(), stats)
+        })
+        .collect()
 }
 
 /// The results document.

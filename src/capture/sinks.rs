@@ -10,6 +10,7 @@ use crate::engine::Sink;
 use crate::record::Body;
 use crate::record::{self, MappingRecord};
 use crate::report::{Aggregator, EventWriter};
+use crate::session::markers::Markers;
 use crate::session::regions::Regions;
 use crate::symbolize::Mapping;
 
@@ -22,6 +23,8 @@ pub struct EventSink {
     clock: u64,
     /// Snapshots and regions of a library session.
     pub(crate) regions: Option<Regions>,
+    /// USDT region markers of the tracked programs.
+    pub(crate) markers: Markers,
 }
 
 impl EventSink {
@@ -32,6 +35,7 @@ impl EventSink {
             stream_error: None,
             clock: 0,
             regions: None,
+            markers: Markers::default(),
         }
     }
 }
@@ -53,13 +57,20 @@ impl Sink for EventSink {
         } else {
             self.clock = self.clock.max(rec.hdr.ts_ns);
         }
-        match (&mut self.regions, &rec.body) {
-            (Some(regions), Body::Mem(mem)) if regions.active() => {
+        let session = self.regions.as_ref().is_some_and(Regions::active);
+        match &rec.body {
+            Body::Mem(mem) if session || self.markers.active() => {
                 let before = self.agg.heap_of(rec.hdr.pid).unwrap_or_default();
                 self.agg.apply(&rec);
                 let after = self.agg.heap_of(rec.hdr.pid).unwrap_or_default();
-                regions.observe(&rec.hdr, mem, before, after);
+                if let Some(regions) = self.regions.as_mut().filter(|_| session) {
+                    regions.observe(&rec.hdr, mem, before, after);
+                }
+                if self.markers.active() {
+                    self.markers.observe(&rec.hdr, mem, before, after);
+                }
             }
+            Body::Region { name } => self.markers.marker(&rec.hdr, name),
             _ => self.agg.apply(&rec),
         }
         if let Some(stream) = &mut self.stream {

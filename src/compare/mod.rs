@@ -322,8 +322,18 @@ fn judge(m: Metric, base: &Stat, new: &Stat, t: Limit) -> MetricChange {
 /// per regressed benchmark.
 pub fn compare(base: &Input, new: &Input, t: &Thresholds, sites: usize) -> Comparison {
     let mut out = Vec::new();
-    for b in &base.results.benchmarks {
-        let Some(n) = new.results.benchmarks.iter().find(|n| n.name == b.name) else {
+    // A region R of benchmark B compares as a benchmark B/R, after B.
+    let with_regions = |rs: &[BenchResult]| -> Vec<BenchResult> {
+        rs.iter()
+            .flat_map(|r| std::iter::once(r.clone()).chain(r.region_results()))
+            .collect()
+    };
+    let (base_all, new_all) = (
+        with_regions(&base.results.benchmarks),
+        with_regions(&new.results.benchmarks),
+    );
+    for b in &base_all {
+        let Some(n) = new_all.iter().find(|n| n.name == b.name) else {
             out.push(one_sided(b, "removed"));
             continue;
         };
@@ -362,8 +372,8 @@ pub fn compare(base: &Input, new: &Input, t: &Thresholds, sites: usize) -> Compa
             non_deterministic: !b.deterministic || !n.deterministic,
         });
     }
-    for n in &new.results.benchmarks {
-        if !base.results.benchmarks.iter().any(|b| b.name == n.name) {
+    for n in &new_all {
+        if !base_all.iter().any(|b| b.name == n.name) {
             out.push(one_sided(n, "added"));
         }
     }

@@ -30,9 +30,11 @@ pub enum Kind {
     Fork = t::mt_kind::MT_FORK.0 as u16,
     Exec = t::mt_kind::MT_EXEC.0 as u16,
     Exit = t::mt_kind::MT_EXIT.0 as u16,
+    RegionBegin = t::mt_kind::MT_REGION_BEGIN.0 as u16,
+    RegionEnd = t::mt_kind::MT_REGION_END.0 as u16,
 }
 
-const ALL_KINDS: [Kind; 18] = [
+const ALL_KINDS: [Kind; 20] = [
     Kind::Malloc,
     Kind::Calloc,
     Kind::Realloc,
@@ -51,6 +53,8 @@ const ALL_KINDS: [Kind; 18] = [
     Kind::Fork,
     Kind::Exec,
     Kind::Exit,
+    Kind::RegionBegin,
+    Kind::RegionEnd,
 ];
 
 impl Kind {
@@ -79,6 +83,8 @@ impl Kind {
             Self::Fork => "fork",
             Self::Exec => "exec",
             Self::Exit => "exit",
+            Self::RegionBegin => "region_begin",
+            Self::RegionEnd => "region_end",
         }
     }
 
@@ -119,6 +125,12 @@ pub enum Body<'a> {
     /// The kernel's wait status of the process.
     Exit {
         exit_code: i32,
+    },
+    /// A USDT region marker (`struct mt_region_event`): the name of a
+    /// begin, without its NUL (empty for an end, or a name BPF could not
+    /// read).
+    Region {
+        name: &'a [u8],
     },
 }
 
@@ -200,6 +212,18 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
             Body::Exit {
                 exit_code: e.exit_code,
             }
+        }
+        Kind::RegionBegin | Kind::RegionEnd => {
+            let need = size_of::<t::mt_region_event>();
+            if bytes.len() < need {
+                return Err(DecodeError::Short {
+                    len: bytes.len(),
+                    need,
+                });
+            }
+            let name = &bytes[size_of::<t::mt_header>()..need];
+            let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+            Body::Region { name: &name[..end] }
         }
         _ => {
             let e: t::mt_alloc_event = read(bytes)?;
@@ -348,6 +372,27 @@ mod tests {
     #[test]
     fn record_alloc_event_fills_one_line() {
         assert_eq!(std::mem::size_of::<t::mt_alloc_event>(), 56);
+    }
+
+    /// Check that a region marker record is one ring line like an
+    /// allocation's, and that its name decodes without the NUL.
+    #[test]
+    fn record_decode_region() {
+        assert_eq!(std::mem::size_of::<t::mt_region_event>(), 56);
+        let mut e = t::mt_region_event::default();
+        e.hdr.kind = Kind::RegionBegin as u16;
+        e.hdr.tid = 5;
+        for (d, s) in e.name.iter_mut().zip(b"parse") {
+            *d = *s as _;
+        }
+        let bytes = bytes_of(&e);
+        let rec = decode(&bytes).unwrap();
+        assert_eq!(rec.hdr.kind, Kind::RegionBegin);
+        assert_eq!(rec.body, Body::Region { name: b"parse" });
+        assert!(matches!(
+            decode(&bytes[..40]),
+            Err(DecodeError::Short { .. })
+        ));
     }
 
     /// Check that a truncated record and an unknown kind are errors, not UB.

@@ -25,6 +25,7 @@
 
 mod output;
 mod profile;
+mod regions;
 mod stream;
 mod summary;
 pub mod timeline;
@@ -36,6 +37,7 @@ pub use profile::{
     EndedEarly, ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION, Profile, StackEntry,
     StackMetrics, UnwindReport, wait_status_code, write_profile,
 };
+pub use regions::RegionEntry;
 pub use stream::EventWriter;
 pub use summary::{SlowProbe, human_bytes, slow_probes, write_summary};
 pub use timeline::Timeline;
@@ -413,6 +415,8 @@ impl Aggregator {
                 let idx = self.mem(&rec.hdr, mem);
                 self.sample(idx, ts);
             }
+            // Folded by the region markers (crate::session::markers).
+            Body::Region { .. } => {}
         }
     }
 

@@ -67,6 +67,10 @@ pub struct Profile {
     /// profile written before memtrail kept it.
     #[serde(default)]
     pub timeline: super::Timeline,
+    /// USDT region markers (`include/memtrail_usdt.h`), by name; empty
+    /// when the programs have none.
+    #[serde(default)]
+    pub regions: Vec<super::RegionEntry>,
 }
 
 /// How stacks were walked (`--unwind`) and how far they got.
@@ -324,6 +328,7 @@ impl Profile {
             pressure: Default::default(),
             unwind: Default::default(),
             timeline: agg.timeline(start_ns).unwrap_or_default(),
+            regions: Vec::new(),
         }
     }
 }

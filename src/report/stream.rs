@@ -68,6 +68,12 @@ impl EventWriter {
                 serde_json::to_writer(&mut *w, &String::from_utf8_lossy(filename))?;
             }
             Body::Exit { exit_code } => write!(w, r#","exit_code":{exit_code}"#)?,
+            Body::Region { name } => {
+                if h.kind == Kind::RegionBegin {
+                    w.write_all(br#","name":"#)?;
+                    serde_json::to_writer(&mut *w, &String::from_utf8_lossy(name))?;
+                }
+            }
         }
         w.write_all(b"}\n")
     }

@@ -252,6 +252,7 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
     if p.processes.len() > 1 {
         write_executables(w, p)?;
     }
+    super::regions::write_regions(w, &p.regions)?;
     write_unwind_notes(w, p)?;
     if !slow.is_empty() {
         const SHOWN: usize = 5;

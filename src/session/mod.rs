@@ -28,6 +28,7 @@
 //! pipelines' epoch barrier and wait for the events pipeline to drain
 //! (see the `regions` submodule).
 
+pub(crate) mod markers;
 mod phases;
 pub(crate) mod regions;
 
@@ -1090,6 +1091,7 @@ impl Session {
             mut agg,
             stream,
             stream_error,
+            markers,
             ..
         } = events;
         let malformed = agg.malformed + stacks.malformed + mappings.malformed + attacher.malformed;
@@ -1128,6 +1130,7 @@ impl Session {
         profile.unwind = crate::unwind::report(self.unwind, images_seen, &profile.stacks);
         pressure_stats.high_water = crate::capture::read_high_water(&self.loaded.skel).max(seen);
         profile.pressure = pressure_stats;
+        profile.regions = markers.finish();
         Ok(Finish {
             profile,
             slow_probes,

@@ -248,26 +248,38 @@ impl Regions {
             Op::Snapshot => Reply::Snapshot(snapshot(agg)),
             Op::Totals => Reply::Totals(snapshot_totals(agg)),
             Op::Begin { tid, name } => {
-                let uid = self.next_uid;
-                self.next_uid += 1;
-                self.open.entry(tid).or_default().push(Open {
-                    uid,
-                    counts: RegionCounts::default(),
-                    name,
-                });
+                self.begin(tid, name);
                 Reply::Begun
             }
-            Op::End { tid } => self.end(tid),
+            Op::End { tid } => match self.end(tid) {
+                Some((_, counts)) => Reply::Ended(counts),
+                None => Reply::NoRegion,
+            },
         });
     }
 
-    fn end(&mut self, tid: u32) -> Reply {
-        let Some(stack) = self.open.get_mut(&tid) else {
-            return Reply::NoRegion;
-        };
-        let Some(region) = stack.pop() else {
-            return Reply::NoRegion;
-        };
+    /// Opens a region named `name` (NUL-padded) on thread `tid`, inside
+    /// the ones it has open.
+    pub(crate) fn begin(&mut self, tid: u32, name: [u8; NAME_MAX + 1]) {
+        let uid = self.next_uid;
+        self.next_uid += 1;
+        self.open.entry(tid).or_default().push(Open {
+            uid,
+            counts: RegionCounts::default(),
+            name,
+        });
+    }
+
+    /// Threads with a region open.
+    pub(crate) fn open_threads(&self) -> Vec<u32> {
+        self.open.keys().copied().collect()
+    }
+
+    /// Closes the innermost region of thread `tid`: its name and counts;
+    /// None when the thread has none open.
+    pub(crate) fn end(&mut self, tid: u32) -> Option<([u8; NAME_MAX + 1], RegionCounts)> {
+        let stack = self.open.get_mut(&tid)?;
+        let region = stack.pop()?;
         if let Some(parent) = stack.last_mut() {
             // The region's live blocks are now its parent's (see forget).
             parent.counts.live_allocations += region.counts.live_allocations;
@@ -283,7 +295,7 @@ impl Regions {
             counts = ?region.counts,
             "region ended"
         );
-        Reply::Ended(region.counts)
+        Some((region.name, region.counts))
     }
 }
 

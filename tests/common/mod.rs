@@ -589,3 +589,19 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Builds a fixture that includes `include/memtrail_usdt.h` (its contents
+/// are part of the build's key), with `extra` flags (e.g. `-shared -fPIC`
+/// for a library to dlopen).
+pub fn usdt_fixture(name: &str, extra: &[&str]) -> PathBuf {
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("include");
+    let header = fs::read(include.join("memtrail_usdt.h")).expect("read memtrail_usdt.h");
+    let mut hasher = DefaultHasher::new();
+    header.hash(&mut hasher);
+    let include_flag = format!("-I{}", include.display());
+    let key_flag = format!("-DMT_USDT_HEADER_KEY={:x}", hasher.finish());
+    let mut flags: Vec<&str> = C_FLAGS.to_vec();
+    flags.extend([include_flag.as_str(), key_flag.as_str()]);
+    flags.extend(extra);
+    fixture_with_flags(name, &flags)
+}
