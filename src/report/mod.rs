@@ -19,7 +19,7 @@
 
 mod output;
 mod profile;
-mod stream;
+pub(crate) mod stream;
 mod summary;
 
 use std::collections::{BTreeMap, HashMap};
@@ -29,7 +29,7 @@ pub use profile::{
     EndedEarly, ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION, Profile, StackEntry,
     StackMetrics, UnwindReport, wait_status_code, write_profile,
 };
-pub use stream::EventWriter;
+pub use stream::{EventWriter, EventsFormat};
 pub use summary::{SlowProbe, human_bytes, slow_probes, write_summary};
 
 use crate::record::{Body, Header, Kind, Mem, Record};

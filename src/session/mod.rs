@@ -140,6 +140,10 @@ impl SessionOptions {
                 ))
             }
             Target::Pid(0) => Err(CaptureError::InvalidOptions("pid 0 names no process")),
+            Target::Pid(pid) if *pid == std::process::id() => Err(CaptureError::NotAttachable {
+                pid: *pid,
+                why: "it is memtrail's own process (track it with Target::SelfProcess)",
+            }),
             Target::Command(argv) if argv.is_empty() => {
                 Err(CaptureError::InvalidOptions("the command is empty"))
             }
@@ -212,6 +216,8 @@ struct Threads {
     barrier: Arc<Barrier>,
     done: Arc<AtomicBool>,
     done_fd: OwnedFd,
+    /// Signalled when the pressure coordinator gave up (a late episode).
+    failed_fd: Arc<OwnedFd>,
     stops: Arc<Stops>,
     tids: Arc<ThreadIds>,
     started: usize,
@@ -372,7 +378,7 @@ impl Session {
         // A process that exists already is looked at before the object
         // loads: its pid must still name it.
         let pidfd = match target {
-            Target::Pid(pid) => Some(sys::pidfd_open(pid as i32)?),
+            Target::Pid(pid) => Some(open_running(pid)?),
             _ => None,
         };
 
@@ -541,6 +547,7 @@ impl Session {
             barrier: barrier.clone(),
             done: Arc::new(AtomicBool::new(false)),
             done_fd: sys::eventfd()?,
+            failed_fd: Arc::new(sys::eventfd()?),
             stops: stops.clone(),
             tids: Arc::new(ThreadIds::default()),
             started: 0,
@@ -695,14 +702,21 @@ impl Session {
                 None => Pause::Signal,
             },
             done: threads.done.clone(),
+            // A process memtrail did not start is never killed.
+            kill_on_failure: !matches!(target, Target::Pid(_)),
         };
         let tids = threads.tids.clone();
+        let failed_fd = threads.failed_fd.clone();
         threads.pressure = Some(
             std::thread::Builder::new()
                 .name("memtrail-pressure".into())
                 .spawn(move || {
                     tids.add_current();
-                    coordinator.run()
+                    let result = coordinator.run();
+                    if result.is_err() {
+                        sys::eventfd_signal(failed_fd.as_fd());
+                    }
+                    result
                 })
                 .map_err(|source| CaptureError::Io {
                     what: "starting the pressure coordinator",
@@ -877,6 +891,62 @@ impl Session {
         Ok(())
     }
 
+    /// Removes every process from `tracked`, so that BPF ignores them from
+    /// now on; returns their pids. A process forked meanwhile by one still
+    /// tracked is listed and removed in the next round.
+    fn untrack_all(&mut self) -> Result<Vec<u32>, CaptureError> {
+        let tracked = self.loaded.skel.maps.tracked.as_fd();
+        let mut all = Vec::new();
+        loop {
+            let pids = sys::bpf_map_u32_keys(tracked)?;
+            if pids.is_empty() {
+                return Ok(all);
+            }
+            for pid in pids {
+                // ENOENT: its exit removed it meanwhile.
+                let _ = sys::bpf_map_delete(tracked, &pid.to_ne_bytes());
+                all.push(pid);
+            }
+        }
+    }
+
+    /// After `pids` left `tracked`: resumes those that stopped themselves
+    /// under pressure (past a ring's watermark, see check_pressure in
+    /// bpf/memtrail.bpf.c) with no coordinator left to resume them. That
+    /// can only be when an episode was latched and never handled (the
+    /// coordinator had stopped) or the coordinator gave up (`failed`).
+    fn resume_self_stops(&self, pids: &[u32], failed: bool) {
+        let latched = self
+            .loaded
+            .skel
+            .maps
+            .bss_data
+            .as_deref()
+            .is_some_and(|bss| bss.pressure_latch != 0);
+        if !(failed || latched) {
+            return;
+        }
+        let stops = &self.threads.stops;
+        for &pid in pids {
+            let states = sys::thread_states(pid as i32);
+            if states.is_ok_and(|t| t.stop_pending || t.stopped > 0) {
+                let _ = stops.hold_stopped(pid as i32, crate::proctree::stops::Owner::Pressure);
+            }
+        }
+        let _ = stops.release_all(crate::proctree::stops::Owner::Pressure);
+    }
+
+    /// An eventfd that becomes readable when the pressure coordinator gave
+    /// up (a late episode): [`finish`](Self::finish) then returns its error.
+    pub(crate) fn pressure_failed_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.threads.failed_fd.as_fd()
+    }
+
+    /// The pidfd of the tracked running process ([`Target::Pid`]).
+    pub(crate) fn target_pidfd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.pidfd.as_ref().map(AsFd::as_fd)
+    }
+
     /// What the session tracks.
     pub fn target(&self) -> &Target {
         &self.target
@@ -998,7 +1068,17 @@ impl Session {
     /// capture a command to its end; otherwise the profile holds what the
     /// tree did so far.
     pub fn finish(mut self) -> Result<Finish, CaptureError> {
+        // A running process memtrail attached to keeps running: BPF lets go
+        // of it first (no event, no stop, no attach hold from here on).
+        let detached = match self.target {
+            Target::Pid(_) => self.untrack_all()?,
+            _ => Vec::new(),
+        };
         let pressure = self.threads.stop_pressure();
+        if !detached.is_empty() {
+            let failed = matches!(pressure, Some(Ok(Err(_))) | Some(Err(_)));
+            self.resume_self_stops(&detached, failed);
+        }
         let mut pressure_stats = match pressure {
             Some(Ok(Ok(stats))) => stats,
             Some(Ok(Err(err))) => return Err(CaptureError::Pressure(err)),
@@ -1164,6 +1244,35 @@ impl Drop for Region<'_> {
 
 fn current_tid() -> u32 {
     rustix::thread::gettid().as_raw_nonzero().get() as u32
+}
+
+/// A pidfd of running process `pid`, which memtrail may attach to: it
+/// exists, is not a zombie and is not a kernel thread.
+fn open_running(pid: u32) -> Result<OwnedFd, CaptureError> {
+    let fd = sys::pidfd_open(pid as i32).map_err(|err| match err.errno() {
+        Some(libc::ESRCH) => CaptureError::NoProcess(pid),
+        _ => err.into(),
+    })?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // `pid (comm) S ...`: the state follows the last parenthesis.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    match state {
+        None => Err(CaptureError::NoProcess(pid)),
+        Some('Z' | 'X') => Err(CaptureError::NotAttachable {
+            pid,
+            why: "it has exited (a zombie)",
+        }),
+        // A kernel thread has no executable.
+        _ if std::fs::read_link(format!("/proc/{pid}/exe")).is_err() => {
+            Err(CaptureError::NotAttachable {
+                pid,
+                why: "it is a kernel thread (no user-space memory to track)",
+            })
+        }
+        _ => Ok(fd),
+    }
 }
 
 /// The thread ids of process `pid`.
