@@ -66,6 +66,9 @@ use crate::sys::{self, ChildExit};
 use regions::{Control, Op, Regions, Reply};
 pub use regions::{NAME_MAX, ProcessTotals, RegionCounts, Snapshot, Totals};
 
+/// How long a detach waits for the processes it stops to settle.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long a snapshot or region call waits for the events pipeline.
 const BARRIER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -910,30 +913,63 @@ impl Session {
         }
     }
 
-    /// After `pids` left `tracked`: resumes those that stopped themselves
-    /// under pressure (past a ring's watermark, see check_pressure in
-    /// bpf/memtrail.bpf.c) with no coordinator left to resume them. That
-    /// can only be when an episode was latched and never handled (the
-    /// coordinator had stopped) or the coordinator gave up (`failed`).
-    fn resume_self_stops(&self, pids: &[u32], failed: bool) {
-        let latched = self
-            .loaded
-            .skel
-            .maps
-            .bss_data
-            .as_deref()
-            .is_some_and(|bss| bss.pressure_latch != 0);
-        if !(failed || latched) {
-            return;
-        }
+    /// After `pids` left `tracked`, with pausing on: stops each of them and
+    /// waits until it has stopped, holding it until the pollers are joined
+    /// (the release is `resume_everything`'s, on every path). A producer
+    /// past a ring's watermark stops its own process (check_pressure in
+    /// bpf/memtrail.bpf.c), and one that saw the process tracked just
+    /// before it left `tracked` can still do so, with no coordinator left
+    /// to resume it. Once every thread has stopped, none is inside a BPF
+    /// program, so no such stop can come any more, and the one SIGCONT of
+    /// the release discards any that is pending.
+    fn settle(&self, pids: &[u32]) {
+        use crate::proctree::stops::Owner;
         let stops = &self.threads.stops;
+        let deadline = std::time::Instant::now() + SETTLE_TIMEOUT;
         for &pid in pids {
-            let states = sys::thread_states(pid as i32);
-            if states.is_ok_and(|t| t.stop_pending || t.stopped > 0) {
-                let _ = stops.hold_stopped(pid as i32, crate::proctree::stops::Owner::Pressure);
+            if let Err(err) = stops.stop(pid as i32, Owner::Pressure) {
+                tracing::debug!(pid, %err, "could not stop a process to detach from it");
             }
         }
-        let _ = stops.release_all(crate::proctree::stops::Owner::Pressure);
+        for &pid in pids {
+            let _ = stops.wait_stopped_until(pid as i32, Some(deadline));
+        }
+    }
+
+    /// Removes the BPF call state (thread slot or task storage) of every
+    /// thread of `pids`: the allocator probes' test of membership (see
+    /// task_call in bpf/memtrail.bpf.c), so their calls are not seen any
+    /// more.
+    fn forget_threads(&mut self, pids: &[u32]) {
+        let skel = &mut *self.loaded.skel;
+        let mask = skel
+            .maps
+            .rodata_data
+            .as_deref()
+            .map_or(0, |ro| ro.thread_slot_mask);
+        let slot_size = skel.maps.thread_slots.value_size() as usize;
+        for &pid in pids {
+            for tid in thread_ids(pid) {
+                if let Ok(fd) = sys::pidfd_open_thread(tid as i32) {
+                    let _ = skel.maps.inflight.delete(&fd.as_raw_fd().to_ne_bytes());
+                }
+                let idx = (tid & mask).to_ne_bytes();
+                let held = skel
+                    .maps
+                    .thread_slots
+                    .lookup(&idx, libbpf_rs::MapFlags::ANY)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|slot| slot.get(..8) == Some(&u64::from(tid).to_ne_bytes()[..]));
+                if held {
+                    let _ = skel.maps.thread_slots.update(
+                        &idx,
+                        &vec![0u8; slot_size],
+                        libbpf_rs::MapFlags::ANY,
+                    );
+                }
+            }
+        }
     }
 
     /// An eventfd that becomes readable when the pressure coordinator gave
@@ -1076,8 +1112,10 @@ impl Session {
         };
         let pressure = self.threads.stop_pressure();
         if !detached.is_empty() {
-            let failed = matches!(pressure, Some(Ok(Err(_))) | Some(Err(_)));
-            self.resume_self_stops(&detached, failed);
+            if self.opts_pressure.enabled() {
+                self.settle(&detached);
+            }
+            self.forget_threads(&detached);
         }
         let mut pressure_stats = match pressure {
             Some(Ok(Ok(stats))) => stats,
