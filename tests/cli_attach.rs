@@ -15,7 +15,9 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{MEMTRAIL, fixture, kind, num, of_pid, pid, read_events, read_profile, sized};
+use common::{
+    MEMTRAIL, fixture, kind, num, of_pid, pid, process, read_events, read_profile, sized,
+};
 use serde_json::Value;
 
 /// Hang detector for one step (not a timing assertion).
@@ -208,10 +210,6 @@ fn totals(v: &Value) -> (u64, u64, u64) {
         num(v, "frees"),
         num(v, "unmatched_frees"),
     )
-}
-
-fn process<'a>(profile: &'a Value, p: u32) -> &'a Value {
-    common::process(profile, p)
 }
 
 /// Check that `memtrail attach` counts exactly what the process did inside

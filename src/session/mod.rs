@@ -942,11 +942,7 @@ impl Session {
     /// more.
     fn forget_threads(&mut self, pids: &[u32]) {
         let skel = &mut *self.loaded.skel;
-        let mask = skel
-            .maps
-            .rodata_data
-            .as_deref()
-            .map_or(0, |ro| ro.thread_slot_mask);
+        let mask = skel.maps.rodata_data.map_or(0, |ro| ro.thread_slot_mask);
         let slot_size = skel.maps.thread_slots.value_size() as usize;
         for &pid in pids {
             for tid in thread_ids(pid) {
