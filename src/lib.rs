@@ -8,11 +8,13 @@
 //! - [`record`]: decoding ring records into events.
 //! - [`attach`]: finding allocator entry points and attaching probes.
 //! - [`session`]: one capture, owned start to finish: the library entry point.
-//! - [`capture`]: `memtrail run`'s capture (a session on a command, and its outputs).
+//! - [`capture`]: `memtrail run`'s and `memtrail attach`'s captures (a session on a command or a
+//!   running process, and its outputs).
 //! - [`pressure`]: pausing the tree when a ring fills up, instead of losing events.
 //! - [`proctree`]: starting the command and following its process tree.
 //! - [`symbolize`]: stacks to functions and lines, after the capture.
 //! - [`unwind`]: unwind tables compiled from each image's CFI, for the BPF stack walker.
+//! - [`events`]: the compact binary event stream and its reader.
 //! - [`report`]: aggregating events into the profile, summary and stream.
 //! - [`render`]: reports on allocation sites: text, JSON, folded, flamegraph, pprof.
 //! - [`bench`]: `memtrail bench`, memory metrics of benchmarks.
@@ -37,6 +39,8 @@ pub mod cli;
 pub mod compare;
 #[doc(hidden)]
 pub mod engine;
+#[doc(hidden)]
+pub mod events;
 #[doc(hidden)]
 pub mod ffi;
 #[doc(hidden)]

@@ -57,6 +57,21 @@ fn main() -> ExitCode {
                 cli::exit_code(&err)
             }
         },
+        Command::Attach(args) => match cli::attach(args, &mut stderr) {
+            Ok(code) => code,
+            Err(err) => {
+                let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
+                cli::attach_exit_code(&err)
+            }
+        },
+        Command::Events(args) => match cli::events(args, &mut io::stdout().lock()) {
+            Ok(_) => 0,
+            Err(err) if err.is_broken_pipe() => 0,
+            Err(err) => {
+                let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
+                cli::events_exit_code(&err)
+            }
+        },
         Command::Report(args) => match cli::report(args, &mut io::stdout().lock()) {
             Ok(()) => 0,
             // `memtrail report | head`: the reader has all it wanted.

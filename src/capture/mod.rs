@@ -7,7 +7,10 @@
 //! thread (see [`crate::session`]); [`run`] owns the output files, committed
 //! only when the capture succeeded.
 
+pub(crate) mod running;
 pub(crate) mod sinks;
+
+pub use running::{AttachOutcome, Detach, attach};
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -48,6 +51,8 @@ pub struct Options {
     pub command: Vec<OsString>,
     pub output: Option<PathBuf>,
     pub events: Option<PathBuf>,
+    /// How `events` is written.
+    pub events_format: crate::report::EventsFormat,
     /// Whether `output` and `events` may replace existing regular files
     /// (otherwise the capture fails before the command starts).
     pub replace_outputs: bool,
@@ -193,6 +198,10 @@ pub enum CaptureError {
     Sys(#[from] SysError),
     #[error("invalid options: {0}")]
     InvalidOptions(&'static str),
+    #[error("no process has pid {0}")]
+    NoProcess(u32),
+    #[error("cannot attach to process {pid}: {why}")]
+    NotAttachable { pid: u32, why: &'static str },
     #[error("{0}")]
     State(&'static str),
     #[error("injected failure (MEMTRAIL_FAULT=fail-after-start)")]
@@ -259,6 +268,8 @@ impl CaptureError {
             | Self::StackDepth(_)
             | Self::Ring(RingError::BadSize(_)) => ErrorKind::InvalidArgument,
             Self::State(_) => ErrorKind::State,
+            Self::NoProcess(_) => ErrorKind::NotFound,
+            Self::NotAttachable { .. } => ErrorKind::InvalidArgument,
             Self::Interrupted(_) => ErrorKind::Interrupted,
             Self::Privileges(_) | Self::KernelFeature { .. } | Self::Load(_) => {
                 ErrorKind::Unsupported
@@ -383,7 +394,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     let events = opts.events.as_deref().map(create).transpose()?;
     session_opts.validate(&target)?;
     let stream = events
-        .map(EventWriter::new)
+        .map(|out| EventWriter::new(out, opts.events_format))
         .transpose()
         .map_err(CaptureError::EventStream)?;
     let mut session = Session::start_with(&session_opts, target, stream)?;

@@ -38,6 +38,11 @@ pub mod exit {
     pub const ATTACH: i32 = 75;
     /// A pressure pause did not recover within --pressure-timeout.
     pub const PRESSURE: i32 = 76;
+    /// `memtrail attach`: a pressure pause did not recover within
+    /// --pressure-timeout; memtrail detached, leaving the process running.
+    pub const DETACHED: i32 = 77;
+    /// `memtrail attach`: no process memtrail can attach to has that PID.
+    pub const NO_PROCESS: i32 = 78;
     /// The command is not executable.
     pub const NOT_EXECUTABLE: i32 = 126;
     /// The command was not found.
@@ -65,6 +70,32 @@ Exit status:
     76   a pressure pause did not recover within --pressure-timeout (tree killed)
     126  the command is not executable
     127  the command was not found";
+
+const ATTACH_EXIT_CODES_HELP: &str = "\
+Exit status:
+    0    memtrail detached (at --duration, on SIGINT/SIGTERM/SIGHUP, or when
+         the process exited) and wrote its outputs
+    2    bad usage
+    70   internal failure
+    71   events were lost: the capture is incomplete, no report was written
+    72   missing privileges or kernel feature
+    73   an output cannot be written, or names an existing file and --force
+         was not given
+    74   another tracer holds a conflicting uprobe
+    75   an executable image the process loaded could not be probed
+    77   a pressure pause did not recover within --pressure-timeout: memtrail
+         resumed the process and detached (never killed it), no report
+    78   no process memtrail can attach to has that PID (none, a zombie, a
+         kernel thread, or memtrail itself)";
+
+/// `memtrail events` exit codes.
+const EVENTS_EXIT_CODES_HELP: &str = "\
+Exit status:
+    0    the events were written (or standard output was closed early)
+    2    bad usage
+    65   the file is not a memtrail binary event stream, or is corrupt
+    66   the file cannot be read
+    73   the output cannot be written";
 
 const REPORT_EXIT_CODES_HELP: &str = "\
 Exit status:
@@ -101,6 +132,15 @@ pub enum Command {
     /// --output`: as text, JSON, folded stacks, a flame graph or pprof.
     #[command(after_long_help = REPORT_EXIT_CODES_HELP)]
     Report(ReportArgs),
+    /// Attach to a running process and record its allocations (and those of
+    /// the processes it forks) until --duration, Ctrl-C or its exit; then
+    /// detach, leaving it running.
+    #[command(after_long_help = ATTACH_EXIT_CODES_HELP)]
+    Attach(AttachArgs),
+    /// Convert a binary event stream (`--events FILE.mtev`) to JSON lines,
+    /// the same lines `--events FILE.jsonl` would have written.
+    #[command(after_long_help = EVENTS_EXIT_CODES_HELP)]
+    Events(EventsArgs),
     /// Print a completion script for SHELL on stdout (e.g. `memtrail
     /// completions bash > /etc/bash_completion.d/memtrail`).
     Completions {
@@ -111,8 +151,10 @@ pub enum Command {
     /// Print memtrail's man page (roff) on stdout, or a subcommand's (e.g.
     /// `memtrail man run > /usr/local/share/man/man1/memtrail-run.1`).
     Man {
-        /// The subcommand whose page to print: run, report, bench or compare.
-        #[arg(value_name = "SUBCOMMAND", value_parser = ["run", "report", "bench", "compare"])]
+        /// The subcommand whose page to print: run, report, attach, events,
+        /// bench or compare.
+        #[arg(value_name = "SUBCOMMAND",
+              value_parser = ["run", "report", "attach", "events", "bench", "compare"])]
         page: Option<String>,
     },
     /// Run benchmarks under full captures and record their memory metrics
@@ -129,6 +171,8 @@ pub enum Command {
 pub const SUBCOMMANDS: &[&str] = &[
     "run",
     "report",
+    "attach",
+    "events",
     "bench",
     "compare",
     "completions",
@@ -159,6 +203,8 @@ pub fn man(page: Option<&str>, out: &mut impl Write) -> io::Result<()> {
                 "run" => "memtrail-run",
                 "bench" => "memtrail-bench",
                 "compare" => "memtrail-compare",
+                "attach" => "memtrail-attach",
+                "events" => "memtrail-events",
                 _ => "memtrail-report",
             };
             sub.name(title).version(version::SHORT)
@@ -199,6 +245,13 @@ pub struct RunArgs {
     /// outputs may name the same file.
     #[arg(long, value_name = "PATH")]
     pub events: Option<PathBuf>,
+
+    /// How --events writes: `jsonl` (one JSON object a line) or `binary`
+    /// (zstd-compressed records of a few bytes each, docs/events.md; read
+    /// it back with `memtrail events`). Default: binary when PATH ends in
+    /// `.mtev`, JSON lines otherwise.
+    #[arg(long, value_enum, value_name = "FORMAT", requires = "events")]
+    pub events_format: Option<crate::report::EventsFormat>,
 
     /// Size of the events ring buffer: a power of two, in bytes or with a
     /// binary unit (`64M`, `64MiB`, `512K`, `1G`; `MB` means MiB too).
@@ -336,6 +389,288 @@ pub struct ReportArgs {
     pub debuginfo_dir: Option<PathBuf>,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct AttachArgs {
+    /// The process to attach to. Its threads are tracked from now on, and
+    /// so is every process it forks from now on; blocks it allocated before
+    /// are unknown (their frees count as unmatched frees).
+    #[arg(value_name = "PID")]
+    pub pid: u32,
+
+    /// Detach after this long (`30s`, `500ms`, `2m`; units ns, us, ms, s,
+    /// m). Without it memtrail stays attached until SIGINT (Ctrl-C),
+    /// SIGTERM or SIGHUP, or until the process exits.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub duration: Option<std::time::Duration>,
+
+    /// Write the profile (JSON, docs/profile.md) to PATH, as `memtrail run
+    /// --output` does. Without it the profile goes to
+    /// `memtrail.EXE.PID.json` (EXE the process's executable's file name,
+    /// PID memtrail's); with --quiet and no --output none is kept.
+    #[arg(short, long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+
+    /// Replace files that --output, --events or --report-output name.
+    #[arg(short, long)]
+    pub force: bool,
+
+    /// Stream every event to PATH, as `memtrail run --events` does.
+    #[arg(long, value_name = "PATH")]
+    pub events: Option<PathBuf>,
+
+    /// How --events writes: `jsonl` or `binary` (default: binary when PATH
+    /// ends in `.mtev`).
+    #[arg(long, value_enum, value_name = "FORMAT", requires = "events")]
+    pub events_format: Option<crate::report::EventsFormat>,
+
+    /// Size of the events ring buffer (as `memtrail run --ring-size`).
+    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_size)]
+    pub ring_size: usize,
+
+    /// Size of the stack ring buffer (as `memtrail run --stack-ring-size`).
+    #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
+    pub stack_ring_size: usize,
+
+    /// As `memtrail run --pressure-timeout`, but the process is paused with
+    /// SIGSTOP (it is never moved into a cgroup of memtrail's), and an
+    /// episode longer than a finite timeout resumes it and detaches (exit
+    /// 77): memtrail never kills a process it attached to.
+    #[arg(
+        long,
+        value_name = "TIMEOUT",
+        default_value = "0",
+        env = "MEMTRAIL_PRESSURE_TIMEOUT",
+        allow_hyphen_values = true
+    )]
+    pub pressure_timeout: crate::pressure::PressureTimeout,
+
+    /// Fill of a ring, in percent, past which the process is paused.
+    #[arg(long, value_name = "PERCENT", default_value_t = 75,
+          value_parser = clap::value_parser!(u8).range(1..=99))]
+    pub watermark: u8,
+
+    /// Frames of call stack to record per allocation (at most 128).
+    #[arg(long, value_name = "FRAMES", default_value_t = crate::capture::DEFAULT_STACK_DEPTH,
+          value_parser = clap::value_parser!(u32).range(0..=crate::capture::MAX_STACK_DEPTH as i64))]
+    pub stack_depth: u32,
+
+    /// How stacks are walked (as `memtrail run --unwind`).
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = crate::unwind::Mode::Auto)]
+    pub unwind: crate::unwind::Mode,
+
+    /// Do not print the summary.
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// After a successful capture, also write a report in FORMAT (as
+    /// `memtrail run --report`; a text report without --report-output goes
+    /// to stderr).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub report: Option<Format>,
+
+    /// Write the --report report to PATH.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "report",
+        required_if_eq_any = [
+            ("report", "json"),
+            ("report", "flamegraph"),
+            ("report", "pprof"),
+            ("report", "folded"),
+        ]
+    )]
+    pub report_output: Option<PathBuf>,
+
+    /// Rank the --report sites by METRIC [default: bytes].
+    #[arg(long, value_enum, value_name = "METRIC", requires = "report")]
+    pub report_by: Option<Metric>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EventsArgs {
+    /// A binary event stream, as `--events FILE.mtev` wrote it.
+    #[arg(value_name = "FILE.mtev")]
+    pub file: PathBuf,
+
+    /// Write the JSON lines to PATH instead of stdout (`-`).
+    #[arg(short, long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+}
+
+/// Parses `--duration`: a positive duration in the units of
+/// `--pressure-timeout` (at least 1 ms).
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    use crate::pressure::PressureTimeout;
+    match s.parse::<PressureTimeout>() {
+        Ok(PressureTimeout::After(d)) => Ok(d),
+        Ok(_) => Err(format!(
+            "`{s}` is not a duration to stay attached: use e.g. 30s, 500ms or 2m (without \
+             --duration, memtrail stays attached until Ctrl-C)"
+        )),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+/// The format of `--events PATH` given `--events-format`.
+fn events_format(
+    path: Option<&std::path::Path>,
+    format: Option<crate::report::EventsFormat>,
+) -> crate::report::EventsFormat {
+    format.unwrap_or_else(|| {
+        path.map(crate::report::EventsFormat::for_path)
+            .unwrap_or_default()
+    })
+}
+
+/// The exit code for a failed `memtrail attach`.
+pub fn attach_exit_code(err: &CaptureError) -> i32 {
+    match err {
+        CaptureError::NoProcess(_) | CaptureError::NotAttachable { .. } => exit::NO_PROCESS,
+        CaptureError::Pressure(p) if p.detached() => exit::DETACHED,
+        _ => exit_code(err),
+    }
+}
+
+/// Runs `memtrail attach`; returns the exit code.
+pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> {
+    let output = match &args.output {
+        Some(path) => Some(path.clone()),
+        None if args.quiet => None,
+        None => {
+            let exe = std::fs::read_link(format!("/proc/{}/exe", args.pid))
+                .map(PathBuf::into_os_string)
+                .unwrap_or_default();
+            Some(default_profile_path(&[exe], std::process::id()))
+        }
+    };
+    let outputs: Vec<_> = [
+        ("--output", &output),
+        ("--events", &args.events),
+        ("--report-output", &args.report_output),
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+    .collect();
+    check_distinct(&outputs)?;
+    let opts = Options {
+        command: Vec::new(),
+        output: output.clone(),
+        events_format: events_format(args.events.as_deref(), args.events_format),
+        events: args.events,
+        replace_outputs: args.force,
+        ring_size: args.ring_size,
+        stack_depth: args.stack_depth,
+        unwind: args.unwind,
+        stack_ring_size: args.stack_ring_size,
+        pressure_timeout: args.pressure_timeout,
+        watermark_percent: args.watermark,
+        faults: capture::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
+    };
+    let report_output = args
+        .report_output
+        .as_deref()
+        .map(|path| {
+            let out = OutputFile::create_with(path, args.force)?;
+            crate::proctree::invoking_user().map_or(Ok(()), |owner| out.give_to(owner))?;
+            Ok::<_, crate::report::OutputError>(out)
+        })
+        .transpose()?;
+    let quiet = args.quiet;
+    let pid = args.pid;
+    let outcome = capture::attach(&opts, pid, args.duration, || {
+        if !quiet {
+            let until = match args.duration {
+                Some(d) => format!("for {d:?} (or until Ctrl-C)"),
+                None => "until Ctrl-C (SIGINT), SIGTERM or its exit".to_owned(),
+            };
+            let _ = writeln!(stderr, "memtrail: attached to process {pid}, {until}");
+        }
+    })?;
+    if !args.quiet {
+        let why = match outcome.detach {
+            capture::Detach::Duration => "after --duration".to_owned(),
+            capture::Detach::Signal(sig) => format!("on {}", signal_name(sig)),
+            capture::Detach::Exited => "when it exited".to_owned(),
+            capture::Detach::PressureFailed => "after a failed pressure pause".to_owned(),
+        };
+        let _ = writeln!(
+            stderr,
+            "memtrail: attached to process {} for {:.3} s; detached {why}",
+            args.pid,
+            outcome.profile.duration_ns as f64 / 1e9,
+        );
+        let _ = write_summary(stderr, &outcome.profile, &outcome.slow_probes);
+        if let Some(path) = output.filter(|p| p.as_os_str() != "-" && p.is_file()) {
+            let _ = writeln!(
+                stderr,
+                "memtrail: profile written to {} (memtrail report {0} ranks its allocation sites)",
+                path.display()
+            );
+        }
+    }
+    if let Some(format) = args.report {
+        let report = ReportOptions {
+            format,
+            by: args.report_by.unwrap_or_default(),
+            top: None,
+        };
+        match report_output {
+            Some(out) => render::write_report_file(&outcome.profile, &report, out)?,
+            None => {
+                let _ = render::write_report(&outcome.profile, &report, stderr);
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn signal_name(sig: i32) -> String {
+    match sig {
+        libc::SIGINT => "SIGINT".into(),
+        sig => crate::sys::signals::name(sig),
+    }
+}
+
+/// Runs `memtrail events`: a binary stream to JSON lines.
+pub fn events(
+    args: EventsArgs,
+    stdout: &mut impl Write,
+) -> Result<u64, crate::events::EventsError> {
+    use crate::events::EventsError;
+    let file = std::fs::File::open(&args.file).map_err(EventsError::Read)?;
+    let input = io::BufReader::with_capacity(1 << 20, file);
+    match args.output.filter(|p| p.as_os_str() != "-") {
+        Some(path) => {
+            let out = OutputFile::create(&path).map_err(|e| EventsError::Write(e.source))?;
+            let mut w = BufWriter::with_capacity(
+                1 << 20,
+                out.file().try_clone().map_err(EventsError::Write)?,
+            );
+            let n = crate::events::to_jsonl(input, &mut w)?;
+            drop(w);
+            out.commit().map_err(|e| EventsError::Write(e.source))?;
+            Ok(n)
+        }
+        None => {
+            let mut w = BufWriter::with_capacity(1 << 20, stdout);
+            crate::events::to_jsonl(input, &mut w)
+        }
+    }
+}
+
+/// The exit code for a failed `memtrail events`.
+pub fn events_exit_code(err: &crate::events::EventsError) -> i32 {
+    use crate::events::EventsError;
+    match err {
+        EventsError::Read(_) => exit::PROFILE_UNREADABLE,
+        EventsError::Write(_) => exit::OUTPUT,
+        EventsError::NotBinary | EventsError::Version(_) | EventsError::Malformed { .. } => {
+            exit::PROFILE_INVALID
+        }
+    }
+}
+
 /// Parses a ring size: bytes (`4096`, `4096B`), or a number of KiB, MiB or
 /// GiB (`64K`, `64KiB`, `64KB`, `64M`, `64MiB`, `1G`, ...; any case, a
 /// space allowed before the unit). Every unit is binary: a ring is a power
@@ -459,6 +794,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     let opts = Options {
         command: args.command,
         output: output.clone(),
+        events_format: events_format(args.events.as_deref(), args.events_format),
         events: args.events,
         replace_outputs: args.force,
         ring_size: args.ring_size,

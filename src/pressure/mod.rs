@@ -23,7 +23,9 @@
 //! the capture); a finite duration bounds each whole episode — freezing or
 //! stopping the tree and draining — past it the tree is killed and the
 //! capture fails naming what was late; `inf` waits as long as recovery
-//! takes.
+//! takes. A process memtrail attached to (`memtrail attach`) is never
+//! killed: past the timeout the coordinator resumes it and the capture
+//! fails as detached ([`Coordinator::kill_on_failure`] off).
 //!
 //! Room above the watermark ([`check_room`]): with pausing on, each ring
 //! must hold, above its watermark, [`RECORDS_PER_THREAD`] of its largest
@@ -283,18 +285,62 @@ impl HighWater {
 pub enum PressureError {
     #[error(
         "a pressure episode did not recover within {timeout:?}: the {pipeline} pipeline did \
-         not drain; the tracked tree was killed"
+         not drain; {fate}"
     )]
-    Timeout { timeout: Duration, pipeline: String },
+    Timeout {
+        timeout: Duration,
+        pipeline: String,
+        fate: Fate,
+    },
     #[error(
         "a pressure episode did not recover within {timeout:?}: the tree did not pause \
-         ({what}); the tracked tree was killed"
+         ({what}); {fate}"
     )]
-    PauseTimeout { timeout: Duration, what: String },
+    PauseTimeout {
+        timeout: Duration,
+        what: String,
+        fate: Fate,
+    },
     #[error("pausing the tree through its cgroup failed")]
     Cgroup(#[from] crate::proctree::cgroup::CgroupError),
     #[error(transparent)]
     Sys(#[from] sys::SysError),
+}
+
+/// What became of the tree after a late pressure episode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Killed (`memtrail run`: memtrail started it).
+    Killed,
+    /// Resumed and left running; the capture ends (`memtrail attach`).
+    Detached,
+}
+
+impl fmt::Display for Fate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Killed => "the tracked tree was killed",
+            Self::Detached => {
+                "memtrail resumed the tracked processes and detached, leaving them running"
+            }
+        })
+    }
+}
+
+impl PressureError {
+    /// Whether the tree was left running (a detach) rather than killed.
+    pub fn detached(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout {
+                fate: Fate::Detached,
+                ..
+            } | Self::PauseTimeout {
+                fate: Fate::Detached,
+                ..
+            }
+        )
+    }
 }
 
 /// The latch word in the BPF program's mmap'd .bss.
@@ -388,6 +434,10 @@ pub struct Coordinator {
     pub wake_epoll: OwnedFd,
     /// Set when the tree has exited, then `done_fd` signalled.
     pub done: Arc<AtomicBool>,
+    /// Whether a late episode kills the tree (a command memtrail started)
+    /// or resumes it and gives up (a process memtrail attached to, which
+    /// it must never kill).
+    pub kill_on_failure: bool,
 }
 
 impl Coordinator {
@@ -450,6 +500,7 @@ impl Coordinator {
                     return Err(self.fail(PressureError::PauseTimeout {
                         timeout: self.timeout_duration(),
                         what,
+                        fate: self.fate(),
                     }));
                 }
                 // Frozen: no thread of the tree runs a BPF program now, so
@@ -486,6 +537,7 @@ impl Coordinator {
             return Err(self.fail(PressureError::Timeout {
                 timeout: self.timeout_duration(),
                 pipeline,
+                fate: self.fate(),
             }));
         }
         tracing::debug!(drained_after = ?started.elapsed(), "pipelines drained");
@@ -540,15 +592,27 @@ impl Coordinator {
                     return Err(self.fail(PressureError::PauseTimeout {
                         timeout: self.timeout_duration(),
                         what: format!("process {pid} did not stop in time"),
+                        fate: self.fate(),
                     }));
                 }
             }
         }
     }
 
-    /// Kills the tree and lets go of it after a late episode.
+    fn fate(&self) -> Fate {
+        if self.kill_on_failure {
+            Fate::Killed
+        } else {
+            Fate::Detached
+        }
+    }
+
+    /// Kills the tree (unless [`kill_on_failure`](Self::kill_on_failure)
+    /// is off) and lets go of it after a late episode.
     fn fail(&self, err: PressureError) -> PressureError {
-        self.kill_tree();
+        if self.kill_on_failure {
+            self.kill_tree();
+        }
         let _ = self.stops.release_all(Owner::Pressure);
         if let Pause::Freeze { cgroup, .. } = &self.pause {
             // SIGKILL reaches frozen tasks; thawing lets them die at once.

@@ -26,7 +26,7 @@
 mod output;
 mod profile;
 mod regions;
-mod stream;
+pub(crate) mod stream;
 mod summary;
 pub mod timeline;
 
@@ -38,7 +38,7 @@ pub use profile::{
     StackMetrics, UnwindReport, wait_status_code, write_profile,
 };
 pub use regions::RegionEntry;
-pub use stream::EventWriter;
+pub use stream::{EventWriter, EventsFormat};
 pub use summary::{SlowProbe, human_bytes, slow_probes, write_summary};
 pub use timeline::Timeline;
 

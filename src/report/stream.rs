@@ -1,92 +1,148 @@
-//! The event stream: one JSON object a line (format in docs/profile.md).
+//! The event stream: one JSON object a line (format in docs/profile.md), or
+//! the compact binary stream of [`crate::events`] (docs/events.md).
 //!
-//! Lines are formatted by hand on the poller thread: serde's generic
+//! JSON lines are formatted by hand on the poller thread: serde's generic
 //! machinery is not needed for flat records of integers.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
+use std::path::Path;
 
+use crate::events::Encoder;
 use crate::record::{Body, Kind, Mem, Record};
 
 use super::output::OutputFile;
 
-/// Writes records as JSON lines into an [`OutputFile`].
+/// How `--events` writes its stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum EventsFormat {
+    /// One JSON object a line (~107 bytes an event).
+    #[default]
+    Jsonl,
+    /// zstd-compressed length-prefixed binary records (docs/events.md);
+    /// `memtrail events FILE` turns it into JSON lines.
+    Binary,
+}
+
+impl EventsFormat {
+    /// The format `path` asks for by its extension: `.mtev` is binary,
+    /// anything else JSON lines.
+    pub fn for_path(path: &Path) -> Self {
+        if path.extension().is_some_and(|e| e == "mtev") {
+            Self::Binary
+        } else {
+            Self::Jsonl
+        }
+    }
+}
+
+enum Out {
+    Json(BufWriter<File>),
+    Binary {
+        zstd: zstd::stream::write::Encoder<'static, BufWriter<File>>,
+        encoder: Encoder,
+    },
+}
+
+/// Writes records into an [`OutputFile`], as JSON lines or binary.
 pub struct EventWriter {
-    out: BufWriter<File>,
+    out: Out,
     file: OutputFile,
 }
 
 impl EventWriter {
-    pub fn new(file: OutputFile) -> io::Result<Self> {
-        let out = BufWriter::with_capacity(1 << 20, file.file().try_clone()?);
+    pub fn new(file: OutputFile, format: EventsFormat) -> io::Result<Self> {
+        let buf = BufWriter::with_capacity(1 << 20, file.file().try_clone()?);
+        let out = match format {
+            EventsFormat::Jsonl => Out::Json(buf),
+            EventsFormat::Binary => {
+                let mut zstd = zstd::stream::write::Encoder::new(buf, crate::events::LEVEL)?;
+                zstd.write_all(&Encoder::header())?;
+                Out::Binary {
+                    zstd,
+                    encoder: Encoder::default(),
+                }
+            }
+        };
         Ok(Self { out, file })
     }
 
     /// Writes one record (the internal realloc opening is not written).
     pub fn write(&mut self, rec: &Record<'_>) -> io::Result<()> {
-        let h = &rec.hdr;
-        if h.kind == Kind::ReallocBegin {
+        if rec.hdr.kind == Kind::ReallocBegin {
             return Ok(());
         }
-        let w = &mut self.out;
-        write!(
-            w,
-            r#"{{"ts_ns":{},"pid":{},"tid":{},"kind":"{}""#,
-            h.ts_ns,
-            h.pid,
-            h.tid,
-            h.kind.name()
-        )?;
-        match rec.body {
-            Body::Mem(Mem {
-                addr,
-                size,
-                old_addr,
-                old_size,
-                stack_id,
-            }) => {
-                write!(w, r#","addr":{addr}"#)?;
-                if h.kind != Kind::Free {
-                    write!(w, r#","size":{size}"#)?;
-                }
-                if h.kind.is_realloc() || h.kind == Kind::Mremap {
-                    write!(w, r#","old_addr":{old_addr}"#)?;
-                }
-                if h.kind == Kind::Mremap {
-                    write!(w, r#","old_size":{old_size}"#)?;
-                }
-                if stack_id != 0 {
-                    write!(w, r#","stack_id":"{stack_id}""#)?;
-                }
-                if matches!(h.kind, Kind::Mmap | Kind::Munmap | Kind::Mremap | Kind::Brk) {
-                    write!(w, r#","in_allocator":{}"#, h.in_allocator)?;
-                }
-            }
-            Body::Fork { child_pid } => write!(w, r#","child_pid":{child_pid}"#)?,
-            Body::Exec { filename } => {
-                w.write_all(br#","filename":"#)?;
-                serde_json::to_writer(&mut *w, &String::from_utf8_lossy(filename))?;
-            }
-            Body::Exit { exit_code } => write!(w, r#","exit_code":{exit_code}"#)?,
-            Body::Region { name } => {
-                if h.kind == Kind::RegionBegin {
-                    w.write_all(br#","name":"#)?;
-                    serde_json::to_writer(&mut *w, &String::from_utf8_lossy(name))?;
-                }
-            }
+        match &mut self.out {
+            Out::Json(w) => write_json(w, rec),
+            Out::Binary { zstd, encoder } => encoder.encode(rec, zstd),
         }
-        w.write_all(b"}\n")
     }
 
-    /// Flushes and renames the stream into place.
-    pub fn commit(mut self) -> Result<(), super::output::OutputError> {
-        self.out
-            .flush()
-            .map_err(|source| super::output::OutputError {
-                path: self.file.path().to_owned(),
-                source,
-            })?;
-        drop(self.out);
+    /// Flushes (ends the zstd frame) and renames the stream into place.
+    pub fn commit(self) -> Result<(), super::output::OutputError> {
+        let fail = |source| super::output::OutputError {
+            path: self.file.path().to_owned(),
+            source,
+        };
+        let mut buf = match self.out {
+            Out::Json(buf) => buf,
+            Out::Binary { zstd, .. } => zstd.finish().map_err(fail)?,
+        };
+        buf.flush().map_err(fail)?;
+        drop(buf);
         self.file.commit()
     }
+}
+
+/// Writes one record as a JSON line (the internal realloc opening is
+/// skipped by the callers).
+pub(crate) fn write_json(w: &mut impl Write, rec: &Record<'_>) -> io::Result<()> {
+    let h = &rec.hdr;
+    write!(
+        w,
+        r#"{{"ts_ns":{},"pid":{},"tid":{},"kind":"{}""#,
+        h.ts_ns,
+        h.pid,
+        h.tid,
+        h.kind.name()
+    )?;
+    match rec.body {
+        Body::Mem(Mem {
+            addr,
+            size,
+            old_addr,
+            old_size,
+            stack_id,
+        }) => {
+            write!(w, r#","addr":{addr}"#)?;
+            if h.kind != Kind::Free {
+                write!(w, r#","size":{size}"#)?;
+            }
+            if h.kind.is_realloc() || h.kind == Kind::Mremap {
+                write!(w, r#","old_addr":{old_addr}"#)?;
+            }
+            if h.kind == Kind::Mremap {
+                write!(w, r#","old_size":{old_size}"#)?;
+            }
+            if stack_id != 0 {
+                write!(w, r#","stack_id":"{stack_id}""#)?;
+            }
+            if matches!(h.kind, Kind::Mmap | Kind::Munmap | Kind::Mremap | Kind::Brk) {
+                write!(w, r#","in_allocator":{}"#, h.in_allocator)?;
+            }
+        }
+        Body::Fork { child_pid } => write!(w, r#","child_pid":{child_pid}"#)?,
+        Body::Exec { filename } => {
+            w.write_all(br#","filename":"#)?;
+            serde_json::to_writer(&mut *w, &String::from_utf8_lossy(filename))?;
+        }
+        Body::Exit { exit_code } => write!(w, r#","exit_code":{exit_code}"#)?,
+        Body::Region { name } => {
+            if h.kind == Kind::RegionBegin {
+                w.write_all(br#","name":"#)?;
+                serde_json::to_writer(&mut *w, &String::from_utf8_lossy(name))?;
+            }
+        }
+    }
+    w.write_all(b"}\n")
 }

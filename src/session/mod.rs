@@ -68,6 +68,9 @@ use crate::sys::{self, ChildExit};
 use regions::{Control, Op, Regions, Reply};
 pub use regions::{NAME_MAX, ProcessTotals, RegionCounts, Snapshot, Totals};
 
+/// How long a detach waits for the processes it stops to settle.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long a snapshot or region call waits for the events pipeline.
 const BARRIER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -142,6 +145,10 @@ impl SessionOptions {
                 ))
             }
             Target::Pid(0) => Err(CaptureError::InvalidOptions("pid 0 names no process")),
+            Target::Pid(pid) if *pid == std::process::id() => Err(CaptureError::NotAttachable {
+                pid: *pid,
+                why: "it is memtrail's own process (track it with Target::SelfProcess)",
+            }),
             Target::Command(argv) if argv.is_empty() => {
                 Err(CaptureError::InvalidOptions("the command is empty"))
             }
@@ -214,6 +221,8 @@ struct Threads {
     barrier: Arc<Barrier>,
     done: Arc<AtomicBool>,
     done_fd: OwnedFd,
+    /// Signalled when the pressure coordinator gave up (a late episode).
+    failed_fd: Arc<OwnedFd>,
     stops: Arc<Stops>,
     tids: Arc<ThreadIds>,
     started: usize,
@@ -375,7 +384,7 @@ impl Session {
         // A process that exists already is looked at before the object
         // loads: its pid must still name it.
         let pidfd = match target {
-            Target::Pid(pid) => Some(sys::pidfd_open(pid as i32)?),
+            Target::Pid(pid) => Some(open_running(pid)?),
             _ => None,
         };
 
@@ -548,6 +557,7 @@ impl Session {
             barrier: barrier.clone(),
             done: Arc::new(AtomicBool::new(false)),
             done_fd: sys::eventfd()?,
+            failed_fd: Arc::new(sys::eventfd()?),
             stops: stops.clone(),
             tids: Arc::new(ThreadIds::default()),
             started: 0,
@@ -702,14 +712,21 @@ impl Session {
                 None => Pause::Signal,
             },
             done: threads.done.clone(),
+            // A process memtrail did not start is never killed.
+            kill_on_failure: !matches!(target, Target::Pid(_)),
         };
         let tids = threads.tids.clone();
+        let failed_fd = threads.failed_fd.clone();
         threads.pressure = Some(
             std::thread::Builder::new()
                 .name("memtrail-pressure".into())
                 .spawn(move || {
                     tids.add_current();
-                    coordinator.run()
+                    let result = coordinator.run();
+                    if result.is_err() {
+                        sys::eventfd_signal(failed_fd.as_fd());
+                    }
+                    result
                 })
                 .map_err(|source| CaptureError::Io {
                     what: "starting the pressure coordinator",
@@ -888,6 +905,91 @@ impl Session {
         Ok(())
     }
 
+    /// Removes every process from `tracked`, so that BPF ignores them from
+    /// now on; returns their pids. A process forked meanwhile by one still
+    /// tracked is listed and removed in the next round.
+    fn untrack_all(&mut self) -> Result<Vec<u32>, CaptureError> {
+        let tracked = self.loaded.skel.maps.tracked.as_fd();
+        let mut all = Vec::new();
+        loop {
+            let pids = sys::bpf_map_u32_keys(tracked)?;
+            if pids.is_empty() {
+                return Ok(all);
+            }
+            for pid in pids {
+                // ENOENT: its exit removed it meanwhile.
+                let _ = sys::bpf_map_delete(tracked, &pid.to_ne_bytes());
+                all.push(pid);
+            }
+        }
+    }
+
+    /// After `pids` left `tracked`, with pausing on: stops each of them and
+    /// waits until it has stopped, holding it until the pollers are joined
+    /// (the release is `resume_everything`'s, on every path). A producer
+    /// past a ring's watermark stops its own process (check_pressure in
+    /// bpf/memtrail.bpf.c), and one that saw the process tracked just
+    /// before it left `tracked` can still do so, with no coordinator left
+    /// to resume it. Once every thread has stopped, none is inside a BPF
+    /// program, so no such stop can come any more, and the one SIGCONT of
+    /// the release discards any that is pending.
+    fn settle(&self, pids: &[u32]) {
+        use crate::proctree::stops::Owner;
+        let stops = &self.threads.stops;
+        let deadline = std::time::Instant::now() + SETTLE_TIMEOUT;
+        for &pid in pids {
+            if let Err(err) = stops.stop(pid as i32, Owner::Pressure) {
+                tracing::debug!(pid, %err, "could not stop a process to detach from it");
+            }
+        }
+        for &pid in pids {
+            let _ = stops.wait_stopped_until(pid as i32, Some(deadline));
+        }
+    }
+
+    /// Removes the BPF call state (thread slot or task storage) of every
+    /// thread of `pids`: the allocator probes' test of membership (see
+    /// task_call in bpf/memtrail.bpf.c), so their calls are not seen any
+    /// more.
+    fn forget_threads(&mut self, pids: &[u32]) {
+        let skel = &mut *self.loaded.skel;
+        let mask = skel.maps.rodata_data.map_or(0, |ro| ro.thread_slot_mask);
+        let slot_size = skel.maps.thread_slots.value_size() as usize;
+        for &pid in pids {
+            for tid in thread_ids(pid) {
+                if let Ok(fd) = sys::pidfd_open_thread(tid as i32) {
+                    let _ = skel.maps.inflight.delete(&fd.as_raw_fd().to_ne_bytes());
+                }
+                let idx = (tid & mask).to_ne_bytes();
+                let held = skel
+                    .maps
+                    .thread_slots
+                    .lookup(&idx, libbpf_rs::MapFlags::ANY)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|slot| slot.get(..8) == Some(&u64::from(tid).to_ne_bytes()[..]));
+                if held {
+                    let _ = skel.maps.thread_slots.update(
+                        &idx,
+                        &vec![0u8; slot_size],
+                        libbpf_rs::MapFlags::ANY,
+                    );
+                }
+            }
+        }
+    }
+
+    /// An eventfd that becomes readable when the pressure coordinator gave
+    /// up (a late episode): [`finish`](Self::finish) then returns its error.
+    pub(crate) fn pressure_failed_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.threads.failed_fd.as_fd()
+    }
+
+    /// The pidfd of the tracked running process ([`Target::Pid`]).
+    pub(crate) fn target_pidfd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.pidfd.as_ref().map(AsFd::as_fd)
+    }
+
     /// What the session tracks.
     pub fn target(&self) -> &Target {
         &self.target
@@ -1010,7 +1112,19 @@ impl Session {
     /// tree did so far.
     pub fn finish(mut self) -> Result<Finish, CaptureError> {
         let mut phases = phases::Phases::new("finish");
+        // A running process memtrail attached to keeps running: BPF lets go
+        // of it first (no event, no stop, no attach hold from here on).
+        let detached = match self.target {
+            Target::Pid(_) => self.untrack_all()?,
+            _ => Vec::new(),
+        };
         let pressure = self.threads.stop_pressure();
+        if !detached.is_empty() {
+            if self.opts_pressure.enabled() {
+                self.settle(&detached);
+            }
+            self.forget_threads(&detached);
+        }
         let mut pressure_stats = match pressure {
             Some(Ok(Ok(stats))) => stats,
             Some(Ok(Err(err))) => return Err(CaptureError::Pressure(err)),
@@ -1180,6 +1294,35 @@ impl Drop for Region<'_> {
 
 fn current_tid() -> u32 {
     rustix::thread::gettid().as_raw_nonzero().get() as u32
+}
+
+/// A pidfd of running process `pid`, which memtrail may attach to: it
+/// exists, is not a zombie and is not a kernel thread.
+fn open_running(pid: u32) -> Result<OwnedFd, CaptureError> {
+    let fd = sys::pidfd_open(pid as i32).map_err(|err| match err.errno() {
+        Some(libc::ESRCH) => CaptureError::NoProcess(pid),
+        _ => err.into(),
+    })?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // `pid (comm) S ...`: the state follows the last parenthesis.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    match state {
+        None => Err(CaptureError::NoProcess(pid)),
+        Some('Z' | 'X') => Err(CaptureError::NotAttachable {
+            pid,
+            why: "it has exited (a zombie)",
+        }),
+        // A kernel thread has no executable.
+        _ if std::fs::read_link(format!("/proc/{pid}/exe")).is_err() => {
+            Err(CaptureError::NotAttachable {
+                pid,
+                why: "it is a kernel thread (no user-space memory to track)",
+            })
+        }
+        _ => Ok(fd),
+    }
 }
 
 /// The thread ids of process `pid`.

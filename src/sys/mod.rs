@@ -1097,3 +1097,102 @@ pub fn epoll_wait(ep: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) {
     // SAFETY: `events` has room for the 4 events we ask for at most.
     unsafe { libc::epoll_wait(ep.as_raw_fd(), events.as_mut_ptr(), 4, timeout_ms) };
 }
+
+/// Blocks `signals` in the calling thread (threads it starts from now on
+/// inherit the mask), so that only a [`signalfd`] receives them.
+pub fn block_signals(signals: &[i32]) -> SysResult<()> {
+    // SAFETY: a sigset_t initialised by sigemptyset before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &sig in signals {
+            libc::sigaddset(&mut set, sig);
+        }
+        let ret = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if ret != 0 {
+            return Err(SysError {
+                call: "pthread_sigmask",
+                source: io::Error::from_raw_os_error(ret),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A non-blocking, close-on-exec signalfd for `signals` (which must be
+/// blocked: see [`block_signals`]).
+pub fn signalfd(signals: &[i32]) -> SysResult<OwnedFd> {
+    // SAFETY: a sigset_t initialised by sigemptyset before use; signalfd
+    // copies it.
+    let fd = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &sig in signals {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
+    };
+    let fd = check("signalfd", fd)?;
+    // SAFETY: signalfd returned a new descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Reads one signal from a signalfd; None when none is pending.
+pub fn read_signal(fd: std::os::fd::BorrowedFd<'_>) -> SysResult<Option<i32>> {
+    // SAFETY: an all-zero signalfd_siginfo is a valid buffer.
+    let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::signalfd_siginfo>();
+    // SAFETY: reads at most `size` bytes into `info`.
+    let n = unsafe { libc::read(fd.as_raw_fd(), (&raw mut info).cast(), size) };
+    if n == size as isize {
+        return Ok(Some(info.ssi_signo as i32));
+    }
+    let err = SysError::last("read(signalfd)");
+    match err.errno() {
+        Some(libc::EAGAIN) => Ok(None),
+        _ => Err(err),
+    }
+}
+
+/// Waits until one of `fds` is readable, or `timeout` has passed: the
+/// index of the first readable one, or None at the timeout. EINTR waits
+/// again for what is left of the timeout.
+pub fn poll_readable(
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    timeout: Option<std::time::Duration>,
+) -> SysResult<Option<usize>> {
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        let ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                // Rounded up: never wake before the deadline.
+                left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int
+            }
+        };
+        // SAFETY: `pfds` holds `pfds.len()` valid pollfds.
+        let ret = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+        if ret > 0 {
+            return Ok(pfds.iter().position(|p| p.revents != 0));
+        }
+        if ret == 0 {
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return Ok(None);
+            }
+            continue;
+        }
+        let err = SysError::last("poll");
+        if err.errno() != Some(libc::EINTR) {
+            return Err(err);
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! `memtrail attach`'s capture: a [`Session`] on a running process, held
+//! until a deadline, a signal to memtrail, the process's exit or a failed
+//! pressure episode; then a detach that leaves the process running.
+//!
+//! Signals: SIGINT, SIGTERM and SIGHUP are blocked in every thread from
+//! the start (the session's threads inherit the mask) and read from a
+//! signalfd, so Ctrl-C ends the capture, never memtrail halfway. None of
+//! them is passed on to the process: it is not memtrail's.
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use crate::report::{EventWriter, OutputError, OutputFile};
+use crate::session::{Finish, Session, SessionOptions, Target};
+use crate::sys;
+
+use super::{CaptureError, Options};
+
+/// The signals that end an attached capture.
+const DETACH_SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// Why memtrail detached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detach {
+    /// `--duration` passed.
+    Duration,
+    /// Memtrail received this signal.
+    Signal(i32),
+    /// The process exited.
+    Exited,
+    /// The pressure coordinator gave up ([`attach`] then fails).
+    PressureFailed,
+}
+
+/// A finished attached capture.
+#[derive(Debug)]
+pub struct AttachOutcome {
+    pub profile: crate::report::Profile,
+    pub slow_probes: Vec<crate::report::SlowProbe>,
+    pub detach: Detach,
+}
+
+/// Runs one attached capture: `memtrail attach PID`. `opts.command` is
+/// unused. `attached` is called once the process is tracked (its events
+/// from then on are in the capture). Outputs are written only if the
+/// capture succeeded.
+pub fn attach(
+    opts: &Options,
+    pid: u32,
+    duration: Option<Duration>,
+    attached: impl FnOnce(),
+) -> Result<AttachOutcome, CaptureError> {
+    // Before any thread starts: they inherit the mask.
+    sys::block_signals(&DETACH_SIGNALS)?;
+    let signals = sys::signalfd(&DETACH_SIGNALS)?;
+    let outputs: Vec<_> = [("--output", &opts.output), ("--events", &opts.events)]
+        .into_iter()
+        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+        .collect();
+    crate::report::check_distinct(&outputs)?;
+    let session_opts = SessionOptions {
+        ring_size: opts.ring_size,
+        stack_ring_size: opts.stack_ring_size,
+        stack_depth: opts.stack_depth,
+        unwind: opts.unwind,
+        pressure_timeout: opts.pressure_timeout,
+        watermark_percent: opts.watermark_percent,
+        process_effects: false,
+        faults: opts.faults,
+    };
+    let target = Target::Pid(pid);
+    session_opts.validate(&target)?;
+    let owner = crate::proctree::invoking_user();
+    let create = |path| {
+        let out = OutputFile::create_with(path, opts.replace_outputs)?;
+        owner.map_or(Ok(()), |owner| out.give_to(owner))?;
+        Ok::<_, OutputError>(out)
+    };
+    let output = opts.output.as_deref().map(create).transpose()?;
+    let events = opts.events.as_deref().map(create).transpose()?;
+    let stream = events
+        .map(|out| EventWriter::new(out, opts.events_format))
+        .transpose()
+        .map_err(CaptureError::EventStream)?;
+    let session = Session::start_with(&session_opts, target, stream)?;
+    attached();
+    let detach = wait_detach(&session, signals.as_fd(), duration)?;
+    tracing::info!(pid, ?detach, "detaching");
+    let Finish {
+        profile,
+        slow_probes,
+        stream,
+        ..
+    } = session.finish()?;
+    if let Some(stream) = stream {
+        stream.commit()?;
+    }
+    if let Some(output) = output {
+        crate::report::write_profile(&profile, output)?;
+    }
+    Ok(AttachOutcome {
+        profile,
+        slow_probes,
+        detach,
+    })
+}
+
+/// Waits for the reason to detach. A failed pressure episode is no reason
+/// of its own: [`Session::finish`] returns its error.
+fn wait_detach(
+    session: &Session,
+    signals: std::os::fd::BorrowedFd<'_>,
+    duration: Option<Duration>,
+) -> Result<Detach, CaptureError> {
+    let pidfd = session
+        .target_pidfd()
+        .ok_or(CaptureError::State("an attached session has a pidfd"))?;
+    let fds = [signals, pidfd, session.pressure_failed_fd()];
+    let deadline = duration.map(|d| std::time::Instant::now() + d);
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+        match sys::poll_readable(&fds, left)? {
+            None => return Ok(Detach::Duration),
+            Some(0) => {
+                if let Some(sig) = sys::read_signal(signals)? {
+                    return Ok(Detach::Signal(sig));
+                }
+            }
+            Some(1) => return Ok(Detach::Exited),
+            Some(_) => return Ok(Detach::PressureFailed),
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! `memtrail attach PID`: tracking a running process for a window, then
+//! leaving it exactly as it was (issue 15).
+//!
+//! The fixture (`attach_target`) reads one-byte commands from a pipe and
+//! acknowledges each once done, so a test knows exactly what the process
+//! did inside the attached window: memtrail says when it has attached (a
+//! line on stderr), the test then sends the commands, waits for their
+//! acknowledgements and sends memtrail SIGINT.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{
+    MEMTRAIL, fixture, kind, num, of_pid, pid, process, read_events, read_profile, sized,
+};
+use serde_json::Value;
+
+/// Hang detector for one step (not a timing assertion).
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// The running fixture and its command pipe.
+struct Target {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    acks: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    pid: u32,
+}
+
+impl Target {
+    fn start() -> Self {
+        let mut child = Command::new(fixture("attach_target"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start attach_target");
+        let pid = child.id();
+        let stdin = child.stdin.take().expect("stdin");
+        let mut acks = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let ready = acks.next().expect("a line").expect("ready");
+        assert_eq!(ready, format!("ready {pid}"));
+        Self {
+            child,
+            stdin: Some(stdin),
+            acks,
+            pid,
+        }
+    }
+
+    /// Sends each command byte and waits for its acknowledgement.
+    fn run(&mut self, commands: &str) {
+        for c in commands.chars() {
+            let stdin = self.stdin.as_mut().expect("stdin open");
+            stdin.write_all(&[c as u8]).expect("send a command");
+            stdin.flush().expect("flush");
+            let ack = self.acks.next().expect("an ack").expect("read an ack");
+            assert_eq!(ack, c.to_string());
+        }
+    }
+
+    /// Closes its stdin: it exits 0.
+    fn close(&mut self) {
+        self.stdin = None;
+    }
+
+    /// The process's state letter (`/proc/PID/stat`).
+    fn state(&self) -> char {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).expect("stat");
+        let (_, rest) = stat.rsplit_once(')').expect("stat format");
+        rest.trim_start().chars().next().expect("a state")
+    }
+
+    /// Whether a SIGSTOP is pending for it or any of its threads.
+    fn stop_pending(&self) -> bool {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).expect("status");
+        status
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("SigPnd:")
+                    .or_else(|| l.strip_prefix("ShdPnd:"))
+            })
+            .any(|m| u64::from_str_radix(m.trim(), 16).expect("hex") & (1 << 18) != 0)
+    }
+
+    fn cgroup(&self) -> String {
+        std::fs::read_to_string(format!("/proc/{}/cgroup", self.pid)).expect("cgroup")
+    }
+
+    /// Checks that it runs as before: not stopped, no stop pending, and it
+    /// still does what it is told.
+    fn assert_running(&mut self) {
+        assert!(!matches!(self.state(), 'T' | 't'), "stopped");
+        assert!(!self.stop_pending(), "a SIGSTOP is pending");
+        self.run("a");
+        assert!(!matches!(self.state(), 'T' | 't'), "stopped");
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// memtrail attached, and its stderr lines as they come.
+struct Attached {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr: String,
+}
+
+impl Attached {
+    /// Starts `memtrail attach ARGS` and waits until it says it attached.
+    fn start(args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(MEMTRAIL)
+            .arg("attach")
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn memtrail");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut me = Self {
+            child,
+            lines,
+            stderr: String::new(),
+        };
+        while !me.stderr.contains("memtrail: attached to process") {
+            let line = me
+                .lines
+                .recv_timeout(LIMIT)
+                .unwrap_or_else(|e| panic!("memtrail did not attach ({e}): {}", me.stderr));
+            me.stderr.push_str(&line);
+            me.stderr.push('\n');
+        }
+        me
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGINT (as Ctrl-C would).
+    fn interrupt(&self) {
+        // SAFETY: kill takes plain integers.
+        assert_eq!(unsafe { libc::kill(self.pid() as i32, libc::SIGINT) }, 0);
+    }
+
+    /// Waits for memtrail's exit; its code and whole stderr.
+    fn wait(mut self) -> (i32, String) {
+        let status = common::wait_or_kill(&mut self.child, LIMIT).expect("memtrail hung");
+        while let Ok(line) = self.lines.recv_timeout(LIMIT) {
+            self.stderr.push_str(&line);
+            self.stderr.push('\n');
+        }
+        (status.code().expect("memtrail exited"), self.stderr)
+    }
+}
+
+/// The BPF link ids process `pid` holds through its descriptors.
+fn link_ids(pid: u32) -> BTreeSet<u64> {
+    let mut ids = BTreeSet::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("fdinfo") {
+        let Ok(info) = std::fs::read_to_string(entry.expect("fd").path()) else {
+            continue;
+        };
+        ids.extend(
+            info.lines()
+                .filter_map(|l| l.strip_prefix("link_id:"))
+                .filter_map(|v| v.trim().parse::<u64>().ok()),
+        );
+    }
+    ids
+}
+
+/// Every BPF link the kernel has.
+fn kernel_links() -> BTreeSet<u64> {
+    let out = Command::new("bpftool")
+        .args(["-j", "link", "show"])
+        .output()
+        .expect("run bpftool");
+    assert!(out.status.success());
+    let list: Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
+    list.as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|l| l["id"].as_u64())
+        .collect()
+}
+
+fn totals(v: &Value) -> (u64, u64, u64) {
+    (
+        num(v, "allocations"),
+        num(v, "frees"),
+        num(v, "unmatched_frees"),
+    )
+}
+
+/// Check that `memtrail attach` counts exactly what the process did inside
+/// the window (5 mallocs and 2 frees of its own, 1 free of a block made
+/// before the attach, a child's 2 mallocs and 1 free) and nothing before
+/// it, and that after SIGINT the process runs on: not stopped, in its own
+/// cgroup, with none of memtrail's probe links left in the kernel.
+#[test]
+fn attach_counts_window_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profile_path = dir.path().join("p.json");
+    let events_path = dir.path().join("e.jsonl");
+    let mut target = Target::start();
+    // Done before the attach: not in the capture.
+    target.run("aaf");
+    let cgroup = target.cgroup();
+    let pid_arg = target.pid.to_string();
+    let memtrail = Attached::start(
+        &[
+            pid_arg.as_ref(),
+            "-o".as_ref(),
+            profile_path.as_os_str(),
+            "--events".as_ref(),
+            events_path.as_os_str(),
+        ],
+        &[],
+    );
+    let links = link_ids(memtrail.pid());
+    assert!(!links.is_empty(), "memtrail holds no probe link");
+    // The probes are in: two blocks allocated before stay unknown.
+    target.run("aaaaaffpk");
+    memtrail.interrupt();
+    let (code, stderr) = memtrail.wait();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("detached on SIGINT"), "{stderr}");
+
+    let profile = read_profile(&profile_path).expect("a profile");
+    assert_eq!(totals(&profile["totals"]), (7, 3, 1), "{profile:#}");
+    assert_eq!(
+        num(&profile["totals"], "allocated_bytes"),
+        5 * 1000 + 2 * 500
+    );
+    let root = process(&profile, target.pid);
+    assert_eq!(totals(root), (5, 2, 1), "{root:#}");
+    let events = read_events(&events_path).expect("events");
+    assert_eq!(sized(&events, "malloc", 1000).len(), 5);
+    let fork = events
+        .iter()
+        .find(|e| kind(e) == "fork" && pid(e) == target.pid)
+        .expect("the fork");
+    let child = num(fork, "child_pid") as u32;
+    assert_eq!(totals(process(&profile, child)), (2, 1, 0));
+    let child_events = of_pid(&events, child);
+    assert_eq!(
+        child_events
+            .iter()
+            .filter(|e| kind(e) == "malloc" && num(e, "size") == 500)
+            .count(),
+        2
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| kind(e) == "free" && pid(e) == target.pid)
+            .count(),
+        3
+    );
+
+    // Left as it was.
+    target.assert_running();
+    assert_eq!(target.cgroup(), cgroup);
+    let left: Vec<u64> = kernel_links().intersection(&links).copied().collect();
+    assert!(left.is_empty(), "links left behind: {left:?}");
+}
+
+/// Check that `--duration` detaches on its own (exit 0, nothing counted
+/// since nothing happened) and that the process runs on.
+#[test]
+fn attach_duration_detaches() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profile_path = dir.path().join("p.json");
+    let mut target = Target::start();
+    let pid_arg = target.pid.to_string();
+    let memtrail = Attached::start(
+        &[
+            pid_arg.as_ref(),
+            "--duration".as_ref(),
+            "300ms".as_ref(),
+            "-o".as_ref(),
+            profile_path.as_os_str(),
+        ],
+        &[],
+    );
+    let (code, stderr) = memtrail.wait();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("detached after --duration"), "{stderr}");
+    let profile = read_profile(&profile_path).expect("a profile");
+    assert_eq!(totals(&profile["totals"]), (0, 0, 0));
+    target.assert_running();
+}
+
+/// Check that the process's exit ends the capture (exit 0), with what it
+/// did before.
+#[test]
+fn attach_process_exit_ends_capture() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profile_path = dir.path().join("p.json");
+    let mut target = Target::start();
+    let pid_arg = target.pid.to_string();
+    let memtrail = Attached::start(
+        &[pid_arg.as_ref(), "-o".as_ref(), profile_path.as_os_str()],
+        &[],
+    );
+    target.run("aaa");
+    target.close();
+    let (code, stderr) = memtrail.wait();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("detached when it exited"), "{stderr}");
+    let profile = read_profile(&profile_path).expect("a profile");
+    assert_eq!(totals(&profile["totals"]), (3, 0, 0));
+}
+
+/// Check that a pid that names no process, a kernel thread's and a
+/// zombie's are refused with exit 78 and a clear message, and no profile
+/// is written.
+#[test]
+fn attach_bad_pid_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profile_path = dir.path().join("p.json");
+    // A pid that was just freed (reaped).
+    let mut gone = Command::new("true").spawn().expect("true");
+    let gone_pid = gone.id();
+    gone.wait().expect("reap");
+    // A zombie: exited, not reaped.
+    let mut zombie = Command::new("true").spawn().expect("true");
+    let zombie_pid = zombie.id();
+    while std::fs::read_to_string(format!("/proc/{zombie_pid}/stat"))
+        .is_ok_and(|s| !s.contains(") Z"))
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for (pid, message) in [
+        (gone_pid, format!("no process has pid {gone_pid}")),
+        (2, "it is a kernel thread".to_owned()),
+        (zombie_pid, "it has exited (a zombie)".to_owned()),
+    ] {
+        let out = Command::new(MEMTRAIL)
+            .args(["attach", &pid.to_string(), "-o"])
+            .arg(&profile_path)
+            .output()
+            .expect("run memtrail");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{pid}: {stderr}");
+        assert!(stderr.contains(&message), "{stderr}");
+        assert!(!profile_path.exists());
+    }
+    zombie.wait().expect("reap");
+}
+
+/// Check that a pressure episode that cannot recover within a finite
+/// --pressure-timeout (the events poller wedged) detaches instead of
+/// killing: exit 77, no profile, and the process runs on, finishing what
+/// it was doing.
+#[test]
+fn attach_pressure_timeout_detaches_not_kills() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profile_path = dir.path().join("p.json");
+    let mut target = Target::start();
+    let pid_arg = target.pid.to_string();
+    let memtrail = Attached::start(
+        &[
+            pid_arg.as_ref(),
+            "--ring-size".as_ref(),
+            "64K".as_ref(),
+            "--pressure-timeout".as_ref(),
+            "250ms".as_ref(),
+            "-o".as_ref(),
+            profile_path.as_os_str(),
+        ],
+        &[("MEMTRAIL_FAULT", "wedge-events")],
+    );
+    // 4000 events overrun a 64 KiB ring: the pause cannot drain.
+    target.run("m");
+    let (code, stderr) = memtrail.wait();
+    assert_eq!(code, 77, "{stderr}");
+    assert!(
+        stderr.contains("detached, leaving them running"),
+        "{stderr}"
+    );
+    assert!(!profile_path.exists());
+    target.assert_running();
+    target.run("m");
+}
