@@ -71,6 +71,8 @@ pub struct Options {
     pub watermark_percent: u8,
     /// Fault injection for tests.
     pub faults: Faults,
+    /// Counters published while the capture runs (the status line).
+    pub live: Option<std::sync::Arc<crate::report::live::LiveCounters>>,
 }
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
@@ -380,6 +382,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         watermark_percent: opts.watermark_percent,
         process_effects: true,
         faults: opts.faults,
+        live: opts.live.clone(),
     };
     let target = Target::Command(opts.command.clone());
     let spec = CommandSpec::new(opts.command.clone())?;

@@ -67,6 +67,7 @@ pub fn attach(
         watermark_percent: opts.watermark_percent,
         process_effects: false,
         faults: opts.faults,
+        live: opts.live.clone(),
     };
     let target = Target::Pid(pid);
     session_opts.validate(&target)?;

@@ -25,6 +25,8 @@ pub struct EventSink {
     pub(crate) regions: Option<Regions>,
     /// USDT region markers of the tracked programs.
     pub(crate) markers: Markers,
+    /// Counters for the live status line, with the records folded.
+    pub(crate) live: Option<(std::sync::Arc<crate::report::live::LiveCounters>, u64)>,
 }
 
 impl EventSink {
@@ -36,6 +38,7 @@ impl EventSink {
             clock: 0,
             regions: None,
             markers: Markers::default(),
+            live: None,
         }
     }
 }
@@ -72,6 +75,11 @@ impl Sink for EventSink {
             }
             Body::Region { name } => self.markers.marker(&rec.hdr, name),
             _ => self.agg.apply(&rec),
+        }
+        if let Some((live, folded)) = &mut self.live {
+            *folded += 1;
+            let (processes, bytes, peak) = self.agg.live_view();
+            live.publish(*folded, processes, bytes, peak);
         }
         if let Some(stream) = &mut self.stream {
             if let Err(err) = stream.write(&rec) {

@@ -532,6 +532,42 @@ pub fn attach_exit_code(err: &CaptureError) -> i32 {
     }
 }
 
+/// Runs `capture` with a live status line on stderr (elapsed time,
+/// processes, events/s, live heap, peak, pauses; redrawn every
+/// [`STATUS_EVERY`](crate::report::live::STATUS_EVERY)) when stderr is a
+/// terminal and the run is not quiet; the line is erased before `capture`'s
+/// result is returned, so the summary starts on a clean line.
+fn with_status<T>(
+    quiet: bool,
+    capture: impl FnOnce(Option<std::sync::Arc<crate::report::live::LiveCounters>>) -> T,
+) -> T {
+    use crate::report::live::{LiveCounters, STATUS_EVERY, StatusLine};
+    use std::io::IsTerminal;
+    use std::sync::mpsc::{RecvTimeoutError, channel};
+    if quiet || !std::io::stderr().is_terminal() {
+        return capture(None);
+    }
+    let live = std::sync::Arc::new(LiveCounters::default());
+    let (done, finished) = channel::<()>();
+    std::thread::scope(|scope| {
+        let counters = live.clone();
+        scope.spawn(move || {
+            let mut line = StatusLine::new();
+            let mut err = std::io::stderr();
+            // Drawn at once (start-up takes a while: the verifier), then
+            // every STATUS_EVERY until the capture ends.
+            let _ = line.draw(&counters, &mut err);
+            while finished.recv_timeout(STATUS_EVERY) == Err(RecvTimeoutError::Timeout) {
+                let _ = line.draw(&counters, &mut err);
+            }
+            let _ = StatusLine::clear(&mut err);
+        });
+        let out = capture(Some(live));
+        drop(done);
+        out
+    })
+}
+
 /// Runs `memtrail attach`; returns the exit code.
 pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> {
     let output = match &args.output {
@@ -553,7 +589,7 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
     .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
     .collect();
     check_distinct(&outputs)?;
-    let opts = Options {
+    let mut opts = Options {
         command: Vec::new(),
         output: output.clone(),
         events_format: events_format(args.events.as_deref(), args.events_format),
@@ -566,6 +602,7 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
         pressure_timeout: args.pressure_timeout,
         watermark_percent: args.watermark,
         faults: capture::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
+        live: None,
     };
     let report_output = args
         .report_output
@@ -578,14 +615,17 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
         .transpose()?;
     let quiet = args.quiet;
     let pid = args.pid;
-    let outcome = capture::attach(&opts, pid, args.duration, || {
-        if !quiet {
-            let until = match args.duration {
-                Some(d) => format!("for {d:?} (or until Ctrl-C)"),
-                None => "until Ctrl-C (SIGINT), SIGTERM or its exit".to_owned(),
-            };
-            let _ = writeln!(stderr, "memtrail: attached to process {pid}, {until}");
-        }
+    let outcome = with_status(quiet, |live| {
+        opts.live = live;
+        capture::attach(&opts, pid, args.duration, || {
+            if !quiet {
+                let until = match args.duration {
+                    Some(d) => format!("for {d:?} (or until Ctrl-C)"),
+                    None => "until Ctrl-C (SIGINT), SIGTERM or its exit".to_owned(),
+                };
+                let _ = writeln!(stderr, "memtrail: attached to process {pid}, {until}");
+            }
+        })
     })?;
     if !args.quiet {
         let why = match outcome.detach {
@@ -791,7 +831,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
     .collect();
     check_distinct(&outputs)?;
-    let opts = Options {
+    let mut opts = Options {
         command: args.command,
         output: output.clone(),
         events_format: events_format(args.events.as_deref(), args.events_format),
@@ -804,6 +844,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         pressure_timeout: args.pressure_timeout,
         watermark_percent: args.watermark,
         faults: capture::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
+        live: None,
     };
     // Like --output, --report-output fails before the command runs.
     let report_output = args
@@ -816,7 +857,10 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
             Ok::<_, crate::report::OutputError>(out)
         })
         .transpose()?;
-    let outcome = capture::run(&opts);
+    let outcome = with_status(args.quiet, |live| {
+        opts.live = live;
+        capture::run(&opts)
+    });
     // Even with --quiet: what memtrail did with a signal is not the summary.
     let _ = write_signal_notes(stderr);
     let outcome = outcome?;

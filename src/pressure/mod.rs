@@ -438,6 +438,8 @@ pub struct Coordinator {
     /// or resumes it and gives up (a process memtrail attached to, which
     /// it must never kill).
     pub kill_on_failure: bool,
+    /// Counts pauses for the live status line.
+    pub live: Option<std::sync::Arc<crate::report::live::LiveCounters>>,
 }
 
 impl Coordinator {
@@ -461,6 +463,10 @@ impl Coordinator {
             self.episode(started, &mut unrecorded_seen)?;
             let pause = started.elapsed().as_nanos() as u64;
             stats.episodes += 1;
+            if let Some(live) = &self.live {
+                live.pauses
+                    .store(stats.episodes, std::sync::atomic::Ordering::Relaxed);
+            }
             stats.total_pause_ns += pause;
             stats.longest_pause_ns = stats.longest_pause_ns.max(pause);
         }

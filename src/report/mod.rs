@@ -23,6 +23,7 @@
 //!   and at the stack that allocated it. realloc is a free of the old block
 //!   then an allocation of the new one, as in heaptrack.
 
+pub mod live;
 mod output;
 mod profile;
 mod regions;
@@ -267,6 +268,16 @@ impl Aggregator {
             timeline: Some(timeline::Builder::default()),
             ..Self::default()
         }
+    }
+
+    /// Processes seen, the tree's live heap bytes and its peak, for the
+    /// live status line.
+    pub(crate) fn live_view(&self) -> (u64, u64, u64) {
+        (
+            self.procs.len() as u64,
+            self.tree.live_bytes,
+            self.tree.peak_live_bytes,
+        )
     }
 
     /// An aggregator without the timeline (to measure what it costs).

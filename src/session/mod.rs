@@ -105,6 +105,8 @@ pub struct SessionOptions {
     pub process_effects: bool,
     /// Fault injection for tests.
     pub faults: Faults,
+    /// Counters published while the capture runs (the CLI's status line).
+    pub live: Option<Arc<crate::report::live::LiveCounters>>,
 }
 
 impl Default for SessionOptions {
@@ -118,6 +120,7 @@ impl Default for SessionOptions {
             watermark_percent: 75,
             process_effects: false,
             faults: Faults::default(),
+            live: None,
         }
     }
 }
@@ -585,6 +588,7 @@ impl Session {
         };
         let mut event_sink = EventSink::new(Aggregator::new(), stream);
         event_sink.regions = Some(Regions::new(control.clone()));
+        event_sink.live = opts.live.clone().map(|live| (live, 0));
         threads.events = Some(
             engine::spawn(
                 Pipeline {
@@ -701,6 +705,7 @@ impl Session {
             stops: stops.clone(),
             barrier: barrier.clone(),
             pipelines: crate::capture::PIPELINES.to_vec(),
+            live: opts.live.clone(),
             timeout: opts.pressure_timeout,
             pause: match &cgroup {
                 Some(cgroup) => Pause::Freeze {

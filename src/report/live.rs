@@ -1,0 +1,111 @@
+//! Counters a running capture publishes for the live status line
+//! (`memtrail run` on a terminal): the events poller stores them after
+//! each record (plain relaxed stores on its own thread, nothing on the
+//! tracked program's side), the pressure coordinator counts pauses, and
+//! the CLI's status thread reads them a few times a second.
+
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct LiveCounters {
+    /// Records folded so far.
+    pub events: AtomicU64,
+    /// Processes seen.
+    pub processes: AtomicU64,
+    /// The tree's live heap bytes now.
+    pub live_bytes: AtomicU64,
+    /// The tree's highest live heap bytes so far.
+    pub peak_bytes: AtomicU64,
+    /// Pressure pauses so far.
+    pub pauses: AtomicU64,
+}
+
+impl LiveCounters {
+    /// Stores the events poller's view after a record.
+    pub(crate) fn publish(&self, events: u64, processes: u64, live: u64, peak: u64) {
+        self.events.store(events, Relaxed);
+        self.processes.store(processes, Relaxed);
+        self.live_bytes.store(live, Relaxed);
+        self.peak_bytes.store(peak, Relaxed);
+    }
+}
+
+/// How often the status line is redrawn.
+pub const STATUS_EVERY: Duration = Duration::from_millis(250);
+
+/// Draws the status line from `counters`, each line over the last
+/// (carriage return, erase to the end of the line).
+pub struct StatusLine {
+    began: Instant,
+    last: (Instant, u64),
+}
+
+impl StatusLine {
+    pub fn new() -> Self {
+        let now = Instant::now();
+        Self {
+            began: now,
+            last: (now, 0),
+        }
+    }
+
+    /// Writes one refresh of the line.
+    pub fn draw(&mut self, counters: &LiveCounters, w: &mut impl Write) -> io::Result<()> {
+        let now = Instant::now();
+        let events = counters.events.load(Relaxed);
+        let (then, before) = self.last;
+        let secs = (now - then).as_secs_f64();
+        let rate = if secs > 0.0 {
+            events.saturating_sub(before) as f64 / secs
+        } else {
+            0.0
+        };
+        self.last = (now, events);
+        let pauses = counters.pauses.load(Relaxed);
+        let elapsed = (now - self.began).as_secs_f64();
+        let processes = counters.processes.load(Relaxed);
+        if processes == 0 {
+            write!(w, "\r\x1b[Kmemtrail: {elapsed:.1} s, starting")?;
+            return w.flush();
+        }
+        write!(
+            w,
+            "\r\x1b[Kmemtrail: {elapsed:.1} s, {processes} process{}, {} events/s, live {}, peak {}{}",
+            if processes == 1 { "" } else { "es" },
+            human_rate(rate),
+            super::summary::human_bytes(counters.live_bytes.load(Relaxed)),
+            super::summary::human_bytes(counters.peak_bytes.load(Relaxed)),
+            match pauses {
+                0 => String::new(),
+                1 => ", 1 pause".to_owned(),
+                n => format!(", {n} pauses"),
+            }
+        )?;
+        w.flush()
+    }
+
+    /// Erases the line (before the summary is written).
+    pub fn clear(w: &mut impl Write) -> io::Result<()> {
+        w.write_all(b"\r\x1b[K")?;
+        w.flush()
+    }
+}
+
+impl Default for StatusLine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn human_rate(rate: f64) -> String {
+    if rate >= 1e6 {
+        format!("{:.1}M", rate / 1e6)
+    } else if rate >= 1e3 {
+        format!("{:.1}k", rate / 1e3)
+    } else {
+        format!("{rate:.0}")
+    }
+}
