@@ -71,3 +71,8 @@ pub use session::{
     Finish, ProcessTotals, Region, RegionCounts, Session, SessionOptions, Snapshot, Target, Totals,
     TreeExit,
 };
+
+// USDT region markers for Rust programs (`memtrail_region_begin!`,
+// `memtrail_region_end!`): the probes `include/memtrail_usdt.h` makes, which
+// `memtrail run` and `memtrail attach` count (docs/profile.md, "Regions").
+include!("../include/memtrail_usdt.rs");

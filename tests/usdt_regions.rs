@@ -296,3 +296,34 @@ fn usdt_regions_marker_images_not_cached() {
         assert!(!text.contains(exe.to_str().unwrap()), "{text}");
     }
 }
+
+/// Check that the Rust markers (`include/memtrail_usdt.rs`, built with
+/// rustc -O) make the same probes: region "rust" counts exactly its 3
+/// allocations and 2 frees, not the vector made outside it.
+#[test]
+fn usdt_regions_from_rust() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("usdt_rust");
+    let status =
+        std::process::Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+            .args(["-O", "--edition", "2021", "-o"])
+            .arg(&out)
+            .arg(root.join("tests/fixtures/usdt_rust.rs"))
+            .status()
+            .expect("rustc runs");
+    assert!(status.success(), "building tests/fixtures/usdt_rust.rs");
+    let run = capture(&[out.into_os_string()]);
+    run.expect_code(0);
+    let p = run.profile();
+    assert_eq!(
+        p["regions"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        p["regions"]
+    );
+    assert_eq!(
+        metrics(region(p, "rust")),
+        [1, 1, 3, 2, 3000, 2000, 3000, 1, 1000]
+    );
+    assert_eq!(common::sized(run.events(), "malloc", 5000).len(), 1);
+}
