@@ -238,7 +238,18 @@ fn paused_storm_under(wrapper: &str, arg: &str) -> Run {
     let fault: OsString = "slow-events".into();
     run(
         cache.path(),
-        &["--ring-size", "1M", "--pressure-timeout", "inf"],
+        // Latched at 1 MiB, hard mark near 4 MiB: the freeze has ~3 MiB of
+        // records (some 48,000) to land in, so a coordinator that waits a
+        // few milliseconds for a CPU does not let a self-stop through (a
+        // 1 MiB ring at 75% left it ~250 KiB, and CI saw one stop).
+        &[
+            "--ring-size",
+            "4M",
+            "--watermark",
+            "25",
+            "--pressure-timeout",
+            "inf",
+        ],
         &cmd,
         &[("MEMTRAIL_FAULT", &fault)],
     )
@@ -246,8 +257,8 @@ fn paused_storm_under(wrapper: &str, arg: &str) -> Run {
 
 /// Check that a parent looping on `waitpid(WUNTRACED)` over an 8-thread
 /// storm sees no stop while pressure pauses it (issue 11, part 2): with a
-/// warm image cache and a 1 MiB ring, the cgroup freeze lands long before
-/// the ring's hard mark, so no producer stops itself; episodes happen and
+/// warm image cache and a 4 MiB ring latched at 25%, the cgroup freeze lands
+/// long before the ring's hard mark, so no producer stops itself; episodes happen and
 /// every allocation is counted.
 #[test]
 fn pressure_wuntraced_parent_sees_no_stop() {
