@@ -363,43 +363,74 @@ pub(crate) fn check_environment() -> Result<(), CaptureError> {
     }
 }
 
+impl Options {
+    /// Fails when --output and --events name the same file.
+    pub(crate) fn check_outputs(&self) -> Result<(), CaptureError> {
+        let outputs: Vec<_> = [("--output", &self.output), ("--events", &self.events)]
+            .into_iter()
+            .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+            .collect();
+        crate::report::check_distinct(&outputs)?;
+        Ok(())
+    }
+
+    /// The session's settings; `process_effects` for a command memtrail
+    /// starts (see [`SessionOptions::process_effects`]).
+    pub(crate) fn session_options(&self, process_effects: bool) -> SessionOptions {
+        SessionOptions {
+            ring_size: self.ring_size,
+            stack_ring_size: self.stack_ring_size,
+            stack_depth: self.stack_depth,
+            unwind: self.unwind,
+            pressure_timeout: self.pressure_timeout,
+            watermark_percent: self.watermark_percent,
+            process_effects,
+            faults: self.faults,
+            live: self.live.clone(),
+        }
+    }
+
+    /// Opens --output and --events, given to `owner` (uid, gid) when set.
+    pub(crate) fn open_outputs(
+        &self,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(Option<OutputFile>, Option<OutputFile>), OutputError> {
+        let create = |path| {
+            let out = OutputFile::create_with(path, self.replace_outputs)?;
+            owner.map_or(Ok(()), |owner| out.give_to(owner))?;
+            Ok::<_, OutputError>(out)
+        };
+        Ok((
+            self.output.as_deref().map(create).transpose()?,
+            self.events.as_deref().map(create).transpose()?,
+        ))
+    }
+
+    /// The event stream writing into `events`, in --events' format.
+    pub(crate) fn event_stream(
+        &self,
+        events: Option<OutputFile>,
+    ) -> Result<Option<EventWriter>, CaptureError> {
+        events
+            .map(|out| EventWriter::new(out, self.events_format))
+            .transpose()
+            .map_err(CaptureError::EventStream)
+    }
+}
+
 /// Runs one capture: `memtrail run`. Starts a [`Session`] on the command
 /// (with the CLI's process effects), waits for its tree, and writes the
 /// outputs, each only if the capture succeeded.
 pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     // Everything that can fail on bad input fails before the command runs.
-    let outputs: Vec<_> = [("--output", &opts.output), ("--events", &opts.events)]
-        .into_iter()
-        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
-        .collect();
-    crate::report::check_distinct(&outputs)?;
-    let session_opts = SessionOptions {
-        ring_size: opts.ring_size,
-        stack_ring_size: opts.stack_ring_size,
-        stack_depth: opts.stack_depth,
-        unwind: opts.unwind,
-        pressure_timeout: opts.pressure_timeout,
-        watermark_percent: opts.watermark_percent,
-        process_effects: true,
-        faults: opts.faults,
-        live: opts.live.clone(),
-    };
+    opts.check_outputs()?;
+    let session_opts = opts.session_options(true);
     let target = Target::Command(opts.command.clone());
     let spec = CommandSpec::new(opts.command.clone())?;
     // Under sudo, the files are the invoking user's, as the command is.
-    let owner = spec.creds.as_ref().map(|c| (c.uid, c.gid));
-    let create = |path| {
-        let out = OutputFile::create_with(path, opts.replace_outputs)?;
-        owner.map_or(Ok(()), |owner| out.give_to(owner))?;
-        Ok::<_, OutputError>(out)
-    };
-    let output = opts.output.as_deref().map(create).transpose()?;
-    let events = opts.events.as_deref().map(create).transpose()?;
+    let (output, events) = opts.open_outputs(spec.creds.as_ref().map(|c| (c.uid, c.gid)))?;
     session_opts.validate(&target)?;
-    let stream = events
-        .map(|out| EventWriter::new(out, opts.events_format))
-        .transpose()
-        .map_err(CaptureError::EventStream)?;
+    let stream = opts.event_stream(events)?;
     let mut session = Session::start_with(&session_opts, target, stream)?;
     let waited = session.wait();
     let Finish {

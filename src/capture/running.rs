@@ -10,8 +10,7 @@
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use crate::report::{EventWriter, OutputError, OutputFile};
-use crate::session::{Finish, Session, SessionOptions, Target};
+use crate::session::{Finish, Session, Target};
 use crate::sys;
 
 use super::{CaptureError, Options};
@@ -53,36 +52,12 @@ pub fn attach(
     // Before any thread starts: they inherit the mask.
     sys::block_signals(&DETACH_SIGNALS)?;
     let signals = sys::signalfd(&DETACH_SIGNALS)?;
-    let outputs: Vec<_> = [("--output", &opts.output), ("--events", &opts.events)]
-        .into_iter()
-        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
-        .collect();
-    crate::report::check_distinct(&outputs)?;
-    let session_opts = SessionOptions {
-        ring_size: opts.ring_size,
-        stack_ring_size: opts.stack_ring_size,
-        stack_depth: opts.stack_depth,
-        unwind: opts.unwind,
-        pressure_timeout: opts.pressure_timeout,
-        watermark_percent: opts.watermark_percent,
-        process_effects: false,
-        faults: opts.faults,
-        live: opts.live.clone(),
-    };
+    opts.check_outputs()?;
+    let session_opts = opts.session_options(false);
     let target = Target::Pid(pid);
     session_opts.validate(&target)?;
-    let owner = crate::proctree::invoking_user();
-    let create = |path| {
-        let out = OutputFile::create_with(path, opts.replace_outputs)?;
-        owner.map_or(Ok(()), |owner| out.give_to(owner))?;
-        Ok::<_, OutputError>(out)
-    };
-    let output = opts.output.as_deref().map(create).transpose()?;
-    let events = opts.events.as_deref().map(create).transpose()?;
-    let stream = events
-        .map(|out| EventWriter::new(out, opts.events_format))
-        .transpose()
-        .map_err(CaptureError::EventStream)?;
+    let (output, events) = opts.open_outputs(crate::proctree::invoking_user())?;
+    let stream = opts.event_stream(events)?;
     let session = Session::start_with(&session_opts, target, stream)?;
     attached();
     let detach = wait_detach(&session, signals.as_fd(), duration)?;
