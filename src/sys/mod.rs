@@ -27,6 +27,14 @@ impl SysError {
         }
     }
 
+    /// Wraps the error rustix returned for `call`.
+    fn rustix(call: &'static str) -> impl FnOnce(rustix::io::Errno) -> Self {
+        move |errno| Self {
+            call,
+            source: errno.into(),
+        }
+    }
+
     /// The OS error number.
     pub fn errno(&self) -> Option<i32> {
         self.source.raw_os_error()
@@ -46,11 +54,9 @@ fn check(call: &'static str, ret: libc::c_int) -> SysResult<libc::c_int> {
 /// Makes this process the reaper of its orphaned descendants, so that every
 /// process of the tracked tree is eventually waited for by us.
 pub fn set_child_subreaper() -> SysResult<()> {
-    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes one integer argument.
-    check("prctl(PR_SET_CHILD_SUBREAPER)", unsafe {
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    })
-    .map(drop)
+    // Any non-zero value sets the flag; rustix passes the pid's number.
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        .map_err(SysError::rustix("prctl(PR_SET_CHILD_SUBREAPER)"))
 }
 
 /// How a waited-for child ended.
@@ -70,33 +76,35 @@ impl ChildExit {
     }
 }
 
+/// `waitpid`'s `__WALL`: wait for every kind of child, clone children too.
+const WAIT_ALL: rustix::process::WaitOptions =
+    rustix::process::WaitOptions::from_bits_retain(libc::__WALL as u32);
+
+impl ChildExit {
+    /// How the child ended, or `None` for a stop or continue report.
+    fn from_status(status: rustix::process::WaitStatus) -> Option<Self> {
+        status
+            .exit_status()
+            .map(Self::Exited)
+            .or_else(|| status.terminating_signal().map(Self::Signaled))
+    }
+}
+
 /// Waits for any child to end. `Ok(None)` when there are no children left.
 pub fn wait_any() -> SysResult<Option<(i32, ChildExit)>> {
     loop {
-        let mut status = 0;
-        // SAFETY: `status` is a valid out pointer for the call.
-        let pid = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
-        if pid < 0 {
-            let err = io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::ECHILD) => return Ok(None),
-                _ => {
-                    return Err(SysError {
-                        call: "waitpid",
-                        source: err,
-                    });
+        match rustix::process::wait(WAIT_ALL) {
+            Ok(Some((pid, status))) => {
+                if let Some(exit) = ChildExit::from_status(status) {
+                    return Ok(Some((pid.as_raw_pid(), exit)));
                 }
             }
+            // Only with WNOHANG, which we do not pass.
+            Ok(None) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::CHILD) => return Ok(None),
+            Err(errno) => return Err(SysError::rustix("waitpid")(errno)),
         }
-        let exit = if libc::WIFEXITED(status) {
-            ChildExit::Exited(libc::WEXITSTATUS(status))
-        } else if libc::WIFSIGNALED(status) {
-            ChildExit::Signaled(libc::WTERMSIG(status))
-        } else {
-            continue;
-        };
-        return Ok(Some((pid, exit)));
     }
 }
 
@@ -108,26 +116,15 @@ pub fn kill(pid: i32, sig: i32) -> SysResult<()> {
 
 /// A pipe whose ends are closed on exec.
 pub fn pipe() -> SysResult<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    check("pipe2", unsafe {
-        libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC)
-    })?;
-    // SAFETY: pipe2 succeeded, so both descriptors are open and ours.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(SysError::rustix("pipe2"))
 }
 
 /// Reads into `buf`, retrying on EINTR. Returns the bytes read (0 at EOF).
 pub fn read(fd: &OwnedFd, buf: &mut [u8]) -> SysResult<usize> {
     loop {
-        // SAFETY: `buf` is valid for `buf.len()` bytes of writes.
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let err = SysError::last("read");
-        if err.errno() != Some(libc::EINTR) {
-            return Err(err);
+        match rustix::io::read(fd, &mut *buf) {
+            Err(rustix::io::Errno::INTR) => {}
+            done => return done.map_err(SysError::rustix("read")),
         }
     }
 }
@@ -135,16 +132,11 @@ pub fn read(fd: &OwnedFd, buf: &mut [u8]) -> SysResult<usize> {
 /// Writes all of `buf`.
 pub fn write_all(fd: &OwnedFd, mut buf: &[u8]) -> SysResult<()> {
     while !buf.is_empty() {
-        // SAFETY: `buf` is valid for `buf.len()` bytes of reads.
-        let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
-        if n < 0 {
-            let err = SysError::last("write");
-            if err.errno() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(err);
+        match rustix::io::write(fd, buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(errno) => return Err(SysError::rustix("write")(errno)),
         }
-        buf = &buf[n as usize..];
     }
     Ok(())
 }
@@ -171,6 +163,9 @@ pub struct PasswdEntry {
 impl Credentials {
     /// The passwd entry and supplementary groups of `uid`, for `setgroups`
     /// and the environment of the child.
+    ///
+    /// Raw libc: getpwuid_r and getgrouplist go through NSS (glibc's name
+    /// services), which rustix does not cover.
     pub fn for_user(uid: u32, gid: u32) -> SysResult<Self> {
         use std::os::unix::ffi::OsStrExt;
         let os = |p: *const libc::c_char| {
@@ -235,6 +230,9 @@ pub struct HeldChild {
 
 /// Forks a child that blocks until [`HeldChild::release`], then execs the
 /// plan, so the parent can register its pid before its first instruction.
+///
+/// Raw libc: rustix has no fork outside its unstable `runtime` API, and the
+/// child between fork and exec makes async-signal-safe libc calls only.
 pub fn fork_held(plan: &ExecPlan) -> SysResult<HeldChild> {
     let (go_r, go_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
@@ -378,6 +376,8 @@ impl HeldChild {
 }
 
 /// Sets the disposition of `sig` to ignore.
+///
+/// Raw libc: rustix has sigaction only in its unstable `runtime` API.
 pub fn ignore_signal(sig: i32) -> SysResult<()> {
     // SAFETY: installs SIG_IGN; no handler code runs.
     if unsafe { libc::signal(sig, libc::SIG_IGN) } == libc::SIG_ERR {
@@ -401,19 +401,14 @@ pub fn ensure_tracefs() -> SysResult<()> {
         }
         Err(_) => {}
     }
-    let src = c"tracefs";
-    let target = c"/sys/kernel/tracing";
-    // SAFETY: NUL-terminated strings and no mount data.
-    check("mount(tracefs)", unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            src.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    })
-    .map(drop)
+    rustix::mount::mount(
+        "tracefs",
+        "/sys/kernel/tracing",
+        "tracefs",
+        rustix::mount::MountFlags::empty(),
+        None,
+    )
+    .map_err(SysError::rustix("mount(tracefs)"))
 }
 
 /// Whether this process has `cap` in its effective set.
@@ -430,6 +425,8 @@ pub fn has_capability(cap: u32) -> bool {
 }
 
 /// Recent kernel log lines (needs CAP_SYSLOG); empty when unreadable.
+///
+/// Raw libc: rustix has no klogctl (syslog(2)).
 pub fn kernel_log_tail(max_bytes: usize) -> String {
     const SYSLOG_ACTION_READ_ALL: libc::c_int = 3;
     let mut buf = vec![0u8; max_bytes];
@@ -450,12 +447,7 @@ pub fn kernel_log_tail(max_bytes: usize) -> String {
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -608,20 +600,14 @@ pub fn pidfd_open_thread(tid: i32) -> SysResult<OwnedFd> {
 /// Waits until the process behind `pidfd` has exited (it need not be a
 /// child).
 pub fn wait_pidfd(pidfd: std::os::fd::BorrowedFd<'_>) -> SysResult<()> {
-    let mut pfd = libc::pollfd {
-        fd: pidfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let mut fds = [rustix::event::PollFd::new(
+        &pidfd,
+        rustix::event::PollFlags::IN,
+    )];
     loop {
-        // SAFETY: one valid pollfd.
-        let ret = unsafe { libc::poll(&mut pfd, 1, -1) };
-        if ret >= 0 {
-            return Ok(());
-        }
-        let err = SysError::last("poll(pidfd)");
-        if err.errno() != Some(libc::EINTR) {
-            return Err(err);
+        match rustix::event::poll(&mut fds, None) {
+            Err(rustix::io::Errno::INTR) => {}
+            done => return done.map(drop).map_err(SysError::rustix("poll(pidfd)")),
         }
     }
 }
@@ -767,25 +753,23 @@ pub fn bpf_map_u32_keys(map: std::os::fd::BorrowedFd<'_>) -> SysResult<Vec<u32>>
 
 /// Whether this process is a child subreaper (`PR_GET_CHILD_SUBREAPER`).
 fn is_child_subreaper() -> SysResult<bool> {
-    let mut flag: libc::c_int = 0;
-    // SAFETY: PR_GET_CHILD_SUBREAPER writes one int through the pointer.
-    check("prctl(PR_GET_CHILD_SUBREAPER)", unsafe {
-        libc::prctl(libc::PR_GET_CHILD_SUBREAPER, &raw mut flag, 0, 0, 0)
-    })?;
-    Ok(flag != 0)
+    rustix::process::child_subreaper()
+        .map(|flag| flag.is_some())
+        .map_err(SysError::rustix("prctl(PR_GET_CHILD_SUBREAPER)"))
 }
 
 /// Clears this process's child-subreaper flag.
 fn clear_child_subreaper() -> SysResult<()> {
-    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes one integer argument.
-    check("prctl(PR_SET_CHILD_SUBREAPER, 0)", unsafe {
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-    })
-    .map(drop)
+    rustix::process::set_child_subreaper(None)
+        .map_err(SysError::rustix("prctl(PR_SET_CHILD_SUBREAPER, 0)"))
 }
 
 /// A fork made with the raw system call: no `pthread_atfork` handlers run
 /// in a child of a multithreaded process. Returns 0 in the child.
+///
+/// Raw syscall: rustix has no fork outside its unstable `runtime` API; the
+/// guardian's double fork and the guardian itself stay raw system calls
+/// (async-signal-safe, no allocation, after a fork of a threaded process).
 ///
 /// # Safety
 /// The child may only make async-signal-safe calls until it execs or
@@ -850,8 +834,7 @@ pub fn spawn_guardian(
     tracked_map: std::os::fd::BorrowedFd<'_>,
     cgroup: Option<GuardianCgroup<'_>>,
 ) -> SysResult<Option<OwnedFd>> {
-    // SAFETY: getpid has no preconditions.
-    if unsafe { libc::getpid() } == 1 {
+    if rustix::process::getpid().is_init() {
         return Ok(None);
     }
     let (read_end, write_end) = pipe()?;
@@ -875,7 +858,8 @@ pub fn spawn_guardian(
     let forked = if pid < 0 {
         Err(SysError::last("fork (guardian)"))
     } else {
-        reap_intermediate(pid as libc::pid_t)
+        let pid = rustix::process::Pid::from_raw(pid as libc::pid_t);
+        reap_intermediate(pid.expect("the parent sees the child's pid, never 0"))
     };
     // The intermediate's exit re-parented the guardian before the reap
     // returned: being a subreaper again cannot make it memtrail's child.
@@ -889,34 +873,29 @@ pub fn spawn_guardian(
 
 /// Waits for the guardian's intermediate process; its exit code is 0 or
 /// the errno of the call that failed in it.
-fn reap_intermediate(pid: libc::pid_t) -> SysResult<()> {
-    let mut status = 0;
-    loop {
-        // SAFETY: `status` is a valid out pointer for the call.
-        if unsafe { libc::waitpid(pid, &mut status, 0) } == pid {
-            break;
-        }
-        let err = SysError::last("waitpid (guardian)");
-        match err.errno() {
-            Some(libc::EINTR) => continue,
+fn reap_intermediate(pid: rustix::process::Pid) -> SysResult<()> {
+    let status = loop {
+        match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()) {
+            Ok(Some((_, status))) => break status,
+            Ok(None) | Err(rustix::io::Errno::INTR) => {}
             // SIGCHLD ignored (a disposition inherited from memtrail's
             // parent): the kernel reaped the intermediate once it exited,
             // and its status is lost. The guardian most likely runs.
-            Some(libc::ECHILD) => return Ok(()),
-            _ => return Err(err),
+            Err(rustix::io::Errno::CHILD) => return Ok(()),
+            Err(errno) => return Err(SysError::rustix("waitpid (guardian)")(errno)),
         }
-    }
-    match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
-        (true, 0) => Ok(()),
-        (true, errno) => Err(SysError {
+    };
+    match status.exit_status() {
+        Some(0) => Ok(()),
+        Some(errno) => Err(SysError {
             call: "fork (guardian)",
             source: io::Error::from_raw_os_error(errno),
         }),
-        _ => Err(SysError {
+        None => Err(SysError {
             call: "fork (guardian)",
             source: io::Error::other(format!(
                 "the guardian's intermediate process was killed by signal {}",
-                libc::WTERMSIG(status)
+                status.terminating_signal().unwrap_or(0)
             )),
         }),
     }
@@ -1028,78 +1007,66 @@ unsafe fn guardian_main(read_fd: libc::c_int, map_fd: libc::c_int, cg: GuardianF
 
 /// A non-blocking, close-on-exec eventfd.
 pub fn eventfd() -> SysResult<OwnedFd> {
-    // SAFETY: eventfd takes plain integers.
-    let fd = check("eventfd", unsafe {
-        libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)
-    })?;
-    // SAFETY: eventfd returned a new descriptor that we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    use rustix::event::EventfdFlags;
+    rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+        .map_err(SysError::rustix("eventfd"))
 }
 
 /// Adds 1 to an eventfd's counter, waking its waiters.
 pub fn eventfd_signal(fd: std::os::fd::BorrowedFd<'_>) {
-    let one = 1u64;
-    // SAFETY: writes 8 bytes from a local; a full counter (EAGAIN) already
-    // means "signalled".
-    unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
+    // A full counter (EAGAIN) already means "signalled".
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
 }
 
 /// An epoll instance waiting for input on `fds`; `edge[i]` makes fd i
 /// edge-triggered (for an eventfd shared by several waiters, never read).
 pub fn epoll_for(fds: &[(std::os::fd::BorrowedFd<'_>, bool)]) -> SysResult<OwnedFd> {
-    // SAFETY: epoll_create1 takes a flag.
-    let ep = check("epoll_create1", unsafe {
-        libc::epoll_create1(libc::EPOLL_CLOEXEC)
-    })?;
-    // SAFETY: epoll_create1 returned a new descriptor that we now own.
-    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    use rustix::event::epoll;
+    let ep =
+        epoll::create(epoll::CreateFlags::CLOEXEC).map_err(SysError::rustix("epoll_create1"))?;
     for (i, (fd, edge)) in fds.iter().enumerate() {
-        let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | if *edge { libc::EPOLLET } else { 0 }) as u32,
-            u64: i as u64,
-        };
-        // SAFETY: `ev` is a valid event for the duration of the call.
-        check("epoll_ctl", unsafe {
-            libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut ev)
-        })?;
+        let mut flags = epoll::EventFlags::IN;
+        if *edge {
+            flags |= epoll::EventFlags::ET;
+        }
+        epoll::add(&ep, fd, epoll::EventData::new_u64(i as u64), flags)
+            .map_err(SysError::rustix("epoll_ctl"))?;
     }
     Ok(ep)
 }
 
-/// Waits on an epoll instance for at most `timeout`, to the microsecond
-/// (epoll_pwait2); EINTR is a wakeup. Where the kernel lacks epoll_pwait2
-/// (before 5.11), sleeps `timeout` instead.
+/// Waits on an epoll instance for at most `timeout`, to the nanosecond:
+/// with rustix's `linux_5_11` feature, its `epoll::wait` is always
+/// epoll_pwait2 (without it, timeouts are rounded up to milliseconds).
+/// EINTR is a wakeup. Where the kernel lacks epoll_pwait2 (before 5.11),
+/// sleeps `timeout` instead.
 pub fn epoll_wait_for(ep: std::os::fd::BorrowedFd<'_>, timeout: std::time::Duration) {
-    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    let ts = rustix::event::Timespec {
+        tv_sec: timeout.as_secs() as rustix::event::Secs,
+        tv_nsec: timeout.subsec_nanos().into(),
     };
-    // SAFETY: `events` has room for the 4 events we ask for at most; `ts`
-    // lives for the call; no signal mask.
-    let ret = unsafe {
-        libc::epoll_pwait2(
-            ep.as_raw_fd(),
-            events.as_mut_ptr(),
-            4,
-            &ts,
-            std::ptr::null(),
-        )
-    };
-    if ret < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+    let mut events = [std::mem::MaybeUninit::uninit(); 4];
+    if let Err(rustix::io::Errno::NOSYS) = rustix::event::epoll::wait(ep, &mut events, Some(&ts)) {
         std::thread::sleep(timeout);
     }
 }
 
-/// Waits on an epoll instance for at most `timeout_ms`; EINTR is a wakeup.
+/// Waits on an epoll instance for at most `timeout_ms` (forever when
+/// negative); EINTR is a wakeup.
 pub fn epoll_wait(ep: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) {
-    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
-    // SAFETY: `events` has room for the 4 events we ask for at most.
-    unsafe { libc::epoll_wait(ep.as_raw_fd(), events.as_mut_ptr(), 4, timeout_ms) };
+    match u64::try_from(timeout_ms) {
+        Ok(ms) => epoll_wait_for(ep, std::time::Duration::from_millis(ms)),
+        Err(_) => {
+            let mut events = [std::mem::MaybeUninit::uninit(); 4];
+            let _ = rustix::event::epoll::wait(ep, &mut events, None);
+        }
+    }
 }
 
 /// Blocks `signals` in the calling thread (threads it starts from now on
 /// inherit the mask), so that only a [`signalfd`] receives them.
+///
+/// Raw libc: rustix has sigprocmask only in its unstable `runtime` API.
 pub fn block_signals(signals: &[i32]) -> SysResult<()> {
     // SAFETY: a sigset_t initialised by sigemptyset before use.
     unsafe {
@@ -1121,6 +1088,8 @@ pub fn block_signals(signals: &[i32]) -> SysResult<()> {
 
 /// A non-blocking, close-on-exec signalfd for `signals` (which must be
 /// blocked: see [`block_signals`]).
+///
+/// Raw libc: rustix has no signalfd.
 pub fn signalfd(signals: &[i32]) -> SysResult<OwnedFd> {
     // SAFETY: a sigset_t initialised by sigemptyset before use; signalfd
     // copies it.
@@ -1139,18 +1108,15 @@ pub fn signalfd(signals: &[i32]) -> SysResult<OwnedFd> {
 
 /// Reads one signal from a signalfd; None when none is pending.
 pub fn read_signal(fd: std::os::fd::BorrowedFd<'_>) -> SysResult<Option<i32>> {
-    // SAFETY: an all-zero signalfd_siginfo is a valid buffer.
-    let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
-    let size = std::mem::size_of::<libc::signalfd_siginfo>();
-    // SAFETY: reads at most `size` bytes into `info`.
-    let n = unsafe { libc::read(fd.as_raw_fd(), (&raw mut info).cast(), size) };
-    if n == size as isize {
-        return Ok(Some(info.ssi_signo as i32));
-    }
-    let err = SysError::last("read(signalfd)");
-    match err.errno() {
-        Some(libc::EAGAIN) => Ok(None),
-        _ => Err(err),
+    // A signalfd_siginfo, whose first field is `ssi_signo: u32`.
+    let mut info = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
+    match rustix::io::read(fd, &mut info) {
+        Ok(n) if n == info.len() => {
+            let signo = u32::from_ne_bytes(info[..4].try_into().expect("4 bytes"));
+            Ok(Some(signo as i32))
+        }
+        Ok(_) | Err(rustix::io::Errno::AGAIN) => Ok(None),
+        Err(errno) => Err(SysError::rustix("read(signalfd)")(errno)),
     }
 }
 
@@ -1161,38 +1127,29 @@ pub fn poll_readable(
     fds: &[std::os::fd::BorrowedFd<'_>],
     timeout: Option<std::time::Duration>,
 ) -> SysResult<Option<usize>> {
+    use rustix::event::{PollFd, PollFlags, Timespec};
     let deadline = timeout.map(|t| std::time::Instant::now() + t);
-    let mut pfds: Vec<libc::pollfd> = fds
+    let mut pfds: Vec<PollFd<'_>> = fds
         .iter()
-        .map(|fd| libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .map(|fd| PollFd::new(fd, PollFlags::IN))
         .collect();
     loop {
-        let ms = match deadline {
-            None => -1,
-            Some(d) => {
-                let left = d.saturating_duration_since(std::time::Instant::now());
-                // Rounded up: never wake before the deadline.
-                left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int
+        let left = deadline.map(|d| {
+            let left = d.saturating_duration_since(std::time::Instant::now());
+            Timespec {
+                tv_sec: left.as_secs() as rustix::event::Secs,
+                tv_nsec: left.subsec_nanos().into(),
             }
-        };
-        // SAFETY: `pfds` holds `pfds.len()` valid pollfds.
-        let ret = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
-        if ret > 0 {
-            return Ok(pfds.iter().position(|p| p.revents != 0));
-        }
-        if ret == 0 {
-            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-                return Ok(None);
+        });
+        match rustix::event::poll(&mut pfds, left.as_ref()) {
+            Ok(0) => {
+                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                    return Ok(None);
+                }
             }
-            continue;
-        }
-        let err = SysError::last("poll");
-        if err.errno() != Some(libc::EINTR) {
-            return Err(err);
+            Ok(_) => return Ok(pfds.iter().position(|p| !p.revents().is_empty())),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(errno) => return Err(SysError::rustix("poll")(errno)),
         }
     }
 }
