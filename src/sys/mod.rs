@@ -43,6 +43,66 @@ impl SysError {
 
 pub type SysResult<T> = Result<T, SysError>;
 
+pub use rustix::process::Signal;
+
+/// A process or thread id, as memtrail meets them: a `u32` in BPF maps and
+/// records, in `/proc` and on the command line.
+///
+/// A newtype rather than rustix's `Pid`: that one is a signed `NonZeroI32`
+/// without `Ord` (the stop table sorts its outcomes by pid), so each `u32`
+/// memtrail holds would need a fallible conversion at its call site. Here
+/// the conversion happens once, in [`Pid::to_rustix`], inside this module:
+/// 0 and values above `i32::MAX` (no process can have them) fail with
+/// EINVAL, as pidfd_open(0) does, and never reach a call where 0 or a
+/// negative number means "my process group" or "any child".
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct Pid(u32);
+
+impl Pid {
+    pub const fn new(raw: u32) -> Self {
+        Self(raw)
+    }
+
+    /// The number, as BPF maps and records hold it.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+
+    /// rustix's pid, or EINVAL for a number no process can have.
+    fn to_rustix(self, call: &'static str) -> SysResult<rustix::process::Pid> {
+        i32::try_from(self.0)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or(SysError {
+                call,
+                source: io::Error::from_raw_os_error(libc::EINVAL),
+            })
+    }
+
+    fn from_rustix(pid: rustix::process::Pid) -> Self {
+        // rustix's pids from the kernel are positive.
+        Self(pid.as_raw_nonzero().get().unsigned_abs())
+    }
+}
+
+impl From<u32> for Pid {
+    fn from(raw: u32) -> Self {
+        Self(raw)
+    }
+}
+
+impl From<Pid> for u32 {
+    fn from(pid: Pid) -> Self {
+        pid.0
+    }
+}
+
+impl std::fmt::Display for Pid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 fn check(call: &'static str, ret: libc::c_int) -> SysResult<libc::c_int> {
     if ret < 0 {
         Err(SysError::last(call))
@@ -91,12 +151,12 @@ impl ChildExit {
 }
 
 /// Waits for any child to end. `Ok(None)` when there are no children left.
-pub fn wait_any() -> SysResult<Option<(i32, ChildExit)>> {
+pub fn wait_any() -> SysResult<Option<(Pid, ChildExit)>> {
     loop {
         match rustix::process::wait(WAIT_ALL) {
             Ok(Some((pid, status))) => {
                 if let Some(exit) = ChildExit::from_status(status) {
-                    return Ok(Some((pid.as_raw_pid(), exit)));
+                    return Ok(Some((Pid::from_rustix(pid), exit)));
                 }
             }
             // Only with WNOHANG, which we do not pass.
@@ -109,9 +169,8 @@ pub fn wait_any() -> SysResult<Option<(i32, ChildExit)>> {
 }
 
 /// Sends `sig` to `pid`.
-pub fn kill(pid: i32, sig: i32) -> SysResult<()> {
-    // SAFETY: kill takes plain integers.
-    check("kill", unsafe { libc::kill(pid, sig) }).map(drop)
+pub fn kill(pid: Pid, sig: Signal) -> SysResult<()> {
+    rustix::process::kill_process(pid.to_rustix("kill")?, sig).map_err(SysError::rustix("kill"))
 }
 
 /// A pipe whose ends are closed on exec.
@@ -223,7 +282,7 @@ pub struct ExecPlan {
 
 /// A forked child that waits for `release` before it execs.
 pub struct HeldChild {
-    pub pid: i32,
+    pub pid: Pid,
     go: OwnedFd,
     err: OwnedFd,
 }
@@ -272,7 +331,8 @@ pub fn fork_held(plan: &ExecPlan) -> SysResult<HeldChild> {
     drop(go_r);
     drop(err_w);
     Ok(HeldChild {
-        pid,
+        // Positive: the parent's return of a successful fork.
+        pid: Pid::new(pid.unsigned_abs()),
         go: go_w,
         err: err_r,
     })
@@ -358,7 +418,7 @@ pub enum ExecFailure {
 impl HeldChild {
     /// Lets the child exec, and waits until the exec either happened or
     /// failed.
-    pub fn release(self) -> Result<i32, ExecFailure> {
+    pub fn release(self) -> Result<Pid, ExecFailure> {
         write_all(&self.go, &[1])?;
         let mut msg = [0u8; 5];
         let n = read(&self.err, &mut msg)?;
@@ -574,27 +634,19 @@ pub fn kernel_file_id(path: &Path) -> io::Result<(u64, u64)> {
 /// Opens a pidfd for process `pid`: a handle that keeps naming that process
 /// even after the pid is reused (signals to it fail with ESRCH once it has
 /// been reaped). Close-on-exec.
-pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags (none) and returns a new
-    // descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(SysError::last("pidfd_open"));
-    }
-    // SAFETY: pidfd_open succeeded, so `fd` is an open descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+pub fn pidfd_open(pid: Pid) -> SysResult<OwnedFd> {
+    const CALL: &str = "pidfd_open";
+    rustix::process::pidfd_open(pid.to_rustix(CALL)?, rustix::process::PidfdFlags::empty())
+        .map_err(SysError::rustix(CALL))
 }
 
 /// Opens a pidfd for thread `tid` (`PIDFD_THREAD`): BPF task storage takes
 /// it as the key that names the thread.
-pub fn pidfd_open_thread(tid: i32) -> SysResult<OwnedFd> {
-    // SAFETY: as for pidfd_open; PIDFD_THREAD is O_EXCL.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid, libc::O_EXCL) };
-    if fd < 0 {
-        return Err(SysError::last("pidfd_open(PIDFD_THREAD)"));
-    }
-    // SAFETY: pidfd_open succeeded, so `fd` is an open descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+pub fn pidfd_open_thread(tid: Pid) -> SysResult<OwnedFd> {
+    const CALL: &str = "pidfd_open(PIDFD_THREAD)";
+    // PIDFD_THREAD is O_EXCL; rustix has no name for it yet.
+    let thread = rustix::process::PidfdFlags::from_bits_retain(libc::O_EXCL as u32);
+    rustix::process::pidfd_open(tid.to_rustix(CALL)?, thread).map_err(SysError::rustix(CALL))
 }
 
 /// Waits until the process behind `pidfd` has exited (it need not be a
@@ -613,49 +665,49 @@ pub fn wait_pidfd(pidfd: std::os::fd::BorrowedFd<'_>) -> SysResult<()> {
 }
 
 /// Waits for child `pid` to end (and reaps it).
-pub fn wait_pid(pid: i32) -> SysResult<ChildExit> {
+pub fn wait_pid(pid: Pid) -> SysResult<ChildExit> {
+    let pid = pid.to_rustix("waitpid")?;
     loop {
-        let mut status = 0;
-        // SAFETY: `status` is a valid out pointer for the call.
-        let ret = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
-        if ret < 0 {
-            let err = SysError::last("waitpid");
-            if err.errno() == Some(libc::EINTR) {
-                continue;
+        match rustix::process::waitpid(Some(pid), WAIT_ALL) {
+            Ok(Some((_, status))) => {
+                if let Some(exit) = ChildExit::from_status(status) {
+                    return Ok(exit);
+                }
             }
-            return Err(err);
-        }
-        if libc::WIFEXITED(status) {
-            return Ok(ChildExit::Exited(libc::WEXITSTATUS(status)));
-        }
-        if libc::WIFSIGNALED(status) {
-            return Ok(ChildExit::Signaled(libc::WTERMSIG(status)));
+            Ok(None) | Err(rustix::io::Errno::INTR) => {}
+            Err(errno) => return Err(SysError::rustix("waitpid")(errno)),
         }
     }
 }
 
-/// Sends `sig` (0: only check that the process still exists) to the process
-/// behind `pidfd`, like kill(2). ESRCH: it has exited and been reaped.
-pub fn pidfd_send_signal(pidfd: std::os::fd::BorrowedFd<'_>, sig: i32) -> SysResult<()> {
+/// Sends `sig` to the process behind `pidfd`, like kill(2). ESRCH: it has
+/// exited and been reaped.
+pub fn pidfd_send_signal(pidfd: std::os::fd::BorrowedFd<'_>, sig: Signal) -> SysResult<()> {
     let call = match sig {
-        0 => "pidfd_send_signal(0)",
-        libc::SIGSTOP => "pidfd_send_signal(SIGSTOP)",
-        libc::SIGCONT => "pidfd_send_signal(SIGCONT)",
+        Signal::STOP => "pidfd_send_signal(SIGSTOP)",
+        Signal::CONT => "pidfd_send_signal(SIGCONT)",
         _ => "pidfd_send_signal",
     };
-    // SAFETY: a descriptor, a signal number, no siginfo (NULL: the kernel
-    // fills in a kill-like one) and no flags.
+    rustix::process::pidfd_send_signal(pidfd, sig).map_err(SysError::rustix(call))
+}
+
+/// Checks that the process behind `pidfd` still exists (signal 0), like
+/// `kill(pid, 0)`. ESRCH: it has exited and been reaped.
+///
+/// A raw syscall: rustix's `Signal` cannot be 0.
+pub fn pidfd_check_alive(pidfd: std::os::fd::BorrowedFd<'_>) -> SysResult<()> {
+    // SAFETY: a descriptor, signal 0, no siginfo (NULL) and no flags.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_pidfd_send_signal,
             pidfd.as_raw_fd(),
-            sig,
+            0,
             std::ptr::null::<libc::siginfo_t>(),
             0,
         )
     };
     if ret < 0 {
-        return Err(SysError::last(call));
+        return Err(SysError::last("pidfd_send_signal(0)"));
     }
     Ok(())
 }
@@ -679,9 +731,9 @@ pub struct ThreadStates {
 /// while being read is left out. Fails with ENOENT when `/proc/PID` is gone.
 ///
 /// A pid names whichever process holds it now: pair this with a pidfd
-/// liveness check made *after* it ([`pidfd_send_signal`] with signal 0) to
+/// liveness check made *after* it ([`pidfd_check_alive`]) to
 /// know the states are those of the process the pidfd names.
-pub fn thread_states(pid: i32) -> SysResult<ThreadStates> {
+pub fn thread_states(pid: Pid) -> SysResult<ThreadStates> {
     const CALL: &str = "read(/proc/PID/task/*/status)";
     let fail = |source: io::Error| SysError { call: CALL, source };
     let mut states = ThreadStates::default();

@@ -131,7 +131,7 @@ impl Forward {
     /// Passes signals on to `pid`, from now until dropped. SIGTERM and
     /// SIGHUP caught before are passed on now; SIGUSR1 and SIGUSR2 caught
     /// before are dropped (they were meant for a command not yet running).
-    pub fn new(pid: i32) -> SysResult<Self> {
+    pub fn new(pid: super::Pid) -> SysResult<Self> {
         let pidfd = super::pidfd_open(pid)?;
         UNSENT.fetch_and(!(bit(libc::SIGUSR1) | bit(libc::SIGUSR2)), SeqCst);
         STARTED.store(true, SeqCst);
