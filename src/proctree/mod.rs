@@ -116,8 +116,7 @@ pub fn resolve(cmd: &OsStr) -> Result<PathBuf, SpawnError> {
 
 /// The invoking user's identity when root runs memtrail through sudo.
 fn sudo_credentials() -> Option<Credentials> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         return None;
     }
     let uid: u32 = std::env::var("SUDO_UID").ok()?.parse().ok()?;
