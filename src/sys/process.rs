@@ -17,7 +17,7 @@ use super::{Signal, SysError, SysResult};
 /// A newtype rather than rustix's `Pid`: that one is a signed `NonZeroI32`
 /// without `Ord` (the stop table sorts its outcomes by pid), so each `u32`
 /// memtrail holds would need a fallible conversion at its call site. Here
-/// the conversion happens once, in [`Pid::to_rustix`], inside this module:
+/// the conversion happens once, in `Pid::to_rustix`, inside this module:
 /// 0 and values above `i32::MAX` (no process can have them) fail with
 /// EINVAL, as pidfd_open(0) does, and never reach a call where 0 or a
 /// negative number means "my process group" or "any child".
