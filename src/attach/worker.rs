@@ -151,11 +151,11 @@ impl Sink for AttachWorker {
             self.examine_request(&req);
             return;
         }
-        if let Err(err) = self.stops.hold_stopped(pid as i32, Owner::Attach) {
+        if let Err(err) = self.stops.hold_stopped(pid.into(), Owner::Attach) {
             tracing::debug!(pid, %err, "could not hold the requesting process");
         }
         self.examine_request(&req);
-        if let Err(err) = self.stops.release(pid as i32, Owner::Attach) {
+        if let Err(err) = self.stops.release(pid.into(), Owner::Attach) {
             tracing::warn!(pid, %err, "could not resume a process after attaching");
         }
     }

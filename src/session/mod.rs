@@ -824,7 +824,7 @@ impl Session {
             // Until the whole tree is waited for: SIGTERM, SIGHUP, SIGUSR1
             // and SIGUSR2 reach the command. On failure, dropping `held`
             // closes the go pipe: the child exits unexec'd.
-            let forward = sys::signals::Forward::new(pid as i32)?;
+            let forward = sys::signals::Forward::new(pid.into())?;
             if let Some(root) = &mut self.root {
                 root.forward = Some(forward);
             }
@@ -863,7 +863,7 @@ impl Session {
         let mut given: HashSet<u32> = own.iter().copied().collect();
         let value = vec![0u8; skel.maps.inflight.value_size() as usize];
         let give = |tid: u32| -> Result<(), CaptureError> {
-            let fd = match sys::pidfd_open_thread(tid as i32) {
+            let fd = match sys::pidfd_open_thread(tid.into()) {
                 Ok(fd) => fd,
                 // Exited meanwhile.
                 Err(err) if err.errno() == Some(libc::ESRCH) => return Ok(()),
@@ -943,12 +943,12 @@ impl Session {
         let stops = &self.threads.stops;
         let deadline = std::time::Instant::now() + SETTLE_TIMEOUT;
         for &pid in pids {
-            if let Err(err) = stops.stop(pid as i32, Owner::Pressure) {
+            if let Err(err) = stops.stop(pid.into(), Owner::Pressure) {
                 tracing::debug!(pid, %err, "could not stop a process to detach from it");
             }
         }
         for &pid in pids {
-            let _ = stops.wait_stopped_until(pid as i32, Some(deadline));
+            let _ = stops.wait_stopped_until(pid.into(), Some(deadline));
         }
     }
 
@@ -962,7 +962,7 @@ impl Session {
         let slot_size = skel.maps.thread_slots.value_size() as usize;
         for &pid in pids {
             for tid in thread_ids(pid) {
-                if let Ok(fd) = sys::pidfd_open_thread(tid as i32) {
+                if let Ok(fd) = sys::pidfd_open_thread(tid.into()) {
                     let _ = skel.maps.inflight.delete(&fd.as_raw_fd().to_ne_bytes());
                 }
                 let idx = (tid & mask).to_ne_bytes();
@@ -1034,7 +1034,7 @@ impl Session {
                 let exit = if root.forward.is_some() {
                     proctree::wait_tree(root.pid)?
                 } else {
-                    Some(sys::wait_pid(root.pid as i32)?)
+                    Some(sys::wait_pid(root.pid.into())?)
                 };
                 root.exit = Some(exit);
                 root.forward = None;
@@ -1265,8 +1265,8 @@ impl Drop for Session {
         // running untracked, or as a zombie of the embedder.
         if let Some(root) = &mut self.root {
             if root.exit.is_none() {
-                let _ = sys::kill(root.pid as i32, libc::SIGKILL);
-                let _ = sys::wait_pid(root.pid as i32);
+                let _ = sys::kill(root.pid.into(), sys::Signal::KILL);
+                let _ = sys::wait_pid(root.pid.into());
                 root.exit = Some(None);
             }
         }
@@ -1304,7 +1304,7 @@ fn current_tid() -> u32 {
 /// A pidfd of running process `pid`, which memtrail may attach to: it
 /// exists, is not a zombie and is not a kernel thread.
 fn open_running(pid: u32) -> Result<OwnedFd, CaptureError> {
-    let fd = sys::pidfd_open(pid as i32).map_err(|err| match err.errno() {
+    let fd = sys::pidfd_open(pid.into()).map_err(|err| match err.errno() {
         Some(libc::ESRCH) => CaptureError::NoProcess(pid),
         _ => err.into(),
     })?;
