@@ -37,6 +37,10 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use iced_x86::{
+    Decoder, DecoderOptions, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind,
+    Register,
+};
 use libbpf_rs::Link;
 use object::{Object, ObjectSegment, ObjectSymbol};
 
@@ -239,7 +243,7 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
         }
         let mut abi = entry.abi;
         let prefix = elf
-            .bytes_at(entry_off + skipped, HARMLESS_WINDOW)
+            .code_at(entry_off + skipped, HARMLESS_WINDOW)
             .and_then(harmless_prefix);
         if let Some(prefix) = prefix {
             if let Some(moved) = prefix.relocate(entry.role, abi) {
@@ -299,24 +303,31 @@ impl Elf<'_> {
         self.data.get(start..start.checked_add(len)?)
     }
 
+    /// Up to `max` bytes of code at `offset` (fewer at the end of the file).
+    fn code_at(&self, offset: u64, max: usize) -> Option<&[u8]> {
+        let start = usize::try_from(offset).ok()?;
+        let rest = self.data.get(start..)?;
+        Some(&rest[..rest.len().min(max)])
+    }
+
     /// Length of an opening `test %rdi,%rdi; je <ret>` at `vaddr`: the probe
     /// can go after it without missing any call but free(NULL).
     fn null_test_len(&self, vaddr: u64) -> Option<u64> {
-        let code = self.bytes_at(self.file_offset(vaddr)?, 9)?;
-        if code[..3] != [0x48, 0x85, 0xff] {
+        let code = self.code_at(self.file_offset(vaddr)?, HARMLESS_WINDOW)?;
+        let mut decoder = Decoder::with_ip(64, code, vaddr, DecoderOptions::NONE);
+        let test = decoder.decode();
+        let is_rdi =
+            |i: u32| test.op_kind(i) == OpKind::Register && test.op_register(i) == Register::RDI;
+        if test.mnemonic() != Mnemonic::Test || !is_rdi(0) || !is_rdi(1) {
             return None;
         }
-        let (len, rel) = match code[3] {
-            0x74 => (5u64, i64::from(code[4] as i8)),
-            0x0f if code[4] == 0x84 => (
-                9u64,
-                i64::from(i32::from_le_bytes(code[5..9].try_into().ok()?)),
-            ),
-            _ => return None,
-        };
-        let target = (vaddr + len).checked_add_signed(rel)?;
-        let ret = self.bytes_at(self.file_offset(target)?, 2)?;
-        (ret[0] == 0xc3 || ret == [0xf3, 0xc3]).then_some(len)
+        let je = decoder.decode();
+        if je.mnemonic() != Mnemonic::Je {
+            return None;
+        }
+        let target = self.code_at(self.file_offset(je.near_branch_target())?, 16)?;
+        let ret = Decoder::new(64, target, DecoderOptions::NONE).decode();
+        (ret.mnemonic() == Mnemonic::Ret && ret.op_count() == 0).then(|| decoder.position() as u64)
     }
 }
 
@@ -378,59 +389,94 @@ impl Prefix {
 }
 
 /// Finds the harmless prefix at the start of `code`, if there is one.
-/// Only forms seen at allocator entries are decoded; anything else ends
-/// the search.
+/// iced-x86 decodes; this decides which instructions are harmless: only
+/// the forms allocator entries use (test, cmp, mov, xor) with register,
+/// immediate, or `%rip`-relative and thread-local (`%fs`/`%gs`) memory
+/// operands; anything else ends the search.
 fn harmless_prefix(code: &[u8]) -> Option<Prefix> {
     let mut holds: [Option<u8>; 8] = std::array::from_fn(|r| Some(r as u8));
+    let mut decoder = Decoder::new(64, code, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
     let mut at = 0;
     for _ in 0..HARMLESS_MAX {
         if code.get(at..).is_some_and(is_emulated) {
             break;
         }
-        let (len, dst, src) = decode_harmless(&code[at..])?;
-        if let Some(dst) = dst {
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            return None; // includes code cut short
+        }
+        for (dst, src) in harmless_writes(&insn, &mut info)? {
             if dst == RSP {
                 return None;
             }
             holds[usize::from(dst)] = src.and_then(|src| holds[usize::from(src)]);
         }
-        at += len;
+        at += insn.len();
     }
     (at > 0 && code.get(at..).is_some_and(is_emulated)).then_some(Prefix { len: at, holds })
 }
 
-/// One instruction a harmless prefix may have: its length, the register
-/// it writes (ModRM numbering) and, for a register-to-register move, the
-/// register it copies.
-fn decode_harmless(code: &[u8]) -> Option<(usize, Option<u8>, Option<u8>)> {
-    let reg = |modrm: u8| (modrm >> 3) & 7;
-    let rm = |modrm: u8| modrm & 7;
-    let direct = |modrm: u8| modrm >> 6 == 3;
-    Some(match *code {
-        // test / cmp between registers: flags only.
-        [0x48, 0x85 | 0x39 | 0x3b, m, ..] if direct(m) => (3, None, None),
-        [0x85 | 0x39 | 0x3b, m, ..] if direct(m) => (2, None, None),
-        // cmp $imm32 / $imm8, r64 (/7): flags only.
-        [0x48, 0x81, m, _, _, _, _, ..] if m >> 3 == 0x1f => (7, None, None),
-        [0x48, 0x83, m, _, ..] if m >> 3 == 0x1f => (4, None, None),
-        // cmpb $imm8, disp32(%rip): reads memory, writes flags.
-        [0x80, 0x3d, _, _, _, _, _, ..] => (7, None, None),
-        // mov $imm32, r32 (zero-extends into r64).
-        [op @ 0xb8..=0xbf, _, _, _, _, ..] => (5, Some(op - 0xb8), None),
-        // xor r32, r32 (31: into r/m; 33: into reg).
-        [0x31, m, ..] if direct(m) => (2, Some(rm(m)), None),
-        [0x33, m, ..] if direct(m) => (2, Some(reg(m)), None),
-        // mov r64, r64 (89: into r/m; 8b: into reg).
-        [0x48, 0x89, m, ..] if direct(m) => (3, Some(rm(m)), Some(reg(m))),
-        [0x48, 0x8b, m, ..] if direct(m) => (3, Some(reg(m)), Some(rm(m))),
-        // mov disp32(%rip), r64: reads memory.
-        [0x48, 0x8b, m, _, _, _, _, ..] if m & 0xc7 == 0x05 => (7, Some(reg(m)), None),
-        // mov %fs:(reg), r64 (a thread-local load): reads memory.
-        [0x64, 0x48, 0x8b, m, ..] if m >> 6 == 0 && !matches!(rm(m), 4 | 5) => {
-            (4, Some(reg(m)), None)
+/// The general-purpose register a decoded register is part of, in ModRM
+/// numbering (0-15, rax to r15); None for any other register.
+fn gpr_number(reg: Register) -> Option<u8> {
+    let full = reg.full_register();
+    full.is_gpr64()
+        .then(|| u8::try_from(full.number()).ok())
+        .flatten()
+}
+
+/// The registers a harmless instruction writes, each with the register
+/// (ModRM numbering) whose whole value it copies when it is a 64-bit
+/// register-to-register move; None if the instruction is not harmless.
+/// Writes to r8-r15 are left out: no argument the programs read is there.
+fn harmless_writes(
+    insn: &Instruction,
+    info: &mut InstructionInfoFactory,
+) -> Option<Vec<(u8, Option<u8>)>> {
+    if !matches!(
+        insn.mnemonic(),
+        Mnemonic::Test | Mnemonic::Cmp | Mnemonic::Mov | Mnemonic::Xor
+    ) || insn.has_lock_prefix()
+    {
+        return None;
+    }
+    // Memory is only read, at an address that is %rip-relative or
+    // thread-local (the probe must not skip a load through an argument).
+    let has_memory = (0..insn.op_count()).any(|i| insn.op_kind(i) == OpKind::Memory);
+    let tls = matches!(insn.memory_segment(), Register::FS | Register::GS);
+    if has_memory && !(insn.is_ip_rel_memory_operand() || tls) {
+        return None;
+    }
+    let info = info.info(insn);
+    if info
+        .used_memory()
+        .iter()
+        .any(|m| m.access() != OpAccess::Read)
+    {
+        return None;
+    }
+    let copy = (insn.mnemonic() == Mnemonic::Mov
+        && insn.op_count() == 2
+        && insn.op0_kind() == OpKind::Register
+        && insn.op1_kind() == OpKind::Register
+        && insn.op0_register().is_gpr64()
+        && insn.op1_register().is_gpr64())
+    .then(|| gpr_number(insn.op1_register()).filter(|&src| src < 8))
+    .flatten();
+    let mut writes = Vec::new();
+    for used in info.used_registers() {
+        match used.access() {
+            OpAccess::Read | OpAccess::CondRead | OpAccess::NoMemAccess | OpAccess::None => {}
+            _ => {
+                let dst = gpr_number(used.register())?; // a segment, control… register
+                if dst < 8 {
+                    writes.push((dst, copy));
+                }
+            }
         }
-        _ => return None,
-    })
+    }
+    Some(writes)
 }
 
 /// Whether the kernel emulates this first instruction instead of
@@ -640,6 +686,27 @@ mod tests {
         assert_eq!(len(&[0x48, 0x8b, 0x07, 0x53]), 0);
         // Cut code.
         assert_eq!(len(&[0x80, 0x3d, 0x00]), 0);
+        // 32-bit and r8-r15 forms: mov %ecx,%r10d; test $0x40,%sil; jne.
+        assert_eq!(
+            len(&[0x41, 0x89, 0xca, 0x40, 0xf6, 0xc6, 0x40, 0x75, 0x07]),
+            7
+        );
+        // jemalloc's sdallocx: mov %rdi,%r8; cmp $0x1000,%rsi; ja.
+        let sdallocx = [
+            0x49, 0x89, 0xf8, 0x48, 0x81, 0xfe, 0, 0x10, 0, 0, 0x77, 0x0c,
+        ];
+        assert_eq!(len(&sdallocx), 10);
+        // mov %rdi,(%rip) writes memory.
+        assert_eq!(len(&[0x48, 0x89, 0x3d, 0x10, 0, 0, 0, 0x53]), 0);
+        // cmp $0,(%rdi) reads through an argument.
+        assert_eq!(len(&[0x48, 0x83, 0x3f, 0x00, 0x74, 0x05]), 0);
+        // lock cmpxchg is not a harmless form (and writes memory).
+        assert_eq!(len(&[0xf0, 0x0f, 0xb1, 0x0d, 0, 0, 0, 0, 0x53]), 0);
+        // add %rsi,%rax changes a register arithmetically: not decoded.
+        assert_eq!(len(&[0x48, 0x01, 0xf0, 0x53]), 0);
+        // mov %fs:0x10,%rax (absolute thread-local) reads memory only.
+        let tls = [0x64, 0x48, 0x8b, 0x04, 0x25, 0x10, 0, 0, 0, 0x53];
+        assert_eq!(len(&tls), 9);
     }
 
     /// Check that arguments are read where a prefix moved them, and that a
@@ -673,6 +740,17 @@ mod tests {
         ];
         let p = harmless_prefix(&mi_calloc).expect("a prefix");
         assert_eq!(p.relocate(Role::Alloc, COUNT_SIZE), None);
+        // A 32-bit move does not carry a 64-bit argument: mov %edi,%esi.
+        let p = harmless_prefix(&[0x89, 0xfe, 0x53]).expect("a prefix");
+        assert_eq!(p.relocate(Role::Alloc, SIZE1), None);
+        // A copy from r8 is not an argument the programs know: mov %r8,%rdi.
+        let p = harmless_prefix(&[0x4c, 0x89, 0xc7, 0x53]).expect("a prefix");
+        assert_eq!(p.relocate(Role::Free, SIZE0), None);
+        // mov %rsi,%rdi; mov %rdi,%rsi swaps nothing back: rdi's value is
+        // lost, rsi's is in both.
+        let p = harmless_prefix(&[0x48, 0x89, 0xf7, 0x48, 0x89, 0xfe, 0x53]).expect("a prefix");
+        assert_eq!(p.relocate(Role::Alloc, SIZE0), None);
+        assert_eq!(p.relocate(Role::Alloc, SIZE1), Some(SIZE1));
         // Unmoved arguments stay where they were.
         let p = harmless_prefix(&[0x48, 0x85, 0xff, 0x53]).expect("a prefix");
         assert_eq!(p.relocate(Role::Alloc, REALLOC_N), Some(REALLOC_N));
