@@ -21,7 +21,12 @@
 //! A prefix may move an argument to another argument register (mimalloc's
 //! `malloc` copies its size from rdi to rsi, then loads its heap into rdi):
 //! the site's [`Abi`] then names where the argument is at the probe. Sites
-//! that still single-step are reported.
+//! that still single-step are reported. iced-x86 decodes the instructions
+//! (length, operands, registers and memory written); which ones are
+//! harmless is decided here.
+//!
+//! Every site gets a hit counter in BPF ([`HitSlots`], carried in its
+//! cookie), read after the capture into the profile's `probes`.
 //!
 //! Probes are system-wide (every process mapping the file hits them); the
 //! BPF programs filter on the tracked-process map.
@@ -48,6 +53,54 @@ pub use api::{Abi, Entry, Role};
 
 use crate::record::Kind;
 use crate::skel::memtrail::MemtrailSkel;
+use crate::skel::memtrail::types as t;
+
+/// Sites that get a hit counter in a capture (`MT_MAX_SITES`); the ones
+/// attached after them are probed all the same, without a count.
+pub const MAX_COUNTED_SITES: u32 = t::mt_site_hits::MT_MAX_SITES.0;
+
+/// Hands out the hit counters of BPF's `site_hits` to sites in the order
+/// they are attached, up front and then by the attach worker: a site keeps
+/// its counter for the whole capture, and none is handed out twice.
+#[derive(Debug, Default)]
+pub struct HitSlots {
+    next: u32,
+}
+
+impl HitSlots {
+    /// Gives each of `sites` the next free counter, while there is one.
+    pub fn assign(&mut self, sites: &mut [Site]) {
+        for site in sites {
+            site.hit_slot = (self.next < MAX_COUNTED_SITES).then_some(self.next);
+            if self.next == MAX_COUNTED_SITES {
+                tracing::warn!(
+                    %site,
+                    max = MAX_COUNTED_SITES,
+                    "probe sites past this one have no hit count"
+                );
+            }
+            self.next = self.next.saturating_add(1);
+        }
+    }
+}
+
+/// Each site's hits in tracked threads, summed over BPF's per-CPU rows of
+/// `site_hits`; None for a site without a counter. Read once the probes are
+/// detached, when the counts no longer move.
+pub fn read_site_hits(skel: &MemtrailSkel<'_>, sites: &[Site]) -> Vec<Option<u64>> {
+    let bss = skel
+        .maps
+        .bss_data
+        .as_deref()
+        .expect("the BPF object has a .bss");
+    sites
+        .iter()
+        .map(|site| {
+            let slot = usize::try_from(site.hit_slot?).ok()?;
+            Some(bss.site_hits.iter().map(|row| row[slot]).sum())
+        })
+        .collect()
+}
 
 /// A path read from `/proc/PID/map_files` or `/proc/PID/exe`, without the
 /// ` (deleted)` the kernel appends for an unlinked file.
@@ -137,19 +190,26 @@ pub struct Site {
     /// Whether the kernel emulates the probed instruction (cheap) rather
     /// than single-stepping it.
     pub emulated: bool,
+    /// The site's hit counter in BPF (`site_hits`), given by [`HitSlots`]
+    /// when it is attached; None before, or past the last counter.
+    pub hit_slot: Option<u32>,
 }
 
 impl Site {
     /// The site's attach cookie: its kind and argument layout, and for
     /// operator new the flag that tells `alloc_enter` to only capture the
-    /// stack; a region marker's is its own (`usdt::marker_cookie`).
+    /// stack; a region marker's is its own (`usdt::marker_cookie`). Each
+    /// carries the site's hit counter (`MT_CK_SITE_SHIFT`, 1-based, 0 for
+    /// none).
     pub fn cookie(&self) -> u64 {
-        match self.role {
+        let slot = self.hit_slot.map_or(0, |slot| u64::from(slot) + 1)
+            << t::mt_cookie_layout::MT_CK_SITE_SHIFT.0;
+        slot | match self.role {
             Role::Marker => usdt::marker_cookie(self),
             Role::New => {
                 self.abi.cookie(self.kind)
-                    | u64::from(crate::skel::memtrail::types::mt_cookie_flags::MT_CK_NEW.0)
-                        << crate::skel::memtrail::types::mt_cookie_layout::MT_CK_FLAGS_SHIFT.0
+                    | u64::from(t::mt_cookie_flags::MT_CK_NEW.0)
+                        << t::mt_cookie_layout::MT_CK_FLAGS_SHIFT.0
             }
             _ => self.abi.cookie(self.kind),
         }
@@ -262,6 +322,7 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
             offset,
             skipped,
             emulated,
+            hit_slot: None,
         });
     }
     sites.extend(usdt::find_markers(&elf, image));
@@ -569,13 +630,17 @@ impl AllocPrograms {
 }
 
 /// Attaches `progs` to every site of one image, with one uprobe_multi link
-/// per program; each site's attach cookie is its kind and argument layout.
-/// The links detach when dropped.
+/// per program; each site's attach cookie is its kind and argument layout,
+/// and its hit counter, handed out here by `slots`. The links detach when
+/// dropped.
 pub fn attach_sites(
     progs: &AllocPrograms,
-    sites: &[Site],
+    sites: &mut [Site],
+    slots: &mut HitSlots,
     links: &mut Links,
 ) -> Result<(), AttachError> {
+    slots.assign(sites);
+    let sites = &*sites;
     let of_role = |role: Role| {
         sites
             .iter()

@@ -89,15 +89,8 @@ pub struct Process {
     pub exit_status: Option<i32>,
     pub heap: HeapCounters,
     pub maps: MapCounters,
-    /// Allocator calls recorded (outermost ones, failed ones included), by
-    /// `Kind as usize` (malloc .. free): how often the process went through
-    /// each API, for the summary's note on probes that single-step.
-    pub calls: [u64; CALL_SLOTS],
     state: Option<Box<LiveState>>,
 }
-
-/// Slots of [`Process::calls`]: every allocator kind up to `free`.
-pub const CALL_SLOTS: usize = Kind::Free as usize + 1;
 
 /// A live block: its size and the stack that allocated it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -496,9 +489,6 @@ impl Aggregator {
     fn mem(&mut self, hdr: &Header, mem: Mem) -> usize {
         let idx = self.index(hdr.pid, hdr.ts_ns);
         let p = &mut self.procs[idx];
-        if let Some(calls) = p.calls.get_mut(hdr.kind as usize) {
-            *calls += 1;
-        }
         let Some(state) = p.state.as_deref_mut() else {
             return idx;
         };

@@ -261,6 +261,12 @@ pub struct ProbeEntry {
     pub symbol: String,
     pub offset: u64,
     pub emulated: bool,
+    /// Times the probe fired in the tracked tree, nested calls included
+    /// (an allocator calling another probed entry point), counted in BPF.
+    /// None for a site past the last counter (`attach::MAX_COUNTED_SITES`)
+    /// and in profiles written before memtrail counted hits.
+    #[serde(default)]
+    pub hits: Option<u64>,
 }
 
 impl From<&Site> for ProbeEntry {
@@ -270,6 +276,7 @@ impl From<&Site> for ProbeEntry {
             symbol: site.symbol.clone(),
             offset: site.offset,
             emulated: site.emulated,
+            hits: None,
         }
     }
 }
