@@ -105,7 +105,8 @@ pub struct StackEntry {
     pub id: u64,
     /// The process the stack was walked in.
     pub pid: u32,
-    /// That process's executable (its `exe` in `processes`).
+    /// The executable that process ran when the stack was made: its `exe`
+    /// in `processes`, unless the stack is from before an exec.
     pub exe: String,
     /// Innermost first: `frames[0]` is the function that called the
     /// allocator. An address with inlined functions gives several frames,
