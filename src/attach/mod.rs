@@ -698,7 +698,51 @@ fn uprobe_error(group: &[&Site], source: crate::sys::SysError) -> AttachError {
 #[cfg(test)]
 mod tests {
     use super::api::{COUNT_SIZE, REALLOC_N, SIZE0, SIZE1};
-    use super::{Role, harmless_prefix};
+    use super::{HitSlots, MAX_COUNTED_SITES, Role, Site, harmless_prefix};
+    use crate::record::Kind;
+
+    /// Check that hit counters are handed out once each, in order, across
+    /// calls (images attached one after another), up to the last one; a
+    /// site past it is not counted, and its cookie says so (0 in bits
+    /// 48-63) while keeping its kind and layout.
+    #[test]
+    fn attach_hit_slots_bounded() {
+        let site = Site {
+            image: "/lib/libc.so.6".into(),
+            symbol: "malloc".into(),
+            role: Role::Alloc,
+            kind: Kind::Malloc,
+            abi: SIZE0,
+            offset: 0x1000,
+            skipped: 0,
+            emulated: true,
+            hit_slot: None,
+        };
+        let layout = site.cookie();
+        assert_eq!(layout >> 48, 0);
+        let mut slots = HitSlots::default();
+        let mut first = vec![site.clone(); 3];
+        slots.assign(&mut first);
+        let got: Vec<_> = first.iter().map(|s| s.hit_slot).collect();
+        assert_eq!(got, [Some(0), Some(1), Some(2)]);
+        assert_eq!(first[2].cookie(), layout | 3 << 48);
+        let mut rest = vec![site.clone(); MAX_COUNTED_SITES as usize];
+        slots.assign(&mut rest);
+        assert_eq!(
+            rest[MAX_COUNTED_SITES as usize - 4].hit_slot,
+            Some(MAX_COUNTED_SITES - 1)
+        );
+        assert_eq!(
+            rest[MAX_COUNTED_SITES as usize - 4].cookie(),
+            layout | u64::from(MAX_COUNTED_SITES) << 48
+        );
+        assert!(
+            rest[MAX_COUNTED_SITES as usize - 3..]
+                .iter()
+                .all(|s| s.hit_slot.is_none())
+        );
+        assert_eq!(rest[MAX_COUNTED_SITES as usize - 1].cookie(), layout);
+    }
 
     /// The length of the harmless prefix of `code`, 0 for none.
     fn len(code: &[u8]) -> usize {
