@@ -201,6 +201,9 @@ __u64 hwm_stacks = 0;
 __u64 hwm_mappings = 0;
 __u64 hwm_attach = 0;
 
+/* Hits of each probe site (enum mt_site_hits in memtrail.h). */
+__u64 site_hits[MT_HIT_ROWS][MT_MAX_SITES] = {};
+
 /*
  * The outermost allocator call a thread is inside, from entry to return.
  * Task-local storage: found through the task itself (no hash, no
@@ -459,6 +462,7 @@ enum mt_kind _mt_kind = 0;
 enum mt_flags _mt_flags = 0;
 enum mt_cookie_layout _mt_cookie_layout = 0;
 enum mt_cookie_flags _mt_cookie_flags = 0;
+enum mt_site_hits _mt_site_hits = 0;
 enum mt_ring _mt_ring = 0;
 enum mt_usdt_reg _mt_usdt_reg = 0;
 
@@ -1222,6 +1226,16 @@ static __always_inline __u64 old_ptr(const struct inflight *call)
 	return arg(call, ptr);
 }
 
+/* Counts a hit of the probe site in the cookie (MT_CK_SITE_SHIFT). */
+static __always_inline void count_hit(__u64 cookie)
+{
+	__u64 site = cookie >> MT_CK_SITE_SHIFT;
+
+	if (site == 0 || site > MT_MAX_SITES)
+		return;
+	__sync_fetch_and_add(&site_hits[bpf_get_smp_processor_id() % MT_HIT_ROWS][site - 1], 1);
+}
+
 /*
  * C++ operator new's part of alloc_enter. No uretprobe on new: its return
  * address would be the uretprobe trampoline, which C++ unwinders cannot
@@ -1233,12 +1247,12 @@ static __always_inline __u64 old_ptr(const struct inflight *call)
 static __always_inline int new_enter(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = current_ids();
-	struct inflight *cur;
+	struct inflight *cur = current_call();
 
-	if (!stack_depth)
-		return 0;
-	cur = current_call();
 	if (!cur)
+		return 0;
+	count_hit(bpf_get_attach_cookie(ctx));
+	if (!stack_depth)
 		return 0;
 	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx)))
 		return 0; /* new called from inside an allocator: no new site */
@@ -1265,6 +1279,7 @@ int alloc_enter(struct pt_regs *ctx)
 	cur = current_call_ids(&pid_tgid);
 	if (!cur)
 		return 0;
+	count_hit(bpf_get_attach_cookie(ctx));
 	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx))) {
 		cur->depth++;
 		return 0; /* nested: the outermost call makes the record */
@@ -1342,13 +1357,13 @@ SEC("uprobe.multi")
 int free_enter(struct pt_regs *ctx)
 {
 	__u64 ptr = PT_REGS_PARM1(ctx), pid_tgid = 0;
-	struct inflight *cur;
+	struct inflight *cur = current_call_ids(&pid_tgid);
 
-	if (!ptr)
-		return 0;
-	cur = current_call_ids(&pid_tgid);
-	/* Untracked, or free() inside realloc(p, 0) or another allocator. */
-	if (!cur || cur->depth > 0)
+	if (!cur)
+		return 0; /* untracked */
+	count_hit(bpf_get_attach_cookie(ctx));
+	/* free(NULL), or free() inside realloc(p, 0) or another allocator. */
+	if (!ptr || cur->depth > 0)
 		return 0;
 	emit_event(event_clock(cur), pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);
 	return 0;
@@ -1394,6 +1409,7 @@ int region_marker(struct pt_regs *ctx)
 
 	if (!current_call_ids(&pid_tgid))
 		return 0;
+	count_hit(cookie);
 	e = reserve(sizeof(*e));
 	if (!e)
 		return 0;

@@ -530,7 +530,9 @@ pub(crate) fn symbolize_stacks(
                 .map(|((id, metrics, stack), frames)| StackEntry {
                     id,
                     pid,
-                    exe: exe_of(pid),
+                    // What ran when the stack was made: a stack from
+                    // before an exec keeps the executable of then.
+                    exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
                     frames,
                     end: stack.end,
                     metrics,

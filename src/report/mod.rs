@@ -89,15 +89,10 @@ pub struct Process {
     pub exit_status: Option<i32>,
     pub heap: HeapCounters,
     pub maps: MapCounters,
-    /// Allocator calls recorded (outermost ones, failed ones included), by
-    /// `Kind as usize` (malloc .. free): how often the process went through
-    /// each API, for the summary's note on probes that single-step.
-    pub calls: [u64; CALL_SLOTS],
+    /// `exe` interned (`Aggregator::exe_names`), for the stacks it makes.
+    exe_id: u32,
     state: Option<Box<LiveState>>,
 }
-
-/// Slots of [`Process::calls`]: every allocator kind up to `free`.
-pub const CALL_SLOTS: usize = Kind::Free as usize + 1;
 
 /// A live block: its size and the stack that allocated it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -185,6 +180,10 @@ struct StackAgg {
     live_blocks: u64,
     /// Record sequence number of the last change of `live`.
     changed: u64,
+    /// The executable its process ran at its first allocation (an index in
+    /// `Aggregator::exe_names`): a stack made before an exec belongs to
+    /// the program that ran then, not to the one the process ends as.
+    exe_id: u32,
 }
 
 /// The tree's live heap and its peak, with per-stack live bytes.
@@ -259,6 +258,10 @@ pub struct Aggregator {
     pub malformed: u64,
     /// The heap over time; `None` when not kept.
     timeline: Option<timeline::Builder>,
+    /// Every executable exec'd in the tree, once, by id ("" first: none
+    /// seen yet); `exe_ids` the other way round.
+    exe_names: Vec<String>,
+    exe_ids: HashMap<String, u32>,
 }
 
 impl Aggregator {
@@ -389,6 +392,28 @@ impl Aggregator {
         t
     }
 
+    /// The executable the process of stack `id` ran when the stack first
+    /// allocated, if known.
+    pub fn stack_exe(&self, id: u64) -> Option<&str> {
+        let s = self.tree.stacks.get(&id)?;
+        let name = self.exe_names.get(usize::try_from(s.exe_id).ok()?)?;
+        (!name.is_empty()).then_some(name.as_str())
+    }
+
+    /// The id of executable `exe` in `exe_names`, added if new.
+    fn intern_exe(&mut self, exe: &str) -> u32 {
+        if let Some(&id) = self.exe_ids.get(exe) {
+            return id;
+        }
+        if self.exe_names.is_empty() {
+            self.exe_names.push(String::new());
+        }
+        let id = u32::try_from(self.exe_names.len()).unwrap_or(0);
+        self.exe_names.push(exe.to_owned());
+        self.exe_ids.insert(exe.to_owned(), id);
+        id
+    }
+
     /// Metrics of every stack that allocated, by stack id. Call after
     /// [`finish`](Self::finish).
     pub fn stack_metrics(&self) -> impl Iterator<Item = (u64, StackMetrics)> + '_ {
@@ -404,8 +429,10 @@ impl Aggregator {
             Body::Fork { child_pid } => self.fork(pid, child_pid, ts),
             Body::Exec { filename } => {
                 let exe = String::from_utf8_lossy(filename).into_owned();
+                let exe_id = self.intern_exe(&exe);
                 let idx = self.index(pid, ts);
                 self.procs[idx].exe = exe;
+                self.procs[idx].exe_id = exe_id;
                 let old = self.procs[idx].state.replace(Box::default());
                 if let Some(old) = old {
                     // The old image is gone: its blocks are neither freed
@@ -450,6 +477,7 @@ impl Aggregator {
         let idx = self.index(parent, ts);
         let parent_proc = &self.procs[idx];
         let exe = parent_proc.exe.clone();
+        let exe_id = parent_proc.exe_id;
         let state = parent_proc
             .state
             .as_deref()
@@ -459,6 +487,7 @@ impl Aggregator {
             pid: child,
             ppid: parent,
             exe,
+            exe_id,
             start_ns: ts,
             state: Some(Box::new(state)),
             ..Process::default()
@@ -496,9 +525,7 @@ impl Aggregator {
     fn mem(&mut self, hdr: &Header, mem: Mem) -> usize {
         let idx = self.index(hdr.pid, hdr.ts_ns);
         let p = &mut self.procs[idx];
-        if let Some(calls) = p.calls.get_mut(hdr.kind as usize) {
-            *calls += 1;
-        }
+        let exe_id = p.exe_id;
         let Some(state) = p.state.as_deref_mut() else {
             return idx;
         };
@@ -567,7 +594,7 @@ impl Aggregator {
                     state.blocks.insert(addr, block);
                     state.live_bytes += size;
                     tree.grow(block);
-                    stack_allocated(tree, block);
+                    stack_allocated(tree, block, exe_id);
                 } else if old.is_some() && size == 0 {
                     // realloc(p, 0): glibc frees p and returns NULL.
                     if let Some(b) = own_old {
@@ -600,7 +627,7 @@ impl Aggregator {
                 state.inherited.remove(&addr);
                 state.live_bytes += size;
                 tree.grow(block);
-                stack_allocated(tree, block);
+                stack_allocated(tree, block, exe_id);
                 state.last_alloc.insert(hdr.tid, addr);
             }
             Kind::Free => {
@@ -705,10 +732,15 @@ fn temporary(heap: &mut HeapCounters, tree: &mut TreeLive, block: Block) {
     }
 }
 
-fn stack_allocated(tree: &mut TreeLive, block: Block) {
+/// Counts an allocation at its stack; the stack's first one sets the
+/// executable it belongs to.
+fn stack_allocated(tree: &mut TreeLive, block: Block, exe_id: u32) {
     if block.stack != 0 {
-        let m = &mut tree.stack(block.stack).metrics;
-        m.allocations += 1;
-        m.bytes += block.size;
+        let s = tree.stack(block.stack);
+        if s.metrics.allocations == 0 {
+            s.exe_id = exe_id;
+        }
+        s.metrics.allocations += 1;
+        s.metrics.bytes += block.size;
     }
 }

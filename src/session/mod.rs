@@ -476,10 +476,11 @@ impl Session {
         let mut links = Links::default();
         crate::capture::attach_tracepoints(skel, &mut links)?;
         let mut sites = Vec::new();
+        let mut slots = attach::HitSlots::default();
         let mut known = HashSet::new();
         for image in &images {
-            let found = attach::find_sites(image, &attach::api::all())?;
-            attach::attach_sites(&progs, &found, &mut links)?;
+            let mut found = attach::find_sites(image, &attach::api::all())?;
+            attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?;
             sites.extend(found);
             if let Ok(id) = sys::kernel_file_id(image) {
                 load_table(image, id);
@@ -507,9 +508,9 @@ impl Session {
                 if known.contains(&id) {
                     continue;
                 }
-                match attach::find_sites(&image, &attach::api::all())
-                    .and_then(|f| attach::attach_sites(&progs, &f, &mut links).map(|()| f))
-                {
+                match attach::find_sites(&image, &attach::api::all()).and_then(|mut f| {
+                    attach::attach_sites(&progs, &mut f, &mut slots, &mut links).map(|()| f)
+                }) {
                     Ok(found) => sites.extend(found),
                     Err(err) => {
                         tracing::warn!(image = %image.display(), %err, "a mapped image could not be probed");
@@ -529,8 +530,9 @@ impl Session {
             }
             if entry.has_sites {
                 let found =
-                    attach::find_sites(&entry.path, &attach::api::all()).and_then(|found| {
-                        attach::attach_sites(&progs, &found, &mut links).map(|()| found)
+                    attach::find_sites(&entry.path, &attach::api::all()).and_then(|mut found| {
+                        attach::attach_sites(&progs, &mut found, &mut slots, &mut links)
+                            .map(|()| found)
                     });
                 match found {
                     Ok(found) => sites.extend(found),
@@ -665,6 +667,7 @@ impl Session {
             known,
             stops.clone(),
             tables,
+            slots,
         );
         worker.hold = !is_self;
         threads.attach = Some(
@@ -1242,8 +1245,13 @@ impl Session {
         let command = std::mem::take(&mut self.command);
         let mut profile =
             Profile::build(&agg, command, exit, (self.start_ns, end_ns), lost, &sites);
+        // The probes are detached: the counts are final.
+        let hits = attach::read_site_hits(&self.loaded.skel, &sites);
+        for (probe, hits) in profile.probes.iter_mut().zip(hits) {
+            probe.hits = hits;
+        }
         phases.done("drained, detached, profile built");
-        let slow_probes = crate::report::slow_probes(&sites, &agg, &mappings.mappings);
+        let slow_probes = crate::report::slow_probes(&profile.probes);
         profile.stacks = crate::capture::symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
         phases.done("stacks symbolized");
         profile.unwind = crate::unwind::report(self.unwind, images_seen, &profile.stacks);
