@@ -294,6 +294,10 @@ pub struct Session {
     // Field order is drop order: threads, then links, then the BPF object.
     threads: Threads,
     links: Links,
+    /// The links of the image cache's images probed up front: most
+    /// captures never map them, and memtrail does not either, so they are
+    /// detached on a thread while the profile is built.
+    cached_links: Links,
     loaded: Loaded,
     control: Arc<Control>,
     /// Serializes snapshot and region calls.
@@ -534,6 +538,7 @@ impl Session {
             }
         }
         phases.done("known images probed, their unwind tables loaded");
+        let mut cached_links = Links::default();
         for image in cached {
             let Some(id) = image.id else { continue };
             if known.contains(&id) {
@@ -541,7 +546,8 @@ impl Session {
             }
             if let Some(found) = image.sites {
                 let found = found.and_then(|mut found| {
-                    attach::attach_sites(&progs, &mut found, &mut slots, &mut links).map(|()| found)
+                    attach::attach_sites(&progs, &mut found, &mut slots, &mut cached_links)
+                        .map(|()| found)
                 });
                 match found {
                     Ok(found) => sites.extend(found),
@@ -760,6 +766,7 @@ impl Session {
         let mut session = Session {
             threads,
             links,
+            cached_links,
             loaded,
             control,
             ops: Mutex::new(()),
@@ -1184,10 +1191,18 @@ impl Session {
             self.image_cache.record(&path, stamp, has_sites);
         }
         self.image_cache.save();
+        phases.done("drained, pollers joined");
         // Detach now: memtrail's own allocations (symbolization below)
         // would otherwise hit the probes too.
         drop(std::mem::take(&mut self.links));
         drop(std::mem::take(&mut attacher.links));
+        // The kernel detaches one link at a time (each waits for uprobe
+        // handlers to finish everywhere): a few ms each, so a cache of
+        // many probed images took 300 ms here. Nothing memtrail runs from
+        // here on maps those images; they are detached while the profile
+        // is built, and before finish returns, whatever it returns.
+        let detaching = Detaching::start(std::mem::take(&mut self.cached_links));
+        phases.done("probes detached");
         if let Some(failure) = attacher.failures.into_iter().next() {
             return Err(CaptureError::AttachImage {
                 image: failure.image,
@@ -1269,12 +1284,40 @@ impl Session {
         pressure_stats.high_water = crate::capture::read_high_water(&self.loaded.skel).max(seen);
         profile.pressure = pressure_stats;
         profile.regions = markers.finish();
+        drop(detaching);
+        phases.done("cached images' probes detached (on a thread since the drain)");
         Ok(Finish {
             profile,
             slow_probes,
             exit: TreeExit { root: root_exit },
             stream,
         })
+    }
+}
+
+/// Links being detached on a thread; joined when dropped.
+struct Detaching(Option<JoinHandle<()>>);
+
+impl Detaching {
+    fn start(links: Links) -> Self {
+        if links.is_empty() {
+            return Self(None);
+        }
+        // A thread that cannot start drops the links right away.
+        Self(
+            std::thread::Builder::new()
+                .name("memtrail-detach".into())
+                .spawn(move || drop(links))
+                .ok(),
+        )
+    }
+}
+
+impl Drop for Detaching {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            let _ = handle.join();
+        }
     }
 }
 

@@ -176,7 +176,11 @@ impl StackSymbolizer {
         for (path, items) in by_file {
             let module = path.display().to_string();
             let build_id = path.is_absolute().then(|| self.build_id(path)).flatten();
-            let offsets: Vec<u64> = items.iter().map(|&(_, _, o)| o).collect();
+            // Stacks share most of their frames (main and what leads to
+            // the allocating code): each distinct offset is symbolized once.
+            let mut offsets: Vec<u64> = items.iter().map(|&(_, _, o)| o).collect();
+            offsets.sort_unstable();
+            offsets.dedup();
             let results = if path.is_absolute() {
                 let src = Source::Elf(Elf::new(path));
                 self.symbolizer
@@ -188,7 +192,6 @@ impl StackSymbolizer {
             } else {
                 None // recorded by name only and never found
             };
-            let mut results = results.map(Vec::into_iter);
             for &(s, f, offset) in &items {
                 let base = Frame {
                     addr: stacks[s][f],
@@ -197,7 +200,10 @@ impl StackSymbolizer {
                     offset: Some(offset),
                     ..Frame::unknown(0)
                 };
-                let sym = results.as_mut().and_then(Iterator::next);
+                let sym = results.as_ref().and_then(|results| {
+                    let at = offsets.binary_search(&offset).ok()?;
+                    results.get(at).cloned()
+                });
                 resolved.insert((s, f), frames_of(base, sym));
             }
         }
