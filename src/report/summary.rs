@@ -42,7 +42,10 @@ pub fn slow_probes(
             .clone()
     };
     let mut slow = Vec::new();
-    for site in sites.iter().filter(|s| !s.emulated && s.role != Role::New) {
+    for site in sites
+        .iter()
+        .filter(|s| !s.emulated && !matches!(s.role, Role::New | Role::Syscall))
+    {
         let id = crate::sys::kernel_file_id(&site.image).ok();
         let image = canon(&site.image);
         let mut calls = 0;
