@@ -59,7 +59,7 @@ pub enum Format {
 
 /// What sites are ranked (and flame graphs sized) by.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Metric {
     /// Bytes allocated (the sum of the sizes asked for).
     #[default]
