@@ -324,3 +324,110 @@ fn track_mapping_sites_report_by() {
     assert_eq!(leaves["grow_break"], [0, 0, 0, 0, 20000]);
     assert_eq!(leaves["big_block"], [0, 0, 0, 0, 0]);
 }
+
+/// The instruction that ends at `ret` in `image` (a non-PIE executable:
+/// addresses are its own), as objdump shows it.
+fn call_before(image: &Path, ret: u64) -> String {
+    let out = std::process::Command::new("objdump")
+        .arg("-d")
+        .arg(format!("--start-address={:#x}", ret - 5))
+        .arg(format!("--stop-address={ret:#x}"))
+        .arg(image)
+        .output()
+        .expect("run objdump (binutils)");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines().last().unwrap_or_default().to_owned()
+}
+
+/// Check that the distro python3.11's obmalloc arenas (1 MiB anonymous
+/// mmaps made by `_PyObject_ArenaMmap` for `new_arena`, outside any
+/// allocator memtrail probes) are attributed to complete stacks that go up
+/// through `Py_BytesMain` to libc's call of main: every arena mmap of the
+/// event stream has a stack, whose innermost frame returns from a call to
+/// libc's mmap, and the sites' mmaps and bytes are exactly the arenas'.
+#[test]
+fn track_mapping_sites_python_arenas() {
+    let python = Path::new("/usr/bin/python3.11");
+    let run = capture(&[
+        python.into(),
+        "-c".into(),
+        "x=[str(i)*3 for i in range(200000)]".into(),
+    ]);
+    run.expect_code(0);
+    let events = run.events();
+    let root = common::stream_root(events);
+    let arenas: Vec<&Value> = common::of_pid(events, root)
+        .into_iter()
+        .filter(|e| common::kind(e) == "mmap" && num(e, "size") == 1 << 20)
+        .filter(|e| e["in_allocator"] == false)
+        .collect();
+    // 200000 strings of 3 to 18 characters: ~60 bytes each.
+    assert!(arenas.len() >= 10, "{} arenas", arenas.len());
+    let mut ids: Vec<&str> = arenas
+        .iter()
+        .map(|e| {
+            e["stack_id"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no stack: {e}"))
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+
+    let profile = run.profile();
+    let (mut mmaps, mut bytes) = (0, 0);
+    for id in ids {
+        let s = profile["stacks"]
+            .as_array()
+            .expect("stacks")
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap_or_else(|| panic!("stack {id} not in the profile"));
+        assert!(s.get("end").is_none(), "the walk ended early: {s}");
+        let frames = s["frames"].as_array().expect("frames");
+        assert_eq!(frames[0]["module"], "/usr/bin/python3.11", "{s}");
+        let call = call_before(python, num(&frames[0], "addr"));
+        assert!(
+            call.contains("call") && call.contains("<mmap64@plt>"),
+            "{call}"
+        );
+        let names: Vec<&str> = frames
+            .iter()
+            .filter_map(|f| f["function"].as_str())
+            .collect();
+        let tail = &names[names.len().saturating_sub(4)..];
+        assert_eq!(
+            tail,
+            [
+                "Py_BytesMain",
+                "__libc_start_call_main",
+                "__libc_start_main_impl",
+                "_start"
+            ],
+            "{names:?}"
+        );
+        mmaps += num(s, "mmaps");
+        bytes += num(s, "mapped_bytes");
+    }
+    assert_eq!(mmaps, arenas.len() as u64);
+    assert_eq!(bytes, (arenas.len() as u64) << 20);
+
+    // Every mapping outside allocators has a site.
+    let maps = field(profile, "mappings");
+    let sum = |key: &str| -> u64 {
+        profile["stacks"]
+            .as_array()
+            .expect("stacks")
+            .iter()
+            .map(|s| num(s, key))
+            .sum()
+    };
+    assert_eq!(sum("mmaps"), num(maps, "mmaps"), "{maps}");
+    assert_eq!(sum("mapped_bytes"), num(maps, "mapped_bytes"), "{maps}");
+    assert_eq!(
+        sum("mapped_bytes_at_peak"),
+        num(maps, "peak_mapped_bytes"),
+        "{maps}"
+    );
+}
