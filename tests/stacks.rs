@@ -142,7 +142,10 @@ fn stacks_sites_exact_and_symbolized() {
     // The fixture makes no other allocation: the sites are all of it, and
     // their live bytes at the peak add up to the peak.
     assert_eq!(stacks(p).len(), 4, "{:#?}", stacks(p));
-    let peak: u64 = stacks(p).into_iter().map(|s| num(s, "live_bytes_at_peak")).sum();
+    let peak: u64 = stacks(p)
+        .into_iter()
+        .map(|s| num(s, "live_bytes_at_peak"))
+        .sum();
     assert_eq!(peak, num(&p["totals"], "peak_live_bytes"));
     assert_eq!(peak, 199999);
 
