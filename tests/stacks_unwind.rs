@@ -370,12 +370,12 @@ fn stacks_frames_outside_code_end_the_walk() {
         let all = stacks(&p);
         assert_eq!(all.len(), 1, "--unwind {mode}: {all:#?}");
         assert_eq!(
-            (num(&all[0], "allocations"), num(&all[0], "bytes")),
+            (num(all[0], "allocations"), num(all[0], "bytes")),
             (10, 55000)
         );
-        assert_at(&frames(&all[0])[0], "grow", src, line_of(src, "GROW_SITE"));
+        assert_at(&frames(all[0])[0], "grow", src, line_of(src, "GROW_SITE"));
         if mode == "auto" {
-            assert_eq!(assert_reaches_start(&all[0]), 1);
+            assert_eq!(assert_reaches_start(all[0]), 1);
         }
     }
 }
