@@ -431,3 +431,27 @@ fn track_mapping_sites_python_arenas() {
         "{maps}"
     );
 }
+
+/// Check that `memtrail compare` of two profiles names a site whose
+/// mappings grew: the fixture's `map_other` mapping 4 more pages is the
+/// anonymous mmap peak's regression (+16384 bytes), shown at that site.
+#[test]
+fn track_mapping_sites_compare_names_the_site() {
+    let exe = fixture_with_flags("mmap_sites", NO_FP);
+    let base = capture(&[exe.clone().into_os_string()]);
+    base.expect_code(0);
+    let more = capture(&[exe.into_os_string(), "more".into()]);
+    more.expect_code(0);
+    let args: Vec<OsString> = vec![
+        "compare".into(),
+        base.dir.path().join("profile.json").into(),
+        more.dir.path().join("profile.json").into(),
+    ];
+    let (_, status, stdout, stderr) = memtrail(&args, b"");
+    let stdout = String::from_utf8(stdout).expect("utf-8");
+    assert_eq!(status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("0 allocations (0 B), +16,384 B mapped at map_other ("),
+        "{stdout}"
+    );
+}
