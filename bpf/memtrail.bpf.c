@@ -201,6 +201,9 @@ __u64 hwm_stacks = 0;
 __u64 hwm_mappings = 0;
 __u64 hwm_attach = 0;
 
+/* Hits of each probe site (enum mt_site_hits in memtrail.h). */
+__u64 site_hits[MT_HIT_ROWS][MT_MAX_SITES] = {};
+
 /*
  * The outermost allocator call a thread is inside, from entry to return.
  * Task-local storage: found through the task itself (no hash, no
@@ -464,6 +467,7 @@ enum mt_kind _mt_kind = 0;
 enum mt_flags _mt_flags = 0;
 enum mt_cookie_layout _mt_cookie_layout = 0;
 enum mt_cookie_flags _mt_cookie_flags = 0;
+enum mt_site_hits _mt_site_hits = 0;
 enum mt_ring _mt_ring = 0;
 enum mt_usdt_reg _mt_usdt_reg = 0;
 
@@ -608,13 +612,6 @@ static __always_inline __u64 mix(__u64 h, __u64 v)
 	return h ^ (h >> 33);
 }
 
-/* A frame of the frame-pointer chain: the caller's saved frame pointer,
- * then the return address into the caller's caller. */
-struct user_frame {
-	__u64 next;
-	__u64 ret;
-};
-
 /*
  * Unwinding. A stack is walked in the program, frame by frame, from the
  * allocator call's entry up to the outermost frame or --stack-depth:
@@ -745,50 +742,6 @@ static __always_inline void forget_code_maps(__u32 tgid, __u64 addr, __u64 len)
 	}
 }
 
-/*
- * The current process's cached mappings: with put 0, the one holding pc
- * into *m (returns 1; 0 if none holds it); with put 1, caches *m, an
- * executable mapping. Global: verified once, on its own.
- */
-__noinline int mt_code_map(__u64 pc, struct code_map *m, int put)
-{
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	struct code_maps *cm = bpf_map_lookup_elem(&code_maps, &tgid);
-	struct code_map *slot;
-
-	if (!m)
-		return 0;
-	if (!put) {
-		if (!cm)
-			return 0;
-		for (int i = 0; i < MT_CODE_MAPS; i++) {
-			if (pc >= cm->m[i].start && pc < cm->m[i].end) {
-				*m = cm->m[i];
-				return 1;
-			}
-		}
-		return 0;
-	}
-	if (!cm) {
-		bpf_map_update_elem(&code_maps, &tgid, &no_code_maps, BPF_NOEXIST);
-		cm = bpf_map_lookup_elem(&code_maps, &tgid);
-		if (!cm)
-			return 0;
-	}
-	slot = &cm->m[cm->next++ % MT_CODE_MAPS];
-	slot->end = 0; /* no reader takes the slot while it changes */
-	barrier();
-	slot->start = m->start;
-	slot->shift = m->shift;
-	slot->pages = m->pages;
-	slot->npages = m->npages;
-	slot->base_page = m->base_page;
-	slot->is_exec = 1;
-	barrier();
-	slot->end = m->end;
-	return 0;
-}
-
 struct unwind_walk {
 	__u64 pc; /* the frame's address */
 	__u64 sp; /* rsp in that frame (the CFA of the frame below) */
@@ -829,62 +782,131 @@ static long search_step(__u64 i, void *data)
 	return 0;
 }
 
-/* Records the mapping holding the walk's pc, and its image's table. */
-static long look_at_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
+/* mt_find_code's look-up, on its stack (bpf_find_vma's data must be). */
+struct code_find {
+	__u32 tgid; /* the process: its key in code_maps */
+	__u32 end;  /* MT_END_COMPLETE: the mapping is code, and cached */
+};
+
+/* Caches the executable mapping bpf_find_vma found, with its image's table,
+ * in the process's code_maps entry. */
+static long cache_code_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
 {
-	struct unwind_walk *w = data;
-	struct mt_unwind_image *img;
+	struct code_find *f = data;
+	struct mt_unwind_image *img = NULL;
 	struct image_id id = {};
+	struct code_maps *cm;
+	struct code_map *slot;
 	struct file *file;
 
-	w->map.start = vma->vm_start;
-	w->map.end = vma->vm_end;
-	w->map.npages = 0;
-	w->map.is_exec = (vma->vm_flags & VM_EXEC) != 0;
-	file = vma->vm_file;
-	if (!w->map.is_exec || !file)
-		return 0; /* not code, or code without a file (JIT, vDSO) */
-	id.ino = file->f_inode->i_ino;
-	id.dev = file->f_inode->i_sb->s_dev;
-	img = bpf_map_lookup_elem(&unwind_images, &id);
-	if (img) {
-		w->map.pages = img->pages;
-		w->map.npages = img->npages;
-		w->map.base_page = img->base_page;
-		/* image address = pc - vm_start + file offset of vm_start + bias */
-		w->map.shift = w->map.start - (vma->vm_pgoff << PAGE_SHIFT) - img->bias;
+	if (!(vma->vm_flags & VM_EXEC)) {
+		f->end = MT_END_NOT_CODE;
+		return 0;
 	}
+	file = vma->vm_file;
+	if (file) { /* code without a file (JIT, vDSO) has no table */
+		id.ino = file->f_inode->i_ino;
+		id.dev = file->f_inode->i_sb->s_dev;
+		img = bpf_map_lookup_elem(&unwind_images, &id);
+	}
+	cm = bpf_map_lookup_elem(&code_maps, &f->tgid);
+	if (!cm) {
+		bpf_map_update_elem(&code_maps, &f->tgid, &no_code_maps, BPF_NOEXIST);
+		cm = bpf_map_lookup_elem(&code_maps, &f->tgid);
+		if (!cm) {
+			f->end = MT_END_BUSY; /* no room to keep it */
+			return 0;
+		}
+	}
+	slot = &cm->m[cm->next++ % MT_CODE_MAPS];
+	slot->end = 0; /* no reader takes the slot while it changes */
+	barrier();
+	slot->start = vma->vm_start;
+	slot->is_exec = 1;
+	slot->pages = 0;
+	slot->npages = 0;
+	slot->base_page = 0;
+	slot->shift = 0;
+	if (img) {
+		slot->pages = img->pages;
+		slot->npages = img->npages;
+		slot->base_page = img->base_page;
+		/* image address = pc - vm_start + file offset of vm_start + bias */
+		slot->shift = vma->vm_start - (vma->vm_pgoff << PAGE_SHIFT) - img->bias;
+	}
+	barrier();
+	slot->end = vma->vm_end;
+	f->end = MT_END_COMPLETE;
 	return 0;
+}
+
+/*
+ * The executable mapping of the current process holding pc, copied into
+ * *m: MT_END_COMPLETE if there is one, else why a walk ends there. Looked
+ * for among the mappings walks of the process found lately, else looked
+ * up (bpf_find_vma) and cached. A global function, verified once on its
+ * own: written out in the walk, each bpf_find_vma call (one per retry) had
+ * its callback verified again for every state of the walk that reached it,
+ * which was most of the load time. (The mapping found goes through
+ * code_maps: bpf_find_vma writes only into this function's own stack.)
+ */
+__noinline int mt_find_code(__u64 pc, struct code_map *m)
+{
+	struct code_find f = { .tgid = bpf_get_current_pid_tgid() >> 32, .end = MT_END_NOT_CODE };
+	struct code_maps *cm;
+	long err;
+	int round;
+
+	if (!m)
+		return MT_END_NOT_CODE;
+	m->end = 0; /* nothing kept, unless found */
+	/* Round 0 looks in the cache; round 1 again, after a look-up cached
+	 * the mapping (unless another thread took its slot in between: rare,
+	 * and the walk ends as if the look-up had failed). */
+	for (round = 0; round < 2; round++) {
+		cm = bpf_map_lookup_elem(&code_maps, &f.tgid);
+		for (int i = 0; cm && i < MT_CODE_MAPS; i++) {
+			if (pc >= cm->m[i].start && pc < cm->m[i].end) {
+				*m = cm->m[i];
+				return MT_END_COMPLETE;
+			}
+		}
+		if (round)
+			return MT_END_BUSY;
+		err = bpf_find_vma(bpf_get_current_task_btf(), pc, cache_code_vma, &f, 0);
+		/* The mmap lock was contended (another thread maps or unmaps,
+		 * as starting threads do): try a few more times. */
+		for (int t = 0; t < MT_FIND_VMA_TRIES && err == -EBUSY; t++)
+			err = bpf_find_vma(bpf_get_current_task_btf(), pc, cache_code_vma, &f, 0);
+		if (err == -EBUSY)
+			return MT_END_BUSY;
+		if (err || f.end != MT_END_COMPLETE)
+			return err ? MT_END_NOT_CODE : f.end;
+	}
+	return MT_END_BUSY;
 }
 
 /* Whether the walk's pc is in an executable mapping; sets end if not. */
 static __always_inline bool in_code(struct unwind_walk *w)
 {
-	long err;
+	int end;
 
 	if (w->pc >= w->map.start && w->pc < w->map.end)
-		return w->map.is_exec;
-	if (mt_code_map(w->pc, &w->map, 0))
 		return true;
-	w->map.is_exec = 0;
-	err = bpf_find_vma(bpf_get_current_task_btf(), w->pc, look_at_vma, w, 0);
-	/* The mmap lock was contended (another thread maps or unmaps, as
-	 * starting threads do): try a few more times. */
-	for (int t = 0; t < MT_FIND_VMA_TRIES && err == -EBUSY; t++)
-		err = bpf_find_vma(bpf_get_current_task_btf(), w->pc, look_at_vma, w, 0);
-	if (err == -EBUSY) {
-		w->map.end = 0;
-		w->end = MT_END_BUSY;
+	end = mt_find_code(w->pc, &w->map);
+	if (end) {
+		w->end = end;
 		return false;
 	}
-	if (err || !w->map.is_exec) {
-		w->map.end = 0; /* nothing kept */
-		w->end = MT_END_NOT_CODE;
-		return false;
-	}
-	mt_code_map(w->pc, &w->map, 1);
 	return true;
 }
+
+/* A frame of the frame-pointer chain: the caller's saved frame pointer,
+ * then the return address into the caller's caller. */
+struct user_frame {
+	__u64 next;
+	__u64 ret;
+};
 
 /* A frame-pointer step: the frame's rbp points at the caller's saved rbp,
  * then the return address. False (with end set) when the chain ends. */
@@ -1084,6 +1106,16 @@ static long unwind_step(__u64 i, void *data)
 	return unwind_frame(w, &row) ? 0 : 1;
 }
 
+/*
+ * The walk's first frame index: always 0, but a variable the verifier
+ * cannot see the value of. Starting from a constant 0, the frame count is
+ * a different constant in every step, so the verifier checked unwind_step
+ * once per frame up to MT_MAX_STACK (380,000 instructions processed, most
+ * of the load time); from an unknown value its states converge after a
+ * few steps.
+ */
+__u32 walk_first_frame = 0;
+
 struct walk_out {
 	__u32 nr;
 	__u16 end;
@@ -1111,6 +1143,7 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
 		.bp = PT_REGS_FP(ctx),
 		.h = tgid,
 		.rec = rec,
+		.n = walk_first_frame,
 	};
 
 	if (!ctx || !out)
@@ -1198,6 +1231,16 @@ static __always_inline __u64 old_ptr(const struct inflight *call)
 	return arg(call, ptr);
 }
 
+/* Counts a hit of the probe site in the cookie (MT_CK_SITE_SHIFT). */
+static __always_inline void count_hit(__u64 cookie)
+{
+	__u64 site = cookie >> MT_CK_SITE_SHIFT;
+
+	if (site == 0 || site > MT_MAX_SITES)
+		return;
+	__sync_fetch_and_add(&site_hits[bpf_get_smp_processor_id() % MT_HIT_ROWS][site - 1], 1);
+}
+
 /*
  * C++ operator new's part of alloc_enter, and a libc syscall wrapper's
  * (MT_CK_SYSCALL: mmap, sbrk). No uretprobe on new: its return address
@@ -1212,12 +1255,12 @@ static __always_inline __u64 old_ptr(const struct inflight *call)
 static __always_inline int new_enter(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = current_ids(), id, cookie;
-	struct inflight *cur;
+	struct inflight *cur = current_call();
 
-	if (!stack_depth)
-		return 0;
-	cur = current_call();
 	if (!cur)
+		return 0;
+	count_hit(bpf_get_attach_cookie(ctx));
+	if (!stack_depth)
 		return 0;
 	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx)))
 		return 0; /* called from inside an allocator: no site */
@@ -1253,6 +1296,7 @@ int alloc_enter(struct pt_regs *ctx)
 	cur = current_call_ids(&pid_tgid);
 	if (!cur)
 		return 0;
+	count_hit(bpf_get_attach_cookie(ctx));
 	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx))) {
 		cur->depth++;
 		return 0; /* nested: the outermost call makes the record */
@@ -1330,13 +1374,13 @@ SEC("uprobe.multi")
 int free_enter(struct pt_regs *ctx)
 {
 	__u64 ptr = PT_REGS_PARM1(ctx), pid_tgid = 0;
-	struct inflight *cur;
+	struct inflight *cur = current_call_ids(&pid_tgid);
 
-	if (!ptr)
-		return 0;
-	cur = current_call_ids(&pid_tgid);
-	/* Untracked, or free() inside realloc(p, 0) or another allocator. */
-	if (!cur || cur->depth > 0)
+	if (!cur)
+		return 0; /* untracked */
+	count_hit(bpf_get_attach_cookie(ctx));
+	/* free(NULL), or free() inside realloc(p, 0) or another allocator. */
+	if (!ptr || cur->depth > 0)
 		return 0;
 	emit_event(event_clock(cur), pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);
 	return 0;
@@ -1382,6 +1426,7 @@ int region_marker(struct pt_regs *ctx)
 
 	if (!current_call_ids(&pid_tgid))
 		return 0;
+	count_hit(cookie);
 	e = reserve(sizeof(*e));
 	if (!e)
 		return 0;

@@ -49,6 +49,9 @@ enum mt_kind {
  *   bits 24-27  index of the old pointer (realloc-like) or of the out
  *               pointer (MT_CK_OUT_PTR), or NONE
  *   bits 28-31  enum mt_cookie_flags
+ *   bits 48-63  the probe site's hit counter, 1-based (0: not counted; see
+ *               enum mt_site_hits); in every probe's cookie, the region
+ *               markers' too
  */
 enum mt_cookie_layout {
 	MT_CK_SIZE_SHIFT = 16,
@@ -56,6 +59,20 @@ enum mt_cookie_layout {
 	MT_CK_PTR_SHIFT = 24,
 	MT_CK_FLAGS_SHIFT = 28,
 	MT_CK_ARG_NONE = 0xf,
+	MT_CK_SITE_SHIFT = 48,
+};
+
+/*
+ * Hits of each probe site in tracked threads, counted by the entry programs
+ * in `site_hits[cpu % MT_HIT_ROWS][site]` (.bss), summed by userspace after
+ * the capture. Rows spread CPUs over separate cache lines; the add is
+ * atomic all the same (a preempted program and the next one on that CPU,
+ * or two CPUs sharing a row, may count at once). Sites past MT_MAX_SITES
+ * are not counted. 16 rows of 4096 counters: 512 KiB of .bss.
+ */
+enum mt_site_hits {
+	MT_MAX_SITES = 4096,
+	MT_HIT_ROWS = 16,
 };
 
 enum mt_cookie_flags {

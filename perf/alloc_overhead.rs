@@ -149,7 +149,9 @@ fn under_floor(exe: &Path, sites: &[Site], syscalls: &[String]) -> f64 {
         marker: fd(&skel.progs.floor_enter),
     };
     let mut links = Links::default();
-    attach::attach_sites(&progs, sites, &mut links).expect("attach floor");
+    let mut sites = sites.to_vec();
+    let mut slots = attach::HitSlots::default();
+    attach::attach_sites(&progs, &mut sites, &mut slots, &mut links).expect("attach floor");
     let _tracepoints: Vec<libbpf_rs::Link> = syscalls
         .iter()
         .map(|name| {

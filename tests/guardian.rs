@@ -150,7 +150,7 @@ struct KillOnDrop(OwnedFd);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         // ESRCH when it already exited.
-        let _ = sys::pidfd_send_signal(self.0.as_fd(), libc::SIGKILL);
+        let _ = sys::pidfd_send_signal(self.0.as_fd(), sys::Signal::KILL);
     }
 }
 
@@ -232,7 +232,7 @@ fn guardian_survives_process_group_kill() {
         .trim()
         .parse()
         .unwrap_or_else(|_| panic!("shell output {line:?}"));
-    let pidfd = sys::pidfd_open(storm).expect("pidfd of the storm");
+    let pidfd = sys::pidfd_open(sys::Pid::new(storm.unsigned_abs())).expect("pidfd of the storm");
     let _storm_guard = KillOnDrop(pidfd.try_clone().expect("dup the pidfd"));
 
     // The pressure pause, not the attach hold at its exec (when the storm

@@ -48,6 +48,51 @@ fn base(path: &Path) -> &str {
         .expect("UTF-8 file name")
 }
 
+/// Check that a stack made before an exec names the program that ran
+/// then, and one made after it the new program, in one process: exec_first
+/// allocates 600011 bytes and execs exec_second, which allocates 600023
+/// (issue 16: both stacks named the program exec'd last); `--exe` keeps
+/// either by its name, though only exec_second is a process's `exe`.
+#[test]
+fn report_process_stacks_before_exec_keep_their_exe() {
+    let first = fixture("exec_first");
+    let second = fixture("exec_second");
+    let run = capture(&cmd("exec_first", &[second.as_os_str()]));
+    run.expect_code(5);
+    let p = run.profile();
+    let procs = p["processes"].as_array().expect("processes");
+    assert_eq!(procs.len(), 1, "{procs:?}");
+    let pid = num(&procs[0], "pid");
+    let path = |p: &Path| p.to_str().expect("UTF-8").to_owned();
+    assert_eq!(string(&procs[0], "exe"), path(&second));
+    // The allocation sites; each program's loader mappings are a
+    // direct-syscall site of its own, under that program.
+    let mut stacks: Vec<(u64, u64, String)> = p["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .filter(|s| num(s, "allocations") > 0)
+        .map(|s| (num(s, "bytes"), num(s, "pid"), string(s, "exe").to_owned()))
+        .collect();
+    stacks.sort();
+    assert_eq!(
+        stacks,
+        [(600011, pid, path(&first)), (600023, pid, path(&second))]
+    );
+    let mut direct: Vec<String> = p["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .filter(|s| s["frames"][0]["function"] == "[no stack: direct syscall]")
+        .map(|s| string(s, "exe").to_owned())
+        .collect();
+    direct.sort();
+    assert_eq!(direct, [path(&first), path(&second)]);
+    let profile = run.dir.path().join("profile.json");
+    assert_eq!(json_bytes(&profile, &["--exe", base(&first)]), [600011]);
+    assert_eq!(json_bytes(&profile, &["--exe", &path(&second)]), [600023]);
+}
+
 /// Check that each stack of a three-process tree (root, mid, leaf: each
 /// exec'd in a forked child, each leaking one block) names its process's
 /// pid and executable, ids are decimal strings, and that `--pid` and

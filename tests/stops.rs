@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 use memtrail::proctree::stops::{Owner, Owners, Released, StopState, Stops, Taken};
-use memtrail::sys;
+use memtrail::sys::{self, Pid, Signal};
 
 /// Bound on every wait for something that must happen.
 const GUARD: Duration = Duration::from_secs(10);
@@ -57,8 +57,8 @@ impl Cat {
         Self { child, stdin, echo }
     }
 
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
+    fn pid(&self) -> Pid {
+        Pid::new(self.child.id())
     }
 
     /// Asserts that cat runs: it echoes a byte (a stopped cat never does).
@@ -98,12 +98,12 @@ struct KillOnDrop(OwnedFd);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         // ESRCH when it already exited.
-        let _ = sys::pidfd_send_signal(self.0.as_fd(), libc::SIGKILL);
+        let _ = sys::pidfd_send_signal(self.0.as_fd(), Signal::KILL);
     }
 }
 
 /// The state letter of process `pid` (its main thread) in /proc.
-fn proc_state(pid: i32) -> char {
+fn proc_state(pid: Pid) -> char {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .unwrap_or_else(|e| panic!("read /proc/{pid}/stat: {e}"));
     let (_, after_comm) = stat.rsplit_once(')').expect("stat has (comm)");
@@ -115,7 +115,7 @@ fn proc_state(pid: i32) -> char {
 }
 
 /// Waits until process `pid`'s state is one of `want`; returns it.
-fn wait_state(pid: i32, want: &[char]) -> char {
+fn wait_state(pid: Pid, want: &[char]) -> char {
     let deadline = Instant::now() + GUARD;
     let backoff = Backoff::new();
     loop {
@@ -249,7 +249,7 @@ fn stops_release_of_zombie() {
     let stops = Stops::with_timeout(GUARD);
     stops.stop(pid, Owner::Startup).expect("stop");
     wait_state(pid, &['T']);
-    sys::kill(pid, libc::SIGKILL).expect("kill cat");
+    sys::kill(pid, Signal::KILL).expect("kill cat");
     wait_state(pid, &['Z']);
     assert_eq!(stops.state(pid).expect("state"), Some(StopState::Exited));
     assert_eq!(
@@ -364,7 +364,7 @@ fn stops_late_sigstop_after_hold_ends_running() {
             let barrier = Arc::clone(&barrier);
             std::thread::spawn(move || {
                 barrier.wait();
-                sys::kill(pid, libc::SIGSTOP).expect("late SIGSTOP");
+                sys::kill(pid, Signal::STOP).expect("late SIGSTOP");
             })
         };
         assert_eq!(
@@ -440,14 +440,15 @@ fn stops_vfork_parent_with_pending_stop_resumes() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn vfork_stop");
-    let ppid = parent.id() as i32;
+    let ppid = Pid::new(parent.id());
     let mut out = BufReader::new(parent.stdout.take().expect("stdout"));
     let mut line = String::new();
     out.read_line(&mut line).expect("read child line");
-    let child: i32 = line
+    let child = line
         .trim()
         .strip_prefix("child ")
         .and_then(|p| p.parse().ok())
+        .map(Pid::new)
         .unwrap_or_else(|| panic!("fixture line: {line:?}"));
     let _child_guard = KillOnDrop(sys::pidfd_open(child).expect("pidfd of the child"));
     wait_state(child, &['T']);
@@ -456,7 +457,7 @@ fn stops_vfork_parent_with_pending_stop_resumes() {
     // A release that waited for every thread to stop would wait until the
     // child runs, which is after the release: in effect forever.
     let stops = Arc::new(Stops::with_timeout(FOREVER));
-    sys::kill(ppid, libc::SIGSTOP).expect("SIGSTOP the parent");
+    sys::kill(ppid, Signal::STOP).expect("SIGSTOP the parent");
     stops
         .hold_stopped(ppid, Owner::Attach)
         .expect("hold parent");
@@ -506,7 +507,7 @@ fn stops_drop_resumes_everything() {
     let mut gone = Cat::spawn();
     let stops = Stops::with_timeout(GUARD);
     stops.stop(a.pid(), Owner::Pressure).expect("stop a");
-    sys::kill(b.pid(), libc::SIGSTOP).expect("SIGSTOP b");
+    sys::kill(b.pid(), Signal::STOP).expect("SIGSTOP b");
     stops.hold_stopped(b.pid(), Owner::Startup).expect("hold b");
     stops.stop(b.pid(), Owner::Pressure).expect("stop b");
     stops.stop(gone.pid(), Owner::Attach).expect("stop gone");
@@ -536,7 +537,7 @@ fn stops_release_all_of_one_owner() {
         (b.pid(), Released::Held(Owner::Attach.into())),
     ];
     want.sort_by_key(|&(pid, _)| pid);
-    let got: Vec<(i32, Released)> = stops
+    let got: Vec<(Pid, Released)> = stops
         .release_all(Owner::Pressure)
         .into_iter()
         .map(|(pid, r)| (pid, r.expect("release")))

@@ -21,7 +21,12 @@
 //! A prefix may move an argument to another argument register (mimalloc's
 //! `malloc` copies its size from rdi to rsi, then loads its heap into rdi):
 //! the site's [`Abi`] then names where the argument is at the probe. Sites
-//! that still single-step are reported.
+//! that still single-step are reported. iced-x86 decodes the instructions
+//! (length, operands, registers and memory written); which ones are
+//! harmless is decided here.
+//!
+//! Every site gets a hit counter in BPF ([`HitSlots`], carried in its
+//! cookie), read after the capture into the profile's `probes`.
 //!
 //! Probes are system-wide (every process mapping the file hits them); the
 //! BPF programs filter on the tracked-process map.
@@ -37,6 +42,10 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use iced_x86::{
+    Decoder, DecoderOptions, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind,
+    Register,
+};
 use libbpf_rs::Link;
 use object::{Object, ObjectSegment, ObjectSymbol};
 
@@ -44,6 +53,54 @@ pub use api::{Abi, Entry, Role};
 
 use crate::record::Kind;
 use crate::skel::memtrail::MemtrailSkel;
+use crate::skel::memtrail::types as t;
+
+/// Sites that get a hit counter in a capture (`MT_MAX_SITES`); the ones
+/// attached after them are probed all the same, without a count.
+pub const MAX_COUNTED_SITES: u32 = t::mt_site_hits::MT_MAX_SITES.0;
+
+/// Hands out the hit counters of BPF's `site_hits` to sites in the order
+/// they are attached, up front and then by the attach worker: a site keeps
+/// its counter for the whole capture, and none is handed out twice.
+#[derive(Debug, Default)]
+pub struct HitSlots {
+    next: u32,
+}
+
+impl HitSlots {
+    /// Gives each of `sites` the next free counter, while there is one.
+    pub fn assign(&mut self, sites: &mut [Site]) {
+        for site in sites {
+            site.hit_slot = (self.next < MAX_COUNTED_SITES).then_some(self.next);
+            if self.next == MAX_COUNTED_SITES {
+                tracing::warn!(
+                    %site,
+                    max = MAX_COUNTED_SITES,
+                    "probe sites past this one have no hit count"
+                );
+            }
+            self.next = self.next.saturating_add(1);
+        }
+    }
+}
+
+/// Each site's hits in tracked threads, summed over BPF's per-CPU rows of
+/// `site_hits`; None for a site without a counter. Read once the probes are
+/// detached, when the counts no longer move.
+pub fn read_site_hits(skel: &MemtrailSkel<'_>, sites: &[Site]) -> Vec<Option<u64>> {
+    let bss = skel
+        .maps
+        .bss_data
+        .as_deref()
+        .expect("the BPF object has a .bss");
+    sites
+        .iter()
+        .map(|site| {
+            let slot = usize::try_from(site.hit_slot?).ok()?;
+            Some(bss.site_hits.iter().map(|row| row[slot]).sum())
+        })
+        .collect()
+}
 
 /// A path read from `/proc/PID/map_files` or `/proc/PID/exe`, without the
 /// ` (deleted)` the kernel appends for an unlinked file.
@@ -133,24 +190,30 @@ pub struct Site {
     /// Whether the kernel emulates the probed instruction (cheap) rather
     /// than single-stepping it.
     pub emulated: bool,
+    /// The site's hit counter in BPF (`site_hits`), given by [`HitSlots`]
+    /// when it is attached; None before, or past the last counter.
+    pub hit_slot: Option<u32>,
 }
 
 impl Site {
     /// The site's attach cookie: its kind and argument layout, and for
     /// operator new the flag that tells `alloc_enter` to only capture the
-    /// stack; a region marker's is its own (`usdt::marker_cookie`).
+    /// stack; a region marker's is its own (`usdt::marker_cookie`). Each
+    /// carries the site's hit counter (`MT_CK_SITE_SHIFT`, 1-based, 0 for
+    /// none).
     pub fn cookie(&self) -> u64 {
-        match self.role {
+        let slot = self.hit_slot.map_or(0, |slot| u64::from(slot) + 1)
+            << t::mt_cookie_layout::MT_CK_SITE_SHIFT.0;
+        slot | match self.role {
             Role::Marker => usdt::marker_cookie(self),
             Role::New | Role::Syscall => {
-                use crate::skel::memtrail::types::{mt_cookie_flags, mt_cookie_layout};
                 let flag = if self.role == Role::New {
-                    mt_cookie_flags::MT_CK_NEW.0
+                    t::mt_cookie_flags::MT_CK_NEW.0
                 } else {
-                    mt_cookie_flags::MT_CK_SYSCALL.0
+                    t::mt_cookie_flags::MT_CK_SYSCALL.0
                 };
                 self.abi.cookie(self.kind)
-                    | u64::from(flag) << mt_cookie_layout::MT_CK_FLAGS_SHIFT.0
+                    | u64::from(flag) << t::mt_cookie_layout::MT_CK_FLAGS_SHIFT.0
             }
             _ => self.abi.cookie(self.kind),
         }
@@ -244,7 +307,7 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
         }
         let mut abi = entry.abi;
         let prefix = elf
-            .bytes_at(entry_off + skipped, HARMLESS_WINDOW)
+            .code_at(entry_off + skipped, HARMLESS_WINDOW)
             .and_then(harmless_prefix);
         if let Some(prefix) = prefix {
             if let Some(moved) = prefix.relocate(entry.role, abi) {
@@ -263,6 +326,7 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
             offset,
             skipped,
             emulated,
+            hit_slot: None,
         });
     }
     sites.extend(usdt::find_markers(&elf, image));
@@ -304,24 +368,31 @@ impl Elf<'_> {
         self.data.get(start..start.checked_add(len)?)
     }
 
+    /// Up to `max` bytes of code at `offset` (fewer at the end of the file).
+    fn code_at(&self, offset: u64, max: usize) -> Option<&[u8]> {
+        let start = usize::try_from(offset).ok()?;
+        let rest = self.data.get(start..)?;
+        Some(&rest[..rest.len().min(max)])
+    }
+
     /// Length of an opening `test %rdi,%rdi; je <ret>` at `vaddr`: the probe
     /// can go after it without missing any call but free(NULL).
     fn null_test_len(&self, vaddr: u64) -> Option<u64> {
-        let code = self.bytes_at(self.file_offset(vaddr)?, 9)?;
-        if code[..3] != [0x48, 0x85, 0xff] {
+        let code = self.code_at(self.file_offset(vaddr)?, HARMLESS_WINDOW)?;
+        let mut decoder = Decoder::with_ip(64, code, vaddr, DecoderOptions::NONE);
+        let test = decoder.decode();
+        let is_rdi =
+            |i: u32| test.op_kind(i) == OpKind::Register && test.op_register(i) == Register::RDI;
+        if test.mnemonic() != Mnemonic::Test || !is_rdi(0) || !is_rdi(1) {
             return None;
         }
-        let (len, rel) = match code[3] {
-            0x74 => (5u64, i64::from(code[4] as i8)),
-            0x0f if code[4] == 0x84 => (
-                9u64,
-                i64::from(i32::from_le_bytes(code[5..9].try_into().ok()?)),
-            ),
-            _ => return None,
-        };
-        let target = (vaddr + len).checked_add_signed(rel)?;
-        let ret = self.bytes_at(self.file_offset(target)?, 2)?;
-        (ret[0] == 0xc3 || ret == [0xf3, 0xc3]).then_some(len)
+        let je = decoder.decode();
+        if je.mnemonic() != Mnemonic::Je {
+            return None;
+        }
+        let target = self.code_at(self.file_offset(je.near_branch_target())?, 16)?;
+        let ret = Decoder::new(64, target, DecoderOptions::NONE).decode();
+        (ret.mnemonic() == Mnemonic::Ret && ret.op_count() == 0).then(|| decoder.position() as u64)
     }
 }
 
@@ -383,59 +454,94 @@ impl Prefix {
 }
 
 /// Finds the harmless prefix at the start of `code`, if there is one.
-/// Only forms seen at allocator entries are decoded; anything else ends
-/// the search.
+/// iced-x86 decodes; this decides which instructions are harmless: only
+/// the forms allocator entries use (test, cmp, mov, xor) with register,
+/// immediate, or `%rip`-relative and thread-local (`%fs`/`%gs`) memory
+/// operands; anything else ends the search.
 fn harmless_prefix(code: &[u8]) -> Option<Prefix> {
     let mut holds: [Option<u8>; 8] = std::array::from_fn(|r| Some(r as u8));
+    let mut decoder = Decoder::new(64, code, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
     let mut at = 0;
     for _ in 0..HARMLESS_MAX {
         if code.get(at..).is_some_and(is_emulated) {
             break;
         }
-        let (len, dst, src) = decode_harmless(&code[at..])?;
-        if let Some(dst) = dst {
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            return None; // includes code cut short
+        }
+        for (dst, src) in harmless_writes(&insn, &mut info)? {
             if dst == RSP {
                 return None;
             }
             holds[usize::from(dst)] = src.and_then(|src| holds[usize::from(src)]);
         }
-        at += len;
+        at += insn.len();
     }
     (at > 0 && code.get(at..).is_some_and(is_emulated)).then_some(Prefix { len: at, holds })
 }
 
-/// One instruction a harmless prefix may have: its length, the register
-/// it writes (ModRM numbering) and, for a register-to-register move, the
-/// register it copies.
-fn decode_harmless(code: &[u8]) -> Option<(usize, Option<u8>, Option<u8>)> {
-    let reg = |modrm: u8| (modrm >> 3) & 7;
-    let rm = |modrm: u8| modrm & 7;
-    let direct = |modrm: u8| modrm >> 6 == 3;
-    Some(match *code {
-        // test / cmp between registers: flags only.
-        [0x48, 0x85 | 0x39 | 0x3b, m, ..] if direct(m) => (3, None, None),
-        [0x85 | 0x39 | 0x3b, m, ..] if direct(m) => (2, None, None),
-        // cmp $imm32 / $imm8, r64 (/7): flags only.
-        [0x48, 0x81, m, _, _, _, _, ..] if m >> 3 == 0x1f => (7, None, None),
-        [0x48, 0x83, m, _, ..] if m >> 3 == 0x1f => (4, None, None),
-        // cmpb $imm8, disp32(%rip): reads memory, writes flags.
-        [0x80, 0x3d, _, _, _, _, _, ..] => (7, None, None),
-        // mov $imm32, r32 (zero-extends into r64).
-        [op @ 0xb8..=0xbf, _, _, _, _, ..] => (5, Some(op - 0xb8), None),
-        // xor r32, r32 (31: into r/m; 33: into reg).
-        [0x31, m, ..] if direct(m) => (2, Some(rm(m)), None),
-        [0x33, m, ..] if direct(m) => (2, Some(reg(m)), None),
-        // mov r64, r64 (89: into r/m; 8b: into reg).
-        [0x48, 0x89, m, ..] if direct(m) => (3, Some(rm(m)), Some(reg(m))),
-        [0x48, 0x8b, m, ..] if direct(m) => (3, Some(reg(m)), Some(rm(m))),
-        // mov disp32(%rip), r64: reads memory.
-        [0x48, 0x8b, m, _, _, _, _, ..] if m & 0xc7 == 0x05 => (7, Some(reg(m)), None),
-        // mov %fs:(reg), r64 (a thread-local load): reads memory.
-        [0x64, 0x48, 0x8b, m, ..] if m >> 6 == 0 && !matches!(rm(m), 4 | 5) => {
-            (4, Some(reg(m)), None)
+/// The general-purpose register a decoded register is part of, in ModRM
+/// numbering (0-15, rax to r15); None for any other register.
+fn gpr_number(reg: Register) -> Option<u8> {
+    let full = reg.full_register();
+    full.is_gpr64()
+        .then(|| u8::try_from(full.number()).ok())
+        .flatten()
+}
+
+/// The registers a harmless instruction writes, each with the register
+/// (ModRM numbering) whose whole value it copies when it is a 64-bit
+/// register-to-register move; None if the instruction is not harmless.
+/// Writes to r8-r15 are left out: no argument the programs read is there.
+fn harmless_writes(
+    insn: &Instruction,
+    info: &mut InstructionInfoFactory,
+) -> Option<Vec<(u8, Option<u8>)>> {
+    if !matches!(
+        insn.mnemonic(),
+        Mnemonic::Test | Mnemonic::Cmp | Mnemonic::Mov | Mnemonic::Xor
+    ) || insn.has_lock_prefix()
+    {
+        return None;
+    }
+    // Memory is only read, at an address that is %rip-relative or
+    // thread-local (the probe must not skip a load through an argument).
+    let has_memory = (0..insn.op_count()).any(|i| insn.op_kind(i) == OpKind::Memory);
+    let tls = matches!(insn.memory_segment(), Register::FS | Register::GS);
+    if has_memory && !(insn.is_ip_rel_memory_operand() || tls) {
+        return None;
+    }
+    let info = info.info(insn);
+    if info
+        .used_memory()
+        .iter()
+        .any(|m| m.access() != OpAccess::Read)
+    {
+        return None;
+    }
+    let copy = (insn.mnemonic() == Mnemonic::Mov
+        && insn.op_count() == 2
+        && insn.op0_kind() == OpKind::Register
+        && insn.op1_kind() == OpKind::Register
+        && insn.op0_register().is_gpr64()
+        && insn.op1_register().is_gpr64())
+    .then(|| gpr_number(insn.op1_register()).filter(|&src| src < 8))
+    .flatten();
+    let mut writes = Vec::new();
+    for used in info.used_registers() {
+        match used.access() {
+            OpAccess::Read | OpAccess::CondRead | OpAccess::NoMemAccess | OpAccess::None => {}
+            _ => {
+                let dst = gpr_number(used.register())?; // a segment, control… register
+                if dst < 8 {
+                    writes.push((dst, copy));
+                }
+            }
         }
-        _ => return None,
-    })
+    }
+    Some(writes)
 }
 
 /// Whether the kernel emulates this first instruction instead of
@@ -528,13 +634,17 @@ impl AllocPrograms {
 }
 
 /// Attaches `progs` to every site of one image, with one uprobe_multi link
-/// per program; each site's attach cookie is its kind and argument layout.
-/// The links detach when dropped.
+/// per program; each site's attach cookie is its kind and argument layout,
+/// and its hit counter, handed out here by `slots`. The links detach when
+/// dropped.
 pub fn attach_sites(
     progs: &AllocPrograms,
-    sites: &[Site],
+    sites: &mut [Site],
+    slots: &mut HitSlots,
     links: &mut Links,
 ) -> Result<(), AttachError> {
+    slots.assign(sites);
+    let sites = &*sites;
     let of_role = |role: Role| {
         sites
             .iter()
@@ -594,7 +704,51 @@ fn uprobe_error(group: &[&Site], source: crate::sys::SysError) -> AttachError {
 #[cfg(test)]
 mod tests {
     use super::api::{COUNT_SIZE, REALLOC_N, SIZE0, SIZE1};
-    use super::{Role, harmless_prefix};
+    use super::{HitSlots, MAX_COUNTED_SITES, Role, Site, harmless_prefix};
+    use crate::record::Kind;
+
+    /// Check that hit counters are handed out once each, in order, across
+    /// calls (images attached one after another), up to the last one; a
+    /// site past it is not counted, and its cookie says so (0 in bits
+    /// 48-63) while keeping its kind and layout.
+    #[test]
+    fn attach_hit_slots_bounded() {
+        let site = Site {
+            image: "/lib/libc.so.6".into(),
+            symbol: "malloc".into(),
+            role: Role::Alloc,
+            kind: Kind::Malloc,
+            abi: SIZE0,
+            offset: 0x1000,
+            skipped: 0,
+            emulated: true,
+            hit_slot: None,
+        };
+        let layout = site.cookie();
+        assert_eq!(layout >> 48, 0);
+        let mut slots = HitSlots::default();
+        let mut first = vec![site.clone(); 3];
+        slots.assign(&mut first);
+        let got: Vec<_> = first.iter().map(|s| s.hit_slot).collect();
+        assert_eq!(got, [Some(0), Some(1), Some(2)]);
+        assert_eq!(first[2].cookie(), layout | 3 << 48);
+        let mut rest = vec![site.clone(); MAX_COUNTED_SITES as usize];
+        slots.assign(&mut rest);
+        assert_eq!(
+            rest[MAX_COUNTED_SITES as usize - 4].hit_slot,
+            Some(MAX_COUNTED_SITES - 1)
+        );
+        assert_eq!(
+            rest[MAX_COUNTED_SITES as usize - 4].cookie(),
+            layout | u64::from(MAX_COUNTED_SITES) << 48
+        );
+        assert!(
+            rest[MAX_COUNTED_SITES as usize - 3..]
+                .iter()
+                .all(|s| s.hit_slot.is_none())
+        );
+        assert_eq!(rest[MAX_COUNTED_SITES as usize - 1].cookie(), layout);
+    }
 
     /// The length of the harmless prefix of `code`, 0 for none.
     fn len(code: &[u8]) -> usize {
@@ -647,6 +801,27 @@ mod tests {
         assert_eq!(len(&[0x48, 0x8b, 0x07, 0x53]), 0);
         // Cut code.
         assert_eq!(len(&[0x80, 0x3d, 0x00]), 0);
+        // 32-bit and r8-r15 forms: mov %ecx,%r10d; test $0x40,%sil; jne.
+        assert_eq!(
+            len(&[0x41, 0x89, 0xca, 0x40, 0xf6, 0xc6, 0x40, 0x75, 0x07]),
+            7
+        );
+        // jemalloc's sdallocx: mov %rdi,%r8; cmp $0x1000,%rsi; ja.
+        let sdallocx = [
+            0x49, 0x89, 0xf8, 0x48, 0x81, 0xfe, 0, 0x10, 0, 0, 0x77, 0x0c,
+        ];
+        assert_eq!(len(&sdallocx), 10);
+        // mov %rdi,(%rip) writes memory.
+        assert_eq!(len(&[0x48, 0x89, 0x3d, 0x10, 0, 0, 0, 0x53]), 0);
+        // cmp $0,(%rdi) reads through an argument.
+        assert_eq!(len(&[0x48, 0x83, 0x3f, 0x00, 0x74, 0x05]), 0);
+        // lock cmpxchg is not a harmless form (and writes memory).
+        assert_eq!(len(&[0xf0, 0x0f, 0xb1, 0x0d, 0, 0, 0, 0, 0x53]), 0);
+        // add %rsi,%rax changes a register arithmetically: not decoded.
+        assert_eq!(len(&[0x48, 0x01, 0xf0, 0x53]), 0);
+        // mov %fs:0x10,%rax (absolute thread-local) reads memory only.
+        let tls = [0x64, 0x48, 0x8b, 0x04, 0x25, 0x10, 0, 0, 0, 0x53];
+        assert_eq!(len(&tls), 9);
     }
 
     /// Check that arguments are read where a prefix moved them, and that a
@@ -680,6 +855,17 @@ mod tests {
         ];
         let p = harmless_prefix(&mi_calloc).expect("a prefix");
         assert_eq!(p.relocate(Role::Alloc, COUNT_SIZE), None);
+        // A 32-bit move does not carry a 64-bit argument: mov %edi,%esi.
+        let p = harmless_prefix(&[0x89, 0xfe, 0x53]).expect("a prefix");
+        assert_eq!(p.relocate(Role::Alloc, SIZE1), None);
+        // A copy from r8 is not an argument the programs know: mov %r8,%rdi.
+        let p = harmless_prefix(&[0x4c, 0x89, 0xc7, 0x53]).expect("a prefix");
+        assert_eq!(p.relocate(Role::Free, SIZE0), None);
+        // mov %rsi,%rdi; mov %rdi,%rsi swaps nothing back: rdi's value is
+        // lost, rsi's is in both.
+        let p = harmless_prefix(&[0x48, 0x89, 0xf7, 0x48, 0x89, 0xfe, 0x53]).expect("a prefix");
+        assert_eq!(p.relocate(Role::Alloc, SIZE0), None);
+        assert_eq!(p.relocate(Role::Alloc, SIZE1), Some(SIZE1));
         // Unmoved arguments stay where they were.
         let p = harmless_prefix(&[0x48, 0x85, 0xff, 0x53]).expect("a prefix");
         assert_eq!(p.relocate(Role::Alloc, REALLOC_N), Some(REALLOC_N));

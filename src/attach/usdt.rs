@@ -97,6 +97,7 @@ pub(super) fn find_markers(elf: &Elf<'_>, image: &std::path::Path) -> Vec<Site> 
             offset,
             skipped: 0,
             emulated,
+            hit_slot: None,
         });
     }
     sites

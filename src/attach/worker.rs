@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use super::cache::Stamp;
 use super::{
-    AllocPrograms, AttachError, Links, Role, Site, api, attach_sites, find_sites, image_key,
-    strip_deleted,
+    AllocPrograms, AttachError, HitSlots, Links, Role, Site, api, attach_sites, find_sites,
+    image_key, strip_deleted,
 };
 use crate::engine::Sink;
 use crate::proctree::stops::{Owner, Stops};
@@ -44,6 +44,9 @@ pub struct AttachWorker {
     pub links: Links,
     /// Sites attached so far, with their images' real paths.
     pub sites: Vec<Site>,
+    /// Hit counters for the sites it attaches, after those attached up
+    /// front.
+    slots: HitSlots,
     pub failures: Vec<AttachFailure>,
     pub malformed: u64,
     /// Whether requesting processes are held stopped (BPF stopped them);
@@ -66,6 +69,7 @@ impl AttachWorker {
         known: HashSet<(u64, u64)>,
         stops: Arc<Stops>,
         tables: Option<crate::unwind::Tables>,
+        slots: HitSlots,
     ) -> Self {
         Self {
             progs,
@@ -74,6 +78,7 @@ impl AttachWorker {
             stops,
             links: Links::default(),
             sites: Vec::new(),
+            slots,
             failures: Vec::new(),
             malformed: 0,
             hold: true,
@@ -113,7 +118,7 @@ impl AttachWorker {
         }
         if !sites.is_empty() {
             let mut links = Links::default();
-            attach_sites(&self.progs, &sites, &mut links)?;
+            attach_sites(&self.progs, &mut sites, &mut self.slots, &mut links)?;
             self.links.append(&mut links);
             for site in &mut sites {
                 site.image = real.clone();
@@ -151,11 +156,11 @@ impl Sink for AttachWorker {
             self.examine_request(&req);
             return;
         }
-        if let Err(err) = self.stops.hold_stopped(pid as i32, Owner::Attach) {
+        if let Err(err) = self.stops.hold_stopped(pid.into(), Owner::Attach) {
             tracing::debug!(pid, %err, "could not hold the requesting process");
         }
         self.examine_request(&req);
-        if let Err(err) = self.stops.release(pid as i32, Owner::Attach) {
+        if let Err(err) = self.stops.release(pid.into(), Owner::Attach) {
             tracing::warn!(pid, %err, "could not resume a process after attaching");
         }
     }

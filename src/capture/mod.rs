@@ -520,8 +520,8 @@ pub(crate) fn symbolize_stacks(
             (None, Some(pid)) => entries.push(StackEntry {
                 id,
                 pid,
-                exe: exe_of(pid),
                 frames: vec![crate::report::Frame::direct_syscall()],
+                exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
                 end: crate::unwind::StackEnd::Complete,
                 metrics,
             }),
@@ -540,7 +540,9 @@ pub(crate) fn symbolize_stacks(
                 .map(|((id, metrics, stack), frames)| StackEntry {
                     id,
                     pid,
-                    exe: exe_of(pid),
+                    // What ran when the stack was made: a stack from
+                    // before an exec keeps the executable of then.
+                    exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
                     frames,
                     end: stack.end,
                     metrics,

@@ -518,7 +518,7 @@ impl Coordinator {
                     "tree frozen"
                 );
                 for &pid in &pids {
-                    if let Err(err) = self.stops.hold_stopped(pid as i32, Owner::Pressure) {
+                    if let Err(err) = self.stops.hold_stopped(pid.into(), Owner::Pressure) {
                         tracing::debug!(pid, %err, "could not hold a self-stopped process");
                     }
                     let _ = sys::bpf_map_delete(hard_stops.as_fd(), &pid.to_ne_bytes());
@@ -565,9 +565,9 @@ impl Coordinator {
     /// pending (self-stops `hard_stops` had no room for).
     fn hold_stopping(&self) -> Result<(), PressureError> {
         for pid in sys::bpf_map_u32_keys(self.tracked_map.as_fd())? {
-            let states = sys::thread_states(pid as i32);
+            let states = sys::thread_states(pid.into());
             if states.is_ok_and(|t| t.stop_pending || t.stopped > 0) {
-                let _ = self.stops.hold_stopped(pid as i32, Owner::Pressure);
+                let _ = self.stops.hold_stopped(pid.into(), Owner::Pressure);
             }
         }
         Ok(())
@@ -585,13 +585,13 @@ impl Coordinator {
                 return Ok(());
             }
             for pid in new {
-                if let Err(err) = self.stops.stop(pid as i32, Owner::Pressure) {
+                if let Err(err) = self.stops.stop(pid.into(), Owner::Pressure) {
                     tracing::debug!(pid, %err, "could not stop a tracked process");
                 }
                 held.insert(pid);
             }
             for &pid in &held {
-                let state = self.stops.wait_stopped_until(pid as i32, deadline);
+                let state = self.stops.wait_stopped_until(pid.into(), deadline);
                 if deadline.is_some_and(|d| Instant::now() >= d)
                     && !matches!(state, Ok(Some(StopState::Stopped | StopState::Exited)))
                 {
@@ -633,8 +633,8 @@ impl Coordinator {
             pids.extend(cgroup.pids().unwrap_or_default());
         }
         for pid in pids {
-            if let Ok(fd) = sys::pidfd_open(pid as i32) {
-                let _ = sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL);
+            if let Ok(fd) = sys::pidfd_open(pid.into()) {
+                let _ = sys::pidfd_send_signal(fd.as_fd(), sys::Signal::KILL);
             }
         }
     }

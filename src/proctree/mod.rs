@@ -116,8 +116,7 @@ pub fn resolve(cmd: &OsStr) -> Result<PathBuf, SpawnError> {
 
 /// The invoking user's identity when root runs memtrail through sudo.
 fn sudo_credentials() -> Option<Credentials> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         return None;
     }
     let uid: u32 = std::env::var("SUDO_UID").ok()?.parse().ok()?;
@@ -175,7 +174,7 @@ pub struct Held {
 
 impl Held {
     pub fn pid(&self) -> u32 {
-        self.child.pid as u32
+        self.child.pid.get()
     }
 
     /// Lets the command exec; returns once it did.
@@ -183,7 +182,7 @@ impl Held {
         let path = self.path;
         self.child
             .release()
-            .map(|pid| pid as u32)
+            .map(sys::Pid::get)
             .map_err(|source| SpawnError::Exec { path, source })
     }
 }
@@ -207,7 +206,7 @@ pub fn spawn_held(spec: &CommandSpec, subreaper: bool) -> Result<Held, SpawnErro
 pub fn wait_tree(root: u32) -> Result<Option<ChildExit>, SysError> {
     let mut root_exit = None;
     while let Some((pid, exit)) = sys::wait_any()? {
-        if pid as u32 == root {
+        if pid.get() == root {
             root_exit = Some(exit);
         }
     }

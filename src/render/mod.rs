@@ -237,7 +237,8 @@ impl StackFilter {
 
     /// Drops the stacks of other processes from `profile` (read from
     /// `path`). A pid or executable that names no process of the profile
-    /// is an error, not an empty report. Totals and processes stay the
+    /// (nor, for an executable, a stack made before an exec) is an error,
+    /// not an empty report. Totals and processes stay the
     /// whole tree's.
     pub fn apply(&self, profile: &mut Profile, path: &std::path::Path) -> Result<(), ReportError> {
         let procs = &profile.processes;
@@ -246,13 +247,15 @@ impl StackFilter {
             .iter()
             .find(|&&pid| !procs.iter().any(|p| p.pid == pid))
             .map(|pid| format!("with pid {pid}"));
+        // An executable a process ran before an exec is only in its
+        // stacks' `exe`.
+        let matches = |e: &String, exe: &str| e == exe || e == sites::module_base(exe);
         let missing_exe = || {
             self.exes
                 .iter()
                 .find(|&e| {
-                    !procs
-                        .iter()
-                        .any(|p| e == &p.exe || e == sites::module_base(&p.exe))
+                    !procs.iter().any(|p| matches(e, &p.exe))
+                        && !profile.stacks.iter().any(|s| matches(e, &s.exe))
                 })
                 .map(|e| format!("running {e}"))
         };

@@ -101,15 +101,10 @@ pub struct Process {
     pub exit_status: Option<i32>,
     pub heap: HeapCounters,
     pub maps: MapCounters,
-    /// Allocator calls recorded (outermost ones, failed ones included), by
-    /// `Kind as usize` (malloc .. free): how often the process went through
-    /// each API, for the summary's note on probes that single-step.
-    pub calls: [u64; CALL_SLOTS],
+    /// `exe` interned (`Aggregator::exe_names`), for the stacks it makes.
+    exe_id: u32,
     state: Option<Box<LiveState>>,
 }
-
-/// Slots of [`Process::calls`]: every allocator kind up to `free`.
-pub const CALL_SLOTS: usize = Kind::Free as usize + 1;
 
 /// A live block: its size and the stack that allocated it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -198,11 +193,11 @@ struct Region {
     stack: u64,
 }
 
-/// The id of the direct-syscall site of process `pid` (see
-/// [`DIRECT_SYSCALL_FRAME`]): a reserved pattern no stack hash is expected
-/// to take.
-fn direct_syscall_id(pid: u32) -> u64 {
-    0xd1ec_75c0_0000_0000 | u64::from(pid)
+/// The id of the direct-syscall site of process `pid` running executable
+/// `exe_id` (see [`DIRECT_SYSCALL_FRAME`]; an exec starts a new site): a
+/// reserved pattern no stack hash is expected to take.
+fn direct_syscall_id(pid: u32, exe_id: u32) -> u64 {
+    0xd1ec_0000_0000_0000 ^ u64::from(exe_id & 0xffff) << 32 ^ u64::from(pid)
 }
 
 fn page_end(addr: u64, len: u64) -> u64 {
@@ -222,6 +217,11 @@ struct StackAgg {
     mapped: u64,
     /// Record sequence number of the last change of `mapped`.
     mapped_changed: u64,
+    /// The executable its process ran at its first allocation, mapping or
+    /// break move (an index in `Aggregator::exe_names`): a stack made
+    /// before an exec belongs to the program that ran then, not to the one
+    /// the process ends as.
+    exe_id: u32,
 }
 
 /// The tree's live heap and its peak, with per-stack live bytes.
@@ -266,11 +266,14 @@ impl TreeLive {
         s
     }
 
-    /// A region of `bytes` mapped from `stack`; `new` for an mmap (an
-    /// mremap moves a region).
-    fn mapped(&mut self, stack: u64, bytes: u64, new: bool) {
+    /// A region of `bytes` mapped from `stack` by a process running
+    /// executable `exe_id`; `new` for an mmap (an mremap moves a region).
+    fn mapped(&mut self, stack: u64, bytes: u64, new: bool, exe_id: u32) {
         if stack != 0 {
             let s = self.map_stack(stack);
+            if s.metrics.is_empty() {
+                s.exe_id = exe_id;
+            }
             s.mapped += bytes;
             s.metrics.mapped_bytes += bytes;
             s.metrics.mmaps += u64::from(new);
@@ -332,6 +335,10 @@ pub struct Aggregator {
     pub malformed: u64,
     /// The heap over time; `None` when not kept.
     timeline: Option<timeline::Builder>,
+    /// Every executable exec'd in the tree, once, by id ("" first: none
+    /// seen yet); `exe_ids` the other way round.
+    exe_names: Vec<String>,
+    exe_ids: HashMap<String, u32>,
 }
 
 impl Aggregator {
@@ -475,6 +482,28 @@ impl Aggregator {
         t
     }
 
+    /// The executable the process of stack `id` ran when the stack first
+    /// allocated, if known.
+    pub fn stack_exe(&self, id: u64) -> Option<&str> {
+        let s = self.tree.stacks.get(&id)?;
+        let name = self.exe_names.get(usize::try_from(s.exe_id).ok()?)?;
+        (!name.is_empty()).then_some(name.as_str())
+    }
+
+    /// The id of executable `exe` in `exe_names`, added if new.
+    fn intern_exe(&mut self, exe: &str) -> u32 {
+        if let Some(&id) = self.exe_ids.get(exe) {
+            return id;
+        }
+        if self.exe_names.is_empty() {
+            self.exe_names.push(String::new());
+        }
+        let id = u32::try_from(self.exe_names.len()).unwrap_or(0);
+        self.exe_names.push(exe.to_owned());
+        self.exe_ids.insert(exe.to_owned(), id);
+        id
+    }
+
     /// Metrics of every stack that allocated, by stack id. Call after
     /// [`finish`](Self::finish).
     pub fn stack_metrics(&self) -> impl Iterator<Item = (u64, StackMetrics)> + '_ {
@@ -490,8 +519,10 @@ impl Aggregator {
             Body::Fork { child_pid } => self.fork(pid, child_pid, ts),
             Body::Exec { filename } => {
                 let exe = String::from_utf8_lossy(filename).into_owned();
+                let exe_id = self.intern_exe(&exe);
                 let idx = self.index(pid, ts);
                 self.procs[idx].exe = exe;
+                self.procs[idx].exe_id = exe_id;
                 let old = self.procs[idx].state.replace(Box::default());
                 if let Some(old) = old {
                     // The old image is gone: its blocks are neither freed
@@ -539,6 +570,7 @@ impl Aggregator {
         let idx = self.index(parent, ts);
         let parent_proc = &self.procs[idx];
         let exe = parent_proc.exe.clone();
+        let exe_id = parent_proc.exe_id;
         let state = parent_proc
             .state
             .as_deref()
@@ -548,6 +580,7 @@ impl Aggregator {
             pid: child,
             ppid: parent,
             exe,
+            exe_id,
             start_ns: ts,
             state: Some(Box::new(state)),
             ..Process::default()
@@ -589,13 +622,14 @@ impl Aggregator {
     /// Folds an allocator or memory-syscall record; returns its process's
     /// index.
     fn mem(&mut self, hdr: &Header, mem: Mem) -> usize {
+        let idx = self.index(hdr.pid, hdr.ts_ns);
         // The site of a mapping or break growth made outside allocators.
         let site = match hdr.kind {
             Kind::Mmap | Kind::Brk if !hdr.in_allocator => {
                 if mem.stack_id != 0 {
                     mem.stack_id
                 } else if self.direct_syscall_sites {
-                    let id = direct_syscall_id(hdr.pid);
+                    let id = direct_syscall_id(hdr.pid, self.procs[idx].exe_id);
                     self.direct_sites.insert(id, hdr.pid);
                     id
                 } else {
@@ -604,11 +638,8 @@ impl Aggregator {
             }
             _ => 0,
         };
-        let idx = self.index(hdr.pid, hdr.ts_ns);
         let p = &mut self.procs[idx];
-        if let Some(calls) = p.calls.get_mut(hdr.kind as usize) {
-            *calls += 1;
-        }
+        let exe_id = p.exe_id;
         let Some(state) = p.state.as_deref_mut() else {
             return idx;
         };
@@ -677,7 +708,7 @@ impl Aggregator {
                     state.blocks.insert(addr, block);
                     state.live_bytes += size;
                     tree.grow(block);
-                    stack_allocated(tree, block);
+                    stack_allocated(tree, block, exe_id);
                 } else if old.is_some() && size == 0 {
                     // realloc(p, 0): glibc frees p and returns NULL.
                     if let Some(b) = own_old {
@@ -710,7 +741,7 @@ impl Aggregator {
                 state.inherited.remove(&addr);
                 state.live_bytes += size;
                 tree.grow(block);
-                stack_allocated(tree, block);
+                stack_allocated(tree, block, exe_id);
                 state.last_alloc.insert(hdr.tid, addr);
             }
             Kind::Free => {
@@ -740,7 +771,7 @@ impl Aggregator {
                 // MAP_FIXED may replace regions we hold.
                 mapped_shrank = state.unmap(addr, end, tree).0;
                 state.regions.insert(addr, Region { end, stack: site });
-                tree.mapped(site, end - addr, true);
+                tree.mapped(site, end - addr, true, exe_id);
                 maps.mmaps += 1;
                 maps.mapped_bytes += end - addr;
                 mapped_grew = end - addr;
@@ -759,7 +790,7 @@ impl Aggregator {
                     let end = page_end(addr, size);
                     mapped_shrank = removed + state.unmap(addr, end, tree).0;
                     state.regions.insert(addr, Region { end, stack });
-                    tree.mapped(stack, end - addr, false);
+                    tree.mapped(stack, end - addr, false, exe_id);
                     maps.unmapped_bytes += removed;
                     maps.mapped_bytes += end - addr;
                     mapped_grew = end - addr;
@@ -773,7 +804,11 @@ impl Aggregator {
                     let grown = addr - state.brk_now;
                     maps.brk_grown_bytes += grown;
                     if site != 0 {
-                        tree.stack(site).metrics.brk_bytes += grown;
+                        let s = tree.stack(site);
+                        if s.metrics.is_empty() {
+                            s.exe_id = exe_id;
+                        }
+                        s.metrics.brk_bytes += grown;
                     }
                 }
                 state.brk_now = addr;
@@ -831,10 +866,15 @@ fn temporary(heap: &mut HeapCounters, tree: &mut TreeLive, block: Block) {
     }
 }
 
-fn stack_allocated(tree: &mut TreeLive, block: Block) {
+/// Counts an allocation at its stack; the stack's first one sets the
+/// executable it belongs to.
+fn stack_allocated(tree: &mut TreeLive, block: Block, exe_id: u32) {
     if block.stack != 0 {
-        let m = &mut tree.stack(block.stack).metrics;
-        m.allocations += 1;
-        m.bytes += block.size;
+        let s = tree.stack(block.stack);
+        if s.metrics.is_empty() {
+            s.exe_id = exe_id;
+        }
+        s.metrics.allocations += 1;
+        s.metrics.bytes += block.size;
     }
 }

@@ -105,7 +105,8 @@ pub struct StackEntry {
     pub id: u64,
     /// The process the stack was walked in.
     pub pid: u32,
-    /// That process's executable (its `exe` in `processes`).
+    /// The executable that process ran when the stack was made: its `exe`
+    /// in `processes`, unless the stack is from before an exec.
     pub exe: String,
     /// Innermost first: `frames[0]` is the function that called the
     /// allocator. An address with inlined functions gives several frames,
@@ -300,6 +301,12 @@ pub struct ProbeEntry {
     pub symbol: String,
     pub offset: u64,
     pub emulated: bool,
+    /// Times the probe fired in the tracked tree, nested calls included
+    /// (an allocator calling another probed entry point), counted in BPF.
+    /// None for a site past the last counter (`attach::MAX_COUNTED_SITES`)
+    /// and in profiles written before memtrail counted hits.
+    #[serde(default)]
+    pub hits: Option<u64>,
 }
 
 impl From<&Site> for ProbeEntry {
@@ -309,6 +316,7 @@ impl From<&Site> for ProbeEntry {
             symbol: site.symbol.clone(),
             offset: site.offset,
             emulated: site.emulated,
+            hits: None,
         }
     }
 }

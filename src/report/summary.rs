@@ -2,12 +2,9 @@
 
 use std::collections::HashMap;
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use super::Aggregator;
-use super::profile::Profile;
-use crate::attach::{Role, Site};
-use crate::symbolize::Mapping;
+use super::profile::{ProbeEntry, Profile};
 
 /// A probe site the kernel single-steps (~14 µs a hit), that the command
 /// went through.
@@ -15,60 +12,24 @@ use crate::symbolize::Mapping;
 pub struct SlowProbe {
     pub symbol: String,
     pub image: PathBuf,
-    /// Outermost calls recorded of the site's API in the processes that
-    /// mapped its image: the hits, unless another image in the same
-    /// process also provides that API (calls nested in another allocator
-    /// call are not recorded, and not counted).
-    pub calls: u64,
+    /// Times its probe fired in the tracked tree (the profile's `hits`).
+    pub hits: u64,
 }
 
-/// The single-stepping sites of `sites` that were hit, most calls first.
-///
-/// The event stream does not say which probe made an event, only its API
-/// (`kind`): a site's calls are the calls of its kind in the processes
-/// that mapped its image. C++ `operator new` sites make no event of their
-/// own (the malloc they call does), so they are never counted here; the
-/// profile's `probes` list them.
-pub fn slow_probes(
-    sites: &[Site],
-    agg: &Aggregator,
-    mappings: &HashMap<u32, Vec<Mapping>>,
-) -> Vec<SlowProbe> {
-    let mut canonical: HashMap<PathBuf, Option<PathBuf>> = HashMap::new();
-    let mut canon = |p: &Path| {
-        canonical
-            .entry(p.to_owned())
-            .or_insert_with(|| std::fs::canonicalize(p).ok())
-            .clone()
-    };
-    let mut slow = Vec::new();
-    for site in sites
+/// The single-stepping probes of a profile that were hit, most hits first.
+pub fn slow_probes(probes: &[ProbeEntry]) -> Vec<SlowProbe> {
+    let mut slow: Vec<SlowProbe> = probes
         .iter()
-        .filter(|s| !s.emulated && !matches!(s.role, Role::New | Role::Syscall))
-    {
-        let id = crate::sys::kernel_file_id(&site.image).ok();
-        let image = canon(&site.image);
-        let mut calls = 0;
-        for p in agg.processes() {
-            let list = mappings.get(&p.pid).map_or(&[][..], Vec::as_slice);
-            let mapped = list.iter().any(|m| match (m.file_id, id) {
-                (Some(a), Some(b)) => a == b,
-                _ => image.is_some() && canon(&m.path) == image,
-            });
-            if mapped {
-                calls += p.calls.get(site.kind as usize).copied().unwrap_or(0);
-            }
-        }
-        if calls > 0 {
-            slow.push(SlowProbe {
-                symbol: site.symbol.clone(),
-                image: site.image.clone(),
-                calls,
-            });
-        }
-    }
-    slow.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.symbol.cmp(&b.symbol)));
-    slow.dedup();
+        .filter(|p| !p.emulated)
+        .filter_map(|p| {
+            Some(SlowProbe {
+                symbol: p.symbol.clone(),
+                image: PathBuf::from(&p.image),
+                hits: p.hits.filter(|&h| h > 0)?,
+            })
+        })
+        .collect();
+    slow.sort_by(|a, b| b.hits.cmp(&a.hits).then(a.symbol.cmp(&b.symbol)));
     slow
 }
 
@@ -265,18 +226,18 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
             .map(|s| {
                 let image = s.image.file_name().unwrap_or(s.image.as_os_str());
                 format!(
-                    "{} ({}) {} call{}",
+                    "{} ({}) {} hit{}",
                     s.symbol,
                     image.to_string_lossy(),
-                    s.calls,
-                    if s.calls == 1 { "" } else { "s" }
+                    s.hits,
+                    if s.hits == 1 { "" } else { "s" }
                 )
             })
             .collect();
         let more = slow.len().saturating_sub(SHOWN);
         writeln!(
             w,
-            "  note: probes that single-step their first instruction (~14 µs a call) were hit: {}{}",
+            "  note: probes that single-step their first instruction (~14 µs a hit) were hit: {}{}",
             shown.join(", "),
             if more > 0 {
                 format!(" and {more} more")

@@ -476,10 +476,11 @@ impl Session {
         let mut links = Links::default();
         crate::capture::attach_tracepoints(skel, &mut links)?;
         let mut sites = Vec::new();
+        let mut slots = attach::HitSlots::default();
         let mut known = HashSet::new();
         for image in &images {
-            let found = attach::find_sites(image, &attach::api::all())?;
-            attach::attach_sites(&progs, &found, &mut links)?;
+            let mut found = attach::find_sites(image, &attach::api::all())?;
+            attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?;
             sites.extend(found);
             if let Ok(id) = sys::kernel_file_id(image) {
                 load_table(image, id);
@@ -507,9 +508,9 @@ impl Session {
                 if known.contains(&id) {
                     continue;
                 }
-                match attach::find_sites(&image, &attach::api::all())
-                    .and_then(|f| attach::attach_sites(&progs, &f, &mut links).map(|()| f))
-                {
+                match attach::find_sites(&image, &attach::api::all()).and_then(|mut f| {
+                    attach::attach_sites(&progs, &mut f, &mut slots, &mut links).map(|()| f)
+                }) {
                     Ok(found) => sites.extend(found),
                     Err(err) => {
                         tracing::warn!(image = %image.display(), %err, "a mapped image could not be probed");
@@ -529,8 +530,9 @@ impl Session {
             }
             if entry.has_sites {
                 let found =
-                    attach::find_sites(&entry.path, &attach::api::all()).and_then(|found| {
-                        attach::attach_sites(&progs, &found, &mut links).map(|()| found)
+                    attach::find_sites(&entry.path, &attach::api::all()).and_then(|mut found| {
+                        attach::attach_sites(&progs, &mut found, &mut slots, &mut links)
+                            .map(|()| found)
                     });
                 match found {
                     Ok(found) => sites.extend(found),
@@ -667,6 +669,7 @@ impl Session {
             known,
             stops.clone(),
             tables,
+            slots,
         );
         worker.hold = !is_self;
         threads.attach = Some(
@@ -826,7 +829,7 @@ impl Session {
             // Until the whole tree is waited for: SIGTERM, SIGHUP, SIGUSR1
             // and SIGUSR2 reach the command. On failure, dropping `held`
             // closes the go pipe: the child exits unexec'd.
-            let forward = sys::signals::Forward::new(pid as i32)?;
+            let forward = sys::signals::Forward::new(pid.into())?;
             if let Some(root) = &mut self.root {
                 root.forward = Some(forward);
             }
@@ -865,7 +868,7 @@ impl Session {
         let mut given: HashSet<u32> = own.iter().copied().collect();
         let value = vec![0u8; skel.maps.inflight.value_size() as usize];
         let give = |tid: u32| -> Result<(), CaptureError> {
-            let fd = match sys::pidfd_open_thread(tid as i32) {
+            let fd = match sys::pidfd_open_thread(tid.into()) {
                 Ok(fd) => fd,
                 // Exited meanwhile.
                 Err(err) if err.errno() == Some(libc::ESRCH) => return Ok(()),
@@ -945,12 +948,12 @@ impl Session {
         let stops = &self.threads.stops;
         let deadline = std::time::Instant::now() + SETTLE_TIMEOUT;
         for &pid in pids {
-            if let Err(err) = stops.stop(pid as i32, Owner::Pressure) {
+            if let Err(err) = stops.stop(pid.into(), Owner::Pressure) {
                 tracing::debug!(pid, %err, "could not stop a process to detach from it");
             }
         }
         for &pid in pids {
-            let _ = stops.wait_stopped_until(pid as i32, Some(deadline));
+            let _ = stops.wait_stopped_until(pid.into(), Some(deadline));
         }
     }
 
@@ -964,7 +967,7 @@ impl Session {
         let slot_size = skel.maps.thread_slots.value_size() as usize;
         for &pid in pids {
             for tid in thread_ids(pid) {
-                if let Ok(fd) = sys::pidfd_open_thread(tid as i32) {
+                if let Ok(fd) = sys::pidfd_open_thread(tid.into()) {
                     let _ = skel.maps.inflight.delete(&fd.as_raw_fd().to_ne_bytes());
                 }
                 let idx = (tid & mask).to_ne_bytes();
@@ -1036,7 +1039,7 @@ impl Session {
                 let exit = if root.forward.is_some() {
                     proctree::wait_tree(root.pid)?
                 } else {
-                    Some(sys::wait_pid(root.pid as i32)?)
+                    Some(sys::wait_pid(root.pid.into())?)
                 };
                 root.exit = Some(exit);
                 root.forward = None;
@@ -1244,8 +1247,13 @@ impl Session {
         let command = std::mem::take(&mut self.command);
         let mut profile =
             Profile::build(&agg, command, exit, (self.start_ns, end_ns), lost, &sites);
+        // The probes are detached: the counts are final.
+        let hits = attach::read_site_hits(&self.loaded.skel, &sites);
+        for (probe, hits) in profile.probes.iter_mut().zip(hits) {
+            probe.hits = hits;
+        }
         phases.done("drained, detached, profile built");
-        let slow_probes = crate::report::slow_probes(&sites, &agg, &mappings.mappings);
+        let slow_probes = crate::report::slow_probes(&profile.probes);
         profile.stacks = crate::capture::symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
         phases.done("stacks symbolized");
         profile.unwind = crate::unwind::report(self.unwind, images_seen, &profile.stacks);
@@ -1267,8 +1275,8 @@ impl Drop for Session {
         // running untracked, or as a zombie of the embedder.
         if let Some(root) = &mut self.root {
             if root.exit.is_none() {
-                let _ = sys::kill(root.pid as i32, libc::SIGKILL);
-                let _ = sys::wait_pid(root.pid as i32);
+                let _ = sys::kill(root.pid.into(), sys::Signal::KILL);
+                let _ = sys::wait_pid(root.pid.into());
                 root.exit = Some(None);
             }
         }
@@ -1306,7 +1314,7 @@ fn current_tid() -> u32 {
 /// A pidfd of running process `pid`, which memtrail may attach to: it
 /// exists, is not a zombie and is not a kernel thread.
 fn open_running(pid: u32) -> Result<OwnedFd, CaptureError> {
-    let fd = sys::pidfd_open(pid as i32).map_err(|err| match err.errno() {
+    let fd = sys::pidfd_open(pid.into()).map_err(|err| match err.errno() {
         Some(libc::ESRCH) => CaptureError::NoProcess(pid),
         _ => err.into(),
     })?;

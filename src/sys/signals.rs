@@ -48,6 +48,10 @@ const fn bit(sig: i32) -> u64 {
 }
 
 /// Sends every signal in `UNSENT` through `pidfd`. Async-signal-safe.
+///
+/// A raw syscall rather than rustix's `pidfd_send_signal`: this runs in a
+/// signal handler, on a descriptor number held in an atomic, where only
+/// async-signal-safe calls on raw integers belong.
 fn send_unsent(pidfd: i32) {
     let bits = UNSENT.swap(0, SeqCst);
     for sig in FORWARDED {
@@ -93,6 +97,8 @@ extern "C" fn on_signal(sig: libc::c_int) {
 
 /// Installs the handler for [`FORWARDED`] (idempotent). SA_RESTART keeps
 /// blocking calls going.
+///
+/// Raw libc: rustix has sigaction only in its unstable `runtime` API.
 pub fn catch() -> SysResult<()> {
     for sig in FORWARDED {
         // SAFETY: a zeroed sigaction with a handler that only makes
@@ -125,7 +131,7 @@ impl Forward {
     /// Passes signals on to `pid`, from now until dropped. SIGTERM and
     /// SIGHUP caught before are passed on now; SIGUSR1 and SIGUSR2 caught
     /// before are dropped (they were meant for a command not yet running).
-    pub fn new(pid: i32) -> SysResult<Self> {
+    pub fn new(pid: super::Pid) -> SysResult<Self> {
         let pidfd = super::pidfd_open(pid)?;
         UNSENT.fetch_and(!(bit(libc::SIGUSR1) | bit(libc::SIGUSR2)), SeqCst);
         STARTED.store(true, SeqCst);
@@ -194,6 +200,9 @@ pub fn name(sig: i32) -> String {
 
 /// Blocks [`FORWARDED`] in the calling thread; returns the previous mask.
 /// Around a fork, so the child never runs memtrail's handler.
+///
+/// Raw libc (here and in [`restore_mask`], which the forked child calls):
+/// rustix has sigprocmask only in its unstable `runtime` API.
 pub fn block_forwarded() -> SysResult<libc::sigset_t> {
     // SAFETY: sigset_t values initialised by sigemptyset before use.
     unsafe {

@@ -1,0 +1,126 @@
+//! Descriptor plumbing: pipes, reads and writes, eventfds, epoll and poll,
+//! all through rustix. EINTR retries (or counts as a wakeup where a caller
+//! waits in a loop anyway).
+
+use std::os::fd::OwnedFd;
+
+use super::{SysError, SysResult};
+
+/// A pipe whose ends are closed on exec.
+pub fn pipe() -> SysResult<(OwnedFd, OwnedFd)> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(SysError::rustix("pipe2"))
+}
+
+/// Reads into `buf`, retrying on EINTR. Returns the bytes read (0 at EOF).
+pub fn read(fd: &OwnedFd, buf: &mut [u8]) -> SysResult<usize> {
+    loop {
+        match rustix::io::read(fd, &mut *buf) {
+            Err(rustix::io::Errno::INTR) => {}
+            done => return done.map_err(SysError::rustix("read")),
+        }
+    }
+}
+
+/// Writes all of `buf`.
+pub fn write_all(fd: &OwnedFd, mut buf: &[u8]) -> SysResult<()> {
+    while !buf.is_empty() {
+        match rustix::io::write(fd, buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(errno) => return Err(SysError::rustix("write")(errno)),
+        }
+    }
+    Ok(())
+}
+
+/// A non-blocking, close-on-exec eventfd.
+pub fn eventfd() -> SysResult<OwnedFd> {
+    use rustix::event::EventfdFlags;
+    rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+        .map_err(SysError::rustix("eventfd"))
+}
+
+/// Adds 1 to an eventfd's counter, waking its waiters.
+pub fn eventfd_signal(fd: std::os::fd::BorrowedFd<'_>) {
+    // A full counter (EAGAIN) already means "signalled".
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+/// An epoll instance waiting for input on `fds`; `edge[i]` makes fd i
+/// edge-triggered (for an eventfd shared by several waiters, never read).
+pub fn epoll_for(fds: &[(std::os::fd::BorrowedFd<'_>, bool)]) -> SysResult<OwnedFd> {
+    use rustix::event::epoll;
+    let ep =
+        epoll::create(epoll::CreateFlags::CLOEXEC).map_err(SysError::rustix("epoll_create1"))?;
+    for (i, (fd, edge)) in fds.iter().enumerate() {
+        let mut flags = epoll::EventFlags::IN;
+        if *edge {
+            flags |= epoll::EventFlags::ET;
+        }
+        epoll::add(&ep, fd, epoll::EventData::new_u64(i as u64), flags)
+            .map_err(SysError::rustix("epoll_ctl"))?;
+    }
+    Ok(ep)
+}
+
+/// Waits on an epoll instance for at most `timeout`, to the nanosecond:
+/// with rustix's `linux_5_11` feature, its `epoll::wait` is always
+/// epoll_pwait2 (without it, timeouts are rounded up to milliseconds).
+/// EINTR is a wakeup. Where the kernel lacks epoll_pwait2 (before 5.11),
+/// sleeps `timeout` instead.
+pub fn epoll_wait_for(ep: std::os::fd::BorrowedFd<'_>, timeout: std::time::Duration) {
+    let ts = rustix::event::Timespec {
+        tv_sec: timeout.as_secs() as rustix::event::Secs,
+        tv_nsec: timeout.subsec_nanos().into(),
+    };
+    let mut events = [std::mem::MaybeUninit::uninit(); 4];
+    if let Err(rustix::io::Errno::NOSYS) = rustix::event::epoll::wait(ep, &mut events, Some(&ts)) {
+        std::thread::sleep(timeout);
+    }
+}
+
+/// Waits on an epoll instance for at most `timeout_ms` (forever when
+/// negative); EINTR is a wakeup.
+pub fn epoll_wait(ep: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) {
+    match u64::try_from(timeout_ms) {
+        Ok(ms) => epoll_wait_for(ep, std::time::Duration::from_millis(ms)),
+        Err(_) => {
+            let mut events = [std::mem::MaybeUninit::uninit(); 4];
+            let _ = rustix::event::epoll::wait(ep, &mut events, None);
+        }
+    }
+}
+
+/// Waits until one of `fds` is readable, or `timeout` has passed: the
+/// index of the first readable one, or None at the timeout. EINTR waits
+/// again for what is left of the timeout.
+pub fn poll_readable(
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    timeout: Option<std::time::Duration>,
+) -> SysResult<Option<usize>> {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
+    let mut pfds: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::new(fd, PollFlags::IN))
+        .collect();
+    loop {
+        let left = deadline.map(|d| {
+            let left = d.saturating_duration_since(std::time::Instant::now());
+            Timespec {
+                tv_sec: left.as_secs() as rustix::event::Secs,
+                tv_nsec: left.subsec_nanos().into(),
+            }
+        });
+        match rustix::event::poll(&mut pfds, left.as_ref()) {
+            Ok(0) => {
+                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                    return Ok(None);
+                }
+            }
+            Ok(_) => return Ok(pfds.iter().position(|p| !p.revents().is_empty())),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(errno) => return Err(SysError::rustix("poll")(errno)),
+        }
+    }
+}

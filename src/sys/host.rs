@@ -1,0 +1,84 @@
+//! The host: tracefs, capabilities, the kernel log, the monotonic clock and
+//! file identities as BPF programs see them.
+
+use std::io;
+use std::path::Path;
+
+use super::{SysError, SysResult};
+
+/// Mounts tracefs at /sys/kernel/tracing when it is not mounted yet:
+/// libbpf resolves syscall tracepoint ids through it.
+pub fn ensure_tracefs() -> SysResult<()> {
+    let probe = Path::new("/sys/kernel/tracing/events");
+    match std::fs::metadata(probe) {
+        Ok(_) => return Ok(()),
+        // Mounted, but not ours to search (mode 0700, root's).
+        Err(err) if err.kind() == io::ErrorKind::PermissionDenied => {
+            return Err(SysError {
+                call: "stat(/sys/kernel/tracing/events)",
+                source: err,
+            });
+        }
+        Err(_) => {}
+    }
+    rustix::mount::mount(
+        "tracefs",
+        "/sys/kernel/tracing",
+        "tracefs",
+        rustix::mount::MountFlags::empty(),
+        None,
+    )
+    .map_err(SysError::rustix("mount(tracefs)"))
+}
+
+/// Whether this process has `cap` in its effective set.
+pub fn has_capability(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|eff| eff & (1u64 << cap) != 0)
+}
+
+/// Recent kernel log lines (needs CAP_SYSLOG); empty when unreadable.
+///
+/// Raw libc: rustix has no klogctl (syslog(2)).
+pub fn kernel_log_tail(max_bytes: usize) -> String {
+    const SYSLOG_ACTION_READ_ALL: libc::c_int = 3;
+    let mut buf = vec![0u8; max_bytes];
+    // SAFETY: klogctl writes at most `buf.len()` bytes into `buf`.
+    let n = unsafe {
+        libc::klogctl(
+            SYSLOG_ACTION_READ_ALL,
+            buf.as_mut_ptr().cast(),
+            buf.len() as libc::c_int,
+        )
+    };
+    if n <= 0 {
+        return String::new();
+    }
+    buf.truncate(n as usize);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A file's identity as the kernel's BPF programs see it: (`s_dev` in the
+/// kernel's encoding, major << 20 | minor, inode).
+pub fn kernel_file_id(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(path)?;
+    let dev = md.dev();
+    Ok((
+        u64::from(libc::major(dev)) << 20 | u64::from(libc::minor(dev)),
+        md.ino(),
+    ))
+}
