@@ -31,6 +31,7 @@
 pub(crate) mod markers;
 mod phases;
 pub(crate) mod regions;
+mod upfront;
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -391,6 +392,10 @@ impl Session {
             _ => None,
         };
 
+        // The up-front images' entry points and tables are prepared while
+        // the kernel verifies the programs.
+        let with_tables = opts.unwind.uses_tables() && opts.stack_depth > 0;
+        let preparing = upfront::Preparing::start(with_tables);
         let mut loaded = Loaded::load(|open| {
             open.maps
                 .events
@@ -463,38 +468,45 @@ impl Session {
             what: "duplicating BPF program descriptors",
             source,
         })?;
-        let mut images = vec![attach::libc_path()?];
-        images.extend(attach::cxx_runtimes());
         let mut tables = crate::capture::unwind_tables(skel, opts.unwind, opts.stack_depth);
-        // Loads an image's unwind table (images known up front are never
-        // held, so this is their only chance).
-        let mut load_table = |image: &std::path::Path, id: (u64, u64)| {
-            if let Some(tables) = &mut tables {
-                tables.load(image, image, id);
-            }
-        };
         let mut links = Links::default();
         crate::capture::attach_tracepoints(skel, &mut links)?;
         let mut sites = Vec::new();
         let mut slots = attach::HitSlots::default();
         let mut known = HashSet::new();
-        for image in &images {
-            let mut found = attach::find_sites(image, &attach::api::all())?;
-            attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?;
-            sites.extend(found);
-            if let Ok(id) = sys::kernel_file_id(image) {
-                load_table(image, id);
+        let mut cached = Vec::new();
+        // libc, the C++ runtimes and the dynamic loader (images known up
+        // front are never held, so this is their only chance to get their
+        // tables).
+        let upfront::Prepared {
+            images,
+            image_cache,
+        } = preparing.finish(with_tables)?;
+        for image in images {
+            if image.why == upfront::Why::Cached {
+                cached.push(image);
+                continue;
+            }
+            if let Some(found) = image.sites {
+                let mut found = found?;
+                attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?;
+                sites.extend(found);
+            }
+            let Some(id) = image.id else { continue };
+            if let (Some(tables), Some(table)) = (&mut tables, image.table) {
+                tables.load_prepared(&image.path, id, table);
+            }
+            if image.why == upfront::Why::Runtime {
                 sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
                 known.insert(id);
             }
         }
-        // The dynamic loader: the kernel maps it at exec, with no mmap to
-        // ask for its table by, and dlopen's allocations run through it.
-        if let Some(ld_so) = crate::attach::ld_so_path()
-            && let Ok(id) = sys::kernel_file_id(&ld_so)
-        {
-            load_table(&ld_so, id);
-        }
+        // Loads an image's unwind table.
+        let mut load_table = |image: &std::path::Path, id: (u64, u64)| {
+            if let Some(tables) = &mut tables {
+                tables.load(image, image, id);
+            }
+        };
         let running = match target {
             Target::SelfProcess => Some(std::process::id()),
             Target::Pid(pid) => Some(pid),
@@ -522,27 +534,26 @@ impl Session {
             }
         }
         phases.done("known images probed, their unwind tables loaded");
-        let image_cache = ImageCache::load();
-        for entry in image_cache.valid() {
-            let id = entry.stamp.id();
+        for image in cached {
+            let Some(id) = image.id else { continue };
             if known.contains(&id) {
                 continue;
             }
-            if entry.has_sites {
-                let found =
-                    attach::find_sites(&entry.path, &attach::api::all()).and_then(|mut found| {
-                        attach::attach_sites(&progs, &mut found, &mut slots, &mut links)
-                            .map(|()| found)
-                    });
+            if let Some(found) = image.sites {
+                let found = found.and_then(|mut found| {
+                    attach::attach_sites(&progs, &mut found, &mut slots, &mut links).map(|()| found)
+                });
                 match found {
                     Ok(found) => sites.extend(found),
                     Err(err) => {
-                        tracing::debug!(image = %entry.path.display(), %err, "cached image not probed up front");
+                        tracing::debug!(image = %image.path.display(), %err, "cached image not probed up front");
                         continue;
                     }
                 }
             }
-            load_table(&entry.path, id);
+            if let (Some(tables), Some(table)) = (&mut tables, image.table) {
+                tables.load_prepared(&image.path, id, table);
+            }
             sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
             known.insert(id);
         }

@@ -266,7 +266,29 @@ impl Tables {
     /// the image, when it has none or it does not fit.
     pub fn load(&mut self, path: &Path, name: &Path, id: (u64, u64)) -> &ImageTable {
         let started = Instant::now();
-        let outcome = match self.table_of(path) {
+        let table = self.table_of(path);
+        self.install_prepared(name, id, PreparedTable { table, micros: 0 }, started)
+    }
+
+    /// [`load`](Self::load) for a table [`prepare`]d already (on another
+    /// thread); its time counts from `started` plus the preparation's.
+    pub fn load_prepared(
+        &mut self,
+        name: &Path,
+        id: (u64, u64),
+        prepared: PreparedTable,
+    ) -> &ImageTable {
+        self.install_prepared(name, id, prepared, Instant::now())
+    }
+
+    fn install_prepared(
+        &mut self,
+        name: &Path,
+        id: (u64, u64),
+        prepared: PreparedTable,
+        started: Instant,
+    ) -> &ImageTable {
+        let outcome = match prepared.table {
             Ok((Some(table), cached)) => self.install(id, &table, cached),
             Ok((None, _)) => Outcome::NoCfi,
             Err(err) => Outcome::Failed {
@@ -296,7 +318,7 @@ impl Tables {
         self.images_seen.push(ImageTable {
             image: name.to_owned(),
             outcome,
-            micros: started.elapsed().as_micros() as u64,
+            micros: prepared.micros + started.elapsed().as_micros() as u64,
         });
         self.images_seen.last().expect("just pushed")
     }
@@ -351,6 +373,12 @@ impl Tables {
             cached,
         }
     }
+}
+
+/// An image's table as [`prepare`] gave it, and the time that took.
+pub struct PreparedTable {
+    pub table: Result<(Option<Table>, bool), UnwindError>,
+    pub micros: u64,
 }
 
 /// The table of the image at `path`, from `cache` or compiled (and then

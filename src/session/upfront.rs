@@ -1,0 +1,161 @@
+//! The images a session probes before its command starts, prepared on a
+//! thread of their own while the kernel verifies the BPF programs.
+//!
+//! Probing an image up front takes two things that need no BPF object:
+//! its allocator entry points (an ELF symbol search) and its unwind table
+//! (read from the table cache, or compiled). For libc, the C++ runtimes,
+//! the dynamic loader and the unchanged images of the image cache those
+//! took as long as loading the object did, one after the other; the
+//! session now hands them to a thread first and, once the object is
+//! loaded, only attaches and installs what the thread found.
+
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::attach::cache::ImageCache;
+use crate::attach::{self, AttachError, Site};
+use crate::unwind::{self, PreparedTable};
+
+/// Why an image is probed up front, which decides what a failure does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Why {
+    /// libc or a C++ runtime: every command loads them; a failure to
+    /// examine one fails the capture.
+    Runtime,
+    /// The dynamic loader: the kernel maps it at exec, with no `mmap` to
+    /// ask for its table by. Its table only.
+    Loader,
+    /// An unchanged image of the image cache; a failure skips it (it is
+    /// then examined, held, if a process maps it).
+    Cached,
+}
+
+/// One image, ready to be attached and installed.
+pub(super) struct Image {
+    pub path: PathBuf,
+    pub why: Why,
+    /// Its kernel file identity, when it could be read.
+    pub id: Option<(u64, u64)>,
+    /// Its allocator entry points, when it is to be probed.
+    pub sites: Option<Result<Vec<Site>, AttachError>>,
+    /// Its unwind table, when the session loads tables.
+    pub table: Option<PreparedTable>,
+}
+
+/// What the thread prepared.
+pub(super) struct Prepared {
+    pub images: Vec<Image>,
+    /// The image cache as read (the attach worker records in it).
+    pub image_cache: ImageCache,
+}
+
+/// The preparation running on its thread; joined when dropped.
+pub(super) struct Preparing(Option<JoinHandle<Result<Prepared, AttachError>>>);
+
+impl Preparing {
+    /// Starts preparing; `tables` says whether the session loads unwind
+    /// tables.
+    pub fn start(tables: bool) -> Self {
+        let handle = std::thread::Builder::new()
+            .name("memtrail-upfront".into())
+            .spawn(move || prepare(tables));
+        match handle {
+            Ok(handle) => Self(Some(handle)),
+            Err(err) => {
+                tracing::debug!(%err, "no thread for up-front images: preparing them in place");
+                Self(None)
+            }
+        }
+    }
+
+    /// What the thread prepared (prepared here if it could not start).
+    pub fn finish(mut self, tables: bool) -> Result<Prepared, AttachError> {
+        match self.0.take().map(JoinHandle::join) {
+            Some(Ok(images)) => images,
+            Some(Err(panic)) => std::panic::resume_unwind(panic),
+            None => prepare(tables),
+        }
+    }
+}
+
+impl Drop for Preparing {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn table_of(path: &std::path::Path, cache: Option<&unwind::cache::Cache>) -> PreparedTable {
+    let started = Instant::now();
+    let table = unwind::prepare(path, cache);
+    PreparedTable {
+        table,
+        micros: started.elapsed().as_micros() as u64,
+    }
+}
+
+/// Examines the up-front images, in the order the session installs them:
+/// libc and the C++ runtimes, the dynamic loader, then the image cache's
+/// unchanged entries.
+fn prepare(tables: bool) -> Result<Prepared, AttachError> {
+    let cache = if tables {
+        unwind::cache::Cache::open()
+    } else {
+        None
+    };
+    let id_of = |path: &std::path::Path| crate::sys::kernel_file_id(path).ok();
+    let mut images = Vec::new();
+    let mut runtimes = vec![attach::libc_path()?];
+    runtimes.extend(attach::cxx_runtimes());
+    for path in runtimes {
+        let sites = attach::find_sites(&path, &attach::api::all())?;
+        let id = id_of(&path);
+        images.push(Image {
+            table: (tables && id.is_some()).then(|| table_of(&path, cache.as_ref())),
+            sites: Some(Ok(sites)),
+            why: Why::Runtime,
+            id,
+            path,
+        });
+    }
+    if let Some(path) = attach::ld_so_path()
+        && let Some(id) = id_of(&path)
+    {
+        images.push(Image {
+            table: tables.then(|| table_of(&path, cache.as_ref())),
+            sites: None,
+            why: Why::Loader,
+            id: Some(id),
+            path,
+        });
+    }
+    let image_cache = ImageCache::load();
+    let mut seen: std::collections::HashSet<(u64, u64)> = images
+        .iter()
+        .filter(|i| i.why == Why::Runtime)
+        .filter_map(|i| i.id)
+        .collect();
+    for entry in image_cache.valid() {
+        let id = entry.stamp.id();
+        if !seen.insert(id) {
+            continue;
+        }
+        let sites = entry
+            .has_sites
+            .then(|| attach::find_sites(&entry.path, &attach::api::all()));
+        let failed = matches!(sites, Some(Err(_)));
+        images.push(Image {
+            table: (tables && !failed).then(|| table_of(&entry.path, cache.as_ref())),
+            sites,
+            why: Why::Cached,
+            id: Some(id),
+            path: entry.path.clone(),
+        });
+    }
+    Ok(Prepared {
+        images,
+        image_cache,
+    })
+}
