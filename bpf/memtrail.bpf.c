@@ -29,7 +29,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define MT_MAX_PROCS 32768
 #define MT_MAX_THREADS 65536
-/* Thread slots (see thread_slots): 88 bytes each; a power of two. */
+/* Thread slots (see thread_slots): 104 bytes each; a power of two. */
 #define MT_THREAD_SLOTS 16384
 #define MAP_ANONYMOUS 0x20
 #define PROT_EXEC 0x4
@@ -217,6 +217,11 @@ struct inflight {
 	 * allocator call it makes (see alloc_enter). */
 	__u64 new_stack_id;
 	__u64 new_sp;
+	/* Stack of a libc mmap or sbrk wrapper entered on this thread, for
+	 * the syscall it makes (see syscall_stack); sys_sp is the entry's
+	 * stack pointer (8-aligned) | 1 for sbrk, 0 when none is pending. */
+	__u64 sys_stack_id;
+	__u64 sys_sp;
 	__u64 cookie; /* attach cookie of the outermost call */
 	__u32 depth;  /* nested allocator calls, outermost included; 0: none */
 	/* The thread's allocator events in the current kernel tick (see
@@ -1237,16 +1242,19 @@ static __always_inline void count_hit(__u64 cookie)
 }
 
 /*
- * C++ operator new's part of alloc_enter. No uretprobe on new: its return
- * address would be the uretprobe trampoline, which C++ unwinders cannot
- * step through, so a std::bad_alloc thrown out of new would terminate the
+ * C++ operator new's part of alloc_enter, and a libc syscall wrapper's
+ * (MT_CK_SYSCALL: mmap, sbrk). No uretprobe on new: its return address
+ * would be the uretprobe trampoline, which C++ unwinders cannot step
+ * through, so a std::bad_alloc thrown out of new would terminate the
  * program. new is not counted itself (the malloc it calls is); it captures
  * the stack, whose first frame is the user's new expression, for that
- * malloc to use.
+ * malloc to use. A wrapper likewise captures its caller's stack for the
+ * syscall it makes (sys_exit_mmap, sys_exit_brk take it); called from
+ * inside an allocator, it is the allocator's own and captures nothing.
  */
 static __always_inline int new_enter(struct pt_regs *ctx)
 {
-	__u64 pid_tgid = current_ids();
+	__u64 pid_tgid = current_ids(), id, cookie;
 	struct inflight *cur = current_call();
 
 	if (!cur)
@@ -1255,8 +1263,17 @@ static __always_inline int new_enter(struct pt_regs *ctx)
 	if (!stack_depth)
 		return 0;
 	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx)))
-		return 0; /* new called from inside an allocator: no new site */
-	cur->new_stack_id = capture_stack(ctx, pid_tgid >> 32);
+		return 0; /* called from inside an allocator: no site */
+	id = capture_stack(ctx, pid_tgid >> 32);
+	/* Read again rather than kept across the walk: alloc_enter's stack
+	 * is at its budget. */
+	cookie = bpf_get_attach_cookie(ctx);
+	if ((cookie >> MT_CK_FLAGS_SHIFT) & MT_CK_SYSCALL) {
+		cur->sys_stack_id = id;
+		cur->sys_sp = PT_REGS_SP(ctx) | ((cookie & 0xffff) == MT_BRK);
+		return 0;
+	}
+	cur->new_stack_id = id;
 	cur->new_sp = PT_REGS_SP(ctx);
 	return 0;
 }
@@ -1274,7 +1291,7 @@ int alloc_enter(struct pt_regs *ctx)
 	struct inflight *cur;
 	__u64 old;
 
-	if ((bpf_get_attach_cookie(ctx) >> MT_CK_FLAGS_SHIFT) & MT_CK_NEW)
+	if ((bpf_get_attach_cookie(ctx) >> MT_CK_FLAGS_SHIFT) & (MT_CK_NEW | MT_CK_SYSCALL))
 		return new_enter(ctx);
 	cur = current_call_ids(&pid_tgid);
 	if (!cur)
@@ -1433,6 +1450,34 @@ static __always_inline __u16 syscall_flags(void)
 	return in_allocator() ? MT_F_IN_ALLOCATOR : 0;
 }
 
+/*
+ * The stack a libc wrapper (kind MT_MMAP or MT_BRK) captured for the
+ * syscall the current thread is returning from, 0 if none: a syscall made
+ * inside an allocator call, or not through a probed wrapper (a direct
+ * syscall: the dynamic loader's own mmap, a static binary, Go). The
+ * wrapper's capture is taken once; it is trusted only when the syscall runs
+ * just below the wrapper's entry (the user stack pointer at the syscall
+ * within NEW_FRAME_MAX under it), so a capture left by a wrapper that made
+ * no syscall of that kind (sbrk(0), a failed argument check) is not handed
+ * to a later direct syscall of a caller.
+ */
+static __always_inline __u64 syscall_stack(struct inflight *cur, __u16 kind)
+{
+	__u64 sp, usp;
+
+	if (!cur || cur->depth > 0 || !cur->sys_sp)
+		return 0;
+	sp = cur->sys_sp;
+	if ((sp & 1) != (kind == MT_BRK))
+		return 0; /* another wrapper's */
+	cur->sys_sp = 0;
+	sp &= ~1ULL;
+	usp = ((struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf()))->sp;
+	if (usp > sp || sp - usp >= NEW_FRAME_MAX)
+		return 0;
+	return cur->sys_stack_id;
+}
+
 static __always_inline int stash_args(__u64 a0, __u64 a1, __u64 a2)
 {
 	__u64 pid_tgid = current_ids();
@@ -1552,14 +1597,21 @@ static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr)
 SEC("tracepoint/syscalls/sys_exit_mmap")
 int sys_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 {
-	__u64 pid_tgid = current_ids();
+	__u64 pid_tgid = current_ids(), stack;
 	__u32 tid = (__u32)pid_tgid;
 	struct sysargs args;
+	bool stashed = take_args(tid, &args);
+	struct inflight *cur;
 
-	if (!take_args(tid, &args) || IS_ERR_VALUE(ctx->ret))
+	/* Every mmap of the tree takes the wrapper's capture, a file mapping
+	 * (not stashed) too; a thread outside the tree has no state. */
+	cur = current_call();
+	stack = syscall_stack(cur, MT_MMAP);
+	if (!stashed || IS_ERR_VALUE(ctx->ret))
 		return 0;
 	if (args.args[1] & MAP_ANONYMOUS)
-		emit_alloc(pid_tgid, MT_MMAP, syscall_flags(), ctx->ret, args.args[0], 0, 0);
+		emit_alloc(pid_tgid, MT_MMAP, cur && cur->depth > 0 ? MT_F_IN_ALLOCATOR : 0,
+			   ctx->ret, args.args[0], 0, stack);
 	else
 		emit_mapping(pid_tgid, ctx->ret);
 	/* A new mapping may replace cached ones (MAP_FIXED). */
@@ -1611,13 +1663,20 @@ int sys_enter_brk(struct trace_event_raw_sys_enter *ctx)
 SEC("tracepoint/syscalls/sys_exit_brk")
 int sys_exit_brk(struct trace_event_raw_sys_exit *ctx)
 {
-	__u64 pid_tgid = current_ids();
+	__u64 pid_tgid = current_ids(), stack = 0;
 	__u32 tid = (__u32)pid_tgid;
 	struct sysargs args;
+	struct inflight *cur;
 
 	if (!take_args(tid, &args))
 		return 0;
-	emit_alloc(pid_tgid, MT_BRK, syscall_flags(), ctx->ret, args.args[0], 0, 0);
+	cur = current_call();
+	/* brk(0) only asks where the break is: glibc's sbrk asks first when
+	 * it does not know, then moves it. */
+	if (args.args[0])
+		stack = syscall_stack(cur, MT_BRK);
+	emit_alloc(pid_tgid, MT_BRK, cur && cur->depth > 0 ? MT_F_IN_ALLOCATOR : 0,
+		   ctx->ret, args.args[0], 0, stack);
 	return 0;
 }
 

@@ -84,6 +84,10 @@ enum mt_cookie_flags {
 	/* C++ operator new: captures the stack for the allocator call it
 	 * makes, makes no record itself (see alloc_enter). */
 	MT_CK_NEW = 4,
+	/* A libc wrapper of a memory syscall (mmap, sbrk): captures the stack
+	 * for the syscall it makes, makes no record itself; the kind says
+	 * which syscall (MT_MMAP or MT_BRK). See alloc_enter. */
+	MT_CK_SYSCALL = 8,
 };
 
 /* Rings, as indices of the pollers' `sleeping` flags. */
@@ -129,18 +133,21 @@ struct mt_header {
  *   malloc & co: addr = result, size = bytes asked (calloc n*m, saturating)
  *   realloc:     addr = result, size = new size, old_addr = argument
  *   free:        addr = argument
- *   mmap:        addr = result, size = length
+ *   mmap:        addr = result, size = length, aux = the stack of the
+ *                libc wrapper that made it (0: none, see sys_exit_mmap)
  *   munmap:      addr, size = arguments
  *   mremap:      addr = result, size = new length, old_addr/aux = the old
  *                address and length
- *   brk:         addr = new program break, size = requested break
+ *   brk:         addr = new program break, size = requested break,
+ *                aux = the stack of the sbrk that made it (0: none)
  */
 struct mt_alloc_event {
 	struct mt_header hdr;
 	__u64 addr;
 	__u64 size;
 	__u64 old_addr;
-	/* mremap: old_size; allocator calls: the call stack's id, 0 if none.
+	/* mremap: old_size; allocator calls, mmap and brk: the call stack's
+	 * id, 0 if none.
 	 * One field for the two keeps the record at 56 bytes, 64 in the ring:
 	 * one cache line. */
 	__u64 aux;

@@ -173,7 +173,7 @@ fn report_bad_flags_exit_2() {
         ),
         (
             vec!["report", p, "--by", "time"],
-            "[possible values: bytes, count, peak, leaked, temporary]",
+            "[possible values: bytes, count, peak, leaked, temporary, mapped, mapped-peak, mapped-exit, brk]",
         ),
         (vec!["report", p, "--top", "-1"], "unexpected argument '-1'"),
         (vec!["report", p, "--top", "ten"], "invalid digit"),

@@ -111,6 +111,11 @@ fn report_pprof_decodes() {
             ("leaked_objects", "count"),
             ("leaked_space", "bytes"),
             ("temporary_objects", "count"),
+            ("mapped_objects", "count"),
+            ("mapped_space", "bytes"),
+            ("mapped_inuse_space", "bytes"),
+            ("mapped_leaked_space", "bytes"),
+            ("brk_space", "bytes"),
         ]
     );
     assert_eq!(s(p.default_sample_type), "alloc_space");
@@ -122,12 +127,12 @@ fn report_pprof_decodes() {
     assert_eq!(
         values,
         [
-            &[1000, 6_000_000, 300, 3_000_000, 0, 0, 0][..],
-            &[200, 2_500_000, 50, 500_000, 5, 500_000, 0],
-            &[299, 1_499_999, 100, 500_000, 2, 100_000, 0],
-            &[100, 500_000, 0, 0, 0, 0, 0],
-            &[1, 1, 0, 0, 0, 0, 0],
-            &[1, 1, 0, 0, 0, 0, 0],
+            &[1000, 6_000_000, 300, 3_000_000, 0, 0, 0, 0, 0, 0, 0, 0][..],
+            &[200, 2_500_000, 50, 500_000, 5, 500_000, 0, 0, 0, 0, 0, 0],
+            &[299, 1_499_999, 100, 500_000, 2, 100_000, 0, 0, 0, 0, 0, 0],
+            &[100, 500_000, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            &[1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            &[1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         ]
     );
     let period_type = p.period_type.as_ref().expect("period_type");

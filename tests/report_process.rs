@@ -65,10 +65,13 @@ fn report_process_stacks_before_exec_keep_their_exe() {
     let pid = num(&procs[0], "pid");
     let path = |p: &Path| p.to_str().expect("UTF-8").to_owned();
     assert_eq!(string(&procs[0], "exe"), path(&second));
+    // The allocation sites; each program's loader mappings are a
+    // direct-syscall site of its own, under that program.
     let mut stacks: Vec<(u64, u64, String)> = p["stacks"]
         .as_array()
         .expect("stacks")
         .iter()
+        .filter(|s| num(s, "allocations") > 0)
         .map(|s| (num(s, "bytes"), num(s, "pid"), string(s, "exe").to_owned()))
         .collect();
     stacks.sort();
@@ -76,6 +79,15 @@ fn report_process_stacks_before_exec_keep_their_exe() {
         stacks,
         [(600011, pid, path(&first)), (600023, pid, path(&second))]
     );
+    let mut direct: Vec<String> = p["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .filter(|s| s["frames"][0]["function"] == "[no stack: direct syscall]")
+        .map(|s| string(s, "exe").to_owned())
+        .collect();
+    direct.sort();
+    assert_eq!(direct, [path(&first), path(&second)]);
     let profile = run.dir.path().join("profile.json");
     assert_eq!(json_bytes(&profile, &["--exe", base(&first)]), [600011]);
     assert_eq!(json_bytes(&profile, &["--exe", &path(&second)]), [600023]);
@@ -110,10 +122,13 @@ fn report_process_stacks_name_their_process() {
     };
     let (root, mid, leaf) = (pid_of(&root_exe), pid_of(&mid_exe), pid_of(&leaf_exe));
 
+    // The allocation sites (each process also has its loader's mappings
+    // as a direct-syscall site).
     let mut stacks: Vec<(u64, u64, String)> = p["stacks"]
         .as_array()
         .expect("stacks")
         .iter()
+        .filter(|s| num(s, "allocations") > 0)
         .map(|s| {
             assert_ne!(id(s, "id"), 0, "{s}");
             (num(s, "bytes"), num(s, "pid"), string(s, "exe").to_owned())
@@ -183,8 +198,11 @@ fn report_process_stacks_name_their_process() {
         .expect("gunzip");
     let pp = proto::Profile::decode(&raw[..]).expect("decode");
     let s = |i: i64| pp.string_table[usize::try_from(i).expect("index")].as_str();
-    assert_eq!(pp.sample.len(), 1);
-    let labels: Vec<(&str, &str, i64)> = pp.sample[0]
+    // The leaf's allocation site; its other site is the loader's mappings
+    // (the direct-syscall site), which allocated nothing.
+    let allocating: Vec<&proto::Sample> = pp.sample.iter().filter(|x| x.value[1] > 0).collect();
+    assert_eq!((pp.sample.len(), allocating.len()), (2, 1));
+    let labels: Vec<(&str, &str, i64)> = allocating[0]
         .label
         .iter()
         .map(|l| (s(l.key), s(l.str), l.num))

@@ -19,6 +19,9 @@ fn by_function(profile: &Value) -> BTreeMap<String, (u64, u64)> {
         let Some(f) = s["frames"][0]["function"].as_str() else {
             continue;
         };
+        if num(s, "allocations") == 0 {
+            continue; // a mapping site (the loader's direct syscalls)
+        }
         let e: &mut (u64, u64) = out.entry(f.to_owned()).or_default();
         e.0 += num(s, "allocations");
         e.1 += num(s, "temporary_allocations");

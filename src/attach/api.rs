@@ -19,6 +19,11 @@ pub enum Role {
     /// C++ `operator new`: entry probe only, for the stack of the malloc it
     /// calls (a uretprobe would break exceptions thrown out of it).
     New,
+    /// A libc wrapper of a memory syscall (`mmap`, `sbrk`): entry probe
+    /// only, capturing the caller's stack for the syscall the wrapper makes
+    /// (kind `Mmap` or `Brk`), so that anonymous memory a program maps
+    /// outside allocator calls has a site (see docs/profile.md).
+    Syscall,
     /// A USDT region marker (`include/memtrail_usdt.h`, see
     /// [`super::usdt`]): kind `RegionBegin` or `RegionEnd`.
     Marker,
@@ -220,6 +225,27 @@ pub fn cxx_new() -> Vec<Entry> {
     .collect()
 }
 
+/// The libc wrappers of the memory syscalls whose callers are sites
+/// (glibc and musl export these names; `mmap64` is glibc's alias of
+/// `mmap`), probed at entry only; see [`Role::Syscall`]. `brk` is left
+/// out: glibc's `sbrk` calls it, and a program moving the break by hand
+/// calls `sbrk`.
+pub fn syscall_wrappers() -> Vec<Entry> {
+    [
+        ("mmap", Kind::Mmap),
+        ("mmap64", Kind::Mmap),
+        ("sbrk", Kind::Brk),
+    ]
+    .iter()
+    .map(|&(name, kind)| Entry {
+        name: name.to_owned(),
+        role: Role::Syscall,
+        kind,
+        abi: SIZE0,
+    })
+    .collect()
+}
+
 /// Every entry point memtrail looks for in an image, in naming order.
 pub fn all() -> Vec<Entry> {
     let mut all = c_api("");
@@ -232,5 +258,6 @@ pub fn all() -> Vec<Entry> {
     all.extend(c_api("tc_"));
     all.extend(mimalloc());
     all.extend(cxx_new());
+    all.extend(syscall_wrappers());
     all
 }

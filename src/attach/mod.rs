@@ -206,10 +206,14 @@ impl Site {
             << t::mt_cookie_layout::MT_CK_SITE_SHIFT.0;
         slot | match self.role {
             Role::Marker => usdt::marker_cookie(self),
-            Role::New => {
+            Role::New | Role::Syscall => {
+                let flag = if self.role == Role::New {
+                    t::mt_cookie_flags::MT_CK_NEW.0
+                } else {
+                    t::mt_cookie_flags::MT_CK_SYSCALL.0
+                };
                 self.abi.cookie(self.kind)
-                    | u64::from(t::mt_cookie_flags::MT_CK_NEW.0)
-                        << t::mt_cookie_layout::MT_CK_FLAGS_SHIFT.0
+                    | u64::from(flag) << t::mt_cookie_layout::MT_CK_FLAGS_SHIFT.0
             }
             _ => self.abi.cookie(self.kind),
         }
@@ -437,7 +441,7 @@ impl Prefix {
             Some(i) => find(i).map(Some),
         };
         match role {
-            Role::New | Role::Marker => Some(abi),
+            Role::New | Role::Syscall | Role::Marker => Some(abi),
             Role::Free => holds(ARG_REGS[0], ARG_REGS[0]).then_some(abi),
             Role::Alloc => Some(Abi {
                 size: find(abi.size)?,
@@ -606,8 +610,8 @@ impl Drop for Links {
 }
 
 /// The programs allocator sites take, as program fds (sendable to the
-/// attach worker): entry of allocating calls and of C++ operator new (told
-/// apart by the cookie), return of allocating calls, entry of frees, USDT
+/// attach worker): entry of allocating calls, of C++ operator new and of
+/// the libc syscall wrappers (told apart by the cookie), return of allocating calls, entry of frees, USDT
 /// region markers.
 pub struct AllocPrograms {
     pub enter: OwnedFd,
@@ -647,12 +651,14 @@ pub fn attach_sites(
             .filter(move |s| s.role == role)
             .collect::<Vec<_>>()
     };
-    let (allocs, frees, news, markers) = (
+    let (allocs, frees, markers) = (
         of_role(Role::Alloc),
         of_role(Role::Free),
-        of_role(Role::New),
         of_role(Role::Marker),
     );
+    // operator new and the syscall wrappers: entry only, one link.
+    let mut news = of_role(Role::New);
+    news.extend(of_role(Role::Syscall));
     let groups: [(BorrowedFd<'_>, bool, &[&Site]); 5] = [
         (progs.enter.as_fd(), false, &allocs),
         (progs.ret.as_fd(), true, &allocs),

@@ -331,6 +331,7 @@ pub fn sites_by_key(p: &Profile) -> BTreeMap<String, SiteSum> {
         let e = sites.entry(site_key(s)).or_default();
         e.allocations += s.metrics.allocations;
         e.bytes += s.metrics.bytes;
+        e.mapped_bytes += s.metrics.mapped_bytes;
         if e.name.is_empty() || s.metrics.bytes > e.largest {
             e.name = site_name(s);
             e.largest = s.metrics.bytes;
@@ -345,5 +346,8 @@ pub struct SiteSum {
     pub name: String,
     pub allocations: u64,
     pub bytes: u64,
+    /// Anonymous bytes mapped outside allocator calls (docs/profile.md,
+    /// "Mappings by site").
+    pub mapped_bytes: u64,
     largest: u64,
 }

@@ -505,22 +505,32 @@ pub(crate) fn symbolize_stacks(
     /// A stack to symbolize: id, metrics, return addresses.
     type Site<'a> = (u64, StackMetrics, &'a Stack);
     let mut by_pid: HashMap<u32, Vec<Site<'_>>> = HashMap::new();
+    let exes: HashMap<u32, &str> = agg.processes().map(|p| (p.pid, &p.exe[..])).collect();
+    let exe_of = |pid: u32| exes.get(&pid).copied().unwrap_or_default().to_owned();
+    let mut entries = Vec::new();
     for (id, metrics) in agg.stack_metrics() {
-        if metrics.allocations == 0 {
+        if metrics.is_empty() {
             continue;
         }
-        match stacks.get(&id) {
-            Some(stack) => by_pid
+        match (stacks.get(&id), agg.direct_syscall_pid(id)) {
+            (Some(stack), _) => by_pid
                 .entry(stack.pid)
                 .or_default()
                 .push((id, metrics, stack)),
-            None => tracing::warn!(id, "an allocation names a stack that was never recorded"),
+            (None, Some(pid)) => entries.push(StackEntry {
+                id,
+                pid,
+                frames: vec![crate::report::Frame::direct_syscall()],
+                exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
+                end: crate::unwind::StackEnd::Complete,
+                metrics,
+            }),
+            (None, None) => {
+                tracing::warn!(id, "an allocation names a stack that was never recorded")
+            }
         }
     }
-    let exes: HashMap<u32, &str> = agg.processes().map(|p| (p.pid, &p.exe[..])).collect();
-    let exe_of = |pid: u32| exes.get(&pid).copied().unwrap_or_default().to_owned();
     let symbolizer = StackSymbolizer::new();
-    let mut entries = Vec::new();
     for (pid, list) in by_pid {
         let ips: Vec<&[u64]> = list.iter().map(|(_, _, stack)| &stack.ips[..]).collect();
         let frames = symbolizer.symbolize(&spaces, pid, &ips);

@@ -184,7 +184,7 @@ pub struct MetricChange {
     pub verdict: Verdict,
 }
 
-/// A site whose allocations or bytes changed.
+/// A site whose allocations, bytes or mapped bytes changed.
 #[derive(Clone, Debug, Serialize)]
 pub struct SiteChange {
     /// `function (file:line)` of the innermost frame (the new profile's
@@ -194,6 +194,9 @@ pub struct SiteChange {
     pub stack: String,
     pub allocations: i128,
     pub bytes: i128,
+    /// Change of the anonymous bytes the site mapped outside allocator
+    /// calls.
+    pub mapped_bytes: i128,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -406,7 +409,8 @@ fn one_sided(r: &BenchResult, status: &'static str) -> BenchChange {
     }
 }
 
-/// The `limit` sites whose bytes (then allocations) changed most.
+/// The `limit` sites whose bytes or mapped bytes (the larger change), then
+/// allocations, changed most.
 pub fn changed_sites(base: &Profile, new: &Profile, limit: usize) -> Vec<SiteChange> {
     let bs = sites_by_key(base);
     let ns = sites_by_key(new);
@@ -420,19 +424,22 @@ pub fn changed_sites(base: &Profile, new: &Profile, limit: usize) -> Vec<SiteCha
             let allocations = i128::from(n.map_or(0, |s| s.allocations))
                 - i128::from(b.map_or(0, |s| s.allocations));
             let bytes = i128::from(n.map_or(0, |s| s.bytes)) - i128::from(b.map_or(0, |s| s.bytes));
+            let mapped_bytes = i128::from(n.map_or(0, |s| s.mapped_bytes))
+                - i128::from(b.map_or(0, |s| s.mapped_bytes));
             let site = n.or(b).map(|s| s.name.clone()).unwrap_or_default();
-            (allocations != 0 || bytes != 0).then(|| SiteChange {
+            (allocations != 0 || bytes != 0 || mapped_bytes != 0).then(|| SiteChange {
                 site,
                 stack: k.clone(),
                 allocations,
                 bytes,
+                mapped_bytes,
             })
         })
         .collect();
+    let size = |s: &SiteChange| s.bytes.abs().max(s.mapped_bytes.abs());
     out.sort_by(|a, b| {
-        b.bytes
-            .abs()
-            .cmp(&a.bytes.abs())
+        size(b)
+            .cmp(&size(a))
             .then(b.allocations.abs().cmp(&a.allocations.abs()))
             .then(a.stack.cmp(&b.stack))
     });
@@ -469,10 +476,16 @@ fn value_text(metric: &str, v: u64) -> String {
     }
 }
 
-/// `+100 allocations (+6,400 B) at extra_allocs (src/x.c:12)`.
+/// `+100 allocations (+6,400 B) at extra_allocs (src/x.c:12)`; a site
+/// whose mapped bytes changed adds `, +8,192 B mapped` before `at`.
 pub fn site_text(s: &SiteChange) -> String {
+    let mapped = if s.mapped_bytes != 0 {
+        format!(", {} B mapped", signed(s.mapped_bytes))
+    } else {
+        String::new()
+    };
     format!(
-        "{} allocations ({} B) at {}",
+        "{} allocations ({} B){mapped} at {}",
         signed(s.allocations),
         signed(s.bytes),
         s.site

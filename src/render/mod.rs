@@ -59,7 +59,7 @@ pub enum Format {
 
 /// What sites are ranked (and flame graphs sized) by.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Metric {
     /// Bytes allocated (the sum of the sizes asked for).
     #[default]
@@ -73,6 +73,15 @@ pub enum Metric {
     /// Temporary allocations: blocks freed by their thread before it
     /// allocated or freed anything else (heaptrack's definition).
     Temporary,
+    /// Bytes of anonymous memory mapped outside allocator calls (mmap and
+    /// mremap's new lengths, whole pages).
+    Mapped,
+    /// Of them, bytes mapped when the tree's anonymous mappings peaked.
+    MappedPeak,
+    /// Of them, bytes still mapped when their process exited.
+    MappedExit,
+    /// Program break growth made through sbrk outside allocator calls.
+    Brk,
 }
 
 impl Metric {
@@ -84,6 +93,10 @@ impl Metric {
             Self::Peak => p.totals.peak_live_bytes,
             Self::Leaked => p.totals.live_bytes_at_exit,
             Self::Temporary => p.totals.temporary_allocations,
+            Self::Mapped => p.mappings.mapped_bytes,
+            Self::MappedPeak => p.mappings.peak_mapped_bytes,
+            Self::MappedExit => p.mappings.mapped_bytes_at_exit,
+            Self::Brk => p.mappings.brk_grown_bytes,
         }
     }
 
@@ -95,6 +108,10 @@ impl Metric {
             Self::Peak => "peak",
             Self::Leaked => "leaked",
             Self::Temporary => "temporary",
+            Self::Mapped => "mapped",
+            Self::MappedPeak => "mapped-peak",
+            Self::MappedExit => "mapped-exit",
+            Self::Brk => "brk",
         }
     }
 
@@ -106,6 +123,10 @@ impl Metric {
             Self::Peak => "bytes live at peak",
             Self::Leaked => "bytes leaked",
             Self::Temporary => "temporary allocations",
+            Self::Mapped => "bytes mapped",
+            Self::MappedPeak => "bytes mapped at the mapping peak",
+            Self::MappedExit => "bytes mapped at exit",
+            Self::Brk => "program break growth",
         }
     }
 

@@ -4,7 +4,12 @@
 //! - Sample types, in this order: `alloc_objects/count` (allocations),
 //!   `alloc_space/bytes` (bytes), `inuse_space/bytes` (live at the tree's
 //!   peak), `leaked_objects/count` and `leaked_space/bytes` (live at exit),
-//!   `temporary_objects/count` (temporary allocations).
+//!   `temporary_objects/count` (temporary allocations), then the
+//!   anonymous memory mapped outside allocator calls:
+//!   `mapped_objects/count` (mmap calls), `mapped_space/bytes` (bytes
+//!   mapped), `mapped_inuse_space/bytes` (mapped at the mapping peak),
+//!   `mapped_leaked_space/bytes` (mapped at exit), `brk_space/bytes`
+//!   (program break growth).
 //!   `default_sample_type` is the `--by` metric's.
 //! - One sample per site, every site (a site of value 0 for one metric
 //!   still has the others), ranked by the `--by` metric; `location_id[0]`
@@ -50,7 +55,7 @@ pub mod proto {
 }
 
 /// The sample types, in sample value order, and the metric each reads.
-pub const SAMPLE_TYPES: [(&str, &str); 7] = [
+pub const SAMPLE_TYPES: [(&str, &str); 12] = [
     ("alloc_objects", "count"),
     ("alloc_space", "bytes"),
     ("inuse_objects", "count"),
@@ -58,6 +63,11 @@ pub const SAMPLE_TYPES: [(&str, &str); 7] = [
     ("leaked_objects", "count"),
     ("leaked_space", "bytes"),
     ("temporary_objects", "count"),
+    ("mapped_objects", "count"),
+    ("mapped_space", "bytes"),
+    ("mapped_inuse_space", "bytes"),
+    ("mapped_leaked_space", "bytes"),
+    ("brk_space", "bytes"),
 ];
 
 /// The sample type that stands for a `--by` metric.
@@ -68,6 +78,10 @@ pub fn sample_type_of(by: Metric) -> &'static str {
         Metric::Peak => "inuse_space",
         Metric::Leaked => "leaked_space",
         Metric::Temporary => "temporary_objects",
+        Metric::Mapped => "mapped_space",
+        Metric::MappedPeak => "mapped_inuse_space",
+        Metric::MappedExit => "mapped_leaked_space",
+        Metric::Brk => "brk_space",
     }
 }
 
@@ -80,6 +94,11 @@ fn sample_values(m: &StackMetrics) -> Vec<i64> {
         m.live_allocations_at_exit,
         m.live_bytes_at_exit,
         m.temporary_allocations,
+        m.mmaps,
+        m.mapped_bytes,
+        m.mapped_bytes_at_peak,
+        m.mapped_bytes_at_exit,
+        m.brk_bytes,
     ]
     .into_iter()
     .map(|v| i64::try_from(v).unwrap_or(i64::MAX))

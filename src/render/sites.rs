@@ -28,6 +28,10 @@ impl Metric {
             Self::Peak => m.live_bytes_at_peak,
             Self::Leaked => m.live_bytes_at_exit,
             Self::Temporary => m.temporary_allocations,
+            Self::Mapped => m.mapped_bytes,
+            Self::MappedPeak => m.mapped_bytes_at_peak,
+            Self::MappedExit => m.mapped_bytes_at_exit,
+            Self::Brk => m.brk_bytes,
         }
     }
 }
@@ -110,6 +114,15 @@ fn add(sum: &mut StackMetrics, m: &StackMetrics) {
     sum.temporary_allocations = sum
         .temporary_allocations
         .saturating_add(m.temporary_allocations);
+    sum.mmaps = sum.mmaps.saturating_add(m.mmaps);
+    sum.mapped_bytes = sum.mapped_bytes.saturating_add(m.mapped_bytes);
+    sum.mapped_bytes_at_peak = sum
+        .mapped_bytes_at_peak
+        .saturating_add(m.mapped_bytes_at_peak);
+    sum.mapped_bytes_at_exit = sum
+        .mapped_bytes_at_exit
+        .saturating_add(m.mapped_bytes_at_exit);
+    sum.brk_bytes = sum.brk_bytes.saturating_add(m.brk_bytes);
 }
 
 /// What a frame shows once symbolized: its address only when it has no

@@ -124,18 +124,44 @@ fn metrics_line(m: &StackMetrics, by: Metric, total: u64) -> String {
             Metric::Temporary => {
                 format!("{} temporary{}", m.temporary_allocations, notes(&[share]))
             }
+            Metric::Mapped => format!(
+                "{} mapped{}",
+                human_bytes(m.mapped_bytes),
+                notes(&[share, Some(plural(m.mmaps, "mmap"))])
+            ),
+            Metric::MappedPeak => format!(
+                "{} mapped at peak{}",
+                human_bytes(m.mapped_bytes_at_peak),
+                notes(&[share])
+            ),
+            Metric::MappedExit => format!(
+                "{} mapped at exit{}",
+                human_bytes(m.mapped_bytes_at_exit),
+                notes(&[share])
+            ),
+            Metric::Brk => format!("{} brk growth{}", human_bytes(m.brk_bytes), notes(&[share])),
         }
     };
     let mut parts = vec![phrase(by)];
-    parts.extend(
-        [Metric::Bytes, Metric::Count, Metric::Peak, Metric::Leaked]
-            .into_iter()
-            .filter(|&metric| metric != by)
-            .map(phrase),
-    );
-    // Temporary allocations are named only where there are some.
-    if by != Metric::Temporary && m.temporary_allocations > 0 {
-        parts.push(phrase(Metric::Temporary));
+    // A site that only mapped memory or moved the break shows those;
+    // the heap metrics show where it allocated or when ranked by one.
+    let heap = [Metric::Bytes, Metric::Count, Metric::Peak, Metric::Leaked];
+    if m.allocations > 0 || heap.contains(&by) {
+        parts.extend(heap.into_iter().filter(|&metric| metric != by).map(phrase));
+    }
+    // Temporary allocations, mappings and break growth are named only
+    // where there are some.
+    let named = [
+        (Metric::Temporary, m.temporary_allocations),
+        (Metric::Mapped, m.mmaps),
+        (Metric::MappedPeak, m.mmaps),
+        (Metric::MappedExit, m.mmaps),
+        (Metric::Brk, m.brk_bytes),
+    ];
+    for (metric, some) in named {
+        if by != metric && some > 0 {
+            parts.push(phrase(metric));
+        }
     }
     parts.join(", ")
 }

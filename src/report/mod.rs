@@ -21,7 +21,15 @@
 //!   remembers the address of its last allocation until its next free, and
 //!   a free of that address counts the block as temporary, in its process
 //!   and at the stack that allocated it. realloc is a free of the old block
-//!   then an allocation of the new one, as in heaptrack.
+//!   then an allocation of the new one, as in heaptrack;
+//! - an anonymous region mapped outside allocator calls belongs to the stack
+//!   of the libc `mmap` that made it (the event's `stack_id`), or, made by a
+//!   direct syscall, to its process's direct-syscall site (when stacks are
+//!   captured); the pieces of a region unmapped in part keep its stack, and
+//!   mremap moves it to the new range. Per stack, bytes mapped at the
+//!   tree's mapping peak are kept lazily like live bytes at the heap peak.
+//!   Program break growth outside allocator calls goes to the stack of the
+//!   `sbrk` that made it likewise.
 
 pub mod live;
 mod output;
@@ -35,8 +43,8 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use output::{OutputError, OutputFile, SameOutputError, check_distinct};
 pub use profile::{
-    EndedEarly, ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION, Profile, StackEntry,
-    StackMetrics, UnwindReport, wait_status_code, write_profile,
+    DIRECT_SYSCALL_FRAME, EndedEarly, ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION,
+    Profile, StackEntry, StackMetrics, UnwindReport, wait_status_code, write_profile,
 };
 pub use regions::RegionEntry;
 pub use stream::{EventWriter, EventsFormat};
@@ -75,6 +83,10 @@ pub struct MapCounters {
     pub mapped_bytes_at_exit: u64,
     pub brk_peak_bytes: u64,
     pub brk_bytes_at_exit: u64,
+    /// Program break growth made outside allocator calls: the sum of the
+    /// increases (what the stacks' `brk_bytes` add up to).
+    #[serde(default)]
+    pub brk_grown_bytes: u64,
 }
 
 /// A process of the tree.
@@ -119,8 +131,8 @@ struct LiveState {
     live_bytes: u64,
     /// Old block of a realloc in flight, by thread.
     reallocs: HashMap<u32, PendingRealloc>,
-    /// Anonymous regions made outside allocator calls: start -> end.
-    regions: BTreeMap<u64, u64>,
+    /// Anonymous regions made outside allocator calls, by start.
+    regions: BTreeMap<u64, Region>,
     mapped_bytes: u64,
     brk_start: Option<u64>,
     brk_now: u64,
@@ -143,28 +155,49 @@ impl LiveState {
         }
     }
 
-    /// Removes [start, end) from the regions; returns the bytes removed.
-    fn unmap(&mut self, start: u64, end: u64) -> u64 {
-        let overlapping: Vec<(u64, u64)> = self
+    /// Removes [start, end) from the regions, and their bytes from their
+    /// stacks' mapped bytes; returns the bytes removed and the stack of the
+    /// lowest piece removed (0 if none).
+    fn unmap(&mut self, start: u64, end: u64, tree: &mut TreeLive) -> (u64, u64) {
+        let overlapping: Vec<(u64, Region)> = self
             .regions
             .range(..end)
             .rev()
-            .take_while(|&(_, &e)| e > start)
-            .map(|(&s, &e)| (s, e))
+            .take_while(|&(_, r)| r.end > start)
+            .map(|(&s, &r)| (s, r))
             .collect();
-        let mut removed = 0;
-        for (s, e) in overlapping {
+        let (mut removed, mut stack) = (0, 0);
+        // Highest first: the last one is the lowest.
+        for (s, r) in overlapping {
             self.regions.remove(&s);
             if s < start {
-                self.regions.insert(s, start);
+                self.regions.insert(s, Region { end: start, ..r });
             }
-            if e > end {
-                self.regions.insert(end, e);
+            if r.end > end {
+                self.regions.insert(end, r);
             }
-            removed += e.min(end) - s.max(start);
+            let bytes = r.end.min(end) - s.max(start);
+            removed += bytes;
+            tree.unmapped(r.stack, bytes);
+            stack = r.stack;
         }
-        removed
+        (removed, stack)
     }
+}
+
+/// An anonymous region made outside allocator calls: its end, and the
+/// stack (or direct-syscall site) that mapped it, 0 if none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Region {
+    end: u64,
+    stack: u64,
+}
+
+/// The id of the direct-syscall site of process `pid` running executable
+/// `exe_id` (see [`DIRECT_SYSCALL_FRAME`]; an exec starts a new site): a
+/// reserved pattern no stack hash is expected to take.
+fn direct_syscall_id(pid: u32, exe_id: u32) -> u64 {
+    0xd1ec_0000_0000_0000 ^ u64::from(exe_id & 0xffff) << 32 ^ u64::from(pid)
 }
 
 fn page_end(addr: u64, len: u64) -> u64 {
@@ -180,9 +213,14 @@ struct StackAgg {
     live_blocks: u64,
     /// Record sequence number of the last change of `live`.
     changed: u64,
-    /// The executable its process ran at its first allocation (an index in
-    /// `Aggregator::exe_names`): a stack made before an exec belongs to
-    /// the program that ran then, not to the one the process ends as.
+    /// Bytes of regions from this stack mapped now.
+    mapped: u64,
+    /// Record sequence number of the last change of `mapped`.
+    mapped_changed: u64,
+    /// The executable its process ran at its first allocation, mapping or
+    /// break move (an index in `Aggregator::exe_names`): a stack made
+    /// before an exec belongs to the program that ran then, not to the one
+    /// the process ends as.
     exe_id: u32,
 }
 
@@ -197,6 +235,8 @@ struct TreeLive {
     peak_seq: u64,
     /// Sequence number of the record being folded.
     seq: u64,
+    /// Sequence number of the record that made the tree's mapping peak.
+    mapped_peak_seq: u64,
     stacks: HashMap<u64, StackAgg>,
 }
 
@@ -212,6 +252,38 @@ impl TreeLive {
         }
         s.changed = seq;
         s
+    }
+
+    /// The stack's entry, its mapped bytes at the last mapping peak
+    /// recorded first if they have not changed since that peak.
+    fn map_stack(&mut self, id: u64) -> &mut StackAgg {
+        let (peak_seq, seq) = (self.mapped_peak_seq, self.seq);
+        let s = self.stacks.entry(id).or_default();
+        if s.mapped_changed <= peak_seq && peak_seq < seq {
+            s.metrics.mapped_bytes_at_peak = s.mapped;
+        }
+        s.mapped_changed = seq;
+        s
+    }
+
+    /// A region of `bytes` mapped from `stack` by a process running
+    /// executable `exe_id`; `new` for an mmap (an mremap moves a region).
+    fn mapped(&mut self, stack: u64, bytes: u64, new: bool, exe_id: u32) {
+        if stack != 0 {
+            let s = self.map_stack(stack);
+            if s.metrics.is_empty() {
+                s.exe_id = exe_id;
+            }
+            s.mapped += bytes;
+            s.metrics.mapped_bytes += bytes;
+            s.metrics.mmaps += u64::from(new);
+        }
+    }
+
+    fn unmapped(&mut self, stack: u64, bytes: u64) {
+        if stack != 0 {
+            self.map_stack(stack).mapped -= bytes;
+        }
     }
 
     fn grow(&mut self, block: Block) {
@@ -254,6 +326,11 @@ pub struct Aggregator {
     tree: TreeLive,
     mapped_bytes: u64,
     peak_mapped_bytes: u64,
+    /// Whether mappings and break growth without a stack go to their
+    /// process's direct-syscall site (when stacks are captured).
+    direct_syscall_sites: bool,
+    /// Direct-syscall sites seen: id -> pid.
+    direct_sites: HashMap<u64, u32>,
     /// Records this version does not understand.
     pub malformed: u64,
     /// The heap over time; `None` when not kept.
@@ -281,6 +358,18 @@ impl Aggregator {
             self.tree.live_bytes,
             self.tree.peak_live_bytes,
         )
+    }
+
+    /// Gives anonymous mappings and break growth made by direct syscalls
+    /// (no libc wrapper's stack) their process's direct-syscall site: on
+    /// when stacks are captured.
+    pub fn set_direct_syscall_sites(&mut self, on: bool) {
+        self.direct_syscall_sites = on;
+    }
+
+    /// The process of a direct-syscall site, if `id` is one.
+    pub fn direct_syscall_pid(&self, id: u64) -> Option<u32> {
+        self.direct_sites.get(&id).copied()
     }
 
     /// An aggregator without the timeline (to measure what it costs).
@@ -387,6 +476,7 @@ impl Aggregator {
             t.mapped_bytes_at_exit += m.mapped_bytes_at_exit;
             t.brk_peak_bytes = t.brk_peak_bytes.max(m.brk_peak_bytes);
             t.brk_bytes_at_exit += m.brk_bytes_at_exit;
+            t.brk_grown_bytes += m.brk_grown_bytes;
         }
         t.peak_mapped_bytes = self.peak_mapped_bytes;
         t
@@ -439,6 +529,9 @@ impl Aggregator {
                     // nor leaked.
                     for block in old.blocks.values() {
                         self.tree.shrink(*block);
+                    }
+                    for (start, r) in &old.regions {
+                        self.tree.unmapped(r.stack, r.end - start);
                     }
                     self.mapped_bytes -= old.mapped_bytes;
                 }
@@ -516,6 +609,12 @@ impl Aggregator {
                 m.live_allocations_at_exit += 1;
             }
         }
+        for (start, r) in &state.regions {
+            if r.stack != 0 {
+                self.tree.unmapped(r.stack, r.end - start);
+                self.tree.map_stack(r.stack).metrics.mapped_bytes_at_exit += r.end - start;
+            }
+        }
         self.mapped_bytes -= state.mapped_bytes;
         self.sample(idx, ts);
     }
@@ -524,6 +623,21 @@ impl Aggregator {
     /// index.
     fn mem(&mut self, hdr: &Header, mem: Mem) -> usize {
         let idx = self.index(hdr.pid, hdr.ts_ns);
+        // The site of a mapping or break growth made outside allocators.
+        let site = match hdr.kind {
+            Kind::Mmap | Kind::Brk if !hdr.in_allocator => {
+                if mem.stack_id != 0 {
+                    mem.stack_id
+                } else if self.direct_syscall_sites {
+                    let id = direct_syscall_id(hdr.pid, self.procs[idx].exe_id);
+                    self.direct_sites.insert(id, hdr.pid);
+                    id
+                } else {
+                    0
+                }
+            }
+            _ => 0,
+        };
         let p = &mut self.procs[idx];
         let exe_id = p.exe_id;
         let Some(state) = p.state.as_deref_mut() else {
@@ -655,14 +769,15 @@ impl Aggregator {
             Kind::Mmap if !hdr.in_allocator => {
                 let end = page_end(addr, size);
                 // MAP_FIXED may replace regions we hold.
-                mapped_shrank = state.unmap(addr, end);
-                state.regions.insert(addr, end);
+                mapped_shrank = state.unmap(addr, end, tree).0;
+                state.regions.insert(addr, Region { end, stack: site });
+                tree.mapped(site, end - addr, true, exe_id);
                 maps.mmaps += 1;
                 maps.mapped_bytes += end - addr;
                 mapped_grew = end - addr;
             }
             Kind::Munmap if !hdr.in_allocator => {
-                let removed = state.unmap(addr, page_end(addr, size));
+                let (removed, _) = state.unmap(addr, page_end(addr, size), tree);
                 if removed > 0 {
                     maps.munmaps += 1;
                     maps.unmapped_bytes += removed;
@@ -670,11 +785,12 @@ impl Aggregator {
                 }
             }
             Kind::Mremap if !hdr.in_allocator => {
-                let removed = state.unmap(old_addr, page_end(old_addr, old_size));
+                let (removed, stack) = state.unmap(old_addr, page_end(old_addr, old_size), tree);
                 if removed > 0 {
                     let end = page_end(addr, size);
-                    mapped_shrank = removed + state.unmap(addr, end);
-                    state.regions.insert(addr, end);
+                    mapped_shrank = removed + state.unmap(addr, end, tree).0;
+                    state.regions.insert(addr, Region { end, stack });
+                    tree.mapped(stack, end - addr, false, exe_id);
                     maps.unmapped_bytes += removed;
                     maps.mapped_bytes += end - addr;
                     mapped_grew = end - addr;
@@ -682,7 +798,19 @@ impl Aggregator {
             }
             Kind::Brk => {
                 // brk returns the current break, whatever was asked.
+                let known = state.brk_start.is_some();
                 let start = *state.brk_start.get_or_insert(addr);
+                if known && !hdr.in_allocator && addr > state.brk_now {
+                    let grown = addr - state.brk_now;
+                    maps.brk_grown_bytes += grown;
+                    if site != 0 {
+                        let s = tree.stack(site);
+                        if s.metrics.is_empty() {
+                            s.exe_id = exe_id;
+                        }
+                        s.metrics.brk_bytes += grown;
+                    }
+                }
                 state.brk_now = addr;
                 maps.brk_peak_bytes = maps.brk_peak_bytes.max(addr.saturating_sub(start));
             }
@@ -698,7 +826,10 @@ impl Aggregator {
         state.mapped_bytes = state.mapped_bytes + mapped_grew - mapped_shrank;
         maps.peak_mapped_bytes = maps.peak_mapped_bytes.max(state.mapped_bytes);
         self.mapped_bytes = self.mapped_bytes + mapped_grew - mapped_shrank;
-        self.peak_mapped_bytes = self.peak_mapped_bytes.max(self.mapped_bytes);
+        if self.mapped_bytes > self.peak_mapped_bytes {
+            self.peak_mapped_bytes = self.mapped_bytes;
+            self.tree.mapped_peak_seq = self.tree.seq;
+        }
         idx
     }
 
@@ -714,11 +845,14 @@ impl Aggregator {
         for idx in open {
             self.close(idx, ts_ns);
         }
-        let peak_seq = self.tree.peak_seq;
+        let (peak_seq, mapped_peak_seq) = (self.tree.peak_seq, self.tree.mapped_peak_seq);
         for s in self.tree.stacks.values_mut() {
             if s.changed <= peak_seq {
                 s.metrics.live_bytes_at_peak = s.live;
                 s.metrics.live_allocations_at_peak = s.live_blocks;
+            }
+            if s.mapped_changed <= mapped_peak_seq {
+                s.metrics.mapped_bytes_at_peak = s.mapped;
             }
         }
     }
@@ -737,7 +871,7 @@ fn temporary(heap: &mut HeapCounters, tree: &mut TreeLive, block: Block) {
 fn stack_allocated(tree: &mut TreeLive, block: Block, exe_id: u32) {
     if block.stack != 0 {
         let s = tree.stack(block.stack);
-        if s.metrics.allocations == 0 {
+        if s.metrics.is_empty() {
             s.exe_id = exe_id;
         }
         s.metrics.allocations += 1;

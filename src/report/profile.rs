@@ -146,7 +146,20 @@ pub struct Frame {
     pub offset: Option<u64>,
 }
 
+/// The one frame of the site of a process's anonymous mappings and break
+/// growth made by direct syscalls, not through a libc wrapper memtrail
+/// probes (the dynamic loader's own mmap calls, static binaries, Go).
+pub const DIRECT_SYSCALL_FRAME: &str = "[no stack: direct syscall]";
+
 impl Frame {
+    /// The frame of the direct-syscall site ([`DIRECT_SYSCALL_FRAME`]).
+    pub fn direct_syscall() -> Self {
+        Self {
+            function: Some(DIRECT_SYSCALL_FRAME.to_owned()),
+            ..Self::unknown(0)
+        }
+    }
+
     /// A frame of `addr` in no known file.
     pub fn unknown(addr: u64) -> Self {
         Self {
@@ -180,6 +193,32 @@ pub struct StackMetrics {
     /// freed anything else.
     #[serde(default)]
     pub temporary_allocations: u64,
+    /// Anonymous mmap calls made from this stack outside allocator calls
+    /// (docs/profile.md, "Mappings by site").
+    #[serde(default)]
+    pub mmaps: u64,
+    /// Bytes (whole pages) those calls mapped, mremap's new lengths
+    /// included, as the process's `mappings.mapped_bytes` counts them.
+    #[serde(default)]
+    pub mapped_bytes: u64,
+    /// Of them, bytes still mapped when the tree's anonymous mappings
+    /// peaked (`mappings.peak_mapped_bytes`).
+    #[serde(default)]
+    pub mapped_bytes_at_peak: u64,
+    /// Bytes still mapped when their process exited.
+    #[serde(default)]
+    pub mapped_bytes_at_exit: u64,
+    /// Program break growth made through `sbrk` from this stack outside
+    /// allocator calls (the sum of the increases).
+    #[serde(default)]
+    pub brk_bytes: u64,
+}
+
+impl StackMetrics {
+    /// Whether the stack allocated, mapped or moved the break.
+    pub fn is_empty(&self) -> bool {
+        self.allocations == 0 && self.mmaps == 0 && self.brk_bytes == 0
+    }
 }
 
 /// How the command ended: an exit code, or the signal that killed it.

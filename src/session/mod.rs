@@ -605,7 +605,9 @@ impl Session {
             what: "starting a poller thread",
             source,
         };
-        let mut event_sink = EventSink::new(Aggregator::new(), stream);
+        let mut agg = Aggregator::new();
+        agg.set_direct_syscall_sites(opts.stack_depth != 0);
+        let mut event_sink = EventSink::new(agg, stream);
         event_sink.regions = Some(Regions::new(control.clone()));
         event_sink.live = opts.live.clone().map(|live| (live, 0));
         threads.events = Some(

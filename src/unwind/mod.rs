@@ -465,7 +465,8 @@ pub fn report(
                 bytes,
             })
             .collect(),
-        stacks: stacks.len() as u64,
+        // The allocating stacks (mapping sites allocate nothing).
+        stacks: stacks.iter().filter(|s| s.metrics.allocations > 0).count() as u64,
         bytes: stacks.iter().map(|s| s.metrics.bytes).sum(),
     }
 }
