@@ -16,7 +16,7 @@
 //! examined, held, in each capture that maps it.
 //!
 //! Where: `$MEMTRAIL_CACHE_DIR`, else `$XDG_CACHE_HOME/memtrail`, else
-//! `$HOME/.cache/memtrail`; the file is `images-v1.tsv`, written whole
+//! `$HOME/.cache/memtrail`; the file is `images-v2.tsv`, written whole
 //! (temporary file + rename), at most [`MAX_ENTRIES`] lines, newest last.
 //! A missing, unreadable or malformed cache is an empty one: the cache only
 //! saves holds, never changes counts.
@@ -31,7 +31,9 @@ use std::path::{Path, PathBuf};
 /// Entries kept; the oldest go first.
 pub const MAX_ENTRIES: usize = 4096;
 
-const FILE: &str = "images-v1.tsv";
+/// v2: the probed APIs gained libc's mmap and sbrk, so an image v1 recorded
+/// as having no entry points may have some now.
+const FILE: &str = "images-v2.tsv";
 
 /// What a file looked like when it was examined.
 #[derive(Clone, Debug, PartialEq, Eq)]
