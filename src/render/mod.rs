@@ -68,7 +68,8 @@ pub enum Metric {
     Count,
     /// Bytes live when the tree's live heap peaked.
     Peak,
-    /// Bytes still live when their process exited.
+    /// Bytes still live when their process exited (in an attach window:
+    /// live at detach).
     Leaked,
     /// Temporary allocations: blocks freed by their thread before it
     /// allocated or freed anything else (heaptrack's definition).
@@ -98,12 +99,14 @@ impl Metric {
         }
     }
 
-    /// What the metric measures, for titles.
-    fn describe(self) -> &'static str {
+    /// What the metric measures, for titles; `attached`: the profile is
+    /// an attach window, whose "leaked" bytes are live at detach.
+    fn describe(self, attached: bool) -> &'static str {
         match self {
             Self::Bytes => "bytes allocated",
             Self::Count => "allocations",
             Self::Peak => "bytes live at peak",
+            Self::Leaked if attached => "bytes live at detach",
             Self::Leaked => "bytes leaked",
             Self::Temporary => "temporary allocations",
         }

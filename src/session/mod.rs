@@ -1242,6 +1242,7 @@ impl Session {
         let command = std::mem::take(&mut self.command);
         let mut profile =
             Profile::build(&agg, command, exit, (self.start_ns, end_ns), lost, &sites);
+        profile.attached = matches!(self.target, Target::Pid(_));
         phases.done("drained, detached, profile built");
         let slow_probes = crate::report::slow_probes(&sites, &agg, &mappings.mappings);
         profile.stacks = crate::capture::symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
