@@ -109,3 +109,36 @@ fn report_timeline_svg_well_formed() {
         .unwrap_or_else(|| panic!("no sparkline: {text}"));
     assert!(spark.contains('█'), "{spark}");
 }
+
+/// Check that `memtrail run --no-timeline` (the switch
+/// perf/timeline_cost.sh measures the timeline's cost with) keeps no
+/// timeline but the same exact peak, and that the text report then draws no
+/// sparkline (issue 15).
+#[test]
+fn report_timeline_off_with_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("profile.json");
+    let mut args: Vec<OsString> = vec![
+        "run".into(),
+        "--no-timeline".into(),
+        "-q".into(),
+        "-o".into(),
+        path.clone().into(),
+        "--".into(),
+    ];
+    args.extend(cmd("peak", &[]));
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let profile = common::read_profile(&path).expect("a profile");
+    assert_eq!(num(field(&profile, "totals"), "peak_live_bytes"), 3500010);
+    assert_eq!(profile["attached"], Value::Bool(false));
+    let t = field(&profile, "timeline");
+    assert_eq!(t["tree"]["points"].as_array().map(Vec::len), Some(0), "{t}");
+    assert_eq!(t["processes"].as_array().map(Vec::len), Some(0), "{t}");
+    assert_eq!(num(t, "peak_live_bytes"), 0, "{t}");
+
+    let (_, status, stdout, stderr) = memtrail(&["report".into(), path.into()], b"");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let text = String::from_utf8(stdout).expect("utf-8");
+    assert!(!text.contains("heap over time"), "{text}");
+}

@@ -107,6 +107,9 @@ pub struct SessionOptions {
     pub faults: Faults,
     /// Counters published while the capture runs (the CLI's status line).
     pub live: Option<Arc<crate::report::live::LiveCounters>>,
+    /// Keep the timeline (the heap over time) in the profile; without it
+    /// the profile's `timeline` is empty.
+    pub timeline: bool,
 }
 
 impl Default for SessionOptions {
@@ -121,6 +124,7 @@ impl Default for SessionOptions {
             process_effects: false,
             faults: Faults::default(),
             live: None,
+            timeline: true,
         }
     }
 }
@@ -586,7 +590,14 @@ impl Session {
             what: "starting a poller thread",
             source,
         };
-        let mut event_sink = EventSink::new(Aggregator::new(), stream);
+        let mut event_sink = EventSink::new(
+            if opts.timeline {
+                Aggregator::new()
+            } else {
+                Aggregator::without_timeline()
+            },
+            stream,
+        );
         event_sink.regions = Some(Regions::new(control.clone()));
         event_sink.live = opts.live.clone().map(|live| (live, 0));
         threads.events = Some(
