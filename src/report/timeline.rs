@@ -40,7 +40,8 @@
 //!   is `other_bytes`, the tree's point less the sites'.
 //!
 //! Memory: one entry per stack and interval in which it changed, merged
-//! down as intervals merge (a list holds each stack once).
+//! down as intervals merge (a list holds each stack once); past
+//! [`SITE_ENTRIES_MAX`] entries the intervals double early.
 
 use std::collections::HashMap;
 
@@ -53,6 +54,12 @@ pub const MAX_POINTS: usize = 512;
 
 /// The first interval's width: 1 ms.
 pub const FIRST_INTERVAL_NS: u64 = 1_000_000;
+
+/// Entries the site snapshot lists may hold (16 bytes each: 64 MiB): past
+/// it, the intervals double before the run outgrows [`MAX_POINTS`], which
+/// merges the lists (a run whose many stacks all change in every interval
+/// gets coarser intervals rather than unbounded memory).
+pub const SITE_ENTRIES_MAX: usize = 1 << 22;
 
 /// Sites (stacks) the timeline keeps a series of, those with the highest
 /// live bytes in any interval; the others are summed in `other_bytes`.
@@ -280,6 +287,9 @@ pub(super) struct Builder {
     /// before.
     site_first: u64,
     site_lists: Vec<Vec<(u64, u64)>>,
+    /// Entries in `site_lists`, and the most it may hold.
+    site_entries: usize,
+    site_entries_max: usize,
 }
 
 impl Default for Builder {
@@ -293,6 +303,8 @@ impl Default for Builder {
             procs: Vec::new(),
             site_first: 0,
             site_lists: Vec::new(),
+            site_entries: 0,
+            site_entries_max: SITE_ENTRIES_MAX,
         }
     }
 }
@@ -309,13 +321,24 @@ impl Builder {
         }
         let origin = *self.origin.get_or_insert(ts);
         let mut slot = ts.saturating_sub(origin) / self.interval_ns;
-        if let Some(open) = self.open {
+        let mut closed = self.open;
+        if let Some(open) = closed {
             if slot <= open {
                 return;
             }
             self.close(open, slot, tree);
         }
-        while slot >= MAX_POINTS as u64 {
+        loop {
+            // Coarsening early (the lists' budget) only where the new
+            // interval stays apart from the one just closed: reopening a
+            // closed snapshot would lose its peak.
+            let over_budget = self.site_entries > self.site_entries_max
+                && self.site_lists.len() > 1
+                && closed.is_none_or(|c| slot / 2 > c / 2);
+            if slot < MAX_POINTS as u64 && !over_budget {
+                break;
+            }
+            closed = closed.map(|c| c / 2);
             self.interval_ns *= 2;
             // Before the tree's points merge: the sites' merge reads them.
             self.halve_sites();
@@ -408,12 +431,14 @@ impl Builder {
             self.site_lists.resize_with(i + 1, Vec::new);
         }
         let l = &mut self.site_lists[i];
+        self.site_entries -= l.len();
         if l.is_empty() {
             *l = list;
         } else if !list.is_empty() {
             l.append(&mut list);
             dedupe(l);
         }
+        self.site_entries += l.len();
     }
 
     /// Merges the snapshot lists in pairs (before the tree's points do).
@@ -464,6 +489,7 @@ impl Builder {
         if !carry.is_empty() {
             out.push(carry);
         }
+        self.site_entries = out.iter().map(Vec::len).sum();
         self.site_lists = out;
     }
 
@@ -682,6 +708,52 @@ mod tests {
             .map(|k| snaps.iter().map(|s| s[k]).collect())
             .collect();
         (points, series)
+    }
+
+    /// Check that the site lists stay within their budget by coarsening
+    /// early, and that the series stay exact: 100 stacks each changing
+    /// every millisecond for 200 ms, a budget of 1000 entries.
+    #[test]
+    fn timeline_sites_budget_coarsens() {
+        let mut recs = Vec::new();
+        // Each millisecond: a block from every stack, then the blocks of
+        // the millisecond before freed (the tree peaks inside each
+        // interval, not at its end, and not always higher than the one
+        // before).
+        for ms in 0..200u64 {
+            for k in 0..100u64 {
+                let ts = ms * 1_000_000 + k * 1000;
+                let addr = 0x1000 + (ms * 100 + k) * 16;
+                recs.push(rec(ts, Kind::Malloc, addr, 1 + (ms * k * 37) % 700, 1 + k));
+            }
+            for k in (0..100u64).filter(|_| ms > 0) {
+                let ts = ms * 1_000_000 + 100_000 + k * 1000;
+                let addr = 0x1000 + ((ms - 1) * 100 + k) * 16;
+                recs.push(rec(ts, Kind::Free, addr, 0, 0));
+            }
+        }
+        let mut agg = Aggregator::new();
+        agg.timeline.as_mut().expect("kept").site_entries_max = 1000;
+        for r in &recs {
+            agg.apply(r);
+        }
+        let b = agg.timeline.as_ref().expect("kept");
+        assert!(b.site_entries <= 2000, "{} entries", b.site_entries);
+        let t = agg.timeline(0).expect("kept");
+        // 200 ms would fit 512 intervals of 1 ms.
+        assert!(t.interval_ns >= 8 * FIRST_INTERVAL_NS, "{}", t.interval_ns);
+        let (points, series) = reference(&recs, t.interval_ns, 100);
+        let tree: Vec<u64> = t.tree.points.iter().map(|p| p.live_bytes).collect();
+        assert_eq!(tree, points);
+        assert_eq!(t.sites.len(), TOP_SITES);
+        for s in &t.sites {
+            assert_eq!(
+                s.live_bytes,
+                series[s.stack as usize - 1],
+                "stack {}",
+                s.stack
+            );
+        }
     }
 
     /// Check that the sites' series are exactly each interval's snapshot at
