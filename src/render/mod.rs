@@ -51,9 +51,9 @@ pub enum Format {
     /// Collapsed stacks, `outer;...;inner VALUE` a line, for any flame
     /// graph tool.
     Folded,
-    /// An SVG chart of the heap over time (the profile's timeline), with
-    /// the peak instant and the sites at the peak; `--by` and `--top` do
-    /// not apply.
+    /// An SVG chart of the heap over time (the profile's timeline),
+    /// stacked by its top allocation sites, with the peak instant and the
+    /// sites at the peak; `--by` and `--top` do not apply.
     Timeline,
 }
 
