@@ -403,3 +403,64 @@ fn attach_pressure_timeout_detaches_not_kills() {
     target.assert_running();
     target.run("m");
 }
+
+/// Check that an attach window names the blocks still live at the end
+/// "live at detach", not "leaked (live at exit)" (issue 15): 3 blocks of
+/// 1000 bytes allocated inside the window, 1 freed, 2 still live at detach,
+/// in the summary, the profile (`attached`) and the text report by leaked.
+#[test]
+fn attach_live_at_detach_wording() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profile_path = dir.path().join("p.json");
+    let report_path = dir.path().join("r.txt");
+    let mut target = Target::start();
+    let pid_arg = target.pid.to_string();
+    let memtrail = Attached::start(
+        &[
+            pid_arg.as_ref(),
+            "-o".as_ref(),
+            profile_path.as_os_str(),
+            "--report".as_ref(),
+            "text".as_ref(),
+            "--report-by".as_ref(),
+            "leaked".as_ref(),
+            "--report-output".as_ref(),
+            report_path.as_os_str(),
+        ],
+        &[],
+    );
+    target.run("aaaf");
+    memtrail.interrupt();
+    let (code, stderr) = memtrail.wait();
+    assert_eq!(code, 0, "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("  not freed "))
+        .unwrap_or_else(|| panic!("no live-at-detach line: {stderr}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        &words[..7],
+        ["not", "freed", "2", "2.0", "KiB", "(live", "at"]
+    );
+    assert!(line.contains("not freed before detach"), "{line}");
+    assert!(!stderr.contains("leaked"), "{stderr}");
+    assert!(!stderr.contains("live at exit"), "{stderr}");
+
+    let profile = read_profile(&profile_path).expect("a profile");
+    assert_eq!(profile["attached"], Value::Bool(true));
+    assert_eq!(num(&profile["totals"], "live_allocations_at_exit"), 2);
+    assert_eq!(num(&profile["totals"], "live_bytes_at_exit"), 2000);
+
+    let report = std::fs::read_to_string(&report_path).expect("the report");
+    assert!(
+        report.contains("peak live 2.9 KiB, live at detach 2 blocks (2.0 KiB)"),
+        "{report}"
+    );
+    assert!(report.contains("by bytes live at detach"), "{report}");
+    assert!(
+        report.contains("2.0 KiB live at detach (100.0%"),
+        "{report}"
+    );
+    assert!(!report.contains("leaked"), "{report}");
+    target.assert_running();
+}

@@ -73,6 +73,8 @@ pub struct Options {
     pub faults: Faults,
     /// Counters published while the capture runs (the status line).
     pub live: Option<std::sync::Arc<crate::report::live::LiveCounters>>,
+    /// Keep the timeline (the heap over time) in the profile.
+    pub timeline: bool,
 }
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
@@ -387,6 +389,7 @@ impl Options {
             process_effects,
             faults: self.faults,
             live: self.live.clone(),
+            timeline: self.timeline,
         }
     }
 

@@ -301,6 +301,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "HOW", value_enum, default_value_t = crate::unwind::Mode::Auto)]
     pub unwind: crate::unwind::Mode,
 
+    /// Keep no timeline (the heap over time) in the profile: `memtrail
+    /// report --format timeline` then draws an empty chart and the text
+    /// report has no sparkline. For the leanest capture (what the timeline
+    /// costs is measured in perf/RESULTS.md, perf/timeline_cost.sh).
+    #[arg(long)]
+    pub no_timeline: bool,
+
     /// Do not print the summary.
     #[arg(short, long)]
     pub quiet: bool,
@@ -458,6 +465,10 @@ pub struct AttachArgs {
     #[arg(long, value_name = "HOW", value_enum, default_value_t = crate::unwind::Mode::Auto)]
     pub unwind: crate::unwind::Mode,
 
+    /// Keep no timeline in the profile (as `memtrail run --no-timeline`).
+    #[arg(long)]
+    pub no_timeline: bool,
+
     /// Do not print the summary.
     #[arg(short, long)]
     pub quiet: bool,
@@ -603,6 +614,7 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
         watermark_percent: args.watermark,
         faults: capture::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
         live: None,
+        timeline: !args.no_timeline,
     };
     let report_output = args
         .report_output
@@ -845,6 +857,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         watermark_percent: args.watermark,
         faults: capture::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
         live: None,
+        timeline: !args.no_timeline,
     };
     // Like --output, --report-output fails before the command runs.
     let report_output = args

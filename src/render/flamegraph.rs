@@ -22,9 +22,9 @@ pub(super) fn write(
     w: &mut dyn Write,
 ) -> io::Result<()> {
     let lines = folded::lines(profile, by, limit);
-    let title = format!("memtrail: {}", by.describe());
+    let title = format!("memtrail: {}", by.describe(profile.attached));
     if lines.is_empty() {
-        return write_empty(&title, by, w);
+        return write_empty(&title, by.describe(profile.attached), w);
     }
     let mut opts = Options::default();
     opts.title = title;
@@ -36,7 +36,7 @@ pub(super) fn write(
 }
 
 /// An SVG with a single message, for a graph with nothing to draw.
-fn write_empty(title: &str, by: Metric, w: &mut dyn Write) -> io::Result<()> {
+fn write_empty(title: &str, what: &str, w: &mut dyn Write) -> io::Result<()> {
     // `title` and the message are memtrail's own text: nothing to escape.
     write!(
         w,
@@ -50,7 +50,6 @@ fn write_empty(title: &str, by: Metric, w: &mut dyn Write) -> io::Result<()> {
             "font-size=\"12\">no allocation site has {}</text>\n",
             "</svg>\n"
         ),
-        title,
-        by.describe()
+        title, what
     )
 }

@@ -51,9 +51,9 @@ pub enum Format {
     /// Collapsed stacks, `outer;...;inner VALUE` a line, for any flame
     /// graph tool.
     Folded,
-    /// An SVG chart of the heap over time (the profile's timeline), with
-    /// the peak instant and the sites at the peak; `--by` and `--top` do
-    /// not apply.
+    /// An SVG chart of the heap over time (the profile's timeline),
+    /// stacked by its top allocation sites, with the peak instant and the
+    /// sites at the peak; `--by` and `--top` do not apply.
     Timeline,
 }
 
@@ -68,7 +68,8 @@ pub enum Metric {
     Count,
     /// Bytes live when the tree's live heap peaked.
     Peak,
-    /// Bytes still live when their process exited.
+    /// Bytes still live when their process exited (in an attach window:
+    /// live at detach).
     Leaked,
     /// Temporary allocations: blocks freed by their thread before it
     /// allocated or freed anything else (heaptrack's definition).
@@ -115,12 +116,14 @@ impl Metric {
         }
     }
 
-    /// What the metric measures, for titles.
-    fn describe(self) -> &'static str {
+    /// What the metric measures, for titles; `attached`: the profile is
+    /// an attach window, whose "leaked" bytes are live at detach.
+    fn describe(self, attached: bool) -> &'static str {
         match self {
             Self::Bytes => "bytes allocated",
             Self::Count => "allocations",
             Self::Peak => "bytes live at peak",
+            Self::Leaked if attached => "bytes live at detach",
             Self::Leaked => "bytes leaked",
             Self::Temporary => "temporary allocations",
             Self::Mapped => "bytes mapped",

@@ -30,10 +30,11 @@ pub(super) fn write(
     )?;
     writeln!(
         w,
-        "  {} ({}), peak live {}, leaked {} ({})",
+        "  {} ({}), peak live {}, {} {} ({})",
         plural(t.allocations, "allocation"),
         human_bytes(t.allocated_bytes),
         human_bytes(t.peak_live_bytes),
+        leaked_word(profile),
         plural(t.live_allocations_at_exit, "block"),
         human_bytes(t.live_bytes_at_exit)
     )?;
@@ -59,7 +60,7 @@ pub(super) fn write(
             w,
             "  {}, none with {}",
             plural(all as u64, "allocation site"),
-            by.describe()
+            by.describe(profile.attached)
         )?;
         return Ok(());
     }
@@ -68,7 +69,7 @@ pub(super) fn write(
         w,
         "  top {shown} of {} by {}",
         plural(with_value as u64, "allocation site"),
-        by.describe()
+        by.describe(profile.attached)
     )?;
     if all > with_value {
         write!(w, " ({} more with none)", all - with_value)?;
@@ -81,7 +82,7 @@ pub(super) fn write(
             w,
             "#{}  {}",
             rank + 1,
-            metrics_line(&site.metrics, by, total)
+            metrics_line(&site.metrics, by, total, leaked_word(profile))
         )?;
         if *stacks > 1 {
             write!(w, "; {stacks} stacks")?;
@@ -94,8 +95,20 @@ pub(super) fn write(
     Ok(())
 }
 
-/// The site's metrics, the chosen one first with its share of the total.
-fn metrics_line(m: &StackMetrics, by: Metric, total: u64) -> String {
+/// How blocks still live at the end are named: "leaked" (live at exit),
+/// or "live at detach" in an attach window, where the program may still
+/// free them.
+fn leaked_word(profile: &Profile) -> &'static str {
+    if profile.attached {
+        "live at detach"
+    } else {
+        "leaked"
+    }
+}
+
+/// The site's metrics, the chosen one first with its share of the total;
+/// `leaked` names the blocks still live at the end ([`leaked_word`]).
+fn metrics_line(m: &StackMetrics, by: Metric, total: u64, leaked: &str) -> String {
     // Parenthesized notes after a value: its share, its blocks.
     let notes = |notes: &[Option<String>]| {
         let notes: Vec<&str> = notes.iter().flatten().map(String::as_str).collect();
@@ -117,7 +130,7 @@ fn metrics_line(m: &StackMetrics, by: Metric, total: u64) -> String {
                 notes(&[share])
             ),
             Metric::Leaked => format!(
-                "{} leaked{}",
+                "{} {leaked}{}",
                 human_bytes(m.live_bytes_at_exit),
                 notes(&[share, Some(plural(m.live_allocations_at_exit, "block"))])
             ),

@@ -222,6 +222,8 @@ struct StackAgg {
     /// before an exec belongs to the program that ran then, not to the one
     /// the process ends as.
     exe_id: u32,
+    /// Its part in the timeline's site snapshots.
+    site: timeline::SiteMark,
 }
 
 /// The tree's live heap and its peak, with per-stack live bytes.
@@ -238,6 +240,9 @@ struct TreeLive {
     /// Sequence number of the record that made the tree's mapping peak.
     mapped_peak_seq: u64,
     stacks: HashMap<u64, StackAgg>,
+    /// The timeline's site snapshots: the open interval's peak and the
+    /// stacks changed in it.
+    sites: timeline::SiteTrack,
 }
 
 impl TreeLive {
@@ -249,6 +254,9 @@ impl TreeLive {
         if s.changed <= peak_seq && peak_seq < seq {
             s.metrics.live_bytes_at_peak = s.live;
             s.metrics.live_allocations_at_peak = s.live_blocks;
+        }
+        if self.sites.on {
+            self.sites.touch(id, s, seq);
         }
         s.changed = seq;
         s
@@ -344,10 +352,12 @@ pub struct Aggregator {
 impl Aggregator {
     /// An aggregator that keeps the timeline.
     pub fn new() -> Self {
-        Self {
+        let mut agg = Self {
             timeline: Some(timeline::Builder::default()),
             ..Self::default()
-        }
+        };
+        agg.tree.sites.on = true;
+        agg
     }
 
     /// Processes seen, the tree's live heap bytes and its peak, for the
@@ -384,12 +394,14 @@ impl Aggregator {
                 start_ns,
                 self.procs.iter().map(|p| p.pid),
                 (self.tree.peak_live_bytes, self.tree.peak_live_at_ns),
+                &self.tree,
             )
         })
     }
 
-    /// Samples the tree and process `idx` into the timeline at `ts`.
-    fn sample(&mut self, idx: usize, ts: u64) {
+    /// Samples the tree and process `idx` into the timeline, in the
+    /// interval [`timeline::Builder::begin`] found for the record.
+    fn sample(&mut self, idx: usize) {
         let Some(b) = self.timeline.as_mut() else {
             return;
         };
@@ -406,7 +418,8 @@ impl Aggregator {
                 live_blocks: s.blocks.len() as u64,
                 mapped_bytes: s.mapped_bytes,
             });
-        b.record(ts, tree, idx, proc);
+        b.record(tree, idx, proc);
+        self.tree.sites.sampled(self.tree.seq, self.tree.live_bytes);
     }
 
     /// The tree's live heap now: bytes and blocks.
@@ -515,6 +528,11 @@ impl Aggregator {
         self.tree.seq += 1;
         let ts = rec.hdr.ts_ns;
         let pid = rec.hdr.pid;
+        if let Some(b) = self.timeline.as_mut()
+            && !matches!(rec.body, Body::Region { .. })
+        {
+            b.begin(ts, &mut self.tree);
+        }
         match rec.body {
             Body::Fork { child_pid } => self.fork(pid, child_pid, ts),
             Body::Exec { filename } => {
@@ -535,7 +553,7 @@ impl Aggregator {
                     }
                     self.mapped_bytes -= old.mapped_bytes;
                 }
-                self.sample(idx, ts);
+                self.sample(idx);
             }
             Body::Exit { exit_code } => {
                 let idx = self.index(pid, ts);
@@ -544,7 +562,7 @@ impl Aggregator {
             }
             Body::Mem(mem) => {
                 let idx = self.mem(&rec.hdr, mem);
-                self.sample(idx, ts);
+                self.sample(idx);
             }
             // Folded by the region markers (crate::session::markers).
             Body::Region { .. } => {}
@@ -585,7 +603,7 @@ impl Aggregator {
             state: Some(Box::new(state)),
             ..Process::default()
         });
-        self.sample(self.procs.len() - 1, ts);
+        self.sample(self.procs.len() - 1);
     }
 
     /// Ends a process: what it still has live is its leaks.
@@ -616,7 +634,7 @@ impl Aggregator {
             }
         }
         self.mapped_bytes -= state.mapped_bytes;
-        self.sample(idx, ts);
+        self.sample(idx);
     }
 
     /// Folds an allocator or memory-syscall record; returns its process's
@@ -839,6 +857,9 @@ impl Aggregator {
     pub fn finish(&mut self, ts_ns: u64) {
         // The closes below come after every record, the peak's included.
         self.tree.seq += 1;
+        if let Some(b) = self.timeline.as_mut() {
+            b.begin(ts_ns, &mut self.tree);
+        }
         let open: Vec<usize> = (0..self.procs.len())
             .filter(|&i| self.procs[i].state.is_some())
             .collect();

@@ -48,6 +48,12 @@ pub struct Profile {
     pub version: u32,
     pub command: Vec<String>,
     pub exit: ExitInfo,
+    /// `true` when the capture was `memtrail attach`: a window of a
+    /// process already running, so the `live_*_at_exit` fields hold what
+    /// was allocated inside the window and still live at detach, not
+    /// leaks. Absent (false) in a profile written before memtrail kept it.
+    #[serde(default)]
+    pub attached: bool,
     pub duration_ns: u64,
     pub totals: HeapCounters,
     pub mappings: MapCounters,
@@ -350,6 +356,7 @@ impl Profile {
             version: PROFILE_VERSION,
             command,
             exit,
+            attached: false,
             duration_ns: rel(end_ns),
             totals,
             mappings: agg.mapping_totals(),

@@ -103,7 +103,11 @@ fn write_executables(w: &mut impl Write, p: &Profile) -> io::Result<()> {
     writeln!(
         w,
         "  {:>9} {:>10} {:>10} {:>12} {:>12}  exe (peak: the highest of one process)",
-        "processes", "allocs", "frees", "peak", "leaked"
+        "processes",
+        "allocs",
+        "frees",
+        "peak",
+        if p.attached { "at detach" } else { "leaked" }
     )?;
     for g in groups.iter().take(EXECUTABLES_SHOWN) {
         writeln!(
@@ -177,12 +181,24 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
         human_bytes(t.peak_live_bytes),
         human_ns(t.peak_live_at_ns)
     )?;
-    writeln!(
-        w,
-        "  leaked      {:>10}  {:>12}   (live at exit)",
-        t.live_allocations_at_exit,
-        human_bytes(t.live_bytes_at_exit)
-    )?;
+    if p.attached {
+        // An attach window: what is still live was allocated inside it and
+        // not freed before detach; the program may free it later.
+        writeln!(
+            w,
+            "  not freed   {:>10}  {:>12}   (live at detach: allocated while attached, not freed \
+             before detach)",
+            t.live_allocations_at_exit,
+            human_bytes(t.live_bytes_at_exit)
+        )?;
+    } else {
+        writeln!(
+            w,
+            "  leaked      {:>10}  {:>12}   (live at exit)",
+            t.live_allocations_at_exit,
+            human_bytes(t.live_bytes_at_exit)
+        )?;
+    }
     if temporary_is_large(t) {
         writeln!(
             w,

@@ -108,6 +108,9 @@ pub struct SessionOptions {
     pub faults: Faults,
     /// Counters published while the capture runs (the CLI's status line).
     pub live: Option<Arc<crate::report::live::LiveCounters>>,
+    /// Keep the timeline (the heap over time) in the profile; without it
+    /// the profile's `timeline` is empty.
+    pub timeline: bool,
 }
 
 impl Default for SessionOptions {
@@ -122,6 +125,7 @@ impl Default for SessionOptions {
             process_effects: false,
             faults: Faults::default(),
             live: None,
+            timeline: true,
         }
     }
 }
@@ -605,7 +609,11 @@ impl Session {
             what: "starting a poller thread",
             source,
         };
-        let mut agg = Aggregator::new();
+        let mut agg = if opts.timeline {
+            Aggregator::new()
+        } else {
+            Aggregator::without_timeline()
+        };
         agg.set_direct_syscall_sites(opts.stack_depth != 0);
         let mut event_sink = EventSink::new(agg, stream);
         event_sink.regions = Some(Regions::new(control.clone()));
@@ -1278,6 +1286,7 @@ impl Session {
         for (probe, hits) in profile.probes.iter_mut().zip(hits) {
             probe.hits = hits;
         }
+        profile.attached = matches!(self.target, Target::Pid(_));
         phases.done("drained, detached, profile built");
         let slow_probes = crate::report::slow_probes(&profile.probes);
         profile.stacks = crate::capture::symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
