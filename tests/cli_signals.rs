@@ -98,9 +98,17 @@ fn state(pid: u32) -> char {
     after.chars().next().expect("state")
 }
 
+/// memtrail's threads but the one that prepares the up-front images during
+/// set-up (it blocks the signals memtrail forwards, so they reach the main
+/// thread).
 fn threads(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .expect("read task")
+        .filter_map(Result::ok)
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| !comm.starts_with("memtrail-upfron"))
+        })
         .count()
 }
 

@@ -59,7 +59,14 @@ impl Preparing {
     pub fn start(tables: bool) -> Self {
         let handle = std::thread::Builder::new()
             .name("memtrail-upfront".into())
-            .spawn(move || prepare(tables));
+            .spawn(move || {
+                // The signals memtrail passes on to the command are the
+                // main thread's to take.
+                if let Err(err) = crate::sys::signals::block_forwarded() {
+                    tracing::debug!(%err, "up-front thread: signals not blocked");
+                }
+                prepare(tables)
+            });
         match handle {
             Ok(handle) => Self(Some(handle)),
             Err(err) => {
