@@ -72,6 +72,10 @@ configs = [
     ("no-fp build, --unwind dwarf", "chain_nofp", ["--unwind", "dwarf"]),
     ("no-fp build, --unwind auto", "chain_nofp", ["--unwind", "auto"]),
     ("no-fp build, --unwind fp", "chain_nofp", ["--unwind", "fp"]),
+    # The same depth both ways: the table walk reaches two frames more
+    # (__libc_start_main and _start) than the frame-pointer chain does.
+    ("fp build, --unwind fp --stack-depth 10", "chain_fp", ["--unwind", "fp", "--stack-depth", "10"]),
+    ("no-fp build, --unwind dwarf --stack-depth 10", "chain_nofp", ["--unwind", "dwarf", "--stack-depth", "10"]),
 ]
 res = {c[0]: [] for c in configs}
 frames = {}
@@ -90,6 +94,12 @@ for label, _, _ in configs:
     walk = m - base
     ratio = f"{walk / fp:.2f}x" if label != configs[0][0] else ""
     print(f"| {label} | {frames[label]} | {m:.0f} | {walk:.0f} | {ratio} |")
+fp10 = statistics.median(res[configs[-2][0]])
+dwarf10 = statistics.median(res[configs[-1][0]])
+print()
+print(f"At the same depth (10 frames): alloc_enter {dwarf10:.0f} ns with tables against "
+      f"{fp10:.0f} ns with frame pointers, {dwarf10 / fp10:.2f}x per allocation "
+      f"(walks alone {(dwarf10 - base) / (fp10 - base):.2f}x).")
 
 def wall(cmd, env=None):
     t = time.monotonic()

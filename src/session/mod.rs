@@ -298,9 +298,8 @@ pub struct Session {
     // Field order is drop order: threads, then links, then the BPF object.
     threads: Threads,
     links: Links,
-    /// The links of the image cache's images probed up front: most
-    /// captures never map them, and memtrail does not either, so they are
-    /// detached on a thread while the profile is built.
+    /// The links of the image cache's images probed up front (most
+    /// captures never map them).
     cached_links: Links,
     loaded: Loaded,
     control: Arc<Control>,
@@ -1202,17 +1201,27 @@ impl Session {
         }
         self.image_cache.save();
         phases.done("drained, pollers joined");
-        // Detach now: memtrail's own allocations (symbolization below)
-        // would otherwise hit the probes too.
-        drop(std::mem::take(&mut self.links));
-        drop(std::mem::take(&mut attacher.links));
-        // The kernel detaches one link at a time (each waits for uprobe
-        // handlers to finish everywhere): a few ms each, so a cache of
-        // many probed images took 300 ms here. Nothing memtrail runs from
-        // here on maps those images; they are detached while the profile
-        // is built, and before finish returns, whatever it returns.
-        let detaching = Detaching::start(std::mem::take(&mut self.cached_links));
-        phases.done("probes detached");
+        // The kernel detaches a link in two steps: the breakpoints go at
+        // once, then it waits for uprobe handlers to finish everywhere (an
+        // RCU grace period: 300 ms for a handful of links here). With no
+        // process tracked any more (the tree has exited, or a running
+        // process was let go above), no probe can change a count or write
+        // a record: the links are closed on a thread while the profile is
+        // built, joined before finish returns, whatever it returns. A
+        // session still tracking processes (its own, or a tree it did not
+        // wait for) detaches first, so that the counts below are final.
+        let mut links = std::mem::take(&mut self.links);
+        links.append(&mut attacher.links);
+        links.append(&mut self.cached_links);
+        let untracked = sys::bpf_map_u32_keys(self.loaded.skel.maps.tracked.as_fd())
+            .is_ok_and(|pids| pids.is_empty());
+        let detaching = if untracked {
+            Detaching::start(links)
+        } else {
+            drop(links);
+            Detaching::start(Links::default())
+        };
+        phases.done("detaching started");
         if let Some(failure) = attacher.failures.into_iter().next() {
             return Err(CaptureError::AttachImage {
                 image: failure.image,
@@ -1296,7 +1305,7 @@ impl Session {
         profile.pressure = pressure_stats;
         profile.regions = markers.finish();
         drop(detaching);
-        phases.done("cached images' probes detached (on a thread since the drain)");
+        phases.done("probes detached (on a thread since the drain)");
         Ok(Finish {
             profile,
             slow_probes,
