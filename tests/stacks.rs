@@ -24,16 +24,9 @@ fn line_of(file: &str, marker: &str) -> u64 {
     idx as u64 + 1
 }
 
-/// The allocation sites (stacks that allocated; the sites of mappings made
-/// outside allocators, the direct-syscall one included, are
-/// tests/track_mapping_sites.rs's).
+/// The allocation sites.
 fn stacks(profile: &Value) -> Vec<&Value> {
-    profile["stacks"]
-        .as_array()
-        .expect("stacks array")
-        .iter()
-        .filter(|s| s["allocations"].as_u64() != Some(0))
-        .collect()
+    common::allocation_sites(profile)
 }
 
 fn function(frame: &Value) -> &str {

@@ -9,18 +9,6 @@ use std::path::{Path, PathBuf};
 use common::{fixture, fixture_with_flags, num};
 use serde_json::Value;
 
-/// How the unwinding fixtures are built: optimised, no frame pointers.
-const NO_FP: &[&str] = &[
-    "-O2",
-    "-g",
-    "-fomit-frame-pointer",
-    "-fno-builtin",
-    "-Wall",
-    "-Wextra",
-    "-Werror",
-    "-pthread",
-];
-
 fn fixture_source(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
@@ -37,16 +25,9 @@ fn line_of(file: &str, marker: &str) -> u64 {
     idx as u64 + 1
 }
 
-/// The allocation sites (stacks that allocated; the sites of mappings made
-/// outside allocators, the direct-syscall one included, are
-/// tests/track_mapping_sites.rs's).
+/// The allocation sites.
 fn stacks(profile: &Value) -> Vec<&Value> {
-    profile["stacks"]
-        .as_array()
-        .expect("stacks array")
-        .iter()
-        .filter(|s| s["allocations"].as_u64() != Some(0))
-        .collect()
+    common::allocation_sites(profile)
 }
 
 fn frames(stack: &Value) -> &[Value] {
@@ -125,7 +106,7 @@ fn assert_reaches_start(stack: &Value) -> usize {
 /// the signal trampoline into the interrupted code.
 #[test]
 fn stacks_unwind_without_frame_pointers_exact() {
-    let exe = fixture_with_flags("stack_unwind", NO_FP);
+    let exe = fixture_with_flags("stack_unwind", common::NO_FP);
     let p = run_profile(&[exe.into()], &[]);
     let src = "stack_unwind.c";
     assert_eq!(p["unwind"]["mode"], "auto");
@@ -185,7 +166,7 @@ fn stacks_unwind_without_frame_pointers_exact() {
 /// starts at main.
 #[test]
 fn stacks_unwind_depth_exact() {
-    let exe = fixture_with_flags("stack_deep", NO_FP);
+    let exe = fixture_with_flags("stack_deep", common::NO_FP);
     let src = "stack_deep.c";
     let (site, call) = (line_of(src, "DEEP_SITE"), line_of(src, "DEEP_CALL"));
     for (depth, args) in [(127, &[][..]), (5, &["--stack-depth", "5"][..])] {
@@ -258,7 +239,7 @@ fn stacks_unwind_dwarf_matches_frame_pointers() {
 /// exception is still caught (the fixture exits 0 only then).
 #[test]
 fn stacks_unwind_cxx_through_libstdcxx() {
-    let exe = fixture_with_flags("stack_unwind_cxx", NO_FP);
+    let exe = fixture_with_flags("stack_unwind_cxx", common::NO_FP);
     let p = run_profile(&[exe.into()], &[]);
     let src = "stack_unwind_cxx.cc";
     let sort = stack_of(&p, 55555);
@@ -363,7 +344,7 @@ fn stacks_unwind_python_reaches_main() {
 /// frame: the ten allocations of one site stay one stack (issue 16).
 #[test]
 fn stacks_frames_outside_code_end_the_walk() {
-    let exe = fixture_with_flags("stack_heap_rbp", NO_FP);
+    let exe = fixture_with_flags("stack_heap_rbp", common::NO_FP);
     let src = "stack_heap_rbp.c";
     for mode in ["fp", "auto"] {
         let p = run_profile(&[exe.clone().into()], &["--unwind", mode]);

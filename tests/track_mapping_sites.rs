@@ -19,18 +19,6 @@ use common::{Mappings, capture, field, fixture, fixture_with_flags, memtrail, nu
 
 const PAGE: u64 = 4096;
 
-/// How the fixture is built: optimised, no frame pointers.
-const NO_FP: &[&str] = &[
-    "-O2",
-    "-g",
-    "-fomit-frame-pointer",
-    "-fno-builtin",
-    "-Wall",
-    "-Wextra",
-    "-Werror",
-    "-pthread",
-];
-
 const DIRECT: &str = "[no stack: direct syscall]";
 
 /// A site's metrics: (mmaps, mapped, at peak, at exit, brk, allocations,
@@ -64,7 +52,7 @@ fn by_function(profile: &Value) -> BTreeMap<String, Row> {
 }
 
 fn run_fixture() -> common::Capture {
-    let exe = fixture_with_flags("mmap_sites", NO_FP);
+    let exe = fixture_with_flags("mmap_sites", common::NO_FP);
     let run = capture(&[exe.into_os_string()]);
     run.expect_code(0);
     run
@@ -157,7 +145,7 @@ fn track_mapping_sites_exact() {
 /// direct-syscall one included, and the mapping totals stay.
 #[test]
 fn track_mapping_sites_no_stacks() {
-    let exe = fixture_with_flags("mmap_sites", NO_FP);
+    let exe = fixture_with_flags("mmap_sites", common::NO_FP);
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("profile.json");
     let args: Vec<OsString> = vec![
@@ -437,7 +425,7 @@ fn track_mapping_sites_python_arenas() {
 /// anonymous mmap peak's regression (+16384 bytes), shown at that site.
 #[test]
 fn track_mapping_sites_compare_names_the_site() {
-    let exe = fixture_with_flags("mmap_sites", NO_FP);
+    let exe = fixture_with_flags("mmap_sites", common::NO_FP);
     let base = capture(&[exe.clone().into_os_string()]);
     base.expect_code(0);
     let more = capture(&[exe.into_os_string(), "more".into()]);

@@ -605,3 +605,28 @@ pub fn usdt_fixture(name: &str, extra: &[&str]) -> PathBuf {
     flags.extend(extra);
     fixture_with_flags(name, &flags)
 }
+
+/// How fixtures without frame pointers are built: optimised, as distros
+/// build most programs.
+pub const NO_FP: &[&str] = &[
+    "-O2",
+    "-g",
+    "-fomit-frame-pointer",
+    "-fno-builtin",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-pthread",
+];
+
+/// The allocation sites of a profile: the stacks that allocated (the sites
+/// of mappings made outside allocators, the direct-syscall one included,
+/// allocate nothing; tests/track_mapping_sites.rs checks those).
+pub fn allocation_sites(profile: &Value) -> Vec<&Value> {
+    profile["stacks"]
+        .as_array()
+        .expect("stacks array")
+        .iter()
+        .filter(|s| s["allocations"].as_u64() != Some(0))
+        .collect()
+}
