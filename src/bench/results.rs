@@ -212,12 +212,12 @@ pub const REGION_ENTRIES: &str = "entries";
 pub fn region_metrics(r: &RegionEntry) -> [(&'static str, u64); 7] {
     [
         (REGION_ENTRIES, r.entries),
-        (Metric::Allocations.key(), r.allocations),
-        (Metric::Frees.key(), r.frees),
-        (Metric::AllocatedBytes.key(), r.allocated_bytes),
-        (Metric::PeakLiveBytes.key(), r.peak_live_bytes),
-        (Metric::LeakedBytes.key(), r.live_bytes),
-        (Metric::LeakedBlocks.key(), r.live_allocations),
+        (Metric::Allocations.key(), r.counts.allocations),
+        (Metric::Frees.key(), r.counts.frees),
+        (Metric::AllocatedBytes.key(), r.counts.allocated_bytes),
+        (Metric::PeakLiveBytes.key(), r.counts.peak_live_bytes),
+        (Metric::LeakedBytes.key(), r.counts.live_bytes),
+        (Metric::LeakedBlocks.key(), r.counts.live_allocations),
     ]
 }
 

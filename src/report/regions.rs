@@ -20,29 +20,10 @@ pub struct RegionEntry {
     /// capture ended (its thread exited inside it) is closed then and not
     /// counted here.
     pub exits: u64,
-    /// Successful allocating calls in the region (realloc included).
-    pub allocations: u64,
-    pub frees: u64,
-    pub allocated_bytes: u64,
-    pub freed_bytes: u64,
-    /// The most bytes allocated in one entry of the region live at once.
-    pub peak_live_bytes: u64,
-    /// Blocks allocated in the region still live at its end, summed.
-    pub live_allocations: u64,
-    pub live_bytes: u64,
-}
-
-impl RegionEntry {
-    /// Folds one ended entry's counts in.
-    pub(crate) fn add(&mut self, c: &crate::session::RegionCounts) {
-        self.allocations += c.allocations;
-        self.frees += c.frees;
-        self.allocated_bytes += c.allocated_bytes;
-        self.freed_bytes += c.freed_bytes;
-        self.peak_live_bytes = self.peak_live_bytes.max(c.peak_live_bytes);
-        self.live_allocations += c.live_allocations;
-        self.live_bytes += c.live_bytes;
-    }
+    /// Its counts over every ended entry: summed, but for
+    /// `peak_live_bytes`, the largest peak of one entry.
+    #[serde(flatten)]
+    pub counts: crate::session::RegionCounts,
 }
 
 /// Regions shown in the summary; the profile lists every one.
@@ -68,12 +49,12 @@ pub(crate) fn write_regions(
             "  {:<20} {:>8} {:>10} {:>10} {:>12} {:>12} {:>8} {:>12}",
             r.name,
             r.entries,
-            r.allocations,
-            r.frees,
-            human(r.allocated_bytes),
-            human(r.peak_live_bytes),
-            r.live_allocations,
-            human(r.live_bytes)
+            r.counts.allocations,
+            r.counts.frees,
+            human(r.counts.allocated_bytes),
+            human(r.counts.peak_live_bytes),
+            r.counts.live_allocations,
+            human(r.counts.live_bytes)
         )?;
     }
     if regions.len() > REGIONS_SHOWN {

@@ -76,7 +76,7 @@ impl Markers {
             return false;
         };
         let entry = self.entry(&name);
-        entry.add(&counts);
+        entry.counts.merge(&counts);
         entry.exits += u64::from(exit);
         true
     }
