@@ -162,6 +162,20 @@ pub enum DecodeError {
 }
 
 /// Reads a `T` from the front of `bytes`.
+/// The NUL-terminated name that fills a record of `need` bytes after its
+/// header (an exec's filename, a region's name).
+fn name_after_header(bytes: &[u8], need: usize) -> Result<&[u8], DecodeError> {
+    if bytes.len() < need {
+        return Err(DecodeError::Short {
+            len: bytes.len(),
+            need,
+        });
+    }
+    let name = &bytes[size_of::<t::mt_header>()..need];
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Ok(&name[..end])
+}
+
 fn read<T: Copy>(bytes: &[u8]) -> Result<T, DecodeError> {
     if bytes.len() < size_of::<T>() {
         return Err(DecodeError::Short {
@@ -193,38 +207,18 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
                 child_pid: e.child_pid,
             }
         }
-        Kind::Exec => {
-            let need = size_of::<t::mt_exec_event>();
-            if bytes.len() < need {
-                return Err(DecodeError::Short {
-                    len: bytes.len(),
-                    need,
-                });
-            }
-            let name = &bytes[size_of::<t::mt_header>()..need];
-            let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-            Body::Exec {
-                filename: &name[..end],
-            }
-        }
+        Kind::Exec => Body::Exec {
+            filename: name_after_header(bytes, size_of::<t::mt_exec_event>())?,
+        },
         Kind::Exit => {
             let e: t::mt_exit_event = read(bytes)?;
             Body::Exit {
                 exit_code: e.exit_code,
             }
         }
-        Kind::RegionBegin | Kind::RegionEnd => {
-            let need = size_of::<t::mt_region_event>();
-            if bytes.len() < need {
-                return Err(DecodeError::Short {
-                    len: bytes.len(),
-                    need,
-                });
-            }
-            let name = &bytes[size_of::<t::mt_header>()..need];
-            let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-            Body::Region { name: &name[..end] }
-        }
+        Kind::RegionBegin | Kind::RegionEnd => Body::Region {
+            name: name_after_header(bytes, size_of::<t::mt_region_event>())?,
+        },
         _ => {
             let e: t::mt_alloc_event = read(bytes)?;
             // One field carries mremap's old length or an allocation's stack.

@@ -1215,11 +1215,12 @@ impl Session {
         links.append(&mut self.cached_links);
         let untracked = sys::bpf_map_u32_keys(self.loaded.skel.maps.tracked.as_fd())
             .is_ok_and(|pids| pids.is_empty());
+        // (A thread that cannot start drops the links at once.)
         let detaching = if untracked {
-            Detaching::start(links)
+            Some(Background::spawn("memtrail-detach", move || drop(links)))
         } else {
             drop(links);
-            Detaching::start(Links::default())
+            None
         };
         phases.done("detaching started");
         if let Some(failure) = attacher.failures.into_iter().next() {
@@ -1315,25 +1316,35 @@ impl Session {
     }
 }
 
-/// Links being detached on a thread; joined when dropped.
-struct Detaching(Option<JoinHandle<()>>);
+/// Work on a thread of its own, joined when dropped (whatever path the
+/// session leaves by); none when the thread could not start, in which case
+/// the work's closure was dropped unrun.
+pub(crate) struct Background<T>(Option<JoinHandle<T>>);
 
-impl Detaching {
-    fn start(links: Links) -> Self {
-        if links.is_empty() {
-            return Self(None);
+impl<T: Send + 'static> Background<T> {
+    pub(crate) fn spawn(name: &str, work: impl FnOnce() -> T + Send + 'static) -> Self {
+        match std::thread::Builder::new().name(name.into()).spawn(work) {
+            Ok(handle) => Self(Some(handle)),
+            Err(err) => {
+                tracing::debug!(%err, thread = name, "no thread: the work is done in place");
+                Self(None)
+            }
         }
-        // A thread that cannot start drops the links right away.
-        Self(
-            std::thread::Builder::new()
-                .name("memtrail-detach".into())
-                .spawn(move || drop(links))
-                .ok(),
+    }
+
+    /// The work's result; None if the thread never started. A panic on
+    /// the thread goes on here.
+    pub(crate) fn join(mut self) -> Option<T> {
+        let handle = self.0.take()?;
+        Some(
+            handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
         )
     }
 }
 
-impl Drop for Detaching {
+impl<T> Drop for Background<T> {
     fn drop(&mut self) {
         if let Some(handle) = self.0.take() {
             let _ = handle.join();

@@ -10,7 +10,6 @@
 //! loaded, only attaches and installs what the thread found.
 
 use std::path::PathBuf;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::attach::cache::ImageCache;
@@ -51,46 +50,25 @@ pub(super) struct Prepared {
 }
 
 /// The preparation running on its thread; joined when dropped.
-pub(super) struct Preparing(Option<JoinHandle<Result<Prepared, AttachError>>>);
+pub(super) struct Preparing(super::Background<Result<Prepared, AttachError>>);
 
 impl Preparing {
     /// Starts preparing; `tables` says whether the session loads unwind
     /// tables.
     pub fn start(tables: bool) -> Self {
-        let handle = std::thread::Builder::new()
-            .name("memtrail-upfront".into())
-            .spawn(move || {
-                // The signals memtrail passes on to the command are the
-                // main thread's to take.
-                if let Err(err) = crate::sys::signals::block_forwarded() {
-                    tracing::debug!(%err, "up-front thread: signals not blocked");
-                }
-                prepare(tables)
-            });
-        match handle {
-            Ok(handle) => Self(Some(handle)),
-            Err(err) => {
-                tracing::debug!(%err, "no thread for up-front images: preparing them in place");
-                Self(None)
+        Self(super::Background::spawn("memtrail-upfront", move || {
+            // The signals memtrail passes on to the command are the main
+            // thread's to take.
+            if let Err(err) = crate::sys::signals::block_forwarded() {
+                tracing::debug!(%err, "up-front thread: signals not blocked");
             }
-        }
+            prepare(tables)
+        }))
     }
 
     /// What the thread prepared (prepared here if it could not start).
-    pub fn finish(mut self, tables: bool) -> Result<Prepared, AttachError> {
-        match self.0.take().map(JoinHandle::join) {
-            Some(Ok(images)) => images,
-            Some(Err(panic)) => std::panic::resume_unwind(panic),
-            None => prepare(tables),
-        }
-    }
-}
-
-impl Drop for Preparing {
-    fn drop(&mut self) {
-        if let Some(handle) = self.0.take() {
-            let _ = handle.join();
-        }
+    pub fn finish(self, tables: bool) -> Result<Prepared, AttachError> {
+        self.0.join().unwrap_or_else(|| prepare(tables))
     }
 }
 
