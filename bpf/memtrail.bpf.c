@@ -708,7 +708,7 @@ struct code_map {
 	__u32 pages;
 	__u32 npages; /* 0: no table */
 	__u32 base_page;
-	__u32 is_exec;
+	__u32 _pad; /* only executable mappings are kept */
 };
 
 struct code_maps {
@@ -822,7 +822,6 @@ static long cache_code_vma(struct task_struct *task, struct vm_area_struct *vma,
 	slot->end = 0; /* no reader takes the slot while it changes */
 	barrier();
 	slot->start = vma->vm_start;
-	slot->is_exec = 1;
 	slot->pages = 0;
 	slot->npages = 0;
 	slot->base_page = 0;
