@@ -100,14 +100,18 @@ fn state(pid: u32) -> char {
 
 /// memtrail's threads but the one that prepares the up-front images during
 /// set-up (it blocks the signals memtrail forwards, so they reach the main
-/// thread).
+/// thread). That thread names itself once it runs: until then it has the
+/// main thread's name, and is told apart by its tid.
 fn threads(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .expect("read task")
         .filter_map(Result::ok)
         .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|comm| !comm.starts_with("memtrail-upfron"))
+            let main = task.file_name().to_str() == Some(&pid.to_string());
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|comm| {
+                let comm = comm.trim_end();
+                main || (comm != "memtrail-upfron" && comm != "memtrail")
+            })
         })
         .count()
 }

@@ -359,45 +359,45 @@ fn pressure_tiny_events_ring_at_minimum_is_lossless() {
 /// Check the same for the smallest stack ring memtrail accepts (issue 11,
 /// part 3: deep stacks lost stack records on a 4 KiB stack ring): at the
 /// highest watermark that leaves (2 x CPUs + 1) x 1048 B (a stack record
-/// with its header) in an 8 KiB stack ring, an 8-thread storm of 100
-/// distinct stacks per thread, 3 times, exits 0, loses nothing and counts
-/// every allocation. The rule is per CPU; each live thread may write two
-/// records past the mark before it stops, so a 16-process storm of new
-/// stacks can overrun the same ring before the freeze lands: it fails
-/// (exit 71, never wrong numbers) naming the tree's thread count and the
-/// stack ring size that count needs, and with that size it is lossless.
+/// with its header) in an 8 KiB stack ring, storms of 100 distinct stacks
+/// per worker (8 threads, then 16 processes), 3 times each. The rule is per
+/// CPU; each live thread may write two records past the mark before it
+/// stops, so a storm whose workers make new stacks at once can overrun the
+/// ring before the freeze lands. A run either exits 0 having lost nothing
+/// and counted every allocation, or fails (exit 71, never wrong numbers)
+/// naming the tree's thread count and the stack ring size that count
+/// needs; with that size the storm is lossless.
 #[test]
 fn pressure_tiny_stack_ring_at_minimum_is_lossless() {
     let cache = tempfile::tempdir().expect("create a cache directory");
     let opts = stack_ring_at_minimum();
-    for _ in 0..3 {
-        tiny_ring_storm(cache.path(), "stack_storm", "threads", &strs(&opts), 2);
-    }
-    let cmd = argv(&[&fixture("stack_storm"), &"procs", &"2"]);
-    let mut size = None;
-    for _ in 0..3 {
-        let r = run(cache.path(), &strs(&opts), &cmd, &[]);
-        if r.code == Some(0) {
-            nothing_lost(r.profile());
-            continue;
-        }
-        r.expect_code(71);
-        assert!(r.stderr.contains("live threads"), "{}", r.stderr);
-        let advised = r
-            .stderr
-            .split("--stack-ring-size ")
-            .nth(1)
-            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no advised size in:\n{}", r.stderr));
-        size = Some(advised);
-    }
-    if let Some(size) = size {
-        let mut opts = opts.clone();
-        let at = opts.iter().position(|o| o == "--stack-ring-size").unwrap() + 1;
-        opts[at] = size.to_string();
+    for mode in ["threads", "procs"] {
+        let cmd = argv(&[&fixture("stack_storm"), &mode, &"2"]);
+        let mut size = None;
         for _ in 0..3 {
-            tiny_ring_storm(cache.path(), "stack_storm", "procs", &strs(&opts), 2);
+            let r = run(cache.path(), &strs(&opts), &cmd, &[]);
+            if r.code == Some(0) {
+                nothing_lost(r.profile());
+                continue;
+            }
+            r.expect_code(71);
+            assert!(r.stderr.contains("live threads"), "{}", r.stderr);
+            let advised = r
+                .stderr
+                .split("--stack-ring-size ")
+                .nth(1)
+                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no advised size in:\n{}", r.stderr));
+            size = Some(advised);
+        }
+        let mut opts = opts.clone();
+        if let Some(size) = size {
+            let at = opts.iter().position(|o| o == "--stack-ring-size").unwrap() + 1;
+            opts[at] = size.to_string();
+        }
+        for _ in 0..3 {
+            tiny_ring_storm(cache.path(), "stack_storm", mode, &strs(&opts), 2);
         }
     }
 }
