@@ -547,6 +547,18 @@ impl Session {
             if known.contains(&id) {
                 continue;
             }
+            // The image cache's tables (newest first) take at most half of
+            // the rows; the other half stays for the images the tree maps
+            // that no capture examined yet, its own program often among
+            // them (a cache full of other programs' tables once left it
+            // none). An image past that is left to be examined, held, if
+            // a process maps it: it gets its table then.
+            if let (Some(tables), Some(_)) = (&tables, &image.table)
+                && tables.rows_used() >= tables.capacity() / 2
+            {
+                tracing::debug!(image = %image.path.display(), "cached image left to be examined when mapped: the cache's half of the unwind rows is taken");
+                continue;
+            }
             if let Some(found) = image.sites {
                 let found = found.and_then(|mut found| {
                     attach::attach_sites(&progs, &mut found, &mut slots, &mut cached_links)

@@ -122,7 +122,9 @@ fn prepare(tables: bool) -> Result<Prepared, AttachError> {
         .filter(|i| i.why == Why::Runtime)
         .filter_map(|i| i.id)
         .collect();
-    for entry in image_cache.valid() {
+    // Newest first: the session gives the cache's tables only part of the
+    // rows, and recently examined images are the likelier to be mapped.
+    for entry in image_cache.valid().into_iter().rev() {
         let id = entry.stamp.id();
         if !seen.insert(id) {
             continue;

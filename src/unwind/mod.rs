@@ -261,6 +261,11 @@ impl Tables {
         self.next
     }
 
+    /// Rows the map holds.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
     /// Prepares and loads the table of the image at `path` (a file whose
     /// device and inode are `id`, named `name` in warnings); warns, naming
     /// the image, when it has none or it does not fit.
