@@ -22,10 +22,17 @@ int floor_return(struct pt_regs *ctx)
 	return 0;
 }
 
-/* Attached by the benchmark to each syscall tracepoint memtrail uses: the
- * cost of those tracepoints' machinery without memtrail's work. */
-SEC("tracepoint")
-int floor_syscall(void *ctx)
+/* Attached by the benchmark where memtrail attaches its syscall programs
+ * (the raw syscall tracepoints): the cost of those tracepoints' machinery
+ * without memtrail's work. */
+SEC("tp_btf/sys_enter")
+int floor_sys_enter(void *ctx)
+{
+	return 0;
+}
+
+SEC("tp_btf/sys_exit")
+int floor_sys_exit(void *ctx)
 {
 	return 0;
 }

@@ -1248,7 +1248,7 @@ static __always_inline void count_hit(__u64 cookie)
  * program. new is not counted itself (the malloc it calls is); it captures
  * the stack, whose first frame is the user's new expression, for that
  * malloc to use. A wrapper likewise captures its caller's stack for the
- * syscall it makes (sys_exit_mmap, sys_exit_brk take it); called from
+ * syscall it makes (exit_mmap and exit_brk take it); called from
  * inside an allocator, it is the allocator's own and captures nothing.
  */
 static __always_inline int new_enter(struct pt_regs *ctx)
@@ -1502,14 +1502,13 @@ static __always_inline bool take_args(__u32 tid, struct sysargs *out)
 	return true;
 }
 
-SEC("tracepoint/syscalls/sys_enter_mmap")
-int sys_enter_mmap(struct trace_event_raw_sys_enter *ctx)
+/* mmap(addr, len, prot, flags, fd, off): anonymous mappings, and
+ * executable file mappings (code whose addresses stacks hold). */
+static __always_inline int enter_mmap(__u64 len, __u64 prot, __u64 flags)
 {
-	/* mmap(addr, len, prot, flags, fd, off): anonymous mappings, and
-	 * executable file mappings (code whose addresses stacks hold). */
-	if (!(ctx->args[3] & MAP_ANONYMOUS) && !(ctx->args[2] & PROT_EXEC))
+	if (!(flags & MAP_ANONYMOUS) && !(prot & PROT_EXEC))
 		return 0;
-	return stash_args(ctx->args[1], ctx->args[3], ctx->args[2]);
+	return stash_args(len, flags, prot);
 }
 
 struct vma_info {
@@ -1593,8 +1592,7 @@ static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr)
 	check_pressure(&mappings, MT_RING_MAPPINGS, watermark_mappings, &hwm_mappings);
 }
 
-SEC("tracepoint/syscalls/sys_exit_mmap")
-int sys_exit_mmap(struct trace_event_raw_sys_exit *ctx)
+static __always_inline int exit_mmap(long ret)
 {
 	__u64 pid_tgid = current_ids(), stack;
 	__u32 tid = (__u32)pid_tgid;
@@ -1606,61 +1604,45 @@ int sys_exit_mmap(struct trace_event_raw_sys_exit *ctx)
 	 * (not stashed) too; a thread outside the tree has no state. */
 	cur = current_call();
 	stack = syscall_stack(cur, MT_MMAP);
-	if (!stashed || IS_ERR_VALUE(ctx->ret))
+	if (!stashed || IS_ERR_VALUE(ret))
 		return 0;
 	if (args.args[1] & MAP_ANONYMOUS)
 		emit_alloc(pid_tgid, MT_MMAP, cur && cur->depth > 0 ? MT_F_IN_ALLOCATOR : 0,
-			   ctx->ret, args.args[0], 0, stack);
+			   ret, args.args[0], 0, stack);
 	else
-		emit_mapping(pid_tgid, ctx->ret);
+		emit_mapping(pid_tgid, ret);
 	/* A new mapping may replace cached ones (MAP_FIXED). */
-	forget_code_maps(pid_tgid >> 32, ctx->ret, args.args[0]);
+	forget_code_maps(pid_tgid >> 32, ret, args.args[0]);
 	return 0;
 }
 
 /* munmap is recorded at entry: once it returns, another thread may get the
  * same range from mmap, and that record must come after this one. */
-SEC("tracepoint/syscalls/sys_enter_munmap")
-int sys_enter_munmap(struct trace_event_raw_sys_enter *ctx)
+static __always_inline int enter_munmap(__u64 addr, __u64 len)
 {
 	__u64 pid_tgid = current_ids();
 
 	if (!thread_tracked(pid_tgid))
 		return 0;
-	forget_code_maps(pid_tgid >> 32, ctx->args[0], ctx->args[1]);
-	emit_alloc(pid_tgid, MT_MUNMAP, syscall_flags(), ctx->args[0], ctx->args[1], 0, 0);
+	forget_code_maps(pid_tgid >> 32, addr, len);
+	emit_alloc(pid_tgid, MT_MUNMAP, syscall_flags(), addr, len, 0, 0);
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_enter_mremap")
-int sys_enter_mremap(struct trace_event_raw_sys_enter *ctx)
-{
-	/* mremap(old_addr, old_len, new_len, flags, new_addr) */
-	return stash_args(ctx->args[0], ctx->args[1], ctx->args[2]);
-}
-
-SEC("tracepoint/syscalls/sys_exit_mremap")
-int sys_exit_mremap(struct trace_event_raw_sys_exit *ctx)
+static __always_inline int exit_mremap(long ret)
 {
 	__u64 pid_tgid = current_ids();
 	__u32 tid = (__u32)pid_tgid;
 	struct sysargs args;
 
-	if (!take_args(tid, &args) || IS_ERR_VALUE(ctx->ret))
+	if (!take_args(tid, &args) || IS_ERR_VALUE(ret))
 		return 0;
-	emit_alloc(pid_tgid, MT_MREMAP, syscall_flags(), ctx->ret, args.args[2],
+	emit_alloc(pid_tgid, MT_MREMAP, syscall_flags(), ret, args.args[2],
 		   args.args[0], args.args[1]);
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_enter_brk")
-int sys_enter_brk(struct trace_event_raw_sys_enter *ctx)
-{
-	return stash_args(ctx->args[0], 0, 0);
-}
-
-SEC("tracepoint/syscalls/sys_exit_brk")
-int sys_exit_brk(struct trace_event_raw_sys_exit *ctx)
+static __always_inline int exit_brk(long ret)
 {
 	__u64 pid_tgid = current_ids(), stack = 0;
 	__u32 tid = (__u32)pid_tgid;
@@ -1675,7 +1657,52 @@ int sys_exit_brk(struct trace_event_raw_sys_exit *ctx)
 	if (args.args[0])
 		stack = syscall_stack(cur, MT_BRK);
 	emit_alloc(pid_tgid, MT_BRK, cur && cur->depth > 0 ? MT_F_IN_ALLOCATOR : 0,
-		   ctx->ret, args.args[0], 0, stack);
+		   ret, args.args[0], 0, stack);
+	return 0;
+}
+
+/*
+ * The syscalls, through the raw syscall tracepoints: one program at entry
+ * and one at exit for every syscall of every process, which leaves at once
+ * for any other than these four. (The per-syscall tracepoints of
+ * syscalls/ attach through perf events, and the kernel detaches those one
+ * at a time, two RCU grace periods each under a global mutex: ~30 ms a
+ * tracepoint, 200 ms at the end of every capture for seven of them.)
+ * x86-64 numbers and argument registers.
+ */
+#define NR_MMAP 9
+#define NR_MUNMAP 11
+#define NR_BRK 12
+#define NR_MREMAP 25
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
+{
+	switch (id) {
+	case NR_MMAP:
+		return enter_mmap(regs->si, regs->dx, regs->r10);
+	case NR_MUNMAP:
+		return enter_munmap(regs->di, regs->si);
+	case NR_MREMAP:
+		/* mremap(old_addr, old_len, new_len, flags, new_addr) */
+		return stash_args(regs->di, regs->si, regs->dx);
+	case NR_BRK:
+		return stash_args(regs->di, 0, 0);
+	}
+	return 0;
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
+{
+	switch (regs->orig_ax) {
+	case NR_MMAP:
+		return exit_mmap(ret);
+	case NR_MREMAP:
+		return exit_mremap(ret);
+	case NR_BRK:
+		return exit_brk(ret);
+	}
 	return 0;
 }
 

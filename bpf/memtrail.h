@@ -134,7 +134,7 @@ struct mt_header {
  *   realloc:     addr = result, size = new size, old_addr = argument
  *   free:        addr = argument
  *   mmap:        addr = result, size = length, aux = the stack of the
- *                libc wrapper that made it (0: none, see sys_exit_mmap)
+ *                libc wrapper that made it (0: none, see exit_mmap)
  *   munmap:      addr, size = arguments
  *   mremap:      addr = result, size = new length, old_addr/aux = the old
  *                address and length

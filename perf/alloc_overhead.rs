@@ -114,8 +114,8 @@ fn ratio_summary(v: &[f64]) -> String {
     format!("{med:.2}x ({q1:.2}x {q3:.2}x)")
 }
 
-/// The syscall tracepoints memtrail's BPF object attaches to, from its
-/// programs' sections (`tracepoint/syscalls/NAME`).
+/// The raw syscall tracepoints memtrail's BPF object attaches to, from
+/// its programs' sections (`tp_btf/sys_enter`, `tp_btf/sys_exit`).
 fn syscall_tracepoints() -> Vec<String> {
     let mut storage = MaybeUninit::uninit();
     let open = MemtrailSkelBuilder::default()
@@ -126,14 +126,14 @@ fn syscall_tracepoints() -> Vec<String> {
         .filter_map(|p| {
             p.section()
                 .to_str()
-                .and_then(|s| s.strip_prefix("tracepoint/syscalls/"))
+                .filter(|s| s.starts_with("tp_btf/sys_"))
                 .map(str::to_owned)
         })
         .collect()
 }
 
 /// Runs the loop while empty programs sit at `sites` and on the syscall
-/// tracepoints named in `syscalls`.
+/// tracepoints whose sections `syscalls` names.
 fn under_floor(exe: &Path, sites: &[Site], syscalls: &[String]) -> f64 {
     let mut storage = MaybeUninit::uninit();
     let skel = FloorSkelBuilder::default()
@@ -152,15 +152,12 @@ fn under_floor(exe: &Path, sites: &[Site], syscalls: &[String]) -> f64 {
     let mut sites = sites.to_vec();
     let mut slots = attach::HitSlots::default();
     attach::attach_sites(&progs, &mut sites, &mut slots, &mut links).expect("attach floor");
-    let _tracepoints: Vec<libbpf_rs::Link> = syscalls
-        .iter()
-        .map(|name| {
-            skel.progs
-                .floor_syscall
-                .attach_tracepoint(libbpf_rs::TracepointCategory::Syscalls, name)
-                .expect("attach the floor's syscall tracepoint")
-        })
-        .collect();
+    let _tracepoints: Vec<libbpf_rs::Link> =
+        [&skel.progs.floor_sys_enter, &skel.progs.floor_sys_exit]
+            .into_iter()
+            .filter(|p| syscalls.iter().any(|s| p.section().to_str() == Some(s)))
+            .map(|p| p.attach().expect("attach the floor's syscall tracepoint"))
+            .collect();
     ns_per_pair(Command::new(exe).arg(PAIRS.to_string()))
 }
 

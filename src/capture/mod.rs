@@ -588,13 +588,8 @@ pub(crate) fn attach_tracepoints(
         &p.sched_fork,
         &p.sched_exec,
         &p.sched_exit,
-        &p.sys_enter_mmap,
-        &p.sys_exit_mmap,
-        &p.sys_enter_munmap,
-        &p.sys_enter_mremap,
-        &p.sys_exit_mremap,
-        &p.sys_enter_brk,
-        &p.sys_exit_brk,
+        &p.sys_enter,
+        &p.sys_exit,
     ] {
         let link = prog
             .attach()
