@@ -18,6 +18,10 @@ cargo test --quiet --test ffi_header
 echo "== BPF stack budget" >&2
 scripts/check-bpf-stack.sh
 echo "== cargo test" >&2
+# The tests' image and table cache is their own: the hundreds of fixtures
+# they build would otherwise fill the user's (~/.cache/memtrail), and every
+# later capture would read them at start-up.
+export MEMTRAIL_CACHE_DIR="${MEMTRAIL_CACHE_DIR:-${CARGO_TARGET_DIR:-$PWD/target}/tmp/memtrail-cache}"
 # The C and Python clients link libmemtrail.so, which cargo test does not
 # build by itself.
 cargo build --lib --quiet

@@ -282,10 +282,11 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
         file: &file,
         data: &data,
     };
+    let functions = elf.functions(api.iter().map(|e| e.name.as_str()));
     let mut sites: Vec<Site> = Vec::new();
     for entry in api {
         let (name, kind) = (entry.name.as_str(), entry.kind);
-        let Some(vaddr) = elf.function(name) else {
+        let Some(&vaddr) = functions.get(name.as_bytes()) else {
             continue;
         };
         let Some(entry_off) = elf.file_offset(vaddr) else {
@@ -341,17 +342,38 @@ struct Elf<'a> {
 impl Elf<'_> {
     /// Address of the defined function `name` (dynamic symbols first, then
     /// the static table), preferring the default version of a symbol.
-    fn function(&self, name: &str) -> Option<u64> {
-        let matches = |sym: &object::Symbol<'_, '_>| {
-            sym.is_definition()
-                && sym.kind() == object::SymbolKind::Text
-                && sym.name().is_ok_and(|n| n == name)
-        };
-        self.file
-            .dynamic_symbols()
-            .find(|s| matches(s))
-            .or_else(|| self.file.symbols().find(|s| matches(s)))
-            .map(|s| s.address())
+    /// The addresses of the functions named in `names` the image defines,
+    /// by name: the dynamic symbol where there is one, else the symbol
+    /// table's; the first of a name in each. One pass over each table (a
+    /// search per name took 100 ms on cc1's 33 MB).
+    fn functions<'n>(
+        &self,
+        names: impl IntoIterator<Item = &'n str>,
+    ) -> std::collections::HashMap<&'n [u8], u64> {
+        let wanted: std::collections::HashSet<&'n [u8]> =
+            names.into_iter().map(str::as_bytes).collect();
+        let mut found = std::collections::HashMap::new();
+        for dynamic in [true, false] {
+            let mut from_this_table = std::collections::HashMap::new();
+            let symbols = if dynamic {
+                self.file.dynamic_symbols()
+            } else {
+                self.file.symbols()
+            };
+            for sym in symbols {
+                if !sym.is_definition() || sym.kind() != object::SymbolKind::Text {
+                    continue;
+                }
+                let Ok(name) = sym.name_bytes() else { continue };
+                if let Some(&name) = wanted.get(name)
+                    && !found.contains_key(name)
+                {
+                    from_this_table.entry(name).or_insert(sym.address());
+                }
+            }
+            found.extend(from_this_table);
+        }
+        found
     }
 
     fn file_offset(&self, vaddr: u64) -> Option<u64> {

@@ -489,6 +489,7 @@ impl Session {
             images,
             image_cache,
         } = preparing.finish(with_tables)?;
+        phases.done("up-front images prepared");
         for image in images {
             if image.why == upfront::Why::Cached {
                 cached.push(image);
@@ -554,7 +555,7 @@ impl Session {
             // none). An image past that is left to be examined, held, if
             // a process maps it: it gets its table then.
             if let (Some(tables), Some(_)) = (&tables, &image.table)
-                && tables.rows_used() >= tables.capacity() / 2
+                && tables.rows_used() >= crate::unwind::CACHED_ROWS
             {
                 tracing::debug!(image = %image.path.display(), "cached image left to be examined when mapped: the cache's half of the unwind rows is taken");
                 continue;

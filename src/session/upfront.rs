@@ -10,6 +10,8 @@
 //! loaded, only attaches and installs what the thread found.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::attach::cache::ImageCache;
@@ -50,25 +52,38 @@ pub(super) struct Prepared {
 }
 
 /// The preparation running on its thread; joined when dropped.
-pub(super) struct Preparing(super::Background<Result<Prepared, AttachError>>);
+pub(super) struct Preparing {
+    thread: super::Background<Result<Prepared, AttachError>>,
+    /// Raised when the session needs what was prepared: the thread then
+    /// leaves the rest of the image cache.
+    enough: Arc<AtomicBool>,
+}
 
 impl Preparing {
     /// Starts preparing; `tables` says whether the session loads unwind
     /// tables.
     pub fn start(tables: bool) -> Self {
-        Self(super::Background::spawn("memtrail-upfront", move || {
+        let enough = Arc::new(AtomicBool::new(false));
+        let stop = enough.clone();
+        let thread = super::Background::spawn("memtrail-upfront", move || {
             // The signals memtrail passes on to the command are the main
             // thread's to take.
             if let Err(err) = crate::sys::signals::block_forwarded() {
                 tracing::debug!(%err, "up-front thread: signals not blocked");
             }
-            prepare(tables)
-        }))
+            prepare(tables, &stop)
+        });
+        Self { thread, enough }
     }
 
     /// What the thread prepared (prepared here if it could not start).
+    /// The runtimes are always prepared whole; of the image cache, what
+    /// the thread got to while the BPF object loaded.
     pub fn finish(self, tables: bool) -> Result<Prepared, AttachError> {
-        self.0.join().unwrap_or_else(|| prepare(tables))
+        self.enough.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .unwrap_or_else(|| prepare(tables, &AtomicBool::new(true)))
     }
 }
 
@@ -83,8 +98,9 @@ fn table_of(path: &std::path::Path, cache: Option<&unwind::cache::Cache>) -> Pre
 
 /// Examines the up-front images, in the order the session installs them:
 /// libc and the C++ runtimes, the dynamic loader, then the image cache's
-/// unchanged entries.
-fn prepare(tables: bool) -> Result<Prepared, AttachError> {
+/// unchanged entries until `enough` is raised. An entry left out is
+/// examined, held, if a process maps it.
+fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
     let cache = if tables {
         unwind::cache::Cache::open()
     } else {
@@ -123,8 +139,20 @@ fn prepare(tables: bool) -> Result<Prepared, AttachError> {
         .filter_map(|i| i.id)
         .collect();
     // Newest first: the session gives the cache's tables only part of the
-    // rows, and recently examined images are the likelier to be mapped.
+    // rows (unwind::CACHED_ROWS, counting the images above), and recently
+    // examined images are the likelier to be mapped. Past that share, or
+    // once the session has loaded the BPF object and waits, the rest of the
+    // cache is not read at all: a cache of a few hundred images took 200 ms
+    // to read, more than loading the object, and start-up waited for it.
+    let rows_of = |image: &Image| match image.table.as_ref().map(|t| &t.table) {
+        Some(Ok((Some(table), _))) => table.rows.len(),
+        _ => 0,
+    };
+    let mut rows: usize = images.iter().map(rows_of).sum();
     for entry in image_cache.valid().into_iter().rev() {
+        if tables && rows >= unwind::CACHED_ROWS as usize || enough.load(Ordering::Relaxed) {
+            break;
+        }
         let id = entry.stamp.id();
         if !seen.insert(id) {
             continue;
@@ -133,13 +161,15 @@ fn prepare(tables: bool) -> Result<Prepared, AttachError> {
             .has_sites
             .then(|| attach::find_sites(&entry.path, &attach::api::all()));
         let failed = matches!(sites, Some(Err(_)));
-        images.push(Image {
+        let image = Image {
             table: (tables && !failed).then(|| table_of(&entry.path, cache.as_ref())),
             sites,
             why: Why::Cached,
             id: Some(id),
             path: entry.path.clone(),
-        });
+        };
+        rows += rows_of(&image);
+        images.push(image);
     }
     Ok(Prepared {
         images,

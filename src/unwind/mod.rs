@@ -34,6 +34,15 @@ use memmap2::MmapMut;
 
 pub use table::{Compiled, Row, Table};
 
+/// Rows the BPF rows map holds (`MT_UNWIND_ROWS`; a test checks it
+/// against the BPF object).
+pub const MAX_ROWS: u32 = 1 << 20;
+
+/// The share of the rows the image cache's tables may take at start-up:
+/// the rest stays for the images the tree maps that no capture examined
+/// yet (its own program often among them).
+pub const CACHED_ROWS: u32 = MAX_ROWS / 2;
+
 use crate::skel::memtrail::types::{mt_stack_end as End, mt_unwind_image, mt_unwind_mode};
 
 /// Errors preparing unwind tables.
@@ -473,5 +482,26 @@ pub fn report(
         // The allocating stacks (mapping sites allocate nothing).
         stacks: stacks.iter().filter(|s| s.metrics.allocations > 0).count() as u64,
         bytes: stacks.iter().map(|s| s.metrics.bytes).sum(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::MaybeUninit;
+
+    use libbpf_rs::MapCore;
+    use libbpf_rs::skel::SkelBuilder;
+
+    use crate::skel::memtrail::MemtrailSkelBuilder;
+
+    /// The rows budget the up-front thread reads the image cache by is the
+    /// BPF rows map's size.
+    #[test]
+    fn max_rows_is_the_rows_map_size() {
+        let mut storage = MaybeUninit::uninit();
+        let open = MemtrailSkelBuilder::default()
+            .open(&mut storage)
+            .expect("open memtrail's BPF object");
+        assert_eq!(open.maps.unwind_rows.max_entries(), super::MAX_ROWS);
     }
 }
