@@ -28,7 +28,7 @@ use crate::report::{
 use crate::ring::RingError;
 use crate::session::{Finish, Session, SessionOptions, Target};
 use crate::skel::memtrail::MemtrailSkel;
-use crate::symbolize::{AddressSpaces, StackSymbolizer};
+use crate::symbolize::AddressSpaces;
 use crate::sys::{self, ChildExit, SysError};
 
 use sinks::Stack;
@@ -441,6 +441,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         slow_probes,
         exit,
         stream,
+        detaching,
     } = session.finish()?;
     waited?;
     if let Some(stream) = stream {
@@ -449,6 +450,7 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     if let Some(output) = output {
         crate::report::write_profile(&profile, output)?;
     }
+    drop(detaching);
     Ok(Outcome {
         profile,
         slow_probes,
@@ -494,6 +496,7 @@ pub(crate) fn symbolize_stacks(
     agg: &Aggregator,
     stacks: &HashMap<u64, Stack>,
     mut mappings: HashMap<u32, Vec<crate::symbolize::Mapping>>,
+    symbolizer: &crate::symbolize::Background,
 ) -> Vec<StackEntry> {
     let hints: Vec<PathBuf> = agg
         .processes()
@@ -533,10 +536,16 @@ pub(crate) fn symbolize_stacks(
             }
         }
     }
-    let symbolizer = StackSymbolizer::new();
-    for (pid, list) in by_pid {
-        let ips: Vec<&[u64]> = list.iter().map(|(_, _, stack)| &stack.ips[..]).collect();
-        let frames = symbolizer.symbolize(&spaces, pid, &ips);
+    let by_pid: Vec<(u32, Vec<Site<'_>>)> = by_pid.into_iter().collect();
+    let request = by_pid
+        .iter()
+        .map(|(pid, list)| {
+            let ips = list.iter().map(|(_, _, stack)| stack.ips.clone()).collect();
+            (*pid, ips)
+        })
+        .collect();
+    let frames = symbolizer.symbolize(spaces, request);
+    for ((pid, list), frames) in by_pid.into_iter().zip(frames) {
         entries.extend(
             list.into_iter()
                 .zip(frames)

@@ -66,6 +66,7 @@ pub fn attach(
         profile,
         slow_probes,
         stream,
+        detaching,
         ..
     } = session.finish()?;
     if let Some(stream) = stream {
@@ -74,6 +75,7 @@ pub fn attach(
     if let Some(output) = output {
         crate::report::write_profile(&profile, output)?;
     }
+    drop(detaching);
     Ok(AttachOutcome {
         profile,
         slow_probes,

@@ -393,8 +393,10 @@ pub fn write_profile(profile: &Profile, out: OutputFile) -> Result<(), OutputErr
         path: out.path().to_owned(),
         source,
     };
-    let mut w = std::io::BufWriter::new(out.file());
-    serde_json::to_writer_pretty(&mut w, profile).map_err(|e| err(e.into()))?;
+    // Compact: a python3.11 capture's profile took 4.6 MB and ~40 ms
+    // indented, about half as compact (`jq .` indents it for reading).
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, out.file());
+    serde_json::to_writer(&mut w, profile).map_err(|e| err(e.into()))?;
     w.write_all(b"\n").map_err(err)?;
     w.flush().map_err(err)?;
     drop(w);

@@ -313,6 +313,8 @@ pub struct Session {
     _guardian: Option<OwnedFd>,
     sites: Vec<attach::Site>,
     image_cache: ImageCache,
+    /// The symbolizer, loading ahead the files every capture symbolizes.
+    symbols: crate::symbolize::Background,
     start_ns: u64,
     command: Vec<String>,
     /// The rings' sizes and records, the pausing mode and the watermark:
@@ -348,6 +350,10 @@ pub struct Finish {
     /// How the tree ended (what [`Session::wait`] saw).
     pub exit: TreeExit,
     pub(crate) stream: Option<EventWriter>,
+    /// The probes being detached (the kernel waits for RCU grace periods,
+    /// ~100 ms): joined when this is dropped, so that the outputs are
+    /// written meanwhile.
+    pub(crate) detaching: Option<Background<()>>,
 }
 
 impl Session {
@@ -403,6 +409,19 @@ impl Session {
         // the kernel verifies the programs.
         let with_tables = opts.unwind.uses_tables() && opts.stack_depth > 0;
         let preparing = upfront::Preparing::start(with_tables);
+        // So are the files every capture symbolizes: libc and the command.
+        let symbols = crate::symbolize::Background::start(
+            (opts.stack_depth > 0)
+                .then(|| {
+                    let command = spec
+                        .as_ref()
+                        .and_then(|s| std::fs::canonicalize(&s.path).ok());
+                    attach::libc_path().ok().into_iter().chain(command)
+                })
+                .into_iter()
+                .flatten()
+                .collect(),
+        );
         let mut loaded = Loaded::load(|open| {
             open.maps
                 .events
@@ -799,6 +818,7 @@ impl Session {
             _guardian: guardian,
             sites,
             image_cache,
+            symbols,
             start_ns: sys::monotonic_ns(),
             command: Vec::new(),
             rooms,
@@ -1215,14 +1235,15 @@ impl Session {
         self.image_cache.save();
         phases.done("drained, pollers joined");
         // The kernel detaches a link in two steps: the breakpoints go at
-        // once, then it waits for uprobe handlers to finish everywhere (an
-        // RCU grace period: 300 ms for a handful of links here). With no
-        // process tracked any more (the tree has exited, or a running
+        // once, then it waits for uprobe handlers to finish everywhere (RCU
+        // grace periods: ~100 ms for all the links, closed together). With
+        // no process tracked any more (the tree has exited, or a running
         // process was let go above), no probe can change a count or write
         // a record: the links are closed on a thread while the profile is
-        // built, joined before finish returns, whatever it returns. A
-        // session still tracking processes (its own, or a tree it did not
-        // wait for) detaches first, so that the counts below are final.
+        // built and written, joined when the `Finish` goes (or at once if
+        // finish fails). A session still tracking processes (its own, or a
+        // tree it did not wait for) detaches first, so that the counts
+        // below are final.
         let mut links = std::mem::take(&mut self.links);
         links.append(&mut attacher.links);
         links.append(&mut self.cached_links);
@@ -1230,7 +1251,14 @@ impl Session {
             .is_ok_and(|pids| pids.is_empty());
         // (A thread that cannot start drops the links at once.)
         let detaching = if untracked {
-            Some(Background::spawn("memtrail-detach", move || drop(links)))
+            Some(Background::spawn("memtrail-detach", move || {
+                let started = std::time::Instant::now();
+                drop(links);
+                tracing::debug!(
+                    ms = format!("{:.1}", started.elapsed().as_secs_f64() * 1e3),
+                    "finish: probes detached (on a thread, while the outputs are written)"
+                );
+            }))
         } else {
             drop(links);
             None
@@ -1312,19 +1340,23 @@ impl Session {
         profile.attached = matches!(self.target, Target::Pid(_));
         phases.done("drained, detached, profile built");
         let slow_probes = crate::report::slow_probes(&profile.probes);
-        profile.stacks = crate::capture::symbolize_stacks(&agg, &stacks.stacks, mappings.mappings);
+        profile.stacks = crate::capture::symbolize_stacks(
+            &agg,
+            &stacks.stacks,
+            mappings.mappings,
+            &self.symbols,
+        );
         phases.done("stacks symbolized");
         profile.unwind = crate::unwind::report(self.unwind, images_seen, &profile.stacks);
         pressure_stats.high_water = crate::capture::read_high_water(&self.loaded.skel).max(seen);
         profile.pressure = pressure_stats;
         profile.regions = markers.finish();
-        drop(detaching);
-        phases.done("probes detached (on a thread since the drain)");
         Ok(Finish {
             profile,
             slow_probes,
             exit: TreeExit { root: root_exit },
             stream,
+            detaching,
         })
     }
 }

@@ -19,6 +19,9 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
 use crate::report::Frame;
 
+mod background;
+pub use background::Background;
+
 /// An executable file mapping of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mapping {
@@ -141,6 +144,19 @@ impl StackSymbolizer {
                 .build(),
             build_ids: Default::default(),
         }
+    }
+
+    /// Loads `path` (its symbols, and its DWARF where it or a debug file
+    /// it links to has some) as symbolizing an address in it would.
+    pub fn warm(&self, path: &Path) {
+        let src = Source::Elf(Elf::new(path));
+        if let Err(err) = self
+            .symbolizer
+            .symbolize(&src, Input::FileOffset(&[0x1000]))
+        {
+            tracing::debug!(path = %path.display(), %err, "symbolizer: file not loaded ahead");
+        }
+        self.build_id(path);
     }
 
     /// The build id of `path`, read once.

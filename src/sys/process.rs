@@ -233,3 +233,11 @@ pub(super) fn clear_child_subreaper() -> SysResult<()> {
     rustix::process::set_child_subreaper(None)
         .map_err(SysError::rustix("prctl(PR_SET_CHILD_SUBREAPER, 0)"))
 }
+
+/// Sets the calling thread's nice value (Linux keeps one per thread):
+/// 19 lets every other runnable thread go first; back to 0 needs
+/// `CAP_SYS_NICE`, which root has.
+pub fn set_thread_nice(nice: i32) -> SysResult<()> {
+    rustix::process::setpriority_process(Some(rustix::thread::gettid()), nice)
+        .map_err(SysError::rustix("setpriority(PRIO_PROCESS, tid)"))
+}

@@ -1,0 +1,117 @@
+//! A symbolizer on a thread of its own, started with the capture.
+//!
+//! Most of a short capture's symbolization is loading files, not resolving
+//! addresses: libc's detached DWARF (decompressed, its units indexed) took
+//! ~100 ms of every `memtrail run`, at the end, while the user waited. The
+//! files every capture symbolizes (libc, the command's executable) are
+//! loaded here while the kernel verifies the BPF programs and the command
+//! runs; the capture's stacks are then symbolized by the same symbolizer,
+//! which keeps what it loaded. (blazesym's symbolizer cannot move between
+//! threads: the work comes to it.)
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use super::{AddressSpaces, StackSymbolizer};
+use crate::report::Frame;
+
+/// Stacks of one process to symbolize: its pid and each stack's return
+/// addresses.
+pub type Request = Vec<(u32, Vec<Vec<u64>>)>;
+
+/// For each process of the request, in order, its stacks' frames.
+pub type Reply = Vec<Vec<Vec<Frame>>>;
+
+type Job = (AddressSpaces, Request, mpsc::Sender<Reply>);
+
+/// The symbolizing thread; joined when dropped.
+pub struct Background {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Background {
+    /// Starts the thread, which first loads `warm` (files missing or
+    /// unreadable are skipped).
+    pub fn start(warm: Vec<PathBuf>) -> Self {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("memtrail-symbols".into())
+            .spawn(move || {
+                // The signals memtrail passes on to the command are the
+                // main thread's to take.
+                if let Err(err) = crate::sys::signals::block_forwarded() {
+                    tracing::debug!(%err, "symbolizing thread: signals not blocked");
+                }
+                // Loading ahead runs behind the verifier, the up-front
+                // thread and the command: the captured stacks' symbolization
+                // is what the user waits for.
+                let niced = crate::sys::set_thread_nice(19)
+                    .inspect_err(|err| tracing::debug!(%err, "symbolizing thread: nice not set"))
+                    .is_ok();
+                let symbolizer = StackSymbolizer::new();
+                for path in &warm {
+                    let started = std::time::Instant::now();
+                    symbolizer.warm(path);
+                    tracing::debug!(
+                        path = %path.display(),
+                        ms = format!("{:.1}", started.elapsed().as_secs_f64() * 1e3),
+                        "symbolizer loaded a file ahead"
+                    );
+                }
+                if niced && let Err(err) = crate::sys::set_thread_nice(0) {
+                    tracing::debug!(%err, "symbolizing thread: nice not reset");
+                }
+                for (spaces, request, reply) in rx {
+                    let _ = reply.send(symbolize(&symbolizer, &spaces, request));
+                }
+            })
+            .inspect_err(|err| tracing::debug!(%err, "no symbolizing thread: symbolizing in place"))
+            .ok();
+        Self {
+            jobs: thread.is_some().then_some(jobs),
+            thread,
+        }
+    }
+
+    /// Symbolizes `request` in `spaces` on the thread (in place, with a
+    /// new symbolizer, if it is not running).
+    pub fn symbolize(&self, spaces: AddressSpaces, request: Request) -> Reply {
+        let (tx, rx) = mpsc::channel();
+        let Some(jobs) = &self.jobs else {
+            return symbolize(&StackSymbolizer::new(), &spaces, request);
+        };
+        match jobs.send((spaces, request, tx)) {
+            Ok(()) => rx.recv().unwrap_or_else(|_| {
+                // The thread panicked: its panic goes on at the join.
+                Vec::new()
+            }),
+            Err(mpsc::SendError((spaces, request, _))) => {
+                symbolize(&StackSymbolizer::new(), &spaces, request)
+            }
+        }
+    }
+}
+
+fn symbolize(symbolizer: &StackSymbolizer, spaces: &AddressSpaces, request: Request) -> Reply {
+    request
+        .into_iter()
+        .map(|(pid, stacks)| {
+            let ips: Vec<&[u64]> = stacks.iter().map(Vec::as_slice).collect();
+            symbolizer.symbolize(spaces, pid, &ips)
+        })
+        .collect()
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(thread) = self.thread.take()
+            && let Err(panic) = thread.join()
+            && !std::thread::panicking()
+        {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
