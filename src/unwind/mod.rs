@@ -489,7 +489,6 @@ pub fn report(
 mod tests {
     use std::mem::MaybeUninit;
 
-    use libbpf_rs::MapCore;
     use libbpf_rs::skel::SkelBuilder;
 
     use crate::skel::memtrail::MemtrailSkelBuilder;
