@@ -9,8 +9,8 @@
 #        load; 2 cannot run (not root, build failed).
 #
 # Nothing is attached or pinned: bpf_stack holds every object by fd only,
-# and its exit unloads them. The trap stops it if this script is stopped,
-# and unmounts tracefs if this script mounted it.
+# and its exit unloads them. The trap stops it if this script is stopped.
+# (Every program loads by BTF name: tracefs is not needed.)
 set -euo pipefail
 
 # Stack budget of one BPF program, in bytes, summed over its subprograms
@@ -26,24 +26,14 @@ if [[ $EUID -ne 0 ]]; then
 fi
 
 tool_pid=
-mounted_tracefs=
 cleanup() {
 	if [[ -n $tool_pid ]]; then
 		kill "$tool_pid" 2>/dev/null || true
 		wait "$tool_pid" 2>/dev/null || true
 	fi
-	if [[ -n $mounted_tracefs ]]; then
-		umount /sys/kernel/tracing || true
-	fi
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
-
-# Tracepoint programs resolve their events through tracefs.
-if ! mountpoint -q /sys/kernel/tracing; then
-	mount -t tracefs nodev /sys/kernel/tracing
-	mounted_tracefs=1
-fi
 
 cargo build --quiet --example bpf_stack || exit 2
 tool="${CARGO_TARGET_DIR:-target}/debug/examples/bpf_stack"

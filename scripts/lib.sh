@@ -42,7 +42,8 @@ install_deps() {
   fi
 }
 
-# Kernel file systems memtrail and its checks use.
+# Kernel file systems the tests use (tracefs: the cleanup tests read its
+# uprobe_events; memtrail itself needs neither).
 mount_fs() {
   [ -d /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing
   mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf

@@ -303,15 +303,14 @@ pub struct Outcome {
 }
 
 /// The capabilities memtrail needs without root, as `setcap` spells them.
-/// CAP_SYS_ADMIN can stand for CAP_BPF, CAP_PERFMON and
-/// CAP_CHECKPOINT_RESTORE; CAP_DAC_OVERRIDE for CAP_DAC_READ_SEARCH.
-pub const CAPABILITIES: &str = "cap_bpf,cap_perfmon,cap_dac_read_search,cap_checkpoint_restore";
+/// CAP_SYS_ADMIN can stand for all three. (Every program attaches by BTF
+/// name or through `uprobe_multi` links: nothing is looked up in tracefs,
+/// which only root may search.)
+pub const CAPABILITIES: &str = "cap_bpf,cap_perfmon,cap_checkpoint_restore";
 
 /// Checks, before anything is loaded, that memtrail may do what a capture
 /// does; names every capability that is missing.
 pub(crate) fn check_environment() -> Result<(), CaptureError> {
-    const CAP_DAC_OVERRIDE: u32 = 1;
-    const CAP_DAC_READ_SEARCH: u32 = 2;
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
@@ -335,28 +334,6 @@ pub(crate) fn check_environment() -> Result<(), CaptureError> {
             feature: "BTF (/sys/kernel/btf/vmlinux)",
             hint: "memtrail needs a kernel built with CONFIG_DEBUG_INFO_BTF=y",
         });
-    }
-    match sys::ensure_tracefs() {
-        Ok(()) => {}
-        // tracefs is root's alone (mode 0700): its tracepoint ids need
-        // CAP_DAC_READ_SEARCH to be read.
-        Err(err) if err.errno() == Some(libc::EACCES) => {
-            if !has(CAP_DAC_READ_SEARCH) && !has(CAP_DAC_OVERRIDE) {
-                missing.push(
-                    "CAP_DAC_READ_SEARCH (to read tracepoint ids in tracefs, which only root may search)",
-                );
-            }
-        }
-        Err(err) if err.errno() == Some(libc::EPERM) && !admin => missing.push(
-            "CAP_SYS_ADMIN to mount tracefs at /sys/kernel/tracing (or mount it as root first)",
-        ),
-        Err(_) => {
-            return Err(CaptureError::KernelFeature {
-                feature: "tracefs at /sys/kernel/tracing",
-                hint: "mount it (mount -t tracefs nodev /sys/kernel/tracing) or enable \
-                       CONFIG_TRACING",
-            });
-        }
     }
     if missing.is_empty() {
         Ok(())

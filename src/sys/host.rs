@@ -1,35 +1,8 @@
-//! The host: tracefs, capabilities, the kernel log, the monotonic clock and
+//! The host: capabilities, the kernel log, the monotonic clock and
 //! file identities as BPF programs see them.
 
 use std::io;
 use std::path::Path;
-
-use super::{SysError, SysResult};
-
-/// Mounts tracefs at /sys/kernel/tracing when it is not mounted yet:
-/// libbpf resolves syscall tracepoint ids through it.
-pub fn ensure_tracefs() -> SysResult<()> {
-    let probe = Path::new("/sys/kernel/tracing/events");
-    match std::fs::metadata(probe) {
-        Ok(_) => return Ok(()),
-        // Mounted, but not ours to search (mode 0700, root's).
-        Err(err) if err.kind() == io::ErrorKind::PermissionDenied => {
-            return Err(SysError {
-                call: "stat(/sys/kernel/tracing/events)",
-                source: err,
-            });
-        }
-        Err(_) => {}
-    }
-    rustix::mount::mount(
-        "tracefs",
-        "/sys/kernel/tracing",
-        "tracefs",
-        rustix::mount::MountFlags::empty(),
-        None,
-    )
-    .map_err(SysError::rustix("mount(tracefs)"))
-}
 
 /// Whether this process has `cap` in its effective set.
 pub fn has_capability(cap: u32) -> bool {

@@ -9,7 +9,7 @@
 //! - `sigmask`: memtrail's signal dispositions and masks, signalfd;
 //! - [`signals`]: the signals memtrail passes on to the command;
 //! - `bpf`: BPF maps and uprobe_multi links by descriptor;
-//! - `host`: tracefs, capabilities, the kernel log, clocks, file ids.
+//! - `host`: capabilities, the kernel log, clocks, file ids.
 //!
 //! Calls go through rustix wherever it has them. Raw libc stays where it
 //! has nothing (NSS lookups, klogctl, signalfd, sigaction and sigprocmask,
@@ -39,7 +39,7 @@ pub use fd::{
     write_all,
 };
 pub use guardian::{GuardianCgroup, spawn_guardian};
-pub use host::{ensure_tracefs, has_capability, kernel_file_id, kernel_log_tail, monotonic_ns};
+pub use host::{has_capability, kernel_file_id, kernel_log_tail, monotonic_ns};
 pub use process::{
     INIT_PID_NS_INO, Pid, ThreadStates, kill, pid_namespace, pidfd_check_alive, pidfd_open,
     pidfd_open_thread, pidfd_send_signal, set_child_subreaper, set_thread_nice, thread_states,
