@@ -98,10 +98,11 @@ fn state(pid: u32) -> char {
     after.chars().next().expect("state")
 }
 
-/// memtrail's threads but the one that prepares the up-front images during
-/// set-up (it blocks the signals memtrail forwards, so they reach the main
-/// thread). That thread names itself once it runs: until then it has the
-/// main thread's name, and is told apart by its tid.
+/// memtrail's threads but the two that work ahead during set-up, preparing
+/// the up-front images and loading the symbolizer's files (they block the
+/// signals memtrail forwards, so they reach the main thread). Such a thread
+/// names itself once it runs: until then it has the main thread's name,
+/// and is told apart by its tid.
 fn threads(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .expect("read task")
@@ -110,7 +111,7 @@ fn threads(pid: u32) -> usize {
             let main = task.file_name().to_str() == Some(&pid.to_string());
             std::fs::read_to_string(task.path().join("comm")).is_ok_and(|comm| {
                 let comm = comm.trim_end();
-                main || (comm != "memtrail-upfron" && comm != "memtrail")
+                main || !matches!(comm, "memtrail-upfron" | "memtrail-symbol" | "memtrail")
             })
         })
         .count()

@@ -409,19 +409,25 @@ impl Session {
         // the kernel verifies the programs.
         let with_tables = opts.unwind.uses_tables() && opts.stack_depth > 0;
         let preparing = upfront::Preparing::start(with_tables);
-        // So are the files every capture symbolizes: libc and the command.
-        let symbols = crate::symbolize::Background::start(
-            (opts.stack_depth > 0)
-                .then(|| {
-                    let command = spec
-                        .as_ref()
-                        .and_then(|s| std::fs::canonicalize(&s.path).ok());
-                    attach::libc_path().ok().into_iter().chain(command)
-                })
-                .into_iter()
-                .flatten()
-                .collect(),
-        );
+        // So are the files every capture symbolizes: libc and the command
+        // (not in a process tracking itself, where a thread of its own
+        // would be tracked).
+        let symbols = if target == Target::SelfProcess {
+            crate::symbolize::Background::in_place()
+        } else {
+            crate::symbolize::Background::start(
+                (opts.stack_depth > 0)
+                    .then(|| {
+                        let command = spec
+                            .as_ref()
+                            .and_then(|s| std::fs::canonicalize(&s.path).ok());
+                        attach::libc_path().ok().into_iter().chain(command)
+                    })
+                    .into_iter()
+                    .flatten()
+                    .collect(),
+            )
+        };
         let mut loaded = Loaded::load(|open| {
             open.maps
                 .events

@@ -10,8 +10,10 @@
 //! threads: the work comes to it.)
 
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
+
+use crate::sys::{self, Pid};
 
 use super::{AddressSpaces, StackSymbolizer};
 use crate::report::Frame;
@@ -29,13 +31,47 @@ type Job = (AddressSpaces, Request, mpsc::Sender<Reply>);
 pub struct Background {
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
+    niceness: Arc<Mutex<Niceness>>,
+}
+
+/// Whether the thread still loads ahead at nice 19.
+#[derive(Default)]
+struct Niceness {
+    /// Its work is waited for: it must not lower its priority any more.
+    hurried: bool,
+    /// Its id while it runs at nice 19.
+    niced: Option<Pid>,
+}
+
+impl Niceness {
+    /// Puts the niced thread back at the default priority.
+    fn restore(&mut self) {
+        if let Some(tid) = self.niced.take()
+            && let Err(err) = sys::set_thread_nice(tid, 0)
+        {
+            tracing::debug!(%err, "symbolizing thread: nice not reset");
+        }
+    }
 }
 
 impl Background {
+    /// No thread: [`symbolize`](Self::symbolize) works in place. For a
+    /// session tracking its own process, whose threads' allocations count
+    /// unless they are the session's known few.
+    pub fn in_place() -> Self {
+        Self {
+            jobs: None,
+            thread: None,
+            niceness: Default::default(),
+        }
+    }
+
     /// Starts the thread, which first loads `warm` (files missing or
     /// unreadable are skipped).
     pub fn start(warm: Vec<PathBuf>) -> Self {
         let (jobs, rx) = mpsc::channel::<Job>();
+        let niceness = Arc::new(Mutex::new(Niceness::default()));
+        let shared = niceness.clone();
         let thread = std::thread::Builder::new()
             .name("memtrail-symbols".into())
             .spawn(move || {
@@ -45,11 +81,18 @@ impl Background {
                     tracing::debug!(%err, "symbolizing thread: signals not blocked");
                 }
                 // Loading ahead runs behind the verifier, the up-front
-                // thread and the command: the captured stacks' symbolization
-                // is what the user waits for.
-                let niced = crate::sys::set_thread_nice(19)
-                    .inspect_err(|err| tracing::debug!(%err, "symbolizing thread: nice not set"))
-                    .is_ok();
+                // thread and the command; whoever needs the thread's work
+                // raises it back (`hurry`).
+                {
+                    let mut nice = shared.lock().unwrap_or_else(|e| e.into_inner());
+                    if !nice.hurried {
+                        let tid = sys::gettid();
+                        match sys::set_thread_nice(tid, 19) {
+                            Ok(()) => nice.niced = Some(tid),
+                            Err(err) => tracing::debug!(%err, "symbolizing thread: nice not set"),
+                        }
+                    }
+                }
                 let symbolizer = StackSymbolizer::new();
                 for path in &warm {
                     let started = std::time::Instant::now();
@@ -60,9 +103,7 @@ impl Background {
                         "symbolizer loaded a file ahead"
                     );
                 }
-                if niced && let Err(err) = crate::sys::set_thread_nice(0) {
-                    tracing::debug!(%err, "symbolizing thread: nice not reset");
-                }
+                shared.lock().unwrap_or_else(|e| e.into_inner()).restore();
                 for (spaces, request, reply) in rx {
                     let _ = reply.send(symbolize(&symbolizer, &spaces, request));
                 }
@@ -72,12 +113,22 @@ impl Background {
         Self {
             jobs: thread.is_some().then_some(jobs),
             thread,
+            niceness,
         }
+    }
+
+    /// Puts the thread back at the default priority for good: its work is
+    /// now waited for (at nice 19 on a busy machine it could wait long).
+    fn hurry(&self) {
+        let mut nice = self.niceness.lock().unwrap_or_else(|e| e.into_inner());
+        nice.hurried = true;
+        nice.restore();
     }
 
     /// Symbolizes `request` in `spaces` on the thread (in place, with a
     /// new symbolizer, if it is not running).
     pub fn symbolize(&self, spaces: AddressSpaces, request: Request) -> Reply {
+        self.hurry();
         let (tx, rx) = mpsc::channel();
         let Some(jobs) = &self.jobs else {
             return symbolize(&StackSymbolizer::new(), &spaces, request);
@@ -106,6 +157,7 @@ fn symbolize(symbolizer: &StackSymbolizer, spaces: &AddressSpaces, request: Requ
 
 impl Drop for Background {
     fn drop(&mut self) {
+        self.hurry();
         self.jobs.take();
         if let Some(thread) = self.thread.take()
             && let Err(panic) = thread.join()

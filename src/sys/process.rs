@@ -234,10 +234,16 @@ pub(super) fn clear_child_subreaper() -> SysResult<()> {
         .map_err(SysError::rustix("prctl(PR_SET_CHILD_SUBREAPER, 0)"))
 }
 
-/// Sets the calling thread's nice value (Linux keeps one per thread):
-/// 19 lets every other runnable thread go first; back to 0 needs
-/// `CAP_SYS_NICE`, which root has.
-pub fn set_thread_nice(nice: i32) -> SysResult<()> {
-    rustix::process::setpriority_process(Some(rustix::thread::gettid()), nice)
-        .map_err(SysError::rustix("setpriority(PRIO_PROCESS, tid)"))
+/// The calling thread's id.
+pub fn gettid() -> Pid {
+    Pid(rustix::thread::gettid().as_raw_nonzero().get() as u32)
+}
+
+/// Sets the nice value of thread `tid` of this process (Linux keeps one
+/// per thread): 19 lets every other runnable thread go first; back to 0
+/// needs `CAP_SYS_NICE`, which root has.
+pub fn set_thread_nice(tid: Pid, nice: i32) -> SysResult<()> {
+    const CALL: &str = "setpriority(PRIO_PROCESS, tid)";
+    rustix::process::setpriority_process(Some(tid.to_rustix(CALL)?), nice)
+        .map_err(SysError::rustix(CALL))
 }
