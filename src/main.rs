@@ -8,6 +8,15 @@ use memtrail::bench::cli as bench;
 use memtrail::cli::{self, Cli, Command};
 use tracing_subscriber::EnvFilter;
 
+/// memtrail's own heap is not libc's: its probes on libc's malloc and free
+/// are system-wide while a capture runs (and until the kernel has detached
+/// them), so every allocation memtrail itself made trapped into them, with
+/// a return probe besides; symbolizing a capture's stacks and writing its
+/// profile make hundreds of thousands. (The library keeps the embedder's
+/// allocator.)
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let mut command = Cli::command();
     // `memtrail --version` probes the kernel: only when asked.

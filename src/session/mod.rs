@@ -1205,6 +1205,28 @@ impl Session {
             Some(Err(_)) => return Err(CaptureError::PollerPanicked),
             None => PressureStats::default(),
         };
+        // The kernel detaches a link in two steps: the breakpoints go at
+        // once, then it waits for uprobe handlers to finish everywhere (RCU
+        // grace periods: ~100 ms for all the links, closed together). With
+        // no process tracked any more (the tree has exited, or a running
+        // process was let go above), no probe can change a count or write
+        // a record: the links are closed on a thread from here on, while
+        // the rings are drained and the profile is built and written,
+        // joined when the `Finish` goes (or at once if finish fails). A
+        // session still tracking processes (its own, or a tree it did not
+        // wait for) detaches here and now, before the drain, so that the
+        // counts below are final.
+        let untracked = sys::bpf_map_u32_keys(self.loaded.skel.maps.tracked.as_fd())
+            .is_ok_and(|pids| pids.is_empty());
+        let mut links = std::mem::take(&mut self.links);
+        links.append(&mut self.cached_links);
+        let detaching = if untracked {
+            Some(detach_on_thread(links, None))
+        } else {
+            drop(links);
+            None
+        };
+        phases.done("detaching started");
         // Whatever happened to the tree, drain and join the pollers.
         let barrier = self.threads.barrier.clone();
         let epoch = barrier.raise();
@@ -1240,36 +1262,16 @@ impl Session {
         }
         self.image_cache.save();
         phases.done("drained, pollers joined");
-        // The kernel detaches a link in two steps: the breakpoints go at
-        // once, then it waits for uprobe handlers to finish everywhere (RCU
-        // grace periods: ~100 ms for all the links, closed together). With
-        // no process tracked any more (the tree has exited, or a running
-        // process was let go above), no probe can change a count or write
-        // a record: the links are closed on a thread while the profile is
-        // built and written, joined when the `Finish` goes (or at once if
-        // finish fails). A session still tracking processes (its own, or a
-        // tree it did not wait for) detaches first, so that the counts
-        // below are final.
-        let mut links = std::mem::take(&mut self.links);
-        links.append(&mut attacher.links);
-        links.append(&mut self.cached_links);
-        let untracked = sys::bpf_map_u32_keys(self.loaded.skel.maps.tracked.as_fd())
-            .is_ok_and(|pids| pids.is_empty());
-        // (A thread that cannot start drops the links at once.)
+        // The images examined during the run were probed by the attach
+        // worker: their links go now, on a thread as the others or, for a
+        // tree still tracked, at once.
+        let links = std::mem::take(&mut attacher.links);
         let detaching = if untracked {
-            Some(Background::spawn("memtrail-detach", move || {
-                let started = std::time::Instant::now();
-                drop(links);
-                tracing::debug!(
-                    ms = format!("{:.1}", started.elapsed().as_secs_f64() * 1e3),
-                    "finish: probes detached (on a thread, while the outputs are written)"
-                );
-            }))
+            Some(detach_on_thread(links, detaching))
         } else {
             drop(links);
             None
         };
-        phases.done("detaching started");
         if let Some(failure) = attacher.failures.into_iter().next() {
             return Err(CaptureError::AttachImage {
                 image: failure.image,
@@ -1370,6 +1372,23 @@ impl Session {
 /// Work on a thread of its own, joined when dropped (whatever path the
 /// session leaves by); none when the thread could not start, in which case
 /// the work's closure was dropped unrun.
+/// Closes `links` on a thread (at once if it cannot start); the thread
+/// then waits for `before`, an earlier such thread, so that joining the
+/// last joins all.
+fn detach_on_thread(links: Links, before: Option<Background<()>>) -> Background<()> {
+    Background::spawn("memtrail-detach", move || {
+        let started = std::time::Instant::now();
+        drop(links);
+        if let Some(before) = before {
+            drop(before);
+            tracing::debug!(
+                ms = format!("{:.1}", started.elapsed().as_secs_f64() * 1e3),
+                "finish: probes detached (on threads, while the outputs were written)"
+            );
+        }
+    })
+}
+
 pub(crate) struct Background<T>(Option<JoinHandle<T>>);
 
 impl<T: Send + 'static> Background<T> {
