@@ -96,10 +96,16 @@ fn table_of(path: &std::path::Path, cache: Option<&unwind::cache::Cache>) -> Pre
     }
 }
 
+/// The newest entries of the image cache prepared whatever the time they
+/// take (a few milliseconds): a cache that small behaves the same in every
+/// capture, however loaded the machine.
+const ALWAYS_CACHED: usize = 32;
+
 /// Examines the up-front images, in the order the session installs them:
 /// libc and the C++ runtimes, the dynamic loader, then the image cache's
-/// unchanged entries until `enough` is raised. An entry left out is
-/// examined, held, if a process maps it.
+/// unchanged entries until `enough` is raised (past the newest
+/// [`ALWAYS_CACHED`]). An entry left out is examined, held, if a process
+/// maps it.
 fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
     let cache = if tables {
         unwind::cache::Cache::open()
@@ -149,8 +155,9 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
         _ => 0,
     };
     let mut rows: usize = images.iter().map(rows_of).sum();
-    for entry in image_cache.valid().into_iter().rev() {
-        if tables && rows >= unwind::CACHED_ROWS as usize || enough.load(Ordering::Relaxed) {
+    for (nth, entry) in image_cache.valid().into_iter().rev().enumerate() {
+        let waited_for = nth >= ALWAYS_CACHED && enough.load(Ordering::Relaxed);
+        if tables && rows >= unwind::CACHED_ROWS as usize || waited_for {
             break;
         }
         let id = entry.stamp.id();
