@@ -756,6 +756,16 @@ struct unwind_walk {
 	__u8 exact;  /* pc is an interrupted instruction, not a return address */
 };
 
+/*
+ * Always 0, but a variable the verifier cannot see the value of (.bss, as
+ * walk_first_frame below): a step that clears `exact` writes it rather
+ * than the constant 0. `exact` takes part in the row search's key, and
+ * with the constant the verifier entered unwind_step 51 times before the
+ * walk's states converged, against 24 now: alloc_enter's verification
+ * processed 39,534 instructions, 21,747 now, in about half the time.
+ */
+__u8 walk_zero = 0;
+
 struct unwind_search {
 	__u32 lo;
 	__u32 hi;
@@ -923,7 +933,7 @@ static __always_inline bool fp_step(struct unwind_walk *w, __u16 why,
 	w->sp = w->bp + 16;
 	w->bp = frame->next;
 	w->pc = frame->ret;
-	w->exact = 0;
+	w->exact = walk_zero;
 	return true;
 }
 
@@ -1056,7 +1066,7 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 done:
 	w->sp = cfa;
 	w->pc = ra;
-	w->exact = 0;
+	w->exact = walk_zero;
 	return true;
 }
 
