@@ -269,7 +269,7 @@ pub fn ld_so_path() -> Option<PathBuf> {
 /// The allocator sites of `image` for the given API, and its USDT region
 /// markers (see [`usdt`]).
 pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError> {
-    let data = fs::read(image).map_err(|source| AttachError::Read {
+    let data = crate::sys::map_file(image).map_err(|source| AttachError::Read {
         path: image.to_owned(),
         source,
     })?;

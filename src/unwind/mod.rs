@@ -402,7 +402,7 @@ pub fn prepare(
     path: &Path,
     cache: Option<&cache::Cache>,
 ) -> Result<(Option<Table>, bool), UnwindError> {
-    let data = std::fs::read(path).map_err(|source| UnwindError::Read {
+    let data = crate::sys::map_file(path).map_err(|source| UnwindError::Read {
         path: path.to_owned(),
         source,
     })?;
