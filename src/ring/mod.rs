@@ -155,6 +155,16 @@ impl RingConsumer {
             what: "producer pages",
             source,
         })?;
+        // Not copied into memtrail's children (the command before its exec,
+        // the guardian): a fork copied the page table of both mappings of
+        // every data page (8,192 for a 16 MiB ring), and the exec dropped
+        // it again.
+        let advised = consumer
+            .advise(memmap2::Advice::DontFork)
+            .and_then(|()| producer.advise(memmap2::Advice::DontFork));
+        if let Err(err) = advised {
+            tracing::debug!(%err, "ring: MADV_DONTFORK not set");
+        }
         let mut ring = Self {
             consumer,
             producer,

@@ -251,6 +251,14 @@ impl Tables {
                 .map_mut(pages_map.as_raw_fd())
         }
         .map_err(UnwindError::Map)?;
+        // Not copied into memtrail's children (the command before its exec,
+        // the guardian): a fork copied the page table of every mapped page
+        // of a BPF map, and the exec dropped it again.
+        for map in [&rows, &pages] {
+            if let Err(err) = map.advise(memmap2::Advice::DontFork) {
+                tracing::debug!(%err, "unwind tables: MADV_DONTFORK not set");
+            }
+        }
         let images = images_map.try_clone_to_owned().map_err(UnwindError::Map)?;
         Ok(Self {
             rows,
