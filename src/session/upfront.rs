@@ -77,8 +77,9 @@ impl Preparing {
     }
 
     /// What the thread prepared (prepared here if it could not start).
-    /// The runtimes are always prepared whole; of the image cache, what
-    /// the thread got to while the BPF object loaded.
+    /// The runtimes are always prepared whole; of the image cache, its
+    /// [`ALWAYS_CACHED`] newest entries and whatever more the thread got
+    /// to while the BPF object loaded.
     pub fn finish(self, tables: bool) -> Result<Prepared, AttachError> {
         self.enough.store(true, Ordering::Relaxed);
         self.thread
