@@ -340,8 +340,6 @@ struct Elf<'a> {
 }
 
 impl Elf<'_> {
-    /// Address of the defined function `name` (dynamic symbols first, then
-    /// the static table), preferring the default version of a symbol.
     /// The addresses of the functions named in `names` the image defines,
     /// by name: the dynamic symbol where there is one, else the symbol
     /// table's; the first of a name in each. One pass over each table (a
@@ -353,25 +351,15 @@ impl Elf<'_> {
         let wanted: std::collections::HashSet<&'n [u8]> =
             names.into_iter().map(str::as_bytes).collect();
         let mut found = std::collections::HashMap::new();
-        for dynamic in [true, false] {
-            let mut from_this_table = std::collections::HashMap::new();
-            let symbols = if dynamic {
-                self.file.dynamic_symbols()
-            } else {
-                self.file.symbols()
-            };
-            for sym in symbols {
-                if !sym.is_definition() || sym.kind() != object::SymbolKind::Text {
-                    continue;
-                }
-                let Ok(name) = sym.name_bytes() else { continue };
-                if let Some(&name) = wanted.get(name)
-                    && !found.contains_key(name)
-                {
-                    from_this_table.entry(name).or_insert(sym.address());
-                }
+        // The dynamic table first: a name it defines keeps its address.
+        for sym in self.file.dynamic_symbols().chain(self.file.symbols()) {
+            if !sym.is_definition() || sym.kind() != object::SymbolKind::Text {
+                continue;
             }
-            found.extend(from_this_table);
+            let Ok(name) = sym.name_bytes() else { continue };
+            if let Some(&name) = wanted.get(name) {
+                found.entry(name).or_insert(sym.address());
+            }
         }
         found
     }

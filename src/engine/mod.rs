@@ -207,7 +207,7 @@ pub struct ThreadIds {
 impl ThreadIds {
     /// Adds the calling thread.
     pub fn add_current(&self) {
-        let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+        let tid = crate::sys::gettid().get();
         let mut tids = self.tids.lock().unwrap_or_else(|e| e.into_inner());
         tids.push(tid);
         self.added.notify_all();

@@ -1155,7 +1155,7 @@ impl Session {
         let mut buf = [0u8; NAME_MAX + 1];
         let n = name.len().min(NAME_MAX);
         buf[..n].copy_from_slice(&name.as_bytes()[..n]);
-        let tid = current_tid();
+        let tid = sys::gettid().get();
         match self.ask(Op::Begin { tid, name: buf })? {
             Reply::Begun => Ok(()),
             _ => Err(CaptureError::State("unexpected reply")),
@@ -1164,7 +1164,9 @@ impl Session {
 
     /// Ends the calling thread's innermost region; its counts.
     pub fn region_end(&self) -> Result<RegionCounts, CaptureError> {
-        match self.ask(Op::End { tid: current_tid() })? {
+        match self.ask(Op::End {
+            tid: sys::gettid().get(),
+        })? {
             Reply::Ended(counts) => Ok(counts),
             Reply::NoRegion => Err(CaptureError::State("no region is open on this thread")),
             _ => Err(CaptureError::State("unexpected reply")),
@@ -1369,9 +1371,6 @@ impl Session {
     }
 }
 
-/// Work on a thread of its own, joined when dropped (whatever path the
-/// session leaves by); none when the thread could not start, in which case
-/// the work's closure was dropped unrun.
 /// Closes `links` on a thread (at once if it cannot start); the thread
 /// then waits for `before`, an earlier such thread, so that joining the
 /// last joins all.
@@ -1389,6 +1388,9 @@ fn detach_on_thread(links: Links, before: Option<Background<()>>) -> Background<
     })
 }
 
+/// Work on a thread of its own, joined when dropped (whatever path the
+/// session leaves by); none when the thread could not start, in which case
+/// the work's closure was dropped unrun.
 pub(crate) struct Background<T>(Option<JoinHandle<T>>);
 
 impl<T: Send + 'static> Background<T> {
@@ -1458,10 +1460,6 @@ impl Drop for Region<'_> {
             let _ = self.session.region_end();
         }
     }
-}
-
-fn current_tid() -> u32 {
-    rustix::thread::gettid().as_raw_nonzero().get() as u32
 }
 
 /// A pidfd of running process `pid`, which memtrail may attach to: it
