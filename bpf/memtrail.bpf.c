@@ -59,25 +59,43 @@ struct {
 	__uint(max_entries, 1 << 20);
 } mappings SEC(".maps");
 
-/* Attach requests: executable images not examined yet. */
+/* Attach requests (enum mt_request): executable images not examined yet;
+ * with per-process probes, forks, exits and relinks too. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20);
 } attach_requests SEC(".maps");
 
-/* Images userspace has examined (and probed where it found allocators),
- * by file identity. */
 struct image_id {
 	__u64 dev;
 	__u64 ino;
 };
 
+/* Images userspace has examined, by file identity: with tgid 0 for every
+ * process (system-wide probes, or an image without allocators); with
+ * per-process probes, an image with allocators is known per process, once
+ * that process's own probes on it are made. */
+struct known_id {
+	__u64 dev;
+	__u64 ino;
+	__u32 tgid;
+	__u32 _pad;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1 << 16);
-	__type(key, struct image_id);
+	__type(key, struct known_id);
 	__type(value, __u8);
 } known_images SEC(".maps");
+
+/* Probes per process (uprobe_multi links with a pid) rather than
+ * system-wide: forks are held until the new process has its own. Set by
+ * userspace before load, only where the kernel has bpf_send_signal_task. */
+const volatile bool per_process = false;
+
+extern int bpf_send_signal_task(struct task_struct *task, int sig, enum pid_type type,
+				__u64 value) __weak __ksym;
 
 /* Ids of the stacks already written to the stack ring. When full, stacks
  * are written again (userspace deduplicates by id). */
@@ -460,6 +478,7 @@ struct mt_unwind_image _mt_unwind_image = {};
 enum mt_unwind_cfa _mt_unwind_cfa = MT_CFA_NONE;
 enum mt_unwind_rbp _mt_unwind_rbp = MT_RBP_SAME;
 enum mt_stack_end _mt_stack_end = MT_END_COMPLETE;
+enum mt_request _mt_request = MT_REQ_IMAGE;
 enum mt_unwind_mode _mt_unwind_mode = MT_UNWIND_AUTO;
 struct mt_mapping_record _mt_mapping_record = {};
 struct mt_region_event _mt_region_event = {};
@@ -1551,7 +1570,7 @@ static __always_inline void fill_mapping(struct mt_mapping_record *m, __u64 pid_
 {
 	m->ts_ns = bpf_ktime_get_ns();
 	m->pid = pid_tgid >> 32;
-	m->_pad = 0;
+	m->kind = MT_REQ_IMAGE;
 	m->start = info->start;
 	m->end = info->end;
 	m->pgoff = info->pgoff;
@@ -1559,6 +1578,27 @@ static __always_inline void fill_mapping(struct mt_mapping_record *m, __u64 pid_
 	m->ino = info->ino;
 	if (bpf_probe_read_kernel_str(m->name, sizeof(m->name), info->name) < 0)
 		m->name[0] = 0;
+}
+
+/* A request about process tgid other than an image (enum mt_request);
+ * false when the ring has no room (counted: the capture fails). */
+static __always_inline bool request(__u32 tgid, __u32 kind, __u32 other)
+{
+	struct mt_mapping_record *m;
+
+	m = bpf_ringbuf_reserve(&attach_requests, sizeof(*m), 0);
+	if (!m) {
+		__sync_fetch_and_add(&drops_attach, 1);
+		return false;
+	}
+	__builtin_memset(m, 0, sizeof(*m));
+	m->ts_ns = bpf_ktime_get_ns();
+	m->pid = tgid;
+	m->kind = kind;
+	m->start = other;
+	bpf_ringbuf_submit(m, submit_flags(MT_RING_ATTACH));
+	check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
+	return true;
 }
 
 /*
@@ -1569,11 +1609,16 @@ static __always_inline void fill_mapping(struct mt_mapping_record *m, __u64 pid_
  */
 static __always_inline void request_attach(__u64 pid_tgid, const struct vma_info *info)
 {
-	struct image_id id = { .dev = info->dev, .ino = info->ino };
+	struct known_id id = { .dev = info->dev, .ino = info->ino };
 	struct mt_mapping_record *m;
 
 	if (bpf_map_lookup_elem(&known_images, &id))
 		return;
+	if (per_process) {
+		id.tgid = pid_tgid >> 32;
+		if (bpf_map_lookup_elem(&known_images, &id))
+			return;
+	}
 	m = bpf_ringbuf_reserve(&attach_requests, sizeof(*m), 0);
 	if (!m) {
 		__sync_fetch_and_add(&drops_attach, 1);
@@ -1738,14 +1783,18 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 		return 0;
 	}
 	e = reserve(sizeof(*e));
-	if (!e)
-		return 0;
-	fill_header(&e->hdr, current_ids(), MT_FORK, 0);
-	e->hdr.pid = ptgid;
-	e->child_pid = ctgid;
-	e->_pad = 0;
-	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
-	check_pressure(&events, MT_RING_EVENTS, watermark_events, &hwm_events);
+	if (e) {
+		fill_header(&e->hdr, current_ids(), MT_FORK, 0);
+		e->hdr.pid = ptgid;
+		e->child_pid = ctgid;
+		e->_pad = 0;
+		bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
+		check_pressure(&events, MT_RING_EVENTS, watermark_events, &hwm_events);
+	}
+	/* The child has not run yet: it stops before its first instruction
+	 * and stays stopped until its probes exist. */
+	if (per_process && request(ctgid, MT_REQ_FORK, ptgid) && bpf_ksym_exists(bpf_send_signal_task))
+		bpf_send_signal_task(child, SIGSTOP, PIDTYPE_TGID, 0);
 	return 0;
 }
 
@@ -1759,8 +1808,12 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 		return 0;
 	/* A thread other than the leader that execs takes the leader's tid
 	 * (de_thread); its old tid is no longer anyone's. */
-	if ((__u32)old_pid != (__u32)p->pid)
+	if ((__u32)old_pid != (__u32)p->pid) {
 		release_slot(old_pid);
+		/* Per-process probes name the old leader, gone now. */
+		if (per_process && request(pid_tgid >> 32, MT_REQ_RELINK, 0))
+			bpf_send_signal(SIGSTOP);
+	}
 	/* The root enters the tree here (the others at fork); every thread
 	 * starts the new image with fresh state. */
 	{
@@ -1800,6 +1853,8 @@ int BPF_PROG(sched_exit, struct task_struct *p)
 		return 0;
 	bpf_map_delete_elem(&tracked, &tgid);
 	bpf_map_delete_elem(&code_maps, &tgid);
+	if (per_process)
+		request(tgid, MT_REQ_EXIT, 0);
 	e = reserve(sizeof(*e));
 	if (!e)
 		return 0;

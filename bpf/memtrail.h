@@ -254,13 +254,27 @@ struct mt_unwind_image {
  * An executable file mapping of a tracked process, on the mappings ring:
  * enough to turn its addresses into file offsets after the process exited.
  */
+/* What an attach-ring record asks (mt_mapping_record.kind; every record of
+ * the mappings ring is MT_REQ_IMAGE). With per-process probes (`per_process`
+ * in BPF) each process of the tree is also announced when it forks, held
+ * until its own probes are made; when it exits, for its probes to go; and
+ * when a thread other than its leader execs, since its probes named the old
+ * leader. */
+enum mt_request {
+	MT_REQ_IMAGE = 0, /* an image the process maps; held unless attach_hold is off */
+	MT_REQ_FORK = 1, /* pid = the new process (held), start = its parent */
+	MT_REQ_EXIT = 2,
+	MT_REQ_RELINK = 3, /* held */
+};
+
 /* Mappings ring records, and attach requests on the attach ring: an
- * executable image memtrail has not examined yet; its process is stopped
- * until userspace has attached probes to it. */
+ * executable image memtrail has not examined yet (its process is stopped
+ * until userspace has attached probes to it), or with per-process probes
+ * one of the other mt_request kinds. */
 struct mt_mapping_record {
 	__u64 ts_ns;
 	__u32 pid;
-	__u32 _pad;
+	__u32 kind; /* enum mt_request */
 	__u64 start;
 	__u64 end;
 	__u64 pgoff; /* file offset of start, in bytes */

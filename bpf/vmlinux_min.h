@@ -152,6 +152,14 @@ struct pid {
 	struct upid numbers[1];
 } __attribute__((preserve_access_index));
 
+enum pid_type {
+	PIDTYPE_PID,
+	PIDTYPE_TGID,
+	PIDTYPE_PGID,
+	PIDTYPE_SID,
+	PIDTYPE_MAX,
+};
+
 struct task_struct {
 	int pid;
 	int tgid;

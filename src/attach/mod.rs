@@ -28,11 +28,13 @@
 //! Every site gets a hit counter in BPF ([`HitSlots`], carried in its
 //! cookie), read after the capture into the profile's `probes`.
 //!
-//! Probes are system-wide (every process mapping the file hits them); the
-//! BPF programs filter on the tracked-process map.
+//! Probes are per process where the kernel allows ([`per_process`]), else
+//! system-wide (every process mapping the file hits them); the BPF programs
+//! filter on the tracked-process map either way.
 
 pub mod api;
 pub mod cache;
+pub mod per_process;
 pub mod usdt;
 pub mod worker;
 
@@ -111,7 +113,17 @@ pub fn strip_deleted(path: PathBuf) -> PathBuf {
     }
 }
 
-/// The key of an image in the BPF `known_images` map (`struct image_id`):
+/// The key of an image in the BPF `known_images` map (`struct known_id`):
+/// its device (kernel encoding) and inode, and the process it is known for
+/// (0: every process).
+pub fn known_key(id: (u64, u64), tgid: u32) -> [u8; 24] {
+    let mut key = [0u8; 24];
+    key[..16].copy_from_slice(&image_key(id));
+    key[16..20].copy_from_slice(&tgid.to_ne_bytes());
+    key
+}
+
+/// The key of an image in the BPF `unwind_images` map (`struct image_id`):
 /// its device (kernel encoding) and inode.
 pub fn image_key((dev, ino): (u64, u64)) -> [u8; 16] {
     let mut key = [0u8; 16];
@@ -612,10 +624,19 @@ impl Drop for Links {
             for link in self.libbpf.drain(..) {
                 spawn_drop(scope, link);
             }
-            for fd in self.fds.drain(..) {
-                spawn_drop(scope, fd);
-            }
         });
+        // A few hundred at a time: a storm of exits with per-process
+        // probes hands over thousands.
+        let mut fds = std::mem::take(&mut self.fds);
+        while !fds.is_empty() {
+            let rest = fds.split_off(fds.len().min(256));
+            std::thread::scope(|scope| {
+                for fd in fds.drain(..) {
+                    spawn_drop(scope, fd);
+                }
+            });
+            fds = rest;
+        }
     }
 }
 
@@ -646,7 +667,7 @@ impl AllocPrograms {
 /// Attaches `progs` to every site of one image, with one uprobe_multi link
 /// per program; each site's attach cookie is its kind and argument layout,
 /// and its hit counter, handed out here by `slots`. The links detach when
-/// dropped.
+/// dropped. Probes are system-wide: see [`link_sites`].
 pub fn attach_sites(
     progs: &AllocPrograms,
     sites: &mut [Site],
@@ -654,7 +675,22 @@ pub fn attach_sites(
     links: &mut Links,
 ) -> Result<(), AttachError> {
     slots.assign(sites);
-    let sites = &*sites;
+    let Some(image) = sites.first().map(|s| s.image.clone()) else {
+        return Ok(());
+    };
+    link_sites(progs, sites, &image, 0, links)
+}
+
+/// Attaches `progs` to `sites` (of one image, their hit counters handed
+/// out), reaching the file through `path`: in every process with `pid` 0,
+/// else only in process `pid`.
+pub fn link_sites(
+    progs: &AllocPrograms,
+    sites: &[Site],
+    path: &Path,
+    pid: u32,
+    links: &mut Links,
+) -> Result<(), AttachError> {
     let of_role = |role: Role| {
         sites
             .iter()
@@ -679,12 +715,12 @@ pub fn attach_sites(
         (progs.marker.as_fd(), false, &markers),
     ];
     for (prog, retprobe, group) in groups {
-        let Some(first) = group.first() else {
+        if group.is_empty() {
             continue;
-        };
+        }
         let offsets: Vec<u64> = group.iter().map(|s| s.offset).collect();
         let cookies: Vec<u64> = group.iter().map(|s| s.cookie()).collect();
-        let link = crate::sys::uprobe_multi(prog, &first.image, &offsets, &cookies, retprobe)
+        let link = crate::sys::uprobe_multi(prog, path, &offsets, &cookies, retprobe, pid)
             .map_err(|err| uprobe_error(group, err))?;
         links.push_fd(link);
     }

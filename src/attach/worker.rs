@@ -8,23 +8,29 @@
 //! once per image, records the image as known in BPF, and releases its
 //! hold. An image without allocator symbols is just marked known.
 //!
+//! With per-process probes ([`PerProcess`]) an image's probes are made for
+//! each process that maps it, and the worker also makes a new process's
+//! probes at fork (held, as above), drops them at exit, and makes them
+//! again after an exec by a thread other than the leader.
+//!
 //! A failure to resolve or attach for a live process is never silent: it
 //! is kept and fails the capture, naming the file; the process is released
 //! all the same, so nothing is left stopped.
 
 use std::collections::HashSet;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::cache::Stamp;
+use super::per_process::PerProcess;
 use super::{
     AllocPrograms, AttachError, HitSlots, Links, Role, Site, api, attach_sites, find_sites,
-    image_key, strip_deleted,
+    known_key, strip_deleted,
 };
 use crate::engine::Sink;
 use crate::proctree::stops::{Owner, Stops};
-use crate::record::{self, MappingRecord};
+use crate::record::{self, MappingRecord, Request};
 
 /// An image that could not be examined or probed.
 #[derive(Debug)]
@@ -58,6 +64,8 @@ pub struct AttachWorker {
     /// Unwind tables, loaded for each image before its hold is released
     /// (None with `--unwind fp`).
     pub tables: Option<crate::unwind::Tables>,
+    /// Per-process probes; None when they are system-wide.
+    pub per_process: Option<PerProcess>,
 }
 
 impl AttachWorker {
@@ -70,6 +78,7 @@ impl AttachWorker {
         stops: Arc<Stops>,
         tables: Option<crate::unwind::Tables>,
         slots: HitSlots,
+        per_process: Option<PerProcess>,
     ) -> Self {
         Self {
             progs,
@@ -84,6 +93,7 @@ impl AttachWorker {
             hold: true,
             examined: Vec::new(),
             tables,
+            per_process,
         }
     }
 
@@ -116,7 +126,15 @@ impl AttachWorker {
         if let Some(stamp) = stamp.filter(|_| !only_markers) {
             self.examined.push((real.clone(), stamp, !sites.is_empty()));
         }
-        if !sites.is_empty() {
+        if let Some(per_process) = self.per_process.as_mut().filter(|_| !sites.is_empty()) {
+            self.slots.assign(&mut sites);
+            per_process.add_image(id, &link, &sites)?;
+            for site in &mut sites {
+                site.image = real.clone();
+            }
+            tracing::debug!(image = %real.display(), sites = sites.len(), "examined");
+            self.sites.extend(sites);
+        } else if !sites.is_empty() {
             let mut links = Links::default();
             attach_sites(&self.progs, &mut sites, &mut self.slots, &mut links)?;
             self.links.append(&mut links);
@@ -129,13 +147,18 @@ impl AttachWorker {
         Ok(true)
     }
 
+    /// Records image `id` examined: known to BPF for every process, unless
+    /// its probes are made per process (`link_request` does, for each).
     fn mark_known(&mut self, id: (u64, u64)) {
-        let key = image_key(id);
+        self.known.insert(id);
+        if self.per_process.as_ref().is_some_and(|p| p.has_image(id)) {
+            return;
+        }
+        let key = known_key(id, 0);
         if let Err(err) = crate::sys::bpf_map_update(self.known_images.as_fd(), &key, &[1]) {
             // Not fatal: BPF asks again for this image, and we answer again.
             tracing::warn!(%err, "could not record a known image");
         }
-        self.known.insert(id);
     }
 }
 
@@ -152,28 +175,80 @@ impl Sink for AttachWorker {
             return;
         };
         let pid = req.pid;
-        if !self.hold {
-            self.examine_request(&req);
-            return;
-        }
-        if let Err(err) = self.stops.hold_stopped(pid.into(), Owner::Attach) {
+        // A new process, or one whose leader changed, is held by BPF
+        // whatever `hold` says: it is never memtrail's own.
+        let hold = match req.request {
+            Request::Image => self.hold,
+            Request::Fork { .. } | Request::Relink => true,
+            Request::Exit => false,
+        };
+        if hold && let Err(err) = self.stops.hold_stopped(pid.into(), Owner::Attach) {
             tracing::debug!(pid, %err, "could not hold the requesting process");
         }
-        self.examine_request(&req);
-        if let Err(err) = self.stops.release(pid.into(), Owner::Attach) {
+        match req.request {
+            Request::Image => self.examine_request(&req),
+            Request::Fork { parent } => {
+                self.per_process_request(pid, |p, progs, known| p.fork(progs, known, parent, pid))
+            }
+            Request::Relink => {
+                self.per_process_request(pid, |p, progs, known| p.relink(progs, known, pid));
+            }
+            Request::Exit => {
+                if let Some(per_process) = &mut self.per_process {
+                    per_process.exit(self.known_images.as_fd(), pid);
+                }
+            }
+        }
+        if hold && let Err(err) = self.stops.release(pid.into(), Owner::Attach) {
             tracing::warn!(pid, %err, "could not resume a process after attaching");
         }
     }
 }
 
 impl AttachWorker {
-    /// Examines the requested image unless known.
+    /// Runs `op` on the per-process probes for process `pid`; a failure
+    /// for a live process is kept (as `examine_request` does).
+    fn per_process_request(
+        &mut self,
+        pid: u32,
+        op: impl FnOnce(&mut PerProcess, &AllocPrograms, BorrowedFd<'_>) -> Result<bool, AttachError>,
+    ) {
+        let Some(per_process) = &mut self.per_process else {
+            return;
+        };
+        match op(per_process, &self.progs, self.known_images.as_fd()) {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!(pid, "exited before its probes were made"),
+            Err(_) if process_gone(pid) => tracing::debug!(pid, "exited while probed"),
+            Err(error) => {
+                tracing::error!(pid, %error, "attach failed");
+                let image = std::fs::read_link(format!("/proc/{pid}/exe"))
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default();
+                self.failures.push(AttachFailure { pid, image, error });
+            }
+        }
+    }
+
+    /// Examines the requested image unless known, and with per-process
+    /// probes makes the requesting process's probes on it.
     fn examine_request(&mut self, req: &MappingRecord) {
         let pid = req.pid;
         let id = (req.dev, req.ino);
+        if self.per_process.as_ref().is_some_and(|p| p.has_image(id)) {
+            self.per_process_request(pid, |p, progs, known| p.link(progs, known, pid, id));
+            return;
+        }
         if !self.known.contains(&id) {
             match self.examine(req, id) {
-                Ok(true) => self.mark_known(id),
+                Ok(true) => {
+                    self.mark_known(id);
+                    if self.per_process.as_ref().is_some_and(|p| p.has_image(id)) {
+                        self.per_process_request(pid, |p, progs, known| {
+                            p.link(progs, known, pid, id)
+                        });
+                    }
+                }
                 // Not examined: the next process that maps it asks again.
                 Ok(false) => tracing::debug!(pid, image = %req.name, "exited before examined"),
                 // It died while examined: as above.

@@ -65,6 +65,8 @@ pub struct Options {
     pub stack_ring_size: usize,
     /// How stacks are walked: unwind tables, frame pointers, or both.
     pub unwind: crate::unwind::Mode,
+    /// Where allocator probes go: per process or system-wide.
+    pub probes: crate::attach::per_process::Probes,
     /// Backpressure: off (`0`, loss detection only), bounded, or unbounded.
     pub pressure_timeout: PressureTimeout,
     /// Fill of a ring, in percent, past which producers pause the tree.
@@ -361,6 +363,7 @@ impl Options {
             stack_ring_size: self.stack_ring_size,
             stack_depth: self.stack_depth,
             unwind: self.unwind,
+            probes: self.probes,
             pressure_timeout: self.pressure_timeout,
             watermark_percent: self.watermark_percent,
             process_effects,

@@ -301,6 +301,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "HOW", value_enum, default_value_t = crate::unwind::Mode::Auto)]
     pub unwind: crate::unwind::Mode,
 
+    /// Where allocator probes go: `per-process` puts breakpoints only in
+    /// the tracked processes (each new process is held at fork until its
+    /// own are made: a fork costs a few milliseconds more); `system-wide`
+    /// puts them in every process that maps a probed library, so the rest
+    /// of the host traps on each allocator call while memtrail runs; `auto`
+    /// is per-process where the kernel can hold a process at fork (Linux
+    /// 6.13), else system-wide.
+    #[arg(long, value_name = "WHERE", value_enum, default_value_t = crate::attach::per_process::Probes::Auto)]
+    pub probes: crate::attach::per_process::Probes,
+
     /// Keep no timeline (the heap over time) in the profile: `memtrail
     /// report --format timeline` then draws an empty chart and the text
     /// report has no sparkline. For the leanest capture (what the timeline
@@ -465,6 +475,11 @@ pub struct AttachArgs {
     #[arg(long, value_name = "HOW", value_enum, default_value_t = crate::unwind::Mode::Auto)]
     pub unwind: crate::unwind::Mode,
 
+    /// Where allocator probes go (as `memtrail run --probes`): with
+    /// `per-process`, the rest of the host keeps its allocator untouched.
+    #[arg(long, value_name = "WHERE", value_enum, default_value_t = crate::attach::per_process::Probes::Auto)]
+    pub probes: crate::attach::per_process::Probes,
+
     /// Keep no timeline in the profile (as `memtrail run --no-timeline`).
     #[arg(long)]
     pub no_timeline: bool,
@@ -609,6 +624,7 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
         ring_size: args.ring_size,
         stack_depth: args.stack_depth,
         unwind: args.unwind,
+        probes: args.probes,
         stack_ring_size: args.stack_ring_size,
         pressure_timeout: args.pressure_timeout,
         watermark_percent: args.watermark,
@@ -852,6 +868,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         ring_size: args.ring_size,
         stack_depth: args.stack_depth,
         unwind: args.unwind,
+        probes: args.probes,
         stack_ring_size: args.stack_ring_size,
         pressure_timeout: args.pressure_timeout,
         watermark_percent: args.watermark,

@@ -278,6 +278,9 @@ pub fn decode_stack(bytes: &[u8]) -> Result<StackRecord<'_>, DecodeError> {
 pub struct MappingRecord {
     pub ts_ns: u64,
     pub pid: u32,
+    /// What an attach request asks (`enum mt_request`); an image on the
+    /// mappings ring.
+    pub request: Request,
     pub start: u64,
     pub end: u64,
     pub pgoff: u64,
@@ -286,6 +289,20 @@ pub struct MappingRecord {
     pub ino: u64,
     /// The file's name, without its directory.
     pub name: String,
+}
+
+/// What a record of the attach ring asks about its process (`enum
+/// mt_request`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// An executable image it mapped.
+    Image,
+    /// It was just forked by `parent` (per-process probes), and is held.
+    Fork { parent: u32 },
+    /// It exited (per-process probes).
+    Exit,
+    /// A thread other than its leader exec'd (per-process probes); held.
+    Relink,
 }
 
 /// Decodes a mappings-ring record.
@@ -297,9 +314,19 @@ pub fn decode_mapping(bytes: &[u8]) -> Result<MappingRecord, DecodeError> {
         .map(|&c| c as u8)
         .take_while(|&c| c != 0)
         .collect();
+    let request = match m.kind {
+        k if k == t::mt_request::MT_REQ_IMAGE.0 => Request::Image,
+        k if k == t::mt_request::MT_REQ_FORK.0 => Request::Fork {
+            parent: m.start as u32,
+        },
+        k if k == t::mt_request::MT_REQ_EXIT.0 => Request::Exit,
+        k if k == t::mt_request::MT_REQ_RELINK.0 => Request::Relink,
+        k => return Err(DecodeError::Kind(k as u16)),
+    };
     Ok(MappingRecord {
         ts_ns: m.ts_ns,
         pid: m.pid,
+        request,
         start: m.start,
         end: m.end,
         pgoff: m.pgoff,

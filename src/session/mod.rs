@@ -97,6 +97,8 @@ pub struct SessionOptions {
     pub stack_depth: u32,
     /// How stacks are walked: unwind tables, frame pointers, or both.
     pub unwind: crate::unwind::Mode,
+    /// Where allocator probes go: per process or system-wide.
+    pub probes: crate::attach::per_process::Probes,
     /// Backpressure (must be off for [`Target::SelfProcess`]: a process
     /// cannot pause itself).
     pub pressure_timeout: PressureTimeout,
@@ -120,6 +122,7 @@ impl Default for SessionOptions {
             stack_ring_size: crate::capture::DEFAULT_STACK_RING_SIZE,
             stack_depth: crate::capture::DEFAULT_STACK_DEPTH,
             unwind: crate::unwind::Mode::default(),
+            probes: crate::attach::per_process::Probes::default(),
             pressure_timeout: PressureTimeout::Off,
             watermark_percent: 75,
             process_effects: false,
@@ -369,6 +372,7 @@ impl Session {
         stream: Option<EventWriter>,
     ) -> Result<Self, CaptureError> {
         opts.validate(&target)?;
+        let per_process = opts.probes.per_process()?;
         let mut phases = phases::Phases::new("start-up");
         let spec = match &target {
             Target::Command(argv) => Some(CommandSpec::new(argv.clone())?),
@@ -456,6 +460,7 @@ impl Session {
             }
             ro.pressure_freeze = cgroup.is_some();
             ro.attach_hold = !is_self;
+            ro.per_process = per_process;
             ro.threads_excluded = is_self;
             for (i, room) in rooms.iter().enumerate() {
                 ro.ring_capacity[i] = room.capacity;
@@ -507,6 +512,10 @@ impl Session {
         let mut slots = attach::HitSlots::default();
         let mut known = HashSet::new();
         let mut cached = Vec::new();
+        // With per-process probes, images are recorded here and probed for
+        // each process that maps them (a running target's right below).
+        let mut registry = per_process.then(attach::per_process::PerProcess::new);
+        let known_fd = skel.maps.known_images.as_fd();
         // libc, the C++ runtimes and the dynamic loader (images known up
         // front are never held, so this is their only chance to get their
         // tables).
@@ -522,7 +531,13 @@ impl Session {
             }
             if let Some(found) = image.sites {
                 let mut found = found?;
-                attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?;
+                match (&mut registry, image.id) {
+                    (Some(registry), Some(id)) if !found.is_empty() => {
+                        slots.assign(&mut found);
+                        registry.add_image(id, &image.path, &found)?;
+                    }
+                    _ => attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?,
+                }
                 sites.extend(found);
             }
             let Some(id) = image.id else { continue };
@@ -530,7 +545,9 @@ impl Session {
                 tables.load_prepared(&image.path, id, table);
             }
             if image.why == upfront::Why::Runtime {
-                sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
+                if !registry.as_ref().is_some_and(|r| r.has_image(id)) {
+                    sys::bpf_map_update(known_fd, &attach::known_key(id, 0), &[1])?;
+                }
                 known.insert(id);
             }
         }
@@ -553,16 +570,27 @@ impl Session {
                 if known.contains(&id) {
                     continue;
                 }
-                match attach::find_sites(&image, &attach::api::all()).and_then(|mut f| {
-                    attach::attach_sites(&progs, &mut f, &mut slots, &mut links).map(|()| f)
-                }) {
+                let probed = attach::find_sites(&image, &attach::api::all()).and_then(|mut f| {
+                    match &mut registry {
+                        Some(registry) if !f.is_empty() => {
+                            slots.assign(&mut f);
+                            registry.add_image(id, &image, &f)?;
+                            registry.link(&progs, known_fd, pid, id)?;
+                        }
+                        _ => attach::attach_sites(&progs, &mut f, &mut slots, &mut links)?,
+                    }
+                    Ok(f)
+                });
+                match probed {
                     Ok(found) => sites.extend(found),
                     Err(err) => {
                         tracing::warn!(image = %image.display(), %err, "a mapped image could not be probed");
                     }
                 }
                 load_table(&image, id);
-                sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
+                if !registry.as_ref().is_some_and(|r| r.has_image(id)) {
+                    sys::bpf_map_update(known_fd, &attach::known_key(id, 0), &[1])?;
+                }
                 known.insert(id);
             }
         }
@@ -587,8 +615,16 @@ impl Session {
             }
             if let Some(found) = image.sites {
                 let found = found.and_then(|mut found| {
-                    attach::attach_sites(&progs, &mut found, &mut slots, &mut cached_links)
-                        .map(|()| found)
+                    match &mut registry {
+                        Some(registry) if !found.is_empty() => {
+                            slots.assign(&mut found);
+                            registry.add_image(id, &image.path, &found)?;
+                        }
+                        _ => {
+                            attach::attach_sites(&progs, &mut found, &mut slots, &mut cached_links)?
+                        }
+                    }
+                    Ok(found)
                 });
                 match found {
                     Ok(found) => sites.extend(found),
@@ -601,7 +637,9 @@ impl Session {
             if let (Some(tables), Some(table)) = (&mut tables, image.table) {
                 tables.load_prepared(&image.path, id, table);
             }
-            sys::bpf_map_update(skel.maps.known_images.as_fd(), &attach::image_key(id), &[1])?;
+            if !registry.as_ref().is_some_and(|r| r.has_image(id)) {
+                sys::bpf_map_update(known_fd, &attach::known_key(id, 0), &[1])?;
+            }
             known.insert(id);
         }
         phases.done("cached images probed, their unwind tables loaded");
@@ -732,6 +770,7 @@ impl Session {
             stops.clone(),
             tables,
             slots,
+            registry,
         );
         worker.hold = !is_self;
         threads.attach = Some(
@@ -1267,11 +1306,17 @@ impl Session {
         // The images examined during the run were probed by the attach
         // worker: their links go now, on a thread as the others or, for a
         // tree still tracked, at once.
-        let links = std::mem::take(&mut attacher.links);
+        let mut links = std::mem::take(&mut attacher.links);
+        let unlinking = attacher.per_process.take().map(|per_process| {
+            tracing::debug!(links = per_process.made, "per-process probes made");
+            let (mut rest, unlinking) = per_process.into_links();
+            links.append(&mut rest);
+            unlinking
+        });
         let detaching = if untracked {
-            Some(detach_on_thread(links, detaching))
+            Some(detach_on_thread((links, unlinking), detaching))
         } else {
-            drop(links);
+            drop((links, unlinking));
             None
         };
         if let Some(failure) = attacher.failures.into_iter().next() {
@@ -1374,7 +1419,7 @@ impl Session {
 /// Closes `links` on a thread (at once if it cannot start); the thread
 /// then waits for `before`, an earlier such thread, so that joining the
 /// last joins all.
-fn detach_on_thread(links: Links, before: Option<Background<()>>) -> Background<()> {
+fn detach_on_thread(links: impl Send + 'static, before: Option<Background<()>>) -> Background<()> {
     Background::spawn("memtrail-detach", move || {
         let started = std::time::Instant::now();
         drop(links);

@@ -9,7 +9,9 @@ use std::path::Path;
 use super::{SysError, SysResult};
 
 /// Attaches the BPF program `prog` to `offsets` of the file at `path` in
-/// every process, as one uprobe_multi link (uretprobes with `retprobe`),
+/// every process (`pid` 0) or only in process `pid` (the kernel then puts
+/// breakpoints only in that process's memory, and runs the program only for
+/// its threads), as one uprobe_multi link (uretprobes with `retprobe`),
 /// each offset with its BPF cookie. Closing the returned fd detaches.
 ///
 /// A raw `BPF_LINK_CREATE` rather than libbpf-rs's
@@ -24,6 +26,7 @@ pub fn uprobe_multi(
     offsets: &[u64],
     cookies: &[u64],
     retprobe: bool,
+    pid: u32,
 ) -> SysResult<OwnedFd> {
     use std::os::unix::ffi::OsStrExt;
     assert_eq!(offsets.len(), cookies.len(), "one cookie per offset");
@@ -47,7 +50,7 @@ pub fn uprobe_multi(
             offsets: offsets.as_ptr(),
             ref_ctr_offsets: std::ptr::null(),
             cookies: cookies.as_ptr(),
-            pid: 0,
+            pid,
             __bindgen_padding_0: [0; 4],
         };
     // SAFETY: every pointer in opts points to live data of `cnt` entries

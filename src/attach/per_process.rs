@@ -1,0 +1,311 @@
+//! Per-process probes: uprobe_multi links that name one process, so that
+//! only the tracked tree carries breakpoints and the rest of the host runs
+//! its allocator untouched.
+//!
+//! The kernel filters such a link by its process: breakpoints go only into
+//! that process's memory (and follow it across `exec`), and its program
+//! runs only for that process's threads. A forked child inherits the
+//! parent's breakpoints but not its links, so every process of the tree
+//! needs links of its own: BPF holds a new process stopped at fork (before
+//! its first instruction) and asks for them (`MT_REQ_FORK`); the attach
+//! worker makes them for every image its parent has probes on, and
+//! releases it. An image a process maps later is asked for as before, per
+//! process (`known_images` keyed by image and process). At exit the links
+//! go, closed on a thread of their own: the kernel waits for grace periods
+//! (~30 ms) before a close returns.
+//!
+//! The price is a stop, a few `BPF_LINK_CREATE`s and a resume per fork
+//! (perf/fork_storm.sh). What stays system-wide is cheap: the sched and
+//! syscall tracepoints, which every process passes and leaves at once.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use super::{AllocPrograms, AttachError, Links, Site, known_key, link_sites};
+
+type ImageId = (u64, u64);
+
+/// An image with allocator sites, open for as long as the capture runs
+/// (a file deleted or replaced meanwhile is still the one probed).
+struct Probed {
+    file: OwnedFd,
+    sites: Vec<Site>,
+}
+
+/// The images with allocator sites met so far, and each live process's
+/// links on them.
+pub struct PerProcess {
+    images: HashMap<ImageId, Probed>,
+    procs: HashMap<u32, Vec<(ImageId, Links)>>,
+    detacher: Detacher,
+    /// Links made and closed, for the debug log at the end.
+    pub made: u64,
+}
+
+impl PerProcess {
+    pub fn new() -> Self {
+        Self {
+            images: HashMap::new(),
+            procs: HashMap::new(),
+            detacher: Detacher::start(),
+            made: 0,
+        }
+    }
+
+    /// Records image `id`, reached through `path`, with its `sites` (hit
+    /// counters handed out already); none are attached yet.
+    pub fn add_image(
+        &mut self,
+        id: ImageId,
+        path: &Path,
+        sites: &[Site],
+    ) -> Result<(), AttachError> {
+        let file = std::fs::File::open(path).map_err(|source| AttachError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        self.images.insert(
+            id,
+            Probed {
+                file: file.into(),
+                sites: sites.to_vec(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Whether image `id` has allocator sites (recorded by `add_image`).
+    pub fn has_image(&self, id: ImageId) -> bool {
+        self.images.contains_key(&id)
+    }
+
+    /// Makes process `pid`'s probes on image `id` (once), and records the
+    /// image known for it in BPF. `Ok(false)` when the process is gone.
+    pub fn link(
+        &mut self,
+        progs: &AllocPrograms,
+        known: BorrowedFd<'_>,
+        pid: u32,
+        id: ImageId,
+    ) -> Result<bool, AttachError> {
+        let Some(probed) = self.images.get(&id) else {
+            return Ok(true);
+        };
+        let linked = self.procs.entry(pid).or_default();
+        if linked.iter().any(|(i, _)| *i == id) {
+            return Ok(true);
+        }
+        let path = PathBuf::from(format!("/proc/self/fd/{}", probed.file.as_raw_fd()));
+        let mut links = Links::default();
+        match link_sites(progs, &probed.sites, &path, pid, &mut links) {
+            Ok(()) => {}
+            Err(AttachError::Uprobe { source, .. }) if source.errno() == Some(libc::ESRCH) => {
+                return Ok(false);
+            }
+            Err(err) => return Err(err),
+        }
+        self.made += links.len() as u64;
+        linked.push((id, links));
+        if let Err(err) = crate::sys::bpf_map_update(known, &known_key(id, pid), &[1]) {
+            // Not fatal: BPF asks again, and `link` finds the links made.
+            tracing::warn!(pid, %err, "could not record an image known for a process");
+        }
+        Ok(true)
+    }
+
+    /// Gives `child`, forked by `parent`, probes on every image its parent
+    /// has them on. `Ok(false)` when the child is gone.
+    pub fn fork(
+        &mut self,
+        progs: &AllocPrograms,
+        known: BorrowedFd<'_>,
+        parent: u32,
+        child: u32,
+    ) -> Result<bool, AttachError> {
+        let images: Vec<ImageId> = self
+            .procs
+            .get(&parent)
+            .map(|linked| linked.iter().map(|(id, _)| *id).collect())
+            .unwrap_or_default();
+        for id in images {
+            if !self.link(progs, known, child, id)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Process `pid` exited: its links go (on the detacher), and its images
+    /// are no longer known for it (its pid may name another process later).
+    pub fn exit(&mut self, known: BorrowedFd<'_>, pid: u32) {
+        let Some(linked) = self.procs.remove(&pid) else {
+            return;
+        };
+        let mut all = Links::default();
+        for (id, mut links) in linked {
+            let _ = crate::sys::bpf_map_delete(known, &known_key(id, pid));
+            all.append(&mut links);
+        }
+        self.detacher.close(all);
+    }
+
+    /// A thread other than `pid`'s leader exec'd: its links named the old
+    /// leader, which is gone; they are made again for the process as it is.
+    pub fn relink(
+        &mut self,
+        progs: &AllocPrograms,
+        known: BorrowedFd<'_>,
+        pid: u32,
+    ) -> Result<bool, AttachError> {
+        let Some(linked) = self.procs.remove(&pid) else {
+            return Ok(true);
+        };
+        let mut old = Links::default();
+        let mut images = Vec::new();
+        for (id, mut links) in linked {
+            images.push(id);
+            old.append(&mut links);
+        }
+        for id in images {
+            if !self.link(progs, known, pid, id)? {
+                break;
+            }
+        }
+        self.detacher.close(old);
+        Ok(true)
+    }
+
+    /// Every link still open, and the detacher (dropping it waits for the
+    /// closes it has under way).
+    pub fn into_links(self) -> (Links, impl Send) {
+        let mut all = Links::default();
+        for (_, linked) in self.procs {
+            for (_, mut links) in linked {
+                all.append(&mut links);
+            }
+        }
+        (all, self.detacher)
+    }
+}
+
+impl Default for PerProcess {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Closes links on a thread of its own, a batch at a time: whatever
+/// arrived while a batch waited for its grace periods is closed together
+/// next, so a storm of exits costs a few grace periods, not one per link.
+struct Detacher {
+    send: Option<mpsc::Sender<Links>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Detacher {
+    fn start() -> Self {
+        let (send, recv) = mpsc::channel::<Links>();
+        let thread = std::thread::Builder::new()
+            .name("memtrail-unlink".into())
+            .spawn(move || {
+                while let Ok(mut batch) = recv.recv() {
+                    while let Ok(mut more) = recv.try_recv() {
+                        batch.append(&mut more);
+                    }
+                    drop(batch);
+                }
+            });
+        match thread {
+            Ok(thread) => Self {
+                send: Some(send),
+                thread: Some(thread),
+            },
+            Err(err) => {
+                tracing::debug!(%err, "no detacher thread: links close where they go");
+                Self {
+                    send: None,
+                    thread: None,
+                }
+            }
+        }
+    }
+
+    fn close(&self, links: Links) {
+        if links.is_empty() {
+            return;
+        }
+        match &self.send {
+            Some(send) => {
+                // On failure the links come back in the error and close here.
+                let _ = send.send(links);
+            }
+            None => drop(links),
+        }
+    }
+}
+
+impl Drop for Detacher {
+    fn drop(&mut self) {
+        drop(self.send.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Where allocator probes go (`--probes`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Probes {
+    /// Per process where the kernel can hold a new process at fork
+    /// (`bpf_send_signal_task`, Linux 6.13), else system-wide.
+    #[default]
+    Auto,
+    /// Only in the tracked processes; fails on a kernel without it.
+    PerProcess,
+    /// In every process that maps a probed file (each pays a trap per
+    /// allocator call while memtrail runs); no stop at fork.
+    SystemWide,
+}
+
+/// The first Linux release with the `bpf_send_signal_task` kfunc.
+const SEND_SIGNAL_TASK: (u32, u32) = (6, 13);
+
+impl Probes {
+    /// Whether probes are made per process on this kernel.
+    pub fn per_process(self) -> Result<bool, crate::capture::CaptureError> {
+        let able = || kernel_release() >= SEND_SIGNAL_TASK;
+        match self {
+            Probes::SystemWide => Ok(false),
+            Probes::Auto => Ok(able()),
+            Probes::PerProcess if able() => Ok(true),
+            Probes::PerProcess => Err(crate::capture::CaptureError::KernelFeature {
+                feature: "bpf_send_signal_task (Linux 6.13), for per-process probes",
+                hint: "use --probes system-wide (or auto) on this kernel",
+            }),
+        }
+    }
+}
+
+/// The running kernel's major and minor release (uname), (0, 0) if unread.
+fn kernel_release() -> (u32, u32) {
+    let uname = rustix::system::uname();
+    let release = uname.release().to_string_lossy();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
