@@ -28,6 +28,9 @@ use super::{AllocPrograms, AttachError, Links, Site, known_key, link_sites};
 
 type ImageId = (u64, u64);
 
+/// The per-process probes, shared by the attach worker and the session.
+pub type Shared = std::sync::Arc<std::sync::Mutex<PerProcess>>;
+
 /// An image with allocator sites, open for as long as the capture runs
 /// (a file deleted or replaced meanwhile is still the one probed).
 struct Probed {
@@ -50,7 +53,7 @@ impl PerProcess {
         Self {
             images: HashMap::new(),
             procs: HashMap::new(),
-            detacher: Detacher::start(),
+            detacher: Detacher::default(),
             made: 0,
         }
     }
@@ -197,16 +200,18 @@ impl Default for PerProcess {
     }
 }
 
-/// Closes links on a thread of its own, a batch at a time: whatever
-/// arrived while a batch waited for its grace periods is closed together
-/// next, so a storm of exits costs a few grace periods, not one per link.
+/// Closes links on a thread of its own (started at the first exit), a
+/// batch at a time: whatever arrived while a batch waited for its grace
+/// periods is closed together next, so a storm of exits costs a few grace
+/// periods, not one per link.
+#[derive(Default)]
 struct Detacher {
     send: Option<mpsc::Sender<Links>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Detacher {
-    fn start() -> Self {
+    fn start(&mut self) {
         let (send, recv) = mpsc::channel::<Links>();
         let thread = std::thread::Builder::new()
             .name("memtrail-unlink".into())
@@ -219,23 +224,20 @@ impl Detacher {
                 }
             });
         match thread {
-            Ok(thread) => Self {
-                send: Some(send),
-                thread: Some(thread),
-            },
-            Err(err) => {
-                tracing::debug!(%err, "no detacher thread: links close where they go");
-                Self {
-                    send: None,
-                    thread: None,
-                }
+            Ok(thread) => {
+                self.send = Some(send);
+                self.thread = Some(thread);
             }
+            Err(err) => tracing::debug!(%err, "no detacher thread: links close where they go"),
         }
     }
 
-    fn close(&self, links: Links) {
+    fn close(&mut self, links: Links) {
         if links.is_empty() {
             return;
+        }
+        if self.send.is_none() {
+            self.start();
         }
         match &self.send {
             Some(send) => {

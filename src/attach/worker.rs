@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::cache::Stamp;
-use super::per_process::PerProcess;
+use super::per_process::{PerProcess, Shared};
 use super::{
     AllocPrograms, AttachError, HitSlots, Links, Role, Site, api, attach_sites, find_sites,
     known_key, strip_deleted,
@@ -64,8 +64,9 @@ pub struct AttachWorker {
     /// Unwind tables, loaded for each image before its hold is released
     /// (None with `--unwind fp`).
     pub tables: Option<crate::unwind::Tables>,
-    /// Per-process probes; None when they are system-wide.
-    pub per_process: Option<PerProcess>,
+    /// Per-process probes (shared with the session, which makes the
+    /// command's first ones); None when they are system-wide.
+    pub per_process: Option<Shared>,
 }
 
 impl AttachWorker {
@@ -78,7 +79,7 @@ impl AttachWorker {
         stops: Arc<Stops>,
         tables: Option<crate::unwind::Tables>,
         slots: HitSlots,
-        per_process: Option<PerProcess>,
+        per_process: Option<Shared>,
     ) -> Self {
         Self {
             progs,
@@ -126,12 +127,12 @@ impl AttachWorker {
         if let Some(stamp) = stamp.filter(|_| !only_markers) {
             self.examined.push((real.clone(), stamp, !sites.is_empty()));
         }
-        if let Some(per_process) = self.per_process.as_mut().filter(|_| !sites.is_empty()) {
+        if let Some(per_process) = self.per_process.as_ref().filter(|_| !sites.is_empty()) {
             self.slots.assign(&mut sites);
-            per_process.add_image(id, &link, &sites)?;
             for site in &mut sites {
                 site.image = real.clone();
             }
+            lock(per_process).add_image(id, &link, &sites)?;
             tracing::debug!(image = %real.display(), sites = sites.len(), "examined");
             self.sites.extend(sites);
         } else if !sites.is_empty() {
@@ -147,11 +148,18 @@ impl AttachWorker {
         Ok(true)
     }
 
+    /// Whether image `id` is probed per process.
+    fn has_image(&self, id: (u64, u64)) -> bool {
+        self.per_process
+            .as_ref()
+            .is_some_and(|p| lock(p).has_image(id))
+    }
+
     /// Records image `id` examined: known to BPF for every process, unless
     /// its probes are made per process (`link_request` does, for each).
     fn mark_known(&mut self, id: (u64, u64)) {
         self.known.insert(id);
-        if self.per_process.as_ref().is_some_and(|p| p.has_image(id)) {
+        if self.has_image(id) {
             return;
         }
         let key = known_key(id, 0);
@@ -160,6 +168,14 @@ impl AttachWorker {
             tracing::warn!(%err, "could not record a known image");
         }
     }
+}
+
+/// The per-process probes, locked: the session holds them only while it
+/// makes the command's first probes, before the command runs.
+fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, PerProcess> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether process `pid` has exited or is exiting: it has no memory left to
@@ -194,8 +210,8 @@ impl Sink for AttachWorker {
                 self.per_process_request(pid, |p, progs, known| p.relink(progs, known, pid));
             }
             Request::Exit => {
-                if let Some(per_process) = &mut self.per_process {
-                    per_process.exit(self.known_images.as_fd(), pid);
+                if let Some(per_process) = &self.per_process {
+                    lock(per_process).exit(self.known_images.as_fd(), pid);
                 }
             }
         }
@@ -213,18 +229,26 @@ impl AttachWorker {
         pid: u32,
         op: impl FnOnce(&mut PerProcess, &AllocPrograms, BorrowedFd<'_>) -> Result<bool, AttachError>,
     ) {
-        let Some(per_process) = &mut self.per_process else {
+        let Some(per_process) = &self.per_process else {
             return;
         };
-        match op(per_process, &self.progs, self.known_images.as_fd()) {
+        let done = op(
+            &mut lock(per_process),
+            &self.progs,
+            self.known_images.as_fd(),
+        );
+        match done {
             Ok(true) => {}
             Ok(false) => tracing::debug!(pid, "exited before its probes were made"),
             Err(_) if process_gone(pid) => tracing::debug!(pid, "exited while probed"),
             Err(error) => {
                 tracing::error!(pid, %error, "attach failed");
-                let image = std::fs::read_link(format!("/proc/{pid}/exe"))
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default();
+                let image = match &error {
+                    AttachError::Conflict { path, .. } | AttachError::Uprobe { path, .. } => {
+                        path.display().to_string()
+                    }
+                    _ => String::new(),
+                };
                 self.failures.push(AttachFailure { pid, image, error });
             }
         }
@@ -235,7 +259,7 @@ impl AttachWorker {
     fn examine_request(&mut self, req: &MappingRecord) {
         let pid = req.pid;
         let id = (req.dev, req.ino);
-        if self.per_process.as_ref().is_some_and(|p| p.has_image(id)) {
+        if self.has_image(id) {
             self.per_process_request(pid, |p, progs, known| p.link(progs, known, pid, id));
             return;
         }
@@ -243,7 +267,7 @@ impl AttachWorker {
             match self.examine(req, id) {
                 Ok(true) => {
                     self.mark_known(id);
-                    if self.per_process.as_ref().is_some_and(|p| p.has_image(id)) {
+                    if self.has_image(id) {
                         self.per_process_request(pid, |p, progs, known| {
                             p.link(progs, known, pid, id)
                         });

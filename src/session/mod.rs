@@ -327,6 +327,17 @@ pub struct Session {
     opts_watermark: u8,
     /// How stacks were walked, for the profile.
     unwind: crate::unwind::Mode,
+    /// Per-process probes: the command gets its probes on libc here,
+    /// before it runs (a conflicting tracer fails the capture then, as
+    /// with system-wide probes); the attach worker makes the rest.
+    first_probes: Option<FirstProbes>,
+}
+
+/// What the session needs to make the command's probes on libc.
+struct FirstProbes {
+    registry: attach::per_process::Shared,
+    progs: attach::AllocPrograms,
+    libc: (u64, u64),
 }
 
 // SAFETY: the BPF object is only touched through `&mut self` (start,
@@ -516,6 +527,7 @@ impl Session {
         // each process that maps them (a running target's right below).
         let mut registry = per_process.then(attach::per_process::PerProcess::new);
         let known_fd = skel.maps.known_images.as_fd();
+        let mut libc_id = None;
         // libc, the C++ runtimes and the dynamic loader (images known up
         // front are never held, so this is their only chance to get their
         // tables).
@@ -535,6 +547,10 @@ impl Session {
                     (Some(registry), Some(id)) if !found.is_empty() => {
                         slots.assign(&mut found);
                         registry.add_image(id, &image.path, &found)?;
+                        // libc comes first.
+                        if image.why == upfront::Why::Runtime {
+                            libc_id.get_or_insert(id);
+                        }
                     }
                     _ => attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?,
                 }
@@ -567,6 +583,11 @@ impl Session {
                 let Ok(id) = sys::kernel_file_id(&image) else {
                     continue;
                 };
+                // An image probed per process already (libc, the runtimes).
+                if let Some(registry) = registry.as_mut().filter(|r| r.has_image(id)) {
+                    registry.link(&progs, known_fd, pid, id)?;
+                    continue;
+                }
                 if known.contains(&id) {
                     continue;
                 }
@@ -763,6 +784,20 @@ impl Session {
                 source,
             })
         };
+        let registry = registry.map(|r| Arc::new(Mutex::new(r)));
+        let first_probes = match (&registry, libc_id, &target) {
+            (Some(registry), Some(libc), Target::Command(_)) => Some(FirstProbes {
+                registry: registry.clone(),
+                progs: attach::AllocPrograms::memtrail(skel).map_err(|source| {
+                    CaptureError::Io {
+                        what: "duplicating BPF program descriptors",
+                        source,
+                    }
+                })?,
+                libc,
+            }),
+            _ => None,
+        };
         let mut worker = AttachWorker::new(
             progs,
             dup(maps.known_images.as_fd())?,
@@ -870,6 +905,7 @@ impl Session {
             opts_pressure: opts.pressure_timeout,
             opts_watermark: opts.watermark_percent,
             unwind: opts.unwind,
+            first_probes,
         };
         match target {
             Target::Command(argv) => {
@@ -916,6 +952,14 @@ impl Session {
         }
         let held = proctree::spawn_held(spec, effects)?;
         let pid = held.pid();
+        if let Some(first) = self.first_probes.take() {
+            let known = self.loaded.skel.maps.known_images.as_fd();
+            first
+                .registry
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .link(&first.progs, known, pid, first.libc)?;
+        }
         // From here a drop kills and reaps the child, whatever happens.
         self.root = Some(Root {
             pid,
@@ -1307,7 +1351,12 @@ impl Session {
         // worker: their links go now, on a thread as the others or, for a
         // tree still tracked, at once.
         let mut links = std::mem::take(&mut attacher.links);
-        let unlinking = attacher.per_process.take().map(|per_process| {
+        let unlinking = attacher.per_process.take().map(|shared| {
+            let per_process = std::mem::take(
+                &mut *shared
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
             tracing::debug!(links = per_process.made, "per-process probes made");
             let (mut rest, unlinking) = per_process.into_links();
             links.append(&mut rest);
