@@ -214,10 +214,10 @@ const HANG_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Kills a memtrail that hangs (SIGKILL after [`HANG_LIMIT`]) unless
 /// disarmed first.
-struct Watchdog(std::sync::mpsc::Sender<()>);
+pub struct Watchdog(std::sync::mpsc::Sender<()>);
 
 impl Watchdog {
-    fn new(pid: u32) -> Self {
+    pub fn new(pid: u32) -> Self {
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         std::thread::spawn(move || {
             if rx.recv_timeout(HANG_LIMIT) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
@@ -228,7 +228,7 @@ impl Watchdog {
         Self(tx)
     }
 
-    fn disarm(self) {
+    pub fn disarm(self) {
         let _ = self.0.send(());
     }
 }
