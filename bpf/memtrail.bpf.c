@@ -36,6 +36,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define EEXIST 17
 #define PAGE_SHIFT 12
 #define SIGSTOP 19
+#define SIGCONT 18
 /* How far below operator new's entry its allocator call may run. */
 #define NEW_FRAME_MAX 4096
 /* Syscall returns in [-4095, -1] are errors. */
@@ -96,6 +97,22 @@ const volatile bool per_process = false;
 
 extern int bpf_send_signal_task(struct task_struct *task, int sig, enum pid_type type,
 				__u64 value) __weak __ksym;
+
+/* Processes held stopped until their per-process probes exist (tgid -> 1):
+ * BPF adds one when it stops it, userspace removes it before it resumes it.
+ * memtrail's own tgid (as it sees itself), whose SIGCONTs are the releases. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_MAX_PROCS);
+	__type(key, __u32);
+	__type(value, __u8);
+} held_for_probes SEC(".maps");
+
+const volatile __u32 memtrail_tgid = 0;
+
+/* Held processes another process resumed before their probes existed: their
+ * first allocations may have gone unseen, so the capture fails. */
+__u64 drops_resumed = 0;
 
 /* Ids of the stacks already written to the stack ring. When full, stacks
  * are written again (userspace deduplicates by id). */
@@ -1793,8 +1810,31 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	}
 	/* The child has not run yet: it stops before its first instruction
 	 * and stays stopped until its probes exist. */
-	if (per_process && request(ctgid, MT_REQ_FORK, ptgid) && bpf_ksym_exists(bpf_send_signal_task))
+	if (per_process && request(ctgid, MT_REQ_FORK, ptgid) && bpf_ksym_exists(bpf_send_signal_task)) {
+		__u8 one = 1;
+
+		bpf_map_update_elem(&held_for_probes, &ctgid, &one, BPF_ANY);
 		bpf_send_signal_task(child, SIGSTOP, PIDTYPE_TGID, 0);
+	}
+	return 0;
+}
+
+/* With per-process probes: a SIGCONT from another process than memtrail to
+ * one held for its probes (a parent that saw the hold as its child
+ * stopping, and resumed it: a job-control shell) lets it run unprobed. */
+SEC("tp_btf/signal_generate")
+int BPF_PROG(signal_generate, int sig, void *info, struct task_struct *task, int group,
+	     int result)
+{
+	__u32 tgid;
+
+	if (!per_process || sig != SIGCONT)
+		return 0;
+	tgid = task_ids(task) >> 32;
+	if (!bpf_map_lookup_elem(&held_for_probes, &tgid))
+		return 0;
+	if ((__u32)(current_ids() >> 32) != memtrail_tgid)
+		__sync_fetch_and_add(&drops_resumed, 1);
 	return 0;
 }
 
@@ -1811,8 +1851,13 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 	if ((__u32)old_pid != (__u32)p->pid) {
 		release_slot(old_pid);
 		/* Per-process probes name the old leader, gone now. */
-		if (per_process && request(pid_tgid >> 32, MT_REQ_RELINK, 0))
+		if (per_process && request(pid_tgid >> 32, MT_REQ_RELINK, 0)) {
+			__u32 tgid = pid_tgid >> 32;
+			__u8 one = 1;
+
+			bpf_map_update_elem(&held_for_probes, &tgid, &one, BPF_ANY);
 			bpf_send_signal(SIGSTOP);
+		}
 	}
 	/* The root enters the tree here (the others at fork); every thread
 	 * starts the new image with fresh state. */
@@ -1853,8 +1898,10 @@ int BPF_PROG(sched_exit, struct task_struct *p)
 		return 0;
 	bpf_map_delete_elem(&tracked, &tgid);
 	bpf_map_delete_elem(&code_maps, &tgid);
-	if (per_process)
+	if (per_process) {
+		bpf_map_delete_elem(&held_for_probes, &tgid);
 		request(tgid, MT_REQ_EXIT, 0);
+	}
 	e = reserve(sizeof(*e));
 	if (!e)
 		return 0;

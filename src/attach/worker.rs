@@ -67,6 +67,9 @@ pub struct AttachWorker {
     /// Per-process probes (shared with the session, which makes the
     /// command's first ones); None when they are system-wide.
     pub per_process: Option<Shared>,
+    /// BPF's `held_for_probes`: a process held at fork leaves it just
+    /// before the worker resumes it.
+    pub held_for_probes: Option<OwnedFd>,
 }
 
 impl AttachWorker {
@@ -95,6 +98,7 @@ impl AttachWorker {
             examined: Vec::new(),
             tables,
             per_process,
+            held_for_probes: None,
         }
     }
 
@@ -214,6 +218,11 @@ impl Sink for AttachWorker {
                     lock(per_process).exit(self.known_images.as_fd(), pid);
                 }
             }
+        }
+        if matches!(req.request, Request::Fork { .. } | Request::Relink)
+            && let Some(held) = &self.held_for_probes
+        {
+            let _ = crate::sys::bpf_map_delete(held.as_fd(), &pid.to_ne_bytes());
         }
         if hold && let Err(err) = self.stops.release(pid.into(), Owner::Attach) {
             tracing::warn!(pid, %err, "could not resume a process after attaching");

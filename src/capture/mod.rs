@@ -181,9 +181,10 @@ pub enum CaptureError {
     Ring(#[from] RingError),
     #[error(
         "events were lost ({} on the events ring, {} on the stack ring, {} on the \
-         mappings ring, {} attach requests, {} untracked calls or processes): the \
-         capture is incomplete and no report was written; {}",
-        .0.events, .0.stacks, .0.mappings, .0.attach, .0.tracking, .1
+         mappings ring, {} attach requests, {} untracked calls or processes, {} \
+         processes resumed before their probes existed): the capture is incomplete \
+         and no report was written; {}",
+        .0.events, .0.stacks, .0.mappings, .0.attach, .0.tracking, .0.resumed, .1
     )]
     Lost(LostEvents, String),
     #[error("--stack-depth {0} is more than the {MAX_STACK_DEPTH} frames a stack record holds")]
@@ -448,6 +449,9 @@ pub(crate) fn loss_advice(
     percent: u8,
     threads: u64,
 ) -> String {
+    if lost.resumed != 0 {
+        return lost.advice();
+    }
     let counts = [lost.events, lost.stacks, lost.mappings, lost.attach];
     let needs: Vec<String> = rooms
         .iter()
@@ -571,15 +575,20 @@ pub(crate) fn unwind_tables(
 pub(crate) fn attach_tracepoints(
     skel: &MemtrailSkel<'_>,
     links: &mut Links,
+    per_process: bool,
 ) -> Result<(), CaptureError> {
     let p = &skel.progs;
+    let held = per_process.then_some(&p.signal_generate);
     for prog in [
         &p.sched_fork,
         &p.sched_exec,
         &p.sched_exit,
         &p.sys_enter,
         &p.sys_exit,
-    ] {
+    ]
+    .into_iter()
+    .chain(held)
+    {
         let link = prog
             .attach()
             .map_err(|source| CaptureError::AttachTracepoint {
@@ -668,5 +677,6 @@ pub(crate) fn read_lost(skel: &MemtrailSkel<'_>) -> LostEvents {
         stacks: bss.drops_stacks,
         mappings: bss.drops_mappings,
         attach: bss.drops_attach,
+        resumed: bss.drops_resumed,
     }
 }

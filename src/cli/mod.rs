@@ -302,12 +302,13 @@ pub struct RunArgs {
     pub unwind: crate::unwind::Mode,
 
     /// Where allocator probes go: `per-process` puts breakpoints only in
-    /// the tracked processes (each new process is held at fork until its
-    /// own are made: a fork costs a few milliseconds more); `system-wide`
-    /// puts them in every process that maps a probed library, so the rest
-    /// of the host traps on each allocator call while memtrail runs; `auto`
-    /// is per-process where the kernel can hold a process at fork (Linux
-    /// 6.13), else system-wide.
+    /// the tracked processes, so the rest of the host runs its allocator
+    /// untouched (each new process is held stopped at fork until its own
+    /// are made: ~1.3 ms more a process, and a parent waiting with
+    /// WUNTRACED, a job-control shell, sees that stop; Linux 6.13);
+    /// `system-wide` puts them in every process that maps a probed library,
+    /// so other processes trap on each allocator call while memtrail runs;
+    /// `auto` is system-wide for `run`.
     #[arg(long, value_name = "WHERE", value_enum, default_value_t = crate::attach::per_process::Probes::Auto)]
     pub probes: crate::attach::per_process::Probes,
 
@@ -475,8 +476,9 @@ pub struct AttachArgs {
     #[arg(long, value_name = "HOW", value_enum, default_value_t = crate::unwind::Mode::Auto)]
     pub unwind: crate::unwind::Mode,
 
-    /// Where allocator probes go (as `memtrail run --probes`): with
-    /// `per-process`, the rest of the host keeps its allocator untouched.
+    /// Where allocator probes go (as `memtrail run --probes`); `auto` is
+    /// per-process where the kernel can (Linux 6.13), so the rest of the
+    /// host keeps its allocator untouched while memtrail is attached.
     #[arg(long, value_name = "WHERE", value_enum, default_value_t = crate::attach::per_process::Probes::Auto)]
     pub probes: crate::attach::per_process::Probes,
 

@@ -264,6 +264,10 @@ pub struct LostEvents {
     pub mappings: u64,
     /// Attach requests the attach ring could not take.
     pub attach: u64,
+    /// Processes another process resumed (SIGCONT) while memtrail held them
+    /// at fork for their per-process probes: they ran unprobed a moment.
+    #[serde(default)]
+    pub resumed: u64,
 }
 
 impl LostEvents {
@@ -273,6 +277,7 @@ impl LostEvents {
             || self.stacks != 0
             || self.mappings != 0
             || self.attach != 0
+            || self.resumed != 0
     }
 
     /// What may avoid the loss next time, for the error message, when the
@@ -287,7 +292,12 @@ impl LostEvents {
         .map(|(_, option)| option)
         .collect();
         let pause = "--pressure-timeout inf, which pauses the tree instead of losing records";
-        if !larger.is_empty() {
+        if self.resumed != 0 {
+            "a process of the tree resumed another (SIGCONT) that memtrail held at fork for its \
+             per-process probes, as a job-control shell does with a child it sees stopped: \
+             retry with --probes system-wide"
+                .to_owned()
+        } else if !larger.is_empty() {
             format!(
                 "retry with a larger {}, or with {pause}",
                 larger.join(" and ")

@@ -383,7 +383,9 @@ impl Session {
         stream: Option<EventWriter>,
     ) -> Result<Self, CaptureError> {
         opts.validate(&target)?;
-        let per_process = opts.probes.per_process()?;
+        let per_process = opts
+            .probes
+            .per_process(!matches!(target, Target::Command(_)))?;
         let mut phases = phases::Phases::new("start-up");
         let spec = match &target {
             Target::Command(argv) => Some(CommandSpec::new(argv.clone())?),
@@ -452,6 +454,8 @@ impl Session {
                 .stacks
                 .set_max_entries(opts.stack_ring_size as u32)
                 .map_err(CaptureError::Load)?;
+            // Only per-process probes hold processes at fork.
+            open.progs.signal_generate.set_autoload(per_process);
             let mappings = u64::from(open.maps.mappings.max_entries());
             let attach = u64::from(open.maps.attach_requests.max_entries());
             let ro = open
@@ -472,6 +476,7 @@ impl Session {
             ro.pressure_freeze = cgroup.is_some();
             ro.attach_hold = !is_self;
             ro.per_process = per_process;
+            ro.memtrail_tgid = std::process::id();
             ro.threads_excluded = is_self;
             for (i, room) in rooms.iter().enumerate() {
                 ro.ring_capacity[i] = room.capacity;
@@ -518,7 +523,7 @@ impl Session {
         })?;
         let mut tables = crate::capture::unwind_tables(skel, opts.unwind, opts.stack_depth);
         let mut links = Links::default();
-        crate::capture::attach_tracepoints(skel, &mut links)?;
+        crate::capture::attach_tracepoints(skel, &mut links, per_process)?;
         let mut sites = Vec::new();
         let mut slots = attach::HitSlots::default();
         let mut known = HashSet::new();
@@ -807,6 +812,7 @@ impl Session {
             slots,
             registry,
         );
+        worker.held_for_probes = Some(dup(maps.held_for_probes.as_fd())?);
         worker.hold = !is_self;
         threads.attach = Some(
             engine::spawn(
