@@ -241,10 +241,16 @@ impl AttachWorker {
         let Some(per_process) = &self.per_process else {
             return;
         };
+        let started = std::time::Instant::now();
         let done = op(
             &mut lock(per_process),
             &self.progs,
             self.known_images.as_fd(),
+        );
+        tracing::trace!(
+            pid,
+            us = started.elapsed().as_micros() as u64,
+            "per-process probes made"
         );
         match done {
             Ok(true) => {}
