@@ -215,14 +215,17 @@ fn totals(v: &Value) -> (u64, u64, u64) {
 /// Check that `memtrail attach` counts exactly what the process did inside
 /// the window (5 mallocs and 2 frees of its own, 1 free of a block made
 /// before the attach, a child's 2 mallocs and 1 free) and nothing before
-/// it, and that after SIGINT the process runs on: not stopped, in its own
-/// cgroup, with none of memtrail's probe links left in the kernel.
+/// it, with breakpoints in its memory and none in another process's (per-
+/// process probes), and that after SIGINT the process runs on: not stopped,
+/// in its own cgroup, with none of memtrail's probe links left in the
+/// kernel and no breakpoint left in its memory.
 #[test]
 fn attach_counts_window_exact() {
     let dir = tempfile::tempdir().expect("tempdir");
     let profile_path = dir.path().join("p.json");
     let events_path = dir.path().join("e.jsonl");
     let mut target = Target::start();
+    let bystander = Target::start();
     // Done before the attach: not in the capture.
     target.run("aaf");
     let cgroup = target.cgroup();
@@ -239,6 +242,18 @@ fn attach_counts_window_exact() {
     );
     let links = link_ids(memtrail.pid());
     assert!(!links.is_empty(), "memtrail holds no probe link");
+    // Probes per process: in the target's libc, not in the bystander's
+    // (every test of this binary attaches, so no capture here probes
+    // system-wide).
+    assert!(
+        common::patched_libc_bytes(target.pid) > 0,
+        "no breakpoint in the target"
+    );
+    assert_eq!(
+        common::patched_libc_bytes(bystander.pid),
+        0,
+        "attaching put breakpoints in another process"
+    );
     // The probes are in: two blocks allocated before stay unknown.
     target.run("aaaaaffpk");
     memtrail.interrupt();
@@ -281,6 +296,11 @@ fn attach_counts_window_exact() {
     // Left as it was.
     target.assert_running();
     assert_eq!(target.cgroup(), cgroup);
+    assert_eq!(
+        common::patched_libc_bytes(target.pid),
+        0,
+        "breakpoints left"
+    );
     let left: Vec<u64> = kernel_links().intersection(&links).copied().collect();
     assert!(left.is_empty(), "links left behind: {left:?}");
 }

@@ -6,44 +6,10 @@
 mod common;
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 
 use common::*;
-
-/// How many bytes of libc's executable mapping in process `pid` differ
-/// from the file (each probe site is one int3 where a probe is).
-fn patched_libc_bytes(pid: u32) -> usize {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
-    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("mem");
-    let mut patched = 0;
-    let mut seen = false;
-    for line in maps.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() < 6 || fields[1] != "r-xp" || !fields[5].ends_with("/libc.so.6") {
-            continue;
-        }
-        seen = true;
-        let (start, end) = fields[0].split_once('-').expect("range");
-        let start = u64::from_str_radix(start, 16).expect("start");
-        let end = u64::from_str_radix(end, 16).expect("end");
-        let offset = u64::from_str_radix(fields[2], 16).expect("offset");
-        let mut in_memory = vec![0u8; (end - start) as usize];
-        mem.seek(SeekFrom::Start(start)).expect("seek mem");
-        mem.read_exact(&mut in_memory).expect("read mem");
-        let mut file = std::fs::File::open(fields[5]).expect("libc");
-        let mut on_disk = vec![0u8; in_memory.len()];
-        file.seek(SeekFrom::Start(offset)).expect("seek libc");
-        let n = file.read(&mut on_disk).expect("read libc");
-        patched += in_memory[..n]
-            .iter()
-            .zip(&on_disk[..n])
-            .filter(|(a, b)| a != b)
-            .count();
-    }
-    assert!(seen, "process {pid} maps no libc code");
-    patched
-}
 
 /// A process outside any capture, blocked on its stdin until dropped.
 struct Bystander(Child);

@@ -630,3 +630,37 @@ pub fn allocation_sites(profile: &Value) -> Vec<&Value> {
         .filter(|s| s["allocations"].as_u64() != Some(0))
         .collect()
 }
+
+/// How many bytes of libc's executable mapping in process `pid` differ
+/// from the file (each probe site is one int3 where a probe is).
+pub fn patched_libc_bytes(pid: u32) -> usize {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let mut mem = fs::File::open(format!("/proc/{pid}/mem")).expect("mem");
+    let mut patched = 0;
+    let mut seen = false;
+    for line in maps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 6 || fields[1] != "r-xp" || !fields[5].ends_with("/libc.so.6") {
+            continue;
+        }
+        seen = true;
+        let (start, end) = fields[0].split_once('-').expect("range");
+        let start = u64::from_str_radix(start, 16).expect("start");
+        let end = u64::from_str_radix(end, 16).expect("end");
+        let offset = u64::from_str_radix(fields[2], 16).expect("offset");
+        let mut in_memory = vec![0u8; (end - start) as usize];
+        std::io::Seek::seek(&mut mem, std::io::SeekFrom::Start(start)).expect("seek mem");
+        std::io::Read::read_exact(&mut mem, &mut in_memory).expect("read mem");
+        let mut file = fs::File::open(fields[5]).expect("libc");
+        let mut on_disk = vec![0u8; in_memory.len()];
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(offset)).expect("seek libc");
+        let n = std::io::Read::read(&mut file, &mut on_disk).expect("read libc");
+        patched += in_memory[..n]
+            .iter()
+            .zip(&on_disk[..n])
+            .filter(|(a, b)| a != b)
+            .count();
+    }
+    assert!(seen, "process {pid} maps no libc code");
+    patched
+}
