@@ -1598,7 +1598,8 @@ static __always_inline void fill_mapping(struct mt_mapping_record *m, __u64 pid_
 }
 
 /* A request about process tgid other than an image (enum mt_request);
- * false when the ring has no room (counted: the capture fails). */
+ * false when the ring has no room (counted: the capture fails). The caller
+ * checks the ring's pressure where its thread may stop itself. */
 static __always_inline bool request(__u32 tgid, __u32 kind, __u32 other)
 {
 	struct mt_mapping_record *m;
@@ -1614,7 +1615,6 @@ static __always_inline bool request(__u32 tgid, __u32 kind, __u32 other)
 	m->kind = kind;
 	m->start = other;
 	bpf_ringbuf_submit(m, submit_flags(MT_RING_ATTACH));
-	check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
 	return true;
 }
 
@@ -1815,6 +1815,7 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 
 		bpf_map_update_elem(&held_for_probes, &ctgid, &one, BPF_ANY);
 		bpf_send_signal_task(child, SIGSTOP, PIDTYPE_TGID, 0);
+		check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
 	}
 	return 0;
 }
@@ -1857,6 +1858,8 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 
 			bpf_map_update_elem(&held_for_probes, &tgid, &one, BPF_ANY);
 			bpf_send_signal(SIGSTOP);
+			check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach,
+				       &hwm_attach);
 		}
 	}
 	/* The root enters the tree here (the others at fork); every thread

@@ -160,7 +160,8 @@ impl AttachWorker {
     }
 
     /// Records image `id` examined: known to BPF for every process, unless
-    /// its probes are made per process (`link_request` does, for each).
+    /// its probes are made per process (`examine_request` makes each
+    /// process's, and records the image known for that process).
     fn mark_known(&mut self, id: (u64, u64)) {
         self.known.insert(id);
         if self.has_image(id) {
