@@ -194,6 +194,10 @@ pub struct Finished<S> {
     /// The highest fill of the ring the poller saw, in bytes
     /// ([`RingConsumer::high_water`]).
     pub high_water: u64,
+    /// The ring's mapping, handed back rather than unmapped on the poller
+    /// thread: unmapping a large ring takes milliseconds (every page of
+    /// both mappings), which the caller can spend elsewhere.
+    pub ring: RingConsumer,
 }
 
 /// The thread ids of memtrail's own threads, each added by the thread
@@ -246,6 +250,7 @@ pub fn spawn<S: Sink>(
             Finished {
                 high_water: pipeline.ring.high_water(),
                 sink: pipeline.sink,
+                ring: pipeline.ring,
             }
         })
 }

@@ -504,6 +504,41 @@ impl Session {
             )?
         };
         phases.done("guardian");
+        // The two large rings are mapped on a thread while the up-front
+        // images are probed (after the guardian's fork, which would wait
+        // for the mapping's hold on the address space): the kernel inserts every page of a ring at
+        // mmap (~10 ms for the 16 MiB events ring and the 4 MiB stack ring).
+        let ring_fds = |map: &libbpf_rs::MapMut<'_>| {
+            map.as_fd()
+                .try_clone_to_owned()
+                .map(|fd| (fd, map.max_entries() as usize))
+                .map_err(|source| CaptureError::Io {
+                    what: "duplicating a BPF map descriptor",
+                    source,
+                })
+        };
+        let big_rings = [
+            ring_fds(&loaded.skel.maps.events)?,
+            ring_fds(&loaded.skel.maps.stacks)?,
+        ];
+        let map_rings = |rings: &[(OwnedFd, usize); 2]| -> Result<[RingConsumer; 2], RingError> {
+            Ok([
+                RingConsumer::new(rings[0].0.as_fd(), rings[0].1)?,
+                RingConsumer::new(rings[1].0.as_fd(), rings[1].1)?,
+            ])
+        };
+        let mapping_rings = Background::spawn("memtrail-rings", {
+            let big_rings = [
+                (big_rings[0].0.try_clone().ok(), big_rings[0].1),
+                (big_rings[1].0.try_clone().ok(), big_rings[1].1),
+            ];
+            move || match big_rings {
+                [(Some(events), e), (Some(stacks), s)] => {
+                    Some(map_rings(&[(events, e), (stacks, s)]))
+                }
+                _ => None,
+            }
+        });
         let skel = &mut *loaded.skel;
         let bss = skel
             .maps
@@ -710,6 +745,10 @@ impl Session {
             what: "starting a poller thread",
             source,
         };
+        let [events_ring, stacks_ring] = match mapping_rings.join().flatten() {
+            Some(mapped) => mapped?,
+            None => map_rings(&big_rings)?,
+        };
         let mut agg = if opts.timeline {
             Aggregator::new()
         } else {
@@ -723,7 +762,7 @@ impl Session {
             engine::spawn(
                 Pipeline {
                     name: "events",
-                    ring: RingConsumer::new(maps.events.as_fd(), opts.ring_size)?,
+                    ring: events_ring,
                     sink: event_sink,
                     fault: opts.faults.events,
                     deep_sleep: Some(deep(0, maps.events.as_fd())?),
@@ -741,10 +780,7 @@ impl Session {
             engine::spawn(
                 Pipeline {
                     name: "stacks",
-                    ring: RingConsumer::new(
-                        maps.stacks.as_fd(),
-                        maps.stacks.max_entries() as usize,
-                    )?,
+                    ring: stacks_ring,
                     sink: StackSink::default(),
                     fault: opts.faults.stacks,
                     deep_sleep: Some(deep(1, maps.stacks.as_fd())?),
@@ -1339,6 +1375,8 @@ impl Session {
             mappings: mappings.high_water,
             attach: attacher.high_water,
         };
+        // Unmapped on the detaching thread, while the outputs are written.
+        let rings = [events.ring, stacks.ring, mappings.ring, attacher.ring];
         let (events, stacks, mappings, mut attacher) =
             (events.sink, stacks.sink, mappings.sink, attacher.sink);
         let images_seen = attacher
@@ -1369,9 +1407,9 @@ impl Session {
             unlinking
         });
         let detaching = if untracked {
-            Some(detach_on_thread((links, unlinking), detaching))
+            Some(detach_on_thread((links, unlinking, rings), detaching))
         } else {
-            drop((links, unlinking));
+            drop((links, unlinking, rings));
             None
         };
         if let Some(failure) = attacher.failures.into_iter().next() {
