@@ -55,6 +55,7 @@ fn cli_meta_version_names_commit_and_bpf_features() {
             "task storage",
             "bpf_send_signal",
             "bpf_find_vma",
+            "bpf_send_signal_task",
         ]
     );
     assert!(features.iter().all(|f| f[0] == "found"), "{stdout}");

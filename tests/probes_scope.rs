@@ -111,8 +111,10 @@ fn probes_per_process_only_in_the_tree() {
     assert_eq!(child_allocs.len(), 1, "the child's one malloc: {profile}");
     assert_eq!(num(child_allocs[0], "live_bytes_at_exit"), 4321);
     assert_eq!(patched_libc_bytes(pid), 0);
+    assert_eq!(profile["probe_scope"], "per-process");
 
-    let ([parent, child, other], _) = patched_during("system-wide", pid);
+    let ([parent, child, other], profile) = patched_during("system-wide", pid);
+    assert_eq!(profile["probe_scope"], "system-wide");
     assert!(parent > 0 && child > 0);
     assert!(other > 0, "system-wide probes left the bystander alone");
     assert_eq!(patched_libc_bytes(pid), 0, "breakpoints left behind");

@@ -285,6 +285,15 @@ pub enum Probes {
     SystemWide,
 }
 
+/// Where a capture's allocator probes were (the profile's `probe_scope`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scope {
+    PerProcess,
+    #[default]
+    SystemWide,
+}
+
 /// The first Linux release with the `bpf_send_signal_task` kfunc.
 const SEND_SIGNAL_TASK: (u32, u32) = (6, 13);
 

@@ -64,6 +64,12 @@ pub fn features() -> Vec<Feature> {
             name: "bpf_find_vma",
             found: probe(kprobe.is_helper_supported(libbpf_sys::BPF_FUNC_find_vma)),
         },
+        // A kfunc: a function of the kernel's BTF. Only per-process probes
+        // need it (`--probes`; without it they are system-wide).
+        Feature {
+            name: "bpf_send_signal_task",
+            found: has_type("bpf_send_signal_task"),
+        },
     ]
 }
 

@@ -59,6 +59,11 @@ pub struct Profile {
     pub mappings: MapCounters,
     pub processes: Vec<ProcessEntry>,
     pub lost_events: LostEvents,
+    /// Where the allocator probes were: `per-process` or `system-wide`
+    /// (`--probes`); system-wide in a profile written before memtrail
+    /// could do otherwise.
+    #[serde(default)]
+    pub probe_scope: crate::attach::per_process::Scope,
     pub probes: Vec<ProbeEntry>,
     /// Allocation sites: one entry per distinct call stack, with what was
     /// allocated from it. Empty when stacks were not captured.
@@ -387,6 +392,7 @@ impl Profile {
                 })
                 .collect(),
             lost_events,
+            probe_scope: Default::default(),
             probes: sites.iter().map(ProbeEntry::from).collect(),
             stacks: Vec::new(),
             pressure: Default::default(),

@@ -331,6 +331,8 @@ pub struct Session {
     /// before it runs (a conflicting tracer fails the capture then, as
     /// with system-wide probes); the attach worker makes the rest.
     first_probes: Option<FirstProbes>,
+    /// Whether probes were made per process (see [`attach::per_process`]).
+    per_process: bool,
 }
 
 /// What the session needs to make the command's probes on libc.
@@ -948,6 +950,7 @@ impl Session {
             opts_watermark: opts.watermark_percent,
             unwind: opts.unwind,
             first_probes,
+            per_process,
         };
         match target {
             Target::Command(argv) => {
@@ -1496,6 +1499,11 @@ impl Session {
         );
         phases.done("stacks symbolized");
         profile.unwind = crate::unwind::report(self.unwind, images_seen, &profile.stacks);
+        profile.probe_scope = if self.per_process {
+            attach::per_process::Scope::PerProcess
+        } else {
+            attach::per_process::Scope::SystemWide
+        };
         pressure_stats.high_water = crate::capture::read_high_water(&self.loaded.skel).max(seen);
         profile.pressure = pressure_stats;
         profile.regions = markers.finish();
