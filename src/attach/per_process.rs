@@ -44,7 +44,7 @@ pub struct PerProcess {
     images: HashMap<ImageId, Probed>,
     procs: HashMap<u32, Vec<(ImageId, Links)>>,
     detacher: Detacher,
-    /// Links made and closed, for the debug log at the end.
+    /// Links made over the capture, for the debug log at the end.
     pub made: u64,
 }
 
