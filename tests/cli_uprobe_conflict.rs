@@ -30,8 +30,14 @@ impl Holder {
     /// Starts the helper with `ref_ctr` and returns it with its first line
     /// of output ("ready OFFSET PATH" or "error ERRNO").
     fn start(ref_ctr: u32) -> (Self, String) {
+        Self::start_on(ref_ctr, "malloc")
+    }
+
+    /// [`Holder::start`] on libc's `function`.
+    fn start_on(ref_ctr: u32, function: &str) -> (Self, String) {
         let mut child = Command::new(fixture("uprobe_conflict"))
             .arg(ref_ctr.to_string())
+            .arg(function)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -118,4 +124,49 @@ fn cli_conflicting_uprobe_exits_74() {
 
     let run = capture(&cmd("baseline", &[]));
     run.expect_code(0);
+}
+
+/// Check that with per-process probes, where the command's libc probes are
+/// made once it exists (held before exec), a conflict on one of them
+/// (`realloc`, not the first of the link) also exits 74 before the command
+/// ran, with no file written and nothing left behind: the held command
+/// exits unexec'd instead of waiting for ever for its release (it did,
+/// and kept memtrail's guardian alive).
+#[test]
+fn cli_conflicting_uprobe_per_process_leaves_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (holder, line) = Holder::start_on(2, "realloc");
+    assert!(line.starts_with("ready "), "the helper: {line:?}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args: Vec<OsString> = vec![
+        "run".into(),
+        "--probes".into(),
+        "per-process".into(),
+        "--output".into(),
+        dir.path().join("profile.json").into(),
+        "--".into(),
+        fixture("touch_marker").into(),
+        dir.path().join("marker").into(),
+    ];
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    assert_eq!(status.code(), Some(74), "{stderr}");
+    assert!(stderr.contains("ref_ctr_offset"), "message: {stderr}");
+    assert!(
+        dir_entries(dir.path()).is_empty(),
+        "files left or command ran"
+    );
+    // The held command is a fork of memtrail: its command line names the
+    // output directory. None may be left once memtrail has exited.
+    let marker = dir.path().to_string_lossy().into_owned();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
+        })
+        .map(|pid| pid.to_string())
+        .collect();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    assert_eq!(holder.finish(), Some(0));
 }

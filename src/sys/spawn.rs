@@ -133,6 +133,7 @@ pub fn fork_held(plan: &ExecPlan) -> SysResult<HeldChild> {
                 envp.as_deref(),
                 &mask,
                 go_r.as_raw_fd(),
+                go_w.as_raw_fd(),
                 err_w.as_raw_fd(),
             )
         }
@@ -160,6 +161,7 @@ unsafe fn child_after_fork(
     envp: Option<&[*const libc::c_char]>,
     mask: &libc::sigset_t,
     go: libc::c_int,
+    go_w: libc::c_int,
     err: libc::c_int,
 ) -> ! {
     let fail = |stage: u8| -> ! {
@@ -174,6 +176,11 @@ unsafe fn child_after_fork(
         }
     };
     let mut byte = 0u8;
+    // Its copy of the pipe's write end goes, so that the parent's is the
+    // last: a parent that drops it unreleased (a failed start) ends the
+    // wait below with EOF instead of leaving it blocked for ever.
+    // SAFETY: close is async-signal-safe; the fd is this process's copy.
+    unsafe { libc::close(go_w) };
     // SAFETY: reading one byte into a local.
     if unsafe { libc::read(go, (&raw mut byte).cast(), 1) } != 1 {
         // The parent went away before releasing us.
