@@ -31,6 +31,15 @@ type ImageId = (u64, u64);
 /// The per-process probes, shared by the attach worker and the session.
 pub type Shared = std::sync::Arc<std::sync::Mutex<PerProcess>>;
 
+/// The per-process probes, locked: the session holds them only while it
+/// makes the command's first probes (before the command runs) and once the
+/// worker has stopped.
+pub fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, PerProcess> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// An image with allocator sites, open for as long as the capture runs
 /// (a file deleted or replaced meanwhile is still the one probed).
 struct Probed {

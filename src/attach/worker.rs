@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::cache::Stamp;
-use super::per_process::{PerProcess, Shared};
+use super::per_process::{PerProcess, Shared, lock};
 use super::{
     AllocPrograms, AttachError, HitSlots, Links, Role, Site, api, attach_sites, find_sites,
     known_key, strip_deleted,
@@ -173,14 +173,6 @@ impl AttachWorker {
             tracing::warn!(%err, "could not record a known image");
         }
     }
-}
-
-/// The per-process probes, locked: the session holds them only while it
-/// makes the command's first probes, before the command runs.
-fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, PerProcess> {
-    shared
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether process `pid` has exited or is exiting: it has no memory left to

@@ -603,9 +603,7 @@ impl Session {
                 tables.load_prepared(&image.path, id, table);
             }
             if image.why == upfront::Why::Runtime {
-                if !registry.as_ref().is_some_and(|r| r.has_image(id)) {
-                    sys::bpf_map_update(known_fd, &attach::known_key(id, 0), &[1])?;
-                }
+                known_everywhere(&registry, known_fd, id)?;
                 known.insert(id);
             }
         }
@@ -651,9 +649,7 @@ impl Session {
                     }
                 }
                 load_table(&image, id);
-                if !registry.as_ref().is_some_and(|r| r.has_image(id)) {
-                    sys::bpf_map_update(known_fd, &attach::known_key(id, 0), &[1])?;
-                }
+                known_everywhere(&registry, known_fd, id)?;
                 known.insert(id);
             }
         }
@@ -700,9 +696,7 @@ impl Session {
             if let (Some(tables), Some(table)) = (&mut tables, image.table) {
                 tables.load_prepared(&image.path, id, table);
             }
-            if !registry.as_ref().is_some_and(|r| r.has_image(id)) {
-                sys::bpf_map_update(known_fd, &attach::known_key(id, 0), &[1])?;
-            }
+            known_everywhere(&registry, known_fd, id)?;
             known.insert(id);
         }
         phases.done("cached images probed, their unwind tables loaded");
@@ -999,11 +993,12 @@ impl Session {
         let pid = held.pid();
         if let Some(first) = self.first_probes.take() {
             let known = self.loaded.skel.maps.known_images.as_fd();
-            first
-                .registry
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .link(&first.progs, known, pid, first.libc)?;
+            attach::per_process::lock(&first.registry).link(
+                &first.progs,
+                known,
+                pid,
+                first.libc,
+            )?;
         }
         // From here a drop kills and reaps the child, whatever happens.
         self.root = Some(Root {
@@ -1399,11 +1394,7 @@ impl Session {
         // tree still tracked, at once.
         let mut links = std::mem::take(&mut attacher.links);
         let unlinking = attacher.per_process.take().map(|shared| {
-            let per_process = std::mem::take(
-                &mut *shared
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-            );
+            let per_process = std::mem::take(&mut *attach::per_process::lock(&shared));
             tracing::debug!(links = per_process.made, "per-process probes made");
             let (mut rest, unlinking) = per_process.into_links();
             links.append(&mut rest);
@@ -1515,6 +1506,19 @@ impl Session {
             detaching,
         })
     }
+}
+
+/// Records image `id` known to BPF for every process, unless its probes are
+/// made per process (each process's then, as it maps it).
+fn known_everywhere(
+    registry: &Option<attach::per_process::PerProcess>,
+    known: std::os::fd::BorrowedFd<'_>,
+    id: (u64, u64),
+) -> Result<(), CaptureError> {
+    if !registry.as_ref().is_some_and(|r| r.has_image(id)) {
+        sys::bpf_map_update(known, &attach::known_key(id, 0), &[1])?;
+    }
+    Ok(())
 }
 
 /// Closes `links` on a thread (at once if it cannot start); the thread
