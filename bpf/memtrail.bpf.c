@@ -48,6 +48,29 @@ struct {
 	__uint(max_entries, 1 << 24);
 } events SEC(".maps");
 
+/*
+ * Per-CPU events rings (cpu_rings): the ring of CPU n at index n, each
+ * created by userspace (the template's size is set to theirs before load).
+ * Every producer reserves from its own CPU's ring, so producers on different
+ * CPUs never share the ring's lock. Records are then stamped after they are
+ * reserved (fill_header_at), and userspace merges the rings by time: a
+ * record committed before another was reserved is read first, whichever
+ * rings they are in (src/ring/merge.rs).
+ */
+struct events_ring {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct events_ring);
+} event_rings SEC(".maps");
+
+const volatile bool cpu_rings = false;
+
 /* Call stacks, one record per distinct (process, stack). */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -425,8 +448,13 @@ static __always_inline void release_slot(__u32 tid)
 
 static __always_inline __u64 event_clock(struct inflight *cur)
 {
-	__u64 tick = bpf_jiffies64();
+	__u64 tick;
 	__u32 n;
+
+	/* Stamped after reserving (fill_header_at): every record is. */
+	if (cpu_rings)
+		return 0;
+	tick = bpf_jiffies64();
 
 	if (tick != cur->clock_tick) {
 		cur->clock_tick = tick;
@@ -544,9 +572,23 @@ static __always_inline bool thread_tracked(__u64 pid_tgid)
  * attach worker is one of its threads. */
 const volatile bool attach_hold = true;
 
-static __always_inline void *reserve(__u64 size)
+/* The events ring this CPU writes: its own with cpu_rings, else the one
+ * shared ring. */
+static __always_inline void *events_ring(void)
 {
-	void *rec = bpf_ringbuf_reserve(&events, size, 0);
+	__u32 cpu;
+	void *ring;
+
+	if (!cpu_rings)
+		return &events;
+	cpu = bpf_get_smp_processor_id();
+	ring = bpf_map_lookup_elem(&event_rings, &cpu);
+	return ring ? ring : (void *)&events;
+}
+
+static __always_inline void *reserve(void *ring, __u64 size)
+{
+	void *rec = bpf_ringbuf_reserve(ring, size, 0);
 
 	if (!rec)
 		__sync_fetch_and_add(&drops_events, 1);
@@ -597,10 +639,20 @@ static __always_inline void check_pressure(void *ring, enum mt_ring idx, __u64 w
 	bpf_send_signal_thread(SIGSTOP);
 }
 
+/* The clock reading a record is stamped with when the caller takes it
+ * before reserving: with cpu_rings every record is stamped after it is
+ * reserved instead (fill_header_at), for the merge's sake. */
+static __always_inline __u64 clock_before(void)
+{
+	return cpu_rings ? 0 : bpf_ktime_get_ns();
+}
+
 static __always_inline void fill_header_at(struct mt_header *hdr, __u64 ts,
 					    __u64 pid_tgid, __u16 kind, __u16 flags)
 {
-	hdr->ts_ns = ts;
+	/* With cpu_rings: after the reservation, so that a record reserved
+	 * after the merge looked at a ring is stamped after that look. */
+	hdr->ts_ns = cpu_rings ? bpf_ktime_get_ns() : ts;
 	hdr->pid = pid_tgid >> 32;
 	hdr->tid = (__u32)pid_tgid;
 	hdr->kind = kind;
@@ -611,7 +663,7 @@ static __always_inline void fill_header_at(struct mt_header *hdr, __u64 ts,
 static __always_inline void fill_header(struct mt_header *hdr, __u64 pid_tgid,
 					 __u16 kind, __u16 flags)
 {
-	fill_header_at(hdr, bpf_ktime_get_ns(), pid_tgid, kind, flags);
+	fill_header_at(hdr, clock_before(), pid_tgid, kind, flags);
 }
 
 /* An event record stamped ts (0: see event_clock). */
@@ -619,7 +671,8 @@ static __always_inline void emit_event(__u64 ts, __u64 pid_tgid, __u16 kind,
 					__u16 flags, __u64 addr, __u64 size,
 					__u64 old_addr, __u64 aux)
 {
-	struct mt_alloc_event *e = reserve(sizeof(*e));
+	void *ring = events_ring();
+	struct mt_alloc_event *e = reserve(ring, sizeof(*e));
 
 	if (!e)
 		return;
@@ -629,7 +682,7 @@ static __always_inline void emit_event(__u64 ts, __u64 pid_tgid, __u16 kind,
 	e->old_addr = old_addr;
 	e->aux = aux;
 	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
-	check_pressure(&events, MT_RING_EVENTS, watermark_events, &hwm_events);
+	check_pressure(ring, MT_RING_EVENTS, watermark_events, &hwm_events);
 }
 
 /* A memory syscall's record (old_size: mremap's, in the aux field). */
@@ -637,7 +690,7 @@ static __always_inline void emit_alloc(__u64 pid_tgid, __u16 kind, __u16 flags,
 					__u64 addr, __u64 size, __u64 old_addr,
 					__u64 old_size)
 {
-	emit_event(bpf_ktime_get_ns(), pid_tgid, kind, flags, addr, size, old_addr,
+	emit_event(clock_before(), pid_tgid, kind, flags, addr, size, old_addr,
 		   old_size);
 }
 
@@ -1472,11 +1525,13 @@ int region_marker(struct pt_regs *ctx)
 	__u64 cookie = bpf_get_attach_cookie(ctx), pid_tgid = 0, name;
 	__u16 kind = cookie & 0xffff;
 	struct mt_region_event *e;
+	void *ring;
 
 	if (!current_call_ids(&pid_tgid))
 		return 0;
 	count_hit(cookie);
-	e = reserve(sizeof(*e));
+	ring = events_ring();
+	e = reserve(ring, sizeof(*e));
 	if (!e)
 		return 0;
 	fill_header(&e->hdr, pid_tgid, kind, 0);
@@ -1490,7 +1545,7 @@ int region_marker(struct pt_regs *ctx)
 			e->name[0] = 0;
 	}
 	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
-	check_pressure(&events, MT_RING_EVENTS, watermark_events, &hwm_events);
+	check_pressure(ring, MT_RING_EVENTS, watermark_events, &hwm_events);
 	return 0;
 }
 
@@ -1787,6 +1842,7 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 {
 	__u32 ptgid = task_ids(parent) >> 32, ctgid = task_ids(child) >> 32;
 	struct mt_fork_event *e;
+	void *ring;
 
 	if (!is_tracked(ptgid))
 		return 0;
@@ -1799,14 +1855,15 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 		__sync_fetch_and_add(&drops_tracking, 1);
 		return 0;
 	}
-	e = reserve(sizeof(*e));
+	ring = events_ring();
+	e = reserve(ring, sizeof(*e));
 	if (e) {
 		fill_header(&e->hdr, current_ids(), MT_FORK, 0);
 		e->hdr.pid = ptgid;
 		e->child_pid = ctgid;
 		e->_pad = 0;
 		bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
-		check_pressure(&events, MT_RING_EVENTS, watermark_events, &hwm_events);
+		check_pressure(ring, MT_RING_EVENTS, watermark_events, &hwm_events);
 	}
 	/* The child has not run yet: it stops before its first instruction
 	 * and stays stopped until its probes exist. */
@@ -1844,6 +1901,7 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 {
 	__u64 pid_tgid = current_ids();
 	struct mt_exec_event *e;
+	void *ring;
 
 	if (!is_tracked(pid_tgid >> 32))
 		return 0;
@@ -1870,7 +1928,8 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 		bpf_map_delete_elem(&code_maps, &tgid); /* a new image */
 	}
 	track_task(bpf_get_current_task_btf());
-	e = reserve(sizeof(*e));
+	ring = events_ring();
+	e = reserve(ring, sizeof(*e));
 	if (!e)
 		return 0;
 	fill_header(&e->hdr, pid_tgid, MT_EXEC, 0);
@@ -1888,6 +1947,7 @@ int BPF_PROG(sched_exit, struct task_struct *p)
 	__u64 pid_tgid = current_ids();
 	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
 	struct mt_exit_event *e;
+	void *ring;
 
 	/* A thread that dies inside a syscall (its task storage goes with it). */
 	bpf_map_delete_elem(&sysargs, &tid);
@@ -1905,7 +1965,8 @@ int BPF_PROG(sched_exit, struct task_struct *p)
 		bpf_map_delete_elem(&held_for_probes, &tgid);
 		request(tgid, MT_REQ_EXIT, 0);
 	}
-	e = reserve(sizeof(*e));
+	ring = events_ring();
+	e = reserve(ring, sizeof(*e));
 	if (!e)
 		return 0;
 	fill_header(&e->hdr, pid_tgid, MT_EXIT, 0);

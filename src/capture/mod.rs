@@ -56,7 +56,8 @@ pub struct Options {
     /// Whether `output` and `events` may replace existing regular files
     /// (otherwise the capture fails before the command starts).
     pub replace_outputs: bool,
-    /// Size in bytes of the events ring (a power of two, at least a page).
+    /// Size in bytes of the events ring (a power of two, at least a page);
+    /// with per-CPU rings, of all of them together.
     pub ring_size: usize,
     /// Frames captured per allocation stack (0: no stacks), at most
     /// [`MAX_STACK_DEPTH`].
@@ -67,6 +68,8 @@ pub struct Options {
     pub unwind: crate::unwind::Mode,
     /// Where allocator probes go: per process or system-wide.
     pub probes: crate::attach::per_process::Probes,
+    /// One events ring, or one per CPU.
+    pub event_rings: crate::ring::merge::EventRings,
     /// Backpressure: off (`0`, loss detection only), bounded, or unbounded.
     pub pressure_timeout: PressureTimeout,
     /// Fill of a ring, in percent, past which producers pause the tree.
@@ -365,6 +368,7 @@ impl Options {
             stack_depth: self.stack_depth,
             unwind: self.unwind,
             probes: self.probes,
+            event_rings: self.event_rings,
             pressure_timeout: self.pressure_timeout,
             watermark_percent: self.watermark_percent,
             process_effects,

@@ -312,6 +312,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "WHERE", value_enum, default_value_t = crate::attach::per_process::Probes::Auto)]
     pub probes: crate::attach::per_process::Probes,
 
+    /// Events rings: `per-cpu` gives each CPU a ring of its own (no lock
+    /// shared between CPUs when threads allocate at once; records are
+    /// merged back in time order; `--ring-size` is split between them),
+    /// `shared` one ring all CPUs reserve from; `auto` is per-cpu from 4
+    /// CPUs.
+    #[arg(long, value_name = "HOW", value_enum, env = "MEMTRAIL_EVENT_RINGS", default_value_t = crate::ring::merge::EventRings::Auto)]
+    pub event_rings: crate::ring::merge::EventRings,
+
     /// Keep no timeline (the heap over time) in the profile: `memtrail
     /// report --format timeline` then draws an empty chart and the text
     /// report has no sparkline. For the leanest capture (what the timeline
@@ -482,6 +490,10 @@ pub struct AttachArgs {
     #[arg(long, value_name = "WHERE", value_enum, default_value_t = crate::attach::per_process::Probes::Auto)]
     pub probes: crate::attach::per_process::Probes,
 
+    /// Events rings (as `memtrail run --event-rings`).
+    #[arg(long, value_name = "HOW", value_enum, env = "MEMTRAIL_EVENT_RINGS", default_value_t = crate::ring::merge::EventRings::Auto)]
+    pub event_rings: crate::ring::merge::EventRings,
+
     /// Keep no timeline in the profile (as `memtrail run --no-timeline`).
     #[arg(long)]
     pub no_timeline: bool,
@@ -627,6 +639,7 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
         stack_depth: args.stack_depth,
         unwind: args.unwind,
         probes: args.probes,
+        event_rings: args.event_rings,
         stack_ring_size: args.stack_ring_size,
         pressure_timeout: args.pressure_timeout,
         watermark_percent: args.watermark,
@@ -871,6 +884,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         stack_depth: args.stack_depth,
         unwind: args.unwind,
         probes: args.probes,
+        event_rings: args.event_rings,
         stack_ring_size: args.stack_ring_size,
         pressure_timeout: args.pressure_timeout,
         watermark_percent: args.watermark,

@@ -95,14 +95,19 @@ pub struct DeepSleep {
 }
 
 impl DeepSleep {
-    /// Sleeps on `ring` (the ring map's fd) and `kick` (an eventfd the
+    /// Sleeps on `rings` (the ring maps' fds) and `kick` (an eventfd the
     /// barrier signals).
     pub fn new(
         flag: SleepFlag,
-        ring: BorrowedFd<'_>,
+        rings: &[BorrowedFd<'_>],
         kick: BorrowedFd<'_>,
     ) -> std::io::Result<Self> {
-        let epoll = crate::sys::epoll_for(&[(ring, false), (kick, true)]).map_err(|e| e.source)?;
+        let fds: Vec<_> = rings
+            .iter()
+            .map(|&ring| (ring, false))
+            .chain([(kick, true)])
+            .collect();
+        let epoll = crate::sys::epoll_for(&fds).map_err(|e| e.source)?;
         let kick = crate::sys::epoll_for(&[(kick, true)]).map_err(|e| e.source)?;
         Ok(Self { flag, epoll, kick })
     }

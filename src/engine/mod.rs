@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use crate::ring::RingConsumer;
+use crate::ring::{Consume, RingConsumer};
 
 /// Receives the records of one pipeline, on its poller thread.
 pub trait Sink: Send + 'static {
@@ -141,10 +141,11 @@ impl Barrier {
     }
 }
 
-/// One ring and the sink its records go to.
-pub struct Pipeline<S: Sink> {
+/// One ring (or several merged: [`crate::ring::merge::Merged`]) and the
+/// sink its records go to.
+pub struct Pipeline<S: Sink, R: Consume = RingConsumer> {
     pub name: &'static str,
-    pub ring: RingConsumer,
+    pub ring: R,
     pub sink: S,
     /// Fault injection for tests.
     pub fault: Fault,
@@ -189,7 +190,7 @@ pub fn poller_cores(n: usize) -> Vec<Option<core_affinity::CoreId>> {
 }
 
 /// What a poller hands back when the barrier stops it.
-pub struct Finished<S> {
+pub struct Finished<S, R = RingConsumer> {
     pub sink: S,
     /// The highest fill of the ring the poller saw, in bytes
     /// ([`RingConsumer::high_water`]).
@@ -197,7 +198,7 @@ pub struct Finished<S> {
     /// The ring's mapping, handed back rather than unmapped on the poller
     /// thread: unmapping a large ring takes milliseconds (every page of
     /// both mappings), which the caller can spend elsewhere.
-    pub ring: RingConsumer,
+    pub ring: R,
 }
 
 /// The thread ids of memtrail's own threads, each added by the thread
@@ -230,13 +231,13 @@ impl ThreadIds {
 /// Starts the poller of `pipeline` as pipeline number `index` of `barrier`.
 /// The thread adds itself to `tids`, and returns the sink and the ring's
 /// high-water mark when the barrier stops it.
-pub fn spawn<S: Sink>(
-    mut pipeline: Pipeline<S>,
+pub fn spawn<S: Sink, R: Consume>(
+    mut pipeline: Pipeline<S, R>,
     barrier: Arc<Barrier>,
     index: usize,
     core: Option<core_affinity::CoreId>,
     tids: Arc<ThreadIds>,
-) -> std::io::Result<JoinHandle<Finished<S>>> {
+) -> std::io::Result<JoinHandle<Finished<S, R>>> {
     std::thread::Builder::new()
         .name(format!("memtrail-{}", pipeline.name))
         .spawn(move || {
@@ -255,7 +256,7 @@ pub fn spawn<S: Sink>(
         })
 }
 
-fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
+fn poll_loop<S: Sink, R: Consume>(p: &mut Pipeline<S, R>, barrier: &Barrier, index: usize) {
     let mut idle = idle::IdleWait::default();
     if let Some(deep) = p.deep_sleep.take() {
         idle = idle.with_deep_sleep(deep);
@@ -295,10 +296,7 @@ fn poll_loop<S: Sink>(p: &mut Pipeline<S>, barrier: &Barrier, index: usize) {
             handed = p.ring.poll(&mut |rec: &[u8]| record(&mut p.sink, rec));
         }
         if wanted > acked {
-            let target = p.ring.producer_pos();
-            handed += p
-                .ring
-                .drain_to(target, &mut |rec: &[u8]| record(&mut p.sink, rec));
+            handed += p.ring.drain(&mut |rec: &[u8]| record(&mut p.sink, rec));
             p.sink.drained(wanted);
             acked = wanted;
             barrier.ack(index, wanted);

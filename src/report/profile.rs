@@ -64,6 +64,10 @@ pub struct Profile {
     /// could do otherwise.
     #[serde(default)]
     pub probe_scope: crate::attach::per_process::Scope,
+    /// How many events rings the capture read: 1 (shared by every CPU) or
+    /// one per CPU (`--event-rings`); 1 in a profile written before.
+    #[serde(default = "one")]
+    pub event_rings: u32,
     pub probes: Vec<ProbeEntry>,
     /// Allocation sites: one entry per distinct call stack, with what was
     /// allocated from it. Empty when stacks were not captured.
@@ -393,6 +397,7 @@ impl Profile {
                 .collect(),
             lost_events,
             probe_scope: Default::default(),
+            event_rings: 1,
             probes: sites.iter().map(ProbeEntry::from).collect(),
             stacks: Vec::new(),
             pressure: Default::default(),
@@ -417,4 +422,8 @@ pub fn write_profile(profile: &Profile, out: OutputFile) -> Result<(), OutputErr
     w.flush().map_err(err)?;
     drop(w);
     out.commit()
+}
+
+fn one() -> u32 {
+    1
 }

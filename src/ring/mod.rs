@@ -42,6 +42,55 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use memmap2::{Mmap, MmapMut, MmapOptions};
 
+pub mod merge;
+
+/// What a poller reads: one ring ([`RingConsumer`]) or several merged
+/// ([`merge::Merged`]).
+pub trait Consume: Send + 'static {
+    /// Hands on the records committed so far, without waiting for records
+    /// still being written. Returns how many were read.
+    fn poll(&mut self, f: impl FnMut(&[u8])) -> usize;
+    /// Hands on every record reserved before the call, waiting for those
+    /// still being written (a barrier). Returns how many were read.
+    fn drain(&mut self, f: impl FnMut(&[u8])) -> usize;
+    /// Bytes consumed so far (pacing compares two readings).
+    fn position(&self) -> u64;
+    /// Bytes of ring in all.
+    fn size(&self) -> usize;
+    /// Whether anything waits: bytes reserved and not yet read, plus
+    /// records read and not yet handed on.
+    fn pending(&self) -> u64;
+    /// The highest fill seen of one ring, in bytes.
+    fn high_water(&self) -> u64;
+}
+
+impl Consume for RingConsumer {
+    fn poll(&mut self, f: impl FnMut(&[u8])) -> usize {
+        RingConsumer::poll(self, f)
+    }
+
+    fn drain(&mut self, f: impl FnMut(&[u8])) -> usize {
+        let target = self.producer_pos();
+        self.drain_to(target, f)
+    }
+
+    fn position(&self) -> u64 {
+        self.pos
+    }
+
+    fn size(&self) -> usize {
+        RingConsumer::size(self)
+    }
+
+    fn pending(&self) -> u64 {
+        RingConsumer::pending(self)
+    }
+
+    fn high_water(&self) -> u64 {
+        self.high_water
+    }
+}
+
 /// Set in a record header while the producer still fills it.
 pub const BUSY_BIT: u32 = libbpf_sys::BPF_RINGBUF_BUSY_BIT;
 /// Set in a record header the producer discarded.

@@ -36,7 +36,7 @@ mod upfront;
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::mem::{ManuallyDrop, MaybeUninit};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,6 +62,7 @@ use crate::proctree::cgroup::TreeCgroup;
 use crate::proctree::stops::Stops;
 use crate::proctree::{self, CommandSpec};
 use crate::report::{Aggregator, EventWriter, ExitInfo, Profile};
+use crate::ring::merge::{self, EventsRing, Merged};
 use crate::ring::{RingConsumer, RingError};
 use crate::skel::memtrail::{MemtrailSkel, MemtrailSkelBuilder, OpenMemtrailSkel};
 use crate::sys::{self, ChildExit};
@@ -99,6 +100,8 @@ pub struct SessionOptions {
     pub unwind: crate::unwind::Mode,
     /// Where allocator probes go: per process or system-wide.
     pub probes: crate::attach::per_process::Probes,
+    /// One events ring, or one per CPU.
+    pub event_rings: merge::EventRings,
     /// Backpressure (must be off for [`Target::SelfProcess`]: a process
     /// cannot pause itself).
     pub pressure_timeout: PressureTimeout,
@@ -123,6 +126,7 @@ impl Default for SessionOptions {
             stack_depth: crate::capture::DEFAULT_STACK_DEPTH,
             unwind: crate::unwind::Mode::default(),
             probes: crate::attach::per_process::Probes::default(),
+            event_rings: merge::EventRings::default(),
             pressure_timeout: PressureTimeout::Off,
             watermark_percent: 75,
             process_effects: false,
@@ -237,7 +241,7 @@ struct Threads {
     stops: Arc<Stops>,
     tids: Arc<ThreadIds>,
     started: usize,
-    events: Option<JoinHandle<Finished<EventSink>>>,
+    events: Option<JoinHandle<Finished<EventSink, EventsRing>>>,
     stacks: Option<JoinHandle<Finished<StackSink>>>,
     mappings: Option<JoinHandle<Finished<MappingSink>>>,
     attach: Option<JoinHandle<Finished<AttachWorker>>>,
@@ -246,7 +250,7 @@ struct Threads {
 
 /// What the pollers handed back.
 struct Joined {
-    events: Finished<EventSink>,
+    events: Finished<EventSink, EventsRing>,
     stacks: Finished<StackSink>,
     mappings: Finished<MappingSink>,
     attach: Finished<AttachWorker>,
@@ -333,6 +337,9 @@ pub struct Session {
     first_probes: Option<FirstProbes>,
     /// Whether probes were made per process (see [`attach::per_process`]).
     per_process: bool,
+    /// The per-CPU events rings (empty: one shared ring). The pollers'
+    /// deep sleep waits on their descriptors.
+    cpu_rings: Vec<libbpf_rs::MapHandle>,
 }
 
 /// What the session needs to make the command's probes on libc.
@@ -394,8 +401,18 @@ impl Session {
             _ => None,
         };
         let is_self = target == Target::SelfProcess;
-        let rooms = crate::capture::ring_rooms(opts.ring_size, opts.stack_ring_size);
         let cpus = libbpf_rs::num_possible_cpus().map_or(1, |n| n as u64);
+        // Per-CPU events rings: each CPU's share of --ring-size.
+        let cpu_rings = opts.event_rings.per_cpu(cpus as usize);
+        let events_size = if cpu_rings {
+            merge::per_cpu_size(opts.ring_size, cpus as usize)
+        } else {
+            opts.ring_size
+        };
+        let rooms = crate::capture::ring_rooms(events_size, opts.stack_ring_size);
+        if cpu_rings {
+            tracing::debug!(rings = cpus, bytes_each = events_size, "events rings per CPU");
+        }
         if opts.pressure_timeout.enabled() {
             pressure::check_room(&rooms, opts.watermark_percent, cpus)?;
         }
@@ -447,11 +464,31 @@ impl Session {
                     .collect(),
             )
         };
+        let per_cpu_rings = if cpu_rings {
+            make_cpu_rings(cpus as usize, events_size)?
+        } else {
+            Vec::new()
+        };
         let mut loaded = Loaded::load(|open| {
-            open.maps
-                .events
-                .set_max_entries(opts.ring_size as u32)
-                .map_err(CaptureError::Load)?;
+            if let Some(first) = per_cpu_rings.first() {
+                // The shared ring stays, at its smallest, as the one a CPU
+                // without its own would write (none should).
+                let page = rustix::param::page_size() as u32;
+                open.maps
+                    .events
+                    .set_max_entries(page)
+                    .map_err(CaptureError::Load)?;
+                open.maps
+                    .event_rings
+                    .set_inner_map_fd(first.as_fd())
+                    .and_then(|()| open.maps.event_rings.set_max_entries(cpus as u32))
+                    .map_err(CaptureError::Load)?;
+            } else {
+                open.maps
+                    .events
+                    .set_max_entries(opts.ring_size as u32)
+                    .map_err(CaptureError::Load)?;
+            }
             open.maps
                 .stacks
                 .set_max_entries(opts.stack_ring_size as u32)
@@ -487,7 +524,8 @@ impl Session {
             if opts.faults.one_thread_slot {
                 ro.thread_slot_mask = 0;
             }
-            ro.watermark_events = mark(opts.ring_size as u64);
+            ro.cpu_rings = cpu_rings;
+            ro.watermark_events = mark(events_size as u64);
             ro.watermark_stacks = mark(opts.stack_ring_size as u64);
             ro.watermark_mappings = mark(mappings);
             ro.watermark_attach = mark(attach);
@@ -506,40 +544,58 @@ impl Session {
             )?
         };
         phases.done("guardian");
-        // The two large rings are mapped on a thread while the up-front
-        // images are probed (after the guardian's fork, which would wait
-        // for the mapping's hold on the address space): the kernel inserts every page of a ring at
-        // mmap (~10 ms for the 16 MiB events ring and the 4 MiB stack ring).
-        let ring_fds = |map: &libbpf_rs::MapMut<'_>| {
-            map.as_fd()
-                .try_clone_to_owned()
-                .map(|fd| (fd, map.max_entries() as usize))
+        // Each CPU's events ring goes in at its index.
+        for (cpu, ring) in per_cpu_rings.iter().enumerate() {
+            let fd = ring.as_fd().as_raw_fd() as u32;
+            loaded
+                .skel
+                .maps
+                .event_rings
+                .update(
+                    &(cpu as u32).to_ne_bytes(),
+                    &fd.to_ne_bytes(),
+                    libbpf_rs::MapFlags::ANY,
+                )
+                .map_err(CaptureError::Load)?;
+        }
+        // The large rings are mapped on a thread while the up-front images
+        // are probed (after the guardian's fork, which would wait for the
+        // mapping's hold on the address space): the kernel inserts every
+        // page of a ring at mmap (~10 ms for the 16 MiB events ring and the
+        // 4 MiB stack ring). The stack ring first, then the events rings.
+        let ring_fd = |fd: BorrowedFd<'_>, size: u32| {
+            fd.try_clone_to_owned()
+                .map(|fd| (fd, size as usize))
                 .map_err(|source| CaptureError::Io {
                     what: "duplicating a BPF map descriptor",
                     source,
                 })
         };
-        let big_rings = [
-            ring_fds(&loaded.skel.maps.events)?,
-            ring_fds(&loaded.skel.maps.stacks)?,
+        let mut big_rings = vec![
+            ring_fd(
+                loaded.skel.maps.stacks.as_fd(),
+                loaded.skel.maps.stacks.max_entries(),
+            )?,
+            ring_fd(
+                loaded.skel.maps.events.as_fd(),
+                loaded.skel.maps.events.max_entries(),
+            )?,
         ];
-        let map_rings = |rings: &[(OwnedFd, usize); 2]| -> Result<[RingConsumer; 2], RingError> {
-            Ok([
-                RingConsumer::new(rings[0].0.as_fd(), rings[0].1)?,
-                RingConsumer::new(rings[1].0.as_fd(), rings[1].1)?,
-            ])
+        for ring in &per_cpu_rings {
+            big_rings.push(ring_fd(ring.as_fd(), events_size as u32)?);
+        }
+        let map_rings = |rings: &[(OwnedFd, usize)]| -> Result<Vec<RingConsumer>, RingError> {
+            rings
+                .iter()
+                .map(|(fd, size)| RingConsumer::new(fd.as_fd(), *size))
+                .collect()
         };
         let mapping_rings = Background::spawn("memtrail-rings", {
-            let big_rings = [
-                (big_rings[0].0.try_clone().ok(), big_rings[0].1),
-                (big_rings[1].0.try_clone().ok(), big_rings[1].1),
-            ];
-            move || match big_rings {
-                [(Some(events), e), (Some(stacks), s)] => {
-                    Some(map_rings(&[(events, e), (stacks, s)]))
-                }
-                _ => None,
-            }
+            let fds: Option<Vec<_>> = big_rings
+                .iter()
+                .map(|(fd, size)| fd.try_clone().ok().map(|fd| (fd, *size)))
+                .collect();
+            move || fds.map(|fds| map_rings(&fds))
         });
         let skel = &mut *loaded.skel;
         let bss = skel
@@ -727,11 +783,11 @@ impl Session {
         };
         let control = Arc::new(Control::default());
         let maps = &skel.maps;
-        let deep = |ring: usize, map: std::os::fd::BorrowedFd<'_>| {
+        let deep = |ring: usize, maps: &[BorrowedFd<'_>]| {
             // SAFETY: the .bss mapping lives with `loaded`, which outlives
             // the pollers (`threads` joins them first, see above).
             let flag = unsafe { SleepFlag::new(sleeping[ring]) };
-            DeepSleep::new(flag, map, barrier.kick_fd()).map_err(|source| CaptureError::Io {
+            DeepSleep::new(flag, maps, barrier.kick_fd()).map_err(|source| CaptureError::Io {
                 what: "setting up a poller's deep sleep",
                 source,
             })
@@ -741,10 +797,22 @@ impl Session {
             what: "starting a poller thread",
             source,
         };
-        let [events_ring, stacks_ring] = match mapping_rings.join().flatten() {
+        let mut mapped = match mapping_rings.join().flatten() {
             Some(mapped) => mapped?,
             None => map_rings(&big_rings)?,
+        }
+        .into_iter();
+        let (Some(stacks_ring), Some(shared_ring)) = (mapped.next(), mapped.next()) else {
+            unreachable!("the stack ring and the shared events ring are mapped");
         };
+        let events_ring = if cpu_rings {
+            EventsRing::PerCpu(Merged::new(std::iter::once(shared_ring).chain(mapped).collect()))
+        } else {
+            EventsRing::One(shared_ring)
+        };
+        let event_fds: Vec<BorrowedFd<'_>> = std::iter::once(maps.events.as_fd())
+            .chain(per_cpu_rings.iter().map(AsFd::as_fd))
+            .collect();
         let mut agg = if opts.timeline {
             Aggregator::new()
         } else {
@@ -761,7 +829,7 @@ impl Session {
                     ring: events_ring,
                     sink: event_sink,
                     fault: opts.faults.events,
-                    deep_sleep: Some(deep(0, maps.events.as_fd())?),
+                    deep_sleep: Some(deep(0, &event_fds)?),
                     paced: true,
                 },
                 barrier.clone(),
@@ -779,7 +847,7 @@ impl Session {
                     ring: stacks_ring,
                     sink: StackSink::default(),
                     fault: opts.faults.stacks,
-                    deep_sleep: Some(deep(1, maps.stacks.as_fd())?),
+                    deep_sleep: Some(deep(1, &[maps.stacks.as_fd()])?),
                     paced: true,
                 },
                 barrier.clone(),
@@ -804,7 +872,7 @@ impl Session {
                     )?,
                     sink: mapping_sink,
                     fault: Fault::None,
-                    deep_sleep: Some(deep(2, maps.mappings.as_fd())?),
+                    deep_sleep: Some(deep(2, &[maps.mappings.as_fd()])?),
                     paced: false,
                 },
                 barrier.clone(),
@@ -856,7 +924,7 @@ impl Session {
                     )?,
                     sink: worker,
                     fault: Fault::None,
-                    deep_sleep: Some(deep(3, maps.attach_requests.as_fd())?),
+                    deep_sleep: Some(deep(3, &[maps.attach_requests.as_fd()])?),
                     paced: false,
                 },
                 barrier.clone(),
@@ -945,6 +1013,7 @@ impl Session {
             unwind: opts.unwind,
             first_probes,
             per_process,
+            cpu_rings: per_cpu_rings,
         };
         match target {
             Target::Command(argv) => {
@@ -1374,7 +1443,10 @@ impl Session {
             attach: attacher.high_water,
         };
         // Unmapped on the detaching thread, while the outputs are written.
-        let rings = [events.ring, stacks.ring, mappings.ring, attacher.ring];
+        let rings = (
+            events.ring,
+            [stacks.ring, mappings.ring, attacher.ring],
+        );
         let (events, stacks, mappings, mut attacher) =
             (events.sink, stacks.sink, mappings.sink, attacher.sink);
         let images_seen = attacher
@@ -1490,6 +1562,7 @@ impl Session {
         );
         phases.done("stacks symbolized");
         profile.unwind = crate::unwind::report(self.unwind, images_seen, &profile.stacks);
+        profile.event_rings = self.cpu_rings.len().max(1) as u32;
         profile.probe_scope = if self.per_process {
             attach::per_process::Scope::PerProcess
         } else {
@@ -1665,5 +1738,27 @@ fn mapped_images(pid: u32) -> Vec<PathBuf> {
             (perms.contains('x') && path.starts_with('/')).then(|| PathBuf::from(path))
         })
         .filter(|p| seen.insert(p.clone()))
+        .collect()
+}
+
+/// Makes `cpus` events rings of `size` bytes, one per CPU (see
+/// [`crate::ring::merge`]).
+fn make_cpu_rings(cpus: usize, size: usize) -> Result<Vec<libbpf_rs::MapHandle>, CaptureError> {
+    let opts = libbpf_sys::bpf_map_create_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as libbpf_sys::size_t,
+        ..Default::default()
+    };
+    (0..cpus)
+        .map(|_| {
+            libbpf_rs::MapHandle::create(
+                libbpf_rs::MapType::RingBuf,
+                Some("mt_cpu_events"),
+                0,
+                0,
+                size as u32,
+                &opts,
+            )
+            .map_err(CaptureError::Load)
+        })
         .collect()
 }

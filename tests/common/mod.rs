@@ -287,6 +287,16 @@ pub fn capture_with(cmd: &[OsString], stdin: &[u8]) -> Capture {
 
 /// [`capture_with`] with `env` added to memtrail's environment.
 pub fn capture_env(cmd: &[OsString], stdin: &[u8], env: &[(&str, &str)]) -> Capture {
+    capture_flags(&[], cmd, stdin, env)
+}
+
+/// [`capture_env`] with `flags` added to `memtrail run`'s options.
+pub fn capture_flags(
+    flags: &[&str],
+    cmd: &[OsString],
+    stdin: &[u8],
+    env: &[(&str, &str)],
+) -> Capture {
     let dir = tempfile::tempdir().expect("create output directory");
     let profile_path = dir.path().join("profile.json");
     let events_path = dir.path().join("events.jsonl");
@@ -296,8 +306,9 @@ pub fn capture_env(cmd: &[OsString], stdin: &[u8], env: &[(&str, &str)]) -> Capt
         profile_path.clone().into(),
         "--events".into(),
         events_path.clone().into(),
-        "--".into(),
     ];
+    args.extend(flags.iter().map(OsString::from));
+    args.push("--".into());
     args.extend(cmd.iter().cloned());
     let (memtrail_pid, status, stdout, stderr) = memtrail_env(&args, stdin, env);
     let profile = read_profile(&profile_path);

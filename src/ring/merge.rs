@@ -1,0 +1,332 @@
+//! Per-CPU events rings read as one stream, in an order that keeps cause
+//! before effect.
+//!
+//! With `--event-rings per-cpu` every CPU's producers reserve from a ring of
+//! their own, so no two CPUs share a ring's lock. A thread that migrates
+//! then leaves its records in several rings, and a block malloc'd by one
+//! thread may be freed by another on another CPU: the aggregation needs the
+//! malloc first whatever rings the two records are in.
+//!
+//! The order kept: if a record was committed before another was reserved
+//! (a free can only start after the malloc that returned its pointer has
+//! returned; a thread's records follow one another), the first is handed on
+//! first. BPF stamps each record with the monotonic clock *after* reserving
+//! it and before committing it, so such a pair has increasing stamps, and
+//! records are handed on in stamp order. Records that overlap in time (both
+//! reserved before either committed) are concurrent and may go either way.
+//!
+//! A record may be handed on once no record with an earlier stamp can still
+//! appear. For each ring the merge keeps a *bound*: the clock reading taken
+//! just before the last look that found the producer position and then
+//! consumed every record below it. Any record it has not read was reserved
+//! after that look read the producer position, so it is stamped after the
+//! bound. Records read are copied out (freeing the ring's space) and held
+//! until the smallest bound of all rings passes their stamp. A record still
+//! being written holds its ring's bound back, as it holds a single ring's
+//! reader back. At a barrier ([`Merged::drain`]) every ring is drained to the
+//! producer position and everything held is handed on: a record a producer
+//! that has stopped made is then never behind one it made later.
+//!
+//! Clock: `bpf_ktime_get_ns` and `CLOCK_MONOTONIC` are the same clock; both
+//! read it with an ordered TSC read on x86, so a look's reading cannot be
+//! taken after the producer position it precedes.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::{Consume, RingConsumer};
+
+/// Several rings read in stamp order (see the module docs).
+pub struct Merged {
+    rings: Vec<RingConsumer>,
+    /// Per ring: no record not yet read from it is stamped before this.
+    bounds: Vec<u64>,
+    held: Held,
+}
+
+/// Records read and not yet handed on.
+#[derive(Default)]
+struct Held {
+    /// (stamp, arrival, slot), smallest first.
+    order: BinaryHeap<Reverse<(u64, u64, u32)>>,
+    /// Copies of the held records; `free` lists the slots to reuse.
+    slots: Vec<Vec<u8>>,
+    free: Vec<u32>,
+    arrivals: u64,
+    /// The most records held at once (a statistic for the capture log).
+    most: usize,
+}
+
+impl Held {
+    fn hold(&mut self, rec: &[u8]) {
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                let buf = &mut self.slots[slot as usize];
+                buf.clear();
+                buf.extend_from_slice(rec);
+                slot
+            }
+            None => {
+                self.slots.push(rec.to_vec());
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.order.push(Reverse((stamp(rec), self.arrivals, slot)));
+        self.arrivals += 1;
+        self.most = self.most.max(self.order.len());
+    }
+
+    /// Hands on, in stamp order, the records stamped before `limit`.
+    fn release(&mut self, limit: u64, f: &mut impl FnMut(&[u8])) -> usize {
+        let mut handed = 0;
+        while let Some(&Reverse((ts, _, slot))) = self.order.peek() {
+            if ts >= limit {
+                break;
+            }
+            self.order.pop();
+            f(&self.slots[slot as usize]);
+            self.free.push(slot);
+            handed += 1;
+        }
+        handed
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds, the clock BPF stamps records with.
+fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The stamp a record starts with (`mt_header.ts_ns`).
+fn stamp(rec: &[u8]) -> u64 {
+    rec.get(..8)
+        .map_or(0, |b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
+}
+
+impl Merged {
+    pub fn new(rings: Vec<RingConsumer>) -> Self {
+        let n = rings.len();
+        Self {
+            rings,
+            bounds: vec![0; n],
+            held: Held::default(),
+        }
+    }
+
+    pub fn rings(&self) -> &[RingConsumer] {
+        &self.rings
+    }
+
+    /// The most records the merge held at once.
+    pub fn most_held(&self) -> usize {
+        self.held.most
+    }
+
+    /// Reads every ring (without waiting for records still being written),
+    /// then hands on what no unread record can precede. Returns the number
+    /// of records read (they are handed on now or at a later call).
+    pub fn poll(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+        let mut read = 0;
+        for (ring, bound) in self.rings.iter_mut().zip(&mut self.bounds) {
+            let looked = now_ns();
+            let prod = ring.producer_pos();
+            let held = &mut self.held;
+            read += ring.poll(|rec| held.hold(rec));
+            if ring.position() >= prod {
+                *bound = looked;
+            }
+        }
+        let limit = self.bounds.iter().copied().min().unwrap_or(0);
+        self.held.release(limit, &mut f);
+        read
+    }
+
+    /// Drains every ring to the producer position it has now (waiting for
+    /// records still being written), then hands on every record held.
+    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+        let mut read = 0;
+        for (ring, bound) in self.rings.iter_mut().zip(&mut self.bounds) {
+            let looked = now_ns();
+            let target = ring.producer_pos();
+            let held = &mut self.held;
+            read += ring.drain_to(target, |rec| held.hold(rec));
+            *bound = looked;
+        }
+        self.held.release(u64::MAX, &mut f);
+        read
+    }
+}
+
+impl Consume for Merged {
+    fn poll(&mut self, f: impl FnMut(&[u8])) -> usize {
+        Merged::poll(self, f)
+    }
+
+    fn drain(&mut self, f: impl FnMut(&[u8])) -> usize {
+        Merged::drain(self, f)
+    }
+
+    fn position(&self) -> u64 {
+        self.rings.iter().map(RingConsumer::position).sum()
+    }
+
+    fn size(&self) -> usize {
+        self.rings.iter().map(RingConsumer::size).sum()
+    }
+
+    fn pending(&self) -> u64 {
+        let unread: u64 = self.rings.iter().map(RingConsumer::pending).sum();
+        unread + self.held.order.len() as u64
+    }
+
+    fn high_water(&self) -> u64 {
+        self.rings
+            .iter()
+            .map(RingConsumer::high_water)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The events pipeline's rings: the one shared ring, or per-CPU rings.
+pub enum EventsRing {
+    One(RingConsumer),
+    PerCpu(Merged),
+}
+
+impl Consume for EventsRing {
+    fn poll(&mut self, f: impl FnMut(&[u8])) -> usize {
+        match self {
+            Self::One(r) => r.poll(f),
+            Self::PerCpu(m) => m.poll(f),
+        }
+    }
+
+    fn drain(&mut self, f: impl FnMut(&[u8])) -> usize {
+        match self {
+            Self::One(r) => Consume::drain(r, f),
+            Self::PerCpu(m) => m.drain(f),
+        }
+    }
+
+    fn position(&self) -> u64 {
+        match self {
+            Self::One(r) => Consume::position(r),
+            Self::PerCpu(m) => Consume::position(m),
+        }
+    }
+
+    fn size(&self) -> usize {
+        match self {
+            Self::One(r) => Consume::size(r),
+            Self::PerCpu(m) => Consume::size(m),
+        }
+    }
+
+    fn pending(&self) -> u64 {
+        match self {
+            Self::One(r) => Consume::pending(r),
+            Self::PerCpu(m) => Consume::pending(m),
+        }
+    }
+
+    fn high_water(&self) -> u64 {
+        match self {
+            Self::One(r) => Consume::high_water(r),
+            Self::PerCpu(m) => Consume::high_water(m),
+        }
+    }
+}
+
+/// How many events rings a capture uses (`--event-rings`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum EventRings {
+    /// Per CPU on machines with at least [`AUTO_PER_CPU`] CPUs, else one.
+    #[default]
+    Auto,
+    /// One ring every CPU reserves from.
+    Shared,
+    /// One ring per CPU, merged by time (`--ring-size` is split between
+    /// them).
+    PerCpu,
+}
+
+/// The fewest CPUs on which `auto` gives each its own ring: see
+/// perf/RESULTS.md ("Per-CPU events rings").
+pub const AUTO_PER_CPU: usize = 4;
+
+/// The smallest per-CPU ring.
+pub const MIN_CPU_RING: usize = 256 << 10;
+
+impl EventRings {
+    /// Whether a machine of `cpus` CPUs gets one ring per CPU.
+    pub fn per_cpu(self, cpus: usize) -> bool {
+        match self {
+            Self::Auto => cpus >= AUTO_PER_CPU,
+            Self::Shared => false,
+            Self::PerCpu => true,
+        }
+    }
+}
+
+/// The size of each of `cpus` rings sharing `total` bytes: the largest
+/// power of two at most `total / cpus`, and at least [`MIN_CPU_RING`].
+pub fn per_cpu_size(total: usize, cpus: usize) -> usize {
+    let share = total / cpus.max(1);
+    let size = if share.is_power_of_two() {
+        share
+    } else {
+        share.next_power_of_two() / 2
+    };
+    size.max(MIN_CPU_RING)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_cpu_sizes_split_the_total() {
+        assert_eq!(per_cpu_size(16 << 20, 2), 8 << 20);
+        assert_eq!(per_cpu_size(16 << 20, 3), 4 << 20);
+        assert_eq!(per_cpu_size(16 << 20, 64), 256 << 10);
+        assert_eq!(per_cpu_size(16 << 20, 256), MIN_CPU_RING);
+    }
+
+    #[test]
+    fn auto_is_per_cpu_from_four_cpus() {
+        assert!(!EventRings::Auto.per_cpu(2));
+        assert!(EventRings::Auto.per_cpu(AUTO_PER_CPU));
+        assert!(EventRings::PerCpu.per_cpu(1));
+        assert!(!EventRings::Shared.per_cpu(64));
+    }
+
+    #[test]
+    fn held_records_leave_in_stamp_order() {
+        let mut held = Held::default();
+        for ts in [30u64, 10, 20, 10] {
+            let mut rec = ts.to_ne_bytes().to_vec();
+            rec.push(held.arrivals as u8);
+            held.hold(&rec);
+        }
+        let mut out = Vec::new();
+        assert_eq!(held.release(20, &mut |r: &[u8]| out.push((stamp(r), r[8]))), 2);
+        // Equal stamps leave in arrival order.
+        assert_eq!(out, [(10, 1), (10, 3)]);
+        held.release(u64::MAX, &mut |r: &[u8]| out.push((stamp(r), r[8])));
+        assert_eq!(out[2..], [(20, 2), (30, 0)]);
+        assert_eq!(held.most, 4);
+    }
+}
