@@ -431,7 +431,7 @@ fn run_poller(
             // SAFETY: the word is in the ringtest skeleton's .bss, which
             // outlives this poller (the skeleton is dropped after it).
             let flag = unsafe { SleepFlag::new(rt.sleeping_flag()) };
-            let deep = DeepSleep::new(flag, rt.ring_fd(), kick.as_fd()).expect("deep sleep");
+            let deep = DeepSleep::new(flag, &[rt.ring_fd()], kick.as_fd()).expect("deep sleep");
             let mut idle = IdleWait::default()
                 .with_deep_sleep(deep)
                 .naps_before_deep_sleep(naps);

@@ -267,8 +267,8 @@ pub enum EventRings {
 /// perf/RESULTS.md ("Per-CPU events rings").
 pub const AUTO_PER_CPU: usize = 4;
 
-/// The smallest per-CPU ring.
-pub const MIN_CPU_RING: usize = 256 << 10;
+/// The smallest per-CPU ring: a page, the smallest ring the kernel makes.
+pub const MIN_CPU_RING: usize = 4096;
 
 impl EventRings {
     /// Whether a machine of `cpus` CPUs gets one ring per CPU.
@@ -302,7 +302,7 @@ mod tests {
         assert_eq!(per_cpu_size(16 << 20, 2), 8 << 20);
         assert_eq!(per_cpu_size(16 << 20, 3), 4 << 20);
         assert_eq!(per_cpu_size(16 << 20, 64), 256 << 10);
-        assert_eq!(per_cpu_size(16 << 20, 256), MIN_CPU_RING);
+        assert_eq!(per_cpu_size(4096, 2), MIN_CPU_RING);
     }
 
     #[test]
@@ -322,7 +322,10 @@ mod tests {
             held.hold(&rec);
         }
         let mut out = Vec::new();
-        assert_eq!(held.release(20, &mut |r: &[u8]| out.push((stamp(r), r[8]))), 2);
+        assert_eq!(
+            held.release(20, &mut |r: &[u8]| out.push((stamp(r), r[8]))),
+            2
+        );
         // Equal stamps leave in arrival order.
         assert_eq!(out, [(10, 1), (10, 3)]);
         held.release(u64::MAX, &mut |r: &[u8]| out.push((stamp(r), r[8])));

@@ -411,10 +411,24 @@ impl Session {
         };
         let rooms = crate::capture::ring_rooms(events_size, opts.stack_ring_size);
         if cpu_rings {
-            tracing::debug!(rings = cpus, bytes_each = events_size, "events rings per CPU");
+            tracing::debug!(
+                rings = cpus,
+                bytes_each = events_size,
+                "events rings per CPU"
+            );
         }
         if opts.pressure_timeout.enabled() {
-            pressure::check_room(&rooms, opts.watermark_percent, cpus)?;
+            if cpu_rings {
+                // Only its own CPU's producers write a per-CPU ring; the
+                // advice is for --ring-size, which all of them share.
+                pressure::check_room(&rooms[..1], opts.watermark_percent, 1).map_err(|mut e| {
+                    e.min_size *= cpus;
+                    e
+                })?;
+                pressure::check_room(&rooms[1..], opts.watermark_percent, cpus)?;
+            } else {
+                pressure::check_room(&rooms, opts.watermark_percent, cpus)?;
+            }
         }
         crate::capture::check_environment()?;
         // An existing process is not moved into a cgroup of ours: it is
@@ -806,7 +820,9 @@ impl Session {
             unreachable!("the stack ring and the shared events ring are mapped");
         };
         let events_ring = if cpu_rings {
-            EventsRing::PerCpu(Merged::new(std::iter::once(shared_ring).chain(mapped).collect()))
+            EventsRing::PerCpu(Merged::new(
+                std::iter::once(shared_ring).chain(mapped).collect(),
+            ))
         } else {
             EventsRing::One(shared_ring)
         };
@@ -1443,10 +1459,7 @@ impl Session {
             attach: attacher.high_water,
         };
         // Unmapped on the detaching thread, while the outputs are written.
-        let rings = (
-            events.ring,
-            [stacks.ring, mappings.ring, attacher.ring],
-        );
+        let rings = (events.ring, [stacks.ring, mappings.ring, attacher.ring]);
         let (events, stacks, mappings, mut attacher) =
             (events.sink, stacks.sink, mappings.sink, attacher.sink);
         let images_seen = attacher
