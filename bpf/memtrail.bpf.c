@@ -42,24 +42,30 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Syscall returns in [-4095, -1] are errors. */
 #define IS_ERR_VALUE(x) ((unsigned long)(x) >= (unsigned long)-4095)
 
-/* Userspace sizes the ring before load (Ring sizes are tunable). */
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 24);
-} events SEC(".maps");
+/*
+ * Hash maps are BPF_F_NO_PREALLOC: a preallocated map of 2^18 entries costs
+ * ~10 ms to create (every element initialized and put on per-CPU free
+ * lists), ~25 ms for all of them at every start; entries are allocated at
+ * update instead (BPF's per-CPU memory caches), where an update of a
+ * mostly-read map costs little. A failed update is handled as for a full
+ * map.
+ */
 
 /*
- * Per-CPU events rings (cpu_rings): the ring of CPU n at index n, each
- * created by userspace (the template's size is set to theirs before load).
- * Every producer reserves from its own CPU's ring, so producers on different
- * CPUs never share the ring's lock. Records are then stamped after they are
- * reserved (fill_header_at), and userspace merges the rings by time: a
- * record committed before another was reserved is read first, whichever
- * rings they are in (src/ring/merge.rs).
+ * The events rings: one every CPU shares, at index 0, or one per CPU
+ * (cpu_rings), the ring of CPU n at index n. Userspace creates them (while
+ * the kernel verifies the programs: a 64 MiB ring takes ~15 ms to create)
+ * and inserts them after load; a ring buffer's size is not part of its
+ * type, so the template's does not matter. With cpu_rings every producer
+ * reserves from its own CPU's ring, so producers on different CPUs never
+ * share the ring's lock; records are then stamped after they are reserved
+ * (fill_header_at), and userspace merges the rings by time: a record
+ * committed before another was reserved is read first, whichever rings they
+ * are in (src/ring/merge.rs).
  */
 struct events_ring {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 20);
+	__uint(max_entries, 4096);
 };
 
 struct {
@@ -108,6 +114,7 @@ struct known_id {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 1 << 16);
 	__type(key, struct known_id);
 	__type(value, __u8);
@@ -126,6 +133,7 @@ extern int bpf_send_signal_task(struct task_struct *task, int sig, enum pid_type
  * memtrail's own tgid (as it sees itself), whose SIGCONTs are the releases. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, MT_MAX_PROCS);
 	__type(key, __u32);
 	__type(value, __u8);
@@ -141,6 +149,7 @@ __u64 drops_resumed = 0;
  * are written again (userspace deduplicates by id). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 1 << 18);
 	__type(key, __u64);
 	__type(value, __u8);
@@ -153,6 +162,7 @@ const volatile __u32 stack_depth = 127;
 /* tgid -> parent tgid, for every process of the tracked tree. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, MT_MAX_PROCS);
 	__type(key, __u32);
 	__type(value, __u32);
@@ -213,6 +223,7 @@ __u64 tree_threads_peak = 0;
  * no room for (the coordinator then looks at every process). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, __u32);
@@ -506,6 +517,7 @@ struct sysargs {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, MT_MAX_THREADS);
 	__type(key, __u32); /* tid */
 	__type(value, struct sysargs);
@@ -573,22 +585,23 @@ static __always_inline bool thread_tracked(__u64 pid_tgid)
 const volatile bool attach_hold = true;
 
 /* The events ring this CPU writes: its own with cpu_rings, else the one
- * shared ring. */
+ * shared ring; NULL if userspace inserted none there. */
 static __always_inline void *events_ring(void)
 {
-	__u32 cpu;
-	void *ring;
+	__u32 idx = cpu_rings ? bpf_get_smp_processor_id() : 0;
 
-	if (!cpu_rings)
-		return &events;
-	cpu = bpf_get_smp_processor_id();
-	ring = bpf_map_lookup_elem(&event_rings, &cpu);
-	return ring ? ring : (void *)&events;
+	return bpf_map_lookup_elem(&event_rings, &idx);
 }
 
 static __always_inline void *reserve(void *ring, __u64 size)
 {
-	void *rec = bpf_ringbuf_reserve(ring, size, 0);
+	void *rec;
+
+	if (!ring) {
+		__sync_fetch_and_add(&drops_events, 1);
+		return NULL;
+	}
+	rec = bpf_ringbuf_reserve(ring, size, 0);
 
 	if (!rec)
 		__sync_fetch_and_add(&drops_events, 1);
@@ -770,6 +783,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 1 << 12);
 	__type(key, struct image_id);
 	__type(value, struct mt_unwind_image);
@@ -808,6 +822,7 @@ struct code_maps {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, MT_MAX_PROCS);
 	__type(key, __u32);
 	__type(value, struct code_maps);

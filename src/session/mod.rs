@@ -337,9 +337,9 @@ pub struct Session {
     first_probes: Option<FirstProbes>,
     /// Whether probes were made per process (see [`attach::per_process`]).
     per_process: bool,
-    /// The per-CPU events rings (empty: one shared ring). The pollers'
-    /// deep sleep waits on their descriptors.
-    cpu_rings: Vec<libbpf_rs::MapHandle>,
+    /// The events rings: one, or one per CPU. The events poller's deep
+    /// sleep waits on their descriptors.
+    event_ring_maps: Vec<libbpf_rs::MapHandle>,
 }
 
 /// What the session needs to make the command's probes on libc.
@@ -478,31 +478,17 @@ impl Session {
                     .collect(),
             )
         };
-        let per_cpu_rings = if cpu_rings {
-            make_cpu_rings(cpus as usize, events_size)?
-        } else {
-            Vec::new()
-        };
+        // The events rings are made while the kernel verifies the
+        // programs, and inserted after (see `event_rings` in the BPF).
+        let ring_count = if cpu_rings { cpus as usize } else { 1 };
+        let making_rings = Background::spawn("memtrail-mkring", move || {
+            make_event_rings(ring_count, events_size)
+        });
         let mut loaded = Loaded::load(|open| {
-            if let Some(first) = per_cpu_rings.first() {
-                // The shared ring stays, at its smallest, as the one a CPU
-                // without its own would write (none should).
-                let page = rustix::param::page_size() as u32;
-                open.maps
-                    .events
-                    .set_max_entries(page)
-                    .map_err(CaptureError::Load)?;
-                open.maps
-                    .event_rings
-                    .set_inner_map_fd(first.as_fd())
-                    .and_then(|()| open.maps.event_rings.set_max_entries(cpus as u32))
-                    .map_err(CaptureError::Load)?;
-            } else {
-                open.maps
-                    .events
-                    .set_max_entries(opts.ring_size as u32)
-                    .map_err(CaptureError::Load)?;
-            }
+            open.maps
+                .event_rings
+                .set_max_entries(ring_count as u32)
+                .map_err(CaptureError::Load)?;
             open.maps
                 .stacks
                 .set_max_entries(opts.stack_ring_size as u32)
@@ -558,8 +544,12 @@ impl Session {
             )?
         };
         phases.done("guardian");
-        // Each CPU's events ring goes in at its index.
-        for (cpu, ring) in per_cpu_rings.iter().enumerate() {
+        let event_ring_maps = match making_rings.join() {
+            Some(made) => made?,
+            None => make_event_rings(ring_count, events_size)?,
+        };
+        // Each CPU's events ring goes in at its index (the shared one at 0).
+        for (cpu, ring) in event_ring_maps.iter().enumerate() {
             let fd = ring.as_fd().as_raw_fd() as u32;
             loaded
                 .skel
@@ -585,17 +575,11 @@ impl Session {
                     source,
                 })
         };
-        let mut big_rings = vec![
-            ring_fd(
-                loaded.skel.maps.stacks.as_fd(),
-                loaded.skel.maps.stacks.max_entries(),
-            )?,
-            ring_fd(
-                loaded.skel.maps.events.as_fd(),
-                loaded.skel.maps.events.max_entries(),
-            )?,
-        ];
-        for ring in &per_cpu_rings {
+        let mut big_rings = vec![ring_fd(
+            loaded.skel.maps.stacks.as_fd(),
+            loaded.skel.maps.stacks.max_entries(),
+        )?];
+        for ring in &event_ring_maps {
             big_rings.push(ring_fd(ring.as_fd(), events_size as u32)?);
         }
         let map_rings = |rings: &[(OwnedFd, usize)]| -> Result<Vec<RingConsumer>, RingError> {
@@ -816,19 +800,18 @@ impl Session {
             None => map_rings(&big_rings)?,
         }
         .into_iter();
-        let (Some(stacks_ring), Some(shared_ring)) = (mapped.next(), mapped.next()) else {
-            unreachable!("the stack ring and the shared events ring are mapped");
+        let Some(stacks_ring) = mapped.next() else {
+            unreachable!("the stack ring is mapped");
         };
         let events_ring = if cpu_rings {
-            EventsRing::PerCpu(Merged::new(
-                std::iter::once(shared_ring).chain(mapped).collect(),
-            ))
+            EventsRing::PerCpu(Merged::new(mapped.collect()))
         } else {
-            EventsRing::One(shared_ring)
+            let Some(ring) = mapped.next() else {
+                unreachable!("the events ring is mapped");
+            };
+            EventsRing::One(ring)
         };
-        let event_fds: Vec<BorrowedFd<'_>> = std::iter::once(maps.events.as_fd())
-            .chain(per_cpu_rings.iter().map(AsFd::as_fd))
-            .collect();
+        let event_fds: Vec<BorrowedFd<'_>> = event_ring_maps.iter().map(AsFd::as_fd).collect();
         let mut agg = if opts.timeline {
             Aggregator::new()
         } else {
@@ -1029,7 +1012,7 @@ impl Session {
             unwind: opts.unwind,
             first_probes,
             per_process,
-            cpu_rings: per_cpu_rings,
+            event_ring_maps,
         };
         match target {
             Target::Command(argv) => {
@@ -1575,7 +1558,7 @@ impl Session {
         );
         phases.done("stacks symbolized");
         profile.unwind = crate::unwind::report(self.unwind, images_seen, &profile.stacks);
-        profile.event_rings = self.cpu_rings.len().max(1) as u32;
+        profile.event_rings = self.event_ring_maps.len() as u32;
         profile.probe_scope = if self.per_process {
             attach::per_process::Scope::PerProcess
         } else {
@@ -1754,18 +1737,18 @@ fn mapped_images(pid: u32) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Makes `cpus` events rings of `size` bytes, one per CPU (see
-/// [`crate::ring::merge`]).
-fn make_cpu_rings(cpus: usize, size: usize) -> Result<Vec<libbpf_rs::MapHandle>, CaptureError> {
+/// Makes `count` events rings of `size` bytes: one shared, or one per CPU
+/// (see [`crate::ring::merge`]).
+fn make_event_rings(count: usize, size: usize) -> Result<Vec<libbpf_rs::MapHandle>, CaptureError> {
     let opts = libbpf_sys::bpf_map_create_opts {
         sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as libbpf_sys::size_t,
         ..Default::default()
     };
-    (0..cpus)
+    (0..count)
         .map(|_| {
             libbpf_rs::MapHandle::create(
                 libbpf_rs::MapType::RingBuf,
-                Some("mt_cpu_events"),
+                Some("mt_events"),
                 0,
                 0,
                 size as u32,
