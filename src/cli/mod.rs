@@ -256,8 +256,8 @@ pub struct RunArgs {
     /// Size of the events ring buffer: a power of two, in bytes or with a
     /// binary unit (`64M`, `64MiB`, `512K`, `1G`; `MB` means MiB too).
     /// Larger rings absorb longer bursts. With `--event-rings per-cpu`,
-    /// the size of all of them: each CPU's is the largest power of two at
-    /// most its share, and at least a page.
+    /// the size of all of them: each online CPU's is the largest power of
+    /// two at most its share, and at least a page.
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_size)]
     pub ring_size: usize,
 

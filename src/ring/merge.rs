@@ -253,7 +253,8 @@ impl Consume for EventsRing {
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum EventRings {
-    /// Per CPU on machines with at least [`AUTO_PER_CPU`] CPUs, else one.
+    /// Per CPU on machines with at least [`AUTO_PER_CPU`] CPUs online,
+    /// else one.
     #[default]
     Auto,
     /// One ring every CPU reserves from.
@@ -281,6 +282,43 @@ impl EventRings {
     }
 }
 
+/// The CPUs in a kernel CPU list (`/sys/devices/system/cpu/online`:
+/// `0-3,8,10-11`); `None` if it does not parse.
+pub fn parse_cpu_list(list: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (first, last): (usize, usize) = match part.split_once('-') {
+            Some((a, b)) => (a.parse().ok()?, b.parse().ok()?),
+            None => {
+                let n = part.parse().ok()?;
+                (n, n)
+            }
+        };
+        if first > last {
+            return None;
+        }
+        cpus.extend(first..=last);
+    }
+    Some(cpus)
+}
+
+/// The CPUs online now (all `possible` of them if the list cannot be
+/// read). A ring per CPU is made for every possible CPU, but only the
+/// online ones share `--ring-size`: a VM may have many more possible CPUs
+/// than it runs on.
+pub fn online_cpus(possible: usize) -> Vec<usize> {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|l| parse_cpu_list(&l))
+        .map(|cpus| {
+            cpus.into_iter()
+                .filter(|&c| c < possible)
+                .collect::<Vec<_>>()
+        })
+        .filter(|cpus| !cpus.is_empty())
+        .unwrap_or_else(|| (0..possible).collect())
+}
+
 /// The size of each of `cpus` rings sharing `total` bytes: the largest
 /// power of two at most `total / cpus`, and at least [`MIN_CPU_RING`].
 pub fn per_cpu_size(total: usize, cpus: usize) -> usize {
@@ -303,6 +341,15 @@ mod tests {
         assert_eq!(per_cpu_size(16 << 20, 3), 4 << 20);
         assert_eq!(per_cpu_size(16 << 20, 64), 256 << 10);
         assert_eq!(per_cpu_size(4096, 2), MIN_CPU_RING);
+    }
+
+    #[test]
+    fn cpu_lists_parse() {
+        assert_eq!(parse_cpu_list("0-1\n"), Some(vec![0, 1]));
+        assert_eq!(parse_cpu_list("0-2,5,7-8"), Some(vec![0, 1, 2, 5, 7, 8]));
+        assert_eq!(parse_cpu_list("3"), Some(vec![3]));
+        assert_eq!(parse_cpu_list("2-1"), None);
+        assert_eq!(parse_cpu_list("x"), None);
     }
 
     #[test]

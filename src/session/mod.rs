@@ -402,17 +402,34 @@ impl Session {
         };
         let is_self = target == Target::SelfProcess;
         let cpus = libbpf_rs::num_possible_cpus().map_or(1, |n| n as u64);
-        // Per-CPU events rings: each CPU's share of --ring-size.
-        let cpu_rings = opts.event_rings.per_cpu(cpus as usize);
+        // Per-CPU events rings: each online CPU's share of --ring-size (a
+        // CPU offline now gets a page: it writes there only if it comes
+        // online during the capture).
+        let online = merge::online_cpus(cpus as usize);
+        let cpu_rings = opts.event_rings.per_cpu(online.len());
         let events_size = if cpu_rings {
-            merge::per_cpu_size(opts.ring_size, cpus as usize)
+            merge::per_cpu_size(opts.ring_size, online.len())
         } else {
             opts.ring_size
+        };
+        let ring_sizes: Vec<usize> = if cpu_rings {
+            (0..cpus as usize)
+                .map(|cpu| {
+                    if online.contains(&cpu) {
+                        events_size
+                    } else {
+                        merge::MIN_CPU_RING
+                    }
+                })
+                .collect()
+        } else {
+            vec![events_size]
         };
         let rooms = crate::capture::ring_rooms(events_size, opts.stack_ring_size);
         if cpu_rings {
             tracing::debug!(
                 rings = cpus,
+                online = online.len(),
                 bytes_each = events_size,
                 "events rings per CPU"
             );
@@ -480,9 +497,10 @@ impl Session {
         };
         // The events rings are made while the kernel verifies the
         // programs, and inserted after (see `event_rings` in the BPF).
-        let ring_count = if cpu_rings { cpus as usize } else { 1 };
-        let making_rings = Background::spawn("memtrail-mkring", move || {
-            make_event_rings(ring_count, events_size)
+        let ring_count = ring_sizes.len();
+        let making_rings = Background::spawn("memtrail-mkring", {
+            let sizes = ring_sizes.clone();
+            move || make_event_rings(&sizes)
         });
         let mut loaded = Loaded::load(|open| {
             open.maps
@@ -546,7 +564,7 @@ impl Session {
         phases.done("guardian");
         let event_ring_maps = match making_rings.join() {
             Some(made) => made?,
-            None => make_event_rings(ring_count, events_size)?,
+            None => make_event_rings(&ring_sizes)?,
         };
         // Each CPU's events ring goes in at its index (the shared one at 0).
         for (cpu, ring) in event_ring_maps.iter().enumerate() {
@@ -579,8 +597,8 @@ impl Session {
             loaded.skel.maps.stacks.as_fd(),
             loaded.skel.maps.stacks.max_entries(),
         )?];
-        for ring in &event_ring_maps {
-            big_rings.push(ring_fd(ring.as_fd(), events_size as u32)?);
+        for (ring, &size) in event_ring_maps.iter().zip(&ring_sizes) {
+            big_rings.push(ring_fd(ring.as_fd(), size as u32)?);
         }
         let map_rings = |rings: &[(OwnedFd, usize)]| -> Result<Vec<RingConsumer>, RingError> {
             rings
@@ -1737,15 +1755,16 @@ fn mapped_images(pid: u32) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Makes `count` events rings of `size` bytes: one shared, or one per CPU
+/// Makes the events rings, of `sizes` bytes: one shared, or one per CPU
 /// (see [`crate::ring::merge`]).
-fn make_event_rings(count: usize, size: usize) -> Result<Vec<libbpf_rs::MapHandle>, CaptureError> {
+fn make_event_rings(sizes: &[usize]) -> Result<Vec<libbpf_rs::MapHandle>, CaptureError> {
     let opts = libbpf_sys::bpf_map_create_opts {
         sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as libbpf_sys::size_t,
         ..Default::default()
     };
-    (0..count)
-        .map(|_| {
+    sizes
+        .iter()
+        .map(|&size| {
             libbpf_rs::MapHandle::create(
                 libbpf_rs::MapType::RingBuf,
                 Some("mt_events"),
