@@ -53,10 +53,12 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /*
  * The events rings: one every CPU shares, at index 0, or one per CPU
- * (cpu_rings), the ring of CPU n at index n. Userspace creates them (while
- * the kernel verifies the programs: a 64 MiB ring takes ~15 ms to create)
- * and inserts them after load; a ring buffer's size is not part of its
- * type, so the template's does not matter. With cpu_rings every producer
+ * (cpu_rings), the ring of CPU n at index n. Userspace makes this array
+ * (the object reuses it), then the rings, and inserts them in one batch,
+ * all while the kernel verifies the programs: a 64 MiB ring takes ~15 ms
+ * to create, and each single insertion into an array of maps waits for an
+ * RCU grace period. A ring buffer's size is not part of its type here, so
+ * the template's does not matter. With cpu_rings every producer
  * reserves from its own CPU's ring, so producers on different CPUs never
  * share the ring's lock; records are then stamped after they are reserved
  * (fill_header_at), and userspace merges the rings by time: a record

@@ -497,15 +497,20 @@ impl Session {
         };
         // The events rings are made while the kernel verifies the
         // programs, and inserted after (see `event_rings` in the BPF).
-        let ring_count = ring_sizes.len();
+        // The array of rings is made here and the object reuses it; the
+        // rings are made and inserted on a thread while the kernel
+        // verifies (each insertion waits for an RCU grace period).
+        let outer = make_ring_array(ring_sizes.len())?;
         let making_rings = Background::spawn("memtrail-mkring", {
             let sizes = ring_sizes.clone();
-            move || make_event_rings(&sizes)
+            let outer = libbpf_rs::MapHandle::try_from(&outer);
+            move || make_event_rings(&sizes, &outer.map_err(CaptureError::Load)?)
         });
         let mut loaded = Loaded::load(|open| {
             open.maps
                 .event_rings
-                .set_max_entries(ring_count as u32)
+                .set_max_entries(ring_sizes.len() as u32)
+                .and_then(|()| open.maps.event_rings.reuse_fd(outer.as_fd()))
                 .map_err(CaptureError::Load)?;
             open.maps
                 .stacks
@@ -564,22 +569,10 @@ impl Session {
         phases.done("guardian");
         let event_ring_maps = match making_rings.join() {
             Some(made) => made?,
-            None => make_event_rings(&ring_sizes)?,
+            None => make_event_rings(&ring_sizes, &outer)?,
         };
-        // Each CPU's events ring goes in at its index (the shared one at 0).
-        for (cpu, ring) in event_ring_maps.iter().enumerate() {
-            let fd = ring.as_fd().as_raw_fd() as u32;
-            loaded
-                .skel
-                .maps
-                .event_rings
-                .update(
-                    &(cpu as u32).to_ne_bytes(),
-                    &fd.to_ne_bytes(),
-                    libbpf_rs::MapFlags::ANY,
-                )
-                .map_err(CaptureError::Load)?;
-        }
+        drop(outer);
+        phases.done("events rings made and inserted");
         // The large rings are mapped on a thread while the up-front images
         // are probed (after the guardian's fork, which would wait for the
         // mapping's hold on the address space): the kernel inserts every
@@ -633,6 +626,7 @@ impl Session {
         let mut tables = crate::capture::unwind_tables(skel, opts.unwind, opts.stack_depth);
         let mut links = Links::default();
         crate::capture::attach_tracepoints(skel, &mut links, per_process)?;
+        phases.done("tracepoints attached");
         let mut sites = Vec::new();
         let mut slots = attach::HitSlots::default();
         let mut known = HashSet::new();
@@ -1755,9 +1749,61 @@ fn mapped_images(pid: u32) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Makes the events rings, of `sizes` bytes: one shared, or one per CPU
-/// (see [`crate::ring::merge`]).
-fn make_event_rings(sizes: &[usize]) -> Result<Vec<libbpf_rs::MapHandle>, CaptureError> {
+/// Makes the array of `count` events rings BPF reserves from (see
+/// `event_rings` in the BPF), empty.
+fn make_ring_array(count: usize) -> Result<libbpf_rs::MapHandle, CaptureError> {
+    let page = rustix::param::page_size();
+    let template = make_rings(&[page])?;
+    let opts = libbpf_sys::bpf_map_create_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as libbpf_sys::size_t,
+        inner_map_fd: template[0].as_fd().as_raw_fd() as u32,
+        ..Default::default()
+    };
+    libbpf_rs::MapHandle::create(
+        libbpf_rs::MapType::ArrayOfMaps,
+        Some("event_rings"),
+        4,
+        4,
+        count as u32,
+        &opts,
+    )
+    .map_err(CaptureError::Load)
+}
+
+/// Makes the events rings, of `sizes` bytes (one shared, or one per CPU:
+/// see [`crate::ring::merge`]), and puts ring `i` at index `i` of `array`.
+/// Every insertion into an array of maps waits for an RCU grace period
+/// (~8 ms here): one batch waits once.
+fn make_event_rings(
+    sizes: &[usize],
+    array: &libbpf_rs::MapHandle,
+) -> Result<Vec<libbpf_rs::MapHandle>, CaptureError> {
+    let rings = make_rings(sizes)?;
+    let keys: Vec<u8> = (0..rings.len() as u32).flat_map(u32::to_ne_bytes).collect();
+    let fds: Vec<u8> = rings
+        .iter()
+        .flat_map(|r| (r.as_fd().as_raw_fd() as u32).to_ne_bytes())
+        .collect();
+    let batch = array.update_batch(
+        &keys,
+        &fds,
+        rings.len() as u32,
+        libbpf_rs::MapFlags::ANY,
+        libbpf_rs::MapFlags::ANY,
+    );
+    if let Err(err) = batch {
+        tracing::debug!(%err, "events rings: no batch insertion; one at a time");
+        for (key, fd) in keys.chunks(4).zip(fds.chunks(4)) {
+            array
+                .update(key, fd, libbpf_rs::MapFlags::ANY)
+                .map_err(CaptureError::Load)?;
+        }
+    }
+    Ok(rings)
+}
+
+/// Makes ring buffers of `sizes` bytes.
+fn make_rings(sizes: &[usize]) -> Result<Vec<libbpf_rs::MapHandle>, CaptureError> {
     let opts = libbpf_sys::bpf_map_create_opts {
         sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as libbpf_sys::size_t,
         ..Default::default()

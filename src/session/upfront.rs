@@ -108,6 +108,7 @@ const ALWAYS_CACHED: usize = 32;
 /// [`ALWAYS_CACHED`]). An entry left out is examined, held, if a process
 /// maps it.
 fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
+    let started = Instant::now();
     let cache = if tables {
         unwind::cache::Cache::open()
     } else {
@@ -156,6 +157,7 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
         _ => 0,
     };
     let mut rows: usize = images.iter().map(rows_of).sum();
+    let essentials_ms = started.elapsed().as_secs_f64() * 1e3;
     for (nth, entry) in image_cache.valid().into_iter().rev().enumerate() {
         let waited_for = nth >= ALWAYS_CACHED && enough.load(Ordering::Relaxed);
         if tables && rows >= unwind::CACHED_ROWS as usize || waited_for {
@@ -179,6 +181,12 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
         rows += rows_of(&image);
         images.push(image);
     }
+    tracing::debug!(
+        runtimes_ms = format!("{essentials_ms:.1}"),
+        ms = format!("{:.1}", started.elapsed().as_secs_f64() * 1e3),
+        images = images.len(),
+        "up-front thread done"
+    );
     Ok(Prepared {
         images,
         image_cache,
