@@ -17,6 +17,8 @@ fn capture_loss_fails_with_exit_71() {
     let profile = dir.path().join("profile.json");
     let events = dir.path().join("events.jsonl");
     let mut args: Vec<OsString> = vec!["run".into(), "--ring-size".into(), "4096".into()];
+    // One shared ring of 4 KiB, whatever the CPU count.
+    args.extend(["--event-rings".into(), "shared".into()]);
     args.extend(["--output".into(), profile.clone().into_os_string()]);
     args.extend(["--events".into(), events.clone().into_os_string()]);
     args.extend(["--".into(), fixture("threads").into_os_string()]);

@@ -53,7 +53,7 @@ struct Held {
     slots: Vec<Vec<u8>>,
     free: Vec<u32>,
     arrivals: u64,
-    /// The most records held at once (a statistic for the capture log).
+    /// The most records held at once (logged at the end of a capture).
     most: usize,
 }
 
@@ -112,10 +112,6 @@ impl Merged {
             bounds: vec![0; n],
             held: Held::default(),
         }
-    }
-
-    pub fn rings(&self) -> &[RingConsumer] {
-        &self.rings
     }
 
     /// The most records the merge held at once.

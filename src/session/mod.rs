@@ -1453,6 +1453,12 @@ impl Session {
             mappings: mappings.high_water,
             attach: attacher.high_water,
         };
+        if let EventsRing::PerCpu(merged) = &events.ring {
+            tracing::debug!(
+                most_held = merged.most_held(),
+                "events rings merged (records held at most at once)"
+            );
+        }
         // Unmapped on the detaching thread, while the outputs are written.
         let rings = (events.ring, [stacks.ring, mappings.ring, attacher.ring]);
         let (events, stacks, mappings, mut attacher) =
