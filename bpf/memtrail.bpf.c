@@ -43,12 +43,13 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define IS_ERR_VALUE(x) ((unsigned long)(x) >= (unsigned long)-4095)
 
 /*
- * Hash maps are BPF_F_NO_PREALLOC: a preallocated map of 2^18 entries costs
- * ~10 ms to create (every element initialized and put on per-CPU free
- * lists), ~25 ms for all of them at every start; entries are allocated at
- * update instead (BPF's per-CPU memory caches), where an update of a
- * mostly-read map costs little. A failed update is handled as for a full
- * map.
+ * Hash maps BPF programs update are preallocated: an update then fails only
+ * when the map is full. Without preallocation an update allocates from
+ * BPF's per-CPU caches, which a burst (a fork storm, every thread making
+ * new stacks at once) can empty before they refill: a failed update of
+ * `tracked` or `sysargs` is a lost event, of `known_stacks` a stack record
+ * sent again. The maps only userspace writes (known_images, unwind_images)
+ * are BPF_F_NO_PREALLOC: preallocating 2^16 entries costs ~3 ms at start.
  */
 
 /*
@@ -135,7 +136,6 @@ extern int bpf_send_signal_task(struct task_struct *task, int sig, enum pid_type
  * memtrail's own tgid (as it sees itself), whose SIGCONTs are the releases. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, MT_MAX_PROCS);
 	__type(key, __u32);
 	__type(value, __u8);
@@ -151,7 +151,6 @@ __u64 drops_resumed = 0;
  * are written again (userspace deduplicates by id). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 1 << 18);
 	__type(key, __u64);
 	__type(value, __u8);
@@ -164,7 +163,6 @@ const volatile __u32 stack_depth = 127;
 /* tgid -> parent tgid, for every process of the tracked tree. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, MT_MAX_PROCS);
 	__type(key, __u32);
 	__type(value, __u32);
@@ -225,7 +223,6 @@ __u64 tree_threads_peak = 0;
  * no room for (the coordinator then looks at every process). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, __u32);
@@ -519,7 +516,6 @@ struct sysargs {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, MT_MAX_THREADS);
 	__type(key, __u32); /* tid */
 	__type(value, struct sysargs);
@@ -824,7 +820,6 @@ struct code_maps {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, MT_MAX_PROCS);
 	__type(key, __u32);
 	__type(value, struct code_maps);
