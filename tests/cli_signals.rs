@@ -168,21 +168,27 @@ fn cli_sigterm_before_command_abandons() {
             fixture("touch_marker").into(),
             dir.path().join("marker").into(),
         ]);
-        let mut child = spawn(&args);
-        let pid = child.id();
         // The outputs are opened first thing; the command starts after the
-        // BPF programs are loaded and attached.
-        while files_under(pid, dir.path()) < 3 {
+        // BPF programs are loaded and attached. The fault hook stops
+        // memtrail right after it opened them (waiting for the files and
+        // then stopping it raced its next steps).
+        let mut child = Command::new(MEMTRAIL)
+            .args(&args)
+            .env("MEMTRAIL_FAULT", "stop-after-outputs")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn memtrail");
+        let pid = child.id();
+        while state(pid) != 'T' {
             assert!(
                 child.try_wait().expect("try_wait").is_none(),
                 "memtrail ended early"
             );
             std::thread::yield_now();
         }
-        kill(pid, libc::SIGSTOP);
-        while state(pid) != 'T' {
-            std::thread::yield_now();
-        }
+        assert_eq!(files_under(pid, dir.path()), 3, "the outputs are open");
         // Still one thread (the pollers start later): the signals sent now
         // are handled by it, as it resumes, before it goes on.
         assert_eq!(threads(pid), 1, "memtrail got further than its set-up");

@@ -100,6 +100,10 @@ pub struct Faults {
     /// No cgroup for the tree: pressure pauses stop processes with SIGSTOP,
     /// the path taken where there is no usable cgroup v2 freezer.
     pub no_cgroup: bool,
+    /// `memtrail run` stops itself (SIGSTOP) once its outputs are open,
+    /// before any other thread starts (`stop-after-outputs`): a test can
+    /// then signal the set-up at a known point.
+    pub stop_after_outputs: bool,
 }
 
 impl Faults {
@@ -113,6 +117,10 @@ impl Faults {
             }
             if name == "no-cgroup" {
                 faults.no_cgroup = true;
+                continue;
+            }
+            if name == "stop-after-outputs" {
+                faults.stop_after_outputs = true;
                 continue;
             }
             if name == "fail-after-start" {
@@ -417,6 +425,9 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     let spec = CommandSpec::new(opts.command.clone())?;
     // Under sudo, the files are the invoking user's, as the command is.
     let (output, events) = opts.open_outputs(spec.creds.as_ref().map(|c| (c.uid, c.gid)))?;
+    if opts.faults.stop_after_outputs {
+        crate::sys::stop_self();
+    }
     session_opts.validate(&target)?;
     let stream = opts.event_stream(events)?;
     let mut session = Session::start_with(&session_opts, target, stream)?;

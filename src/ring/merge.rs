@@ -94,8 +94,7 @@ impl Held {
 
 /// `CLOCK_MONOTONIC` in nanoseconds, the clock BPF stamps records with.
 fn now_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    crate::sys::monotonic_ns()
 }
 
 /// The stamp a record starts with (`mt_header.ts_ns`).

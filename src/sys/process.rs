@@ -247,3 +247,9 @@ pub fn set_thread_nice(tid: Pid, nice: i32) -> SysResult<()> {
     rustix::process::setpriority_process(Some(tid.to_rustix(CALL)?), nice)
         .map_err(SysError::rustix(CALL))
 }
+
+/// Stops the calling process (a SIGSTOP to itself) until a SIGCONT: a
+/// test's fault hook (`MEMTRAIL_FAULT=stop-after-outputs`).
+pub fn stop_self() {
+    let _ = rustix::process::kill_process(rustix::process::getpid(), Signal::STOP);
+}
