@@ -20,8 +20,13 @@ use common::{MEMTRAIL, dir_entries, fixture, read_profile};
 const WATCHDOG: Duration = Duration::from_secs(120);
 
 fn spawn(args: &[OsString]) -> Child {
+    spawn_env(args, &[])
+}
+
+fn spawn_env(args: &[OsString], env: &[(&str, &str)]) -> Child {
     Command::new(MEMTRAIL)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -172,14 +177,7 @@ fn cli_sigterm_before_command_abandons() {
         // BPF programs are loaded and attached. The fault hook stops
         // memtrail right after it opened them (waiting for the files and
         // then stopping it raced its next steps).
-        let mut child = Command::new(MEMTRAIL)
-            .args(&args)
-            .env("MEMTRAIL_FAULT", "stop-after-outputs")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn memtrail");
+        let mut child = spawn_env(&args, &[("MEMTRAIL_FAULT", "stop-after-outputs")]);
         let pid = child.id();
         while state(pid) != 'T' {
             assert!(

@@ -94,6 +94,25 @@ fn cli_uprobe_conflict_fixture_blocks_plain_probe() {
     assert_eq!(plain.finish(), Some(0));
 }
 
+/// Runs `memtrail run FLAGS --output DIR/profile.json -- touch_marker
+/// DIR/marker` and checks that it exits 74 naming ref_ctr_offset, with no
+/// file written and the command not run.
+fn expect_conflict(dir: &std::path::Path, flags: &[&std::ffi::OsStr]) {
+    let mut args: Vec<OsString> = vec!["run".into()];
+    args.extend(flags.iter().map(|f| f.to_os_string()));
+    args.extend([
+        "--output".into(),
+        dir.join("profile.json").into(),
+        "--".into(),
+        fixture("touch_marker").into(),
+        dir.join("marker").into(),
+    ]);
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    assert_eq!(status.code(), Some(74), "{stderr}");
+    assert!(stderr.contains("ref_ctr_offset"), "message: {stderr}");
+    assert!(dir_entries(dir).is_empty(), "files left or command ran");
+}
+
 /// Check that memtrail exits 74, names ref_ctr_offset in its message, does
 /// not run the command and leaves no file when another tracer's uprobe on
 /// malloc has a different ref_ctr_offset; and works again once it is gone.
@@ -103,23 +122,8 @@ fn cli_conflicting_uprobe_exits_74() {
     let holder = Holder::hold();
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let args: Vec<OsString> = vec![
-        "run".into(),
-        "--output".into(),
-        dir.path().join("profile.json").into(),
-        "--events".into(),
-        dir.path().join("events.jsonl").into(),
-        "--".into(),
-        fixture("touch_marker").into(),
-        dir.path().join("marker").into(),
-    ];
-    let (_, status, _, stderr) = memtrail(&args, b"");
-    assert_eq!(status.code(), Some(74), "{stderr}");
-    assert!(stderr.contains("ref_ctr_offset"), "message: {stderr}");
-    assert!(
-        dir_entries(dir.path()).is_empty(),
-        "files left or command ran"
-    );
+    let events = dir.path().join("events.jsonl");
+    expect_conflict(dir.path(), &["--events".as_ref(), events.as_os_str()]);
     assert_eq!(holder.finish(), Some(0));
 
     let run = capture(&cmd("baseline", &[]));
@@ -138,23 +142,7 @@ fn cli_conflicting_uprobe_per_process_leaves_nothing() {
     let (holder, line) = Holder::start_on(2, "realloc");
     assert!(line.starts_with("ready "), "the helper: {line:?}");
     let dir = tempfile::tempdir().expect("tempdir");
-    let args: Vec<OsString> = vec![
-        "run".into(),
-        "--probes".into(),
-        "per-process".into(),
-        "--output".into(),
-        dir.path().join("profile.json").into(),
-        "--".into(),
-        fixture("touch_marker").into(),
-        dir.path().join("marker").into(),
-    ];
-    let (_, status, _, stderr) = memtrail(&args, b"");
-    assert_eq!(status.code(), Some(74), "{stderr}");
-    assert!(stderr.contains("ref_ctr_offset"), "message: {stderr}");
-    assert!(
-        dir_entries(dir.path()).is_empty(),
-        "files left or command ran"
-    );
+    expect_conflict(dir.path(), &["--probes".as_ref(), "per-process".as_ref()]);
     // The held command is a fork of memtrail: its command line names the
     // output directory. None may be left once memtrail has exited.
     let marker = dir.path().to_string_lossy().into_owned();

@@ -616,8 +616,13 @@ pub(crate) fn attach_tracepoints(
 }
 
 /// Each ring's capacity and largest record (with its ring header), by ring
-/// index (`enum mt_ring`).
-pub(crate) fn ring_rooms(ring_size: usize, stack_ring_size: usize) -> [RingRoom; 4] {
+/// index (`enum mt_ring`); the events ring is one of `per_cpu` per-CPU
+/// rings when given.
+pub(crate) fn ring_rooms(
+    ring_size: usize,
+    per_cpu: Option<u64>,
+    stack_ring_size: usize,
+) -> [RingRoom; 4] {
     use crate::skel::memtrail::types as t;
     use std::mem::size_of;
     let with_header = |n: usize| (n as u64 + 8).next_multiple_of(8);
@@ -632,24 +637,28 @@ pub(crate) fn ring_rooms(ring_size: usize, stack_ring_size: usize) -> [RingRoom;
             option: "--ring-size",
             capacity: ring_size as u64,
             record: with_header(event),
+            per_cpu,
         },
         RingRoom {
             name: "stacks",
             option: "--stack-ring-size",
             capacity: stack_ring_size as u64,
             record: with_header(size_of::<t::mt_stack_record>()),
+            per_cpu: None,
         },
         RingRoom {
             name: "mappings",
             option: "fixed",
             capacity: MAPPINGS_RING_SIZE,
             record: mapping,
+            per_cpu: None,
         },
         RingRoom {
             name: "attach",
             option: "fixed",
             capacity: ATTACH_RING_SIZE,
             record: mapping,
+            per_cpu: None,
         },
     ]
 }

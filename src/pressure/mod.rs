@@ -177,6 +177,9 @@ pub struct RingRoom {
     pub capacity: u64,
     /// Largest record, with its 8-byte ring header.
     pub record: u64,
+    /// `Some(n)`: one such ring per CPU, the option's size split between
+    /// `n` of them; only its own CPU's producers write each.
+    pub per_cpu: Option<u64>,
 }
 
 /// The watermark, in bytes, of a ring of `capacity` at `percent`.
@@ -227,11 +230,14 @@ pub struct RoomError {
 /// Checks that every ring has [`min_room`] above its watermark.
 pub fn check_room(rings: &[RingRoom], percent: u8, cpus: u64) -> Result<(), RoomError> {
     for ring in rings {
+        let producers = if ring.per_cpu.is_some() { 1 } else { cpus };
         let room = ring.capacity - watermark_bytes(ring.capacity, percent);
-        let needed = min_room(ring.record, cpus);
+        let needed = min_room(ring.record, producers);
         if room < needed {
             let max_percent = ring.capacity.saturating_sub(needed) * 100 / ring.capacity;
-            let min_size = min_ring_size(ring.capacity, percent, needed);
+            // The advice is for the option, which per-CPU rings share.
+            let min_size =
+                min_ring_size(ring.capacity, percent, needed) * ring.per_cpu.unwrap_or(1);
             return Err(RoomError {
                 name: ring.name,
                 option: ring.option,
@@ -239,7 +245,7 @@ pub fn check_room(rings: &[RingRoom], percent: u8, cpus: u64) -> Result<(), Room
                 percent,
                 room,
                 needed,
-                cpus,
+                cpus: producers,
                 record: ring.record,
                 max_percent,
                 min_size,
@@ -650,6 +656,7 @@ mod tests {
     #[test]
     fn pressure_room_minimum_exact() {
         let ring = |capacity| RingRoom {
+            per_cpu: None,
             name: "events",
             option: "--ring-size",
             capacity,

@@ -92,11 +92,6 @@ impl Held {
     }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds, the clock BPF stamps records with.
-fn now_ns() -> u64 {
-    crate::sys::monotonic_ns()
-}
-
 /// The stamp a record starts with (`mt_header.ts_ns`).
 fn stamp(rec: &[u8]) -> u64 {
     rec.get(..8)
@@ -117,14 +112,17 @@ impl Merged {
     pub fn most_held(&self) -> usize {
         self.held.most
     }
+}
 
+impl Consume for Merged {
     /// Reads every ring (without waiting for records still being written),
     /// then hands on what no unread record can precede. Returns the number
     /// of records read (they are handed on now or at a later call).
-    pub fn poll(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+    fn poll(&mut self, mut f: impl FnMut(&[u8])) -> usize {
         let mut read = 0;
         for (ring, bound) in self.rings.iter_mut().zip(&mut self.bounds) {
-            let looked = now_ns();
+            // CLOCK_MONOTONIC: the clock BPF stamps records with.
+            let looked = crate::sys::monotonic_ns();
             let prod = ring.producer_pos();
             let held = &mut self.held;
             read += ring.poll(|rec| held.hold(rec));
@@ -139,10 +137,11 @@ impl Merged {
 
     /// Drains every ring to the producer position it has now (waiting for
     /// records still being written), then hands on every record held.
-    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+    fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
         let mut read = 0;
         for (ring, bound) in self.rings.iter_mut().zip(&mut self.bounds) {
-            let looked = now_ns();
+            // CLOCK_MONOTONIC: the clock BPF stamps records with.
+            let looked = crate::sys::monotonic_ns();
             let target = ring.producer_pos();
             let held = &mut self.held;
             read += ring.drain_to(target, |rec| held.hold(rec));
@@ -150,16 +149,6 @@ impl Merged {
         }
         self.held.release(u64::MAX, &mut f);
         read
-    }
-}
-
-impl Consume for Merged {
-    fn poll(&mut self, f: impl FnMut(&[u8])) -> usize {
-        Merged::poll(self, f)
-    }
-
-    fn drain(&mut self, f: impl FnMut(&[u8])) -> usize {
-        Merged::drain(self, f)
     }
 
     fn position(&self) -> u64 {
@@ -318,12 +307,52 @@ pub fn online_cpus(possible: usize) -> Vec<usize> {
 /// power of two at most `total / cpus`, and at least [`MIN_CPU_RING`].
 pub fn per_cpu_size(total: usize, cpus: usize) -> usize {
     let share = total / cpus.max(1);
-    let size = if share.is_power_of_two() {
-        share
-    } else {
-        share.next_power_of_two() / 2
-    };
-    size.max(MIN_CPU_RING)
+    share
+        .checked_ilog2()
+        .map_or(0, |bits| 1 << bits)
+        .max(MIN_CPU_RING)
+}
+
+/// The events rings of a capture.
+pub struct Layout {
+    /// Each ring's bytes, by its index in `event_rings` (the CPU's).
+    pub sizes: Vec<usize>,
+    /// The shared ring's size, or each online CPU's.
+    pub each: usize,
+    /// With a ring per CPU, the online CPUs `--ring-size` is split
+    /// between.
+    pub per_cpu: Option<u64>,
+}
+
+impl EventRings {
+    /// The rings for `total` bytes (`--ring-size`) on a machine of
+    /// `possible` CPUs: one, or one per CPU (each online CPU's share of
+    /// `total`; a CPU offline now gets a page: it writes there only if it
+    /// comes online during the capture).
+    pub fn layout(self, total: usize, possible: usize) -> Layout {
+        let online = online_cpus(possible);
+        if !self.per_cpu(online.len()) {
+            return Layout {
+                sizes: vec![total],
+                each: total,
+                per_cpu: None,
+            };
+        }
+        let each = per_cpu_size(total, online.len());
+        Layout {
+            sizes: (0..possible)
+                .map(|cpu| {
+                    if online.contains(&cpu) {
+                        each
+                    } else {
+                        MIN_CPU_RING
+                    }
+                })
+                .collect(),
+            each,
+            per_cpu: Some(online.len() as u64),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -402,50 +402,18 @@ impl Session {
         };
         let is_self = target == Target::SelfProcess;
         let cpus = libbpf_rs::num_possible_cpus().map_or(1, |n| n as u64);
-        // Per-CPU events rings: each online CPU's share of --ring-size (a
-        // CPU offline now gets a page: it writes there only if it comes
-        // online during the capture).
-        let online = merge::online_cpus(cpus as usize);
-        let cpu_rings = opts.event_rings.per_cpu(online.len());
-        let events_size = if cpu_rings {
-            merge::per_cpu_size(opts.ring_size, online.len())
-        } else {
-            opts.ring_size
-        };
-        let ring_sizes: Vec<usize> = if cpu_rings {
-            (0..cpus as usize)
-                .map(|cpu| {
-                    if online.contains(&cpu) {
-                        events_size
-                    } else {
-                        merge::MIN_CPU_RING
-                    }
-                })
-                .collect()
-        } else {
-            vec![events_size]
-        };
-        let rooms = crate::capture::ring_rooms(events_size, opts.stack_ring_size);
-        if cpu_rings {
+        let rings = opts.event_rings.layout(opts.ring_size, cpus as usize);
+        if let Some(online) = rings.per_cpu {
             tracing::debug!(
                 rings = cpus,
-                online = online.len(),
-                bytes_each = events_size,
+                online,
+                bytes_each = rings.each,
                 "events rings per CPU"
             );
         }
+        let rooms = crate::capture::ring_rooms(rings.each, rings.per_cpu, opts.stack_ring_size);
         if opts.pressure_timeout.enabled() {
-            if cpu_rings {
-                // Only its own CPU's producers write a per-CPU ring; the
-                // advice is for --ring-size, which all of them share.
-                pressure::check_room(&rooms[..1], opts.watermark_percent, 1).map_err(|mut e| {
-                    e.min_size *= cpus;
-                    e
-                })?;
-                pressure::check_room(&rooms[1..], opts.watermark_percent, cpus)?;
-            } else {
-                pressure::check_room(&rooms, opts.watermark_percent, cpus)?;
-            }
+            pressure::check_room(&rooms, opts.watermark_percent, cpus)?;
         }
         crate::capture::check_environment()?;
         // An existing process is not moved into a cgroup of ours: it is
@@ -500,17 +468,17 @@ impl Session {
         // The array of rings is made here and the object reuses it; the
         // rings are made and inserted on a thread while the kernel
         // verifies (each insertion waits for an RCU grace period).
-        let outer = make_ring_array(ring_sizes.len())?;
+        let outer = make_ring_array(rings.sizes.len())?;
         let making_rings = Background::spawn("memtrail-mkring", {
-            let sizes = ring_sizes.clone();
+            let sizes = rings.sizes.clone();
             let outer = libbpf_rs::MapHandle::try_from(&outer);
             move || make_event_rings(&sizes, &outer.map_err(CaptureError::Load)?)
         });
         let mut loaded = Loaded::load(|open| {
+            // Its size and template come with it.
             open.maps
                 .event_rings
-                .set_max_entries(ring_sizes.len() as u32)
-                .and_then(|()| open.maps.event_rings.reuse_fd(outer.as_fd()))
+                .reuse_fd(outer.as_fd())
                 .map_err(CaptureError::Load)?;
             open.maps
                 .stacks
@@ -547,8 +515,8 @@ impl Session {
             if opts.faults.one_thread_slot {
                 ro.thread_slot_mask = 0;
             }
-            ro.cpu_rings = cpu_rings;
-            ro.watermark_events = mark(events_size as u64);
+            ro.cpu_rings = rings.per_cpu.is_some();
+            ro.watermark_events = mark(rings.each as u64);
             ro.watermark_stacks = mark(opts.stack_ring_size as u64);
             ro.watermark_mappings = mark(mappings);
             ro.watermark_attach = mark(attach);
@@ -569,7 +537,7 @@ impl Session {
         phases.done("guardian");
         let event_ring_maps = match making_rings.join() {
             Some(made) => made?,
-            None => make_event_rings(&ring_sizes, &outer)?,
+            None => make_event_rings(&rings.sizes, &outer)?,
         };
         drop(outer);
         phases.done("events rings made and inserted");
@@ -590,7 +558,7 @@ impl Session {
             loaded.skel.maps.stacks.as_fd(),
             loaded.skel.maps.stacks.max_entries(),
         )?];
-        for (ring, &size) in event_ring_maps.iter().zip(&ring_sizes) {
+        for (ring, &size) in event_ring_maps.iter().zip(&rings.sizes) {
             big_rings.push(ring_fd(ring.as_fd(), size as u32)?);
         }
         let map_rings = |rings: &[(OwnedFd, usize)]| -> Result<Vec<RingConsumer>, RingError> {
@@ -815,7 +783,7 @@ impl Session {
         let Some(stacks_ring) = mapped.next() else {
             unreachable!("the stack ring is mapped");
         };
-        let events_ring = if cpu_rings {
+        let events_ring = if rings.per_cpu.is_some() {
             EventsRing::PerCpu(Merged::new(mapped.collect()))
         } else {
             let Some(ring) = mapped.next() else {
