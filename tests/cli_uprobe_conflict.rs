@@ -1,13 +1,22 @@
-//! A uprobe another tracer registered on libc's malloc with a different
-//! `ref_ctr_offset` makes the kernel refuse memtrail's probe (EINVAL, and
-//! "ref_ctr_offset mismatch" in the kernel log): memtrail exits 74.
+//! A uprobe another tracer registered on a libc allocator function with a
+//! different `ref_ctr_offset` makes the kernel refuse memtrail's probe
+//! (EINVAL, and "ref_ctr_offset mismatch" in the kernel log): memtrail
+//! exits 74.
+//!
+//! The conflicts are made where memtrail probes `free`, at entry only. A
+//! function with a return probe (malloc, realloc) can stay registered in the
+//! kernel after every tracer closed it: a task that was inside it for more
+//! than the kernel's 100 ms return-probe lease (a process stopped or
+//! blocked there, anywhere on the host while a system-wide capture ran)
+//! holds the uprobe until it returns, and a registration with another
+//! `ref_ctr_offset` fails meanwhile. CI once saw exactly that on malloc.
 //!
 //! The other tracer is `tests/fixtures/uprobe_conflict.c`, holding a uprobe
 //! with ref_ctr_offset 2 (inside the ELF header, never mapped writable, so
 //! the kernel writes nothing) until its stdin closes. The tests here are
 //! serialized: while one holds the conflicting probe, no memtrail run of
 //! this binary may expect to attach. (Nor can any other memtrail run on the
-//! machine, for that second; and another tracer already probing malloc makes
+//! machine, for that second; and another tracer already probing free makes
 //! the helper itself fail, with a message saying so.)
 
 mod common;
@@ -27,17 +36,20 @@ struct Holder {
 }
 
 impl Holder {
-    /// Starts the helper with `ref_ctr` and returns it with its first line
-    /// of output ("ready OFFSET PATH" or "error ERRNO").
+    /// Starts the helper with `ref_ctr` at the place memtrail probes libc's
+    /// `free` (past its NULL test) and returns it with its first line of
+    /// output ("ready OFFSET PATH" or "error ERRNO").
     fn start(ref_ctr: u32) -> (Self, String) {
-        Self::start_on(ref_ctr, "malloc")
-    }
-
-    /// [`Holder::start`] on libc's `function`.
-    fn start_on(ref_ctr: u32, function: &str) -> (Self, String) {
+        let libc = memtrail::attach::libc_path().expect("libc's path");
+        let sites = memtrail::attach::find_sites(&libc, &memtrail::attach::api::libc())
+            .expect("libc's allocator sites");
+        let free = sites
+            .iter()
+            .find(|s| s.symbol == "free")
+            .expect("memtrail probes libc's free");
         let mut child = Command::new(fixture("uprobe_conflict"))
             .arg(ref_ctr.to_string())
-            .arg(function)
+            .arg(free.offset.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -56,7 +68,7 @@ impl Holder {
         assert!(
             line.starts_with("ready "),
             "the helper could not register its uprobe ({line:?}): another \
-             tracer (another memtrail run?) has a uprobe on libc's malloc \
+             tracer (another memtrail run?) has a uprobe on libc's free \
              right now; run this test binary alone"
         );
         holder
@@ -77,8 +89,8 @@ impl Drop for Holder {
     }
 }
 
-/// Check that the premise holds: while the helper holds its probe, a plain
-/// uprobe at the same place (ref_ctr_offset 0, as memtrail's) fails with
+/// Check that the premise holds: while the helper holds its probe on free,
+/// a plain uprobe at the same place (ref_ctr_offset 0, as memtrail's) fails with
 /// EINVAL, and succeeds again once the helper is gone.
 #[test]
 fn cli_uprobe_conflict_fixture_blocks_plain_probe() {
@@ -115,7 +127,7 @@ fn expect_conflict(dir: &std::path::Path, flags: &[&std::ffi::OsStr]) {
 
 /// Check that memtrail exits 74, names ref_ctr_offset in its message, does
 /// not run the command and leaves no file when another tracer's uprobe on
-/// malloc has a different ref_ctr_offset; and works again once it is gone.
+/// free has a different ref_ctr_offset; and works again once it is gone.
 #[test]
 fn cli_conflicting_uprobe_exits_74() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -132,14 +144,14 @@ fn cli_conflicting_uprobe_exits_74() {
 
 /// Check that with per-process probes, where the command's libc probes are
 /// made once it exists (held before exec), a conflict on one of them
-/// (`realloc`, not the first of the link) also exits 74 before the command
+/// (`free`, not the first of the link) also exits 74 before the command
 /// ran, with no file written and nothing left behind: the held command
 /// exits unexec'd instead of waiting for ever for its release (it did,
 /// and kept memtrail's guardian alive).
 #[test]
 fn cli_conflicting_uprobe_per_process_leaves_nothing() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (holder, line) = Holder::start_on(2, "realloc");
+    let (holder, line) = Holder::start(2);
     assert!(line.starts_with("ready "), "the helper: {line:?}");
     let dir = tempfile::tempdir().expect("tempdir");
     expect_conflict(dir.path(), &["--probes".as_ref(), "per-process".as_ref()]);

@@ -171,7 +171,9 @@ pub enum AttachError {
     #[error(
         "attaching to {symbol} in {path} conflicts with another tracer's uprobe at the same \
          offset (the kernel log says `ref_ctr_offset mismatch`): stop the other tracer \
-         (bpftrace, perf, a USDT-enabled profiler) and retry"
+         (bpftrace, perf, a USDT-enabled profiler) and retry; a tracer's return probe stays \
+         registered after it exits while a process is stopped or blocked inside the probed \
+         function, until that function returns"
     )]
     Conflict { path: PathBuf, symbol: String },
     #[error(
