@@ -13,8 +13,9 @@
 # (Every program loads by BTF name: tracefs is not needed.)
 set -euo pipefail
 
-# Stack budget of one BPF program, in bytes, summed over its subprograms
-# (the verifier's `stack depth A+B+...`). The kernel's limit is 512; the
+# Stack budget of one BPF program, in bytes: its deepest call chain's frames
+# (from the verifier's `stack depth A+B+...` and the calls between its
+# subprograms; see scripts/bpf_stack.rs). The kernel's limit is 512; the
 # rest is headroom for kernels that spill more and for growth.
 STACK_BUDGET_BYTES=256
 
