@@ -22,6 +22,15 @@ int floor_return(struct pt_regs *ctx)
 	return 0;
 }
 
+/* memtrail's alloc_session without its work: an allocating call's entry
+ * asks for its return, a free's does not (the cookie's kind: MT_FREE is
+ * 10, see bpf/memtrail.h). */
+SEC("uprobe.session")
+int floor_session(struct pt_regs *ctx)
+{
+	return (bpf_get_attach_cookie(ctx) & 0xffff) == 10;
+}
+
 /* Attached by the benchmark where memtrail attaches its syscall programs
  * (the raw syscall tracepoints): the cost of those tracepoints' machinery
  * without memtrail's work. */

@@ -2,8 +2,10 @@
 /*
  * memtrail's allocation probes.
  *
- * - Allocator uprobes: `alloc_enter`/`alloc_return` on every allocating entry
- *   point (the attach cookie is the enum mt_kind), `free_enter` on free.
+ * - Allocator uprobes: `alloc_session` (Linux 6.13+), else
+ *   `alloc_enter`/`alloc_return`, on every allocating entry point (the
+ *   attach cookie is the enum mt_kind), and on free (`free_enter` before
+ *   6.13).
  *   Only the outermost allocator call of a thread makes a record: glibc calls
  *   its own public entry points (realloc(NULL, n) -> malloc, reallocarray ->
  *   realloc, memalign -> malloc), so a per-thread nesting depth in the
@@ -1392,28 +1394,21 @@ static __always_inline int new_enter(struct pt_regs *ctx)
 	return 0;
 }
 
-/*
- * Entry of an allocating call, or of C++ operator new (MT_CK_NEW in the
- * cookie). One program for both: the verifier checks walk_stack, a global
- * function and most of the load time, once per program, so one program
- * rather than two halves it.
- */
-SEC("uprobe.multi")
-int alloc_enter(struct pt_regs *ctx)
+/* Entry of an allocating call; returns whether its return must be seen
+ * (the thread is tracked), which a session's entry turns into its verdict. */
+static __always_inline bool alloc_entry(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = 0;
 	struct inflight *cur;
 	__u64 old;
 
-	if ((bpf_get_attach_cookie(ctx) >> MT_CK_FLAGS_SHIFT) & (MT_CK_NEW | MT_CK_SYSCALL))
-		return new_enter(ctx);
 	cur = current_call_ids(&pid_tgid);
 	if (!cur)
-		return 0;
+		return false;
 	count_hit(bpf_get_attach_cookie(ctx));
 	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx))) {
 		cur->depth++;
-		return 0; /* nested: the outermost call makes the record */
+		return true; /* nested: the outermost call makes the record */
 	}
 	cur->depth = 1;
 	cur->sp = PT_REGS_SP(ctx);
@@ -1430,11 +1425,12 @@ int alloc_enter(struct pt_regs *ctx)
 	if (old)
 		emit_event(event_clock(cur), pid_tgid, MT_REALLOC_BEGIN, 0, old, 0, 0,
 			   0);
-	return 0;
+	return true;
 }
 
-SEC("uretprobe.multi")
-int alloc_return(struct pt_regs *ctx)
+/* Return of an allocating call. Not inlined: in alloc_session its locals
+ * would add to the frame of the entry's stack walk (the stack budget). */
+static __noinline int alloc_exit(struct pt_regs *ctx)
 {
 	__u64 ret = PT_REGS_RC(ctx), addr = ret, size, old, pid_tgid = 0;
 	struct inflight *cur = current_call_ids(&pid_tgid);
@@ -1484,8 +1480,8 @@ int alloc_return(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("uprobe.multi")
-int free_enter(struct pt_regs *ctx)
+/* Entry of a free (not inlined either, for the same reason). */
+static __noinline int free_entry(struct pt_regs *ctx)
 {
 	__u64 ptr = PT_REGS_PARM1(ctx), pid_tgid = 0;
 	struct inflight *cur = current_call_ids(&pid_tgid);
@@ -1498,6 +1494,67 @@ int free_enter(struct pt_regs *ctx)
 		return 0;
 	emit_event(event_clock(cur), pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);
 	return 0;
+}
+
+/*
+ * The allocator programs, in one of two sets (userspace loads one):
+ *
+ * - Linux 6.13 and later: one uprobe session program, `alloc_session`,
+ *   for every site of an image, so one link per image. Its entry returns
+ *   1 (no return probe) for frees, operator new, the syscall wrappers and
+ *   untracked threads, 0 for an allocating call of a tracked thread. The
+ *   kernel detaches links one after another, each after RCU grace periods
+ *   of its own: fewer links, a shorter end.
+ * - Before: `alloc_enter` (allocating calls, operator new and the syscall
+ *   wrappers, told apart by the cookie), `alloc_return` and `free_enter`,
+ *   a link each per image.
+ *
+ * One entry program for allocators and operator new: the verifier checks
+ * walk_stack, a global function and most of the load time, once per
+ * program.
+ */
+static __always_inline bool entry_only(struct pt_regs *ctx)
+{
+	return (bpf_get_attach_cookie(ctx) >> MT_CK_FLAGS_SHIFT) & (MT_CK_NEW | MT_CK_SYSCALL);
+}
+
+extern bool bpf_session_is_return(void) __ksym __weak;
+
+SEC("uprobe.session")
+int alloc_session(struct pt_regs *ctx)
+{
+	if (bpf_session_is_return())
+		return alloc_exit(ctx);
+	if ((bpf_get_attach_cookie(ctx) & 0xffff) == MT_FREE) {
+		free_entry(ctx);
+		return 1;
+	}
+	if (entry_only(ctx)) {
+		new_enter(ctx);
+		return 1;
+	}
+	return alloc_entry(ctx) ? 0 : 1;
+}
+
+SEC("uprobe.multi")
+int alloc_enter(struct pt_regs *ctx)
+{
+	if (entry_only(ctx))
+		return new_enter(ctx);
+	alloc_entry(ctx);
+	return 0;
+}
+
+SEC("uretprobe.multi")
+int alloc_return(struct pt_regs *ctx)
+{
+	return alloc_exit(ctx);
+}
+
+SEC("uprobe.multi")
+int free_enter(struct pt_regs *ctx)
+{
+	return free_entry(ctx);
 }
 
 /* Where the register `reg` (enum mt_usdt_reg) is in struct pt_regs. */

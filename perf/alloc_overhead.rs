@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use memtrail::attach::{self, AllocPrograms, Links, Role, Site};
+use memtrail::attach::{self, AllocPrograms, Links, Role, Site, SitePrograms};
 use memtrail::skel::floor::FloorSkelBuilder;
 use memtrail::skel::memtrail::MemtrailSkelBuilder;
 
@@ -136,16 +136,26 @@ fn syscall_tracepoints() -> Vec<String> {
 /// tracepoints whose sections `syscalls` names.
 fn under_floor(exe: &Path, sites: &[Site], syscalls: &[String]) -> f64 {
     let mut storage = MaybeUninit::uninit();
-    let skel = FloorSkelBuilder::default()
+    let mut open = FloorSkelBuilder::default()
         .open(&mut storage)
-        .expect("open floor")
-        .load()
-        .expect("load floor");
+        .expect("open floor");
+    open.progs
+        .floor_session
+        .set_autoload(attach::uprobe_sessions());
+    let skel = open.load().expect("load floor");
     let fd = |p: &libbpf_rs::ProgramMut<'_>| p.as_fd().try_clone_to_owned().expect("dup prog fd");
+    // The set memtrail uses on this kernel.
+    let sites_progs = if attach::uprobe_sessions() {
+        SitePrograms::Session(fd(&skel.progs.floor_session))
+    } else {
+        SitePrograms::Split {
+            enter: fd(&skel.progs.floor_enter),
+            ret: fd(&skel.progs.floor_return),
+            free: fd(&skel.progs.floor_enter),
+        }
+    };
     let progs = AllocPrograms {
-        enter: fd(&skel.progs.floor_enter),
-        ret: fd(&skel.progs.floor_return),
-        free: fd(&skel.progs.floor_enter),
+        sites: sites_progs,
         marker: fd(&skel.progs.floor_enter),
     };
     let mut links = Links::default();

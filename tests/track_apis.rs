@@ -68,11 +68,9 @@ fn only(kind: &str, size: u64) -> &'static Value {
     found[0]
 }
 
-/// Check that the apis fixture's allocator events are exactly its calls, in
-/// program order, with their sizes.
-#[test]
-fn track_api_event_sequence_exact() {
-    let got: Vec<(&str, Option<u64>)> = sequence()
+/// `events` as (kind, size), `free` without a size.
+fn kinds_and_sizes<'a>(events: &[&'a Value]) -> Vec<(&'a str, Option<u64>)> {
+    events
         .iter()
         .map(|e| {
             let size = if kind(e) == "free" {
@@ -82,8 +80,29 @@ fn track_api_event_sequence_exact() {
             };
             (kind(e), size)
         })
-        .collect();
-    assert_eq!(got, SEQUENCE);
+        .collect()
+}
+
+/// Check that the apis fixture's allocator events are exactly its calls, in
+/// program order, with their sizes.
+#[test]
+fn track_api_event_sequence_exact() {
+    assert_eq!(kinds_and_sizes(&sequence()), SEQUENCE);
+}
+
+/// Check that the split allocator programs (kernels before 6.13 have no
+/// uprobe sessions: `alloc_enter`, `alloc_return` and `free_enter`, a link
+/// each) record the same calls, as `MEMTRAIL_UPROBE_SESSION=0` makes this
+/// kernel use them.
+#[test]
+fn track_api_split_programs_same_sequence() {
+    let run = common::capture_env(&cmd("apis", &[]), b"", &[("MEMTRAIL_UPROBE_SESSION", "0")]);
+    run.expect_code(0);
+    let root = common::stream_root(run.events());
+    assert_eq!(
+        kinds_and_sizes(&allocator_events(run.events(), root)),
+        SEQUENCE
+    );
 }
 
 /// Check that every free's address is the block the previous call returned,

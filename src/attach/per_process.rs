@@ -333,7 +333,7 @@ impl Probes {
 }
 
 /// The running kernel's major and minor release (uname), (0, 0) if unread.
-fn kernel_release() -> (u32, u32) {
+pub(super) fn kernel_release() -> (u32, u32) {
     let uname = rustix::system::uname();
     let release = uname.release().to_string_lossy();
     let mut parts = release

@@ -395,6 +395,7 @@ impl Session {
         let per_process = opts
             .probes
             .per_process(!matches!(target, Target::Command(_)))?;
+        let sessions = attach::uprobe_sessions();
         let mut phases = phases::Phases::new("start-up");
         let spec = match &target {
             Target::Command(argv) => Some(CommandSpec::new(argv.clone())?),
@@ -486,6 +487,16 @@ impl Session {
                 .map_err(CaptureError::Load)?;
             // Only per-process probes hold processes at fork.
             open.progs.signal_generate.set_autoload(per_process);
+            // One set of allocator programs: the session program or the
+            // split ones.
+            open.progs.alloc_session.set_autoload(sessions);
+            for prog in [
+                &mut open.progs.alloc_enter,
+                &mut open.progs.alloc_return,
+                &mut open.progs.free_enter,
+            ] {
+                prog.set_autoload(!sessions);
+            }
             let mappings = u64::from(open.maps.mappings.max_entries());
             let attach = u64::from(open.maps.attach_requests.max_entries());
             let ro = open
@@ -587,10 +598,11 @@ impl Session {
         // libc and the C++ runtimes are probed up front (every command
         // loads them); so are the images a running process has mapped;
         // other images as the attach worker meets them.
-        let progs = attach::AllocPrograms::memtrail(skel).map_err(|source| CaptureError::Io {
-            what: "duplicating BPF program descriptors",
-            source,
-        })?;
+        let progs =
+            attach::AllocPrograms::memtrail(skel, sessions).map_err(|source| CaptureError::Io {
+                what: "duplicating BPF program descriptors",
+                source,
+            })?;
         let mut tables = crate::capture::unwind_tables(skel, opts.unwind, opts.stack_depth);
         let mut links = Links::default();
         crate::capture::attach_tracepoints(skel, &mut links, per_process)?;
@@ -872,7 +884,7 @@ impl Session {
         let first_probes = match (&registry, libc_id, &target) {
             (Some(registry), Some(libc), Target::Command(_)) => Some(FirstProbes {
                 registry: registry.clone(),
-                progs: attach::AllocPrograms::memtrail(skel).map_err(|source| {
+                progs: attach::AllocPrograms::memtrail(skel, sessions).map_err(|source| {
                     CaptureError::Io {
                         what: "duplicating BPF program descriptors",
                         source,

@@ -8,11 +8,20 @@ use std::path::Path;
 
 use super::{SysError, SysResult};
 
+/// What a uprobe_multi link runs its program on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UprobeKind {
+    Entry,
+    Return,
+    /// Entry and return, one program (a `uprobe.session`, Linux 6.13).
+    Session,
+}
+
 /// Attaches the BPF program `prog` to `offsets` of the file at `path` in
 /// every process (`pid` 0) or only in process `pid` (the kernel then puts
 /// breakpoints only in that process's memory, and runs the program only for
-/// its threads), as one uprobe_multi link (uretprobes with `retprobe`),
-/// each offset with its BPF cookie. Closing the returned fd detaches.
+/// its threads), as one uprobe_multi link of `kind`, each offset with its
+/// BPF cookie. Closing the returned fd detaches.
 ///
 /// A raw `BPF_LINK_CREATE` rather than libbpf-rs's
 /// `ProgramMut::attach_uprobe_multi_with_opts`: that one needs the
@@ -25,7 +34,7 @@ pub fn uprobe_multi(
     path: &Path,
     offsets: &[u64],
     cookies: &[u64],
-    retprobe: bool,
+    kind: UprobeKind,
     pid: u32,
 ) -> SysResult<OwnedFd> {
     use std::os::unix::ffi::OsStrExt;
@@ -40,7 +49,7 @@ pub fn uprobe_multi(
     opts.sz = std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _;
     opts.__bindgen_anon_1.uprobe_multi =
         libbpf_sys::bpf_link_create_opts__bindgen_ty_1__bindgen_ty_3 {
-            flags: if retprobe {
+            flags: if kind == UprobeKind::Return {
                 libbpf_sys::BPF_F_UPROBE_MULTI_RETURN
             } else {
                 0
@@ -59,7 +68,11 @@ pub fn uprobe_multi(
         libbpf_sys::bpf_link_create(
             prog.as_raw_fd(),
             0,
-            libbpf_sys::BPF_TRACE_UPROBE_MULTI,
+            if kind == UprobeKind::Session {
+                libbpf_sys::BPF_TRACE_UPROBE_SESSION
+            } else {
+                libbpf_sys::BPF_TRACE_UPROBE_MULTI
+            },
             &opts,
         )
     };

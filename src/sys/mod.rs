@@ -33,7 +33,7 @@ pub mod signals;
 mod spawn;
 mod wait;
 
-pub use bpf::{bpf_map_delete, bpf_map_u32_keys, bpf_map_update, uprobe_multi};
+pub use bpf::{UprobeKind, bpf_map_delete, bpf_map_u32_keys, bpf_map_update, uprobe_multi};
 pub use fd::{
     epoll_for, epoll_wait, epoll_wait_for, eventfd, eventfd_signal, map_file, pipe, poll_readable,
     read, write_all,
