@@ -94,16 +94,66 @@ fn cli_summary_probe_hits_exact() {
         note.ends_with("were hit: reallocarray (libc.so.6) 10 hits"),
         "{note}"
     );
-    // Single-stepping sites that were not hit (libstdc++'s nothrow
-    // operator new, jemalloc's free when the image cache probes it...)
-    // have hits 0 in the profile and stay out of the note.
-    let idle: Vec<&serde_json::Value> = common::field(&profile, "probes")
+    // A C program's capture links no probe in libstdc++, which it never
+    // maps (system-wide, images other than libc are linked when first
+    // mapped).
+    let images: Vec<&str> = common::field(&profile, "probes")
         .as_array()
         .expect("probes")
         .iter()
-        .filter(|p| p["emulated"] == false && p["hits"] == 0)
+        .filter_map(|p| p["image"].as_str())
         .collect();
-    assert!(!idle.is_empty(), "no single-stepping site left unhit");
+    assert!(
+        images.iter().all(|i| !i.contains("libstdc++")),
+        "{images:?}"
+    );
+}
+
+/// Check that libstdc++, probed once a process of the tree maps it (linked
+/// when the C++ fixture's loader maps it, from what was examined up
+/// front), is in the profile's probes with its hits, and that its
+/// single-stepping sites the program never called (the nothrow operator
+/// new) have hits 0 and stay out of the note.
+#[test]
+fn cli_summary_cxx_runtime_probed_when_mapped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("p.json");
+    let args: Vec<OsString> = [
+        vec!["run".into(), "-o".into(), path.clone().into_os_string()],
+        vec!["--".into()],
+        cmd("cxx", &[]),
+    ]
+    .concat();
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let profile = common::read_profile(&path).expect("profile");
+    let probes = common::field(&profile, "probes")
+        .as_array()
+        .expect("probes");
+    let cxx: Vec<&serde_json::Value> = probes
+        .iter()
+        .filter(|p| p["image"].as_str().is_some_and(|i| i.contains("libstdc++")))
+        .collect();
+    assert!(
+        cxx.iter().any(|p| p["hits"].as_u64() > Some(0)),
+        "libstdc++'s probes: {cxx:?}"
+    );
+    let idle: Vec<&str> = cxx
+        .iter()
+        .filter(|p| p["emulated"] == false && p["hits"] == 0)
+        .filter_map(|p| p["symbol"].as_str())
+        .collect();
+    assert!(
+        !idle.is_empty(),
+        "no single-stepping site left unhit: {cxx:?}"
+    );
+    let note = stderr.lines().find(|l| l.contains("single-step"));
+    for symbol in idle {
+        assert!(
+            note.is_none_or(|n| !n.contains(&format!("{symbol} ("))),
+            "{note:?} names {symbol}"
+        );
+    }
 }
 
 /// Check that the summary gives one line per executable, largest first,

@@ -17,7 +17,7 @@
 //! is kept and fails the capture, naming the file; the process is released
 //! all the same, so nothing is left stopped.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,6 +38,12 @@ pub struct AttachFailure {
     pub pid: u32,
     pub image: String,
     pub error: AttachError,
+}
+
+/// An image examined up front (its sites found, its unwind table loaded)
+/// whose system-wide probes are made when a tracked process first maps it.
+pub struct Deferred {
+    pub sites: Vec<Site>,
 }
 
 /// Handles attach requests on its poller thread.
@@ -70,6 +76,8 @@ pub struct AttachWorker {
     /// BPF's `held_for_probes`: a process held at fork leaves it just
     /// before the worker resumes it.
     pub held_for_probes: Option<OwnedFd>,
+    /// Images examined up front, probed (system-wide) when first mapped.
+    pub deferred: HashMap<(u64, u64), Deferred>,
 }
 
 impl AttachWorker {
@@ -99,6 +107,7 @@ impl AttachWorker {
             tables,
             per_process,
             held_for_probes: None,
+            deferred: HashMap::new(),
         }
     }
 
@@ -269,6 +278,26 @@ impl AttachWorker {
         let id = (req.dev, req.ino);
         if self.has_image(id) {
             self.per_process_request(pid, |p, progs, known| p.link(progs, known, pid, id));
+            return;
+        }
+        if !self.known.contains(&id)
+            && let Some(Deferred { mut sites }) = self.deferred.remove(&id)
+        {
+            match attach_sites(&self.progs, &mut sites, &mut self.slots, &mut self.links) {
+                Ok(()) => {
+                    tracing::debug!(pid, image = %req.name, sites = sites.len(), "probed (examined up front)");
+                    self.sites.extend(sites);
+                }
+                Err(error) => {
+                    tracing::error!(pid, image = %req.name, %error, "attach failed");
+                    self.failures.push(AttachFailure {
+                        pid,
+                        image: req.name.clone(),
+                        error,
+                    });
+                }
+            }
+            self.mark_known(id);
             return;
         }
         if !self.known.contains(&id) {

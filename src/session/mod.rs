@@ -33,7 +33,7 @@ mod phases;
 pub(crate) mod regions;
 mod upfront;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -305,9 +305,6 @@ pub struct Session {
     // Field order is drop order: threads, then links, then the BPF object.
     threads: Threads,
     links: Links,
-    /// The links of the image cache's images probed up front (most
-    /// captures never map them).
-    cached_links: Links,
     loaded: Loaded,
     control: Arc<Control>,
     /// Serializes snapshot and region calls.
@@ -624,11 +621,19 @@ impl Session {
             image_cache,
         } = preparing.finish(with_tables)?;
         phases.done("up-front images prepared");
-        for image in images {
+        // System-wide, images with allocator sites other than libc (the C++
+        // runtimes, the image cache's) are linked when a tracked process
+        // first maps them (held, by the attach worker, from what was
+        // prepared here), not up front: the kernel detaches links one after
+        // another, each after grace periods of its own (~20 ms), and a C
+        // program's capture waited for libstdc++'s.
+        let mut deferred: HashMap<(u64, u64), attach::worker::Deferred> = HashMap::new();
+        for (nth, image) in images.into_iter().enumerate() {
             if image.why == upfront::Why::Cached {
                 cached.push(image);
                 continue;
             }
+            let mut link_later = false;
             if let Some(found) = image.sites {
                 let mut found = found?;
                 match (&mut registry, image.id) {
@@ -640,15 +645,22 @@ impl Session {
                             libc_id.get_or_insert(id);
                         }
                     }
-                    _ => attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?,
+                    // libc comes first.
+                    (None, Some(id)) if nth > 0 && !found.is_empty() => {
+                        deferred.insert(id, attach::worker::Deferred { sites: found });
+                        link_later = true;
+                    }
+                    _ => {
+                        attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?;
+                        sites.extend(found);
+                    }
                 }
-                sites.extend(found);
             }
             let Some(id) = image.id else { continue };
             if let (Some(tables), Some(table)) = (&mut tables, image.table) {
                 tables.load_prepared(&image.path, id, table);
             }
-            if image.why == upfront::Why::Runtime {
+            if image.why == upfront::Why::Runtime && !link_later {
                 known_everywhere(&registry, known_fd, id)?;
                 known.insert(id);
             }
@@ -677,6 +689,13 @@ impl Session {
                 if known.contains(&id) {
                     continue;
                 }
+                if let Some(attach::worker::Deferred { sites: mut found }) = deferred.remove(&id) {
+                    attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?;
+                    sites.extend(found);
+                    known_everywhere(&registry, known_fd, id)?;
+                    known.insert(id);
+                    continue;
+                }
                 let probed = attach::find_sites(&image, &attach::api::all()).and_then(|mut f| {
                     match &mut registry {
                         Some(registry) if !f.is_empty() => {
@@ -700,7 +719,6 @@ impl Session {
             }
         }
         phases.done("known images probed, their unwind tables loaded");
-        let mut cached_links = Links::default();
         for image in cached {
             let Some(id) = image.id else { continue };
             if known.contains(&id) {
@@ -718,6 +736,7 @@ impl Session {
                 tracing::debug!(image = %image.path.display(), "cached image left to be examined when mapped: the cache's half of the unwind rows is taken");
                 continue;
             }
+            let mut link_later = false;
             if let Some(found) = image.sites {
                 let found = found.and_then(|mut found| {
                     match &mut registry {
@@ -725,13 +744,16 @@ impl Session {
                             slots.assign(&mut found);
                             registry.add_image(id, &image.path, &found)?;
                         }
-                        _ => {
-                            attach::attach_sites(&progs, &mut found, &mut slots, &mut cached_links)?
-                        }
+                        // Linked when mapped, as the C++ runtimes above.
+                        None if !found.is_empty() => link_later = true,
+                        _ => {}
                     }
                     Ok(found)
                 });
                 match found {
+                    Ok(found) if link_later => {
+                        deferred.insert(id, attach::worker::Deferred { sites: found });
+                    }
                     Ok(found) => sites.extend(found),
                     Err(err) => {
                         tracing::debug!(image = %image.path.display(), %err, "cached image not probed up front");
@@ -742,8 +764,10 @@ impl Session {
             if let (Some(tables), Some(table)) = (&mut tables, image.table) {
                 tables.load_prepared(&image.path, id, table);
             }
-            known_everywhere(&registry, known_fd, id)?;
-            known.insert(id);
+            if !link_later {
+                known_everywhere(&registry, known_fd, id)?;
+                known.insert(id);
+            }
         }
         phases.done("cached images probed, their unwind tables loaded");
         for site in sites.iter().filter(|s| !s.emulated) {
@@ -904,6 +928,7 @@ impl Session {
             registry,
         );
         worker.held_for_probes = Some(dup(maps.held_for_probes.as_fd())?);
+        worker.deferred = deferred;
         worker.hold = !is_self;
         threads.attach = Some(
             engine::spawn(
@@ -984,7 +1009,6 @@ impl Session {
         let mut session = Session {
             threads,
             links,
-            cached_links,
             loaded,
             control,
             ops: Mutex::new(()),
@@ -1403,8 +1427,7 @@ impl Session {
         // counts below are final.
         let untracked = sys::bpf_map_u32_keys(self.loaded.skel.maps.tracked.as_fd())
             .is_ok_and(|pids| pids.is_empty());
-        let mut links = std::mem::take(&mut self.links);
-        links.append(&mut self.cached_links);
+        let links = std::mem::take(&mut self.links);
         let detaching = if untracked {
             Some(detach_on_thread(links, None))
         } else {
