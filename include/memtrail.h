@@ -113,12 +113,57 @@ typedef enum memtrail_metric {
 } memtrail_metric;
 
 /**
+ * Where a session's allocator probes go (`memtrail_options.probes`).
+ */
+typedef enum memtrail_probes {
+  /**
+   * Per process for a running process (the calling one, or a pid) where
+   * the kernel allows (Linux 6.13), system-wide for a spawned command.
+   */
+  MEMTRAIL_PROBES_AUTO = 0,
+  /**
+   * Only in the tracked processes; `MEMTRAIL_E_UNSUPPORTED` on a kernel
+   * without it.
+   */
+  MEMTRAIL_PROBES_PER_PROCESS = 1,
+  /**
+   * In every process that maps a probed file.
+   */
+  MEMTRAIL_PROBES_SYSTEM_WIDE = 2,
+} memtrail_probes;
+
+/**
+ * How many events rings (`memtrail_options.event_rings`).
+ */
+typedef enum memtrail_event_rings {
+  /**
+   * Per CPU on machines with 4 CPUs or more, else one.
+   */
+  MEMTRAIL_EVENT_RINGS_AUTO = 0,
+  /**
+   * One ring every CPU reserves from.
+   */
+  MEMTRAIL_EVENT_RINGS_SHARED = 1,
+  /**
+   * One ring per CPU (`ring_size` is split between them).
+   */
+  MEMTRAIL_EVENT_RINGS_PER_CPU = 2,
+} memtrail_event_rings;
+
+/**
  * A session handle (opaque).
  */
 typedef struct memtrail_session memtrail_session;
 
 /**
- * Options of a session. Fill with `memtrail_options_default` first.
+ * Options of a session. Fill with `memtrail_options_init(&opts,
+ * sizeof opts)` first (or `memtrail_options_default`), then change what
+ * differs.
+ *
+ * The struct grows at its end, never changes what is there: a caller built
+ * against an older header passes its smaller `size` and gets the defaults
+ * for the fields it does not know; one built against a newer header, run
+ * with an older library, has its newer fields ignored.
  */
 typedef struct memtrail_options {
   /**
@@ -147,6 +192,16 @@ typedef struct memtrail_options {
    * day). Must be 0 to track the calling process.
    */
   uint64_t pressure_timeout_ns;
+  /**
+   * Where the allocator probes go: a `memtrail_probes` (`memtrail run
+   * --probes`). Added after the first version, whose options end before
+   * it: a caller that knows only those gets the defaults.
+   */
+  uint32_t probes;
+  /**
+   * The events rings: a `memtrail_event_rings` (`--event-rings`).
+   */
+  uint32_t event_rings;
 } memtrail_options;
 
 /**
@@ -195,12 +250,28 @@ extern "C" {
 
 /**
  * Fills `*opts` with the defaults (those of `memtrail run`), and its
- * `size` with this library's `sizeof(struct memtrail_options)`.
+ * `size` with this library's `sizeof(struct memtrail_options)`: the whole
+ * struct of this version. Code that may run with a newer library (whose
+ * struct is larger) uses `memtrail_options_init` instead.
  *
  * # Safety
- * `opts` is NULL or points to a writable `struct memtrail_options`.
+ * `opts` is NULL or points to a writable `struct memtrail_options` of this
+ * library's size.
  */
 enum memtrail_error memtrail_options_default(struct memtrail_options *opts);
+
+/**
+ * Fills the first `size` bytes of `*opts` (`sizeof` of the caller's
+ * struct) with the defaults, and its `size` with what this library will
+ * read: `size`, or this library's `sizeof(struct memtrail_options)` when
+ * the caller's is larger (its newer fields are then ignored). Never
+ * writes past `size` bytes. `MEMTRAIL_E_INVALID` when `size` is below the
+ * first version's.
+ *
+ * # Safety
+ * `opts` is NULL or points to `size` writable bytes.
+ */
+enum memtrail_error memtrail_options_init(struct memtrail_options *opts, size_t size);
 
 /**
  * Starts tracking the calling process: every thread but the session's

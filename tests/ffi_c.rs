@@ -73,6 +73,15 @@ fn ffi_c_spawn_writes_profile() {
     let text = std::fs::read_to_string(&profile).expect("profile written");
     let json: serde_json::Value = serde_json::from_str(&text).expect("profile is JSON");
     assert!(json.get("totals").is_some(), "{text}");
+    // The options it set: per-process probes, per-CPU events rings.
+    assert_eq!(json["probe_scope"], "per-process");
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+        assert!(
+            json["event_rings"].as_u64() > Some(1),
+            "{}",
+            json["event_rings"]
+        );
+    }
 }
 
 /// Check that a C program renders a profile's reports through the C ABI

@@ -26,7 +26,12 @@ fn generate() -> String {
         // Passed as integers (a bad value is an error code, not UB), so
         // no signature names them.
         export: cbindgen::ExportConfig {
-            include: vec!["memtrail_format".into(), "memtrail_metric".into()],
+            include: vec![
+                "memtrail_format".into(),
+                "memtrail_metric".into(),
+                "memtrail_probes".into(),
+                "memtrail_event_rings".into(),
+            ],
             ..Default::default()
         },
         enumeration: cbindgen::EnumConfig {

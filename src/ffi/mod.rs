@@ -72,7 +72,14 @@ pub enum memtrail_error {
 
 use memtrail_error::*;
 
-/// Options of a session. Fill with `memtrail_options_default` first.
+/// Options of a session. Fill with `memtrail_options_init(&opts,
+/// sizeof opts)` first (or `memtrail_options_default`), then change what
+/// differs.
+///
+/// The struct grows at its end, never changes what is there: a caller built
+/// against an older header passes its smaller `size` and gets the defaults
+/// for the fields it does not know; one built against a newer header, run
+/// with an older library, has its newer fields ignored.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct memtrail_options {
@@ -90,6 +97,41 @@ pub struct memtrail_options {
     /// as it takes; otherwise the longest pause in nanoseconds (1 ms to a
     /// day). Must be 0 to track the calling process.
     pub pressure_timeout_ns: u64,
+    /// Where the allocator probes go: a `memtrail_probes` (`memtrail run
+    /// --probes`). Added after the first version, whose options end before
+    /// it: a caller that knows only those gets the defaults.
+    pub probes: u32,
+    /// The events rings: a `memtrail_event_rings` (`--event-rings`).
+    pub event_rings: u32,
+}
+
+/// The first version of `memtrail_options`: the smallest `size` taken.
+const OPTIONS_V1: usize = std::mem::offset_of!(memtrail_options, probes);
+
+/// Where a session's allocator probes go (`memtrail_options.probes`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum memtrail_probes {
+    /// Per process for a running process (the calling one, or a pid) where
+    /// the kernel allows (Linux 6.13), system-wide for a spawned command.
+    MEMTRAIL_PROBES_AUTO = 0,
+    /// Only in the tracked processes; `MEMTRAIL_E_UNSUPPORTED` on a kernel
+    /// without it.
+    MEMTRAIL_PROBES_PER_PROCESS = 1,
+    /// In every process that maps a probed file.
+    MEMTRAIL_PROBES_SYSTEM_WIDE = 2,
+}
+
+/// How many events rings (`memtrail_options.event_rings`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum memtrail_event_rings {
+    /// Per CPU on machines with 4 CPUs or more, else one.
+    MEMTRAIL_EVENT_RINGS_AUTO = 0,
+    /// One ring every CPU reserves from.
+    MEMTRAIL_EVENT_RINGS_SHARED = 1,
+    /// One ring per CPU (`ring_size` is split between them).
+    MEMTRAIL_EVENT_RINGS_PER_CPU = 2,
 }
 
 /// Heap totals (see `memtrail_snapshot`).
@@ -283,6 +325,8 @@ fn defaults() -> memtrail_options {
         stack_depth: d.stack_depth,
         watermark_percent: u32::from(d.watermark_percent),
         pressure_timeout_ns: 0,
+        probes: memtrail_probes::MEMTRAIL_PROBES_AUTO as u32,
+        event_rings: memtrail_event_rings::MEMTRAIL_EVENT_RINGS_AUTO as u32,
     }
 }
 
@@ -308,12 +352,27 @@ fn session_options(o: &memtrail_options) -> Result<SessionOptions, memtrail_erro
             PressureTimeout::After(d)
         }
     };
+    use crate::attach::per_process::Probes;
+    let probes = match o.probes {
+        0 => Probes::Auto,
+        1 => Probes::PerProcess,
+        2 => Probes::SystemWide,
+        _ => return invalid("probes must be a memtrail_probes"),
+    };
+    let event_rings = match o.event_rings {
+        0 => crate::ring::merge::EventRings::Auto,
+        1 => crate::ring::merge::EventRings::Shared,
+        2 => crate::ring::merge::EventRings::PerCpu,
+        _ => return invalid("event_rings must be a memtrail_event_rings"),
+    };
     Ok(SessionOptions {
         ring_size,
         stack_ring_size,
         stack_depth: o.stack_depth,
         pressure_timeout,
         watermark_percent,
+        probes,
+        event_rings,
         ..SessionOptions::default()
     })
 }
@@ -335,7 +394,7 @@ unsafe fn start(
         defaults()
     } else {
         // SAFETY: forwarded from the caller.
-        match unsafe { read_sized(opts, std::mem::size_of::<memtrail_options>()) } {
+        match unsafe { read_sized(opts, OPTIONS_V1) } {
             Ok(o) => o,
             Err(code) => return code,
         }
@@ -363,10 +422,13 @@ unsafe fn start(
 }
 
 /// Fills `*opts` with the defaults (those of `memtrail run`), and its
-/// `size` with this library's `sizeof(struct memtrail_options)`.
+/// `size` with this library's `sizeof(struct memtrail_options)`: the whole
+/// struct of this version. Code that may run with a newer library (whose
+/// struct is larger) uses `memtrail_options_init` instead.
 ///
 /// # Safety
-/// `opts` is NULL or points to a writable `struct memtrail_options`.
+/// `opts` is NULL or points to a writable `struct memtrail_options` of this
+/// library's size.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memtrail_options_default(opts: *mut memtrail_options) -> memtrail_error {
     if opts.is_null() {
@@ -374,6 +436,38 @@ pub unsafe extern "C" fn memtrail_options_default(opts: *mut memtrail_options) -
     }
     // SAFETY: non-NULL and writable (`# Safety`).
     unsafe { opts.write(defaults()) };
+    MEMTRAIL_OK
+}
+
+/// Fills the first `size` bytes of `*opts` (`sizeof` of the caller's
+/// struct) with the defaults, and its `size` with what this library will
+/// read: `size`, or this library's `sizeof(struct memtrail_options)` when
+/// the caller's is larger (its newer fields are then ignored). Never
+/// writes past `size` bytes. `MEMTRAIL_E_INVALID` when `size` is below the
+/// first version's.
+///
+/// # Safety
+/// `opts` is NULL or points to `size` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memtrail_options_init(
+    opts: *mut memtrail_options,
+    size: usize,
+) -> memtrail_error {
+    if opts.is_null() {
+        return fail(MEMTRAIL_E_NULL, "opts is NULL");
+    }
+    if size < OPTIONS_V1 {
+        return fail(
+            MEMTRAIL_E_INVALID,
+            "size is below the first memtrail_options",
+        );
+    }
+    let n = size.min(std::mem::size_of::<memtrail_options>());
+    let mut value = defaults();
+    value.size = n;
+    // SAFETY: `n` bytes are the caller's (`size` of them, `# Safety`) and
+    // ours.
+    unsafe { std::ptr::copy_nonoverlapping((&raw const value).cast::<u8>(), opts.cast::<u8>(), n) };
     MEMTRAIL_OK
 }
 

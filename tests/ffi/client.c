@@ -76,13 +76,19 @@ static int track_self(void)
 	return 0;
 }
 
+/* Runs `sh -c "exit 3"` with per-process probes and per-CPU events rings
+ * and writes its profile to PROFILE. */
 static int spawn(const char *profile)
 {
 	char *argv[] = { "/bin/sh", "-c", "exit 3", NULL };
+	memtrail_options opts;
 	memtrail_session *s = NULL;
 	int code = 0;
 
-	CHECK(memtrail_spawn(NULL, (const char *const *)argv, &s) == MEMTRAIL_OK);
+	CHECK(memtrail_options_init(&opts, sizeof(opts)) == MEMTRAIL_OK);
+	opts.probes = MEMTRAIL_PROBES_PER_PROCESS;
+	opts.event_rings = MEMTRAIL_EVENT_RINGS_PER_CPU;
+	CHECK(memtrail_spawn(&opts, (const char *const *)argv, &s) == MEMTRAIL_OK);
 	CHECK(memtrail_wait(s, &code) == MEMTRAIL_OK);
 	CHECK(code == 3);
 	CHECK(memtrail_write_profile(s, profile) == MEMTRAIL_OK);
@@ -129,6 +135,42 @@ static int errors(void)
 	CHECK(memtrail_options_default(NULL) == MEMTRAIL_E_NULL);
 	CHECK(memtrail_options_default(&opts) == MEMTRAIL_OK);
 	CHECK(opts.size == sizeof(opts));
+	CHECK(memtrail_options_init(NULL, sizeof(opts)) == MEMTRAIL_E_NULL);
+	CHECK(memtrail_options_init(&opts, 8) == MEMTRAIL_E_INVALID);
+
+	/* A caller built against the first header: its struct ends before
+	 * `probes`. init writes nothing past it, and a session takes it with
+	 * the defaults for the rest (spawning a missing command fails only
+	 * once the options are read). */
+	{
+		union {
+			memtrail_options opts;
+			unsigned char bytes[sizeof(memtrail_options) + 16];
+		} old;
+		size_t first = offsetof(memtrail_options, probes), i;
+
+		memset(&old, 0xaa, sizeof(old));
+		CHECK(memtrail_options_init(&old.opts, first) == MEMTRAIL_OK);
+		CHECK(old.opts.size == first);
+		for (i = first; i < sizeof(old.bytes); i++)
+			CHECK(old.bytes[i] == 0xaa);
+		CHECK(memtrail_spawn(&old.opts, (const char *const *)missing, &s) ==
+		      MEMTRAIL_E_NOT_FOUND);
+
+		/* One built against a newer, larger header: its size is cut to
+		 * this library's, and nothing past that is touched. */
+		memset(&old, 0xaa, sizeof(old));
+		CHECK(memtrail_options_init(&old.opts, sizeof(old.bytes)) == MEMTRAIL_OK);
+		CHECK(old.opts.size == sizeof(memtrail_options));
+		for (i = sizeof(memtrail_options); i < sizeof(old.bytes); i++)
+			CHECK(old.bytes[i] == 0xaa);
+	}
+	CHECK(memtrail_options_init(&opts, sizeof(opts)) == MEMTRAIL_OK);
+	opts.probes = 3;
+	CHECK(memtrail_spawn(&opts, (const char *const *)missing, &s) == MEMTRAIL_E_INVALID);
+	CHECK(memtrail_options_init(&opts, sizeof(opts)) == MEMTRAIL_OK);
+	opts.event_rings = 3;
+	CHECK(memtrail_spawn(&opts, (const char *const *)missing, &s) == MEMTRAIL_E_INVALID);
 	CHECK(memtrail_track_self(&opts, NULL) == MEMTRAIL_E_NULL);
 
 	opts.size = 0;
