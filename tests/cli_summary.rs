@@ -57,6 +57,22 @@ fn libc_probe<'a>(profile: &'a serde_json::Value, symbol: &str) -> &'a serde_jso
         .unwrap_or_else(|| panic!("no probe of libc's {symbol}"))
 }
 
+/// `memtrail run -o DIR/p.json -- FIXTURE`, which must exit 0; returns its
+/// stderr and profile.
+fn run_ok(fixture: &str) -> (String, serde_json::Value) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("p.json");
+    let args: Vec<OsString> = [
+        vec!["run".into(), "-o".into(), path.clone().into_os_string()],
+        vec!["--".into()],
+        cmd(fixture, &[]),
+    ]
+    .concat();
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    (stderr, common::read_profile(&path).expect("profile"))
+}
+
 /// Check that each probe site's hits are counted exactly in BPF, calls
 /// nested in another allocator call and through a function pointer and in
 /// a forked child included: the fixture calls reallocarray 5 times, 3
@@ -67,17 +83,7 @@ fn libc_probe<'a>(profile: &'a serde_json::Value, symbol: &str) -> &'a serde_jso
 /// note's calls were derived from per-API counts, nested calls missed).
 #[test]
 fn cli_summary_probe_hits_exact() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("p.json");
-    let args: Vec<OsString> = [
-        vec!["run".into(), "-o".into(), path.clone().into_os_string()],
-        vec!["--".into()],
-        cmd("probe_hits", &[]),
-    ]
-    .concat();
-    let (_, status, _, stderr) = memtrail(&args, b"");
-    assert_eq!(status.code(), Some(0), "{stderr}");
-    let profile = common::read_profile(&path).expect("profile");
+    let (stderr, profile) = run_ok("probe_hits");
     let hits = |symbol: &str| libc_probe(&profile, symbol)["hits"].as_u64();
     assert_eq!(hits("reallocarray"), Some(10), "{stderr}");
     assert_eq!(hits("realloc"), Some(14), "{stderr}");
@@ -116,17 +122,7 @@ fn cli_summary_probe_hits_exact() {
 /// new) have hits 0 and stay out of the note.
 #[test]
 fn cli_summary_cxx_runtime_probed_when_mapped() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("p.json");
-    let args: Vec<OsString> = [
-        vec!["run".into(), "-o".into(), path.clone().into_os_string()],
-        vec!["--".into()],
-        cmd("cxx", &[]),
-    ]
-    .concat();
-    let (_, status, _, stderr) = memtrail(&args, b"");
-    assert_eq!(status.code(), Some(0), "{stderr}");
-    let profile = common::read_profile(&path).expect("profile");
+    let (stderr, profile) = run_ok("cxx");
     let probes = common::field(&profile, "probes")
         .as_array()
         .expect("probes");

@@ -112,7 +112,16 @@ impl AttachWorker {
     }
 
     /// Examines and probes one image; `Ok(false)` when the process is gone.
+    /// One examined up front (its table loaded then) is only probed.
     fn examine(&mut self, req: &MappingRecord, id: (u64, u64)) -> Result<bool, AttachError> {
+        if let Some(Deferred { mut sites }) = self.deferred.remove(&id) {
+            let mut links = Links::default();
+            attach_sites(&self.progs, &mut sites, &mut self.slots, &mut links)?;
+            self.links.append(&mut links);
+            tracing::debug!(image = %req.name, sites = sites.len(), "probed (examined up front)");
+            self.sites.extend(sites);
+            return Ok(true);
+        }
         let link = PathBuf::from(format!(
             "/proc/{}/map_files/{:x}-{:x}",
             req.pid, req.start, req.end
@@ -278,26 +287,6 @@ impl AttachWorker {
         let id = (req.dev, req.ino);
         if self.has_image(id) {
             self.per_process_request(pid, |p, progs, known| p.link(progs, known, pid, id));
-            return;
-        }
-        if !self.known.contains(&id)
-            && let Some(Deferred { mut sites }) = self.deferred.remove(&id)
-        {
-            match attach_sites(&self.progs, &mut sites, &mut self.slots, &mut self.links) {
-                Ok(()) => {
-                    tracing::debug!(pid, image = %req.name, sites = sites.len(), "probed (examined up front)");
-                    self.sites.extend(sites);
-                }
-                Err(error) => {
-                    tracing::error!(pid, image = %req.name, %error, "attach failed");
-                    self.failures.push(AttachFailure {
-                        pid,
-                        image: req.name.clone(),
-                        error,
-                    });
-                }
-            }
-            self.mark_known(id);
             return;
         }
         if !self.known.contains(&id) {
