@@ -592,9 +592,10 @@ impl Session {
         let unrecorded_word: *mut u64 = &raw mut bss.hard_stops_unrecorded;
         let sleeping: Vec<*mut u64> = bss.sleeping.iter_mut().map(std::ptr::from_mut).collect();
 
-        // libc and the C++ runtimes are probed up front (every command
-        // loads them); so are the images a running process has mapped;
-        // other images as the attach worker meets them.
+        // libc is probed up front (every command loads it), and so are the
+        // images a running process has mapped; other images as the attach
+        // worker meets them (the C++ runtimes and the image cache's from
+        // what was examined up front, see `deferred` below).
         let progs =
             attach::AllocPrograms::memtrail(skel, sessions).map_err(|source| CaptureError::Io {
                 what: "duplicating BPF program descriptors",
@@ -626,7 +627,9 @@ impl Session {
         // first maps them (held, by the attach worker, from what was
         // prepared here), not up front: the kernel detaches links one after
         // another, each after grace periods of its own (~20 ms), and a C
-        // program's capture waited for libstdc++'s.
+        // program's capture waited for libstdc++'s. Not in a session on
+        // its own process, which is not held while the worker links.
+        let defer = registry.is_none() && !is_self;
         let mut deferred: HashMap<(u64, u64), attach::worker::Deferred> = HashMap::new();
         for (nth, image) in images.into_iter().enumerate() {
             if image.why == upfront::Why::Cached {
@@ -645,8 +648,8 @@ impl Session {
                             libc_id.get_or_insert(id);
                         }
                     }
-                    // libc comes first.
-                    (None, Some(id)) if nth > 0 && !found.is_empty() => {
+                    // images[0] is libc (upfront::prepare).
+                    (None, Some(id)) if defer && nth > 0 && !found.is_empty() => {
                         deferred.insert(id, attach::worker::Deferred { sites: found });
                         link_later = true;
                     }
@@ -745,7 +748,8 @@ impl Session {
                             registry.add_image(id, &image.path, &found)?;
                         }
                         // Linked when mapped, as the C++ runtimes above.
-                        None if !found.is_empty() => link_later = true,
+                        None if defer && !found.is_empty() => link_later = true,
+                        None => attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?,
                         _ => {}
                     }
                     Ok(found)
