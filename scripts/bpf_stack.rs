@@ -3,17 +3,19 @@
 //!
 //! Run by `scripts/check-bpf-stack.sh`, which owns the budget and passes it
 //! as `--budget BYTES`. A program's depth is its deepest call chain's, the
-//! combined frames the kernel caps at 512 bytes: the verifier's `stack
-//! depth` line gives each subprogram's frame (`stack depth 24+0+16`, in the
-//! order of their first instructions), and the instructions libbpf loaded
-//! say which subprogram calls which (BPF-to-BPF calls, and callbacks handed
-//! to helpers such as `bpf_loop`, whose frames stack on their caller's).
-//! The verifier drops subprograms it found unreachable (given the
-//! program's read-only constants) before it prints: where the instructions
-//! have more subprograms than the line has frames, every way of matching
-//! the frames to them in order is tried and the deepest result stands, an
-//! upper bound. (Before, the sum of every frame stood for the program:
-//! every helper subprogram counted as if all were on one chain.)
+//! combined frames the kernel caps at 512 bytes. The verifier's `stack
+//! depth` line gives the frame of each subprogram it kept (`stack depth
+//! 24+0+16`), in the order of the kernel's `func_info` for the loaded
+//! program, whose BTF type ids name them; libbpf's `func_info` and
+//! instructions for the same program say where each subprogram starts and
+//! which calls which (BPF-to-BPF calls, and callbacks handed to helpers
+//! such as `bpf_loop`, whose frames stack on their caller's). A subprogram
+//! the verifier dropped as unreachable has no frame. (Before, the sum of
+//! every frame stood for the program, as if all were on one chain.)
+//!
+//! memtrail's object is loaded with every feature its read-only constants
+//! switch on (per-CPU rings, per-process probes, pressure, PID namespace
+//! translation): the deepest configuration is the one checked.
 //!
 //! Loading is the check that every program verifies on this kernel; nothing
 //! is attached or pinned, and everything is unloaded when the process exits.
@@ -24,12 +26,13 @@
 use std::collections::BTreeSet;
 use std::io::{self, Write};
 use std::mem::MaybeUninit;
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 use std::sync::Mutex;
 
 use anyhow::{Context, bail};
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
-use libbpf_rs::{OpenObject, PrintLevel};
+use libbpf_rs::{AsRawLibbpf, OpenObject, PrintLevel};
 use memtrail::skel;
 
 /// Verifier log level 4 (`BPF_LOG_STATS`): statistics only, no per-insn log.
@@ -60,6 +63,7 @@ fn check<'obj, B>(
     object: &'static str,
     builder: B,
     storage: &'obj mut MaybeUninit<OpenObject>,
+    configure: impl FnOnce(&mut B::Output),
 ) -> anyhow::Result<Vec<Row>>
 where
     B: SkelBuilder<'obj>,
@@ -67,6 +71,7 @@ where
     let mut open = builder
         .open(storage)
         .with_context(|| format!("opening {object}"))?;
+    configure(&mut open);
     let mut names = Vec::new();
     for mut prog in open.open_object_mut().progs_mut() {
         prog.set_log_level(LOG_STATS);
@@ -96,15 +101,18 @@ where
                 .map(|n| n.trim().parse::<u64>())
                 .collect::<Result<Vec<u64>, _>>()
                 .with_context(|| format!("bad stack depth {frames:?} for {object}/{program}"))?;
-            let insns = loaded
+            let prog = loaded
                 .object()
                 .progs()
                 .find(|p| p.name().to_string_lossy() == program)
-                .map(|p| p.insns().to_vec())
-                .with_context(|| format!("no instructions for {object}/{program}"))?;
-            let total = deepest_chain(&insns, &depths).with_context(|| {
-                format!("{object}/{program}: its calls do not match the frames {frames}")
-            })?;
+                .with_context(|| format!("no program {object}/{program} after loading"))?;
+            let subprograms = libbpf_subprograms(&prog);
+            let kept = kernel_subprograms(prog.as_fd())
+                .with_context(|| format!("reading {object}/{program}'s func_info"))?;
+            let total =
+                deepest_chain(prog.insns(), &subprograms, &kept, &depths).with_context(|| {
+                    format!("{object}/{program}: its subprograms do not match the frames {frames}")
+                })?;
             Ok(Row {
                 object,
                 program,
@@ -115,6 +123,61 @@ where
         .collect()
 }
 
+/// Each subprogram of a loaded program as libbpf loaded it: (first
+/// instruction, BTF type id), in instruction order.
+fn libbpf_subprograms(prog: &libbpf_rs::Program<'_>) -> Vec<(usize, u32)> {
+    let raw = prog.as_libbpf_object().as_ptr();
+    // SAFETY: `raw` is a live, loaded program of a live object; libbpf
+    // returns its func_info array and that array's length.
+    let (info, count) = unsafe {
+        (
+            libbpf_sys::bpf_program__func_info(raw),
+            libbpf_sys::bpf_program__func_info_cnt(raw),
+        )
+    };
+    if info.is_null() {
+        return vec![(0, 0)];
+    }
+    // SAFETY: libbpf's array of `count` records, alive with the program.
+    let info = unsafe { std::slice::from_raw_parts(info, count as usize) };
+    let mut subs: Vec<(usize, u32)> = info
+        .iter()
+        .map(|f| (f.insn_off as usize, f.type_id))
+        .collect();
+    subs.sort_unstable();
+    subs
+}
+
+/// The BTF type ids of the subprograms the kernel kept, in its order (the
+/// order of the verifier's `stack depth` line).
+fn kernel_subprograms(fd: std::os::fd::BorrowedFd<'_>) -> anyhow::Result<Vec<u32>> {
+    use std::os::fd::AsRawFd;
+    let query = |info: &mut libbpf_sys::bpf_prog_info| {
+        let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+        // SAFETY: `info` is a bpf_prog_info of `len` bytes whose pointers,
+        // if any, point to buffers of the counts it gives.
+        let ret = unsafe {
+            libbpf_sys::bpf_prog_get_info_by_fd(fd.as_raw_fd(), std::ptr::from_mut(info), &mut len)
+        };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(-ret))
+        }
+    };
+    let mut info = libbpf_sys::bpf_prog_info::default();
+    query(&mut info).context("BPF_OBJ_GET_INFO_BY_FD")?;
+    let mut records = vec![libbpf_sys::bpf_func_info::default(); info.nr_func_info as usize];
+    let mut info = libbpf_sys::bpf_prog_info {
+        nr_func_info: records.len() as u32,
+        func_info_rec_size: std::mem::size_of::<libbpf_sys::bpf_func_info>() as u32,
+        func_info: records.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    query(&mut info).context("BPF_OBJ_GET_INFO_BY_FD (func_info)")?;
+    Ok(records.iter().map(|f| f.type_id).collect())
+}
+
 /// BPF_JMP | BPF_CALL, and its `src_reg` for a call of a subprogram.
 const CALL: u8 = 0x85;
 const PSEUDO_CALL: u8 = 1;
@@ -123,31 +186,34 @@ const PSEUDO_CALL: u8 = 1;
 const LD_IMM64: u8 = 0x18;
 const PSEUDO_FUNC: u8 = 4;
 
-/// The deepest chain of frames from the program's entry, given the
-/// instructions libbpf loaded and the frames the verifier printed for the
-/// subprograms it kept (ordered by first instruction). None when there are
-/// more frames than subprograms, or the calls form a cycle (the verifier
-/// rejects recursion: a misreading).
-fn deepest_chain(insns: &[libbpf_sys::bpf_insn], frames: &[u64]) -> Option<u64> {
-    // Every call or callback target starts a subprogram; so does 0.
-    let target = |i: usize, insn: &libbpf_sys::bpf_insn| {
-        let sub = (insn.code == CALL && insn.src_reg() == PSEUDO_CALL)
-            || (insn.code == LD_IMM64 && insn.src_reg() == PSEUDO_FUNC);
-        sub.then(|| (i as i64 + 1 + i64::from(insn.imm)) as usize)
-    };
-    let mut starts: Vec<usize> = std::iter::once(0)
-        .chain(insns.iter().enumerate().filter_map(|(i, x)| target(i, x)))
-        .collect();
-    starts.sort_unstable();
-    starts.dedup();
-    if frames.is_empty() || starts.len() < frames.len() {
+/// The deepest chain of frames from the program's entry: `subprograms`
+/// (libbpf's, by first instruction, with their type ids), `kept` (the type
+/// ids of those the kernel kept, in the order of `frames`), the
+/// instructions for the calls. None when the kernel's and the line's
+/// counts differ, a kept subprogram is not libbpf's, or the calls form a
+/// cycle (the verifier rejects recursion: a misreading).
+fn deepest_chain(
+    insns: &[libbpf_sys::bpf_insn],
+    subprograms: &[(usize, u32)],
+    kept: &[u32],
+    frames: &[u64],
+) -> Option<u64> {
+    if kept.len() != frames.len() || subprograms.first()?.0 != 0 {
         return None;
     }
-    let sub_of = |i: usize| starts.partition_point(|&s| s <= i) - 1;
-    let mut calls: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); starts.len()];
+    let mut depth = vec![0; subprograms.len()];
+    for (type_id, &frame) in kept.iter().zip(frames) {
+        let sub = subprograms.iter().position(|&(_, t)| t == *type_id)?;
+        depth[sub] = frame;
+    }
+    let sub_of = |i: usize| subprograms.partition_point(|&(start, _)| start <= i) - 1;
+    let mut calls: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); subprograms.len()];
     for (i, insn) in insns.iter().enumerate() {
-        if let Some(t) = target(i, insn) {
-            calls[sub_of(i)].insert(sub_of(t));
+        let sub = (insn.code == CALL && insn.src_reg() == PSEUDO_CALL)
+            || (insn.code == LD_IMM64 && insn.src_reg() == PSEUDO_FUNC);
+        if sub {
+            let target = usize::try_from(i as i64 + 1 + i64::from(insn.imm)).ok()?;
+            calls[sub_of(i)].insert(sub_of(target));
         }
     }
     fn deepest(
@@ -166,36 +232,7 @@ fn deepest_chain(insns: &[libbpf_sys::bpf_insn], frames: &[u64]) -> Option<u64> 
         path[sub] = false;
         Some(depth[sub] + below)
     }
-    // Subprogram 0 is the entry, never dropped; choose which of the others
-    // the verifier kept, in order, the rest with no frame.
-    fn each_match(
-        next_sub: usize,
-        next_frame: usize,
-        frames: &[u64],
-        depth: &mut Vec<u64>,
-        visit: &mut dyn FnMut(&[u64]) -> Option<()>,
-    ) -> Option<()> {
-        let (subs, left) = (depth.len() - next_sub, frames.len() - next_frame);
-        if left == 0 {
-            depth[next_sub..].fill(0);
-            return visit(depth);
-        }
-        if subs > left {
-            depth[next_sub] = 0;
-            each_match(next_sub + 1, next_frame, frames, depth, visit)?;
-        }
-        depth[next_sub] = frames[next_frame];
-        each_match(next_sub + 1, next_frame + 1, frames, depth, visit)
-    }
-    let mut depth = vec![0; starts.len()];
-    depth[0] = frames[0];
-    let mut worst = 0;
-    each_match(1, 1, frames, &mut depth, &mut |depth| {
-        let mut path = vec![false; depth.len()];
-        worst = worst.max(deepest(0, depth, &calls, &mut path)?);
-        Some(())
-    })?;
-    Some(worst)
+    deepest(0, &depth, &calls, &mut vec![false; subprograms.len()])
 }
 
 /// The `A+B+…` of the `stack depth` line in `program`'s load log.
@@ -237,13 +274,25 @@ fn run(budget: u64) -> anyhow::Result<bool> {
     // Every skeleton of src/skel.rs; `sources` below catches one missing.
     let mut storage = MaybeUninit::uninit();
     let builder = skel::memtrail::MemtrailSkelBuilder::default();
-    rows.extend(check("memtrail", builder, &mut storage)?);
+    rows.extend(check("memtrail", builder, &mut storage, |open| {
+        let ro = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .expect("memtrail's .rodata");
+        ro.cpu_rings = true;
+        ro.per_process = true;
+        ro.pressure_enabled = true;
+        ro.pressure_freeze = true;
+        ro.pidns_translate = true;
+        ro.attach_hold = true;
+    })?);
     let mut storage = MaybeUninit::uninit();
     let builder = skel::ringtest::RingtestSkelBuilder::default();
-    rows.extend(check("ringtest", builder, &mut storage)?);
+    rows.extend(check("ringtest", builder, &mut storage, |_| {})?);
     let mut storage = MaybeUninit::uninit();
     let builder = skel::floor::FloorSkelBuilder::default();
-    rows.extend(check("floor", builder, &mut storage)?);
+    rows.extend(check("floor", builder, &mut storage, |_| {})?);
     let checked: BTreeSet<&str> = rows.iter().map(|row| row.object).collect();
 
     let missing: Vec<String> = sources()?
