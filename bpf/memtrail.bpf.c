@@ -1518,12 +1518,25 @@ static __always_inline bool entry_only(struct pt_regs *ctx)
 	return (bpf_get_attach_cookie(ctx) >> MT_CK_FLAGS_SHIFT) & (MT_CK_NEW | MT_CK_SYSCALL);
 }
 
-extern bool bpf_session_is_return(void) __ksym __weak;
+/* The kfunc takes no argument up to Linux 6.18 at least; the fentry/fexit
+ * session work of 2026 gives it the program's context. libbpf resolves the
+ * flavour whose prototype the kernel has (the part after `___` is not part
+ * of the name), the other stays missing, and its branch is dead to the
+ * verifier. */
+extern bool bpf_session_is_return___noctx(void) __ksym __weak;
+extern bool bpf_session_is_return___ctx(void *ctx) __ksym __weak;
+
+static __always_inline bool session_is_return(struct pt_regs *ctx)
+{
+	if (bpf_ksym_exists(bpf_session_is_return___ctx))
+		return bpf_session_is_return___ctx(ctx);
+	return bpf_session_is_return___noctx();
+}
 
 SEC("uprobe.session")
 int alloc_session(struct pt_regs *ctx)
 {
-	if (bpf_session_is_return())
+	if (session_is_return(ctx))
 		return alloc_exit(ctx);
 	if ((bpf_get_attach_cookie(ctx) & 0xffff) == MT_FREE) {
 		free_entry(ctx);

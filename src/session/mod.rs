@@ -392,7 +392,7 @@ impl Session {
         let per_process = opts
             .probes
             .per_process(!matches!(target, Target::Command(_)))?;
-        let sessions = attach::uprobe_sessions();
+        let mut sessions = attach::uprobe_sessions();
         let mut phases = phases::Phases::new("start-up");
         let spec = match &target {
             Target::Command(argv) => Some(CommandSpec::new(argv.clone())?),
@@ -472,7 +472,7 @@ impl Session {
             let outer = libbpf_rs::MapHandle::try_from(&outer);
             move || make_event_rings(&sizes, &outer.map_err(CaptureError::Load)?)
         });
-        let mut loaded = Loaded::load(|open| {
+        let configure = |open: &mut OpenMemtrailSkel<'_>, sessions: bool| {
             // Its size and template come with it.
             open.maps
                 .event_rings
@@ -529,7 +529,17 @@ impl Session {
             ro.watermark_mappings = mark(mappings);
             ro.watermark_attach = mark(attach);
             Ok(())
-        })?;
+        };
+        let mut loaded = match Loaded::load(|open| configure(open, sessions)) {
+            // A kernel that refuses the session program (its session kfunc
+            // gone or changed again) gets the split programs.
+            Err(CaptureError::Load(err)) if sessions => {
+                tracing::debug!(%err, "the uprobe session program did not load: the split programs instead");
+                sessions = false;
+                Loaded::load(|open| configure(open, sessions))?
+            }
+            loaded => loaded?,
+        };
         phases.done("BPF programs loaded and verified");
         // Before any process can be stopped: the guardian resumes the tree
         // if memtrail dies, however it dies. A process tracking itself is
