@@ -1785,15 +1785,57 @@ static __always_inline void request_attach(__u64 pid_tgid, const struct vma_info
 	check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
 }
 
+/* Test fault (`MEMTRAIL_FAULT=find-vma-busy`): every bpf_find_vma at an
+ * mmap is taken as failed. */
+const volatile bool fault_find_vma_busy = false;
+
+/* The mapping an mmap of `fd` made at `start`, from the call's own
+ * arguments and the process's file table. */
+static __always_inline bool mapping_of_fd(long fd, __u64 start, __u64 len, __u64 off,
+					  struct vma_info *info)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct file **fds = BPF_CORE_READ(task, files, fdt, fd);
+	unsigned int max = BPF_CORE_READ(task, files, fdt, max_fds);
+	struct file *file = NULL;
+
+	if (fd < 0 || fd >= max || bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
+		return false;
+	info->start = start;
+	info->end = start + ((len + (1 << PAGE_SHIFT) - 1) & ~((1ULL << PAGE_SHIFT) - 1));
+	info->pgoff = off;
+	info->ino = BPF_CORE_READ(file, f_inode, i_ino);
+	info->dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+	info->name = BPF_CORE_READ(file, f_path.dentry, d_name.name);
+	return true;
+}
+
 /* Writes the file mapping of the current process that contains addr, and
- * asks for its image to be examined if it is new. */
-static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr)
+ * asks for its image to be examined if it is new. bpf_find_vma only tries
+ * the process's mmap lock: it fails (EBUSY) while another thread maps or
+ * unmaps, and an mmap's image (`fd` >= 0: its file, length and offset)
+ * is then read from the call itself (`fd` < 0, the executable at exec:
+ * nothing else to read); a lost image request would leave the
+ * image unprobed for the whole capture (8 threads dlopen'ing mimalloc while
+ * others mapped their heaps lost all 24,000 of its calls that way). */
+static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr, long fd, __u64 len,
+					 __u64 off)
 {
 	struct vma_info info = {};
 	struct mt_mapping_record *m;
 
-	if (bpf_find_vma(bpf_get_current_task_btf(), addr, read_vma, &info, 0) || !info.name)
-		return;
+	if ((fault_find_vma_busy && fd >= 0) ||
+	    bpf_find_vma(bpf_get_current_task_btf(), addr, read_vma, &info, 0) || !info.name) {
+		if (fd < 0)
+			return;
+		__builtin_memset(&info, 0, sizeof(info));
+		/* Unknown, the mapping is lost: the capture fails, never quietly
+		 * misses an image's calls. */
+		if (!mapping_of_fd(fd, addr, len, off, &info) || !info.name) {
+			__sync_fetch_and_add(&drops_mappings, 1);
+			return;
+		}
+	}
 	request_attach(pid_tgid, &info);
 	m = bpf_ringbuf_reserve(&mappings, sizeof(*m), 0);
 	if (!m) {
@@ -1805,7 +1847,7 @@ static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr)
 	check_pressure(&mappings, MT_RING_MAPPINGS, watermark_mappings, &hwm_mappings);
 }
 
-static __always_inline int exit_mmap(long ret)
+static __always_inline int exit_mmap(long ret, __u64 regs_fd, __u64 regs_off)
 {
 	__u64 pid_tgid = current_ids(), stack;
 	__u32 tid = (__u32)pid_tgid;
@@ -1823,7 +1865,7 @@ static __always_inline int exit_mmap(long ret)
 		emit_alloc(pid_tgid, MT_MMAP, cur && cur->depth > 0 ? MT_F_IN_ALLOCATOR : 0,
 			   ret, args.args[0], 0, stack);
 	else
-		emit_mapping(pid_tgid, ret);
+		emit_mapping(pid_tgid, ret, (long)regs_fd, args.args[0], regs_off);
 	/* A new mapping may replace cached ones (MAP_FIXED). */
 	forget_code_maps(pid_tgid >> 32, ret, args.args[0]);
 	return 0;
@@ -1910,7 +1952,8 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 {
 	switch (regs->orig_ax) {
 	case NR_MMAP:
-		return exit_mmap(ret);
+		/* mmap(addr, len, prot, flags, fd, offset) */
+		return exit_mmap(ret, regs->r8, regs->r9);
 	case NR_MREMAP:
 		return exit_mremap(ret);
 	case NR_BRK:
@@ -2019,7 +2062,7 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 		e->filename[0] = 0;
 	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
 	/* The kernel mapped the new image itself: no mmap to see it by. */
-	emit_mapping(pid_tgid, BPF_CORE_READ(p, mm, start_code));
+	emit_mapping(pid_tgid, BPF_CORE_READ(p, mm, start_code), -1, 0, 0);
 	return 0;
 }
 

@@ -161,11 +161,21 @@ enum pid_type {
 	PIDTYPE_MAX,
 };
 
+struct fdtable {
+	unsigned int max_fds;
+	struct file **fd;
+} __attribute__((preserve_access_index));
+
+struct files_struct {
+	struct fdtable *fdt;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	struct pid *thread_pid;
 	int exit_code;
+	struct files_struct *files;
 	struct mm_struct *mm;
 	struct task_struct *real_parent;
 	struct task_struct *group_leader;

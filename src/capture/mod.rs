@@ -104,6 +104,10 @@ pub struct Faults {
     /// before any other thread starts (`stop-after-outputs`): a test can
     /// then signal the set-up at a known point.
     pub stop_after_outputs: bool,
+    /// BPF takes every `bpf_find_vma` at an mmap as failed, as it does
+    /// while another thread holds the mmap lock (`find-vma-busy`): the path
+    /// that reads a mapping from the call's own file descriptor.
+    pub find_vma_busy: bool,
 }
 
 impl Faults {
@@ -125,6 +129,10 @@ impl Faults {
             }
             if name == "fail-after-start" {
                 faults.fail_after_start = true;
+                continue;
+            }
+            if name == "find-vma-busy" {
+                faults.find_vma_busy = true;
                 continue;
             }
             let (fault, pipeline) = match name.split_once('-') {

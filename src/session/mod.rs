@@ -523,6 +523,7 @@ impl Session {
             if opts.faults.one_thread_slot {
                 ro.thread_slot_mask = 0;
             }
+            ro.fault_find_vma_busy = opts.faults.find_vma_busy;
             ro.cpu_rings = rings.per_cpu.is_some();
             ro.watermark_events = mark(rings.each as u64);
             ro.watermark_stacks = mark(opts.stack_ring_size as u64);
