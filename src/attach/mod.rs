@@ -672,8 +672,8 @@ const UPROBE_SESSION: (u32, u32) = (6, 13);
 /// (Linux 6.13 and later, unless `MEMTRAIL_UPROBE_SESSION=0`): one link per
 /// image instead of three. The kernel detaches links one after another,
 /// each after RCU grace periods of its own: with three links for libc and
-/// one for libstdc++, `memtrail run -- true` waited 55-90 ms for its
-/// probes to go, with two 20-45 ms.
+/// one for libstdc++, `memtrail run -- true` waited 49-71 ms for its
+/// probes to go, with two 39-64 ms (perf/RESULTS.md).
 pub fn uprobe_sessions() -> bool {
     std::env::var_os("MEMTRAIL_UPROBE_SESSION").is_none_or(|v| v != "0")
         && per_process::kernel_release() >= UPROBE_SESSION

@@ -40,12 +40,6 @@ pub struct AttachFailure {
     pub error: AttachError,
 }
 
-/// An image examined up front (its sites found, its unwind table loaded)
-/// whose system-wide probes are made when a tracked process first maps it.
-pub struct Deferred {
-    pub sites: Vec<Site>,
-}
-
 /// Handles attach requests on its poller thread.
 pub struct AttachWorker {
     progs: AllocPrograms,
@@ -76,8 +70,9 @@ pub struct AttachWorker {
     /// BPF's `held_for_probes`: a process held at fork leaves it just
     /// before the worker resumes it.
     pub held_for_probes: Option<OwnedFd>,
-    /// Images examined up front, probed (system-wide) when first mapped.
-    pub deferred: HashMap<(u64, u64), Deferred>,
+    /// Images examined up front (their sites found, their unwind tables
+    /// loaded), probed system-wide when a tracked process first maps them.
+    pub deferred: HashMap<(u64, u64), Vec<Site>>,
 }
 
 impl AttachWorker {
@@ -114,7 +109,7 @@ impl AttachWorker {
     /// Examines and probes one image; `Ok(false)` when the process is gone.
     /// One examined up front (its table loaded then) is only probed.
     fn examine(&mut self, req: &MappingRecord, id: (u64, u64)) -> Result<bool, AttachError> {
-        if let Some(Deferred { mut sites }) = self.deferred.remove(&id) {
+        if let Some(mut sites) = self.deferred.remove(&id) {
             let mut links = Links::default();
             attach_sites(&self.progs, &mut sites, &mut self.slots, &mut links)?;
             self.links.append(&mut links);

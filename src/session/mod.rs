@@ -641,7 +641,7 @@ impl Session {
         // program's capture waited for libstdc++'s. Not in a session on
         // its own process, which is not held while the worker links.
         let defer = registry.is_none() && !is_self;
-        let mut deferred: HashMap<(u64, u64), attach::worker::Deferred> = HashMap::new();
+        let mut deferred: HashMap<(u64, u64), Vec<attach::Site>> = HashMap::new();
         for (nth, image) in images.into_iter().enumerate() {
             if image.why == upfront::Why::Cached {
                 cached.push(image);
@@ -661,7 +661,7 @@ impl Session {
                     }
                     // images[0] is libc (upfront::prepare).
                     (None, Some(id)) if defer && nth > 0 && !found.is_empty() => {
-                        deferred.insert(id, attach::worker::Deferred { sites: found });
+                        deferred.insert(id, found);
                         link_later = true;
                     }
                     _ => {
@@ -703,7 +703,7 @@ impl Session {
                 if known.contains(&id) {
                     continue;
                 }
-                if let Some(attach::worker::Deferred { sites: mut found }) = deferred.remove(&id) {
+                if let Some(mut found) = deferred.remove(&id) {
                     attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?;
                     sites.extend(found);
                     known_everywhere(&registry, known_fd, id)?;
@@ -752,28 +752,27 @@ impl Session {
             }
             let mut link_later = false;
             if let Some(found) = image.sites {
-                let found = found.and_then(|mut found| {
+                let placed = found.and_then(|mut found| {
                     match &mut registry {
+                        // Linked when mapped, as the C++ runtimes above.
+                        None if defer && !found.is_empty() => {
+                            deferred.insert(id, found);
+                            link_later = true;
+                            return Ok(());
+                        }
                         Some(registry) if !found.is_empty() => {
                             slots.assign(&mut found);
                             registry.add_image(id, &image.path, &found)?;
                         }
-                        // Linked when mapped, as the C++ runtimes above.
-                        None if defer && !found.is_empty() => link_later = true,
                         None => attach::attach_sites(&progs, &mut found, &mut slots, &mut links)?,
                         _ => {}
                     }
-                    Ok(found)
+                    sites.extend(found);
+                    Ok(())
                 });
-                match found {
-                    Ok(found) if link_later => {
-                        deferred.insert(id, attach::worker::Deferred { sites: found });
-                    }
-                    Ok(found) => sites.extend(found),
-                    Err(err) => {
-                        tracing::debug!(image = %image.path.display(), %err, "cached image not probed up front");
-                        continue;
-                    }
+                if let Err(err) = placed {
+                    tracing::debug!(image = %image.path.display(), %err, "cached image not probed up front");
+                    continue;
                 }
             }
             if let (Some(tables), Some(table)) = (&mut tables, image.table) {
