@@ -465,6 +465,18 @@ fn bench_compare_ambiguous_input_exits_2() {
     let args = [os("bench"), os("--from"), os(&twice)];
     let (code, _, stderr) = memtrail(&args.iter().collect::<Vec<_>>());
     assert_eq!(code, 2, "{stderr}");
+    // A region `r` of `work` compares as `work/r`: a benchmark of that
+    // name is the same name twice.
+    doc["benchmarks"][0]["regions"] = serde_json::json!({ "r": {} });
+    doc["benchmarks"][1]["name"] = serde_json::json!("work/r");
+    fs::write(&twice, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let args = [os("compare"), results("base"), os(&twice)];
+    let (code, _, stderr) = memtrail(&args.iter().collect::<Vec<_>>());
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("two benchmarks are named `work/r`"),
+        "{stderr}"
+    );
     for (thresholds, needle) in [
         (vec![""], "has an empty limit"),
         (vec!["1%,"], "has an empty limit"),

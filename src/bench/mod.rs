@@ -494,16 +494,18 @@ pub fn read_results(input: &mut render::InputFile, path: &Path) -> Result<Result
     let results: Results = input
         .json(render::MAX_PROFILE_BYTES, what)
         .map_err(json_err)?;
+    // A region R of benchmark B is compared as a benchmark `B/R`: no name
+    // may be given twice, counting those.
     let mut names = BTreeSet::new();
-    if let Some(dup) = results
-        .benchmarks
-        .iter()
-        .find(|b| !names.insert(b.name.as_str()))
-    {
-        return Err(invalid(format!(
-            "two benchmarks are named `{}`: benchmarks are matched by name",
-            dup.name
-        )));
+    let all = results.benchmarks.iter().flat_map(|b| {
+        std::iter::once(b.name.clone()).chain(b.regions.keys().map(|r| format!("{}/{r}", b.name)))
+    });
+    for name in all {
+        if !names.insert(name.clone()) {
+            return Err(invalid(format!(
+                "two benchmarks are named `{name}`: benchmarks are matched by name"
+            )));
+        }
     }
     Ok(results)
 }
