@@ -384,8 +384,10 @@ enum memtrail_error memtrail_write_profile(const struct memtrail_session *sessio
  * session and no privilege; any thread may call it.
  *
  * Errors: `MEMTRAIL_E_NULL`, `MEMTRAIL_E_INVALID` (format, metric, or a
- * file that is not a profile this memtrail reads), `MEMTRAIL_E_NOT_FOUND`
- * (no profile at `profile_path`), `MEMTRAIL_E_OUTPUT`.
+ * file that is not a profile this memtrail reads: not a regular file, over
+ * 1 GiB, not a valid profile), `MEMTRAIL_E_NOT_FOUND` (no profile at
+ * `profile_path`), `MEMTRAIL_E_OUTPUT` (also: `out_path` is the profile
+ * itself, by any path, which is never written over).
  *
  * # Safety
  * `profile_path` and `out_path` are NULL or NUL-terminated strings.

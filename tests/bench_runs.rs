@@ -14,7 +14,7 @@ use common::{MEMTRAIL, fixture};
 use serde_json::Value;
 
 fn memtrail(args: &[OsString]) -> (i32, String, String) {
-    let out = Command::new(MEMTRAIL)
+    let out = Command::new(common::memtrail_bin())
         .args(args)
         .output()
         .expect("run memtrail");
@@ -237,7 +237,15 @@ fn bench_runs_bmf_and_gab_match_their_schemas() {
     let gab = render("gab");
     check_gab(&gab);
     let entries = gab.as_array().unwrap();
-    assert_eq!(entries.len(), 16, "8 metrics of 2 benchmarks");
+    // Smaller-is-better metrics only: not frees nor temporary allocations,
+    // whose growth is no regression (issue 26).
+    assert_eq!(entries.len(), 12, "6 judged metrics of 2 benchmarks");
+    assert!(
+        !entries
+            .iter()
+            .any(|e| e["name"] == "steady - frees" || e["name"] == "steady - temporary_allocations"),
+        "{gab:#}"
+    );
     let peak = entries
         .iter()
         .find(|e| e["name"] == "steady - peak_live_bytes")
@@ -347,4 +355,51 @@ fn bench_runs_pressure_timeout_from_environment() {
         );
     }
     assert_eq!(common::dir_entries(dir.path()), Vec::<String>::new());
+}
+
+/// Check that a suite whose benchmark could not be started is bad input
+/// (exit 2, naming the benchmark and why) before anything runs (issue 26:
+/// these were internal failures, exit 70): a working directory that is
+/// missing or a file, a NUL byte in the command or the environment, an
+/// environment variable's name with `=`.
+#[test]
+fn bench_runs_unusable_benchmark_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("a-file"), "").unwrap();
+    for (entry, needle) in [
+        ("cwd = \"missing\"", "its working directory"),
+        ("cwd = \"a-file\"", "is not a directory"),
+        (
+            "command = [\"true\", \"a\\u0000b\"]",
+            "its command has a NUL byte",
+        ),
+        (
+            "env = { X = \"a\\u0000b\" }",
+            "environment variable X has a NUL byte",
+        ),
+        (
+            "env = { \"X=Y\" = \"1\" }",
+            "cannot name an environment variable",
+        ),
+    ] {
+        let command = if entry.starts_with("command") {
+            String::new()
+        } else {
+            "command = [\"true\"]\n".to_owned()
+        };
+        let suite = dir.path().join("suite.toml");
+        fs::write(
+            &suite,
+            format!("[[bench]]\nname = \"b\"\n{command}{entry}\n"),
+        )
+        .unwrap();
+        let out = dir.path().join("out");
+        let (code, _, stderr) = memtrail(&args(&[&"bench", &"--suite", &suite, &"--dir", &out]));
+        assert_eq!(code, 2, "{entry}: {stderr}");
+        assert!(
+            stderr.contains("benchmark `b`") && stderr.contains(needle),
+            "{entry}: {stderr}"
+        );
+        assert!(!out.join("new").exists(), "{entry}: something ran");
+    }
 }

@@ -296,3 +296,91 @@ fn cli_output_unwritable_kinds_exit_73() {
     assert_eq!(dir_entries(d), ["blk", "dir", "sock"], "the command ran");
     assert!(dir_entries(&d.join("dir")).is_empty());
 }
+
+/// Check that a capture's outputs are put in place together or not at all,
+/// and that the summary is printed either way (issue 28: `run -o /dev/full
+/// --events ev.jsonl` exited 73, yet wrote ev.jsonl and printed no
+/// summary): whichever output cannot be written (the profile, the event
+/// stream, the --report file), no file output appears, the summary has the
+/// capture's numbers, and the error names the files left unwritten.
+#[test]
+fn cli_outputs_commit_together_or_not_at_all() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let full = d.join("full");
+    mknod(&full, libc::S_IFCHR, 1, 7);
+    let (p, e, r) = (d.join("p.json"), d.join("ev.jsonl"), d.join("r.json"));
+    let cases: Vec<(Vec<OsString>, Vec<&Path>)> = vec![
+        (
+            vec![
+                "-o".into(),
+                full.clone().into(),
+                "--events".into(),
+                e.clone().into(),
+            ],
+            vec![&e],
+        ),
+        (
+            vec![
+                "-o".into(),
+                p.clone().into(),
+                "--events".into(),
+                full.clone().into(),
+            ],
+            vec![&p],
+        ),
+        (
+            vec![
+                "-o".into(),
+                p.clone().into(),
+                "--events".into(),
+                e.clone().into(),
+                "--report".into(),
+                "json".into(),
+                "--report-output".into(),
+                full.clone().into(),
+            ],
+            vec![&e, &p],
+        ),
+        (
+            vec![
+                "-o".into(),
+                p.clone().into(),
+                "--report".into(),
+                "folded".into(),
+                "--report-output".into(),
+                r.clone().into(),
+                "--events".into(),
+                full.clone().into(),
+            ],
+            vec![&p, &r],
+        ),
+    ];
+    for (args, unwritten) in cases {
+        let mut v: Vec<OsString> = vec!["run".into()];
+        v.extend(args.iter().cloned());
+        v.extend(["--".into(), fixture("malloc_once").into()]);
+        let (_, status, _, stderr) = memtrail(&v, b"");
+        assert_eq!(status.code(), Some(73), "{args:?}: {stderr}");
+        // The summary, with the capture's numbers, before the error.
+        assert!(
+            stderr.starts_with("memtrail: ") && stderr.contains("\n  allocations "),
+            "{args:?}: {stderr}"
+        );
+        let names: Vec<String> = unwritten.iter().map(|p| p.display().to_string()).collect();
+        let last = stderr.lines().last().expect("the error");
+        assert_eq!(
+            last,
+            format!(
+                "memtrail: error: cannot write {}: No space left on device (os error 28); so {} \
+                 {} not written either (outputs are written together or not at all)",
+                full.display(),
+                names.join(", "),
+                if names.len() == 1 { "was" } else { "were" }
+            ),
+            "{args:?}"
+        );
+        assert!(!stderr.contains("profile written to"), "{args:?}: {stderr}");
+        assert_eq!(dir_entries(d), ["full"], "{args:?}: a file appeared");
+    }
+}

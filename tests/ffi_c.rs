@@ -86,14 +86,22 @@ fn ffi_c_spawn_writes_profile() {
 
 /// Check that a C program renders a profile's reports through the C ABI
 /// (text ranked by count with its top 3 sites, a gzipped pprof), and that
-/// each error of `memtrail_write_report` returns its code.
+/// each error of `memtrail_write_report` returns its code; writing the
+/// report over the profile itself is `MEMTRAIL_E_OUTPUT`, and the profile
+/// stays as it was (issue 28).
 #[test]
 fn ffi_c_write_report() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = |name: &str| dir.path().join(name).to_str().expect("UTF-8").to_owned();
     let (profile, text, pprof) = (path("profile.json"), path("report.txt"), path("p.pb.gz"));
     run(&["spawn", &profile]);
+    let before = std::fs::read(&profile).expect("profile written");
     run(&["report", &profile, &text, &pprof]);
+    assert_eq!(
+        std::fs::read(&profile).expect("the profile"),
+        before,
+        "the profile was written over"
+    );
     let report = std::fs::read_to_string(&text).expect("text report written");
     let expected = std::process::Command::new(env!("CARGO_BIN_EXE_memtrail"))
         .args(["report", "--by", "count", "--top", "3", &profile])

@@ -440,3 +440,71 @@ fn report_special_files_exit_66() {
         assert_eq!(dir_entries(dir.path()), ["big.json", "fifo"]);
     }
 }
+
+/// Check that `memtrail report` never writes over the profile it reads
+/// (issue 28: `report P.json -o P.json` exited 0 and destroyed it): the
+/// same path, a symlink to it, a hard link, and standard output appended
+/// to it are refused (exit 73, the profile as it was, no file left).
+#[test]
+fn report_output_is_its_input_exits_73() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profile = write_profile(dir.path(), &sites());
+    let before = fs::read(&profile).expect("read");
+    let link = dir.path().join("link.json");
+    std::os::unix::fs::symlink(&profile, &link).expect("symlink");
+    let hard = dir.path().join("hard.json");
+    fs::hard_link(&profile, &hard).expect("hard link");
+    let cases = [
+        (profile.clone(), profile.clone()),
+        (profile.clone(), link.clone()),
+        (link.clone(), profile.clone()),
+        (hard.clone(), profile.clone()),
+    ];
+    for (input, output) in &cases {
+        for format in ["text", "json"] {
+            let run = memtrail(&[
+                "report".as_ref(),
+                input.as_os_str(),
+                "-f".as_ref(),
+                format.as_ref(),
+                "-o".as_ref(),
+                output.as_os_str(),
+            ]);
+            run.expect_code(73);
+            assert_eq!(
+                run.stderr,
+                format!(
+                    "memtrail: error: cannot write {}: it is the profile being read ({}): \
+                     memtrail never writes over an input; name another output\n",
+                    output.display(),
+                    input.display()
+                )
+            );
+            assert_eq!(fs::read(&profile).expect("read"), before, "{output:?}");
+        }
+    }
+    // Standard output appended to the profile (`>> P.json`).
+    let append = File::options()
+        .append(true)
+        .open(&profile)
+        .expect("open for appending");
+    let bin = std::env::var_os("MEMTRAIL_BIN").unwrap_or_else(|| MEMTRAIL.into());
+    let out = Command::new(bin)
+        .args(["report".as_ref(), profile.as_os_str()])
+        .stdin(Stdio::null())
+        .stdout(append)
+        .output()
+        .expect("run memtrail");
+    assert_eq!(out.status.code(), Some(73));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .starts_with("memtrail: error: cannot write standard output: it is the profile"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read(&profile).expect("read"), before);
+    assert_eq!(
+        dir_entries(dir.path()),
+        ["hard.json", "link.json", "profile.json"]
+    );
+}

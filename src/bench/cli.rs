@@ -3,7 +3,7 @@
 
 use std::ffi::OsString;
 use std::io::{self, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::format::{self, BenchFormat};
 use super::{BenchError, BenchOptions, suite};
@@ -33,8 +33,14 @@ Exit status:
          nothing regressed)
     1    a benchmark's command exited nonzero or was killed, or with
          --baseline a metric regressed beyond its --threshold
-    2    bad usage or input: an invalid suite, a missing baseline
-    73   the results cannot be written (--output, the results directory)
+    2    bad usage or input: an invalid suite (also: a benchmark that
+         cannot be started - a working directory missing or not a
+         directory, a NUL byte in its command or environment), a missing
+         baseline, results (--from, --baseline) that are not valid, name a
+         benchmark twice, or are not a regular file of at most 1 GiB
+    73   the results cannot be written (--output, the results directory),
+         or --output is a file the bench reads (the suite, --from, the
+         baseline's results)
   A capture that failed (no profile) ends the bench with the exit status of
   its `memtrail run` (e.g. 71 lost events, 72 missing privileges, 127 the
   command was not found); its message is above it on stderr.";
@@ -45,8 +51,10 @@ Exit status:
     1    a metric of a benchmark regressed beyond its --threshold (or its
          command no longer exits 0)
     2    bad usage or input (a file that is not memtrail bench results or a
-         profile, an unknown benchmark for --format flamegraph)
-    73   the report cannot be written";
+         profile, or not a regular file of at most 1 GiB; results naming a
+         benchmark twice; an empty --threshold, or a metric's limit given
+         twice; an unknown benchmark for --format flamegraph)
+    73   the report cannot be written, or --output is BASE or NEW";
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -56,7 +64,8 @@ pub struct BenchArgs {
     pub suite: Option<PathBuf>,
 
     /// Run nothing: render the results document RESULTS.json (e.g.
-    /// target/memtrail/new/results.json) in --format.
+    /// target/memtrail/new/results.json) in --format (a regular file of at
+    /// most 1 GiB).
     #[arg(long, value_name = "RESULTS.json",
           conflicts_with_all = ["suite", "name", "command", "runs", "save_baseline", "baseline"])]
     pub from: Option<PathBuf>,
@@ -75,14 +84,17 @@ pub struct BenchArgs {
 
     /// Format of the results on stdout or --output: text, json (the results
     /// document, docs/bench.md), markdown, bmf (Bencher Metric Format), gab
-    /// (github-action-benchmark customSmallerIsBetter).
-    #[arg(short, long, value_enum, value_name = "FORMAT", default_value_t = BenchFormat::Text)]
-    pub format: BenchFormat,
+    /// (github-action-benchmark customSmallerIsBetter). [default: from
+    /// --output's extension: `.json` the results document, `.md` Markdown;
+    /// else text]
+    #[arg(short, long, value_enum, value_name = "FORMAT")]
+    pub format: Option<BenchFormat>,
 
     /// Write the results in --format to PATH instead of stdout (a file
-    /// appears whole once every benchmark ran). The JSON results document is
-    /// also always saved as DIR/new/results.json (or DIR/NAME/ with
-    /// --save-baseline).
+    /// appears whole once every benchmark ran; PATH may not be a file the
+    /// bench reads). The JSON results document is also always saved as
+    /// DIR/new/results.json (or DIR/NAME/ with --save-baseline), with the
+    /// profiles it names.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
 
@@ -176,16 +188,22 @@ pub struct CompareArgs {
 
     /// How much a metric may grow before it regresses: `1%` for every
     /// metric, `peak=0.5%,allocations=0` per metric (a percentage of the
-    /// base, or an absolute count or bytes), or both (`1%,leaked=0`).
-    /// Repeatable. Metrics: allocations, frees, allocated_bytes (bytes),
-    /// peak_live_bytes (peak), leaked_bytes (leaked), leaked_blocks (blocks),
-    /// mmap_peak_bytes (mmap). [default: 0, exact]
+    /// base, an absolute count or bytes, or `inf`: never a regression), or
+    /// both (`1%,leaked=0`). Repeatable; each metric's limit (and the one
+    /// for every metric) may be given once. Judged metrics, smaller is
+    /// better: allocations, allocated_bytes (bytes), peak_live_bytes (peak),
+    /// leaked_bytes (leaked), leaked_blocks (blocks), mmap_peak_bytes
+    /// (mmap). Shown, never judged (no limit but `inf`): frees, and
+    /// temporary_allocations (temporary), whose changes follow from the
+    /// others' (a leak fixed adds frees). [default: 0, exact]
     #[arg(long = "threshold", value_name = "LIMITS", value_parser = compare::check_threshold)]
     pub thresholds: Vec<String>,
 
-    /// Report format.
-    #[arg(short, long, value_enum, value_name = "FORMAT", default_value_t = CompareFormat::Text)]
-    pub format: CompareFormat,
+    /// Report format: text, markdown, json or flamegraph. [default: from
+    /// --output's extension: `.json` JSON, `.md` Markdown, `.svg` a flame
+    /// graph; else text]
+    #[arg(short, long, value_enum, value_name = "FORMAT")]
+    pub format: Option<CompareFormat>,
 
     /// With --format flamegraph: the benchmark to draw (needed when the
     /// inputs have more than one).
@@ -200,9 +218,43 @@ pub struct CompareArgs {
     #[arg(long, value_name = "N", default_value_t = compare::DEFAULT_SITES)]
     pub sites: usize,
 
-    /// Write the report to PATH instead of stdout (a file appears whole).
+    /// Write the report to PATH instead of stdout (a file appears whole;
+    /// PATH may not be BASE or NEW).
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+}
+
+/// The extension of `path`, lower case.
+fn extension(path: Option<&Path>) -> Option<String> {
+    path.and_then(Path::extension)
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+}
+
+/// The format of `bench` results: `--format`, else by --output's
+/// extension, as `--events` picks by `.mtev` (issue 26: `-o results.json`
+/// wrote a text table).
+pub fn bench_format(format: Option<BenchFormat>, output: Option<&Path>) -> BenchFormat {
+    format.unwrap_or_else(|| match extension(output).as_deref() {
+        Some("json") => BenchFormat::Json,
+        Some("md" | "markdown") => BenchFormat::Markdown,
+        _ => BenchFormat::Text,
+    })
+}
+
+/// The format of a comparison: `--format`, else by --output's extension.
+pub fn compare_format(format: Option<CompareFormat>, output: Option<&Path>) -> CompareFormat {
+    format.unwrap_or_else(|| match extension(output).as_deref() {
+        Some("json") => CompareFormat::Json,
+        Some("md" | "markdown") => CompareFormat::Markdown,
+        Some("svg") => CompareFormat::Flamegraph,
+        _ => CompareFormat::Text,
+    })
+}
+
+/// The device and inode of the file `path` names, if any.
+fn path_id(path: &Path) -> Option<crate::report::FileId> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// The exit code for a failed bench.
@@ -234,9 +286,16 @@ pub fn bench(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<i32, BenchError> {
+    let format = bench_format(args.format, args.output.as_deref());
     if let Some(path) = &args.from {
-        let results = super::load_results(path)?;
-        write_results(&results, args.format, args.output.as_deref(), stdout)?;
+        let mut input =
+            crate::render::open_input(path).map_err(|source| BenchError::ResultsRead {
+                path: path.clone(),
+                source,
+            })?;
+        let results = super::read_results(&mut input, path)?;
+        let out_file = open_output(args.output.as_deref(), &[("the results", path, input.id())])?;
+        write_results_to(&results, format, out_file, stdout)?;
         return Ok(exit::OK);
     }
     let benchmarks = match &args.suite {
@@ -283,21 +342,23 @@ pub fn bench(
             suite::check_name(name).map_err(|e| BenchError::Usage(format!("--baseline: {e}")))?;
             let path = super::results_path(&dir, name);
             let results = super::load_results(&path)?;
-            Some(Input { path, results })
+            let id = path_id(&path);
+            Some(Input { path, results, id })
         }
         None => None,
     };
-    let out_file = args
-        .output
-        .as_deref()
-        .filter(|p| p.as_os_str() != "-")
-        .map(OutputFile::create)
-        .transpose()
-        .map_err(|e| BenchError::Io {
-            what: "cannot write",
-            path: e.path.clone(),
-            source: e.source,
-        })?;
+    // The files this bench reads: --output may be none of them.
+    let mut inputs: Vec<(&str, &Path, crate::report::FileId)> = Vec::new();
+    if let Some((path, id)) = args.suite.as_deref().and_then(|p| Some((p, path_id(p)?))) {
+        inputs.push(("the suite", path, id));
+    }
+    if let Some((path, id)) = baseline
+        .as_ref()
+        .and_then(|b| Some((b.path.as_path(), b.id?)))
+    {
+        inputs.push(("the baseline's results", path, id));
+    }
+    let out_file = open_output(args.output.as_deref(), &inputs)?;
     let mut capture_args: Vec<OsString> = Vec::new();
     let mut pass = |flag: &str, v: Option<String>| {
         if let Some(v) = v {
@@ -318,7 +379,7 @@ pub fn bench(
         quiet: args.quiet,
     };
     let results = super::run(&opts, stderr)?;
-    write_results_to(&results, args.format, out_file, stdout)?;
+    write_results_to(&results, format, out_file, stdout)?;
     let mut code = exit::OK;
     for r in &results.benchmarks {
         if r.exit.code != Some(0) {
@@ -335,6 +396,7 @@ pub fn bench(
         let new = Input {
             path: super::results_path(&dir, &save_as),
             results,
+            id: None,
         };
         let c = compare::compare(&base, &new, &thresholds, compare::DEFAULT_SITES);
         let _ = compare::write_text(&c, stderr);
@@ -345,23 +407,26 @@ pub fn bench(
     Ok(code)
 }
 
-/// Writes `results` in `format` to `output` (a path, `-`) or `stdout`.
-fn write_results(
-    results: &super::results::Results,
-    format: BenchFormat,
-    output: Option<&std::path::Path>,
-    stdout: &mut dyn Write,
-) -> Result<(), BenchError> {
-    let out_file = output
-        .filter(|p| p.as_os_str() != "-")
-        .map(OutputFile::create)
-        .transpose()
-        .map_err(|e| BenchError::Io {
-            what: "cannot write",
-            path: e.path.clone(),
-            source: e.source,
-        })?;
-    write_results_to(results, format, out_file, stdout)
+/// Opens --output (none for `-`, standard output), refusing one of the
+/// files the bench reads.
+fn open_output(
+    output: Option<&Path>,
+    inputs: &[(&str, &Path, crate::report::FileId)],
+) -> Result<Option<OutputFile>, BenchError> {
+    let io_err = |e: crate::report::OutputError| BenchError::Io {
+        what: "cannot write",
+        path: e.path,
+        source: e.source,
+    };
+    let Some(path) = output else {
+        crate::report::check_not_input(Path::new("-"), inputs).map_err(io_err)?;
+        return Ok(None);
+    };
+    crate::report::check_not_input(path, inputs).map_err(io_err)?;
+    if path.as_os_str() == "-" {
+        return Ok(None);
+    }
+    OutputFile::create(path).map(Some).map_err(io_err)
 }
 
 fn write_results_to(
@@ -403,17 +468,23 @@ fn write_results_to(
 /// Runs `memtrail compare`; returns the exit code (0 or 1).
 pub fn compare(args: CompareArgs, stdout: &mut dyn Write) -> Result<i32, CompareError> {
     let thresholds = Thresholds::parse_all(&args.thresholds).map_err(CompareError::Usage)?;
+    let format = compare_format(args.format, args.output.as_deref());
     let base = Input::load(&args.base)?;
     let new = Input::load(&args.new)?;
-    let out_file = args
-        .output
-        .as_deref()
+    let inputs: Vec<(&str, &Path, crate::report::FileId)> =
+        [("the BASE file", &base), ("the NEW file", &new)]
+            .into_iter()
+            .filter_map(|(what, i)| Some((what, i.path.as_path(), i.id?)))
+            .collect();
+    let output = args.output.as_deref().unwrap_or(Path::new("-"));
+    crate::report::check_not_input(output, &inputs)?;
+    let out_file = Some(output)
         .filter(|p| p.as_os_str() != "-")
         .map(OutputFile::create)
         .transpose()?;
     let c = compare::compare(&base, &new, &thresholds, args.sites);
     let render = |w: &mut dyn Write| -> Result<(), CompareError> {
-        match args.format {
+        match format {
             CompareFormat::Text => compare::write_text(&c, w).map_err(CompareError::Stdout),
             CompareFormat::Markdown => compare::write_markdown(&c, w).map_err(CompareError::Stdout),
             CompareFormat::Json => serde_json::to_writer_pretty(&mut *w, &c)
@@ -427,9 +498,17 @@ pub fn compare(args: CompareArgs, stdout: &mut dyn Write) -> Result<i32, Compare
     };
     match out_file {
         Some(out) => {
+            // A failed write is the file's, not standard output's.
+            let file_err = |e| match e {
+                CompareError::Stdout(source) => CompareError::Output(crate::report::OutputError {
+                    path: out.path().to_owned(),
+                    source,
+                }),
+                e => e,
+            };
             let mut w = BufWriter::new(out.file());
-            render(&mut w)?;
-            w.flush().map_err(CompareError::Stdout)?;
+            render(&mut w).map_err(file_err)?;
+            w.flush().map_err(|e| file_err(CompareError::Stdout(e)))?;
             drop(w);
             out.commit()?;
         }

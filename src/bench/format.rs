@@ -241,15 +241,17 @@ pub fn bmf(results: &Results) -> Value {
 }
 
 /// github-action-benchmark `customSmallerIsBetter`: an array of `{ name,
-/// unit, value, range?, extra? }`, one entry per benchmark and metric
-/// named `BENCH - METRIC`.
+/// unit, value, range?, extra? }`, one entry per benchmark and judged
+/// metric named `BENCH - METRIC`. Metrics that are not smaller-is-better
+/// (frees, temporary allocations, a region's entries: [`Metric::judged`])
+/// are left out, or its alerts would fire on a leak fixed (issue 26).
 pub fn gab(results: &Results) -> Value {
     let mut out = Vec::new();
     for r in &with_regions(results) {
         let keys = Metric::ALL
             .into_iter()
-            .map(|m| (m.key(), m.unit()))
-            .chain(entries(r).map(|_| (REGION_ENTRIES, "count")));
+            .filter(|m| m.judged())
+            .map(|m| (m.key(), m.unit()));
         for (key, unit) in keys {
             let Some(s) = r.metrics.get(key) else {
                 continue;

@@ -228,6 +228,7 @@ fn run_all(
         })?;
         let mut profiles = Vec::with_capacity(bench.runs as usize);
         let mut rels = Vec::with_capacity(bench.runs as usize);
+        let mut digests = Vec::with_capacity(bench.runs as usize);
         for run in 1..=bench.runs {
             if !opts.quiet {
                 let _ = writeln!(
@@ -245,15 +246,17 @@ fn run_all(
             capture(&exe, bench, &opts.capture_args, &path, run)?;
             captures += t.elapsed();
             total_runs += 1;
-            let profile = render::load_profile(&path).map_err(|source| BenchError::Profile {
+            let (profile, sha256) = read_run(&path).map_err(|source| BenchError::Profile {
                 name: bench.name.clone(),
                 run,
                 source,
             })?;
             profiles.push(profile);
+            digests.push((rel.to_string_lossy().into_owned(), sha256));
             rels.push(rel);
         }
-        let result = collect(bench, &profiles, rels);
+        let mut result = collect(bench, &profiles, rels);
+        result.sha256 = digests.into_iter().collect();
         if !opts.quiet {
             let _ = write_done(progress, &result);
         }
@@ -265,6 +268,19 @@ fn run_all(
         "child captures' wall time"
     );
     Ok(Results::new(final_dir.to_owned(), out))
+}
+
+/// A run's profile and its SHA-256, from one open of the file.
+fn read_run(path: &Path) -> Result<(Profile, String), ReportError> {
+    let read_err = |source| ReportError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let mut input = render::open_input(path).map_err(read_err)?;
+    let sha256 = input
+        .sha256(render::MAX_PROFILE_BYTES, "a profile")
+        .map_err(read_err)?;
+    Ok((render::read_profile(&mut input, path)?, sha256))
 }
 
 /// `1.234 s`.
@@ -381,6 +397,7 @@ pub fn collect(bench: &Benchmark, profiles: &[Profile], rels: Vec<PathBuf>) -> B
         },
         profile: rels[rep].clone(),
         profiles: rels,
+        sha256: BTreeMap::new(),
         metrics,
         regions,
     }
@@ -428,32 +445,67 @@ fn differing_sites(profiles: &[Profile]) -> Vec<SiteRuns> {
 
 /// Reads a results document (or a saved baseline's).
 pub fn load_results(path: &Path) -> Result<Results, BenchError> {
-    let text = fs::read(path).map_err(|source| BenchError::ResultsRead {
+    let mut input = render::open_input(path).map_err(|source| BenchError::ResultsRead {
         path: path.to_owned(),
         source,
     })?;
-    parse_results(path, &text)
+    read_results(&mut input, path)
 }
 
-/// Parses a results document read from `path`.
-pub fn parse_results(path: &Path, text: &[u8]) -> Result<Results, BenchError> {
+/// Reads the results document of `input` (opened from `path`): its
+/// `format` and `version` first, then the document, whose benchmark names
+/// must be unique (compare matches benchmarks by name).
+pub fn read_results(input: &mut render::InputFile, path: &Path) -> Result<Results, BenchError> {
     let invalid = |msg: String| BenchError::ResultsInvalid {
         path: path.to_owned(),
         msg,
     };
-    let v: serde_json::Value = serde_json::from_slice(text).map_err(|e| invalid(e.to_string()))?;
-    if v.get("format").and_then(|f| f.as_str()) != Some(results::RESULTS_FORMAT) {
+    let json_err = |e| match e {
+        render::JsonError::Read(source) => BenchError::ResultsRead {
+            path: path.to_owned(),
+            source,
+        },
+        render::JsonError::Invalid(e) => invalid(e.to_string()),
+    };
+    #[derive(serde::Deserialize)]
+    #[serde(expecting = "memtrail bench results (a JSON object)")]
+    struct Header {
+        format: Option<serde_json::Value>,
+        version: Option<serde_json::Value>,
+    }
+    let what = "a results document";
+    let header: Header = input
+        .json(render::MAX_PROFILE_BYTES, what)
+        .map_err(json_err)?;
+    if header.format.as_ref().and_then(|f| f.as_str()) != Some(results::RESULTS_FORMAT) {
         return Err(invalid(format!(
             "its \"format\" is not \"{}\"",
             results::RESULTS_FORMAT
         )));
     }
-    if v.get("version").and_then(|f| f.as_u64()) != Some(u64::from(results::RESULTS_VERSION)) {
+    if header.version.as_ref().and_then(|f| f.as_u64()) != Some(u64::from(results::RESULTS_VERSION))
+    {
         return Err(invalid(format!(
             "version {}, this memtrail reads version {}",
-            v.get("version").map_or("missing".into(), |v| v.to_string()),
+            header.version.map_or("missing".into(), |v| v.to_string()),
             results::RESULTS_VERSION
         )));
     }
-    serde_json::from_value(v).map_err(|e| invalid(e.to_string()))
+    let results: Results = input
+        .json(render::MAX_PROFILE_BYTES, what)
+        .map_err(json_err)?;
+    // A region R of benchmark B is compared as a benchmark `B/R`: no name
+    // may be given twice, counting those.
+    let mut names = BTreeSet::new();
+    let all = results.benchmarks.iter().flat_map(|b| {
+        std::iter::once(b.name.clone()).chain(b.regions.keys().map(|r| format!("{}/{r}", b.name)))
+    });
+    for name in all {
+        if !names.insert(name.clone()) {
+            return Err(invalid(format!(
+                "two benchmarks are named `{name}`: benchmarks are matched by name"
+            )));
+        }
+    }
+    Ok(results)
 }

@@ -15,8 +15,8 @@ pub const RESULTS_FORMAT: &str = "memtrail-bench";
 /// Bumped on any incompatible change of the document.
 pub const RESULTS_VERSION: u32 = 1;
 
-/// One metric of a benchmark: what it measures and how it is read from a
-/// profile. Every metric is smaller-is-better.
+/// One metric of a benchmark: what it measures, how it is read from a
+/// profile, and whether it is judged ([`Metric::judged`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Metric {
     Allocations,
@@ -69,6 +69,30 @@ impl Metric {
             _ => None,
         };
         short.or_else(|| Self::ALL.into_iter().find(|m| m.key() == name))
+    }
+
+    /// Whether `memtrail compare` judges the metric (smaller is better),
+    /// or shows it only. Frees and temporary allocations have no direction
+    /// of their own: more frees is a leak fixed, fewer frees is fewer
+    /// allocations or a leak (both judged in their own metrics), and a
+    /// block freed sooner is a temporary allocation more (issue 26: fixing
+    /// a leak failed the gate on both).
+    pub fn judged(self) -> bool {
+        !matches!(self, Self::Frees | Self::TemporaryAllocations)
+    }
+
+    /// Why a metric is not judged, for messages.
+    pub fn why_not_judged(self) -> &'static str {
+        match self {
+            Self::Frees => {
+                "more frees is a leak fixed; fewer frees shows as leaked blocks or fewer allocations"
+            }
+            Self::TemporaryAllocations => {
+                "a block freed sooner counts as temporary; what temporary allocations cost shows in \
+                 allocations"
+            }
+            _ => "",
+        }
     }
 
     /// Bytes or a count.
@@ -175,6 +199,12 @@ pub struct BenchResult {
     pub profile: PathBuf,
     /// Every run's profile, in run order.
     pub profiles: Vec<PathBuf>,
+    /// The SHA-256 (hex) of each profile in `profiles`, by its path there:
+    /// `compare` reads a profile only if it is the one these results were
+    /// made with (issue 26: a later bench replaced it, silently). Empty in
+    /// results written before memtrail kept them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sha256: BTreeMap<String, String>,
     /// Per marked region (USDT markers, the profile's `regions`), its
     /// metrics by key ([`region_metrics`]); empty without markers.
     #[serde(default)]
@@ -272,15 +302,19 @@ impl Results {
         }
     }
 
-    /// Where a profile named in the document is: under `profile_dir`, or,
-    /// when the directory was moved or copied (a CI artifact), under
-    /// `doc_dir`, the directory the document was read from.
-    pub fn profile_path(&self, rel: &Path, doc_dir: Option<&Path>) -> PathBuf {
-        let primary = self.profile_dir.join(rel);
-        match doc_dir {
-            Some(dir) if !primary.exists() => dir.join(rel),
-            _ => primary,
+    /// Where a profile named in the document may be, in the order to try:
+    /// under `profile_dir`, then, for a directory moved or copied (a CI
+    /// artifact), under `doc_dir`, the directory the document was read
+    /// from.
+    pub fn profile_paths(&self, rel: &Path, doc_dir: Option<&Path>) -> Vec<PathBuf> {
+        let mut paths = vec![self.profile_dir.join(rel)];
+        if let Some(dir) = doc_dir {
+            let other = dir.join(rel);
+            if other != paths[0] {
+                paths.push(other);
+            }
         }
+        paths
     }
 }
 

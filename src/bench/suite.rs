@@ -55,10 +55,12 @@ struct BenchEntry {
 /// Reads the suite at `path`. `runs`, when given, overrides every
 /// benchmark's.
 pub fn load(path: &Path, runs: Option<u32>) -> Result<Vec<Benchmark>, BenchError> {
-    let text = std::fs::read_to_string(path).map_err(|source| BenchError::SuiteRead {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = crate::render::read_text(path, crate::render::MAX_SUITE_BYTES, "a suite").map_err(
+        |source| BenchError::SuiteRead {
+            path: path.to_owned(),
+            source,
+        },
+    )?;
     let invalid = |msg: String| BenchError::SuiteInvalid {
         path: path.to_owned(),
         msg,
@@ -90,15 +92,63 @@ pub fn load(path: &Path, runs: Option<u32>) -> Result<Vec<Benchmark>, BenchError
                 b.name
             )));
         }
-        out.push(Benchmark {
+        let bench = Benchmark {
             name: b.name,
             command: b.command,
             cwd: base.join(b.cwd.unwrap_or_default()),
             env: b.env,
             runs,
-        });
+        };
+        bench.check().map_err(invalid)?;
+        out.push(bench);
     }
     Ok(out)
+}
+
+impl Benchmark {
+    /// Refuses what no process could be started with, before anything
+    /// runs (issue 26: these were internal failures, exit 70, once the
+    /// bench reached them): a working directory that is missing or not a
+    /// directory, a NUL byte in the command or the environment, an
+    /// environment variable whose name is empty or has a `=`.
+    pub fn check(&self) -> Result<(), String> {
+        let name = &self.name;
+        match std::fs::metadata(&self.cwd) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(format!(
+                    "benchmark `{name}`: its working directory {} is not a directory",
+                    self.cwd.display()
+                ));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "benchmark `{name}`: its working directory {} cannot be used: {e}",
+                    self.cwd.display()
+                ));
+            }
+        }
+        if let Some(i) = self.command.iter().position(|a| a.contains('\0')) {
+            return Err(format!(
+                "benchmark `{name}`: its command has a NUL byte (in argument {i})"
+            ));
+        }
+        for (key, value) in &self.env {
+            if key.is_empty() || key.contains(['=', '\0']) {
+                return Err(format!(
+                    "benchmark `{name}`: `{}` cannot name an environment variable (empty, or \
+                     with `=` or a NUL byte)",
+                    key.escape_debug()
+                ));
+            }
+            if value.contains('\0') {
+                return Err(format!(
+                    "benchmark `{name}`: environment variable {key} has a NUL byte"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A benchmark name: it becomes a directory name under the results

@@ -4,8 +4,9 @@
 //! and building the profile.
 //!
 //! Ownership: the session owns the BPF skeleton, the probe links and every
-//! thread (see [`crate::session`]); [`run`] owns the output files, committed
-//! only when the capture succeeded.
+//! thread (see [`crate::session`]); [`run`] owns the output files until the
+//! capture ended, writes them only when it succeeded, and hands them over
+//! ([`Outcome::outputs`]) to be put in place together with the caller's.
 
 pub(crate) mod running;
 pub(crate) mod sinks;
@@ -22,8 +23,8 @@ use crate::engine::Fault;
 use crate::pressure::{HighWater, PressureTimeout, RingRoom, RoomError};
 use crate::proctree::{CommandSpec, SpawnError};
 use crate::report::{
-    Aggregator, EventWriter, LostEvents, OutputError, OutputFile, Profile, SameOutputError,
-    StackEntry, StackMetrics,
+    Aggregator, CommitError, EventWriter, LostEvents, OutputError, OutputFile, Outputs, Profile,
+    SameOutputError, StackEntry, StackMetrics,
 };
 use crate::ring::RingError;
 use crate::session::{Finish, Session, SessionOptions, Target};
@@ -161,6 +162,10 @@ pub enum CaptureError {
     Spawn(#[from] SpawnError),
     #[error(transparent)]
     Output(#[from] OutputError),
+    /// The outputs of a capture that succeeded could not all be written:
+    /// none was put in place.
+    #[error(transparent)]
+    Outputs(#[from] CommitError),
     #[error(transparent)]
     SameOutput(#[from] SameOutputError),
     #[error(
@@ -287,7 +292,7 @@ impl CaptureError {
                 ExecFailure::Exec(_) => ErrorKind::NotExecutable,
                 _ => ErrorKind::Internal,
             },
-            Self::Output(_) | Self::EventStream(_) => ErrorKind::Output,
+            Self::Output(_) | Self::Outputs(_) | Self::EventStream(_) => ErrorKind::Output,
             Self::SameOutput(_)
             | Self::Room(_)
             | Self::InvalidOptions(_)
@@ -322,6 +327,9 @@ pub struct Outcome {
     pub slow_probes: Vec<crate::report::SlowProbe>,
     /// The exit code memtrail passes on: the command's, or 128 + signal.
     pub exit_code: i32,
+    /// `--output` and `--events`, written but not yet in place: the caller
+    /// adds its own (a report) and commits them together.
+    pub outputs: Outputs,
 }
 
 /// The capabilities memtrail needs without root, as `setcap` spells them.
@@ -424,7 +432,8 @@ impl Options {
 
 /// Runs one capture: `memtrail run`. Starts a [`Session`] on the command
 /// (with the CLI's process effects), waits for its tree, and writes the
-/// outputs, each only if the capture succeeded.
+/// outputs if the capture succeeded (the caller commits them:
+/// [`Outcome::outputs`]).
 pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     // Everything that can fail on bad input fails before the command runs.
     opts.check_outputs()?;
@@ -445,21 +454,44 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
         slow_probes,
         exit,
         stream,
+        stream_error,
         detaching,
     } = session.finish()?;
     waited?;
-    if let Some(stream) = stream {
-        stream.commit()?;
-    }
-    if let Some(output) = output {
-        crate::report::write_profile(&profile, output)?;
-    }
+    let outputs = write_outputs(&profile, stream, stream_error, output);
     drop(detaching);
     Ok(Outcome {
         profile,
         slow_probes,
         exit_code: exit.root.map_or(0, ChildExit::code),
+        outputs,
     })
+}
+
+/// Writes a finished capture's event stream and profile, not yet in place:
+/// the caller commits them together with its own outputs, so that a file
+/// appears only if every output could be written (issue 28). A stream whose
+/// writing failed while the capture ran is that failure.
+pub(crate) fn write_outputs(
+    profile: &Profile,
+    stream: Option<EventWriter>,
+    stream_error: Option<std::io::Error>,
+    output: Option<OutputFile>,
+) -> Outputs {
+    let mut outputs = Outputs::default();
+    if let Some(stream) = stream {
+        outputs.add(match stream_error {
+            Some(source) => Err(OutputError {
+                path: stream.path().to_owned(),
+                source,
+            }),
+            None => stream.finish(),
+        });
+    }
+    if let Some(output) = output {
+        outputs.write(output, |out| crate::report::stage_profile(profile, out));
+    }
+    outputs
 }
 
 /// Why a paused capture still lost records, and what ring sizes would do:

@@ -37,12 +37,15 @@ pub struct AttachOutcome {
     pub profile: crate::report::Profile,
     pub slow_probes: Vec<crate::report::SlowProbe>,
     pub detach: Detach,
+    /// `--output` and `--events`, written but not yet in place (see
+    /// [`super::Outcome::outputs`]).
+    pub outputs: crate::report::Outputs,
 }
 
 /// Runs one attached capture: `memtrail attach PID`. `opts.command` is
 /// unused. `attached` is called once the process is tracked (its events
 /// from then on are in the capture). Outputs are written only if the
-/// capture succeeded.
+/// capture succeeded, and put in place by the caller.
 pub fn attach(
     opts: &Options,
     pid: u32,
@@ -66,20 +69,17 @@ pub fn attach(
         profile,
         slow_probes,
         stream,
+        stream_error,
         detaching,
         ..
     } = session.finish()?;
-    if let Some(stream) = stream {
-        stream.commit()?;
-    }
-    if let Some(output) = output {
-        crate::report::write_profile(&profile, output)?;
-    }
+    let outputs = super::write_outputs(&profile, stream, stream_error, output);
     drop(detaching);
     Ok(AttachOutcome {
         profile,
         slow_probes,
         detach,
+        outputs,
     })
 }
 

@@ -81,10 +81,11 @@ impl Sink for EventSink {
             let (processes, bytes, peak) = self.agg.live_view();
             live.publish(*folded, processes, bytes, peak);
         }
-        if let Some(stream) = &mut self.stream {
+        // After a failed write the stream is kept (its path names the
+        // error) but written no more.
+        if let Some(stream) = self.stream.as_mut().filter(|_| self.stream_error.is_none()) {
             if let Err(err) = stream.write(&rec) {
                 self.stream_error = Some(err);
-                self.stream = None;
             }
         }
     }

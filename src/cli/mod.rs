@@ -64,7 +64,9 @@ Exit status:
     73   an output cannot be written, or names an existing file and --force
          was not given (checked before the command starts; a stream output -
          a FIFO or a device - can also fail while written; for memtrail
-         report, also standard output)
+         report, also standard output, or an output that is the profile it
+         reads). The outputs of a capture are put in place together: when
+         one cannot be written none appears, and the summary is printed
     74   another tracer holds a conflicting uprobe (ref_ctr_offset mismatch)
     75   an executable image the command loaded could not be examined or probed
     76   a pressure pause did not recover within --pressure-timeout (tree killed)
@@ -80,7 +82,8 @@ Exit status:
     71   events were lost: the capture is incomplete, no report was written
     72   missing privileges or kernel feature
     73   an output cannot be written, or names an existing file and --force
-         was not given
+         was not given (when one cannot be written, none appears; the
+         summary is printed)
     74   another tracer holds a conflicting uprobe
     75   an executable image the process loaded could not be probed
     77   a pressure pause did not recover within --pressure-timeout: memtrail
@@ -93,9 +96,13 @@ const EVENTS_EXIT_CODES_HELP: &str = "\
 Exit status:
     0    the events were written (or standard output was closed early)
     2    bad usage
-    65   the file is not a memtrail binary event stream, or is corrupt
-    66   the file cannot be read
-    73   the output cannot be written";
+    65   the file is not a memtrail binary event stream, or is corrupt: a
+         checksum that does not match, a malformed record, a file cut short
+         (the message names the record and its offset; lines before it may
+         have been written to a stream output)
+    66   the file cannot be read (also: not a regular file - a FIFO or a
+         device is refused, not read)
+    73   the output cannot be written, or is the event stream itself";
 
 const REPORT_EXIT_CODES_HELP: &str = "\
 Exit status:
@@ -108,7 +115,9 @@ Exit status:
     66   the profile cannot be read (missing, no permission, not a regular
          file - a FIFO or a device is refused, not read - or larger than
          the 1 GiB a profile may have)
-    73   the report cannot be written (--output or standard output)";
+    73   the report cannot be written (--output or standard output), or
+         would be written over the profile itself (the same file, through a
+         symlink or a hard link too)";
 
 /// Track every heap allocation of a command's whole process tree with eBPF.
 #[derive(Debug, Parser)]
@@ -660,7 +669,7 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
         .transpose()?;
     let quiet = args.quiet;
     let pid = args.pid;
-    let outcome = with_status(quiet, |live| {
+    let mut outcome = with_status(quiet, |live| {
         opts.live = live;
         capture::attach(&opts, pid, args.duration, || {
             if !quiet {
@@ -672,6 +681,16 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
             }
         })
     })?;
+    let report = args.report.map(|format| ReportOptions {
+        format,
+        by: args.report_by.unwrap_or_default(),
+        top: None,
+    });
+    let written = commit_outputs(
+        std::mem::take(&mut outcome.outputs),
+        &outcome.profile,
+        report.as_ref().zip(report_output),
+    );
     if !args.quiet {
         let why = match outcome.detach {
             capture::Detach::Duration => "after --duration".to_owned(),
@@ -687,26 +706,19 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
         );
         let _ = write_summary(stderr, &outcome.profile, &outcome.slow_probes);
         if let Some(path) = output.filter(|p| p.as_os_str() != "-" && p.is_file()) {
-            let _ = writeln!(
-                stderr,
-                "memtrail: profile written to {} (memtrail report {0} ranks its allocation sites)",
-                path.display()
-            );
-        }
-    }
-    if let Some(format) = args.report {
-        let report = ReportOptions {
-            format,
-            by: args.report_by.unwrap_or_default(),
-            top: None,
-        };
-        match report_output {
-            Some(out) => render::write_report_file(&outcome.profile, &report, out)?,
-            None => {
-                let _ = render::write_report(&outcome.profile, &report, stderr);
+            if written.is_ok() {
+                let _ = writeln!(
+                    stderr,
+                    "memtrail: profile written to {} (memtrail report {0} ranks its allocation sites)",
+                    path.display()
+                );
             }
         }
     }
+    if let Some(report) = report.filter(|_| args.report_output.is_none()) {
+        let _ = render::write_report(&outcome.profile, &report, stderr);
+    }
+    written?;
     Ok(0)
 }
 
@@ -723,18 +735,24 @@ pub fn events(
     stdout: &mut impl Write,
 ) -> Result<u64, crate::events::EventsError> {
     use crate::events::EventsError;
-    let file = std::fs::File::open(&args.file).map_err(EventsError::Read)?;
-    let input = io::BufReader::with_capacity(1 << 20, file);
-    match args.output.filter(|p| p.as_os_str() != "-") {
+    // The reader every command shares: a regular file only (issue 28).
+    let input = render::open_input(&args.file).map_err(|source| EventsError::Open {
+        path: args.file.clone(),
+        source,
+    })?;
+    let output = args.output.as_deref().unwrap_or(std::path::Path::new("-"));
+    crate::report::check_not_input(output, &[("the event stream", &args.file, input.id())])?;
+    let input = io::BufReader::with_capacity(1 << 20, input.stream());
+    match Some(output).filter(|p| p.as_os_str() != "-") {
         Some(path) => {
-            let out = OutputFile::create(&path).map_err(|e| EventsError::Write(e.source))?;
+            let out = OutputFile::create(path)?;
             let mut w = BufWriter::with_capacity(
                 1 << 20,
                 out.file().try_clone().map_err(EventsError::Write)?,
             );
             let n = crate::events::to_jsonl(input, &mut w)?;
             drop(w);
-            out.commit().map_err(|e| EventsError::Write(e.source))?;
+            out.commit()?;
             Ok(n)
         }
         None => {
@@ -748,11 +766,13 @@ pub fn events(
 pub fn events_exit_code(err: &crate::events::EventsError) -> i32 {
     use crate::events::EventsError;
     match err {
-        EventsError::Read(_) => exit::PROFILE_UNREADABLE,
-        EventsError::Write(_) => exit::OUTPUT,
-        EventsError::NotBinary | EventsError::Version(_) | EventsError::Malformed { .. } => {
-            exit::PROFILE_INVALID
-        }
+        EventsError::Open { .. } | EventsError::Read(_) => exit::PROFILE_UNREADABLE,
+        EventsError::Write(_) | EventsError::Output(_) => exit::OUTPUT,
+        EventsError::NotBinary
+        | EventsError::Version(_)
+        | EventsError::Malformed { .. }
+        | EventsError::Corrupt { .. }
+        | EventsError::Truncated { .. } => exit::PROFILE_INVALID,
     }
 }
 
@@ -824,7 +844,10 @@ pub fn report_exit_code(err: &ReportError) -> i32 {
 
 /// Runs `memtrail report`, writing to `--output` or `stdout`.
 pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportError> {
-    let mut profile = render::load_profile(&args.profile)?;
+    let (mut profile, id) = render::load_profile_with_id(&args.profile)?;
+    // Never over the profile itself (issue 28), by whatever path.
+    let output = args.output.as_deref().unwrap_or(std::path::Path::new("-"));
+    crate::report::check_not_input(output, &[("the profile", &args.profile, id)])?;
     let filter = render::StackFilter {
         pids: args.pids,
         exes: args.exes,
@@ -911,37 +934,55 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     });
     // Even with --quiet: what memtrail did with a signal is not the summary.
     let _ = write_signal_notes(stderr);
-    let outcome = outcome?;
+    let mut outcome = outcome?;
+    let report = args.report.map(|format| ReportOptions {
+        format,
+        by: args.report_by.unwrap_or_default(),
+        top: None,
+    });
+    // Every output in place, or none; the summary either way (issue 28).
+    let written = commit_outputs(
+        std::mem::take(&mut outcome.outputs),
+        &outcome.profile,
+        report.as_ref().zip(report_output),
+    );
     if !args.quiet {
         // A closed stderr must not turn a good capture into a failure.
         let _ = write_summary(stderr, &outcome.profile, &outcome.slow_probes);
         // Where the profile went, when it is a file (not a stream).
         if let Some(path) = output.filter(|p| p.as_os_str() != "-" && p.is_file()) {
-            let _ = writeln!(
-                stderr,
-                "memtrail: profile written to {} (memtrail report {0} ranks its allocation sites)",
-                path.display()
-            );
-        }
-    }
-    if let Some(format) = args.report {
-        let report = ReportOptions {
-            format,
-            by: args.report_by.unwrap_or_default(),
-            top: None,
-        };
-        match report_output {
-            Some(out) => render::write_report_file(&outcome.profile, &report, out)?,
-            // Only text gets here (clap requires --report-output otherwise).
-            None => {
-                if !args.quiet {
-                    let _ = writeln!(stderr);
-                }
-                let _ = render::write_report(&outcome.profile, &report, stderr);
+            if written.is_ok() {
+                let _ = writeln!(
+                    stderr,
+                    "memtrail: profile written to {} (memtrail report {0} ranks its allocation sites)",
+                    path.display()
+                );
             }
         }
     }
+    // Only text gets here without --report-output (clap requires it
+    // otherwise).
+    if let Some(report) = report.filter(|_| args.report_output.is_none()) {
+        if !args.quiet {
+            let _ = writeln!(stderr);
+        }
+        let _ = render::write_report(&outcome.profile, &report, stderr);
+    }
+    written?;
     Ok(outcome.exit_code)
+}
+
+/// Writes the --report file into `outputs` and puts them all in place, or
+/// none of them.
+fn commit_outputs(
+    mut outputs: crate::report::Outputs,
+    profile: &crate::report::Profile,
+    report: Option<(&ReportOptions, OutputFile)>,
+) -> Result<(), CaptureError> {
+    if let Some((opts, out)) = report {
+        outputs.write(out, |out| render::stage_report(profile, opts, out));
+    }
+    Ok(outputs.commit()?)
 }
 
 /// Where the profile goes without --output: `memtrail.CMD.PID.json` in the

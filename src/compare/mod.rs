@@ -3,10 +3,12 @@
 //! each regressed benchmark the allocation sites that changed most.
 //!
 //! A comparison is a pure function of the two documents (and the profiles
-//! they name, for sites): the same inputs give the same report. Every
-//! metric is smaller-is-better; a change is a regression when the new value
-//! exceeds the base by more than the metric's threshold, an improvement when
-//! it falls short of it by more. Sites are matched across the two by their
+//! they name, for sites): the same inputs give the same report. Each metric
+//! has its direction ([`Metric::judged`]): a smaller-is-better metric
+//! regresses when the new value exceeds the base by more than its threshold
+//! and improves when it falls short of it by more; frees and temporary
+//! allocations are shown but never judged, so that a fix in one metric (a
+//! leak freed) never makes another regress. Sites are matched across the two by their
 //! folded stack of function names ([`crate::bench::results::site_key`]), so
 //! another build's addresses and moved lines do not split a site.
 
@@ -58,11 +60,18 @@ pub enum Limit {
     Percent(f64),
     /// An absolute amount (count or bytes).
     Absolute(u64),
+    /// No limit (`inf`): the metric is shown, and never a regression.
+    Inf,
 }
 
 impl Limit {
     fn parse(s: &str) -> Result<Self, String> {
-        let bad = || format!("invalid threshold `{s}`: use a percentage (1%, 0.5%) or a number");
+        let bad =
+            || format!("invalid threshold `{s}`: use a percentage (1%, 0.5%), a number, or inf");
+        let s = s.trim();
+        if s == "inf" {
+            return Ok(Self::Inf);
+        }
         match s.strip_suffix('%') {
             Some(p) => {
                 let v: f64 = p.trim().parse().map_err(|_| bad())?;
@@ -72,7 +81,7 @@ impl Limit {
                     Err(bad())
                 }
             }
-            None => s.trim().parse().map(Self::Absolute).map_err(|_| bad()),
+            None => s.parse().map(Self::Absolute).map_err(|_| bad()),
         }
     }
 
@@ -81,6 +90,7 @@ impl Limit {
         match self {
             Self::Percent(p) => base as f64 * p / 100.0,
             Self::Absolute(n) => n as f64,
+            Self::Inf => f64::INFINITY,
         }
     }
 
@@ -88,6 +98,7 @@ impl Limit {
         match self {
             Self::Percent(p) => format!("{p}%"),
             Self::Absolute(n) => grouped(n),
+            Self::Inf => "inf".to_owned(),
         }
     }
 }
@@ -110,37 +121,69 @@ impl Default for Thresholds {
 }
 
 impl Thresholds {
-    /// Parses `1%`, `peak=0.5%,allocations=0`, or both mixed, adding to
-    /// `self`.
-    pub fn add(&mut self, s: &str) -> Result<(), String> {
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            match part.split_once('=') {
-                Some((name, limit)) => {
-                    let m = Metric::from_name(name.trim()).ok_or_else(|| {
-                        format!(
-                            "unknown metric `{name}` in --threshold: use one of {}",
-                            Metric::ALL.map(Metric::key).join(", ")
-                        )
-                    })?;
-                    self.per_metric.insert(m.key(), Limit::parse(limit)?);
-                }
-                None => self.default = Limit::parse(part)?,
-            }
-        }
-        Ok(())
-    }
-
+    /// The limit of metric `m`: none for a metric that is not judged.
     pub fn for_metric(&self, m: Metric) -> Limit {
+        if !m.judged() {
+            return Limit::Inf;
+        }
         self.per_metric
             .get(m.key())
             .copied()
             .unwrap_or(self.default)
     }
 
+    /// Parses every `--threshold` value: `1%`, `peak=0.5%,allocations=0`,
+    /// or both mixed. Refuses an empty value or entry, a limit given twice
+    /// for every metric or for one metric (issue 26: the last one silently
+    /// won), and a finite limit for a metric that is not judged.
     pub fn parse_all(values: &[String]) -> Result<Self, String> {
         let mut t = Self::default();
-        for v in values {
-            t.add(v)?;
+        // What each limit was given as, by metric (None: every metric).
+        let mut given: BTreeMap<Option<Metric>, String> = BTreeMap::new();
+        for value in values {
+            for part in value.split(',').map(str::trim) {
+                if part.is_empty() {
+                    return Err(format!(
+                        "--threshold `{value}` has an empty limit: give one for every metric \
+                         (`1%`), for one metric (`peak=0.5%`), or several separated by commas"
+                    ));
+                }
+                let (metric, limit) = match part.split_once('=') {
+                    Some((name, limit)) => {
+                        let m = Metric::from_name(name.trim()).ok_or_else(|| {
+                            format!(
+                                "unknown metric `{}` in --threshold: use one of {}",
+                                name.trim(),
+                                Metric::ALL.map(Metric::key).join(", ")
+                            )
+                        })?;
+                        (Some(m), Limit::parse(limit)?)
+                    }
+                    None => (None, Limit::parse(part)?),
+                };
+                if let Some(first) = given.insert(metric, part.to_owned()) {
+                    let whose = metric
+                        .map_or_else(|| "every metric".to_owned(), |m| format!("`{}`", m.key()));
+                    return Err(format!(
+                        "--threshold gives the limit of {whose} twice (`{first}` and `{part}`): \
+                         give it once"
+                    ));
+                }
+                match metric {
+                    Some(m) if !m.judged() && limit != Limit::Inf => {
+                        return Err(format!(
+                            "`{part}` in --threshold: `{}` is not judged ({}), so it never \
+                             regresses and takes no limit but `inf`",
+                            m.key(),
+                            m.why_not_judged()
+                        ));
+                    }
+                    Some(m) => {
+                        t.per_metric.insert(m.key(), limit);
+                    }
+                    None => t.default = limit,
+                }
+            }
         }
         Ok(t)
     }
@@ -148,17 +191,19 @@ impl Thresholds {
 
 /// clap parser: checks one `--threshold` value.
 pub fn check_threshold(s: &str) -> Result<String, String> {
-    Thresholds::default().add(s).map(|()| s.to_owned())
+    Thresholds::parse_all(&[s.to_owned()]).map(|_| s.to_owned())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Verdict {
     Unchanged,
     /// Changed, but within the threshold.
     Within,
     Improved,
     Regressed,
+    /// Changed, in a metric that is not judged ([`Metric::judged`]).
+    NotJudged,
 }
 
 impl Verdict {
@@ -168,6 +213,7 @@ impl Verdict {
             Self::Within => "within threshold",
             Self::Improved => "improved",
             Self::Regressed => "REGRESSED",
+            Self::NotJudged => "not judged",
         }
     }
 }
@@ -181,6 +227,9 @@ pub struct MetricChange {
     /// Percent of the base; `null` when the base is 0.
     pub percent: Option<f64>,
     pub threshold: Limit,
+    /// Whether the metric has a verdict of its own (smaller is better), or
+    /// is shown only ([`Metric::judged`]).
+    pub judged: bool,
     pub verdict: Verdict,
 }
 
@@ -233,26 +282,34 @@ pub struct Comparison {
 pub struct Input {
     pub path: PathBuf,
     pub results: Results,
+    /// The file's device and inode (an output must not be written over
+    /// it), if it was read from a file.
+    pub id: Option<render::FileId>,
 }
 
 impl Input {
-    /// Reads `path`, a results document or a profile.
+    /// Reads `path`, a results document or a profile, through the reader
+    /// every command shares ([`render::open_input`]: a regular file, at
+    /// most 1 GiB, parsed in bounded memory).
     pub fn load(path: &Path) -> Result<Self, CompareError> {
-        let text = std::fs::read(path).map_err(|source| CompareError::Read {
+        let read = |source| CompareError::Read {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let mut input = render::open_input(path).map_err(read)?;
         #[derive(serde::Deserialize)]
         struct Header {
             format: Option<serde_json::Value>,
         }
-        let found = serde_json::from_slice::<Header>(&text)
-            .ok()
-            .and_then(|h| h.format);
+        let found = match input.json::<Header>(render::MAX_PROFILE_BYTES, "a document") {
+            Ok(h) => h.format,
+            Err(render::JsonError::Read(e)) => return Err(read(e)),
+            Err(render::JsonError::Invalid(_)) => None,
+        };
         let results = match found.as_ref().and_then(|f| f.as_str()) {
-            Some(bench::results::RESULTS_FORMAT) => bench::parse_results(path, &text)?,
+            Some(bench::results::RESULTS_FORMAT) => bench::read_results(&mut input, path)?,
             Some(crate::report::PROFILE_FORMAT) => {
-                let profile = render::load_profile(path)?;
+                let profile = render::read_profile(&mut input, path)?;
                 let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
                 let dir = abs.parent().map(Path::to_owned).unwrap_or_default();
                 let file = PathBuf::from(abs.file_name().unwrap_or_default());
@@ -276,14 +333,59 @@ impl Input {
         Ok(Self {
             path: path.to_owned(),
             results,
+            id: Some(input.id()),
         })
     }
 
-    /// The representative profile of a benchmark, if it can be read.
+    /// The representative profile of a benchmark, if it can be read: the
+    /// first of its places ([`Results::profile_paths`]) that holds it, and,
+    /// where the results have its SHA-256, only the one with those bytes
+    /// (issue 26: two results files of two benches in the same directory
+    /// named one profile, and the later one's was compared with itself).
     fn profile(&self, r: &BenchResult) -> Result<Profile, String> {
         let doc_dir = self.path.parent();
-        let path = self.results.profile_path(&r.profile, doc_dir);
-        render::load_profile(&path).map_err(|e| error_chain(&e))
+        let paths = self.results.profile_paths(&r.profile, doc_dir);
+        let want = r.sha256.get(&*r.profile.to_string_lossy());
+        let mut first_err = None;
+        let mut mismatched = Vec::new();
+        for path in &paths {
+            let read = |source| ReportError::Read {
+                path: path.clone(),
+                source,
+            };
+            let attempt = render::open_input(path)
+                .map_err(read)
+                .and_then(|mut input| {
+                    if let Some(want) = want {
+                        let got = input
+                            .sha256(render::MAX_PROFILE_BYTES, "a profile")
+                            .map_err(read)?;
+                        if got != *want {
+                            mismatched.push(path.display().to_string());
+                            return Ok(None);
+                        }
+                    }
+                    render::read_profile(&mut input, path).map(Some)
+                });
+            match attempt {
+                Ok(Some(profile)) => return Ok(profile),
+                Ok(None) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if !mismatched.is_empty() {
+            return Err(format!(
+                "{} {} not the profile {} was made with (its SHA-256 differs): a later \
+                 `memtrail bench` replaced it; keep the results of separate benches apart \
+                 (--save-baseline NAME, or --dir)",
+                mismatched.join(" and "),
+                if mismatched.len() == 1 { "is" } else { "are" },
+                self.path.display()
+            ));
+        }
+        Err(first_err.map_or_else(|| "no profile".to_owned(), |e| error_chain(&e)))
     }
 }
 
@@ -298,11 +400,18 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     msg
 }
 
+/// The verdict on metric `m` of one benchmark. Each metric is judged on
+/// its own direction ([`Metric::judged`]): smaller is better, or not
+/// judged at all (frees, temporary allocations: a change in them follows
+/// from another metric's, such as a leak fixed, and is never a regression
+/// of its own, issue 26).
 fn judge(m: Metric, base: &Stat, new: &Stat, t: Limit) -> MetricChange {
     let change = i128::from(new.value) - i128::from(base.value);
     let allowed = t.allowed(base.value);
     let verdict = if change == 0 {
         Verdict::Unchanged
+    } else if !m.judged() {
+        Verdict::NotJudged
     } else if change as f64 > allowed {
         Verdict::Regressed
     } else if (-change) as f64 > allowed {
@@ -317,6 +426,7 @@ fn judge(m: Metric, base: &Stat, new: &Stat, t: Limit) -> MetricChange {
         change,
         percent: (base.value != 0).then(|| change as f64 * 100.0 / base.value as f64),
         threshold: t,
+        judged: m.judged(),
         verdict,
     }
 }
@@ -734,9 +844,41 @@ mod tests {
         assert_eq!(t.for_metric(Metric::PeakLiveBytes), Limit::Percent(0.5));
         assert_eq!(t.for_metric(Metric::Allocations), Limit::Absolute(0));
         assert_eq!(t.for_metric(Metric::LeakedBytes), Limit::Absolute(4096));
-        assert_eq!(t.for_metric(Metric::Frees), Limit::Absolute(0), "default");
-        for bad in ["x", "-1%", "nan%", "speed=1%", "peak=", "1.5"] {
+        assert_eq!(
+            t.for_metric(Metric::AllocatedBytes),
+            Limit::Absolute(0),
+            "default"
+        );
+        assert_eq!(t.for_metric(Metric::Frees), Limit::Inf, "not judged");
+        let t = Thresholds::parse_all(&["inf,frees=inf,mmap=inf".into()]).unwrap();
+        assert_eq!(t.for_metric(Metric::Allocations), Limit::Inf);
+        assert_eq!(t.for_metric(Metric::MmapPeakBytes), Limit::Inf);
+        for bad in [
+            "x",
+            "-1%",
+            "nan%",
+            "speed=1%",
+            "peak=",
+            "1.5",
+            "",
+            "1%,",
+            ",1%",
+            "infinity",
+            "frees=0",
+            "temporary=1%",
+        ] {
             assert!(Thresholds::parse_all(&[bad.into()]).is_err(), "{bad}");
+        }
+        for twice in [
+            vec!["peak=0.5%,peak=1%"],
+            vec!["peak=0.5%,peak_live_bytes=1%"],
+            vec!["1%,2%"],
+            vec!["peak=1%", "peak=1%"],
+            vec!["1%", "leaked=0,2%"],
+        ] {
+            let values: Vec<String> = twice.iter().map(|s| s.to_string()).collect();
+            let err = Thresholds::parse_all(&values).unwrap_err();
+            assert!(err.contains("twice"), "{twice:?}: {err}");
         }
     }
 
@@ -752,6 +894,14 @@ mod tests {
         assert_eq!(v(0, 1, pct), Verdict::Regressed, "growth from 0");
         assert_eq!(v(10, 11, Limit::Absolute(0)), Verdict::Regressed);
         assert_eq!(v(10, 11, Limit::Absolute(1)), Verdict::Within);
+        assert_eq!(v(10, 1 << 40, Limit::Inf), Verdict::Within);
+        // Frees and temporary allocations are never judged (issue 26).
+        for m in [Metric::Frees, Metric::TemporaryAllocations] {
+            let v = |b, n| judge(m, &s(b), &s(n), Limit::Absolute(0)).verdict;
+            assert_eq!(v(0, 10), Verdict::NotJudged, "{m:?}");
+            assert_eq!(v(10, 0), Verdict::NotJudged, "{m:?}");
+            assert_eq!(v(10, 10), Verdict::Unchanged, "{m:?}");
+        }
     }
 
     #[test]

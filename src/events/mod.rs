@@ -1,12 +1,15 @@
 //! The compact binary event stream (`.mtev`, format in docs/events.md) and
 //! its reader.
 //!
-//! A stream is zstd-compressed; inside, an 8-byte header (`MTEV`, version,
-//! three zero bytes) and then one record per event: a LEB128 length and the
-//! record's bytes. Numbers are LEB128 varints; signed ones and deltas are
-//! zigzag-encoded. Timestamps, pids and addresses are deltas against the
-//! previous record, so that a malloc/free loop takes a few bytes a record
-//! before compression and about one after.
+//! A stream is one zstd frame with its content checksum (XXH64, which zstd
+//! checks when the frame ends: a flipped bit anywhere fails the read, issue
+//! 28); inside, an 8-byte header (`MTEV`, version, three zero bytes) and then
+//! one record per event: a LEB128 length and the record's bytes. Version 1
+//! streams, written before the checksum, are still read (without it).
+//! Numbers are LEB128 varints; signed ones and deltas are zigzag-encoded.
+//! Timestamps, pids and addresses are deltas against the previous record,
+//! so that a malloc/free loop takes a few bytes a record before compression
+//! and about one after.
 //!
 //! [`Encoder`] and [`Decoder`] keep the delta state; they hold no file. The
 //! encoder runs on the events poller, allocating nothing per record.
@@ -17,10 +20,22 @@ use crate::record::{Body, Header, Kind, Mem, Record};
 
 /// The header that opens the decompressed stream.
 pub const MAGIC: [u8; 4] = *b"MTEV";
-/// The format version this code writes and reads.
-pub const VERSION: u8 = 1;
+/// The format version this code writes: 2, whose zstd frame has its
+/// content checksum.
+pub const VERSION: u8 = 2;
+/// The oldest version this code reads: 1, the same records in a frame
+/// without a checksum.
+pub const OLDEST_VERSION: u8 = 1;
 /// zstd's frame magic, which opens a binary stream file.
 pub const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// The Content_Checksum_flag of a zstd frame header's descriptor (the byte
+/// after the magic; RFC 8878, 3.1.1.1.1).
+const ZSTD_CHECKSUM_FLAG: u8 = 1 << 2;
+
+/// The largest zstd window a reader accepts (2^24 bytes): the writer's
+/// level 1 uses 2^19, and the window is the decoder's memory.
+const WINDOW_LOG_MAX: u32 = 24;
 
 /// zstd level of written streams: level 1 keeps pace with the events
 /// poller and already takes a malloc/free loop to ~1 byte an event.
@@ -40,16 +55,48 @@ const F_STACK: u8 = 1 << 4;
 /// Why a stream could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum EventsError {
+    #[error("cannot read the event stream {}", path.display())]
+    Open {
+        path: std::path::PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("reading the event stream failed")]
     Read(#[source] io::Error),
     #[error("writing the events failed")]
     Write(#[source] io::Error),
+    #[error(transparent)]
+    Output(#[from] crate::report::OutputError),
     #[error("not a memtrail binary event stream (no zstd frame or no MTEV header)")]
     NotBinary,
-    #[error("unsupported event stream version {0} (this memtrail reads version {VERSION})")]
+    #[error(
+        "unsupported event stream version {0} (this memtrail reads versions \
+         {OLDEST_VERSION} to {VERSION})"
+    )]
     Version(u8),
-    #[error("record {index} is malformed: {what}")]
-    Malformed { index: u64, what: &'static str },
+    #[error("record {index} (byte {offset} of the decompressed stream) is malformed: {what}")]
+    Malformed {
+        index: u64,
+        offset: u64,
+        what: &'static str,
+    },
+    /// The zstd frame is corrupt (its checksum, a block, or bytes around
+    /// it): `index` and `offset` say how far the records were read.
+    #[error(
+        "the event stream is corrupt at record {index} (byte {offset} of the decompressed \
+         stream): {cause}"
+    )]
+    Corrupt {
+        index: u64,
+        offset: u64,
+        cause: String,
+    },
+    /// The file ends inside the zstd frame.
+    #[error(
+        "the event stream ends early, at record {index} (byte {offset} of the decompressed \
+         stream): the file was cut short (a capture that did not finish, or a partial copy)"
+    )]
+    Truncated { index: u64, offset: u64 },
 }
 
 impl EventsError {
@@ -82,6 +129,16 @@ struct State {
     ts: u64,
     pid: u32,
     addr: u64,
+}
+
+/// The zstd frame a binary stream is written into, over `w`: level
+/// [`LEVEL`], the content checksum on, the header written. Each record then
+/// goes through [`Encoder::encode`]; `finish` ends the frame.
+pub fn compressor<W: Write>(w: W) -> io::Result<zstd::stream::write::Encoder<'static, W>> {
+    let mut zstd = zstd::stream::write::Encoder::new(w, LEVEL)?;
+    zstd.include_checksum(true)?;
+    zstd.write_all(&Encoder::header())?;
+    Ok(zstd)
 }
 
 /// Turns records into the stream's bytes (before compression).
@@ -158,18 +215,23 @@ pub struct Decoder<R> {
     state: State,
     buf: Vec<u8>,
     index: u64,
+    /// Bytes of the decompressed stream read so far.
+    offset: u64,
+    version: u8,
 }
 
 /// A cursor over one record's bytes.
 struct Cursor<'a> {
     bytes: &'a [u8],
     index: u64,
+    offset: u64,
 }
 
 impl<'a> Cursor<'a> {
     fn malformed(&self, what: &'static str) -> EventsError {
         EventsError::Malformed {
             index: self.index,
+            offset: self.offset,
             what,
         }
     }
@@ -208,45 +270,67 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Reads one LEB128 number from `input`; None at a clean end of input.
-fn read_len(input: &mut impl Read) -> Result<Option<u64>, EventsError> {
-    let mut v = 0u64;
-    for (i, shift) in (0..64).step_by(7).enumerate() {
-        let mut byte = [0u8];
-        match input.read_exact(&mut byte) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && i == 0 => return Ok(None),
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                return Err(EventsError::Malformed {
-                    index: 0,
-                    what: "truncated length",
-                });
-            }
-            Err(e) => return Err(EventsError::Read(e)),
-        }
-        v |= u64::from(byte[0] & 0x7f) << shift;
-        if byte[0] & 0x80 == 0 {
-            return Ok(Some(v));
+/// An error of the file under the zstd decoder, told apart from the
+/// decoder's own (a corrupt frame): see [`Tagged`].
+#[derive(Debug)]
+struct FileError(io::Error);
+
+impl std::fmt::Display for FileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for FileError {}
+
+/// The compressed input, its errors tagged as the file's ([`FileError`]):
+/// a failed read is exit 66, a corrupt stream 65.
+struct Tagged<R>(R);
+
+fn tag(e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), FileError(e))
+}
+
+impl<R: Read> Read for Tagged<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf).map_err(tag)
+    }
+}
+
+impl<R: BufRead> BufRead for Tagged<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        self.0.fill_buf().map_err(tag)
+    }
+
+    fn consume(&mut self, amt: usize) {
+        self.0.consume(amt)
+    }
+}
+
+/// Reads into `buf` until it is full or the input ends; returns how much
+/// was read (less than `buf.len()` only at the end of the input).
+fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
-    Err(EventsError::Malformed {
-        index: 0,
-        what: "a length longer than 64 bits",
-    })
+    Ok(n)
 }
 
 impl<R: Read> Decoder<R> {
     /// Reads and checks the header of decompressed `input`.
     pub fn new(mut input: R) -> Result<Self, EventsError> {
         let mut header = [0u8; 8];
-        input.read_exact(&mut header).map_err(|e| match e.kind() {
-            io::ErrorKind::UnexpectedEof => EventsError::NotBinary,
-            _ => EventsError::Read(e),
-        })?;
-        if header[..4] != MAGIC {
+        let n = read_full(&mut input, &mut header).map_err(|e| input_error(e, 0, 0))?;
+        if n < header.len() || header[..4] != MAGIC {
             return Err(EventsError::NotBinary);
         }
-        if header[4] != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&header[4]) {
             return Err(EventsError::Version(header[4]));
         }
         Ok(Self {
@@ -254,44 +338,109 @@ impl<R: Read> Decoder<R> {
             state: State::default(),
             buf: Vec::new(),
             index: 0,
+            offset: header.len() as u64,
+            version: header[4],
         })
     }
 
-    /// Calls `f` with each record, in stream order.
+    /// The stream's format version.
+    pub fn version(&self) -> u8 {
+        self.version
+    }
+
+    /// Bytes of the decompressed stream read so far.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    fn malformed(&self, what: &'static str) -> EventsError {
+        EventsError::Malformed {
+            index: self.index,
+            offset: self.offset,
+            what,
+        }
+    }
+
+    /// Reads one record's LEB128 length; None at a clean end of input.
+    fn read_len(&mut self) -> Result<Option<(u64, u64)>, EventsError> {
+        let mut v = 0u64;
+        for (i, shift) in (0..64).step_by(7).enumerate() {
+            let mut byte = [0u8];
+            let n = read_full(&mut self.input, &mut byte)
+                .map_err(|e| input_error(e, self.index, self.offset))?;
+            match n {
+                0 if i == 0 => return Ok(None),
+                0 => return Err(self.malformed("the stream ends inside a record's length")),
+                _ => {}
+            }
+            v |= u64::from(byte[0] & 0x7f) << shift;
+            if byte[0] & 0x80 == 0 {
+                return Ok(Some((v, i as u64 + 1)));
+            }
+        }
+        Err(self.malformed("a length longer than 64 bits"))
+    }
+
+    /// Calls `f` with each record, in stream order; returns the number of
+    /// records read.
     pub fn for_each(
-        mut self,
+        &mut self,
         mut f: impl FnMut(&Record<'_>) -> Result<(), EventsError>,
     ) -> Result<u64, EventsError> {
         loop {
-            let Some(len) = read_len(&mut self.input)? else {
+            let Some((len, prefix)) = self.read_len()? else {
                 return Ok(self.index);
             };
             let len = usize::try_from(len)
                 .ok()
                 .filter(|&l| l <= MAX_RECORD)
-                .ok_or(EventsError::Malformed {
-                    index: self.index,
-                    what: "a record longer than 64 KiB",
-                })?;
+                .ok_or_else(|| self.malformed("a record longer than 64 KiB"))?;
             self.buf.resize(len, 0);
-            self.input
-                .read_exact(&mut self.buf)
-                .map_err(|e| match e.kind() {
-                    io::ErrorKind::UnexpectedEof => EventsError::Malformed {
-                        index: self.index,
-                        what: "truncated record",
-                    },
-                    _ => EventsError::Read(e),
-                })?;
-            let rec = decode(&self.buf, &mut self.state, self.index)?;
+            let n = read_full(&mut self.input, &mut self.buf)
+                .map_err(|e| input_error(e, self.index, self.offset))?;
+            if n < len {
+                return Err(self.malformed("the stream ends inside a record"));
+            }
+            let rec = decode(&self.buf, &mut self.state, self.index, self.offset)?;
             f(&rec)?;
             self.index += 1;
+            self.offset += prefix + len as u64;
         }
     }
 }
 
-fn decode<'a>(bytes: &'a [u8], s: &mut State, index: u64) -> Result<Record<'a>, EventsError> {
-    let mut c = Cursor { bytes, index };
+/// What an error reading the decompressed stream means: the file's own
+/// (tagged by [`Tagged`]) could not be read; the zstd decoder's is a
+/// corrupt or cut-short frame, found at record `index`.
+fn input_error(e: io::Error, index: u64, offset: u64) -> EventsError {
+    if e.get_ref().is_some_and(|inner| inner.is::<FileError>()) {
+        let inner = e.into_inner().expect("checked above");
+        return match inner.downcast::<FileError>() {
+            Ok(file) => EventsError::Read(file.0),
+            Err(other) => EventsError::Read(io::Error::other(other)),
+        };
+    }
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        return EventsError::Truncated { index, offset };
+    }
+    EventsError::Corrupt {
+        index,
+        offset,
+        cause: format!("zstd: {e}"),
+    }
+}
+
+fn decode<'a>(
+    bytes: &'a [u8],
+    s: &mut State,
+    index: u64,
+    offset: u64,
+) -> Result<Record<'a>, EventsError> {
+    let mut c = Cursor {
+        bytes,
+        index,
+        offset,
+    };
     let kind = Kind::from_raw(u16::from(c.byte()?)).ok_or_else(|| c.malformed("unknown kind"))?;
     let flags = c.byte()?;
     s.ts = s.ts.wrapping_add(c.signed()? as u64);
@@ -349,17 +498,71 @@ fn decode<'a>(bytes: &'a [u8], s: &mut State, index: u64) -> Result<Record<'a>, 
 }
 
 /// Converts a binary stream file (`input`, compressed) to JSON lines on
-/// `out`; returns the number of events.
+/// `out`; returns the number of events. Memory stays bounded whatever the
+/// stream's size: one record at a time, in a zstd window of at most 2^24
+/// bytes. A corrupt stream fails ([`EventsError::Corrupt`], or `Malformed`,
+/// `Truncated`) once it is found: with a version 2 stream, at the latest
+/// when the frame's checksum is checked at its end, after the lines of the
+/// records before were written.
 pub fn to_jsonl(input: impl BufRead, out: &mut impl Write) -> Result<u64, EventsError> {
-    let mut input = input;
-    let head = input.fill_buf().map_err(EventsError::Read)?;
-    if head.len() < 4 || head[..4] != ZSTD_MAGIC {
+    let mut input = Tagged(input);
+    let head = input.fill_buf().map_err(|e| input_error(e, 0, 0))?.to_vec();
+    if head.len() < 5 {
+        // Part of a zstd frame's magic and descriptor: cut short.
+        return Err(
+            if !head.is_empty() && ZSTD_MAGIC.starts_with(&head[..head.len().min(4)]) {
+                EventsError::Truncated {
+                    index: 0,
+                    offset: 0,
+                }
+            } else {
+                EventsError::NotBinary
+            },
+        );
+    }
+    if head[..4] != ZSTD_MAGIC {
         return Err(EventsError::NotBinary);
     }
-    let zstd = zstd::stream::read::Decoder::with_buffer(input).map_err(EventsError::Read)?;
-    let decoder = Decoder::new(zstd)?;
+    let checksum = head[4] & ZSTD_CHECKSUM_FLAG != 0;
+    let mut zstd = zstd::stream::read::Decoder::with_buffer(input)
+        .map_err(EventsError::Read)?
+        .single_frame();
+    zstd.window_log_max(WINDOW_LOG_MAX)
+        .map_err(EventsError::Read)?;
+    let mut decoder = match Decoder::new(&mut zstd) {
+        // A version this memtrail does not know, or a corrupt header: with
+        // a checksum, the whole frame says which.
+        Err(EventsError::Version(v)) if checksum => {
+            io::copy(&mut zstd, &mut io::sink()).map_err(|e| input_error(e, 0, 0))?;
+            return Err(EventsError::Version(v));
+        }
+        other => other?,
+    };
+    if decoder.version() >= 2 && !checksum {
+        return Err(EventsError::Corrupt {
+            index: 0,
+            offset: 0,
+            cause: format!(
+                "a version {} stream whose zstd frame has no checksum",
+                decoder.version()
+            ),
+        });
+    }
     let n = decoder
         .for_each(|rec| crate::report::stream::write_json(out, rec).map_err(EventsError::Write))?;
+    let offset = decoder.offset();
+    // The frame is the whole file.
+    let rest = zstd
+        .get_mut()
+        .fill_buf()
+        .map_err(|e| input_error(e, n, offset))?;
+    if !rest.is_empty() {
+        return Err(EventsError::Corrupt {
+            index: n,
+            offset,
+            cause: "bytes follow the end of the zstd frame".to_owned(),
+        });
+    }
     out.flush().map_err(EventsError::Write)?;
     Ok(n)
 }

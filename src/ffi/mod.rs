@@ -812,8 +812,10 @@ pub enum memtrail_metric {
 /// session and no privilege; any thread may call it.
 ///
 /// Errors: `MEMTRAIL_E_NULL`, `MEMTRAIL_E_INVALID` (format, metric, or a
-/// file that is not a profile this memtrail reads), `MEMTRAIL_E_NOT_FOUND`
-/// (no profile at `profile_path`), `MEMTRAIL_E_OUTPUT`.
+/// file that is not a profile this memtrail reads: not a regular file, over
+/// 1 GiB, not a valid profile), `MEMTRAIL_E_NOT_FOUND` (no profile at
+/// `profile_path`), `MEMTRAIL_E_OUTPUT` (also: `out_path` is the profile
+/// itself, by any path, which is never written over).
 ///
 /// # Safety
 /// `profile_path` and `out_path` are NULL or NUL-terminated strings.
@@ -852,7 +854,7 @@ pub unsafe extern "C" fn memtrail_write_report(
                 std::path::Path::new(OsStr::from_bytes(CStr::from_ptr(out_path).to_bytes())),
             )
         };
-        let profile = match crate::render::load_profile(profile_path) {
+        let (profile, id) = match crate::render::load_profile_with_id(profile_path) {
             Ok(p) => p,
             Err(err) => {
                 let code = match &err {
@@ -872,7 +874,9 @@ pub unsafe extern "C" fn memtrail_write_report(
             by,
             top: Some(top as usize),
         };
-        let result = crate::report::OutputFile::create(out_path)
+        // Never over the profile itself (issue 28).
+        let result = crate::report::check_not_input(out_path, &[("the profile", profile_path, id)])
+            .and_then(|()| crate::report::OutputFile::create(out_path))
             .and_then(|out| crate::render::write_report_file(&profile, &opts, out));
         match result {
             Ok(()) => MEMTRAIL_OK,

@@ -1,23 +1,38 @@
-//! Reading a profile file for `memtrail report`.
+//! Reading the files memtrail is given: every command that reads a file
+//! (`report`, `compare`, `bench --from`/`--baseline`/`--suite`, `events`,
+//! the C ABI's `memtrail_write_report`) opens it with [`open_input`], so
+//! they all follow the same rules (issue 28):
 //!
-//! Only a regular file of at most [`MAX_PROFILE_BYTES`] is read: a device
-//! (`/dev/zero`) or a FIFO is refused before any read (a FIFO is opened
-//! without waiting for a writer), and a larger file before it fills memory.
+//! - Only a regular file is read: a FIFO is opened without waiting for a
+//!   writer and refused, like a device (`/dev/zero`), a directory or a
+//!   socket, before any byte is read.
+//! - A document read whole has a size cap ([`MAX_PROFILE_BYTES`],
+//!   [`MAX_SUITE_BYTES`]), checked on the file's size before any read and
+//!   again while reading (the file may grow meanwhile). A binary event
+//!   stream is read as a stream, in bounded memory, whatever its size.
+//! - Memory is bounded by what the document holds, not by its bytes: JSON
+//!   of more than [`IN_MEMORY_BYTES`] is parsed from a buffered reader
+//!   ([`InputFile::json`]), not from a copy of the file in memory.
+//! - The file's device and inode ([`InputFile::id`]) are kept, so that an
+//!   output naming the same file is refused rather than written over its
+//!   input ([`crate::report::check_not_input`]).
 //!
-//! The `format` and `version` fields are checked before the document is
-//! read as a profile, so a file of another kind or version gets an error
-//! that says so rather than a complaint about a missing field. Every field
-//! of the profile must then be present (`null` where the schema allows it).
+//! A profile's `format` and `version` are checked before its fields, so a
+//! file of another kind or version gets an error that says so rather than a
+//! complaint about a missing field. Every field of the profile must then be
+//! present (`null` where the schema allows it).
 
 use std::fs::{self, File};
-use std::io::{self, Read};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::io::{self, BufRead, BufReader, Read, Seek};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::ReportError;
+pub use crate::report::FileId;
 use crate::report::{PROFILE_FORMAT, PROFILE_VERSION, Profile};
 
 /// The fields that say what a document is.
@@ -28,10 +43,18 @@ struct Header {
     version: Option<Value>,
 }
 
-/// The largest profile `memtrail report` reads: 1 GiB, far above what a
-/// capture writes (a profile with 100,000 distinct stacks of 30 frames is
-/// about 500 MiB).
+/// The largest JSON document memtrail reads (a profile, bench results):
+/// 1 GiB, far above what a capture writes (a profile with 100,000 distinct
+/// stacks of 30 frames is about 500 MiB).
 pub const MAX_PROFILE_BYTES: u64 = 1 << 30;
+
+/// The largest JSON document parsed from a copy in memory; larger ones are
+/// parsed as they are read ([`InputFile::json`]).
+pub const IN_MEMORY_BYTES: u64 = 64 << 20;
+
+/// The largest bench suite file memtrail reads: 16 MiB (a suite of ten
+/// thousand benchmarks is about 1 MiB).
+pub const MAX_SUITE_BYTES: u64 = 16 << 20;
 
 /// What a file that is not a regular file is, for messages.
 fn kind_of(ft: fs::FileType) -> &'static str {
@@ -48,12 +71,21 @@ fn kind_of(ft: fs::FileType) -> &'static str {
     }
 }
 
-/// Reads the whole file at `path` if it is a regular file of at most
-/// [`MAX_PROFILE_BYTES`].
-fn read_capped(path: &Path) -> io::Result<Vec<u8>> {
+/// A regular file opened for reading (see the module docs).
+#[derive(Debug)]
+pub struct InputFile {
+    file: File,
+    len: u64,
+    id: FileId,
+}
+
+/// Opens `path` for reading if it is a regular file: a FIFO is opened
+/// without blocking and refused, like any other kind of file, before
+/// anything is read from it.
+pub fn open_input(path: &Path) -> io::Result<InputFile> {
     let file = File::options()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)?;
     let meta = file.metadata()?;
     if meta.is_dir() {
@@ -65,50 +97,225 @@ fn read_capped(path: &Path) -> io::Result<Vec<u8>> {
             format!("not a regular file ({})", kind_of(meta.file_type())),
         ));
     }
-    let too_large = || {
-        io::Error::new(
-            io::ErrorKind::FileTooLarge,
-            format!(
-                "larger than the {} GiB a profile may have",
-                MAX_PROFILE_BYTES >> 30
-            ),
-        )
-    };
-    if meta.len() > MAX_PROFILE_BYTES {
-        return Err(too_large());
+    // A regular file never blocks; reads need no O_NONBLOCK (and a file
+    // on a filesystem that honours it would fail them with EAGAIN).
+    let flags = rustix::fs::fcntl_getfl(&file)?;
+    rustix::fs::fcntl_setfl(&file, flags - rustix::fs::OFlags::NONBLOCK)?;
+    Ok(InputFile {
+        len: meta.len(),
+        id: (meta.dev(), meta.ino()),
+        file,
+    })
+}
+
+/// Reads `path` whole, as text, if it is a regular file of at most `cap`
+/// bytes (`what` names the kind of file in the message of a larger one).
+pub fn read_text(path: &Path, cap: u64, what: &str) -> io::Result<String> {
+    let mut input = open_input(path)?;
+    let mut text = String::with_capacity(input.len().min(cap) as usize);
+    input.reader(cap, what)?.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// Why [`InputFile::json`] failed.
+#[derive(Debug)]
+pub enum JsonError {
+    /// The file could not be read (or is larger than its cap).
+    Read(io::Error),
+    /// It is not JSON of the expected shape.
+    Invalid(serde_json::Error),
+}
+
+impl InputFile {
+    /// The file's device and inode.
+    pub fn id(&self) -> FileId {
+        self.id
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    // The file may grow while it is read.
-    file.take(MAX_PROFILE_BYTES + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_PROFILE_BYTES {
-        return Err(too_large());
+
+    /// Its size when it was opened.
+    pub fn len(&self) -> u64 {
+        self.len
     }
-    Ok(bytes)
+
+    /// Whether it was empty when opened.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reads the file from its start, failing once more than `cap` bytes
+    /// were read (`what`, e.g. "a profile", names the kind of file in that
+    /// message). Refuses a file already larger before reading anything.
+    pub fn reader(&mut self, cap: u64, what: &str) -> io::Result<impl BufRead + '_> {
+        let too_large = format!("larger than the {} {what} may have", shown_size(cap));
+        if self.len > cap {
+            return Err(io::Error::new(io::ErrorKind::FileTooLarge, too_large));
+        }
+        self.file.rewind()?;
+        Ok(BufReader::with_capacity(
+            1 << 16,
+            Capped {
+                inner: &mut self.file,
+                left: cap,
+                too_large,
+            },
+        ))
+    }
+
+    /// The SHA-256 of the file's bytes (at most `cap`), in hex as
+    /// `sha256sum` prints it.
+    pub fn sha256(&mut self, cap: u64, what: &str) -> io::Result<String> {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        let mut reader = self.reader(cap, what)?;
+        loop {
+            let chunk = reader.fill_buf()?;
+            if chunk.is_empty() {
+                break;
+            }
+            hasher.update(chunk);
+            let n = chunk.len();
+            reader.consume(n);
+        }
+        Ok(hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect())
+    }
+
+    /// The file from its current position, uncapped: for a stream read in
+    /// bounded memory whatever its size (a binary event stream).
+    pub fn stream(self) -> File {
+        self.file
+    }
+
+    /// Parses the whole file (from its start, at most `cap` bytes) as JSON
+    /// of type `T`. A file of up to [`IN_MEMORY_BYTES`] is read into memory
+    /// and parsed there (the fastest way); a larger one is parsed from a
+    /// buffered reader, so that memory follows what `T` keeps, not the
+    /// file's size (issue 28: a 1000 MiB file took 1.03 GB).
+    pub fn json<T: DeserializeOwned>(&mut self, cap: u64, what: &str) -> Result<T, JsonError> {
+        let len = self.len;
+        let mut reader = self.reader(cap, what).map_err(JsonError::Read)?;
+        let parsed = if len <= IN_MEMORY_BYTES {
+            let mut bytes = Vec::with_capacity(len as usize);
+            reader.read_to_end(&mut bytes).map_err(JsonError::Read)?;
+            serde_json::from_slice(&bytes)
+        } else {
+            serde_json::from_reader(reader)
+        };
+        parsed.map_err(|e| {
+            if e.is_io() {
+                JsonError::Read(e.into())
+            } else {
+                JsonError::Invalid(e)
+            }
+        })
+    }
+}
+
+/// `1 GiB`, `16 MiB`.
+fn shown_size(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b => format!("{b} bytes"),
+    }
+}
+
+/// A reader that fails once more than `left` bytes were asked of it.
+struct Capped<'a> {
+    inner: &'a mut File,
+    left: u64,
+    /// The message of that failure.
+    too_large: String,
+}
+
+impl Read for Capped<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        // One byte more than the cap tells a file that grew past it from
+        // one that ends there.
+        let want = buf.len().min(self.left.saturating_add(1) as usize);
+        let n = self.inner.read(&mut buf[..want])?;
+        if n as u64 > self.left {
+            return Err(io::Error::new(
+                io::ErrorKind::FileTooLarge,
+                self.too_large.clone(),
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 /// Reads and checks the profile at `path`.
 pub fn load_profile(path: &Path) -> Result<Profile, ReportError> {
-    let bytes = read_capped(path).map_err(|source| ReportError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    let invalid = |source| ReportError::Invalid {
+    load_profile_with_id(path).map(|(profile, _)| profile)
+}
+
+/// Reads and checks the profile at `path`; also returns its file's device
+/// and inode.
+pub fn load_profile_with_id(path: &Path) -> Result<(Profile, FileId), ReportError> {
+    let read_err = |source| ReportError::Read {
         path: path.to_owned(),
         source,
     };
-    let header: Header = serde_json::from_slice(&bytes).map_err(invalid)?;
+    let mut input = open_input(path).map_err(read_err)?;
+    let profile = read_profile(&mut input, path)?;
+    Ok((profile, input.id()))
+}
+
+/// Reads the profile of `input` (opened from `path`) and checks its format
+/// and version.
+pub fn read_profile(input: &mut InputFile, path: &Path) -> Result<Profile, ReportError> {
+    let parse = |input: &mut InputFile| input.json::<Profile>(MAX_PROFILE_BYTES, "a profile");
+    let what = |e| match e {
+        JsonError::Read(source) => ReportError::Read {
+            path: path.to_owned(),
+            source,
+        },
+        JsonError::Invalid(source) => ReportError::Invalid {
+            path: path.to_owned(),
+            source,
+        },
+    };
+    // One pass when it is a profile of this version; the header is read
+    // (a second pass, keeping only two fields) to say why when it is not.
+    let parsed = parse(input);
+    let (format, version) = match &parsed {
+        Ok(p) => (
+            Some(Value::from(p.format.clone())),
+            Some(Value::from(p.version)),
+        ),
+        Err(JsonError::Read(_)) => return parsed.map_err(what),
+        Err(JsonError::Invalid(_)) => {
+            let header: Header = input.json(MAX_PROFILE_BYTES, "a profile").map_err(what)?;
+            (header.format, header.version)
+        }
+    };
+    check_header(path, format, version)?;
+    parsed.map_err(what)
+}
+
+/// Refuses a document whose `format` or `version` is not a profile's of
+/// this memtrail.
+fn check_header(
+    path: &Path,
+    format: Option<Value>,
+    version: Option<Value>,
+) -> Result<(), ReportError> {
     let shown = |v: Option<Value>| v.map_or_else(|| "missing".to_owned(), |v| v.to_string());
-    if header.format.as_ref().and_then(Value::as_str) != Some(PROFILE_FORMAT) {
+    if format.as_ref().and_then(Value::as_str) != Some(PROFILE_FORMAT) {
         return Err(ReportError::Format {
             path: path.to_owned(),
-            found: shown(header.format),
+            found: shown(format),
         });
     }
-    if header.version.as_ref().and_then(Value::as_u64) != Some(u64::from(PROFILE_VERSION)) {
+    if version.as_ref().and_then(Value::as_u64) != Some(u64::from(PROFILE_VERSION)) {
         return Err(ReportError::Version {
             path: path.to_owned(),
-            found: shown(header.version),
+            found: shown(version),
         });
     }
-    serde_json::from_slice(&bytes).map_err(invalid)
+    Ok(())
 }

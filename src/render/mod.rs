@@ -29,7 +29,10 @@ mod timeline;
 use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 
-pub use load::load_profile;
+pub use load::{
+    FileId, InputFile, JsonError, MAX_PROFILE_BYTES, MAX_SUITE_BYTES, load_profile,
+    load_profile_with_id, open_input, read_profile, read_text,
+};
 
 use crate::report::{OutputError, OutputFile, Profile};
 
@@ -296,6 +299,17 @@ pub fn write_report_file(
     opts: &ReportOptions,
     out: OutputFile,
 ) -> Result<(), OutputError> {
+    stage_report(profile, opts, &out)?;
+    out.commit()
+}
+
+/// Renders the report of `profile` into `out`, without putting it in place
+/// (see [`crate::report::Outputs`]).
+pub fn stage_report(
+    profile: &Profile,
+    opts: &ReportOptions,
+    out: &OutputFile,
+) -> Result<(), OutputError> {
     let err = |source| OutputError {
         path: out.path().to_owned(),
         source,
@@ -303,7 +317,5 @@ pub fn write_report_file(
     let mut w = BufWriter::new(out.file());
     write_report(profile, opts, &mut w)
         .and_then(|()| w.flush())
-        .map_err(err)?;
-    drop(w);
-    out.commit()
+        .map_err(err)
 }

@@ -41,10 +41,14 @@ pub mod timeline;
 
 use std::collections::{BTreeMap, HashMap};
 
-pub use output::{OutputError, OutputFile, SameOutputError, check_distinct};
+pub use output::{
+    CommitError, FileId, OutputError, OutputFile, Outputs, SameOutputError, check_distinct,
+    check_not_input, commit_all,
+};
 pub use profile::{
     DIRECT_SYSCALL_FRAME, EndedEarly, ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION,
-    Profile, StackEntry, StackMetrics, UnwindReport, wait_status_code, write_profile,
+    Profile, StackEntry, StackMetrics, UnwindReport, stage_profile, wait_status_code,
+    write_profile,
 };
 pub use regions::RegionEntry;
 pub use stream::{EventWriter, EventsFormat};

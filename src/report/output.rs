@@ -16,15 +16,28 @@
 //!   existing file, linked under a temporary name `.NAME.XXXX.tmp` and
 //!   renamed over it). Until the commit the data has no name, so however
 //!   memtrail ends, SIGKILL included, no temporary file is left behind; only
-//!   the replacement of an existing file names it, for the two system calls
-//!   between the link and the rename. Where the directory's filesystem has
+//!   the replacement of an existing file names it, for the few system calls
+//!   between the link and the rename (the other outputs of the command are
+//!   linked in between, see below). Where the directory's filesystem has
 //!   no `O_TMPFILE` (vfat, exFAT, NFS, some FUSE filesystems), a named
 //!   temporary file `.NAME.XXXX.tmp` is created instead: it is removed on
 //!   every way memtrail ends except SIGKILL.
 //! - anything else (a directory, a block device, a socket) is refused.
 //!
 //! [`check_distinct`] refuses two outputs naming the same file: the same
-//! inode, or the same directory entry yet to be created, whatever the paths.
+//! inode, or the same directory entry yet to be created, whatever the paths;
+//! [`check_not_input`] an output that is one of the command's inputs (by
+//! device and inode: through a symlink, a hard link, or `-` when standard
+//! output is that file), which it would destroy (issue 28).
+//!
+//! A command with several outputs writes them one after the other and puts
+//! them in place together ([`Outputs`], [`commit_all`]): every file is
+//! written and flushed to disk, then each is linked under its name (a free
+//! name) or under a temporary one (to replace a file); a failure there
+//! unlinks what was linked, so no output appears. Only then are the
+//! temporary names renamed over the files they replace, which cannot fail
+//! for want of room or of a free name. A stream (`-`, a FIFO, a device) is
+//! written when its turn comes and cannot be taken back.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
@@ -62,6 +75,36 @@ pub struct OutputError {
     #[source]
     pub source: io::Error,
 }
+
+/// A file's device and inode: what makes two paths the same file.
+pub type FileId = (u64, u64);
+
+/// Outputs that failed together: the first error, and the outputs that were
+/// therefore not written (none appears when one fails).
+#[derive(Debug)]
+pub struct CommitError {
+    pub error: OutputError,
+    /// Files that would have been written but for `error`.
+    pub unwritten: Vec<PathBuf>,
+}
+
+impl std::fmt::Display for CommitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.error, self.error.source)?;
+        if !self.unwritten.is_empty() {
+            let names: Vec<String> = self.unwritten.iter().map(|p| shown(p)).collect();
+            write!(
+                f,
+                "; so {} {} not written either (outputs are written together or not at all)",
+                names.join(", "),
+                if names.len() == 1 { "was" } else { "were" }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for CommitError {}
 
 /// Two outputs name the same file.
 #[derive(Debug, thiserror::Error)]
@@ -227,6 +270,30 @@ pub fn check_distinct(outputs: &[(&'static str, &Path)]) -> Result<(), SameOutpu
     Ok(())
 }
 
+/// Refuses an output that is one of the command's inputs: `inputs` are
+/// each input's description (`the profile`), path and device and inode (as
+/// read, see [`crate::render::InputFile::id`]).
+pub fn check_not_input(output: &Path, inputs: &[(&str, &Path, FileId)]) -> Result<(), OutputError> {
+    let Some(Identity::Inode(dev, ino)) = identity(output) else {
+        // A file yet to be created is no input.
+        return Ok(());
+    };
+    match inputs.iter().find(|(_, _, id)| *id == (dev, ino)) {
+        Some((what, path, _)) => Err(OutputError {
+            path: output.to_owned(),
+            source: io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "it is {what} being read ({}): memtrail never writes over an input; name \
+                     another output",
+                    path.display()
+                ),
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// How the data reaches its destination.
 #[derive(Debug)]
 enum Kind {
@@ -330,39 +397,262 @@ impl OutputFile {
 
     /// Puts a file in place, flushed to disk; a stream is already written.
     pub fn commit(self) -> Result<(), OutputError> {
-        let replace = self.replace;
-        let path = self.path;
+        commit_all(vec![self]).map_err(|e| e.error)
+    }
+
+    /// Whether the output is a file put in place on commit (not a stream).
+    pub fn is_file(&self) -> bool {
+        !matches!(self.kind, Kind::Stream(_))
+    }
+
+    /// Flushes the file's data to disk.
+    fn sync(&self) -> Result<(), OutputError> {
+        let file = match &self.kind {
+            Kind::Stream(_) => return Ok(()),
+            Kind::Unnamed { file, .. } => file,
+            Kind::Named { tmp, .. } => tmp.as_file(),
+        };
+        file.sync_all().map_err(|source| OutputError {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// Links the file under its name, if free, or under a temporary name to
+    /// be renamed over the file it replaces (see [`commit_all`]).
+    fn place(self) -> Result<Placed, OutputError> {
+        let OutputFile {
+            kind,
+            path,
+            replace,
+        } = self;
         let err = |source| OutputError {
             path: path.clone(),
             source,
         };
-        match self.kind {
-            Kind::Stream(_) => Ok(()),
-            Kind::Named { tmp, target } => {
-                tmp.as_file().sync_all().map_err(err)?;
-                if replace {
-                    tmp.persist(&target).map_err(|e| err(e.error))?;
-                } else {
-                    tmp.persist_noclobber(&target)
-                        .map_err(|e| match e.error.kind() {
-                            io::ErrorKind::AlreadyExists => err(exists()),
-                            _ => err(e.error),
-                        })?;
-                }
-                Ok(())
-            }
+        match kind {
+            Kind::Stream(_) => Ok(Placed::Stream),
             Kind::Unnamed { file, dir, name } => {
-                file.sync_all().map_err(err)?;
-                if replace {
-                    link_into_place(&file, &dir, &name).map_err(err)
-                } else {
+                let id = file_id(&file).map_err(err)?;
+                match link_unnamed(&file, &dir, &name) {
+                    Ok(()) => Ok(Placed::New { dir, name, id }),
                     // linkat never replaces: a file that appeared meanwhile
-                    // stays.
-                    link_unnamed(&file, &dir, &name).map_err(|e| match e {
-                        Errno::EXIST => err(exists()),
-                        e => err(e.into()),
-                    })
+                    // stays, unless replacing was asked for.
+                    Err(Errno::EXIST) if !replace => Err(err(exists())),
+                    Err(Errno::EXIST) => {
+                        let tmp = link_temporary(&file, &dir, &name).map_err(err)?;
+                        Ok(Placed::Pending {
+                            dir,
+                            tmp,
+                            name,
+                            path,
+                        })
+                    }
+                    Err(e) => Err(err(e.into())),
                 }
+            }
+            Kind::Named { tmp, target } if replace => {
+                Ok(Placed::NamedPending { tmp, target, path })
+            }
+            Kind::Named { tmp, target } => {
+                let id = file_id(tmp.as_file()).map_err(err)?;
+                tmp.persist_noclobber(&target)
+                    .map_err(|e| match e.error.kind() {
+                        io::ErrorKind::AlreadyExists => err(exists()),
+                        _ => err(e.error),
+                    })?;
+                Ok(Placed::NewPath { path: target, id })
+            }
+        }
+    }
+}
+
+/// The device and inode of an open file.
+fn file_id(file: &File) -> io::Result<FileId> {
+    let m = file.metadata()?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// An output linked into its directory, not yet final (see [`commit_all`]).
+enum Placed {
+    /// A stream: already written, nothing to undo or finish.
+    Stream,
+    /// Linked under its name, which was free; undone by unlinking it.
+    New {
+        dir: OwnedFd,
+        name: OsString,
+        id: FileId,
+    },
+    /// A named temporary file renamed to its free name `path`.
+    NewPath { path: PathBuf, id: FileId },
+    /// Linked under `tmp`, to be renamed over `name`.
+    Pending {
+        dir: OwnedFd,
+        tmp: OsString,
+        name: OsString,
+        path: PathBuf,
+    },
+    /// A named temporary file, to be renamed over `target`.
+    NamedPending {
+        tmp: NamedTempFile,
+        target: PathBuf,
+        path: PathBuf,
+    },
+}
+
+impl Placed {
+    /// Takes the output back out of its directory: an output that another
+    /// failed output keeps from appearing.
+    fn undo(self) {
+        let ours = |m: rustix::fs::Stat, id: FileId| (m.st_dev, m.st_ino) == id;
+        match self {
+            Placed::Stream | Placed::NamedPending { .. } => {}
+            Placed::New { dir, name, id } => {
+                // Only if the name still is this output (not a file put
+                // there since).
+                if rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|m| ours(m, id))
+                {
+                    let _ = rustix::fs::unlinkat(&dir, &name, AtFlags::empty());
+                }
+            }
+            Placed::NewPath { path, id } => {
+                if fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == id) {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+            Placed::Pending { dir, tmp, .. } => {
+                let _ = rustix::fs::unlinkat(&dir, &tmp, AtFlags::empty());
+            }
+        }
+    }
+
+    /// Renames a temporary name over the file it replaces.
+    fn finish(self) -> Result<(), OutputError> {
+        match self {
+            Placed::Stream | Placed::New { .. } | Placed::NewPath { .. } => Ok(()),
+            Placed::Pending {
+                dir,
+                tmp,
+                name,
+                path,
+            } => rustix::fs::renameat(&dir, &tmp, &dir, &name).map_err(|e| {
+                let _ = rustix::fs::unlinkat(&dir, &tmp, AtFlags::empty());
+                OutputError {
+                    path,
+                    source: e.into(),
+                }
+            }),
+            Placed::NamedPending { tmp, target, path } => {
+                tmp.persist(&target).map(drop).map_err(|e| OutputError {
+                    path,
+                    source: e.error,
+                })
+            }
+        }
+    }
+}
+
+/// Puts every output in place, or none (see the module docs): each is
+/// flushed to disk, then linked under its name or a temporary one (a
+/// failure unlinks those linked before it), then the temporary names are
+/// renamed over the files they replace.
+pub fn commit_all(outputs: Vec<OutputFile>) -> Result<(), CommitError> {
+    let others = |failed: &Path, outputs: &[OutputFile]| -> Vec<PathBuf> {
+        outputs
+            .iter()
+            .filter(|o| o.is_file() && o.path != failed)
+            .map(|o| o.path.clone())
+            .collect()
+    };
+    for out in &outputs {
+        if let Err(error) = out.sync() {
+            let unwritten = others(&error.path, &outputs);
+            return Err(CommitError { error, unwritten });
+        }
+    }
+    let files: Vec<PathBuf> = outputs
+        .iter()
+        .filter(|o| o.is_file())
+        .map(|o| o.path.clone())
+        .collect();
+    let mut placed = Vec::with_capacity(outputs.len());
+    for out in outputs {
+        match out.place() {
+            Ok(p) => placed.push(p),
+            Err(error) => {
+                for p in placed.into_iter().rev() {
+                    p.undo();
+                }
+                let unwritten = files.into_iter().filter(|p| *p != error.path).collect();
+                return Err(CommitError { error, unwritten });
+            }
+        }
+    }
+    let mut first = None;
+    for p in placed {
+        if let Err(error) = p.finish() {
+            first.get_or_insert(CommitError {
+                error,
+                unwritten: Vec::new(),
+            });
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// The outputs of one command: written one after the other, put in place
+/// together by [`Outputs::commit`], or none of them.
+#[derive(Debug, Default)]
+pub struct Outputs {
+    written: Vec<OutputFile>,
+    failed: Option<OutputError>,
+    /// Outputs not written because one before failed.
+    skipped: Vec<PathBuf>,
+}
+
+impl Outputs {
+    /// Writes `out` with `write`, unless an output before it failed (it is
+    /// then left unwritten).
+    pub fn write(
+        &mut self,
+        out: OutputFile,
+        write: impl FnOnce(&OutputFile) -> Result<(), OutputError>,
+    ) {
+        if self.failed.is_some() {
+            self.skipped.push(out.path.clone());
+            return;
+        }
+        match write(&out) {
+            Ok(()) => self.written.push(out),
+            Err(e) => self.failed = Some(e),
+        }
+    }
+
+    /// Adds an output already written, or the error that stopped it.
+    pub fn add(&mut self, written: Result<OutputFile, OutputError>) {
+        match written {
+            Ok(out) if self.failed.is_some() => self.skipped.push(out.path.clone()),
+            Ok(out) => self.written.push(out),
+            Err(e) if self.failed.is_none() => self.failed = Some(e),
+            Err(e) => self.skipped.push(e.path),
+        }
+    }
+
+    /// Puts every written output in place, or none if one failed.
+    pub fn commit(self) -> Result<(), CommitError> {
+        match self.failed {
+            None => commit_all(self.written),
+            Some(error) => {
+                let mut unwritten: Vec<PathBuf> = self
+                    .written
+                    .iter()
+                    .filter(|o| o.is_file())
+                    .map(|o| o.path.clone())
+                    .collect();
+                unwritten.extend(self.skipped);
+                unwritten.retain(|p| *p != error.path);
+                Err(CommitError { error, unwritten })
             }
         }
     }
@@ -435,14 +725,9 @@ fn open_file(dir: &Path, name: OsString) -> io::Result<Kind> {
     }
 }
 
-/// Gives the unnamed `file` the name `name` in `dir`, replacing what has
-/// that name.
-fn link_into_place(file: &File, dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
-    match link_unnamed(file, dir, name) {
-        Err(Errno::EXIST) => {}
-        other => return other.map_err(Into::into),
-    }
-    // linkat never replaces: link under a fresh name, rename over.
+/// Links the unnamed `file` into `dir` under a fresh temporary name
+/// (`.NAME.XXXX.tmp`), to be renamed over `name`; returns that name.
+fn link_temporary(file: &File, dir: &OwnedFd, name: &OsStr) -> io::Result<OsString> {
     let stamp = crate::sys::monotonic_ns();
     for attempt in 0..100u32 {
         let mut tmp = OsString::from(".");
@@ -451,13 +736,8 @@ fn link_into_place(file: &File, dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
         match link_unnamed(file, dir, &tmp) {
             Err(Errno::EXIST) => continue,
             Err(e) => return Err(e.into()),
-            Ok(()) => {}
+            Ok(()) => return Ok(tmp),
         }
-        if let Err(e) = rustix::fs::renameat(dir, &tmp, dir, name) {
-            let _ = rustix::fs::unlinkat(dir, &tmp, AtFlags::empty());
-            return Err(e.into());
-        }
-        return Ok(());
     }
     Err(io::Error::from_raw_os_error(libc::EEXIST))
 }

@@ -410,6 +410,13 @@ impl Profile {
 
 /// Writes the profile and renames it into place.
 pub fn write_profile(profile: &Profile, out: OutputFile) -> Result<(), OutputError> {
+    stage_profile(profile, &out)?;
+    out.commit()
+}
+
+/// Writes `profile` into `out` without putting it in place (see
+/// [`super::Outputs`]).
+pub fn stage_profile(profile: &Profile, out: &OutputFile) -> Result<(), OutputError> {
     let err = |source| OutputError {
         path: out.path().to_owned(),
         source,
@@ -419,9 +426,7 @@ pub fn write_profile(profile: &Profile, out: OutputFile) -> Result<(), OutputErr
     let mut w = std::io::BufWriter::with_capacity(1 << 20, out.file());
     serde_json::to_writer(&mut w, profile).map_err(|e| err(e.into()))?;
     w.write_all(b"\n").map_err(err)?;
-    w.flush().map_err(err)?;
-    drop(w);
-    out.commit()
+    w.flush().map_err(err)
 }
 
 fn one() -> u32 {

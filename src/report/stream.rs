@@ -55,14 +55,10 @@ impl EventWriter {
         let buf = BufWriter::with_capacity(1 << 20, file.file().try_clone()?);
         let out = match format {
             EventsFormat::Jsonl => Out::Json(buf),
-            EventsFormat::Binary => {
-                let mut zstd = zstd::stream::write::Encoder::new(buf, crate::events::LEVEL)?;
-                zstd.write_all(&Encoder::header())?;
-                Out::Binary {
-                    zstd,
-                    encoder: Encoder::default(),
-                }
-            }
+            EventsFormat::Binary => Out::Binary {
+                zstd: crate::events::compressor(buf)?,
+                encoder: Encoder::default(),
+            },
         };
         Ok(Self { out, file })
     }
@@ -78,8 +74,9 @@ impl EventWriter {
         }
     }
 
-    /// Flushes (ends the zstd frame) and renames the stream into place.
-    pub fn commit(self) -> Result<(), super::output::OutputError> {
+    /// Flushes (ends the zstd frame): the stream is then written, its file
+    /// not yet in place (see [`super::output::Outputs`]).
+    pub fn finish(self) -> Result<OutputFile, super::output::OutputError> {
         let fail = |source| super::output::OutputError {
             path: self.file.path().to_owned(),
             source,
@@ -90,7 +87,12 @@ impl EventWriter {
         };
         buf.flush().map_err(fail)?;
         drop(buf);
-        self.file.commit()
+        Ok(self.file)
+    }
+
+    /// The path the stream goes to.
+    pub fn path(&self) -> &Path {
+        self.file.path()
     }
 }
 

@@ -370,6 +370,9 @@ pub struct Finish {
     /// How the tree ended (what [`Session::wait`] saw).
     pub exit: TreeExit,
     pub(crate) stream: Option<EventWriter>,
+    /// Why `stream` stopped being written, if it did: the capture's numbers
+    /// stand, the stream output fails (issue 28).
+    pub(crate) stream_error: Option<std::io::Error>,
     /// The probes being detached (the kernel waits for RCU grace periods,
     /// ~100 ms): joined when this is dropped, so that the outputs are
     /// written meanwhile.
@@ -1552,9 +1555,6 @@ impl Session {
         if malformed > 0 {
             return Err(CaptureError::Malformed(malformed));
         }
-        if let Some(err) = stream_error {
-            return Err(CaptureError::EventStream(err));
-        }
         agg.finish(end_ns);
         let root_exit = self.root.as_ref().and_then(|r| r.exit.flatten());
         if let Some(root) = &self.root {
@@ -1607,6 +1607,7 @@ impl Session {
             slow_probes,
             exit: TreeExit { root: root_exit },
             stream,
+            stream_error,
             detaching,
         })
     }

@@ -119,6 +119,10 @@ static int report(const char *profile, const char *text, const char *pprof)
 	CHECK(memtrail_write_report(profile, "/nonexistent-dir/report.txt", 0, 0,
 				    0) == MEMTRAIL_E_OUTPUT);
 	CHECK(strlen(memtrail_last_error()) > 0);
+	/* Never over the profile it reads (issue 28). */
+	CHECK(memtrail_write_report(profile, profile, 0, 0, 0) ==
+	      MEMTRAIL_E_OUTPUT);
+	CHECK(strstr(memtrail_last_error(), "being read") != NULL);
 	return 0;
 }
 

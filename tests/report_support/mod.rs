@@ -77,7 +77,10 @@ pub fn memtrail<S: AsRef<OsStr>>(args: &[S]) -> Run {
     // A working directory of its own: a run without --output keeps its
     // profile there (memtrail.CMD.PID.json), not in the checkout.
     let cwd = tempfile::tempdir().expect("create a working directory");
-    let out = Command::new(MEMTRAIL)
+    // `MEMTRAIL_BIN` runs another build (the one before a fix, to see a
+    // test fail).
+    let bin = std::env::var_os("MEMTRAIL_BIN").unwrap_or_else(|| MEMTRAIL.into());
+    let out = Command::new(bin)
         .current_dir(cwd.path())
         .args(args)
         .stdin(Stdio::null())
