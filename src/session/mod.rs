@@ -848,6 +848,11 @@ impl Session {
             Aggregator::without_timeline()
         };
         agg.set_direct_syscall_sites(opts.stack_depth != 0);
+        // No exec or fork record will name a process that runs already.
+        if let Some(pid) = running {
+            let (ppid, exe) = running_identity(pid);
+            agg.add_running(pid, ppid, &exe, sys::monotonic_ns());
+        }
         let mut event_sink = EventSink::new(agg, stream);
         event_sink.regions = Some(Regions::new(control.clone()));
         event_sink.live = opts.live.clone().map(|live| (live, 0));
@@ -1057,11 +1062,7 @@ impl Session {
             }
             Target::SelfProcess | Target::Pid(_) => {
                 let pid = running.expect("a running target");
-                session.command = vec![
-                    std::fs::read_link(format!("/proc/{pid}/exe"))
-                        .map(|p| p.to_string_lossy().into_owned())
-                        .unwrap_or_default(),
-                ];
+                session.command = vec![running_identity(pid).1];
                 let own = if is_self {
                     session.threads.tids.wait_for(session.threads.started)
                 } else {
@@ -1556,9 +1557,17 @@ impl Session {
             return Err(CaptureError::EventStream(err));
         }
         agg.finish(end_ns);
-        let root_exit = self.root.as_ref().and_then(|r| r.exit.flatten());
+        let mut root_exit = self.root.as_ref().and_then(|r| r.exit.flatten());
         if let Some(root) = &self.root {
             agg.set_parent(root.pid, std::process::id());
+        }
+        // A running process is not memtrail's child: its exit, if it
+        // exited while tracked, is the one the exit record gave.
+        if let Target::Pid(pid) = self.target {
+            root_exit = agg.exit_status(pid).map(|status| match status & 0x7f {
+                0 => ChildExit::Exited((status >> 8) & 0xff),
+                sig => ChildExit::Signaled(sig),
+            });
         }
         let exit = match root_exit {
             Some(ChildExit::Exited(code)) => ExitInfo {
@@ -1743,6 +1752,21 @@ fn open_running(pid: u32) -> Result<OwnedFd, CaptureError> {
         }
         _ => Ok(fd),
     }
+}
+
+/// The parent and the executable of running process `pid`, as `/proc`
+/// has them now (0 and "" where it cannot tell).
+fn running_identity(pid: u32) -> (u32, String) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // `pid (comm) S ppid ...`: the fields after the last parenthesis.
+    let ppid = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0);
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (ppid, exe)
 }
 
 /// The thread ids of process `pid`.
