@@ -624,3 +624,38 @@ fn attach_says_whether_process_runs_on() {
     assert_eq!(profile["exit"]["code"], 0, "{:#}", profile["exit"]);
     assert_eq!(profile["exit"]["signal"], Value::Null);
 }
+
+/// Check that every pid naming no process memtrail can attach to exits 78
+/// as documented (issue 26: `attach 0` exited 2, a pid past 2^31 and a
+/// thread's id 70), each with a message that says why.
+#[test]
+fn attach_pids_naming_no_process_are_78() {
+    // This test's thread, not its process's main thread.
+    // SAFETY: gettid takes nothing and cannot fail.
+    let tid = unsafe { libc::gettid() } as u32;
+    let me = std::process::id();
+    assert_ne!(tid, me, "the test runs on the main thread");
+    for (pid, message) in [
+        ("0".to_owned(), "no process has pid 0".to_owned()),
+        (
+            "2147483648".to_owned(),
+            "no process has pid 2147483648".to_owned(),
+        ),
+        (
+            "4294967295".to_owned(),
+            "no process has pid 4294967295".to_owned(),
+        ),
+        (
+            tid.to_string(),
+            format!("{tid} is a thread of process {me}, not a process: attach to {me}"),
+        ),
+    ] {
+        let out = Command::new(MEMTRAIL)
+            .args(["attach", &pid, "-o", "/dev/null"])
+            .output()
+            .expect("run memtrail");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{pid}: {stderr}");
+        assert!(stderr.contains(&message), "{pid}: {stderr}");
+    }
+}

@@ -85,8 +85,9 @@ Exit status:
     75   an executable image the process loaded could not be probed
     77   a pressure pause did not recover within --pressure-timeout: memtrail
          resumed the process and detached (never killed it), no report
-    78   no process memtrail can attach to has that PID (none, a zombie, a
-         kernel thread, or memtrail itself)";
+    78   no process memtrail can attach to has that PID (none, 0 included, a
+         zombie, a kernel thread, a thread of another process, or memtrail
+         itself)";
 
 /// `memtrail events` exit codes.
 const EVENTS_EXIT_CODES_HELP: &str = "\
@@ -568,7 +569,9 @@ fn events_format(
 /// The exit code for a failed `memtrail attach`.
 pub fn attach_exit_code(err: &CaptureError) -> i32 {
     match err {
-        CaptureError::NoProcess(_) | CaptureError::NotAttachable { .. } => exit::NO_PROCESS,
+        CaptureError::NoProcess(_)
+        | CaptureError::NotAttachable { .. }
+        | CaptureError::ThreadOf { .. } => exit::NO_PROCESS,
         CaptureError::Pressure(p) if p.detached() => exit::DETACHED,
         _ => exit_code(err),
     }

@@ -159,7 +159,11 @@ impl SessionOptions {
                     "a session tracking its own process cannot pause it: the pressure timeout must be 0",
                 ))
             }
-            Target::Pid(0) => Err(CaptureError::InvalidOptions("pid 0 names no process")),
+            // Pids are positive `pid_t`s: 0 and those past i32::MAX name
+            // no process (the kernel would call them invalid arguments).
+            Target::Pid(pid) if *pid == 0 || i32::try_from(*pid).is_err() => {
+                Err(CaptureError::NoProcess(*pid))
+            }
             Target::Pid(pid) if *pid == std::process::id() => Err(CaptureError::NotAttachable {
                 pid: *pid,
                 why: "it is memtrail's own process (track it with Target::SelfProcess)",
@@ -1728,6 +1732,18 @@ impl Drop for Region<'_> {
 /// A pidfd of running process `pid`, which memtrail may attach to: it
 /// exists, is not a zombie and is not a kernel thread.
 fn open_running(pid: u32) -> Result<OwnedFd, CaptureError> {
+    // `/proc/TID` of a thread other than its process's main thread exists
+    // too (unlisted); pidfd_open refuses it.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let tgid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:")?.trim().parse::<u32>().ok());
+    if let Some(tgid) = tgid.filter(|&tgid| tgid != pid) {
+        return Err(CaptureError::ThreadOf {
+            tid: pid,
+            pid: tgid,
+        });
+    }
     let fd = sys::pidfd_open(pid.into()).map_err(|err| match err.errno() {
         Some(libc::ESRCH) => CaptureError::NoProcess(pid),
         _ => err.into(),
