@@ -148,3 +148,64 @@ fn cli_usage_sizes_and_durations_in_units() {
     );
     assert!(!marker.exists(), "the command ran");
 }
+
+/// Check that each duration flag names itself and the units it takes when
+/// it refuses a value (issue 26: `attach 1 --duration 5` answered "invalid
+/// pressure timeout '5'"): a bare number is no duration (`5s` is), and
+/// `--duration`'s bounds are its own.
+#[test]
+fn cli_usage_duration_errors_name_their_flag() {
+    let units = "ns, us, ms, s or m";
+    for (args, says) in [
+        (
+            &["attach", "1", "--duration", "5"][..],
+            &["--duration", "`5` has no unit", units, "5s"][..],
+        ),
+        (
+            &["attach", "1", "--duration", "1.5"],
+            &["--duration", "`1.5` has no unit", "1.5s"],
+        ),
+        (
+            &["attach", "1", "--duration", "1us"],
+            &["--duration", "`1us` is shorter than 1ms"],
+        ),
+        (
+            &["attach", "1", "--duration", "2000m"],
+            &["--duration", "`2000m` is longer than a day"],
+        ),
+        (
+            &["attach", "1", "--duration", "0s"],
+            &["--duration", "`0s` is no time"],
+        ),
+        (
+            &["attach", "1", "--duration", "soon"],
+            &["--duration", "`soon` is not a duration", units],
+        ),
+        (
+            &["run", "--pressure-timeout", "5", "true"],
+            &[
+                "--pressure-timeout",
+                "pressure timeout `5` has no unit",
+                units,
+                "5s",
+            ],
+        ),
+        (
+            &["attach", "1", "--pressure-timeout", "5"],
+            &["--pressure-timeout", "pressure timeout `5` has no unit"],
+        ),
+        (
+            &["bench", "--pressure-timeout", "5", "--", "true"],
+            &["--pressure-timeout", "pressure timeout `5` has no unit"],
+        ),
+    ] {
+        let (_, status, _, stderr) = memtrail(&os(args), b"");
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        for s in says {
+            assert!(stderr.contains(s), "{args:?}: no {s:?} in {stderr}");
+        }
+        if args.contains(&"--duration") {
+            assert!(!stderr.contains("pressure"), "{args:?}: {stderr}");
+        }
+    }
+}

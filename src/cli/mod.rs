@@ -426,9 +426,10 @@ pub struct AttachArgs {
     #[arg(value_name = "PID")]
     pub pid: u32,
 
-    /// Detach after this long (`30s`, `500ms`, `2m`; units ns, us, ms, s,
-    /// m). Without it memtrail stays attached until SIGINT (Ctrl-C),
-    /// SIGTERM or SIGHUP, or until the process exits.
+    /// Detach after this long, from 1ms to a day (`30s`, `500ms`, `2m`;
+    /// units ns, us, ms, s, m: `5` alone is refused). Without it memtrail
+    /// stays attached until SIGINT (Ctrl-C), SIGTERM or SIGHUP, or until
+    /// the process exits.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub duration: Option<std::time::Duration>,
 
@@ -541,17 +542,29 @@ pub struct EventsArgs {
     pub output: Option<PathBuf>,
 }
 
-/// Parses `--duration`: a positive duration in the units of
-/// `--pressure-timeout` (at least 1 ms).
+/// Parses `--duration`: a number with a unit, as `--pressure-timeout`'s
+/// durations are written, from 1 ms to a day. Every message names the
+/// flag: the words are `--duration`'s, not the pressure timeout's.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    use crate::pressure::PressureTimeout;
+    use crate::pressure::{ParseTimeoutError, PressureTimeout};
+    const TAKES: &str =
+        "--duration takes a number with a unit, ns, us, ms, s or m (30s, 500ms, 2m)";
+    const UNTIL: &str = "without it, memtrail stays attached until Ctrl-C";
     match s.parse::<PressureTimeout>() {
         Ok(PressureTimeout::After(d)) => Ok(d),
-        Ok(_) => Err(format!(
-            "`{s}` is not a duration to stay attached: use e.g. 30s, 500ms or 2m (without \
-             --duration, memtrail stays attached until Ctrl-C)"
+        Ok(PressureTimeout::Off) => Err(format!("`{s}` is no time: {TAKES}; {UNTIL}")),
+        Err(ParseTimeoutError::NoUnit(_)) => {
+            Err(format!("`{s}` has no unit: {TAKES}; `{s}s` is {s} seconds"))
+        }
+        Ok(PressureTimeout::Infinite) | Err(ParseTimeoutError::Invalid(_)) => {
+            Err(format!("`{s}` is not a duration: {TAKES}; {UNTIL}"))
+        }
+        Err(ParseTimeoutError::TooShort(_)) => Err(format!(
+            "`{s}` is shorter than 1ms, the shortest --duration memtrail keeps"
         )),
-        Err(err) => Err(err.to_string()),
+        Err(ParseTimeoutError::TooLong(_)) => Err(format!(
+            "`{s}` is longer than a day, the longest --duration; {UNTIL}"
+        )),
     }
 }
 
