@@ -212,3 +212,90 @@ fn cli_meta_help_has_no_rustdoc() {
         "{help}"
     );
 }
+
+/// `memtrail --version` as `nobody`, from a copy of the binary holding the
+/// file capabilities `caps` (none if empty): its feature lines.
+fn version_as_nobody(caps: &str) -> Vec<(String, String)> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let exe = dir.path().join("memtrail");
+    std::fs::copy(MEMTRAIL, &exe).expect("copy memtrail");
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    if !caps.is_empty() {
+        let setcap = Command::new("setcap")
+            .arg(caps)
+            .arg(&exe)
+            .output()
+            .expect("run setcap (apt-get install libcap2-bin)");
+        assert!(setcap.status.success(), "setcap {caps}");
+    }
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(&exe)
+        .arg("--version")
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run setpriv");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{caps}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .skip(2)
+        .map(|l| {
+            let (name, found) = l.trim().split_at(21);
+            (name.trim().to_owned(), found.to_owned())
+        })
+        .collect()
+}
+
+/// Check that `--version` run without the capabilities a BPF probe needs
+/// says the feature is unknown and which capabilities would tell, rather
+/// than MISSING (issue 26: "ring buffers MISSING" as an unprivileged user)
+/// or found (a helper libbpf could not probe counted as supported), while
+/// what BTF tells (readable by anyone) is still found; and that CAP_BPF
+/// with CAP_PERFMON finds everything.
+#[test]
+fn cli_meta_version_unprivileged_says_unknown() {
+    let maps = "unknown (needs CAP_BPF to probe)";
+    let programs = "unknown (needs CAP_BPF and CAP_PERFMON to probe)";
+    let lines = version_as_nobody("");
+    let expected = [
+        ("BTF", "found"),
+        ("ring buffers", maps),
+        ("uprobe_multi links", "found"),
+        ("tp_btf programs", "found"),
+        ("task storage", maps),
+        ("bpf_send_signal", programs),
+        ("bpf_find_vma", programs),
+        ("bpf_send_signal_task", "found"),
+    ];
+    let as_strings = |e: &[(&str, &str)]| -> Vec<(String, String)> {
+        e.iter()
+            .map(|(n, f)| ((*n).to_owned(), (*f).to_owned()))
+            .collect()
+    };
+    assert_eq!(lines, as_strings(&expected));
+
+    let lines = version_as_nobody("cap_bpf+ep");
+    let expected: Vec<(&str, &str)> = expected
+        .iter()
+        .map(|&(n, f)| (n, if f == maps { "found" } else { f }))
+        .collect();
+    assert_eq!(lines, as_strings(&expected));
+
+    let lines = version_as_nobody("cap_bpf,cap_perfmon+ep");
+    assert!(lines.iter().all(|(_, f)| f == "found"), "{lines:?}");
+}
