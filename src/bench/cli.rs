@@ -34,7 +34,8 @@ Exit status:
     1    a benchmark's command exited nonzero or was killed, or with
          --baseline a metric regressed beyond its --threshold
     2    bad usage or input: an invalid suite, a missing baseline
-    73   the results cannot be written (--output, the results directory)
+    73   the results cannot be written (--output, the results directory), or
+         --output names an existing file and --force was not given
   A capture that failed (no profile) ends the bench with the exit status of
   its `memtrail run` (e.g. 71 lost events, 72 missing privileges, 127 the
   command was not found); its message is above it on stderr.";
@@ -46,7 +47,8 @@ Exit status:
          command no longer exits 0)
     2    bad usage or input (a file that is not memtrail bench results or a
          profile, an unknown benchmark for --format flamegraph)
-    73   the report cannot be written";
+    73   the report cannot be written, or --output names an existing file
+         and --force was not given";
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -85,6 +87,12 @@ pub struct BenchArgs {
     /// --save-baseline).
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+
+    /// Replace the file --output names, as `memtrail run --force` does.
+    /// Without it, an existing regular file there is refused (exit 73)
+    /// before any benchmark runs.
+    #[arg(long)]
+    pub force: bool,
 
     /// Save the results and profiles as baseline NAME (DIR/NAME/) instead of
     /// DIR/new/.
@@ -200,9 +208,15 @@ pub struct CompareArgs {
     #[arg(long, value_name = "N", default_value_t = compare::DEFAULT_SITES)]
     pub sites: usize,
 
-    /// Write the report to PATH instead of stdout (a file appears whole).
+    /// Write the report to PATH instead of stdout (a file appears whole;
+    /// an existing one is refused unless --force).
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+
+    /// Replace the file --output names, as `memtrail run --force` does
+    /// (without it, an existing regular file is refused: exit 73).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// The exit code for a failed bench.
@@ -236,7 +250,13 @@ pub fn bench(
 ) -> Result<i32, BenchError> {
     if let Some(path) = &args.from {
         let results = super::load_results(path)?;
-        write_results(&results, args.format, args.output.as_deref(), stdout)?;
+        write_results(
+            &results,
+            args.format,
+            args.output.as_deref(),
+            args.force,
+            stdout,
+        )?;
         return Ok(exit::OK);
     }
     let benchmarks = match &args.suite {
@@ -291,7 +311,7 @@ pub fn bench(
         .output
         .as_deref()
         .filter(|p| p.as_os_str() != "-")
-        .map(OutputFile::create)
+        .map(|p| OutputFile::create_with(p, args.force))
         .transpose()
         .map_err(|e| BenchError::Io {
             what: "cannot write",
@@ -345,16 +365,18 @@ pub fn bench(
     Ok(code)
 }
 
-/// Writes `results` in `format` to `output` (a path, `-`) or `stdout`.
+/// Writes `results` in `format` to `output` (a path, `-`) or `stdout`;
+/// an existing file at `output` is replaced only with `force`.
 fn write_results(
     results: &super::results::Results,
     format: BenchFormat,
     output: Option<&std::path::Path>,
+    force: bool,
     stdout: &mut dyn Write,
 ) -> Result<(), BenchError> {
     let out_file = output
         .filter(|p| p.as_os_str() != "-")
-        .map(OutputFile::create)
+        .map(|p| OutputFile::create_with(p, force))
         .transpose()
         .map_err(|e| BenchError::Io {
             what: "cannot write",
@@ -409,7 +431,7 @@ pub fn compare(args: CompareArgs, stdout: &mut dyn Write) -> Result<i32, Compare
         .output
         .as_deref()
         .filter(|p| p.as_os_str() != "-")
-        .map(OutputFile::create)
+        .map(|p| OutputFile::create_with(p, args.force))
         .transpose()?;
     let c = compare::compare(&base, &new, &thresholds, args.sites);
     let render = |w: &mut dyn Write| -> Result<(), CompareError> {

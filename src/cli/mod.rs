@@ -96,7 +96,8 @@ Exit status:
     2    bad usage
     65   the file is not a memtrail binary event stream, or is corrupt
     66   the file cannot be read
-    73   the output cannot be written";
+    73   the output cannot be written, or names an existing file and --force
+         was not given";
 
 const REPORT_EXIT_CODES_HELP: &str = "\
 Exit status:
@@ -109,7 +110,8 @@ Exit status:
     66   the profile cannot be read (missing, no permission, not a regular
          file - a FIFO or a device is refused, not read - or larger than
          the 1 GiB a profile may have)
-    73   the report cannot be written (--output or standard output)";
+    73   the report cannot be written (--output or standard output), or
+         --output names an existing file and --force was not given";
 
 /// Track every heap allocation of a command's whole process tree with eBPF.
 #[derive(Debug, Parser)]
@@ -393,11 +395,17 @@ pub struct ReportArgs {
     pub top: Option<usize>,
 
     /// Write the report to PATH instead of stdout (`-`). A regular file
-    /// appears whole, only when the report was written (a symlink's target
-    /// is replaced, not the link); a FIFO or a character device is written
-    /// as a stream.
+    /// appears whole, only when the report was written (an existing one is
+    /// refused unless --force, and then a symlink's target is replaced, not
+    /// the link); a FIFO or a character device is written as a stream.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+
+    /// Replace the file --output names, as `memtrail run --force` does.
+    /// Without it, an existing regular file there is refused (exit 73);
+    /// streams (`-`, FIFOs, character devices) are written either way.
+    #[arg(long)]
+    pub force: bool,
 
     /// Report only the stacks of process PID (repeatable; with --exe, a
     /// stack of either is kept). Totals stay the whole tree's. A pid the
@@ -537,9 +545,16 @@ pub struct EventsArgs {
     #[arg(value_name = "FILE.mtev")]
     pub file: PathBuf,
 
-    /// Write the JSON lines to PATH instead of stdout (`-`).
+    /// Write the JSON lines to PATH instead of stdout (`-`). A regular file
+    /// appears whole once every line was written; an existing one is
+    /// refused unless --force.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+
+    /// Replace the file --output names, as `memtrail run --force` does
+    /// (without it, an existing regular file is refused: exit 73).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Parses `--duration`: a number with a unit, as `--pressure-timeout`'s
@@ -743,7 +758,8 @@ pub fn events(
     let input = io::BufReader::with_capacity(1 << 20, file);
     match args.output.filter(|p| p.as_os_str() != "-") {
         Some(path) => {
-            let out = OutputFile::create(&path).map_err(|e| EventsError::Write(e.source))?;
+            let out = OutputFile::create_with(&path, args.force)
+                .map_err(|e| EventsError::Write(e.source))?;
             let mut w = BufWriter::with_capacity(
                 1 << 20,
                 out.file().try_clone().map_err(EventsError::Write)?,
@@ -859,7 +875,10 @@ pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportErr
         top: args.top,
     };
     match args.output.filter(|p| p.as_os_str() != "-") {
-        Some(path) => render::write_report_file(&profile, &opts, OutputFile::create(&path)?)?,
+        Some(path) => {
+            let out = OutputFile::create_with(&path, args.force)?;
+            render::write_report_file(&profile, &opts, out)?;
+        }
         // `-o -` is stdout: a closed pipe is then no failure either.
         None => {
             let mut w = BufWriter::new(stdout);
