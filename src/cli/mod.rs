@@ -118,9 +118,11 @@ Exit status:
 #[command(name = "memtrail", version = version::SHORT, after_long_help = EXIT_CODES_HELP)]
 pub struct Cli {
     /// Diagnostics to show: error, warn, info, debug or trace (also
-    /// MEMTRAIL_LOG, which takes tracing filter directives).
-    #[arg(long, global = true, default_value = "warn", value_name = "LEVEL")]
-    pub log: String,
+    /// MEMTRAIL_LOG, which takes tracing filter directives) [default: warn;
+    /// with --quiet, warn but for notes about the capture, which the profile
+    /// or the summary records].
+    #[arg(long, global = true, value_name = "LEVEL")]
+    pub log: Option<String>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -168,6 +170,30 @@ pub enum Command {
     /// and a verdict, and the sites behind each regression.
     #[command(after_long_help = crate::bench::cli::COMPARE_EXIT_HELP)]
     Compare(crate::bench::cli::CompareArgs),
+}
+
+impl Cli {
+    /// Whether the command runs with `--quiet` (run, attach, bench).
+    pub fn quiet(&self) -> bool {
+        match &self.command {
+            Command::Run(args) => args.quiet,
+            Command::Attach(args) => args.quiet,
+            Command::Bench(args) => args.quiet,
+            _ => false,
+        }
+    }
+
+    /// The diagnostics filter: `--log`, else warnings; with `--quiet`
+    /// (and no `--log`), warnings but not the notes about the capture
+    /// ([`NOTE`](crate::report::NOTE)). MEMTRAIL_LOG, when set, comes
+    /// before either (main).
+    pub fn log_filter(&self) -> String {
+        match (&self.log, self.quiet()) {
+            (Some(level), _) => level.clone(),
+            (None, false) => "warn".to_owned(),
+            (None, true) => format!("warn,{}=error", crate::report::NOTE),
+        }
+    }
 }
 
 /// The names of [`Command`]'s subcommands, as typed.
@@ -332,7 +358,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_timeline: bool,
 
-    /// Do not print the summary.
+    /// Print no summary, no status line and no notes about the capture
+    /// (an image without unwind tables, USDT markers skipped: the profile
+    /// or the summary records them). Errors, warnings about memtrail's own
+    /// environment and what memtrail did with a signal are still printed;
+    /// --log (or MEMTRAIL_LOG) shows the notes again.
     #[arg(short, long)]
     pub quiet: bool,
 
@@ -510,7 +540,11 @@ pub struct AttachArgs {
     #[arg(long)]
     pub no_timeline: bool,
 
-    /// Do not print the summary.
+    /// Print no summary, no status line and no notes about the capture
+    /// (an image without unwind tables, USDT markers skipped: the profile
+    /// or the summary records them). Errors, warnings about memtrail's own
+    /// environment and what memtrail did with a signal are still printed;
+    /// --log (or MEMTRAIL_LOG) shows the notes again.
     #[arg(short, long)]
     pub quiet: bool,
 

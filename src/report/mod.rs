@@ -48,7 +48,7 @@ pub use profile::{
 };
 pub use regions::RegionEntry;
 pub use stream::{EventWriter, EventsFormat};
-pub use summary::{SlowProbe, ending, human_bytes, slow_probes, write_summary};
+pub use summary::{NOTE, SlowProbe, ending, human_bytes, slow_probes, write_summary};
 pub use timeline::Timeline;
 
 use crate::record::{Body, Header, Kind, Mem, Record};

@@ -6,6 +6,14 @@ use std::path::PathBuf;
 
 use super::profile::{ProbeEntry, Profile};
 
+/// The `tracing` target of notes about a capture: what the capture's
+/// profile or summary records too, or what concerns the tracked program
+/// alone (an image without unwind tables, probe sites past the counted
+/// ones, USDT markers memtrail skips). `-q` silences them (main); warnings
+/// about memtrail's own environment (a process it could not resume, a
+/// cgroup it could not thaw, BPF maps it could not set up) and errors stay.
+pub const NOTE: &str = "memtrail::note";
+
 /// A probe site the kernel single-steps (~14 µs a hit), that the command
 /// went through.
 #[derive(Clone, Debug, PartialEq, Eq)]
