@@ -220,7 +220,15 @@ fn version_as_nobody(caps: &str) -> Vec<(String, String)> {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let exe = dir.path().join("memtrail");
-    std::fs::copy(MEMTRAIL, &exe).expect("copy memtrail");
+    // Copied by cp, not here: a file this process held open for writing
+    // could be inherited by a child another test forks meanwhile, and
+    // executing it would fail (ETXTBSY) until that child execs.
+    let cp = Command::new("cp")
+        .arg(MEMTRAIL)
+        .arg(&exe)
+        .status()
+        .expect("run cp");
+    assert!(cp.success(), "cp memtrail");
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     if !caps.is_empty() {
         let setcap = Command::new("setcap")
