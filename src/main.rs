@@ -44,7 +44,7 @@ fn main() -> ExitCode {
         }
     };
     let filter = EnvFilter::try_from_env("MEMTRAIL_LOG")
-        .or_else(|_| EnvFilter::try_new(&cli.log))
+        .or_else(|_| EnvFilter::try_new(cli.log_filter()))
         .unwrap_or_else(|_| EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)

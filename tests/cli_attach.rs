@@ -484,3 +484,178 @@ fn attach_live_at_detach_wording() {
     assert!(!report.contains("leaked"), "{report}");
     target.assert_running();
 }
+
+/// Check that an attach profile names the executables (issue 26: every
+/// `exe` was "" and the root's `ppid` 0): the attached process's is its
+/// executable and its parent the process that started it, a child it forks
+/// inherits the executable, every stack names it, `memtrail report --exe`
+/// finds it by file name and the summary's executables column shows it.
+#[test]
+fn attach_names_executables() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profile_path = dir.path().join("p.json");
+    let mut target = Target::start();
+    let exe = fixture("attach_target");
+    let exe_str = exe.to_str().expect("UTF-8 path");
+    let pid_arg = target.pid.to_string();
+    let memtrail = Attached::start(
+        &[pid_arg.as_ref(), "-o".as_ref(), profile_path.as_os_str()],
+        &[],
+    );
+    target.run("aak");
+    memtrail.interrupt();
+    let (code, stderr) = memtrail.wait();
+    assert_eq!(code, 0, "{stderr}");
+
+    let profile = read_profile(&profile_path).expect("a profile");
+    let root = process(&profile, target.pid);
+    assert_eq!(root["exe"], exe_str, "{root:#}");
+    assert_eq!(num(root, "ppid"), u64::from(std::process::id()), "{root:#}");
+    let procs = common::processes(&profile);
+    assert_eq!(procs.len(), 2, "{procs:#?}");
+    for p in procs {
+        assert_eq!(p["exe"], exe_str, "{p:#}");
+    }
+    let stacks = profile["stacks"].as_array().expect("stacks");
+    assert!(!stacks.is_empty());
+    for s in stacks {
+        assert_eq!(s["exe"], exe_str, "{s:#}");
+    }
+    // The summary's line for the executable: 2 processes, 4 allocations.
+    let row = stderr
+        .lines()
+        .find(|l| l.ends_with(exe_str))
+        .unwrap_or_else(|| panic!("no executable row: {stderr}"));
+    assert_eq!(
+        row.split_whitespace().take(3).collect::<Vec<_>>(),
+        ["2", "4", "1"]
+    );
+
+    let name = exe
+        .file_name()
+        .expect("a file name")
+        .to_str()
+        .expect("UTF-8");
+    let out = Command::new(MEMTRAIL)
+        .args(["report", "--exe", name, "-f", "folded"])
+        .arg(&profile_path)
+        .output()
+        .expect("run memtrail report");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes: u64 = stdout
+        .lines()
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum();
+    assert_eq!(bytes, 2 * 1000 + 2 * 500, "{stdout}");
+    target.assert_running();
+}
+
+/// Check that the summary and the text report say what became of the
+/// attached process (issue 26: both said it "ended" while it ran on):
+/// after `--duration`, still running when memtrail detached; when it
+/// exits while attached, its exit code, in the profile's `exit` too.
+#[test]
+fn attach_says_whether_process_runs_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profile_path = dir.path().join("p.json");
+    let report_path = dir.path().join("r.txt");
+    let mut target = Target::start();
+    let exe = fixture("attach_target");
+    let exe_str = exe.to_str().expect("UTF-8 path");
+    let pid_arg = target.pid.to_string();
+    let args: [&std::ffi::OsStr; 8] = [
+        pid_arg.as_ref(),
+        "-o".as_ref(),
+        profile_path.as_os_str(),
+        "--report".as_ref(),
+        "text".as_ref(),
+        "--report-output".as_ref(),
+        report_path.as_os_str(),
+        "--force".as_ref(),
+    ];
+    let mut with_duration = args.to_vec();
+    with_duration.extend::<[&std::ffi::OsStr; 2]>(["--duration".as_ref(), "300ms".as_ref()]);
+    let (code, stderr) = Attached::start(&with_duration, &[]).wait();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "memtrail: {exe_str} still running: detached after "
+        )),
+        "{stderr}"
+    );
+    let report = std::fs::read_to_string(&report_path).expect("the report");
+    let header = report.lines().next().expect("a header");
+    assert!(
+        header.starts_with(&format!(
+            "memtrail report: {exe_str} (still running: detached after "
+        )),
+        "{report}"
+    );
+    for text in [&stderr, &report] {
+        assert!(!text.contains("ended"), "{text}");
+    }
+    let profile = read_profile(&profile_path).expect("a profile");
+    assert_eq!(profile["exit"]["code"], Value::Null);
+    target.assert_running();
+
+    let memtrail = Attached::start(&args, &[]);
+    target.run("a");
+    target.close();
+    let (code, stderr) = memtrail.wait();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains(&format!("memtrail: {exe_str} exited with code 0 after ")),
+        "{stderr}"
+    );
+    let report = std::fs::read_to_string(&report_path).expect("the report");
+    assert!(
+        report.starts_with(&format!(
+            "memtrail report: {exe_str} (exited with code 0 after "
+        )),
+        "{report}"
+    );
+    let profile = read_profile(&profile_path).expect("a profile");
+    assert_eq!(profile["exit"]["code"], 0, "{:#}", profile["exit"]);
+    assert_eq!(profile["exit"]["signal"], Value::Null);
+}
+
+/// Check that every pid naming no process memtrail can attach to exits 78
+/// as documented (issue 26: `attach 0` exited 2, a pid past 2^31 and a
+/// thread's id 70), each with a message that says why.
+#[test]
+fn attach_pids_naming_no_process_are_78() {
+    // This test's thread, not its process's main thread.
+    // SAFETY: gettid takes nothing and cannot fail.
+    let tid = unsafe { libc::gettid() } as u32;
+    let me = std::process::id();
+    assert_ne!(tid, me, "the test runs on the main thread");
+    for (pid, message) in [
+        ("0".to_owned(), "no process has pid 0".to_owned()),
+        (
+            "2147483648".to_owned(),
+            "no process has pid 2147483648".to_owned(),
+        ),
+        (
+            "4294967295".to_owned(),
+            "no process has pid 4294967295".to_owned(),
+        ),
+        (
+            tid.to_string(),
+            format!("{tid} is a thread of process {me}, not a process: attach to {me}"),
+        ),
+    ] {
+        let out = Command::new(MEMTRAIL)
+            .args(["attach", &pid, "-o", "/dev/null"])
+            .output()
+            .expect("run memtrail");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{pid}: {stderr}");
+        assert!(stderr.contains(&message), "{pid}: {stderr}");
+    }
+}

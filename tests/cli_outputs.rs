@@ -384,3 +384,90 @@ fn cli_outputs_commit_together_or_not_at_all() {
         assert_eq!(dir_entries(d), ["full"], "{args:?}: a file appeared");
     }
 }
+
+/// Check that every command writing a file takes `--force` with `run`'s
+/// meaning (issue 26: `report -o FILE --force` was refused while `run`
+/// needed it): an existing file is refused (exit 73, left as it was)
+/// without it, and replaced with it; by `report`, `events`, `compare` and
+/// `bench` (`--from` and a run, refused before anything ran).
+#[test]
+fn cli_output_force_on_every_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name).into_os_string();
+    let (_, status, _, stderr) = memtrail(
+        &[
+            "run".into(),
+            "-q".into(),
+            "-o".into(),
+            p("p.json"),
+            "--events".into(),
+            p("e.mtev"),
+            "--".into(),
+            fixture("touch_marker").into(),
+            p("marker"),
+        ],
+        b"",
+    );
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let bench_dir = dir.path().join("bench");
+    let (_, status, _, stderr) = memtrail(
+        &[
+            "bench".into(),
+            "-q".into(),
+            "--dir".into(),
+            bench_dir.clone().into(),
+            "--".into(),
+            "/bin/true".into(),
+        ],
+        b"",
+    );
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let results = bench_dir.join("new/results.json").into_os_string();
+    let out = dir.path().join("out");
+    let commands: [(&str, Vec<OsString>); 5] = [
+        ("report", vec!["report".into(), p("p.json")]),
+        ("events", vec!["events".into(), p("e.mtev")]),
+        ("compare", vec!["compare".into(), p("p.json"), p("p.json")]),
+        (
+            "bench --from",
+            vec!["bench".into(), "--from".into(), results],
+        ),
+        (
+            "bench",
+            vec![
+                "bench".into(),
+                "-q".into(),
+                "--dir".into(),
+                bench_dir.into(),
+                "--".into(),
+                fixture("touch_marker").into(),
+                p("bench-marker"),
+            ],
+        ),
+    ];
+    for (what, args) in commands {
+        fs::write(&out, "old\n").expect("write");
+        let mut refused = args.clone();
+        // Before a command's `--`, if it has one.
+        let at = refused
+            .iter()
+            .position(|a| a == "--")
+            .unwrap_or(refused.len());
+        refused.splice(at..at, ["-o".into(), out.clone().into_os_string()]);
+        let (_, status, _, stderr) = memtrail(&refused, b"");
+        assert_eq!(status.code(), Some(73), "{what}: {stderr}");
+        assert!(
+            stderr.contains("it exists, and memtrail replaces a file only with --force"),
+            "{what}: {stderr}"
+        );
+        assert_eq!(fs::read_to_string(&out).expect("read"), "old\n", "{what}");
+        assert!(!dir.path().join("bench-marker").exists(), "{what} ran");
+
+        let mut forced = refused;
+        forced.insert(at, "--force".into());
+        let (_, status, _, stderr) = memtrail(&forced, b"");
+        assert_eq!(status.code(), Some(0), "{what} --force: {stderr}");
+        let text = fs::read_to_string(&out).expect("read");
+        assert!(text != "old\n" && !text.is_empty(), "{what}: not replaced");
+    }
+}

@@ -148,3 +148,125 @@ fn cli_usage_sizes_and_durations_in_units() {
     );
     assert!(!marker.exists(), "the command ran");
 }
+
+/// Check that each duration flag names itself and the units it takes when
+/// it refuses a value (issue 26: `attach 1 --duration 5` answered "invalid
+/// pressure timeout '5'"): a bare number is no duration (`5s` is), and
+/// `--duration`'s bounds are its own.
+#[test]
+fn cli_usage_duration_errors_name_their_flag() {
+    let units = "ns, us, ms, s or m";
+    for (args, says) in [
+        (
+            &["attach", "1", "--duration", "5"][..],
+            &["--duration", "`5` has no unit", units, "5s"][..],
+        ),
+        (
+            &["attach", "1", "--duration", "1.5"],
+            &["--duration", "`1.5` has no unit", "1.5s"],
+        ),
+        (
+            &["attach", "1", "--duration", "1us"],
+            &["--duration", "`1us` is shorter than 1ms"],
+        ),
+        (
+            &["attach", "1", "--duration", "2000m"],
+            &["--duration", "`2000m` is longer than a day"],
+        ),
+        (
+            &["attach", "1", "--duration", "0s"],
+            &["--duration", "`0s` is no time"],
+        ),
+        (
+            &["attach", "1", "--duration", "soon"],
+            &["--duration", "`soon` is not a duration", units],
+        ),
+        (
+            &["run", "--pressure-timeout", "5", "true"],
+            &[
+                "--pressure-timeout",
+                "pressure timeout `5` has no unit",
+                units,
+                "5s",
+            ],
+        ),
+        (
+            &["attach", "1", "--pressure-timeout", "5"],
+            &["--pressure-timeout", "pressure timeout `5` has no unit"],
+        ),
+        (
+            &["bench", "--pressure-timeout", "5", "--", "true"],
+            &["--pressure-timeout", "pressure timeout `5` has no unit"],
+        ),
+    ] {
+        let (_, status, _, stderr) = memtrail(&os(args), b"");
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        for s in says {
+            assert!(stderr.contains(s), "{args:?}: no {s:?} in {stderr}");
+        }
+        if args.contains(&"--duration") {
+            assert!(!stderr.contains("pressure"), "{args:?}: {stderr}");
+        }
+    }
+}
+
+/// Check what `-q` silences (issue 26: `run -q` printed a WARN about an
+/// unwind table): the summary and notes about the capture, such as an
+/// image without unwind information, which the profile still records;
+/// not errors, and not the notes once `--log warn` asks for them.
+#[test]
+fn cli_usage_quiet_silences_capture_notes() {
+    let built = common::fixture_with_flags(
+        "stack_unwind",
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-unwind-tables",
+            "-fno-builtin",
+        ],
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = dir.path().join("no_cfi");
+    let status = Command::new("objcopy")
+        .args([
+            "--remove-section",
+            ".eh_frame",
+            "--remove-section",
+            ".eh_frame_hdr",
+        ])
+        .arg(&built)
+        .arg(&exe)
+        .status()
+        .expect("objcopy runs");
+    assert!(status.success());
+    let profile = dir.path().join("p.json");
+    let run = |extra: &[&str]| {
+        let mut args = os(&["run", "-q", "--force", "-o"]);
+        args.push(profile.clone().into());
+        args.extend(os(extra));
+        args.push(exe.clone().into());
+        let (_, status, _, stderr) = memtrail(&args, b"");
+        assert_eq!(status.code(), Some(0), "{extra:?}: {stderr}");
+        stderr
+    };
+    let stderr = run(&[]);
+    assert_eq!(stderr, "", "-q printed");
+    let p: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&profile).expect("profile")).expect("JSON");
+    let image = p["unwind"]["images"]
+        .as_array()
+        .expect("images")
+        .iter()
+        .find(|i| i["image"] == exe.to_str().expect("UTF-8"))
+        .expect("the image's entry");
+    assert_eq!(image["status"], "no_cfi");
+
+    let stderr = run(&["--log", "warn"]);
+    assert!(stderr.contains("no unwind information"), "{stderr}");
+
+    // Errors stay.
+    let (_, status, _, stderr) = memtrail(&os(&["run", "-q", "--", "/no/such/command"]), b"");
+    assert_eq!(status.code(), Some(127), "{stderr}");
+    assert!(stderr.contains("memtrail: error: "), "{stderr}");
+}

@@ -236,8 +236,9 @@ fn report_unwritable_output_exits_73() {
     );
 }
 
-/// Check that `--output` replaces an existing file with the whole report
-/// and leaves no temporary file, and that stdout then stays empty.
+/// Check that `--output --force` replaces an existing file with the whole
+/// report and leaves no temporary file, and that stdout then stays empty
+/// (without --force the file is refused: tests/cli_outputs.rs).
 #[test]
 fn report_output_replaces_file() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -253,6 +254,7 @@ fn report_output_replaces_file() {
         "leaked".as_ref(),
         "--output".as_ref(),
         out.as_os_str(),
+        "--force".as_ref(),
     ]);
     run.expect_code(0);
     assert!(run.stdout.is_empty() && run.stderr.is_empty(), "{run:?}");

@@ -26,6 +26,8 @@ fn write_pprof(dir: &Path, args: &[&str]) -> std::path::PathBuf {
         "pprof".to_owned(),
         "--output".to_owned(),
         out.display().to_string(),
+        // A test writes several reports there.
+        "--force".to_owned(),
     ];
     all.extend(args.iter().map(|a| (*a).to_owned()));
     let run = memtrail(&all);

@@ -330,3 +330,78 @@ fn stacks_known_ones_take_no_ring_space() {
         "stack ring high water {high} B for {distinct} stacks"
     );
 }
+
+/// The C functions of `short_names.c` and the bytes each allocates.
+const SHORT_NAMES: [(&str, u64); 10] = [
+    ("w", 1001),
+    ("x", 1002),
+    ("i", 1003),
+    ("d", 1004),
+    ("v", 1005),
+    ("f", 1006),
+    ("a", 1007),
+    ("St", 1008),
+    ("Ss", 1009),
+    ("Sa", 1010),
+];
+
+/// Check that C functions whose names are also Itanium type codes (`w`,
+/// `x`, `i`, `d`, `v`, `St`, `Ss`, ...) keep their names, with and without
+/// debug information, in the profile, the text report and folded stacks:
+/// only mangled names are demangled (issue 26: they were `wchar_t`,
+/// `long long`, `int`, `double`, `void`, `std::string`).
+#[test]
+fn stacks_c_names_are_not_demangled_as_types() {
+    let without_g: Vec<&str> = ["-O0", "-fno-builtin", "-Wall", "-Wextra", "-Werror"].to_vec();
+    for (what, exe) in [
+        ("-g", common::fixture("short_names")),
+        (
+            "no -g",
+            common::fixture_with_flags("short_names", &without_g),
+        ),
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let out = dir.path().join("profile.json");
+        let argv: Vec<std::ffi::OsString> = vec![
+            "run".into(),
+            "-q".into(),
+            "-o".into(),
+            out.clone().into(),
+            "--".into(),
+            exe.into(),
+        ];
+        let (_, status, _, stderr) = common::memtrail(&argv, b"");
+        assert!(status.success(), "{what}: {stderr}");
+        let p = common::read_profile(&out).expect("profile written");
+        for (name, bytes) in SHORT_NAMES {
+            let f = frames(stack_of(&p, bytes));
+            assert_eq!(function(&f[0]), name, "{what}: {f:#?}");
+            assert_eq!(function(&f[1]), "main", "{what}: {f:#?}");
+        }
+
+        let report = |args: &[&str]| {
+            let mut argv: Vec<std::ffi::OsString> = vec!["report".into(), out.clone().into()];
+            argv.extend(args.iter().map(Into::into));
+            let (_, status, stdout, stderr) = common::memtrail(&argv, b"");
+            assert!(status.success(), "{what} report {args:?}: {stderr}");
+            String::from_utf8(stdout).expect("UTF-8 report")
+        };
+        let folded = report(&["-f", "folded"]);
+        let text = report(&["-n", "0"]);
+        for (name, bytes) in SHORT_NAMES {
+            assert!(
+                folded
+                    .lines()
+                    .any(|l| l.ends_with(&format!(";main;{name} {bytes}"))),
+                "{what}: no {name} in\n{folded}"
+            );
+            assert!(
+                text.lines().any(|l| l.starts_with(&format!("    {name} "))),
+                "{what}: no {name} in\n{text}"
+            );
+        }
+        for ty in ["wchar_t", "long long", "int", "double", "void", "std::"] {
+            assert!(!folded.contains(ty), "{what}: {ty} in\n{folded}");
+        }
+    }
+}

@@ -77,6 +77,7 @@ impl HitSlots {
             site.hit_slot = (self.next < MAX_COUNTED_SITES).then_some(self.next);
             if self.next == MAX_COUNTED_SITES {
                 tracing::warn!(
+                    target: crate::report::NOTE,
                     %site,
                     max = MAX_COUNTED_SITES,
                     "probe sites past this one have no hit count"

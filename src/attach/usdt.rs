@@ -65,6 +65,7 @@ pub(super) fn find_markers(elf: &Elf<'_>, image: &std::path::Path) -> Vec<Site> 
                 Some(reg) => reg,
                 None => {
                     tracing::warn!(
+                        target: crate::report::NOTE,
                         image = %image.display(),
                         args = note.args,
                         "memtrail:region_begin with its name not in a register: skipped"
@@ -83,7 +84,12 @@ pub(super) fn find_markers(elf: &Elf<'_>, image: &std::path::Path) -> Vec<Site> 
             _ => note.pc,
         };
         let Some(offset) = elf.file_offset(pc) else {
-            tracing::warn!(image = %image.display(), pc, "marker outside the loadable segments");
+            tracing::warn!(
+                target: crate::report::NOTE,
+                image = %image.display(),
+                pc,
+                "marker outside the loadable segments"
+            );
             continue;
         };
         let emulated = elf.bytes_at(offset, 4).is_some_and(is_emulated)

@@ -39,8 +39,9 @@ Exit status:
          baseline, results (--from, --baseline) that are not valid, name a
          benchmark twice, or are not a regular file of at most 1 GiB
     73   the results cannot be written (--output, the results directory),
-         or --output is a file the bench reads (the suite, --from, the
-         baseline's results)
+         --output is a file the bench reads (the suite, --from, the
+         baseline's results), or --output names an existing file and
+         --force was not given
   A capture that failed (no profile) ends the bench with the exit status of
   its `memtrail run` (e.g. 71 lost events, 72 missing privileges, 127 the
   command was not found); its message is above it on stderr.";
@@ -54,7 +55,8 @@ Exit status:
          profile, or not a regular file of at most 1 GiB; results naming a
          benchmark twice; an empty --threshold, or a metric's limit given
          twice; an unknown benchmark for --format flamegraph)
-    73   the report cannot be written, or --output is BASE or NEW";
+    73   the report cannot be written, --output is BASE or NEW, or
+         --output names an existing file and --force was not given";
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -97,6 +99,12 @@ pub struct BenchArgs {
     /// profiles it names.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+
+    /// Replace the file --output names, as `memtrail run --force` does.
+    /// Without it, an existing regular file there is refused (exit 73)
+    /// before any benchmark runs.
+    #[arg(long)]
+    pub force: bool,
 
     /// Save the results and profiles as baseline NAME (DIR/NAME/) instead of
     /// DIR/new/.
@@ -219,9 +227,15 @@ pub struct CompareArgs {
     pub sites: usize,
 
     /// Write the report to PATH instead of stdout (a file appears whole;
-    /// PATH may not be BASE or NEW).
+    /// PATH may not be BASE or NEW; an existing file is refused unless
+    /// --force).
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+
+    /// Replace the file --output names, as `memtrail run --force` does
+    /// (without it, an existing regular file is refused: exit 73).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// The extension of `path`, lower case.
@@ -294,7 +308,11 @@ pub fn bench(
                 source,
             })?;
         let results = super::read_results(&mut input, path)?;
-        let out_file = open_output(args.output.as_deref(), &[("the results", path, input.id())])?;
+        let out_file = open_output(
+            args.output.as_deref(),
+            args.force,
+            &[("the results", path, input.id())],
+        )?;
         write_results_to(&results, format, out_file, stdout)?;
         return Ok(exit::OK);
     }
@@ -358,7 +376,7 @@ pub fn bench(
     {
         inputs.push(("the baseline's results", path, id));
     }
-    let out_file = open_output(args.output.as_deref(), &inputs)?;
+    let out_file = open_output(args.output.as_deref(), args.force, &inputs)?;
     let mut capture_args: Vec<OsString> = Vec::new();
     let mut pass = |flag: &str, v: Option<String>| {
         if let Some(v) = v {
@@ -408,9 +426,10 @@ pub fn bench(
 }
 
 /// Opens --output (none for `-`, standard output), refusing one of the
-/// files the bench reads.
+/// files the bench reads; an existing file is replaced only with `force`.
 fn open_output(
     output: Option<&Path>,
+    force: bool,
     inputs: &[(&str, &Path, crate::report::FileId)],
 ) -> Result<Option<OutputFile>, BenchError> {
     let io_err = |e: crate::report::OutputError| BenchError::Io {
@@ -426,7 +445,9 @@ fn open_output(
     if path.as_os_str() == "-" {
         return Ok(None);
     }
-    OutputFile::create(path).map(Some).map_err(io_err)
+    OutputFile::create_with(path, force)
+        .map(Some)
+        .map_err(io_err)
 }
 
 fn write_results_to(
@@ -480,7 +501,7 @@ pub fn compare(args: CompareArgs, stdout: &mut dyn Write) -> Result<i32, Compare
     crate::report::check_not_input(output, &inputs)?;
     let out_file = Some(output)
         .filter(|p| p.as_os_str() != "-")
-        .map(OutputFile::create)
+        .map(|p| OutputFile::create_with(p, args.force))
         .transpose()?;
     let c = compare::compare(&base, &new, &thresholds, args.sites);
     let render = |w: &mut dyn Write| -> Result<(), CompareError> {

@@ -233,6 +233,8 @@ pub enum CaptureError {
     NoProcess(u32),
     #[error("cannot attach to process {pid}: {why}")]
     NotAttachable { pid: u32, why: &'static str },
+    #[error("{tid} is a thread of process {pid}, not a process: attach to {pid}")]
+    ThreadOf { tid: u32, pid: u32 },
     #[error("{0}")]
     State(&'static str),
     #[error("injected failure (MEMTRAIL_FAULT=fail-after-start)")]
@@ -300,7 +302,7 @@ impl CaptureError {
             | Self::Ring(RingError::BadSize(_)) => ErrorKind::InvalidArgument,
             Self::State(_) => ErrorKind::State,
             Self::NoProcess(_) => ErrorKind::NotFound,
-            Self::NotAttachable { .. } => ErrorKind::InvalidArgument,
+            Self::NotAttachable { .. } | Self::ThreadOf { .. } => ErrorKind::InvalidArgument,
             Self::Interrupted(_) => ErrorKind::Interrupted,
             Self::Privileges(_) | Self::KernelFeature { .. } | Self::Load(_) => {
                 ErrorKind::Unsupported

@@ -88,8 +88,9 @@ Exit status:
     75   an executable image the process loaded could not be probed
     77   a pressure pause did not recover within --pressure-timeout: memtrail
          resumed the process and detached (never killed it), no report
-    78   no process memtrail can attach to has that PID (none, a zombie, a
-         kernel thread, or memtrail itself)";
+    78   no process memtrail can attach to has that PID (none, 0 included, a
+         zombie, a kernel thread, a thread of another process, or memtrail
+         itself)";
 
 /// `memtrail events` exit codes.
 const EVENTS_EXIT_CODES_HELP: &str = "\
@@ -102,7 +103,8 @@ Exit status:
          have been written to a stream output)
     66   the file cannot be read (also: not a regular file - a FIFO or a
          device is refused, not read)
-    73   the output cannot be written, or is the event stream itself";
+    73   the output cannot be written, is the event stream itself, or
+         names an existing file and --force was not given";
 
 const REPORT_EXIT_CODES_HELP: &str = "\
 Exit status:
@@ -117,16 +119,19 @@ Exit status:
          the 1 GiB a profile may have)
     73   the report cannot be written (--output or standard output), or
          would be written over the profile itself (the same file, through a
-         symlink or a hard link too)";
+         symlink or a hard link too), or --output names an existing file and
+         --force was not given";
 
 /// Track every heap allocation of a command's whole process tree with eBPF.
 #[derive(Debug, Parser)]
 #[command(name = "memtrail", version = version::SHORT, after_long_help = EXIT_CODES_HELP)]
 pub struct Cli {
     /// Diagnostics to show: error, warn, info, debug or trace (also
-    /// MEMTRAIL_LOG, which takes tracing filter directives).
-    #[arg(long, global = true, default_value = "warn", value_name = "LEVEL")]
-    pub log: String,
+    /// MEMTRAIL_LOG, which takes tracing filter directives) [default: warn;
+    /// with --quiet, warn but for notes about the capture, which the profile
+    /// or the summary records].
+    #[arg(long, global = true, value_name = "LEVEL")]
+    pub log: Option<String>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -174,6 +179,30 @@ pub enum Command {
     /// and a verdict, and the sites behind each regression.
     #[command(after_long_help = crate::bench::cli::COMPARE_EXIT_HELP)]
     Compare(crate::bench::cli::CompareArgs),
+}
+
+impl Cli {
+    /// Whether the command runs with `--quiet` (run, attach, bench).
+    pub fn quiet(&self) -> bool {
+        match &self.command {
+            Command::Run(args) => args.quiet,
+            Command::Attach(args) => args.quiet,
+            Command::Bench(args) => args.quiet,
+            _ => false,
+        }
+    }
+
+    /// The diagnostics filter: `--log`, else warnings; with `--quiet`
+    /// (and no `--log`), warnings but not the notes about the capture
+    /// ([`NOTE`](crate::report::NOTE)). MEMTRAIL_LOG, when set, comes
+    /// before either (main).
+    pub fn log_filter(&self) -> String {
+        match (&self.log, self.quiet()) {
+            (Some(level), _) => level.clone(),
+            (None, false) => "warn".to_owned(),
+            (None, true) => format!("warn,{}=error", crate::report::NOTE),
+        }
+    }
 }
 
 /// The names of [`Command`]'s subcommands, as typed.
@@ -338,7 +367,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_timeline: bool,
 
-    /// Do not print the summary.
+    /// Print no summary, no status line and no notes about the capture
+    /// (an image without unwind tables, USDT markers skipped: the profile
+    /// or the summary records them). Errors, warnings about memtrail's own
+    /// environment and what memtrail did with a signal are still printed;
+    /// --log (or MEMTRAIL_LOG) shows the notes again.
     #[arg(short, long)]
     pub quiet: bool,
 
@@ -401,11 +434,17 @@ pub struct ReportArgs {
     pub top: Option<usize>,
 
     /// Write the report to PATH instead of stdout (`-`). A regular file
-    /// appears whole, only when the report was written (a symlink's target
-    /// is replaced, not the link); a FIFO or a character device is written
-    /// as a stream.
+    /// appears whole, only when the report was written (an existing one is
+    /// refused unless --force, and then a symlink's target is replaced, not
+    /// the link); a FIFO or a character device is written as a stream.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+
+    /// Replace the file --output names, as `memtrail run --force` does.
+    /// Without it, an existing regular file there is refused (exit 73);
+    /// streams (`-`, FIFOs, character devices) are written either way.
+    #[arg(long)]
+    pub force: bool,
 
     /// Report only the stacks of process PID (repeatable; with --exe, a
     /// stack of either is kept). Totals stay the whole tree's. A pid the
@@ -434,9 +473,10 @@ pub struct AttachArgs {
     #[arg(value_name = "PID")]
     pub pid: u32,
 
-    /// Detach after this long (`30s`, `500ms`, `2m`; units ns, us, ms, s,
-    /// m). Without it memtrail stays attached until SIGINT (Ctrl-C),
-    /// SIGTERM or SIGHUP, or until the process exits.
+    /// Detach after this long, from 1ms to a day (`30s`, `500ms`, `2m`;
+    /// units ns, us, ms, s, m: `5` alone is refused). Without it memtrail
+    /// stays attached until SIGINT (Ctrl-C), SIGTERM or SIGHUP, or until
+    /// the process exits.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub duration: Option<std::time::Duration>,
 
@@ -509,7 +549,11 @@ pub struct AttachArgs {
     #[arg(long)]
     pub no_timeline: bool,
 
-    /// Do not print the summary.
+    /// Print no summary, no status line and no notes about the capture
+    /// (an image without unwind tables, USDT markers skipped: the profile
+    /// or the summary records them). Errors, warnings about memtrail's own
+    /// environment and what memtrail did with a signal are still printed;
+    /// --log (or MEMTRAIL_LOG) shows the notes again.
     #[arg(short, long)]
     pub quiet: bool,
 
@@ -544,22 +588,41 @@ pub struct EventsArgs {
     #[arg(value_name = "FILE.mtev")]
     pub file: PathBuf,
 
-    /// Write the JSON lines to PATH instead of stdout (`-`).
+    /// Write the JSON lines to PATH instead of stdout (`-`). A regular file
+    /// appears whole once every line was written; an existing one is
+    /// refused unless --force.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+
+    /// Replace the file --output names, as `memtrail run --force` does
+    /// (without it, an existing regular file is refused: exit 73).
+    #[arg(long)]
+    pub force: bool,
 }
 
-/// Parses `--duration`: a positive duration in the units of
-/// `--pressure-timeout` (at least 1 ms).
+/// Parses `--duration`: a number with a unit, as `--pressure-timeout`'s
+/// durations are written, from 1 ms to a day. Every message names the
+/// flag: the words are `--duration`'s, not the pressure timeout's.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    use crate::pressure::PressureTimeout;
+    use crate::pressure::{ParseTimeoutError, PressureTimeout};
+    const TAKES: &str =
+        "--duration takes a number with a unit, ns, us, ms, s or m (30s, 500ms, 2m)";
+    const UNTIL: &str = "without it, memtrail stays attached until Ctrl-C";
     match s.parse::<PressureTimeout>() {
         Ok(PressureTimeout::After(d)) => Ok(d),
-        Ok(_) => Err(format!(
-            "`{s}` is not a duration to stay attached: use e.g. 30s, 500ms or 2m (without \
-             --duration, memtrail stays attached until Ctrl-C)"
+        Ok(PressureTimeout::Off) => Err(format!("`{s}` is no time: {TAKES}; {UNTIL}")),
+        Err(ParseTimeoutError::NoUnit(_)) => {
+            Err(format!("`{s}` has no unit: {TAKES}; `{s}s` is {s} seconds"))
+        }
+        Ok(PressureTimeout::Infinite) | Err(ParseTimeoutError::Invalid(_)) => {
+            Err(format!("`{s}` is not a duration: {TAKES}; {UNTIL}"))
+        }
+        Err(ParseTimeoutError::TooShort(_)) => Err(format!(
+            "`{s}` is shorter than 1ms, the shortest --duration memtrail keeps"
         )),
-        Err(err) => Err(err.to_string()),
+        Err(ParseTimeoutError::TooLong(_)) => Err(format!(
+            "`{s}` is longer than a day, the longest --duration; {UNTIL}"
+        )),
     }
 }
 
@@ -577,7 +640,9 @@ fn events_format(
 /// The exit code for a failed `memtrail attach`.
 pub fn attach_exit_code(err: &CaptureError) -> i32 {
     match err {
-        CaptureError::NoProcess(_) | CaptureError::NotAttachable { .. } => exit::NO_PROCESS,
+        CaptureError::NoProcess(_)
+        | CaptureError::NotAttachable { .. }
+        | CaptureError::ThreadOf { .. } => exit::NO_PROCESS,
         CaptureError::Pressure(p) if p.detached() => exit::DETACHED,
         _ => exit_code(err),
     }
@@ -745,7 +810,7 @@ pub fn events(
     let input = io::BufReader::with_capacity(1 << 20, input.stream());
     match Some(output).filter(|p| p.as_os_str() != "-") {
         Some(path) => {
-            let out = OutputFile::create(path)?;
+            let out = OutputFile::create_with(path, args.force)?;
             let mut w = BufWriter::with_capacity(
                 1 << 20,
                 out.file().try_clone().map_err(EventsError::Write)?,
@@ -866,7 +931,10 @@ pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportErr
         top: args.top,
     };
     match args.output.filter(|p| p.as_os_str() != "-") {
-        Some(path) => render::write_report_file(&profile, &opts, OutputFile::create(&path)?)?,
+        Some(path) => {
+            let out = OutputFile::create_with(&path, args.force)?;
+            render::write_report_file(&profile, &opts, out)?;
+        }
         // `-o -` is stdout: a closed pipe is then no failure either.
         None => {
             let mut w = BufWriter::new(stdout);

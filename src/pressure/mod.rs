@@ -82,10 +82,15 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ParseTimeoutError {
     #[error(
-        "invalid pressure timeout `{0}`: use 0 (no pausing), a duration such as 250ms, 2s or \
-         1m, or inf"
+        "invalid pressure timeout `{0}`: use 0 (no pausing), a number with a unit, ns, us, ms, \
+         s or m (250ms, 2s, 1m), or inf"
     )]
     Invalid(String),
+    #[error(
+        "pressure timeout `{0}` has no unit: use a number with a unit, ns, us, ms, s or m \
+         (`{0}s` is {0} seconds), or 0 (no pausing), or inf"
+    )]
+    NoUnit(String),
     #[error(
         "pressure timeout `{0}` is shorter than the {MIN_TIMEOUT:?} memtrail can keep: use at \
          least 1ms, or 0 for no pausing"
@@ -93,6 +98,15 @@ pub enum ParseTimeoutError {
     TooShort(String),
     #[error("pressure timeout `{0}` is longer than a day: use inf to wait as long as it takes")]
     TooLong(String),
+}
+
+/// Whether `s` is a plain decimal number (`5`, `1.5`): a duration without
+/// its unit.
+pub fn is_plain_number(s: &str) -> bool {
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    !int.is_empty()
+        && int.bytes().all(|b| b.is_ascii_digit())
+        && frac.bytes().all(|b| b.is_ascii_digit())
 }
 
 impl FromStr for PressureTimeout {
@@ -116,6 +130,8 @@ impl FromStr for PressureTimeout {
             (n, 1_000_000_000)
         } else if let Some(n) = s.strip_suffix('m') {
             (n, 60_000_000_000)
+        } else if is_plain_number(s) {
+            return Err(ParseTimeoutError::NoUnit(s.to_owned()));
         } else {
             return Err(err());
         };

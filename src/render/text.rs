@@ -17,16 +17,11 @@ pub(super) fn write(
     w: &mut dyn Write,
 ) -> io::Result<()> {
     let t = &profile.totals;
-    let how = match (profile.exit.code, profile.exit.signal) {
-        (_, Some(sig)) => format!("killed by signal {sig}"),
-        (Some(code), None) => format!("exited with code {code}"),
-        (None, None) => "ended".to_owned(),
-    };
     writeln!(
         w,
-        "memtrail report: {} ({how} after {})",
+        "memtrail report: {} ({})",
         profile.command.join(" "),
-        duration(profile.duration_ns)
+        crate::report::ending(profile)
     )?;
     writeln!(
         w,
@@ -206,13 +201,5 @@ fn plural(n: u64, noun: &str) -> String {
         format!("1 {noun}")
     } else {
         format!("{n} {noun}s")
-    }
-}
-
-fn duration(ns: u64) -> String {
-    if ns >= 1_000_000_000 {
-        format!("{:.2} s", ns as f64 / 1e9)
-    } else {
-        format!("{:.1} ms", ns as f64 / 1e6)
     }
 }

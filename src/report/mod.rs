@@ -52,7 +52,7 @@ pub use profile::{
 };
 pub use regions::RegionEntry;
 pub use stream::{EventWriter, EventsFormat};
-pub use summary::{SlowProbe, human_bytes, slow_probes, write_summary};
+pub use summary::{NOTE, SlowProbe, ending, human_bytes, slow_probes, write_summary};
 pub use timeline::Timeline;
 
 use crate::record::{Body, Header, Kind, Mem, Record};
@@ -436,6 +436,28 @@ impl Aggregator {
         if let Some(&idx) = self.by_pid.get(&pid) {
             self.procs[idx].ppid = ppid;
         }
+    }
+
+    /// Adds a process that was running before the capture (one memtrail
+    /// attaches to), with its parent and executable as they are now: no
+    /// exec or fork record names them. Call before any record of `pid`.
+    pub fn add_running(&mut self, pid: u32, ppid: u32, exe: &str, ts: u64) {
+        let exe_id = self.intern_exe(exe);
+        self.insert(Process {
+            pid,
+            ppid,
+            exe: exe.to_owned(),
+            exe_id,
+            start_ns: ts,
+            state: Some(Box::default()),
+            ..Process::default()
+        });
+    }
+
+    /// The kernel's wait status of the newest process with `pid`, once it
+    /// exited.
+    pub fn exit_status(&self, pid: u32) -> Option<i32> {
+        self.procs[*self.by_pid.get(&pid)?].exit_status
     }
 
     fn insert(&mut self, proc: Process) {

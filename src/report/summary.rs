@@ -6,6 +6,14 @@ use std::path::PathBuf;
 
 use super::profile::{ProbeEntry, Profile};
 
+/// The `tracing` target of notes about a capture: what the capture's
+/// profile or summary records too, or what concerns the tracked program
+/// alone (an image without unwind tables, probe sites past the counted
+/// ones, USDT markers memtrail skips). `-q` silences them (main); warnings
+/// about memtrail's own environment (a process it could not resume, a
+/// cgroup it could not thaw, BPF maps it could not set up) and errors stay.
+pub const NOTE: &str = "memtrail::note";
+
 /// A probe site the kernel single-steps (~14 µs a hit), that the command
 /// went through.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +62,22 @@ fn human_ns(ns: u64) -> String {
         format!("{:.2} s", ns as f64 / 1e9)
     } else {
         format!("{:.1} ms", ns as f64 / 1e6)
+    }
+}
+
+/// What became of the command, or of the process memtrail attached to,
+/// and when: `exited with code 0 after 1.20 s`, `was killed by signal 9
+/// after …`; for an attach window, `still running: detached after 3.00 s`
+/// (it had not exited when memtrail detached) or `exited with code 0 after
+/// 1.20 s attached`.
+pub fn ending(p: &Profile) -> String {
+    let after = human_ns(p.duration_ns);
+    let attached = if p.attached { " attached" } else { "" };
+    match (p.exit.code, p.exit.signal) {
+        (_, Some(sig)) => format!("was killed by signal {sig} after {after}{attached}"),
+        (Some(code), None) => format!("exited with code {code} after {after}{attached}"),
+        (None, None) if p.attached => format!("still running: detached after {after}"),
+        (None, None) => format!("ended after {after}"),
     }
 }
 
@@ -146,16 +170,11 @@ fn temporary_is_large(t: &super::HeapCounters) -> bool {
 /// the command went through ([`slow_probes`]).
 pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io::Result<()> {
     let t = &p.totals;
-    let how = match (p.exit.code, p.exit.signal) {
-        (_, Some(sig)) => format!("was killed by signal {sig}"),
-        (Some(code), None) => format!("exited with code {code}"),
-        (None, None) => "ended".to_owned(),
-    };
     writeln!(
         w,
-        "memtrail: {} {how} after {}",
+        "memtrail: {} {}",
         p.command.first().map_or("command", String::as_str),
-        human_ns(p.duration_ns)
+        ending(p)
     )?;
     writeln!(
         w,

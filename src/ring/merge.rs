@@ -237,8 +237,9 @@ impl Consume for EventsRing {
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum EventRings {
-    /// Per CPU on machines with at least [`AUTO_PER_CPU`] CPUs online,
-    /// else one.
+    /// Per CPU on machines with at least 4 CPUs online, else one.
+    // The number is AUTO_PER_CPU's, written out: this is `--help` text
+    // (a unit test checks that they agree).
     #[default]
     Auto,
     /// One ring every CPU reserves from.
@@ -382,6 +383,14 @@ mod tests {
         assert!(EventRings::Auto.per_cpu(AUTO_PER_CPU));
         assert!(EventRings::PerCpu.per_cpu(1));
         assert!(!EventRings::Shared.per_cpu(64));
+        // `--help` says the number (issue 26: it said `[`AUTO_PER_CPU`]`).
+        let help = clap::ValueEnum::to_possible_value(&EventRings::Auto)
+            .and_then(|v| v.get_help().map(ToString::to_string))
+            .unwrap_or_default();
+        assert!(
+            help.contains(&format!("at least {AUTO_PER_CPU} CPUs")),
+            "{help}"
+        );
     }
 
     #[test]

@@ -104,6 +104,7 @@ impl Markers {
         }
         if self.unmatched_ends > 0 {
             tracing::warn!(
+                target: crate::report::NOTE,
                 ends = self.unmatched_ends,
                 "region ends without a begin on their thread"
             );

@@ -159,7 +159,11 @@ impl SessionOptions {
                     "a session tracking its own process cannot pause it: the pressure timeout must be 0",
                 ))
             }
-            Target::Pid(0) => Err(CaptureError::InvalidOptions("pid 0 names no process")),
+            // Pids are positive `pid_t`s: 0 and those past i32::MAX name
+            // no process (the kernel would call them invalid arguments).
+            Target::Pid(pid) if *pid == 0 || i32::try_from(*pid).is_err() => {
+                Err(CaptureError::NoProcess(*pid))
+            }
             Target::Pid(pid) if *pid == std::process::id() => Err(CaptureError::NotAttachable {
                 pid: *pid,
                 why: "it is memtrail's own process (track it with Target::SelfProcess)",
@@ -851,6 +855,11 @@ impl Session {
             Aggregator::without_timeline()
         };
         agg.set_direct_syscall_sites(opts.stack_depth != 0);
+        // No exec or fork record will name a process that runs already.
+        if let Some(pid) = running {
+            let (ppid, exe) = running_identity(pid);
+            agg.add_running(pid, ppid, &exe, sys::monotonic_ns());
+        }
         let mut event_sink = EventSink::new(agg, stream);
         event_sink.regions = Some(Regions::new(control.clone()));
         event_sink.live = opts.live.clone().map(|live| (live, 0));
@@ -1060,11 +1069,7 @@ impl Session {
             }
             Target::SelfProcess | Target::Pid(_) => {
                 let pid = running.expect("a running target");
-                session.command = vec![
-                    std::fs::read_link(format!("/proc/{pid}/exe"))
-                        .map(|p| p.to_string_lossy().into_owned())
-                        .unwrap_or_default(),
-                ];
+                session.command = vec![running_identity(pid).1];
                 let own = if is_self {
                     session.threads.tids.wait_for(session.threads.started)
                 } else {
@@ -1556,9 +1561,17 @@ impl Session {
             return Err(CaptureError::Malformed(malformed));
         }
         agg.finish(end_ns);
-        let root_exit = self.root.as_ref().and_then(|r| r.exit.flatten());
+        let mut root_exit = self.root.as_ref().and_then(|r| r.exit.flatten());
         if let Some(root) = &self.root {
             agg.set_parent(root.pid, std::process::id());
+        }
+        // A running process is not memtrail's child: its exit, if it
+        // exited while tracked, is the one the exit record gave.
+        if let Target::Pid(pid) = self.target {
+            root_exit = agg.exit_status(pid).map(|status| match status & 0x7f {
+                0 => ChildExit::Exited((status >> 8) & 0xff),
+                sig => ChildExit::Signaled(sig),
+            });
         }
         let exit = match root_exit {
             Some(ChildExit::Exited(code)) => ExitInfo {
@@ -1720,6 +1733,18 @@ impl Drop for Region<'_> {
 /// A pidfd of running process `pid`, which memtrail may attach to: it
 /// exists, is not a zombie and is not a kernel thread.
 fn open_running(pid: u32) -> Result<OwnedFd, CaptureError> {
+    // `/proc/TID` of a thread other than its process's main thread exists
+    // too (unlisted); pidfd_open refuses it.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let tgid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:")?.trim().parse::<u32>().ok());
+    if let Some(tgid) = tgid.filter(|&tgid| tgid != pid) {
+        return Err(CaptureError::ThreadOf {
+            tid: pid,
+            pid: tgid,
+        });
+    }
     let fd = sys::pidfd_open(pid.into()).map_err(|err| match err.errno() {
         Some(libc::ESRCH) => CaptureError::NoProcess(pid),
         _ => err.into(),
@@ -1744,6 +1769,21 @@ fn open_running(pid: u32) -> Result<OwnedFd, CaptureError> {
         }
         _ => Ok(fd),
     }
+}
+
+/// The parent and the executable of running process `pid`, as `/proc`
+/// has them now (0 and "" where it cannot tell).
+fn running_identity(pid: u32) -> (u32, String) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // `pid (comm) S ppid ...`: the fields after the last parenthesis.
+    let ppid = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0);
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (ppid, exe)
 }
 
 /// The thread ids of process `pid`.

@@ -6,11 +6,18 @@
 //! pipeline recorded for that process (or for the ancestor it forked from),
 //! so stacks of processes that have exited still symbolize. blazesym then
 //! resolves file offsets with ELF symbols and DWARF (lines, inlined
-//! functions, demangled C++ and Rust names), caching each file.
+//! functions), caching each file.
+//!
+//! Names are demangled here, and only names that are mangled: Itanium C++
+//! and legacy Rust (`_Z…`), Rust v0 (`_R…`). A C++ demangler also parses
+//! bare type encodings, which short C names are (`i` is `int`, `St` is
+//! `std`): blazesym's demangling, which tries it on any name whose language
+//! it does not know, turned C functions into C++ types (issue 26).
 //!
 //! Return addresses point after the call: `addr - 1` is symbolized, so the
 //! line is the call's.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -140,7 +147,8 @@ impl StackSymbolizer {
             symbolizer: Symbolizer::builder()
                 .enable_code_info(true)
                 .enable_inlined_fns(true)
-                .enable_demangling(true)
+                // Ours: only mangled names (see the module's docs).
+                .enable_demangling(false)
                 .build(),
             build_ids: Default::default(),
         }
@@ -352,6 +360,23 @@ fn virtual_addresses(path: &Path, offsets: &[u64]) -> Option<Vec<u64>> {
     Some(addrs)
 }
 
+/// `name` demangled if it is mangled: Rust's v0 (`_R…`) and legacy
+/// (`_ZN…17h<hash>E`) schemes, else Itanium C++ (`_Z…`); any other name as
+/// it is, whatever a demangler would make of it (`i`, `St`, `w`).
+pub fn demangle(name: &str) -> Cow<'_, str> {
+    if !(name.starts_with("_Z") || name.starts_with("_R")) {
+        return Cow::Borrowed(name);
+    }
+    // `{:#}` leaves out a legacy name's hash.
+    if let Ok(rust) = rustc_demangle::try_demangle(name) {
+        return Cow::Owned(format!("{rust:#}"));
+    }
+    name.strip_prefix("_Z")
+        .and(cpp_demangle::Symbol::new(name).ok())
+        .and_then(|sym| sym.demangle().ok())
+        .map_or(Cow::Borrowed(name), Cow::Owned)
+}
+
 /// `DIR/.build-id/xx/rest.debug` for build id `xxrest`, if it exists.
 fn debug_file(dir: &Path, build_id: &str) -> Option<PathBuf> {
     let valid = build_id.len() > 2 && build_id.bytes().all(|b| b.is_ascii_hexdigit());
@@ -377,7 +402,7 @@ fn frames_of(base: Frame, sym: Option<Symbolized<'_>>) -> Vec<Frame> {
         info.map(|c| (c.to_path().display().to_string(), c.line))
     };
     let frame = |name: &str, loc: Option<(String, Option<u32>)>, inlined: bool| Frame {
-        function: Some(name.to_owned()),
+        function: Some(demangle(name).into_owned()),
         line: loc.as_ref().and_then(|l| l.1),
         file: loc.map(|l| l.0),
         inlined,
@@ -389,4 +414,42 @@ fn frames_of(base: Frame, sym: Option<Symbolized<'_>>) -> Vec<Frame> {
     }
     frames.push(frame(&sym.name, location(sym.code_info.as_deref()), false));
     frames
+}
+
+#[cfg(test)]
+mod tests {
+    use super::demangle;
+
+    #[test]
+    fn demangles_only_mangled_names() {
+        for (name, shown) in [
+            // C names that are also Itanium type codes stay as they are.
+            ("i", "i"),
+            ("w", "w"),
+            ("x", "x"),
+            ("d", "d"),
+            ("v", "v"),
+            ("St", "St"),
+            ("Ss", "Ss"),
+            ("Sa", "Sa"),
+            ("main", "main"),
+            ("__libc_start_main_impl", "__libc_start_main_impl"),
+            // C++ (Itanium), a GCC clone included.
+            ("_Z11make_widgetv", "make_widget()"),
+            ("_ZN3foo3barEi", "foo::bar(int)"),
+            ("_Z3foov.cold", "foo() [clone .cold]"),
+            ("_Znwm", "operator new(unsigned long)"),
+            // Rust, legacy (hash left out) and v0.
+            (
+                "_ZN10stack_rust11make_buffer17h0123456789abcdefE",
+                "stack_rust::make_buffer",
+            ),
+            ("_RNvCs1234_7mycrate3foo", "mycrate::foo"),
+            // Not mangled after all: as it is.
+            ("_Z", "_Z"),
+            ("_R", "_R"),
+        ] {
+            assert_eq!(demangle(name), shown, "{name}");
+        }
+    }
 }

@@ -320,11 +320,13 @@ impl Tables {
         match &outcome {
             Outcome::Loaded { .. } => {}
             Outcome::NoCfi => tracing::warn!(
+                target: crate::report::NOTE,
                 image = %name.display(),
                 "no unwind information (stripped?): stacks through it take frame-pointer steps \
                  and may be shorter"
             ),
             Outcome::TooBig { rows, room } => tracing::warn!(
+                target: crate::report::NOTE,
                 image = %name.display(),
                 rows,
                 room,
@@ -332,6 +334,7 @@ impl Tables {
                  steps and may be shorter"
             ),
             Outcome::Failed { reason } => tracing::warn!(
+                target: crate::report::NOTE,
                 image = %name.display(),
                 %reason,
                 "cannot prepare an unwind table: stacks through it may be shorter"
