@@ -278,7 +278,9 @@ impl CaptureError {
         use crate::sys::ExecFailure;
         match self {
             Self::Spawn(SpawnError::NotFound(_)) => ErrorKind::NotFound,
-            Self::Spawn(SpawnError::NotExecutable(_)) => ErrorKind::NotExecutable,
+            Self::Spawn(SpawnError::NotExecutable(_) | SpawnError::PermissionDenied { .. }) => {
+                ErrorKind::NotExecutable
+            }
             Self::Spawn(SpawnError::Nul(_)) => ErrorKind::InvalidArgument,
             Self::Spawn(SpawnError::Exec { source, .. }) => match source {
                 ExecFailure::Exec(e) if e.kind() == std::io::ErrorKind::NotFound => {

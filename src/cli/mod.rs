@@ -68,7 +68,8 @@ Exit status:
     74   another tracer holds a conflicting uprobe (ref_ctr_offset mismatch)
     75   an executable image the command loaded could not be examined or probed
     76   a pressure pause did not recover within --pressure-timeout (tree killed)
-    126  the command is not executable
+    126  the command is not executable, or cannot be reached (a directory on
+         its path denies search permission: the message names it)
     127  the command was not found";
 
 const ATTACH_EXIT_CODES_HELP: &str = "\
