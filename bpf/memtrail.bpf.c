@@ -187,20 +187,28 @@ __u64 drops_attach = 0;
  * Backpressure. With pressure_enabled, a producer that finds its ring
  * filled past the ring's watermark (after submitting, never while holding a
  * reservation) latches a pressure episode with a compare-and-swap on
- * pressure_latch. Userspace, which reads and clears the latch through the
- * mmap'd .bss, pauses the tree, drains every ring and resumes it.
+ * pressure_latch, which then holds the clock reading of the latch (never
+ * 0). Userspace, which reads and clears the latch through the mmap'd .bss,
+ * pauses the tree, drains every ring and resumes it.
  *
- * With pressure_freeze, userspace pauses the tree with its cgroup's
- * freezer, which the tree cannot observe; a producer stops its own process
- * (SIGSTOP, which its parent can see) only past the ring's hard mark,
- * where the room left holds no more than what the tree's threads can still
- * produce before each stops at its own next check: MT_RECORDS_PER_THREAD
- * records of ring_record[ring] bytes per live thread of the tree. Without
- * pressure_freeze (no usable cgroup) every producer past the watermark
- * stops its own process.
+ * Each ring's *hard mark* leaves room for what the tree's threads can
+ * still write before each stops at its own next check: MT_RECORDS_PER_THREAD
+ * records of ring_record[ring] bytes per live thread of the tree
+ * (tree_threads). A producer past it stops its own process (SIGSTOP, which
+ * its parent can see) and latches, wherever the watermark is: so no ring
+ * overflows however many threads the tree has, and however late the pause
+ * lands. A new thread or process counts from its fork on, and it could
+ * write its records before any check of its own: sched_fork checks every
+ * ring for it, and stops it before its first instruction if one has not
+ * that room (fork_check). With pressure_freeze, userspace pauses the tree
+ * with its cgroup's freezer, which the tree cannot observe, and the hard
+ * mark is the only self-stop. Without pressure_freeze (no usable cgroup)
+ * every producer past the watermark stops its own process too.
  */
 const volatile bool pressure_enabled = false;
-const volatile bool pressure_freeze = false;
+/* Written by userspace after load (it creates the cgroup once its
+ * guardian runs), before the command starts. */
+bool pressure_freeze = false;
 const volatile __u64 watermark_events = ~0ULL;
 const volatile __u64 watermark_stacks = ~0ULL;
 const volatile __u64 watermark_mappings = ~0ULL;
@@ -208,6 +216,9 @@ const volatile __u64 watermark_attach = ~0ULL;
 /* Capacity and largest record (with its 8-byte ring header) of each ring. */
 const volatile __u64 ring_capacity[MT_RINGS] = {};
 const volatile __u64 ring_record[MT_RINGS] = {};
+/* With pressure_freeze: the bytes each ring keeps between the latch and its
+ * hard mark, for the tree to fill while the freeze lands (src/pressure). */
+const volatile __u64 ring_freeze_room[MT_RINGS] = {};
 
 /* A thread produces at most this many records into one ring between two
  * of its checks (sched_exec writes its exec event unchecked, then checks
@@ -250,6 +261,7 @@ static __always_inline void wake_coordinator(void)
 	bpf_ringbuf_submit(rec, BPF_RB_FORCE_WAKEUP);
 }
 
+/* 0, or the bpf_ktime_get_ns() of the latch: when the episode began. */
 __u64 pressure_latch = 0;
 
 /*
@@ -608,48 +620,150 @@ static __always_inline void *reserve(void *ring, __u64 size)
 	return rec;
 }
 
-/* Records the current process in hard_stops (a subprogram: its map key
- * and value take no room in the producers' frames). */
-static __noinline void record_hard_stop(void)
+/* Records process tgid in hard_stops (a subprogram: its map key and value
+ * take no room in the producers' frames). */
+static __noinline void record_hard_stop(__u32 tgid)
 {
-	__u32 tgid = current_ids() >> 32, one = 1;
+	__u32 one = 1;
 
 	if (bpf_map_update_elem(&hard_stops, &tgid, &one, BPF_ANY))
 		__sync_fetch_and_add(&hard_stops_unrecorded, 1);
 }
 
+/* Latches an episode unless one is latched; the first latch wakes the
+ * coordinator. The latch holds the time it was set. */
+static __always_inline void latch_episode(void)
+{
+	if (__sync_val_compare_and_swap(&pressure_latch, 0, bpf_ktime_get_ns() | 1) == 0)
+		wake_coordinator();
+}
+
+/* Bytes ring idx has left past its hard mark with avail bytes in it:
+ * negative once the tree's live threads may write more than it holds
+ * (see Backpressure above). */
+static __always_inline __s64 past_hard_mark_room(__u64 avail, enum mt_ring idx)
+{
+	__u32 i = idx & (MT_RINGS - 1);
+
+	return (__s64)ring_capacity[i] - (__s64)avail -
+	       (__s64)(tree_threads * MT_RECORDS_PER_THREAD * ring_record[i]);
+}
+
+static __always_inline bool past_hard_mark(__u64 avail, enum mt_ring idx)
+{
+	return past_hard_mark_room(avail, idx) < 0;
+}
+
 static __always_inline void check_pressure(void *ring, enum mt_ring idx, __u64 watermark,
 					   __u64 *hwm)
 {
-	__u64 avail, reserve_for;
+	__u64 avail;
+	__s64 left;
+	bool hard;
 
 	/* A constant at load time: without pressure the verifier drops the
 	 * rest, and with it the query (~20 ns a record here). The pollers
 	 * then keep the high-water marks from what they see. */
 	if (!pressure_enabled)
 		return;
+
 	avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
 	if (avail > *hwm)
 		*hwm = avail;
-	if (avail <= watermark)
+	left = past_hard_mark_room(avail, idx);
+	hard = left < 0;
+	/* With the freezer, latch too while the freeze room is all that is
+	 * left before the hard mark, wherever the watermark is: a tree with
+	 * more threads than CPUs reserves more than the room rule counted,
+	 * and the freeze must still land before a producer stops itself. */
+	if (avail <= watermark && !hard &&
+	    !(pressure_freeze && left < (__s64)ring_freeze_room[idx & (MT_RINGS - 1)]))
 		return;
-	/* The first producer over the watermark latches the episode. */
-	if (__sync_val_compare_and_swap(&pressure_latch, 0, 1) == 0)
-		wake_coordinator();
+	latch_episode();
 	if (pressure_freeze) {
-		reserve_for = tree_threads * MT_RECORDS_PER_THREAD * ring_record[idx & (MT_RINGS - 1)];
-		if (avail + reserve_for <= ring_capacity[idx & (MT_RINGS - 1)])
+		if (!hard)
 			return;
-		record_hard_stop();
+		record_hard_stop(current_ids() >> 32);
 	}
-	/* Every producer past the mark stops its own process, so a wide tree
-	 * cannot overrun the room left before the coordinator has paused it
-	 * all. The coordinator holds and resumes them: it waits until each
-	 * held process has stopped (and so left this program) before it
-	 * clears the latch, so no self-stop can land after its SIGCONT. To
-	 * this thread: it dequeues the stop on its way back to user space and
-	 * so cannot produce again before the whole group stops. */
+	/* A producer past the hard mark (every one past the watermark
+	 * without a cgroup) stops its own process, so a wide tree cannot
+	 * overrun the room left before the coordinator has paused it all.
+	 * The coordinator holds and resumes them: it waits until each held
+	 * process has stopped (and so left this program) before it clears
+	 * the latch, so no self-stop can land after its SIGCONT. To this
+	 * thread: it dequeues the stop on its way back to user space and so
+	 * cannot produce again before the whole group stops. */
 	bpf_send_signal_thread(SIGSTOP);
+}
+
+/* Whether ring idx lacks the room a new thread needs: past its hard mark
+ * (tree_threads counts the new thread already), or, without a cgroup,
+ * past its watermark. */
+static __always_inline bool ring_lacks_room(void *ring, enum mt_ring idx, __u64 watermark)
+{
+	__u64 avail;
+
+	if (!ring)
+		return false;
+	avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
+	return past_hard_mark(avail, idx) || (!pressure_freeze && avail > watermark);
+}
+
+/* Events rings userspace made (one, or one per CPU). */
+const volatile __u32 event_ring_count = 1;
+
+static long events_ring_lacks_room(__u64 i, bool *lacks)
+{
+	__u32 idx = i;
+	void *ring = bpf_map_lookup_elem(&event_rings, &idx);
+
+	if (ring_lacks_room(ring, MT_RING_EVENTS, watermark_events)) {
+		*lacks = true;
+		return 1;
+	}
+	return 0;
+}
+
+/* Whether any ring lacks the room a new thread of the tree needs. */
+static __noinline bool tree_lacks_room(void)
+{
+	bool lacks = false;
+
+	if (ring_lacks_room(&stacks, MT_RING_STACKS, watermark_stacks) ||
+	    ring_lacks_room(&mappings, MT_RING_MAPPINGS, watermark_mappings) ||
+	    ring_lacks_room(&attach_requests, MT_RING_ATTACH, watermark_attach))
+		return true;
+	bpf_loop(event_ring_count, events_ring_lacks_room, &lacks, 0);
+	return lacks;
+}
+
+/* Tells signal_generate that a stop is memtrail's own (bpf_send_signal_task
+ * puts it in the signal's si_value). */
+#define MT_STOP_COOKIE 0x6d74726c73746f70ULL /* "mtrlstop" */
+
+/* sched_fork's pressure check for a new thread or process of the tree
+ * (tree_threads counts it already): its records would come before any
+ * check of its own, so if a ring has not the room for them it stops
+ * before its first instruction (the whole process, for a thread), is
+ * recorded for the coordinator and latches an episode. Returns whether
+ * it stopped it. Kernels without bpf_send_signal_task stop the parent
+ * instead, which holds a new thread (it joins the group stop) but not a
+ * new process. */
+static __always_inline bool fork_check(struct task_struct *child, __u32 ctgid)
+{
+	if (!pressure_enabled || !tree_lacks_room())
+		return false;
+	latch_episode();
+	if (pressure_freeze)
+		record_hard_stop(ctgid);
+	if (bpf_ksym_exists(bpf_send_signal_task)) {
+		bpf_send_signal_task(child, SIGSTOP, PIDTYPE_PID, MT_STOP_COOKIE);
+		return true;
+	}
+	if (pressure_freeze)
+		record_hard_stop(current_ids() >> 32);
+	bpf_send_signal_thread(SIGSTOP);
+	return false;
 }
 
 /* The clock reading a record is stamped with when the caller takes it
@@ -1967,6 +2081,7 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 {
 	__u32 ptgid = task_ids(parent) >> 32, ctgid = task_ids(child) >> 32;
 	struct mt_fork_event *e;
+	bool stopped;
 	void *ring;
 
 	if (!is_tracked(ptgid))
@@ -1974,12 +2089,16 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	track_task(child);
 	if (__sync_fetch_and_add(&tree_threads, 1) + 1 > tree_threads_peak)
 		tree_threads_peak = tree_threads;
-	if (ptgid == ctgid)
-		return 0; /* a thread */
+	if (ptgid == ctgid) {
+		fork_check(child, ctgid); /* a thread */
+		return 0;
+	}
 	if (bpf_map_update_elem(&tracked, &ctgid, &ptgid, BPF_ANY)) {
 		__sync_fetch_and_add(&drops_tracking, 1);
 		return 0;
 	}
+	/* After the child is tracked: the coordinator finds it in the map. */
+	stopped = fork_check(child, ctgid);
 	ring = events_ring();
 	e = reserve(ring, sizeof(*e));
 	if (e) {
@@ -1991,12 +2110,15 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 		check_pressure(ring, MT_RING_EVENTS, watermark_events, &hwm_events);
 	}
 	/* The child has not run yet: it stops before its first instruction
-	 * and stays stopped until its probes exist. */
+	 * and stays stopped until its probes exist. (One SIGSTOP serves both
+	 * holds: a second send from this program could find the CPU's
+	 * deferred-signal work still busy.) */
 	if (per_process && request(ctgid, MT_REQ_FORK, ptgid) && bpf_ksym_exists(bpf_send_signal_task)) {
 		__u8 one = 1;
 
 		bpf_map_update_elem(&held_for_probes, &ctgid, &one, BPF_ANY);
-		bpf_send_signal_task(child, SIGSTOP, PIDTYPE_TGID, 0);
+		if (!stopped)
+			bpf_send_signal_task(child, SIGSTOP, PIDTYPE_PID, MT_STOP_COOKIE);
 		check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
 	}
 	return 0;
@@ -2066,24 +2188,13 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 	return 0;
 }
 
-SEC("tp_btf/sched_process_exit")
-int BPF_PROG(sched_exit, struct task_struct *p)
+/* The last thread of tracked process p is exiting. */
+static __always_inline void process_exit(struct task_struct *p, __u64 pid_tgid)
 {
-	__u64 pid_tgid = current_ids();
-	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
+	__u32 tgid = pid_tgid >> 32;
 	struct mt_exit_event *e;
 	void *ring;
 
-	/* A thread that dies inside a syscall (its task storage goes with it). */
-	bpf_map_delete_elem(&sysargs, &tid);
-	release_slot(p->pid);
-	if (!is_tracked(tgid))
-		return 0;
-	__sync_fetch_and_add(&tree_threads, -1);
-	/* do_exit() drops signal->live before this tracepoint: zero means
-	 * the last thread of the process is exiting. */
-	if (BPF_CORE_READ(p, signal, live.counter) != 0)
-		return 0;
 	bpf_map_delete_elem(&tracked, &tgid);
 	bpf_map_delete_elem(&code_maps, &tgid);
 	if (per_process) {
@@ -2093,10 +2204,30 @@ int BPF_PROG(sched_exit, struct task_struct *p)
 	ring = events_ring();
 	e = reserve(ring, sizeof(*e));
 	if (!e)
-		return 0;
+		return;
 	fill_header(&e->hdr, pid_tgid, MT_EXIT, 0);
 	e->exit_code = BPF_CORE_READ(p, exit_code);
 	e->_pad = 0;
 	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(sched_exit, struct task_struct *p)
+{
+	__u64 pid_tgid = current_ids();
+	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
+
+	/* A thread that dies inside a syscall (its task storage goes with it). */
+	bpf_map_delete_elem(&sysargs, &tid);
+	release_slot(p->pid);
+	if (!is_tracked(tgid))
+		return 0;
+	/* do_exit() drops signal->live before this tracepoint: zero means
+	 * the last thread of the process is exiting. */
+	if (BPF_CORE_READ(p, signal, live.counter) == 0)
+		process_exit(p, pid_tgid);
+	/* Last: the thread's records are all written, its room past the hard
+	 * marks may go. */
+	__sync_fetch_and_add(&tree_threads, -1);
 	return 0;
 }

@@ -207,7 +207,7 @@ fn guardian_survives_process_group_kill() {
             "run",
             "-q",
             "--ring-size",
-            "64K",
+            "1M",
             "--pressure-timeout",
             "inf",
         ])

@@ -83,7 +83,8 @@ pub struct Options {
 }
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
-/// wedge-events,stall-stacks,one-thread-slot,no-cgroup,fail-after-start` in
+/// wedge-events,stall-stacks,one-thread-slot,no-cgroup,fail-after-start,
+/// late-pause,late-release` in
 /// the CLI; see
 /// [`engine::Fault`]).
 #[derive(Debug, Clone, Copy, Default)]
@@ -108,6 +109,9 @@ pub struct Faults {
     /// while another thread holds the mmap lock (`find-vma-busy`): the path
     /// that reads a mapping from the call's own file descriptor.
     pub find_vma_busy: bool,
+    /// The pressure coordinator freezes late (`late-freeze`) or resumes
+    /// late (`late-release`).
+    pub pressure: crate::pressure::PressureFault,
 }
 
 impl Faults {
@@ -133,6 +137,14 @@ impl Faults {
             }
             if name == "find-vma-busy" {
                 faults.find_vma_busy = true;
+                continue;
+            }
+            if name == "late-pause" {
+                faults.pressure = crate::pressure::PressureFault::LatePause;
+                continue;
+            }
+            if name == "late-release" {
+                faults.pressure = crate::pressure::PressureFault::LateRelease;
                 continue;
             }
             let (fault, pipeline) = match name.split_once('-') {
@@ -483,7 +495,7 @@ pub(crate) fn loss_advice(
         .zip(counts)
         .filter(|&(room, n)| n != 0 && room.option != "fixed")
         .map(|(room, _)| {
-            let needed = (crate::pressure::RECORDS_PER_THREAD * threads + 1) * room.record;
+            let needed = crate::pressure::min_room(room.record, threads, 0);
             let size = crate::pressure::min_ring_size(room.capacity, percent, needed);
             format!("{} {size}", room.option)
         })

@@ -101,10 +101,11 @@ fn unescape_mount(field: &str) -> String {
     out
 }
 
-/// Removes the empty `memtrail-PID` cgroups of memtrails that are gone (one
-/// killed between creating its cgroup and starting its guardian leaves
-/// one): a cgroup whose pid names no live memtrail and that holds no
-/// process.
+/// Removes the empty `memtrail-PID` cgroups of memtrails that are gone: a
+/// cgroup whose pid names no process at all and that holds none. (A live
+/// process with that pid keeps it, whatever its name: memtrail may run
+/// under another name, and a concurrent capture's cgroup is empty until
+/// its command starts; issue 28.)
 fn remove_stale(parent: &Path) {
     let Ok(entries) = fs::read_dir(parent) else {
         return;
@@ -118,8 +119,7 @@ fn remove_stale(parent: &Path) {
         else {
             continue;
         };
-        let alive = fs::read_to_string(format!("/proc/{pid}/comm"))
-            .is_ok_and(|comm| comm.trim_end() == "memtrail");
+        let alive = Path::new(&format!("/proc/{pid}")).exists();
         let empty = fs::read_to_string(entry.path().join("cgroup.events"))
             .is_ok_and(|e| e.lines().any(|l| l == "populated 0"));
         if !alive && empty && fs::remove_dir(entry.path()).is_ok() {

@@ -411,7 +411,7 @@ impl Session {
         }
         let rooms = crate::capture::ring_rooms(rings.each, rings.per_cpu, opts.stack_ring_size);
         if opts.pressure_timeout.enabled() {
-            pressure::check_room(&rooms, opts.watermark_percent, cpus)?;
+            pressure::check_room(&rooms, opts.watermark_percent, cpus, false)?;
         }
         crate::capture::check_environment()?;
         // An existing process is not moved into a cgroup of ours: it is
@@ -431,6 +431,9 @@ impl Session {
         } else {
             None
         };
+        if cgroup.is_some() {
+            pressure::check_room(&rooms, opts.watermark_percent, cpus, true)?;
+        }
         // A process that exists already is looked at before the object
         // loads: its pid must still name it.
         let pidfd = match target {
@@ -511,7 +514,6 @@ impl Session {
                 ro.pidns_translate = true;
                 ro.pidns_ino = ino;
             }
-            ro.pressure_freeze = cgroup.is_some();
             ro.attach_hold = !is_self;
             ro.per_process = per_process;
             ro.memtrail_tgid = std::process::id();
@@ -519,12 +521,15 @@ impl Session {
             for (i, room) in rooms.iter().enumerate() {
                 ro.ring_capacity[i] = room.capacity;
                 ro.ring_record[i] = room.record;
+                let producers = if room.per_cpu.is_some() { 1 } else { cpus };
+                ro.ring_freeze_room[i] = pressure::freeze_room(producers);
             }
             if opts.faults.one_thread_slot {
                 ro.thread_slot_mask = 0;
             }
             ro.fault_find_vma_busy = opts.faults.find_vma_busy;
             ro.cpu_rings = rings.per_cpu.is_some();
+            ro.event_ring_count = rings.sizes.len() as u32;
             ro.watermark_events = mark(rings.each as u64);
             ro.watermark_stacks = mark(opts.stack_ring_size as u64);
             ro.watermark_mappings = mark(mappings);
@@ -599,6 +604,7 @@ impl Session {
             .bss_data
             .as_deref_mut()
             .expect("the BPF object has a .bss");
+        bss.pressure_freeze = cgroup.is_some();
         let latch_word: *mut u64 = &raw mut bss.pressure_latch;
         let unrecorded_word: *mut u64 = &raw mut bss.hard_stops_unrecorded;
         let sleeping: Vec<*mut u64> = bss.sleeping.iter_mut().map(std::ptr::from_mut).collect();
@@ -996,6 +1002,7 @@ impl Session {
             done: threads.done.clone(),
             // A process memtrail did not start is never killed.
             kill_on_failure: !matches!(target, Target::Pid(_)),
+            fault: opts.faults.pressure,
         };
         let tids = threads.tids.clone();
         let failed_fd = threads.failed_fd.clone();

@@ -42,8 +42,8 @@ pub use guardian::{GuardianCgroup, spawn_guardian};
 pub use host::{has_capability, kernel_file_id, kernel_log_tail, monotonic_ns};
 pub use process::{
     INIT_PID_NS_INO, Pid, ThreadStates, gettid, kill, pid_namespace, pidfd_check_alive, pidfd_open,
-    pidfd_open_thread, pidfd_send_signal, set_child_subreaper, set_thread_nice, stop_self,
-    thread_states, wait_pidfd,
+    pidfd_open_thread, pidfd_send_signal, set_child_subreaper, set_thread_nice,
+    set_thread_realtime, stop_self, thread_states, wait_pidfd,
 };
 pub use rustix::process::Signal;
 pub use sigmask::{block_signals, ignore_signal, read_signal, signalfd};
