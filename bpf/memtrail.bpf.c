@@ -37,8 +37,18 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define PROT_EXEC 0x4
 #define EEXIST 17
 #define PAGE_SHIFT 12
+#define SIGKILL 9
 #define SIGSTOP 19
 #define SIGCONT 18
+#define SIGTSTP 20
+#define SIGTTIN 21
+#define SIGTTOU 22
+#define SI_KERNEL 0x80
+/* The kernel's siginfo for a signal sent on its own account. */
+#define SEND_SIG_PRIV ((void *)1)
+/* signal_generate's result (include/trace/events/signal.h). */
+#define TRACE_SIGNAL_DELIVERED 0
+#define TRACE_SIGNAL_ALREADY_PENDING 2
 /* How far below operator new's entry its allocator call may run. */
 #define NEW_FRAME_MAX 4096
 /* Syscall returns in [-4095, -1] are errors. */
@@ -132,6 +142,9 @@ const volatile bool per_process = false;
 
 extern int bpf_send_signal_task(struct task_struct *task, int sig, enum pid_type type,
 				__u64 value) __weak __ksym;
+extern struct task_struct *bpf_task_from_pid(__s32 pid) __weak __ksym;
+extern struct task_struct *bpf_task_from_vpid(__s32 vpid) __weak __ksym;
+extern void bpf_task_release(struct task_struct *p) __weak __ksym;
 
 /* Processes held stopped until their per-process probes exist (tgid -> 1):
  * BPF adds one when it stops it, userspace removes it before it resumes it.
@@ -144,6 +157,36 @@ struct {
 } held_for_probes SEC(".maps");
 
 const volatile __u32 memtrail_tgid = 0;
+
+/* Processes of the tree that someone other than memtrail stopped (a
+ * SIGSTOP, or a SIGTSTP, SIGTTIN or SIGTTOU the process does not catch)
+ * and nobody resumed since: tgid -> 1. memtrail's releases, its guardian
+ * and the safety net below never send them SIGCONT: a stop memtrail did
+ * not make is not memtrail's to undo. signal_generate keeps it; userspace
+ * adds a process found stopped when memtrail attaches to it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_MAX_PROCS);
+	__type(key, __u32);
+	__type(value, __u8);
+} foreign_stops SEC(".maps");
+
+/*
+ * The safety net: whatever kills memtrail and its guardian (the guardian
+ * resumes the tree when memtrail dies, see src/sys/guardian.rs), the
+ * kernel runs sched_exit for each of them while its links are still
+ * open (memtrail's; the guardian holds the sched_exit link until it has
+ * thawed the tree). When memtrail's process exits, no program stops a
+ * process any more (memtrail_gone: its uprobes may still fire while its
+ * links close, and a pause or hold made then would have no end), and every
+ * tracked process not stopped by someone else gets SIGCONT; when the last of the two
+ * exits, a process still frozen (its cgroup frozen, and nobody left to
+ * thaw it: only a write to cgroup.freeze does) is killed instead, since
+ * SIGKILL is the one way out of the freezer. Userspace sets both words
+ * once the guardian runs (protectors: 2 with a guardian, else 1).
+ */
+__u32 guardian_tgid = 0;
+__u64 protectors = 0;
 
 /* Held processes another process resumed before their probes existed: their
  * first allocations may have gone unseen, so the capture fails. */
@@ -263,6 +306,17 @@ static __always_inline void wake_coordinator(void)
 
 /* 0, or the bpf_ktime_get_ns() of the latch: when the episode began. */
 __u64 pressure_latch = 0;
+
+/* Set as memtrail's process exits (protector_exit): from then on no
+ * program stops a process (a hold or a pause nobody would end), while the
+ * links close. */
+__u64 memtrail_gone = 0;
+
+/* Whether a program may stop a process of the tree now. */
+static __always_inline bool may_stop(void)
+{
+	return !memtrail_gone;
+}
 
 /*
  * Set by userspace while a ring's poller sleeps on the ring's epoll:
@@ -664,9 +718,8 @@ static __always_inline void check_pressure(void *ring, enum mt_ring idx, __u64 w
 	/* A constant at load time: without pressure the verifier drops the
 	 * rest, and with it the query (~20 ns a record here). The pollers
 	 * then keep the high-water marks from what they see. */
-	if (!pressure_enabled)
+	if (!pressure_enabled || !may_stop())
 		return;
-
 	avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
 	if (avail > *hwm)
 		*hwm = avail;
@@ -751,7 +804,7 @@ static __noinline bool tree_lacks_room(void)
  * new process. */
 static __always_inline bool fork_check(struct task_struct *child, __u32 ctgid)
 {
-	if (!pressure_enabled || !tree_lacks_room())
+	if (!pressure_enabled || !may_stop() || !tree_lacks_room())
 		return false;
 	latch_episode();
 	if (pressure_freeze)
@@ -1894,7 +1947,7 @@ static __always_inline void request_attach(__u64 pid_tgid, const struct vma_info
 	}
 	fill_mapping(m, pid_tgid, info);
 	bpf_ringbuf_submit(m, submit_flags(MT_RING_ATTACH));
-	if (attach_hold)
+	if (attach_hold && may_stop())
 		bpf_send_signal(SIGSTOP);
 	check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
 }
@@ -2117,29 +2170,86 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 		__u8 one = 1;
 
 		bpf_map_update_elem(&held_for_probes, &ctgid, &one, BPF_ANY);
-		if (!stopped)
+		if (!stopped && may_stop())
 			bpf_send_signal_task(child, SIGSTOP, PIDTYPE_PID, MT_STOP_COOKIE);
 		check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
 	}
 	return 0;
 }
 
-/* With per-process probes: a SIGCONT from another process than memtrail to
- * one held for its probes (a parent that saw the hold as its child
- * stopping, and resumed it: a job-control shell) lets it run unprobed. */
+/* Whether stop signal sig, being generated for task, is memtrail's own:
+ * sent by memtrail itself, or by its BPF programs (SIGSTOP only: to the
+ * current process, with the kernel's own siginfo, or to another task by
+ * bpf_send_signal_task, whose siginfo says SI_KERNEL and no process). */
+static __always_inline bool own_stop(int sig, struct kernel_siginfo *info,
+				     struct task_struct *task)
+{
+	__u32 sender = current_ids() >> 32;
+
+	if (sender == memtrail_tgid)
+		return true;
+	if (sig != SIGSTOP || !info)
+		return false;
+	if ((void *)info == SEND_SIG_PRIV)
+		return sender == (__u32)(task_ids(task) >> 32);
+	return BPF_CORE_READ(info, si_code) == SI_KERNEL;
+}
+
+/* Whether stop signal sig stops task: SIGSTOP always; the others only
+ * where the process leaves them at their default action. */
+static __always_inline bool stops_task(int sig, struct task_struct *task)
+{
+	struct sighand_struct *sighand;
+	void *handler = (void *)1;
+	__u64 off;
+
+	if (sig == SIGSTOP)
+		return true;
+	sighand = BPF_CORE_READ(task, sighand);
+	if (!sighand)
+		return false;
+	off = bpf_core_field_offset(struct sighand_struct, action) +
+	      (__u64)(sig - 1) * bpf_core_type_size(struct k_sigaction) +
+	      bpf_core_field_offset(struct k_sigaction, sa) +
+	      bpf_core_field_offset(struct sigaction, sa_handler);
+	bpf_probe_read_kernel(&handler, sizeof(handler), (void *)sighand + off);
+	return handler == NULL; /* SIG_DFL */
+}
+
+/*
+ * Stops and resumes of the tree by others. A stop signal someone else
+ * sends marks the process in foreign_stops; a SIGCONT from anyone but
+ * memtrail clears it. With per-process probes, a SIGCONT from another
+ * process than memtrail to one held for its probes (a parent that saw the
+ * hold as its child stopping, and resumed it: a job-control shell) lets it
+ * run unprobed, and is counted.
+ */
 SEC("tp_btf/signal_generate")
-int BPF_PROG(signal_generate, int sig, void *info, struct task_struct *task, int group,
-	     int result)
+int BPF_PROG(signal_generate, int sig, struct kernel_siginfo *info, struct task_struct *task,
+	     int group, int result)
 {
 	__u32 tgid;
+	__u8 one = 1;
 
-	if (!per_process || sig != SIGCONT)
+	if (sig != SIGCONT && sig != SIGSTOP && sig != SIGTSTP && sig != SIGTTIN &&
+	    sig != SIGTTOU)
 		return 0;
 	tgid = task_ids(task) >> 32;
-	if (!bpf_map_lookup_elem(&held_for_probes, &tgid))
+	if (!is_tracked(tgid))
 		return 0;
-	if ((__u32)(current_ids() >> 32) != memtrail_tgid)
-		__sync_fetch_and_add(&drops_resumed, 1);
+	if (sig == SIGCONT) {
+		if ((__u32)(current_ids() >> 32) == memtrail_tgid)
+			return 0;
+		bpf_map_delete_elem(&foreign_stops, &tgid);
+		if (per_process && bpf_map_lookup_elem(&held_for_probes, &tgid))
+			__sync_fetch_and_add(&drops_resumed, 1);
+		return 0;
+	}
+	if (result != TRACE_SIGNAL_DELIVERED && result != TRACE_SIGNAL_ALREADY_PENDING)
+		return 0;
+	if (own_stop(sig, info, task) || !stops_task(sig, task))
+		return 0;
+	bpf_map_update_elem(&foreign_stops, &tgid, &one, BPF_ANY);
 	return 0;
 }
 
@@ -2162,7 +2272,8 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 			__u8 one = 1;
 
 			bpf_map_update_elem(&held_for_probes, &tgid, &one, BPF_ANY);
-			bpf_send_signal(SIGSTOP);
+			if (may_stop())
+				bpf_send_signal(SIGSTOP);
 			check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach,
 				       &hwm_attach);
 		}
@@ -2188,6 +2299,46 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 	return 0;
 }
 
+/* The safety net's pass over one tracked process (see foreign_stops). */
+static long net_one(void *map, __u32 *pid, __u32 *ppid, bool *kill_frozen)
+{
+	struct task_struct *task;
+	bool frozen;
+
+	task = pidns_translate ? bpf_task_from_vpid(*pid) : bpf_task_from_pid(*pid);
+	if (!task)
+		return 0;
+	frozen = BPF_CORE_READ(task, cgroups, dfl_cgrp, freezer.e_freeze);
+	if (frozen && *kill_frozen)
+		bpf_send_signal_task(task, SIGKILL, PIDTYPE_TGID, 0);
+	else if (!bpf_map_lookup_elem(&foreign_stops, pid))
+		bpf_send_signal_task(task, SIGCONT, PIDTYPE_TGID, 0);
+	bpf_task_release(task);
+	return 0;
+}
+
+/* memtrail's process (memtrail) or its guardian's is exiting: see the
+ * safety net above. */
+static __noinline void protector_exit(bool memtrail)
+{
+	bool kill_frozen;
+	__s64 left;
+
+	if (memtrail)
+		__sync_fetch_and_add(&memtrail_gone, 1);
+	if (!bpf_ksym_exists(bpf_send_signal_task) || !bpf_ksym_exists(bpf_task_release) ||
+	    !(pidns_translate ? bpf_ksym_exists(bpf_task_from_vpid) :
+				bpf_ksym_exists(bpf_task_from_pid)))
+		return;
+	left = (__s64)__sync_fetch_and_add(&protectors, -1) - 1;
+	/* The guardian leaving while memtrail lives: memtrail resumes what it
+	 * holds itself. */
+	if (!memtrail && left > 0)
+		return;
+	kill_frozen = left <= 0;
+	bpf_for_each_map_elem(&tracked, net_one, &kill_frozen, 0);
+}
+
 /* The last thread of tracked process p is exiting. */
 static __always_inline void process_exit(struct task_struct *p, __u64 pid_tgid)
 {
@@ -2197,6 +2348,7 @@ static __always_inline void process_exit(struct task_struct *p, __u64 pid_tgid)
 
 	bpf_map_delete_elem(&tracked, &tgid);
 	bpf_map_delete_elem(&code_maps, &tgid);
+	bpf_map_delete_elem(&foreign_stops, &tgid);
 	if (per_process) {
 		bpf_map_delete_elem(&held_for_probes, &tgid);
 		request(tgid, MT_REQ_EXIT, 0);
@@ -2220,6 +2372,9 @@ int BPF_PROG(sched_exit, struct task_struct *p)
 	/* A thread that dies inside a syscall (its task storage goes with it). */
 	bpf_map_delete_elem(&sysargs, &tid);
 	release_slot(p->pid);
+	if ((tgid == memtrail_tgid || (guardian_tgid && tgid == guardian_tgid)) &&
+	    BPF_CORE_READ(p, signal, live.counter) == 0)
+		protector_exit(tgid == memtrail_tgid);
 	if (!is_tracked(tgid))
 		return 0;
 	/* do_exit() drops signal->live before this tracepoint: zero means

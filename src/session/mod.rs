@@ -58,7 +58,7 @@ use crate::pressure::{
     self, BssWord, Coordinator, HighWater, Latch, Pause, PressureError, PressureStats,
     PressureTimeout,
 };
-use crate::proctree::cgroup::TreeCgroup;
+use crate::proctree::cgroup::{CgroupError, CgroupPlace, TreeCgroup};
 use crate::proctree::stops::Stops;
 use crate::proctree::{self, CommandSpec};
 use crate::report::{Aggregator, EventWriter, ExitInfo, Profile};
@@ -178,6 +178,14 @@ pub struct TreeExit {
     /// How the root process ended, when the session could wait for it
     /// (a command it spawned).
     pub root: Option<ChildExit>,
+}
+
+/// Logs why pauses stop processes with SIGSTOP instead of freezing a cgroup.
+fn no_freezer(err: CgroupError) {
+    tracing::info!(
+        error = &err as &(dyn std::error::Error + 'static),
+        "no cgroup freezer: pressure pauses will stop processes with SIGSTOP"
+    );
 }
 
 /// The loaded BPF object: the skeleton and the storage it borrows.
@@ -314,7 +322,10 @@ pub struct Session {
     /// For a tracked existing process: its pidfd, to wait on.
     pidfd: Option<OwnedFd>,
     cgroup: Option<Arc<TreeCgroup>>,
-    _guardian: Option<OwnedFd>,
+    /// Dropped after the threads (which resume what they hold) and the
+    /// cgroup (thawed and removed): it is then told the session ended, and
+    /// reaped.
+    _guardian: Option<sys::Guardian>,
     sites: Vec<attach::Site>,
     image_cache: ImageCache,
     /// The symbolizer, loading ahead the files every capture symbolizes.
@@ -415,23 +426,13 @@ impl Session {
         }
         crate::capture::check_environment()?;
         // An existing process is not moved into a cgroup of ours: it is
-        // paused with SIGSTOP.
-        let cgroup = if opts.pressure_timeout.enabled() && spec.is_some() && !opts.faults.no_cgroup
-        {
-            match TreeCgroup::create() {
-                Ok(cgroup) => Some(Arc::new(cgroup)),
-                Err(err) => {
-                    tracing::info!(
-                        error = &err as &(dyn std::error::Error + 'static),
-                        "no cgroup freezer: pressure pauses will stop processes with SIGSTOP"
-                    );
-                    None
-                }
-            }
+        // paused with SIGSTOP. The cgroup is made once the guardian runs.
+        let place = if opts.pressure_timeout.enabled() && spec.is_some() && !opts.faults.no_cgroup {
+            CgroupPlace::locate().map_err(no_freezer).ok()
         } else {
             None
         };
-        if cgroup.is_some() {
+        if place.is_some() {
             pressure::check_room(&rooms, opts.watermark_percent, cpus, true)?;
         }
         // A process that exists already is looked at before the object
@@ -485,8 +486,10 @@ impl Session {
                 .stacks
                 .set_max_entries(opts.stack_ring_size as u32)
                 .map_err(CaptureError::Load)?;
-            // Only per-process probes hold processes at fork.
-            open.progs.signal_generate.set_autoload(per_process);
+            // Stops and resumes by others (and, with per-process probes,
+            // resumes of processes held at fork); a process tracking itself
+            // is never stopped.
+            open.progs.signal_generate.set_autoload(!is_self);
             // One set of allocator programs: the session program or the
             // split ones.
             open.progs.alloc_session.set_autoload(sessions);
@@ -547,17 +550,34 @@ impl Session {
             loaded => loaded?,
         };
         phases.done("BPF programs loaded and verified");
-        // Before any process can be stopped: the guardian resumes the tree
-        // if memtrail dies, however it dies. A process tracking itself is
-        // never stopped.
+        // The tracepoints first: the guardian holds sched_exit's link.
+        let mut links = Links::default();
+        let exit_link = crate::capture::attach_tracepoints(&loaded.skel, &mut links, !is_self)?;
+        phases.done("tracepoints attached");
+        // Before any process can be stopped and before the cgroup exists:
+        // the guardian resumes the tree and removes the cgroup if memtrail
+        // dies, however it dies. A process tracking itself is never
+        // stopped.
         let guardian = if is_self {
             None
         } else {
-            sys::spawn_guardian(
-                loaded.skel.maps.tracked.as_fd(),
-                cgroup.as_deref().map(TreeCgroup::for_guardian),
+            let maps = &loaded.skel.maps;
+            sys::Guardian::spawn(
+                &sys::GuardianMaps {
+                    tracked: maps.tracked.as_fd(),
+                    foreign_stops: maps.foreign_stops.as_fd(),
+                    exit_link: Some(exit_link.as_fd()),
+                },
+                place.as_ref().map(CgroupPlace::for_guardian).as_ref(),
             )?
         };
+        drop(exit_link);
+        let cgroup = place
+            .and_then(|place| place.create().map_err(no_freezer).ok())
+            .map(Arc::new);
+        if opts.faults.stop_after_cgroup && cgroup.is_some() {
+            sys::stop_self();
+        }
         phases.done("guardian");
         let event_ring_maps = match making_rings.join() {
             Some(made) => made?,
@@ -605,6 +625,9 @@ impl Session {
             .as_deref_mut()
             .expect("the BPF object has a .bss");
         bss.pressure_freeze = cgroup.is_some();
+        // The safety net's protectors: memtrail, and its guardian if any.
+        bss.guardian_tgid = guardian.as_ref().map_or(0, |g| g.pid().get());
+        bss.protectors = 1 + u64::from(guardian.is_some());
         let latch_word: *mut u64 = &raw mut bss.pressure_latch;
         let unrecorded_word: *mut u64 = &raw mut bss.hard_stops_unrecorded;
         let sleeping: Vec<*mut u64> = bss.sleeping.iter_mut().map(std::ptr::from_mut).collect();
@@ -619,9 +642,6 @@ impl Session {
                 source,
             })?;
         let mut tables = crate::capture::unwind_tables(skel, opts.unwind, opts.stack_depth);
-        let mut links = Links::default();
-        crate::capture::attach_tracepoints(skel, &mut links, per_process)?;
-        phases.done("tracepoints attached");
         let mut sites = Vec::new();
         let mut slots = attach::HitSlots::default();
         let mut known = HashSet::new();
@@ -801,6 +821,18 @@ impl Session {
             source,
         })?;
         let stops = Arc::new(Stops::new());
+        // A stop someone else made is theirs to end: releases leave such
+        // processes stopped.
+        stops.set_foreign_stops(
+            skel.maps
+                .foreign_stops
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|source| CaptureError::Io {
+                    what: "duplicating a BPF map descriptor",
+                    source,
+                })?,
+        );
         let mut threads = Threads {
             barrier: barrier.clone(),
             done: Arc::new(AtomicBool::new(false)),
@@ -1190,6 +1222,21 @@ impl Session {
                 libbpf_rs::MapFlags::ANY,
             )
             .map_err(CaptureError::Load)?;
+        // Stopped by someone else before memtrail came (`kill -STOP`, a
+        // debugger): theirs to resume, not memtrail's (issue 28). Tracked
+        // first, so that a SIGCONT from now on clears the mark (BPF's
+        // signal_generate); looked at again after marking, for one that
+        // came in between.
+        let stopped = |pid: u32| {
+            sys::thread_states(pid.into()).is_ok_and(|t| t.stopped > 0 || t.stop_pending)
+        };
+        if stopped(pid) {
+            let foreign = skel.maps.foreign_stops.as_fd();
+            sys::bpf_map_update(foreign, &pid.to_ne_bytes(), &[1])?;
+            if !stopped(pid) {
+                sys::bpf_map_delete(foreign, &pid.to_ne_bytes())?;
+            }
+        }
         // Threads started between the listing and `tracked`: their parent
         // had state, but the process was not tracked yet (see sched_fork).
         for tid in thread_ids(pid) {

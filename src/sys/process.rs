@@ -224,19 +224,6 @@ pub fn set_child_subreaper() -> SysResult<()> {
         .map_err(SysError::rustix("prctl(PR_SET_CHILD_SUBREAPER)"))
 }
 
-/// Whether this process is a child subreaper (`PR_GET_CHILD_SUBREAPER`).
-pub(super) fn is_child_subreaper() -> SysResult<bool> {
-    rustix::process::child_subreaper()
-        .map(|flag| flag.is_some())
-        .map_err(SysError::rustix("prctl(PR_GET_CHILD_SUBREAPER)"))
-}
-
-/// Clears this process's child-subreaper flag.
-pub(super) fn clear_child_subreaper() -> SysResult<()> {
-    rustix::process::set_child_subreaper(None)
-        .map_err(SysError::rustix("prctl(PR_SET_CHILD_SUBREAPER, 0)"))
-}
-
 /// The calling thread's id.
 pub fn gettid() -> Pid {
     Pid(rustix::thread::gettid().as_raw_nonzero().get() as u32)
