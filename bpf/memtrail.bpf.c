@@ -37,8 +37,18 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define PROT_EXEC 0x4
 #define EEXIST 17
 #define PAGE_SHIFT 12
+#define SIGKILL 9
 #define SIGSTOP 19
 #define SIGCONT 18
+#define SIGTSTP 20
+#define SIGTTIN 21
+#define SIGTTOU 22
+#define SI_KERNEL 0x80
+/* The kernel's siginfo for a signal sent on its own account. */
+#define SEND_SIG_PRIV ((void *)1)
+/* signal_generate's result (include/trace/events/signal.h). */
+#define TRACE_SIGNAL_DELIVERED 0
+#define TRACE_SIGNAL_ALREADY_PENDING 2
 /* How far below operator new's entry its allocator call may run. */
 #define NEW_FRAME_MAX 4096
 /* Syscall returns in [-4095, -1] are errors. */
@@ -132,6 +142,9 @@ const volatile bool per_process = false;
 
 extern int bpf_send_signal_task(struct task_struct *task, int sig, enum pid_type type,
 				__u64 value) __weak __ksym;
+extern struct task_struct *bpf_task_from_pid(__s32 pid) __weak __ksym;
+extern struct task_struct *bpf_task_from_vpid(__s32 vpid) __weak __ksym;
+extern void bpf_task_release(struct task_struct *p) __weak __ksym;
 
 /* Processes held stopped until their per-process probes exist (tgid -> 1):
  * BPF adds one when it stops it, userspace removes it before it resumes it.
@@ -144,6 +157,36 @@ struct {
 } held_for_probes SEC(".maps");
 
 const volatile __u32 memtrail_tgid = 0;
+
+/* Processes of the tree that someone other than memtrail stopped (a
+ * SIGSTOP, or a SIGTSTP, SIGTTIN or SIGTTOU the process does not catch)
+ * and nobody resumed since: tgid -> 1. memtrail's releases, its guardian
+ * and the safety net below never send them SIGCONT: a stop memtrail did
+ * not make is not memtrail's to undo. signal_generate keeps it; userspace
+ * adds a process found stopped when memtrail attaches to it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_MAX_PROCS);
+	__type(key, __u32);
+	__type(value, __u8);
+} foreign_stops SEC(".maps");
+
+/*
+ * The safety net: whatever kills memtrail and its guardian (the guardian
+ * resumes the tree when memtrail dies, see src/sys/guardian.rs), the
+ * kernel runs sched_exit for each of them while its links are still
+ * open (memtrail's; the guardian holds the sched_exit link until it has
+ * thawed the tree). When memtrail's process exits, no program stops a
+ * process any more (memtrail_gone: its uprobes may still fire while its
+ * links close, and a pause or hold made then would have no end), and every
+ * tracked process not stopped by someone else gets SIGCONT; when the last of the two
+ * exits, a process still frozen (its cgroup frozen, and nobody left to
+ * thaw it: only a write to cgroup.freeze does) is killed instead, since
+ * SIGKILL is the one way out of the freezer. Userspace sets both words
+ * once the guardian runs (protectors: 2 with a guardian, else 1).
+ */
+__u32 guardian_tgid = 0;
+__u64 protectors = 0;
 
 /* Held processes another process resumed before their probes existed: their
  * first allocations may have gone unseen, so the capture fails. */
@@ -187,20 +230,28 @@ __u64 drops_attach = 0;
  * Backpressure. With pressure_enabled, a producer that finds its ring
  * filled past the ring's watermark (after submitting, never while holding a
  * reservation) latches a pressure episode with a compare-and-swap on
- * pressure_latch. Userspace, which reads and clears the latch through the
- * mmap'd .bss, pauses the tree, drains every ring and resumes it.
+ * pressure_latch, which then holds the clock reading of the latch (never
+ * 0). Userspace, which reads and clears the latch through the mmap'd .bss,
+ * pauses the tree, drains every ring and resumes it.
  *
- * With pressure_freeze, userspace pauses the tree with its cgroup's
- * freezer, which the tree cannot observe; a producer stops its own process
- * (SIGSTOP, which its parent can see) only past the ring's hard mark,
- * where the room left holds no more than what the tree's threads can still
- * produce before each stops at its own next check: MT_RECORDS_PER_THREAD
- * records of ring_record[ring] bytes per live thread of the tree. Without
- * pressure_freeze (no usable cgroup) every producer past the watermark
- * stops its own process.
+ * Each ring's *hard mark* leaves room for what the tree's threads can
+ * still write before each stops at its own next check: MT_RECORDS_PER_THREAD
+ * records of ring_record[ring] bytes per live thread of the tree
+ * (tree_threads). A producer past it stops its own process (SIGSTOP, which
+ * its parent can see) and latches, wherever the watermark is: so no ring
+ * overflows however many threads the tree has, and however late the pause
+ * lands. A new thread or process counts from its fork on, and it could
+ * write its records before any check of its own: sched_fork checks every
+ * ring for it, and stops it before its first instruction if one has not
+ * that room (fork_check). With pressure_freeze, userspace pauses the tree
+ * with its cgroup's freezer, which the tree cannot observe, and the hard
+ * mark is the only self-stop. Without pressure_freeze (no usable cgroup)
+ * every producer past the watermark stops its own process too.
  */
 const volatile bool pressure_enabled = false;
-const volatile bool pressure_freeze = false;
+/* Written by userspace after load (it creates the cgroup once its
+ * guardian runs), before the command starts. */
+bool pressure_freeze = false;
 const volatile __u64 watermark_events = ~0ULL;
 const volatile __u64 watermark_stacks = ~0ULL;
 const volatile __u64 watermark_mappings = ~0ULL;
@@ -208,6 +259,9 @@ const volatile __u64 watermark_attach = ~0ULL;
 /* Capacity and largest record (with its 8-byte ring header) of each ring. */
 const volatile __u64 ring_capacity[MT_RINGS] = {};
 const volatile __u64 ring_record[MT_RINGS] = {};
+/* With pressure_freeze: the bytes each ring keeps between the latch and its
+ * hard mark, for the tree to fill while the freeze lands (src/pressure). */
+const volatile __u64 ring_freeze_room[MT_RINGS] = {};
 
 /* A thread produces at most this many records into one ring between two
  * of its checks (sched_exec writes its exec event unchecked, then checks
@@ -250,7 +304,19 @@ static __always_inline void wake_coordinator(void)
 	bpf_ringbuf_submit(rec, BPF_RB_FORCE_WAKEUP);
 }
 
+/* 0, or the bpf_ktime_get_ns() of the latch: when the episode began. */
 __u64 pressure_latch = 0;
+
+/* Set as memtrail's process exits (protector_exit): from then on no
+ * program stops a process (a hold or a pause nobody would end), while the
+ * links close. */
+__u64 memtrail_gone = 0;
+
+/* Whether a program may stop a process of the tree now. */
+static __always_inline bool may_stop(void)
+{
+	return !memtrail_gone;
+}
 
 /*
  * Set by userspace while a ring's poller sleeps on the ring's epoll:
@@ -608,48 +674,149 @@ static __always_inline void *reserve(void *ring, __u64 size)
 	return rec;
 }
 
-/* Records the current process in hard_stops (a subprogram: its map key
- * and value take no room in the producers' frames). */
-static __noinline void record_hard_stop(void)
+/* Records process tgid in hard_stops (a subprogram: its map key and value
+ * take no room in the producers' frames). */
+static __noinline void record_hard_stop(__u32 tgid)
 {
-	__u32 tgid = current_ids() >> 32, one = 1;
+	__u32 one = 1;
 
 	if (bpf_map_update_elem(&hard_stops, &tgid, &one, BPF_ANY))
 		__sync_fetch_and_add(&hard_stops_unrecorded, 1);
 }
 
+/* Latches an episode unless one is latched; the first latch wakes the
+ * coordinator. The latch holds the time it was set. */
+static __always_inline void latch_episode(void)
+{
+	if (__sync_val_compare_and_swap(&pressure_latch, 0, bpf_ktime_get_ns() | 1) == 0)
+		wake_coordinator();
+}
+
+/* Bytes ring idx has left past its hard mark with avail bytes in it:
+ * negative once the tree's live threads may write more than it holds
+ * (see Backpressure above). */
+static __always_inline __s64 past_hard_mark_room(__u64 avail, enum mt_ring idx)
+{
+	__u32 i = idx & (MT_RINGS - 1);
+
+	return (__s64)ring_capacity[i] - (__s64)avail -
+	       (__s64)(tree_threads * MT_RECORDS_PER_THREAD * ring_record[i]);
+}
+
+static __always_inline bool past_hard_mark(__u64 avail, enum mt_ring idx)
+{
+	return past_hard_mark_room(avail, idx) < 0;
+}
+
 static __always_inline void check_pressure(void *ring, enum mt_ring idx, __u64 watermark,
 					   __u64 *hwm)
 {
-	__u64 avail, reserve_for;
+	__u64 avail;
+	__s64 left;
+	bool hard;
 
 	/* A constant at load time: without pressure the verifier drops the
 	 * rest, and with it the query (~20 ns a record here). The pollers
 	 * then keep the high-water marks from what they see. */
-	if (!pressure_enabled)
+	if (!pressure_enabled || !may_stop())
 		return;
 	avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
 	if (avail > *hwm)
 		*hwm = avail;
-	if (avail <= watermark)
+	left = past_hard_mark_room(avail, idx);
+	hard = left < 0;
+	/* With the freezer, latch too while the freeze room is all that is
+	 * left before the hard mark, wherever the watermark is: a tree with
+	 * more threads than CPUs reserves more than the room rule counted,
+	 * and the freeze must still land before a producer stops itself. */
+	if (avail <= watermark && !hard &&
+	    !(pressure_freeze && left < (__s64)ring_freeze_room[idx & (MT_RINGS - 1)]))
 		return;
-	/* The first producer over the watermark latches the episode. */
-	if (__sync_val_compare_and_swap(&pressure_latch, 0, 1) == 0)
-		wake_coordinator();
+	latch_episode();
 	if (pressure_freeze) {
-		reserve_for = tree_threads * MT_RECORDS_PER_THREAD * ring_record[idx & (MT_RINGS - 1)];
-		if (avail + reserve_for <= ring_capacity[idx & (MT_RINGS - 1)])
+		if (!hard)
 			return;
-		record_hard_stop();
+		record_hard_stop(current_ids() >> 32);
 	}
-	/* Every producer past the mark stops its own process, so a wide tree
-	 * cannot overrun the room left before the coordinator has paused it
-	 * all. The coordinator holds and resumes them: it waits until each
-	 * held process has stopped (and so left this program) before it
-	 * clears the latch, so no self-stop can land after its SIGCONT. To
-	 * this thread: it dequeues the stop on its way back to user space and
-	 * so cannot produce again before the whole group stops. */
+	/* A producer past the hard mark (every one past the watermark
+	 * without a cgroup) stops its own process, so a wide tree cannot
+	 * overrun the room left before the coordinator has paused it all.
+	 * The coordinator holds and resumes them: it waits until each held
+	 * process has stopped (and so left this program) before it clears
+	 * the latch, so no self-stop can land after its SIGCONT. To this
+	 * thread: it dequeues the stop on its way back to user space and so
+	 * cannot produce again before the whole group stops. */
 	bpf_send_signal_thread(SIGSTOP);
+}
+
+/* Whether ring idx lacks the room a new thread needs: past its hard mark
+ * (tree_threads counts the new thread already), or, without a cgroup,
+ * past its watermark. */
+static __always_inline bool ring_lacks_room(void *ring, enum mt_ring idx, __u64 watermark)
+{
+	__u64 avail;
+
+	if (!ring)
+		return false;
+	avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
+	return past_hard_mark(avail, idx) || (!pressure_freeze && avail > watermark);
+}
+
+/* Events rings userspace made (one, or one per CPU). */
+const volatile __u32 event_ring_count = 1;
+
+static long events_ring_lacks_room(__u64 i, bool *lacks)
+{
+	__u32 idx = i;
+	void *ring = bpf_map_lookup_elem(&event_rings, &idx);
+
+	if (ring_lacks_room(ring, MT_RING_EVENTS, watermark_events)) {
+		*lacks = true;
+		return 1;
+	}
+	return 0;
+}
+
+/* Whether any ring lacks the room a new thread of the tree needs. */
+static __noinline bool tree_lacks_room(void)
+{
+	bool lacks = false;
+
+	if (ring_lacks_room(&stacks, MT_RING_STACKS, watermark_stacks) ||
+	    ring_lacks_room(&mappings, MT_RING_MAPPINGS, watermark_mappings) ||
+	    ring_lacks_room(&attach_requests, MT_RING_ATTACH, watermark_attach))
+		return true;
+	bpf_loop(event_ring_count, events_ring_lacks_room, &lacks, 0);
+	return lacks;
+}
+
+/* Tells signal_generate that a stop is memtrail's own (bpf_send_signal_task
+ * puts it in the signal's si_value). */
+#define MT_STOP_COOKIE 0x6d74726c73746f70ULL /* "mtrlstop" */
+
+/* sched_fork's pressure check for a new thread or process of the tree
+ * (tree_threads counts it already): its records would come before any
+ * check of its own, so if a ring has not the room for them it stops
+ * before its first instruction (the whole process, for a thread), is
+ * recorded for the coordinator and latches an episode. Returns whether
+ * it stopped it. Kernels without bpf_send_signal_task stop the parent
+ * instead, which holds a new thread (it joins the group stop) but not a
+ * new process. */
+static __always_inline bool fork_check(struct task_struct *child, __u32 ctgid)
+{
+	if (!pressure_enabled || !may_stop() || !tree_lacks_room())
+		return false;
+	latch_episode();
+	if (pressure_freeze)
+		record_hard_stop(ctgid);
+	if (bpf_ksym_exists(bpf_send_signal_task)) {
+		bpf_send_signal_task(child, SIGSTOP, PIDTYPE_PID, MT_STOP_COOKIE);
+		return true;
+	}
+	if (pressure_freeze)
+		record_hard_stop(current_ids() >> 32);
+	bpf_send_signal_thread(SIGSTOP);
+	return false;
 }
 
 /* The clock reading a record is stamped with when the caller takes it
@@ -1780,7 +1947,7 @@ static __always_inline void request_attach(__u64 pid_tgid, const struct vma_info
 	}
 	fill_mapping(m, pid_tgid, info);
 	bpf_ringbuf_submit(m, submit_flags(MT_RING_ATTACH));
-	if (attach_hold)
+	if (attach_hold && may_stop())
 		bpf_send_signal(SIGSTOP);
 	check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
 }
@@ -1967,6 +2134,7 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 {
 	__u32 ptgid = task_ids(parent) >> 32, ctgid = task_ids(child) >> 32;
 	struct mt_fork_event *e;
+	bool stopped;
 	void *ring;
 
 	if (!is_tracked(ptgid))
@@ -1974,12 +2142,16 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 	track_task(child);
 	if (__sync_fetch_and_add(&tree_threads, 1) + 1 > tree_threads_peak)
 		tree_threads_peak = tree_threads;
-	if (ptgid == ctgid)
-		return 0; /* a thread */
+	if (ptgid == ctgid) {
+		fork_check(child, ctgid); /* a thread */
+		return 0;
+	}
 	if (bpf_map_update_elem(&tracked, &ctgid, &ptgid, BPF_ANY)) {
 		__sync_fetch_and_add(&drops_tracking, 1);
 		return 0;
 	}
+	/* After the child is tracked: the coordinator finds it in the map. */
+	stopped = fork_check(child, ctgid);
 	ring = events_ring();
 	e = reserve(ring, sizeof(*e));
 	if (e) {
@@ -1991,33 +2163,93 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 		check_pressure(ring, MT_RING_EVENTS, watermark_events, &hwm_events);
 	}
 	/* The child has not run yet: it stops before its first instruction
-	 * and stays stopped until its probes exist. */
+	 * and stays stopped until its probes exist. (One SIGSTOP serves both
+	 * holds: a second send from this program could find the CPU's
+	 * deferred-signal work still busy.) */
 	if (per_process && request(ctgid, MT_REQ_FORK, ptgid) && bpf_ksym_exists(bpf_send_signal_task)) {
 		__u8 one = 1;
 
 		bpf_map_update_elem(&held_for_probes, &ctgid, &one, BPF_ANY);
-		bpf_send_signal_task(child, SIGSTOP, PIDTYPE_TGID, 0);
+		if (!stopped && may_stop())
+			bpf_send_signal_task(child, SIGSTOP, PIDTYPE_PID, MT_STOP_COOKIE);
 		check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
 	}
 	return 0;
 }
 
-/* With per-process probes: a SIGCONT from another process than memtrail to
- * one held for its probes (a parent that saw the hold as its child
- * stopping, and resumed it: a job-control shell) lets it run unprobed. */
+/* Whether stop signal sig, being generated for task, is memtrail's own:
+ * sent by memtrail itself, or by its BPF programs (SIGSTOP only: to the
+ * current process, with the kernel's own siginfo, or to another task by
+ * bpf_send_signal_task, whose siginfo says SI_KERNEL and no process). */
+static __always_inline bool own_stop(int sig, struct kernel_siginfo *info,
+				     struct task_struct *task)
+{
+	__u32 sender = current_ids() >> 32;
+
+	if (sender == memtrail_tgid)
+		return true;
+	if (sig != SIGSTOP || !info)
+		return false;
+	if ((void *)info == SEND_SIG_PRIV)
+		return sender == (__u32)(task_ids(task) >> 32);
+	return BPF_CORE_READ(info, si_code) == SI_KERNEL;
+}
+
+/* Whether stop signal sig stops task: SIGSTOP always; the others only
+ * where the process leaves them at their default action. */
+static __always_inline bool stops_task(int sig, struct task_struct *task)
+{
+	struct sighand_struct *sighand;
+	void *handler = (void *)1;
+	__u64 off;
+
+	if (sig == SIGSTOP)
+		return true;
+	sighand = BPF_CORE_READ(task, sighand);
+	if (!sighand)
+		return false;
+	off = bpf_core_field_offset(struct sighand_struct, action) +
+	      (__u64)(sig - 1) * bpf_core_type_size(struct k_sigaction) +
+	      bpf_core_field_offset(struct k_sigaction, sa) +
+	      bpf_core_field_offset(struct sigaction, sa_handler);
+	bpf_probe_read_kernel(&handler, sizeof(handler), (void *)sighand + off);
+	return handler == NULL; /* SIG_DFL */
+}
+
+/*
+ * Stops and resumes of the tree by others. A stop signal someone else
+ * sends marks the process in foreign_stops; a SIGCONT from anyone but
+ * memtrail clears it. With per-process probes, a SIGCONT from another
+ * process than memtrail to one held for its probes (a parent that saw the
+ * hold as its child stopping, and resumed it: a job-control shell) lets it
+ * run unprobed, and is counted.
+ */
 SEC("tp_btf/signal_generate")
-int BPF_PROG(signal_generate, int sig, void *info, struct task_struct *task, int group,
-	     int result)
+int BPF_PROG(signal_generate, int sig, struct kernel_siginfo *info, struct task_struct *task,
+	     int group, int result)
 {
 	__u32 tgid;
+	__u8 one = 1;
 
-	if (!per_process || sig != SIGCONT)
+	if (sig != SIGCONT && sig != SIGSTOP && sig != SIGTSTP && sig != SIGTTIN &&
+	    sig != SIGTTOU)
 		return 0;
 	tgid = task_ids(task) >> 32;
-	if (!bpf_map_lookup_elem(&held_for_probes, &tgid))
+	if (!is_tracked(tgid))
 		return 0;
-	if ((__u32)(current_ids() >> 32) != memtrail_tgid)
-		__sync_fetch_and_add(&drops_resumed, 1);
+	if (sig == SIGCONT) {
+		if ((__u32)(current_ids() >> 32) == memtrail_tgid)
+			return 0;
+		bpf_map_delete_elem(&foreign_stops, &tgid);
+		if (per_process && bpf_map_lookup_elem(&held_for_probes, &tgid))
+			__sync_fetch_and_add(&drops_resumed, 1);
+		return 0;
+	}
+	if (result != TRACE_SIGNAL_DELIVERED && result != TRACE_SIGNAL_ALREADY_PENDING)
+		return 0;
+	if (own_stop(sig, info, task) || !stops_task(sig, task))
+		return 0;
+	bpf_map_update_elem(&foreign_stops, &tgid, &one, BPF_ANY);
 	return 0;
 }
 
@@ -2040,7 +2272,8 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 			__u8 one = 1;
 
 			bpf_map_update_elem(&held_for_probes, &tgid, &one, BPF_ANY);
-			bpf_send_signal(SIGSTOP);
+			if (may_stop())
+				bpf_send_signal(SIGSTOP);
 			check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach,
 				       &hwm_attach);
 		}
@@ -2066,26 +2299,56 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 	return 0;
 }
 
-SEC("tp_btf/sched_process_exit")
-int BPF_PROG(sched_exit, struct task_struct *p)
+/* The safety net's pass over one tracked process (see foreign_stops). */
+static long net_one(void *map, __u32 *pid, __u32 *ppid, bool *kill_frozen)
 {
-	__u64 pid_tgid = current_ids();
-	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
+	struct task_struct *task;
+	bool frozen;
+
+	task = pidns_translate ? bpf_task_from_vpid(*pid) : bpf_task_from_pid(*pid);
+	if (!task)
+		return 0;
+	frozen = BPF_CORE_READ(task, cgroups, dfl_cgrp, freezer.e_freeze);
+	if (frozen && *kill_frozen)
+		bpf_send_signal_task(task, SIGKILL, PIDTYPE_TGID, 0);
+	else if (!bpf_map_lookup_elem(&foreign_stops, pid))
+		bpf_send_signal_task(task, SIGCONT, PIDTYPE_TGID, 0);
+	bpf_task_release(task);
+	return 0;
+}
+
+/* memtrail's process (memtrail) or its guardian's is exiting: see the
+ * safety net above. */
+static __noinline void protector_exit(bool memtrail)
+{
+	bool kill_frozen;
+	__s64 left;
+
+	if (memtrail)
+		__sync_fetch_and_add(&memtrail_gone, 1);
+	if (!bpf_ksym_exists(bpf_send_signal_task) || !bpf_ksym_exists(bpf_task_release) ||
+	    !(pidns_translate ? bpf_ksym_exists(bpf_task_from_vpid) :
+				bpf_ksym_exists(bpf_task_from_pid)))
+		return;
+	left = (__s64)__sync_fetch_and_add(&protectors, -1) - 1;
+	/* The guardian leaving while memtrail lives: memtrail resumes what it
+	 * holds itself. */
+	if (!memtrail && left > 0)
+		return;
+	kill_frozen = left <= 0;
+	bpf_for_each_map_elem(&tracked, net_one, &kill_frozen, 0);
+}
+
+/* The last thread of tracked process p is exiting. */
+static __always_inline void process_exit(struct task_struct *p, __u64 pid_tgid)
+{
+	__u32 tgid = pid_tgid >> 32;
 	struct mt_exit_event *e;
 	void *ring;
 
-	/* A thread that dies inside a syscall (its task storage goes with it). */
-	bpf_map_delete_elem(&sysargs, &tid);
-	release_slot(p->pid);
-	if (!is_tracked(tgid))
-		return 0;
-	__sync_fetch_and_add(&tree_threads, -1);
-	/* do_exit() drops signal->live before this tracepoint: zero means
-	 * the last thread of the process is exiting. */
-	if (BPF_CORE_READ(p, signal, live.counter) != 0)
-		return 0;
 	bpf_map_delete_elem(&tracked, &tgid);
 	bpf_map_delete_elem(&code_maps, &tgid);
+	bpf_map_delete_elem(&foreign_stops, &tgid);
 	if (per_process) {
 		bpf_map_delete_elem(&held_for_probes, &tgid);
 		request(tgid, MT_REQ_EXIT, 0);
@@ -2093,10 +2356,33 @@ int BPF_PROG(sched_exit, struct task_struct *p)
 	ring = events_ring();
 	e = reserve(ring, sizeof(*e));
 	if (!e)
-		return 0;
+		return;
 	fill_header(&e->hdr, pid_tgid, MT_EXIT, 0);
 	e->exit_code = BPF_CORE_READ(p, exit_code);
 	e->_pad = 0;
 	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(sched_exit, struct task_struct *p)
+{
+	__u64 pid_tgid = current_ids();
+	__u32 tid = (__u32)pid_tgid, tgid = pid_tgid >> 32;
+
+	/* A thread that dies inside a syscall (its task storage goes with it). */
+	bpf_map_delete_elem(&sysargs, &tid);
+	release_slot(p->pid);
+	if ((tgid == memtrail_tgid || (guardian_tgid && tgid == guardian_tgid)) &&
+	    BPF_CORE_READ(p, signal, live.counter) == 0)
+		protector_exit(tgid == memtrail_tgid);
+	if (!is_tracked(tgid))
+		return 0;
+	/* do_exit() drops signal->live before this tracepoint: zero means
+	 * the last thread of the process is exiting. */
+	if (BPF_CORE_READ(p, signal, live.counter) == 0)
+		process_exit(p, pid_tgid);
+	/* Last: the thread's records are all written, its room past the hard
+	 * marks may go. */
+	__sync_fetch_and_add(&tree_threads, -1);
 	return 0;
 }

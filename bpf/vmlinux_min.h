@@ -170,6 +170,42 @@ struct files_struct {
 	struct fdtable *fdt;
 } __attribute__((preserve_access_index));
 
+/* Signal dispositions (a stop signal with a handler does not stop). */
+struct sigaction {
+	void *sa_handler;
+} __attribute__((preserve_access_index));
+
+struct k_sigaction {
+	struct sigaction sa;
+} __attribute__((preserve_access_index));
+
+struct sighand_struct {
+	struct k_sigaction action[64];
+} __attribute__((preserve_access_index));
+
+/* The signal's origin (a siginfo; SEND_SIG_PRIV, (void *)1, for a signal
+ * the kernel sends on its own account). */
+struct kernel_siginfo {
+	int si_signo;
+	int si_errno;
+	int si_code;
+} __attribute__((preserve_access_index));
+
+/* The cgroup v2 freezer's state: e_freeze, the cgroup or an ancestor
+ * frozen. */
+struct cgroup_freezer_state {
+	bool freeze;
+	bool e_freeze;
+} __attribute__((preserve_access_index));
+
+struct cgroup {
+	struct cgroup_freezer_state freezer;
+} __attribute__((preserve_access_index));
+
+struct css_set {
+	struct cgroup *dfl_cgrp;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
@@ -180,6 +216,8 @@ struct task_struct {
 	struct task_struct *real_parent;
 	struct task_struct *group_leader;
 	struct signal_struct *signal;
+	struct sighand_struct *sighand;
+	struct css_set *cgroups;
 } __attribute__((preserve_access_index));
 
 struct linux_binprm {

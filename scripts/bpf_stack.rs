@@ -283,7 +283,6 @@ fn run(budget: u64) -> anyhow::Result<bool> {
         ro.cpu_rings = true;
         ro.per_process = true;
         ro.pressure_enabled = true;
-        ro.pressure_freeze = true;
         ro.pidns_translate = true;
         ro.attach_hold = true;
     })?);

@@ -13,14 +13,26 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{MEMTRAIL, dir_entries, fixture};
+use common::{dir_entries, fixture, memtrail_bin};
 
 /// Runs a copy of memtrail holding the file capabilities `caps` as
-/// `nobody`, tracking `touch_marker DIR/marker`; returns its exit code and
+/// `nobody`, tracking `touch_marker DIR/marker` (a copy in `dir`: the
+/// fixture itself may sit behind a directory only root can search, such as
+/// a clone under /root or `mktemp -d`; issue 26); returns its exit code and
 /// stderr.
 fn run_with_caps(caps: &str, dir: &Path) -> (Option<i32>, String) {
+    let touch = dir.join("touch_marker");
+    fs::copy(fixture("touch_marker"), &touch).expect("copy the fixture");
+    fs::set_permissions(&touch, fs::Permissions::from_mode(0o755)).expect("chmod");
+    run_as_nobody(caps, dir, &touch)
+}
+
+/// Runs a copy of memtrail holding the file capabilities `caps` as
+/// `nobody`, tracking `COMMAND DIR/out/marker`; returns its exit code and
+/// stderr.
+fn run_as_nobody(caps: &str, dir: &Path, command: &Path) -> (Option<i32>, String) {
     let exe = dir.join(format!("memtrail-{}", caps.replace([',', '+'], "-")));
-    fs::copy(MEMTRAIL, &exe).expect("copy memtrail");
+    fs::copy(memtrail_bin(), &exe).expect("copy memtrail");
     fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).expect("chmod");
     let setcap = Command::new("setcap")
         .arg(caps)
@@ -41,7 +53,7 @@ fn run_with_caps(caps: &str, dir: &Path) -> (Option<i32>, String) {
         ])
         .arg(&exe)
         .args(["run", "-o", "/dev/null"])
-        .arg(fixture("touch_marker"))
+        .arg(command)
         .arg(dir.join("out/marker"))
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
@@ -126,4 +138,30 @@ fn cli_caps_missing_ones_are_named() {
             "{caps}: the command ran"
         );
     }
+}
+
+/// Check that a command memtrail cannot reach, because a directory on its
+/// path denies search permission, is reported as such and not as missing
+/// (issue 26: "command not found", exit 127, for a fixture behind a 0700
+/// directory): exit 126, a message saying permission denied and naming
+/// that directory, and the command not run.
+#[test]
+fn cli_caps_unreachable_command_is_denied() {
+    let dir = scratch();
+    let private = dir.path().join("private");
+    fs::create_dir(&private).expect("mkdir");
+    let touch = private.join("touch_marker");
+    fs::copy(fixture("touch_marker"), &touch).expect("copy the fixture");
+    fs::set_permissions(&touch, fs::Permissions::from_mode(0o755)).expect("chmod");
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).expect("chmod");
+    let caps = "cap_bpf,cap_perfmon,cap_checkpoint_restore+ep";
+    let (code, stderr) = run_as_nobody(caps, dir.path(), &touch);
+    assert_eq!(code, Some(126), "{stderr}");
+    assert!(stderr.contains("permission denied"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("directory {}", private.display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not found"), "{stderr}");
+    assert!(dir_entries(&dir.path().join("out")).is_empty());
 }

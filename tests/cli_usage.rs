@@ -108,14 +108,14 @@ fn cli_usage_log_without_colours_off_a_terminal() {
 }
 
 /// Check that ring sizes take the units people write (`64MiB`, `16 MiB`,
-/// `512KiB`, `64MB` as MiB) and a duration such as `1.5s` is a pressure
+/// `1024KiB`, `64MB` as MiB) and a duration such as `1.5s` is a pressure
 /// timeout, and that a size that is no power of two says so (issue 16:
 /// `--ring-size 64MiB` was not a size).
 #[test]
 fn cli_usage_sizes_and_durations_in_units() {
     let dir = tempfile::tempdir().expect("tempdir");
     let marker = dir.path().join("marker");
-    for (ring, stack_ring, timeout) in [("64MiB", "16 MiB", "1.5s"), ("64MB", "512KiB", "250ms")] {
+    for (ring, stack_ring, timeout) in [("64MiB", "16 MiB", "1.5s"), ("64MB", "1024KiB", "250ms")] {
         let mut args = os(&[
             "run",
             "-q",

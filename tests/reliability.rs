@@ -173,17 +173,33 @@ fn possible_cpus() -> u64 {
 }
 
 /// The room a ring needs above its watermark: two records per CPU plus the
-/// crossing one.
-fn min_room(record: u64) -> u64 {
-    (RECORDS_PER_CPU * possible_cpus() + 1) * record
+/// crossing one, plus `freeze` bytes for the cgroup freeze to land.
+fn min_room(record: u64, freeze: u64) -> u64 {
+    (RECORDS_PER_CPU * possible_cpus() + 1) * record + freeze
 }
 
-/// The highest watermark (percent) that leaves `min_room(record)` in a ring
-/// of `capacity` bytes; `None` when even 1% does not.
-fn max_watermark(capacity: u64, record: u64) -> Option<u64> {
+/// The freeze room of a ring every CPU writes into (`freeze_room` in
+/// src/pressure): 64 KiB per CPU, at most 128 KiB.
+fn freeze_room() -> u64 {
+    (possible_cpus() * (64 << 10)).min(128 << 10)
+}
+
+/// The highest watermark (percent) that leaves `min_room(record, freeze)`
+/// in a ring of `capacity` bytes; `None` when even 1% does not.
+fn max_watermark(capacity: u64, record: u64, freeze: u64) -> Option<u64> {
     (1..=99)
         .rev()
-        .find(|p| capacity - capacity * p / 100 >= min_room(record))
+        .find(|p| capacity - capacity * p / 100 >= min_room(record, freeze))
+}
+
+/// `MEMTRAIL_FAULT` for pauses by SIGSTOP (no cgroup), where rings need no
+/// freeze room, plus `more`.
+fn no_cgroup(more: &str) -> OsString {
+    if more.is_empty() {
+        "no-cgroup".into()
+    } else {
+        format!("no-cgroup,{more}").into()
+    }
 }
 
 /// Check that a job-control shell under memtrail sees its jobs as without
@@ -291,12 +307,19 @@ fn pressure_self_stopping_child_seen_once() {
 }
 
 /// One storm (`storm` or `stack_storm` fixture, threads or procs) under
-/// `inf` with the given rings and watermark: exits 0, loses nothing, counts
-/// every allocation.
-fn tiny_ring_storm(cache: &Path, fixture_name: &str, mode: &str, opts: &[&str], rounds: u64) {
+/// `inf` with the given rings, watermark and faults: exits 0, loses
+/// nothing, counts every allocation.
+fn tiny_ring_storm(
+    cache: &Path,
+    fixture_name: &str,
+    mode: &str,
+    opts: &[&str],
+    fault: &OsString,
+    rounds: u64,
+) {
     let n = rounds.to_string();
     let cmd = argv(&[&fixture(fixture_name), &mode, &n]);
-    let r = run(cache, opts, &cmd, &[]);
+    let r = run(cache, opts, &cmd, &[("MEMTRAIL_FAULT", fault)]);
     r.expect_code(0);
     let p = r.profile();
     nothing_lost(p);
@@ -314,28 +337,43 @@ fn tiny_ring_storm(cache: &Path, fixture_name: &str, mode: &str, opts: &[&str], 
     assert!(r.episodes() > 0, "no episode: {}", p["pressure"]);
 }
 
-/// `--ring-size 4K` at the highest watermark it allows, `inf`.
-fn events_ring_at_minimum() -> Vec<String> {
-    let wm = max_watermark(4096, EVENT_RECORD).expect("a 4K events ring is usable");
-    // One shared ring: the rule and the sizes below are for it (a machine
-    // of 4 CPUs or more would otherwise give each CPU a ring).
-    ["--ring-size", "4K", "--watermark", &wm.to_string()]
-        .into_iter()
-        .chain(["--pressure-timeout", "inf", "--event-rings", "shared"])
-        .map(str::to_owned)
-        .collect()
+/// `--ring-size SIZE` at the highest watermark it allows (with `freeze`
+/// bytes of freeze room), `inf`, one shared ring (the rule and the sizes
+/// here are for it: a machine of 4 CPUs or more would otherwise give each
+/// CPU a ring).
+fn events_ring_at_minimum(size: u64, freeze: u64) -> Vec<String> {
+    let wm = max_watermark(size, EVENT_RECORD, freeze).expect("a usable events ring");
+    [
+        "--ring-size",
+        &size.to_string(),
+        "--watermark",
+        &wm.to_string(),
+    ]
+    .into_iter()
+    .chain(["--pressure-timeout", "inf", "--event-rings", "shared"])
+    .map(str::to_owned)
+    .collect()
 }
 
-/// `--stack-ring-size 8K` (and `--ring-size 4K`) at the highest watermark
-/// the stack ring allows, `inf`.
-fn stack_ring_at_minimum() -> Vec<String> {
-    let wm = max_watermark(8192, STACK_RECORD).expect("an 8K stack ring is usable");
-    ["--ring-size", "4K", "--stack-ring-size", "8K"]
-        .into_iter()
-        .chain(["--watermark", &wm.to_string(), "--pressure-timeout", "inf"])
-        .chain(["--event-rings", "shared"])
-        .map(str::to_owned)
-        .collect()
+/// `--stack-ring-size SIZE` (and the events ring the same size) at the
+/// highest watermark the stack ring allows (with `freeze` bytes of freeze
+/// room), `inf`.
+fn stack_ring_at_minimum(size: u64, freeze: u64) -> Vec<String> {
+    let wm = max_watermark(size, STACK_RECORD, freeze).expect("a usable stack ring");
+    // An events ring with room to spare: only the stack ring is at its
+    // minimum.
+    let events = if freeze > 0 { 4 * size } else { 4096 }.to_string();
+    [
+        "--ring-size",
+        &events,
+        "--stack-ring-size",
+        &size.to_string(),
+    ]
+    .into_iter()
+    .chain(["--watermark", &wm.to_string(), "--pressure-timeout", "inf"])
+    .chain(["--event-rings", "shared"])
+    .map(str::to_owned)
+    .collect()
 }
 
 fn strs(v: &[String]) -> Vec<&str> {
@@ -343,42 +381,64 @@ fn strs(v: &[String]) -> Vec<&str> {
 }
 
 /// Check that `inf` is lossless on the smallest events ring memtrail
-/// accepts (issue 11, part 3: a 4 KiB ring at 99% lost 358,226 events). The
-/// rule: room above the watermark of at least (2 x CPUs + 1) of the ring's
-/// largest records with their ring header (288 B: the exec event); at the
-/// highest watermark that leaves it in a 4 KiB ring, 8-thread and
-/// 16-process storms, 3 times each, exit 0, lose nothing and count every
-/// allocation.
+/// accepts (issue 11, part 3: a 4 KiB ring at 99% lost 358,226 events).
+/// Pausing by SIGSTOP (no cgroup), the rule is room above the watermark for
+/// (2 x CPUs + 1) of the ring's largest records with their ring header
+/// (288 B: the exec event): at the highest watermark that leaves it in a 4
+/// KiB ring, 8-thread and 16-process storms, 3 times each, exit 0, lose
+/// nothing and count every allocation. With the cgroup freezer the ring
+/// also keeps the freeze room (issue 28), and the smallest it accepts is
+/// lossless as well when the freeze comes only once every busy thread has
+/// stopped itself at the hard mark (`late-pause`; the events pipeline takes
+/// nothing until then, `stall-events`, so the hard mark is reached).
 #[test]
 fn pressure_tiny_events_ring_at_minimum_is_lossless() {
     let cache = tempfile::tempdir().expect("create a cache directory");
-    let opts = events_ring_at_minimum();
+    let signal = events_ring_at_minimum(4096, 0);
     for _ in 0..3 {
-        tiny_ring_storm(cache.path(), "storm", "threads", &strs(&opts), 1000);
-        tiny_ring_storm(cache.path(), "storm", "procs", &strs(&opts), 500);
+        for (mode, rounds) in [("threads", 1000), ("procs", 500)] {
+            let fault = no_cgroup("");
+            tiny_ring_storm(cache.path(), "storm", mode, &strs(&signal), &fault, rounds);
+        }
+    }
+    let freeze = events_ring_at_minimum(1 << 20, freeze_room());
+    for (mode, rounds) in [("threads", 3000), ("procs", 1500)] {
+        let fault: OsString = "stall-events,late-pause".into();
+        tiny_ring_storm(cache.path(), "storm", mode, &strs(&freeze), &fault, rounds);
     }
 }
 
 /// Check the same for the smallest stack ring memtrail accepts (issue 11,
-/// part 3: deep stacks lost stack records on a 4 KiB stack ring): at the
-/// highest watermark that leaves (2 x CPUs + 1) x 1048 B (a stack record
-/// with its header) in an 8 KiB stack ring, storms of 100 distinct stacks
-/// per worker (8 threads, then 16 processes), 3 times each. The rule is per
-/// CPU; each live thread may write two records past the mark before it
-/// stops, so a storm whose workers make new stacks at once can overrun the
-/// ring before the freeze lands. A run either exits 0 having lost nothing
-/// and counted every allocation, or fails (exit 71, never wrong numbers)
-/// naming the tree's thread count and the stack ring size that count
-/// needs; with that size the storm is lossless.
+/// part 3: deep stacks lost stack records on a 4 KiB stack ring). Pausing by
+/// SIGSTOP: at the highest watermark that leaves (2 x CPUs + 1) x 1048 B (a
+/// stack record with its header) in an 8 KiB stack ring, storms of 100
+/// distinct stacks per worker (8 threads, then 16 processes), 3 times each.
+/// A resumed thread writes again before its next check, so a ring must hold
+/// two records per live thread of the tree: a run either exits 0 having
+/// lost nothing and counted every allocation, or fails (exit 71, never
+/// wrong numbers) naming the tree's thread count and the stack ring size
+/// that count needs; with that size the storm is lossless, also on a loaded
+/// machine (issue 26: 12 stack records were lost with it, 17 live threads
+/// and load 8 on 2 CPUs, through processes forked past the hard mark). With
+/// the cgroup freezer, the smallest ring it accepts holds every thread of
+/// these storms, and is lossless at once, also when the freeze comes only
+/// once every busy thread stopped itself at the hard mark (`late-pause`,
+/// with `stall-stacks` so that the hard mark is reached).
 #[test]
 fn pressure_tiny_stack_ring_at_minimum_is_lossless() {
     let cache = tempfile::tempdir().expect("create a cache directory");
-    let opts = stack_ring_at_minimum();
+    let opts = stack_ring_at_minimum(8192, 0);
+    let fault = no_cgroup("");
     for mode in ["threads", "procs"] {
         let cmd = argv(&[&fixture("stack_storm"), &mode, &"2"]);
         let mut size = None;
         for _ in 0..3 {
-            let r = run(cache.path(), &strs(&opts), &cmd, &[]);
+            let r = run(
+                cache.path(),
+                &strs(&opts),
+                &cmd,
+                &[("MEMTRAIL_FAULT", &fault)],
+            );
             if r.code == Some(0) {
                 nothing_lost(r.profile());
                 continue;
@@ -400,61 +460,185 @@ fn pressure_tiny_stack_ring_at_minimum_is_lossless() {
             opts[at] = size.to_string();
         }
         for _ in 0..3 {
-            tiny_ring_storm(cache.path(), "stack_storm", mode, &strs(&opts), 2);
+            tiny_ring_storm(cache.path(), "stack_storm", mode, &strs(&opts), &fault, 2);
         }
     }
+    let freeze = stack_ring_at_minimum(1 << 20, freeze_room());
+    // 16 processes make 1600 new stacks, past what 1 MiB holds (threads
+    // share their process's 100).
+    let late: OsString = "stall-stacks,late-pause".into();
+    tiny_ring_storm(
+        cache.path(),
+        "stack_storm",
+        "procs",
+        &strs(&freeze),
+        &late,
+        2,
+    );
 }
 
 /// Check that a ring one percent of watermark short of the room pausing
 /// needs is refused before the command starts (issue 11, part 3): exit 2,
 /// a message naming the ring, its option and the room needed, and the
-/// command not run; for the events ring (4 KiB) and the stack ring (8 KiB).
+/// command not run; for the events ring (4 KiB) and the stack ring (8 KiB)
+/// pausing by SIGSTOP, and for both at 1 MiB with the cgroup freezer, whose
+/// freeze room the message names (issue 28).
 #[test]
 fn pressure_ring_below_minimum_refused() {
     let cache = tempfile::tempdir().expect("create a cache directory");
+    let freeze = freeze_room();
     let cases = [
         (
-            events_ring_at_minimum(),
+            events_ring_at_minimum(4096, 0),
             "events",
             "--ring-size",
             EVENT_RECORD,
+            0,
         ),
         (
-            stack_ring_at_minimum(),
+            stack_ring_at_minimum(8192, 0),
             "stacks",
             "--stack-ring-size",
             STACK_RECORD,
+            0,
+        ),
+        (
+            events_ring_at_minimum(1 << 20, freeze),
+            "events",
+            "--ring-size",
+            EVENT_RECORD,
+            freeze,
+        ),
+        (
+            stack_ring_at_minimum(1 << 20, freeze),
+            "stacks",
+            "--stack-ring-size",
+            STACK_RECORD,
+            freeze,
         ),
     ];
-    for (mut opts, ring, option, record) in cases {
+    for (mut opts, ring, option, record, freeze) in cases {
         // One percent above the highest accepted watermark.
         let wm = opts.iter().position(|o| o == "--watermark").unwrap() + 1;
         opts[wm] = (opts[wm].parse::<u64>().unwrap() + 1).to_string();
         let marker_dir = tempfile::tempdir().expect("create a marker directory");
         let marker = marker_dir.path().join("ran");
         let cmd = argv(&[&"/usr/bin/touch", &marker]);
-        let r = run(cache.path(), &strs(&opts), &cmd, &[]);
+        let fault = if freeze == 0 {
+            no_cgroup("")
+        } else {
+            OsString::new()
+        };
+        let r = run(
+            cache.path(),
+            &strs(&opts),
+            &cmd,
+            &[("MEMTRAIL_FAULT", &fault)],
+        );
         r.expect_code(2);
-        for part in [
+        let mut parts = vec![
             format!("the {ring} ring"),
             option.to_owned(),
-            format!("at least {}", min_room(record)),
-        ] {
+            format!("at least {}", min_room(record, freeze)),
+        ];
+        if freeze > 0 {
+            parts.push("cgroup freeze".to_owned());
+        }
+        for part in parts {
             assert!(r.stderr.contains(&part), "{part:?} not in:\n{}", r.stderr);
         }
         assert!(!marker.exists(), "the command ran: {opts:?}");
     }
 }
 
-/// Check that a finite `--pressure-timeout` is met with a vfork tree (issue
-/// 11, part 4): a parent vforking children that run a while before they
-/// exec, next to a storm on a 64 KiB ring, with `250ms`, exits 0 with every
-/// pause shorter than the timeout and every allocation counted (each pause
-/// took 1.01 s, waiting for the vfork parent to stop, and the capture
-/// failed with 76).
+/// Check that pauses stay invisible at the smallest rings memtrail accepts
+/// (issue 28: on 64 KiB rings, which it accepted, a job-control shell
+/// printed `[1]+ Stopped` and `rc=147` in 10 of 10 runs, and a parent
+/// waiting with `WUNTRACED` saw 16 to 32 stops). The smallest size accepted
+/// for both rings at the default watermark is found by asking memtrail;
+/// there, with two CPU hogs beside it, an 8-thread storm paused by the
+/// cgroup freezer shows its `WUNTRACED` parent no stop and a job-control
+/// shell no stopped job, 3 times each, every allocation counted.
+#[test]
+fn pressure_pauses_invisible_at_smallest_accepted_rings() {
+    let cache = warm_cache(&argv(&[
+        &fixture("wuntraced"),
+        &"1",
+        &fixture("storm"),
+        &"threads",
+        &"1",
+    ]));
+    let size = [4u64 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
+        .into_iter()
+        .find(|size| {
+            let s = size.to_string();
+            let opts = [
+                "--ring-size",
+                &s,
+                "--stack-ring-size",
+                &s,
+                "--pressure-timeout",
+                "inf",
+            ];
+            run(cache.path(), &opts, &argv(&[&"/bin/true"]), &[]).code != Some(2)
+        })
+        .expect("a ring size memtrail accepts")
+        .to_string();
+    let opts = [
+        "--ring-size",
+        &size,
+        "--stack-ring-size",
+        &size,
+        "--pressure-timeout",
+        "inf",
+        "--event-rings",
+        "shared",
+    ];
+    let _hogs = common::CpuHogs::start(2);
+    let storm = fixture("storm");
+    let rounds = ROUNDS.to_string();
+    for _ in 0..3 {
+        let cmd = argv(&[&fixture("wuntraced"), &"1", &storm, &"threads", &rounds]);
+        let r = run(cache.path(), &opts, &cmd, &[]);
+        r.expect_code(0);
+        assert_eq!(
+            r.stdout, "stops 0 code 0\n",
+            "{size}: stderr:\n{}",
+            r.stderr
+        );
+        nothing_lost(r.profile());
+        assert_eq!(allocations_of(r.profile(), 45678), 8 * ROUNDS);
+        let script = format!("set -m; {} threads {rounds}; echo rc=$?", storm.display());
+        let r = run(
+            cache.path(),
+            &opts,
+            &argv(&[&"/bin/bash", &"-c", &script]),
+            &[],
+        );
+        r.expect_code(0);
+        assert_eq!(r.stdout, "rc=0\n", "{size}: stderr:\n{}", r.stderr);
+        assert!(!r.stderr.contains("Stopped"), "{}", r.stderr);
+    }
+}
+
+/// Check what a finite `--pressure-timeout` means with a vfork tree
+/// (issue 11, part 4: each pause waited 1.01 s for the vfork parent to
+/// stop, and the capture failed with 76), as a bound memtrail keeps, not a
+/// race (issue 26: under load 8 on 2 CPUs, 250 ms was too short for the
+/// pipelines to drain, and the capture failed with 76, as a finite timeout
+/// must then). A vfork parent stays in vfork for as long as a storm next
+/// to it runs (its first child waits for the storm's end before it execs),
+/// so every pause of the storm (a 1 MiB ring, a slowed events pipeline)
+/// has a vfork parent in the tree: a pause that waited for it would never
+/// end and fail at the timeout. With a timeout far above what a drain
+/// takes (10 s), the capture exits 0, every pause shorter than the
+/// timeout (memtrail fails a capture whose pause was not), every
+/// allocation counted.
 #[test]
 fn pressure_vfork_tree_meets_finite_timeout() {
     let cache = tempfile::tempdir().expect("create a cache directory");
+    let tag = tempfile::tempdir().expect("create a tag directory");
+    let done: OsString = tag.path().join("storm-done").into();
     let rounds = ROUNDS.to_string();
     let cmd = argv(&[
         &fixture("vfork_loop"),
@@ -464,11 +648,23 @@ fn pressure_vfork_tree_meets_finite_timeout() {
         &"threads",
         &rounds,
     ]);
+    let fault: OsString = "slow-events".into();
     let r = run(
         cache.path(),
-        &["--ring-size", "64K", "--pressure-timeout", "250ms"],
+        &[
+            "--ring-size",
+            "1M",
+            "--stack-ring-size",
+            "1M",
+            "--pressure-timeout",
+            "10s",
+        ],
         &cmd,
-        &[],
+        &[
+            ("MEMTRAIL_FAULT", &fault),
+            ("STORM_DONE", &done),
+            ("VFORK_HOLD_UNTIL", &done),
+        ],
     );
     r.expect_code(0);
     assert!(rounds_made(&r.stdout) >= 20, "{}", r.stdout);
@@ -476,8 +672,50 @@ fn pressure_vfork_tree_meets_finite_timeout() {
     nothing_lost(p);
     assert!(r.episodes() > 0, "no episode: {}", p["pressure"]);
     let longest = p["pressure"]["longest_pause_ns"].as_u64().unwrap();
-    assert!(longest < 250_000_000, "{}", p["pressure"]);
+    assert!(longest <= 10_000_000_000, "{}", p["pressure"]);
     assert_eq!(allocations_of(p, 45678), 8 * ROUNDS);
+}
+
+/// Check that a pause memtrail cannot end within a finite
+/// `--pressure-timeout` fails the capture however late it ends (issue 28:
+/// with 10 ms, runs recorded pauses of 13-23 ms and exited 0; the deadline
+/// covered the freeze and the drain, not the release and the thaw). With a
+/// coordinator that resumes the tree only once the timeout has passed since
+/// the drain (`late-release`; 2 s, which a drain of this storm's 1 MiB
+/// ring does not take), the capture fails with 76 naming the pause, no
+/// profile, and the tree is killed.
+#[test]
+fn pressure_late_resume_fails_at_timeout() {
+    let cache = tempfile::tempdir().expect("create a cache directory");
+    let tag = tempfile::tempdir().expect("create a tag directory");
+    let done = tag.path().join("storm-done");
+    let cmd = argv(&[&fixture("storm"), &"threads", &ROUNDS.to_string()]);
+    let fault: OsString = "slow-events,late-release".into();
+    let r = run(
+        cache.path(),
+        &[
+            "--ring-size",
+            "1M",
+            "--stack-ring-size",
+            "1M",
+            "--pressure-timeout",
+            "2s",
+        ],
+        &cmd,
+        &[
+            ("MEMTRAIL_FAULT", &fault),
+            ("STORM_DONE", &done.clone().into_os_string()),
+        ],
+    );
+    r.expect_code(76);
+    assert!(r.stderr.contains("longer than the 2s"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("the tracked tree was killed"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.profile.is_none());
+    assert!(!done.exists(), "the storm ran to its end");
 }
 
 /// Directories named `name` under `dir`, recursively.
@@ -539,7 +777,14 @@ fn pressure_wedged_poller_fails_cleanly() {
     let fault: OsString = "wedge-events".into();
     let r = run(
         cache.path(),
-        &["--ring-size", "64K", "--pressure-timeout", "250ms"],
+        &[
+            "--ring-size",
+            "1M",
+            "--stack-ring-size",
+            "1M",
+            "--pressure-timeout",
+            "250ms",
+        ],
         &cmd,
         &[
             ("MEMTRAIL_FAULT", &fault),

@@ -4,8 +4,9 @@
 //! Stopped or not is read from `/proc/PID/stat`, independently of the
 //! module's own reading; running is shown by an echo. Waits are for a state
 //! that must come, bounded by [`GUARD`] only so that a broken build fails
-//! instead of hanging; no assertion depends on timing. Runs as any user:
-//! it only signals its own children.
+//! instead of hanging; no assertion depends on timing. Runs as any user
+//! (it only signals its own children), but for the foreign-stop tests,
+//! which make a BPF map or run `memtrail attach` (root).
 
 mod common;
 
@@ -17,6 +18,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
+use libbpf_rs::MapCore;
 use memtrail::proctree::stops::{Owner, Owners, Released, StopState, Stops, Taken};
 use memtrail::sys::{self, Pid, Signal};
 
@@ -546,4 +548,118 @@ fn stops_release_all_of_one_owner() {
     a.assert_runs();
     assert_eq!(proc_state(b.pid()), 'T');
     assert_eq!(stops.held(b.pid()), Owner::Attach.into());
+}
+
+/// A BPF hash map standing for BPF's `foreign_stops` (u32 pid -> u8), as
+/// the session gives it to its [`Stops`]. Needs root (CAP_BPF).
+fn foreign_stops_map() -> libbpf_rs::MapHandle {
+    libbpf_rs::MapHandle::create(
+        libbpf_rs::MapType::Hash,
+        Some("foreign_stops"),
+        4,
+        1,
+        64,
+        &libbpf_rs::libbpf_sys::bpf_map_create_opts {
+            sz: size_of::<libbpf_rs::libbpf_sys::bpf_map_create_opts>() as _,
+            ..Default::default()
+        },
+    )
+    .expect("create a BPF hash map (needs root)")
+}
+
+/// Check that a process someone else stopped stays stopped when its last
+/// owner lets go (issue 28: `attach --pressure-timeout inf` resumed a
+/// process stopped with `kill -STOP`): with the process in the
+/// foreign-stops map, held and released by the pressure owner, the release
+/// reports `LeftStopped`, sends no SIGCONT, and cat stays stopped; once out
+/// of the map (its stopper resumed it), a hold and release resumes it.
+#[test]
+fn stops_foreign_stop_left_stopped() {
+    let mut cat = Cat::spawn();
+    let map = foreign_stops_map();
+    let stops = Stops::with_timeout(GUARD);
+    stops.set_foreign_stops(
+        std::os::fd::AsFd::as_fd(&map)
+            .try_clone_to_owned()
+            .expect("dup the map"),
+    );
+    let key = cat.pid().get().to_ne_bytes();
+    // Stopped by someone else, then held by a pause.
+    sys::kill(cat.pid(), Signal::STOP).expect("kill -STOP");
+    wait_state(cat.pid(), &['T']);
+    map.update(&key, &[1], libbpf_rs::MapFlags::ANY)
+        .expect("mark it");
+    stops.stop(cat.pid(), Owner::Pressure).expect("stop");
+    assert_eq!(
+        stops.release(cat.pid(), Owner::Pressure).expect("release"),
+        Released::LeftStopped
+    );
+    assert_eq!(stops.held(cat.pid()), Owners::NONE);
+    assert_eq!(proc_state(cat.pid()), 'T');
+    // Its stopper resumes it (BPF clears the mark); a pause then holds
+    // and resumes it as usual.
+    map.delete(&key).expect("unmark it");
+    sys::kill(cat.pid(), Signal::CONT).expect("kill -CONT");
+    cat.assert_runs();
+    stops.stop(cat.pid(), Owner::Pressure).expect("stop");
+    wait_state(cat.pid(), &['T']);
+    assert_eq!(
+        stops.release(cat.pid(), Owner::Pressure).expect("release"),
+        Released::Resumed
+    );
+    cat.assert_runs();
+}
+
+/// `memtrail attach PID --pressure-timeout inf` until memtrail says it is
+/// attached; `during` runs then; SIGTERM detaches it. Returns memtrail's
+/// exit code.
+fn attach_then_detach(pid: Pid, during: impl FnOnce()) -> Option<i32> {
+    let mut memtrail = Command::new(common::memtrail_bin())
+        .args(["attach", &pid.to_string(), "-o", "/dev/null"])
+        .args(["--pressure-timeout", "inf"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn memtrail attach");
+    let mut stderr = BufReader::new(memtrail.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    while !line.contains("attached to process") {
+        line.clear();
+        let n = stderr.read_line(&mut line).expect("read memtrail's stderr");
+        assert!(n > 0, "memtrail ended before attaching");
+    }
+    during();
+    sys::kill(Pid::new(memtrail.id()), Signal::TERM).expect("SIGTERM memtrail");
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    memtrail.wait().expect("reap memtrail").code()
+}
+
+/// Check that `memtrail attach --pressure-timeout inf` leaves a process
+/// someone else stopped stopped when it detaches (issue 28: after detach it
+/// ran), whether the stop came before the attach or during it; a process
+/// nobody stopped runs on after the detach.
+#[test]
+fn stops_attach_leaves_foreign_stop() {
+    // Stopped before the attach.
+    let mut before = Cat::spawn();
+    sys::kill(before.pid(), Signal::STOP).expect("kill -STOP");
+    wait_state(before.pid(), &['T']);
+    assert_eq!(attach_then_detach(before.pid(), || {}), Some(0));
+    assert_eq!(proc_state(before.pid()), 'T', "resumed after detach");
+    sys::kill(before.pid(), Signal::CONT).expect("kill -CONT");
+    before.assert_runs();
+    // Stopped while memtrail is attached.
+    let during = Cat::spawn();
+    let pid = during.pid();
+    let code = attach_then_detach(pid, || {
+        sys::kill(pid, Signal::STOP).expect("kill -STOP");
+        wait_state(pid, &['T']);
+    });
+    assert_eq!(code, Some(0));
+    assert_eq!(proc_state(pid), 'T', "resumed after detach");
+    // Nobody stopped it.
+    let mut free = Cat::spawn();
+    assert_eq!(attach_then_detach(free.pid(), || {}), Some(0));
+    free.assert_runs();
 }

@@ -84,7 +84,8 @@ pub struct Options {
 }
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
-/// wedge-events,stall-stacks,one-thread-slot,no-cgroup,fail-after-start` in
+/// wedge-events,stall-stacks,one-thread-slot,no-cgroup,fail-after-start,
+/// late-pause,late-release,stop-after-cgroup` in
 /// the CLI; see
 /// [`engine::Fault`]).
 #[derive(Debug, Clone, Copy, Default)]
@@ -109,6 +110,12 @@ pub struct Faults {
     /// while another thread holds the mmap lock (`find-vma-busy`): the path
     /// that reads a mapping from the call's own file descriptor.
     pub find_vma_busy: bool,
+    /// The pressure coordinator pauses late (`late-pause`) or resumes
+    /// late (`late-release`).
+    pub pressure: crate::pressure::PressureFault,
+    /// memtrail stops itself (SIGSTOP) right after making the tree's
+    /// cgroup (`stop-after-cgroup`): a test can kill it at that point.
+    pub stop_after_cgroup: bool,
 }
 
 impl Faults {
@@ -134,6 +141,18 @@ impl Faults {
             }
             if name == "find-vma-busy" {
                 faults.find_vma_busy = true;
+                continue;
+            }
+            if name == "stop-after-cgroup" {
+                faults.stop_after_cgroup = true;
+                continue;
+            }
+            if name == "late-pause" {
+                faults.pressure = crate::pressure::PressureFault::LatePause;
+                continue;
+            }
+            if name == "late-release" {
+                faults.pressure = crate::pressure::PressureFault::LateRelease;
                 continue;
             }
             let (fault, pipeline) = match name.split_once('-') {
@@ -285,7 +304,9 @@ impl CaptureError {
         use crate::sys::ExecFailure;
         match self {
             Self::Spawn(SpawnError::NotFound(_)) => ErrorKind::NotFound,
-            Self::Spawn(SpawnError::NotExecutable(_)) => ErrorKind::NotExecutable,
+            Self::Spawn(SpawnError::NotExecutable(_) | SpawnError::PermissionDenied { .. }) => {
+                ErrorKind::NotExecutable
+            }
             Self::Spawn(SpawnError::Nul(_)) => ErrorKind::InvalidArgument,
             Self::Spawn(SpawnError::Exec { source, .. }) => match source {
                 ExecFailure::Exec(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -515,7 +536,7 @@ pub(crate) fn loss_advice(
         .zip(counts)
         .filter(|&(room, n)| n != 0 && room.option != "fixed")
         .map(|(room, _)| {
-            let needed = (crate::pressure::RECORDS_PER_THREAD * threads + 1) * room.record;
+            let needed = crate::pressure::min_room(room.record, threads, 0);
             let size = crate::pressure::min_ring_size(room.capacity, percent, needed);
             format!("{} {size}", room.option)
         })
@@ -628,33 +649,38 @@ pub(crate) fn unwind_tables(
     .ok()
 }
 
-/// Attaches the syscall and sched tracepoint programs.
+/// Attaches the syscall and sched tracepoint programs, and `signal_generate`
+/// with `signals` (stops and resumes by others). Returns a descriptor of
+/// the `sched_exit` link, for the guardian to hold (see `sys::Guardian`).
 pub(crate) fn attach_tracepoints(
     skel: &MemtrailSkel<'_>,
     links: &mut Links,
-    per_process: bool,
-) -> Result<(), CaptureError> {
+    signals: bool,
+) -> Result<std::os::fd::OwnedFd, CaptureError> {
     let p = &skel.progs;
-    let held = per_process.then_some(&p.signal_generate);
-    for prog in [
-        &p.sched_fork,
-        &p.sched_exec,
-        &p.sched_exit,
-        &p.sys_enter,
-        &p.sys_exit,
-    ]
-    .into_iter()
-    .chain(held)
-    {
-        let link = prog
-            .attach()
+    let attach = |prog: &libbpf_rs::ProgramMut<'_>| {
+        prog.attach()
             .map_err(|source| CaptureError::AttachTracepoint {
                 what: "syscall and sched tracepoints",
                 source,
-            })?;
-        links.push(link);
+            })
+    };
+    let exit = attach(&p.sched_exit)?;
+    let exit_fd = std::os::fd::AsFd::as_fd(&exit)
+        .try_clone_to_owned()
+        .map_err(|source| CaptureError::Io {
+            what: "duplicating a BPF link descriptor",
+            source,
+        })?;
+    links.push(exit);
+    let held = signals.then_some(&p.signal_generate);
+    for prog in [&p.sched_fork, &p.sched_exec, &p.sys_enter, &p.sys_exit]
+        .into_iter()
+        .chain(held)
+    {
+        links.push(attach(prog)?);
     }
-    Ok(())
+    Ok(exit_fd)
 }
 
 /// Each ring's capacity and largest record (with its ring header), by ring

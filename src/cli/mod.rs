@@ -70,7 +70,8 @@ Exit status:
     74   another tracer holds a conflicting uprobe (ref_ctr_offset mismatch)
     75   an executable image the command loaded could not be examined or probed
     76   a pressure pause did not recover within --pressure-timeout (tree killed)
-    126  the command is not executable
+    126  the command is not executable, or cannot be reached (a directory on
+         its path denies search permission: the message names it)
     127  the command was not found";
 
 const ATTACH_EXIT_CODES_HELP: &str = "\
@@ -308,10 +309,14 @@ pub struct RunArgs {
     /// What to do when a ring fills past the watermark. `0` (default): no
     /// pausing; lost events are detected and fail the capture (exit 71). A
     /// duration (`250ms`, `2s`, `1m`; units ns, us, ms, s, m) from 1ms to a
-    /// day: pause the tree until the rings drain, and if an episode takes
-    /// longer, kill the tree and fail (exit 76); a nonzero duration below
-    /// 1ms is rejected, never rounded to 0. `inf`: pause as long as
-    /// draining takes.
+    /// day: pause the tree until the rings drain; the duration is the
+    /// longest the tree may stay paused, from the latch to the resume, and
+    /// if memtrail cannot resume it by then (a slow pipeline, or a machine
+    /// too loaded for memtrail's threads), it kills the tree and fails
+    /// (exit 76); a nonzero duration below 1ms is rejected, never rounded to
+    /// 0. `inf`: pause as long as draining takes. With the cgroup freezer
+    /// (root), rings need room for the freeze to land: 1 MiB rings at the
+    /// default watermark on two CPUs.
     #[arg(
         long,
         value_name = "TIMEOUT",

@@ -20,18 +20,34 @@
 //! latch, resumes what it holds and thaws the cgroup.
 //!
 //! Timeouts: `0` turns pausing off (ring loss is still detected and fails
-//! the capture); a finite duration bounds each whole episode — freezing or
-//! stopping the tree and draining — past it the tree is killed and the
-//! capture fails naming what was late; `inf` waits as long as recovery
-//! takes. A process memtrail attached to (`memtrail attach`) is never
-//! killed: past the timeout the coordinator resumes it and the capture
-//! fails as detached ([`Coordinator::kill_on_failure`] off).
+//! the capture); a finite duration is the longest the tree may stay paused,
+//! from the latch (BPF stamps it with the time: no process of the tree is
+//! paused before) to the resume (the thaw, the last SIGCONT): freezing or
+//! stopping the tree, draining, releasing and thawing all count, and every
+//! wait gives up at the deadline. Past it the tree is killed and the
+//! capture fails naming what was late — on a machine too loaded for
+//! memtrail's threads to drain the rings in time too: the timeout is a
+//! bound memtrail keeps, never one it stretches. `inf` waits as long as
+//! recovery takes. A process memtrail attached to (`memtrail attach`) is
+//! never killed: past the timeout the coordinator resumes it and the
+//! capture fails as detached ([`Coordinator::kill_on_failure`] off).
+//!
+//! Priority: the coordinator thread runs at real-time priority
+//! (`SCHED_FIFO` 1, where memtrail may) so that its wakeup, and with it
+//! the freeze, does not wait for a CPU behind the tree or anything else the
+//! machine runs: a pause stays invisible only if the freeze lands before a
+//! producer reaches a hard mark. It never spins for long (its waits nap).
 //!
 //! Room above the watermark ([`check_room`]): with pausing on, each ring
 //! must hold, above its watermark, [`RECORDS_PER_THREAD`] of its largest
 //! records per CPU plus one (the record that crossed), so that the
-//! producers running when the mark is crossed fit; smaller combinations
-//! are refused before the command starts.
+//! producers running when the mark is crossed fit; with the freezer, also
+//! [`freeze_room`] bytes, which the tree may fill between the latch and
+//! the freeze without any producer reaching a hard mark (the freeze, and so
+//! the pause, stays invisible). Smaller combinations are refused before the
+//! command starts. A tree with more threads than CPUs reserves more past
+//! the hard mark: BPF then latches early enough to keep the freeze room
+//! (bpf/memtrail.bpf.c, Backpressure).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -203,11 +219,28 @@ pub fn watermark_bytes(capacity: u64, percent: u8) -> u64 {
     capacity * u64::from(percent.clamp(1, 99)) / 100
 }
 
+/// The room the cgroup freeze has, per CPU writing into a ring: bytes the
+/// tree may add between the latch and the freeze with no producer at a hard
+/// mark. Measured on two vCPUs with the coordinator at real-time priority
+/// and two CPU hogs beside the fastest storm (perf/RESULTS.md, "Pauses the
+/// tree cannot see"): 4 KiB per CPU already saw no stop; this is 16 times
+/// that.
+pub const FREEZE_ROOM_PER_CPU: u64 = 64 << 10;
+
+/// The most freeze room a ring needs: producers on a shared ring serialize
+/// on its lock, so a ring fills no faster with more CPUs.
+pub const FREEZE_ROOM_MAX: u64 = 128 << 10;
+
+/// The freeze room of a ring `producers` CPUs write into.
+pub fn freeze_room(producers: u64) -> u64 {
+    (FREEZE_ROOM_PER_CPU * producers.max(1)).min(FREEZE_ROOM_MAX)
+}
+
 /// Bytes a ring must hold above its watermark with pausing on: the
 /// crossing record plus [`RECORDS_PER_THREAD`] records for each CPU's
-/// producer.
-pub fn min_room(record: u64, cpus: u64) -> u64 {
-    (RECORDS_PER_THREAD * cpus.max(1) + 1) * record
+/// producer, plus `freeze` bytes for the freeze to land.
+pub fn min_room(record: u64, cpus: u64, freeze: u64) -> u64 {
+    (RECORDS_PER_THREAD * cpus.max(1) + 1) * record + freeze
 }
 
 /// The smallest ring, doubling from `capacity`, that leaves `needed` bytes
@@ -225,7 +258,15 @@ pub fn min_ring_size(capacity: u64, percent: u8, needed: u64) -> u64 {
 #[error(
     "the {name} ring ({capacity} bytes, {option}) leaves {room} bytes above a {percent}% \
      watermark; pausing needs at least {needed} ({cpus} CPUs x {RECORDS_PER_THREAD} records \
-     of {record} bytes, plus one): use a ring of at least {min_size} bytes at this watermark{}",
+     of {record} bytes, plus one{}): use a ring of at least {min_size} bytes at this watermark{}",
+    if *freeze > 0 {
+        format!(
+            ", plus {freeze} for the tree to fill before its cgroup freeze lands, so that no \
+             process stops itself where its parent could see it"
+        )
+    } else {
+        String::new()
+    },
     if *max_percent > 0 { format!(", or a watermark of at most {max_percent}%") } else { String::new() }
 )]
 pub struct RoomError {
@@ -237,18 +278,27 @@ pub struct RoomError {
     pub needed: u64,
     pub cpus: u64,
     pub record: u64,
+    /// The freeze room in `needed` (0: pauses stop processes anyway).
+    pub freeze: u64,
     /// The highest watermark this ring allows (0: none).
     pub max_percent: u64,
     /// The smallest ring (a power of two) that has the room at `percent`.
     pub min_size: u64,
 }
 
-/// Checks that every ring has [`min_room`] above its watermark.
-pub fn check_room(rings: &[RingRoom], percent: u8, cpus: u64) -> Result<(), RoomError> {
+/// Checks that every ring has [`min_room`] above its watermark; with
+/// `freezer` (pauses freeze a cgroup), the freeze room included.
+pub fn check_room(
+    rings: &[RingRoom],
+    percent: u8,
+    cpus: u64,
+    freezer: bool,
+) -> Result<(), RoomError> {
     for ring in rings {
         let producers = if ring.per_cpu.is_some() { 1 } else { cpus };
         let room = ring.capacity - watermark_bytes(ring.capacity, percent);
-        let needed = min_room(ring.record, producers);
+        let freeze = if freezer { freeze_room(producers) } else { 0 };
+        let needed = min_room(ring.record, producers, freeze);
         if room < needed {
             let max_percent = ring.capacity.saturating_sub(needed) * 100 / ring.capacity;
             // The advice is for the option, which per-CPU rings share.
@@ -263,6 +313,7 @@ pub fn check_room(rings: &[RingRoom], percent: u8, cpus: u64) -> Result<(), Room
                 needed,
                 cpus: producers,
                 record: ring.record,
+                freeze,
                 max_percent,
                 min_size,
             });
@@ -323,6 +374,16 @@ pub enum PressureError {
         what: String,
         fate: Fate,
     },
+    #[error(
+        "a pressure pause lasted {paused:?}, longer than the {timeout:?} of \
+         --pressure-timeout: memtrail could not resume the tree in time (its own threads \
+         were late: a loaded machine?); {fate}"
+    )]
+    ResumeTimeout {
+        timeout: Duration,
+        paused: Duration,
+        fate: Fate,
+    },
     #[error("pausing the tree through its cgroup failed")]
     Cgroup(#[from] crate::proctree::cgroup::CgroupError),
     #[error(transparent)]
@@ -360,6 +421,9 @@ impl PressureError {
             } | Self::PauseTimeout {
                 fate: Fate::Detached,
                 ..
+            } | Self::ResumeTimeout {
+                fate: Fate::Detached,
+                ..
             }
         )
     }
@@ -387,10 +451,15 @@ impl Latch {
         unsafe { &*self.0 }
     }
 
-    fn is_set(&self) -> bool {
+    /// When the latched episode began (`bpf_ktime_get_ns()`, which is
+    /// `CLOCK_MONOTONIC`), `None` when no episode is latched.
+    fn latched_ns(&self) -> Option<u64> {
         // Acquire pairs with the BPF program's compare-and-swap (a full
         // barrier): the producer's submitted records are visible.
-        self.get().load(Ordering::Acquire) != 0
+        match self.get().load(Ordering::Acquire) {
+            0 => None,
+            ns => Some(ns),
+        }
     }
 
     fn clear(&self) {
@@ -462,28 +531,61 @@ pub struct Coordinator {
     pub kill_on_failure: bool,
     /// Counts pauses for the live status line.
     pub live: Option<std::sync::Arc<crate::report::live::LiveCounters>>,
+    /// Test-only: a late freeze or a late release.
+    pub fault: PressureFault,
+}
+
+/// Test-only faults of the coordinator (`MEMTRAIL_FAULT`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PressureFault {
+    #[default]
+    None,
+    /// `late-pause`: pause the tree only once none of its threads runs
+    /// (each busy one stopped itself at a mark; or after
+    /// [`LATE_PAUSE_MAX`]), as a coordinator that gets no CPU would: the
+    /// path that keeps a capture lossless when the pause comes late.
+    LatePause,
+    /// `late-release`: wait out the timeout after the drain, before the
+    /// release: a coordinator too slow to resume the tree in time.
+    LateRelease,
+}
+
+/// The longest a `late-pause` coordinator waits for the tree to stop itself.
+pub const LATE_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// The `Instant` of a `CLOCK_MONOTONIC` reading in nanoseconds (`Instant` is
+/// that clock on Linux).
+fn instant_of(ns: u64) -> Instant {
+    let (now, now_ns) = (Instant::now(), sys::monotonic_ns());
+    now.checked_sub(Duration::from_nanos(now_ns.saturating_sub(ns)))
+        .unwrap_or(now)
 }
 
 impl Coordinator {
     /// Runs until `done`; returns the episodes' statistics.
     pub fn run(mut self) -> Result<PressureStats, PressureError> {
+        if let Err(err) = sys::set_thread_realtime() {
+            tracing::debug!(%err, "the pressure coordinator runs at normal priority");
+        }
         let mut stats = PressureStats::default();
         let mut unrecorded_seen = 0;
         loop {
             // Consume the wakeups first: the ring's epoll is level
             // triggered, so a latch set after this look still wakes us.
             self.wake.poll(|_| {});
-            if !self.latch.is_set() {
+            let Some(latched) = self.latch.latched_ns() else {
                 if self.done.load(Ordering::Acquire) {
                     return Ok(stats);
                 }
                 // The timeout only guards against a missed `done` signal.
                 sys::epoll_wait(self.wake_epoll.as_fd(), LATCH_CHECK_MS);
                 continue;
-            }
-            let started = Instant::now();
-            self.episode(started, &mut unrecorded_seen)?;
-            let pause = started.elapsed().as_nanos() as u64;
+            };
+            // The pause counts from the latch: no process of the tree is
+            // stopped or frozen before it.
+            let began = instant_of(latched);
+            let resumed = self.episode(began, &mut unrecorded_seen)?;
+            let pause = resumed.saturating_duration_since(began).as_nanos() as u64;
             stats.episodes += 1;
             if let Some(live) = &self.live {
                 live.pauses
@@ -494,9 +596,9 @@ impl Coordinator {
         }
     }
 
-    fn deadline(&self, started: Instant) -> Option<Instant> {
+    fn deadline(&self, began: Instant) -> Option<Instant> {
         match self.timeout {
-            PressureTimeout::After(d) => Some(started + d),
+            PressureTimeout::After(d) => Some(began + d),
             _ => None,
         }
     }
@@ -508,49 +610,15 @@ impl Coordinator {
         }
     }
 
-    fn episode(&self, started: Instant, unrecorded_seen: &mut u64) -> Result<(), PressureError> {
-        let deadline = self.deadline(started);
+    /// One episode, from its latch (`began`) to the resume; returns when
+    /// the tree was resumed.
+    fn episode(&self, began: Instant, unrecorded_seen: &mut u64) -> Result<Instant, PressureError> {
+        let deadline = self.deadline(began);
+        if self.fault == PressureFault::LatePause {
+            self.wait_for_self_stops();
+        }
         match &self.pause {
-            Pause::Freeze {
-                cgroup,
-                hard_stops,
-                unrecorded,
-            } => {
-                let frozen = cgroup
-                    .freeze()
-                    .and_then(|()| cgroup.wait_frozen(deadline))
-                    .map_err(|e| self.fail(e.into()))?;
-                if !frozen {
-                    let what = format!(
-                        "its cgroup {} was not frozen in time",
-                        cgroup.path().display()
-                    );
-                    return Err(self.fail(PressureError::PauseTimeout {
-                        timeout: self.timeout_duration(),
-                        what,
-                        fate: self.fate(),
-                    }));
-                }
-                // Frozen: no thread of the tree runs a BPF program now, so
-                // the self-stops are all recorded.
-                let pids = sys::bpf_map_u32_keys(hard_stops.as_fd())?;
-                tracing::debug!(
-                    frozen_after = ?started.elapsed(),
-                    self_stopped = pids.len(),
-                    "tree frozen"
-                );
-                for &pid in &pids {
-                    if let Err(err) = self.stops.hold_stopped(pid.into(), Owner::Pressure) {
-                        tracing::debug!(pid, %err, "could not hold a self-stopped process");
-                    }
-                    let _ = sys::bpf_map_delete(hard_stops.as_fd(), &pid.to_ne_bytes());
-                }
-                let unrecorded = unrecorded.load();
-                if unrecorded != *unrecorded_seen {
-                    *unrecorded_seen = unrecorded;
-                    self.hold_stopping()?;
-                }
-            }
+            Pause::Freeze { .. } => self.freeze_tree(began, deadline, unrecorded_seen)?,
             Pause::Signal => self.stop_tree(deadline)?,
         }
         let epoch = self.barrier.raise();
@@ -568,7 +636,13 @@ impl Coordinator {
                 fate: self.fate(),
             }));
         }
-        tracing::debug!(drained_after = ?started.elapsed(), "pipelines drained");
+        tracing::debug!(drained_after = ?began.elapsed(), "pipelines drained");
+        if self.fault == PressureFault::LateRelease {
+            std::thread::sleep(self.timeout_duration());
+        }
+        // The last look before the resume: a release past the deadline
+        // would make the pause longer than the timeout.
+        self.check_deadline(began, deadline)?;
         self.latch.clear();
         // SIGCONT first: while frozen, it discards a self-stop not yet
         // acted on, which the parent then never sees. Frozen, every
@@ -580,7 +654,95 @@ impl Coordinator {
         if let Pause::Freeze { cgroup, .. } = &self.pause {
             cgroup.thaw()?;
         }
+        // Resuming took time too: a pause that ended past the deadline
+        // fails the capture, as one that would have.
+        self.check_deadline(began, deadline)?;
+        Ok(Instant::now())
+    }
+
+    /// Fails the episode (killing the tree) if `deadline` has passed.
+    fn check_deadline(
+        &self,
+        began: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<(), PressureError> {
+        match deadline {
+            Some(d) if Instant::now() > d => Err(self.fail(PressureError::ResumeTimeout {
+                timeout: self.timeout_duration(),
+                paused: began.elapsed(),
+                fate: self.fate(),
+            })),
+            _ => Ok(()),
+        }
+    }
+
+    /// Freezes the tree's cgroup (waiting until the deadline) and holds the
+    /// processes that stopped themselves at a hard mark.
+    fn freeze_tree(
+        &self,
+        began: Instant,
+        deadline: Option<Instant>,
+        unrecorded_seen: &mut u64,
+    ) -> Result<(), PressureError> {
+        let Pause::Freeze {
+            cgroup,
+            hard_stops,
+            unrecorded,
+        } = &self.pause
+        else {
+            return Ok(());
+        };
+        let frozen = cgroup
+            .freeze()
+            .and_then(|()| cgroup.wait_frozen(deadline))
+            .map_err(|e| self.fail(e.into()))?;
+        if !frozen {
+            let what = format!(
+                "its cgroup {} was not frozen in time",
+                cgroup.path().display()
+            );
+            return Err(self.fail(PressureError::PauseTimeout {
+                timeout: self.timeout_duration(),
+                what,
+                fate: self.fate(),
+            }));
+        }
+        // Frozen: no thread of the tree runs a BPF program now, so the
+        // self-stops are all recorded.
+        let pids = sys::bpf_map_u32_keys(hard_stops.as_fd())?;
+        tracing::debug!(
+            frozen_after = ?began.elapsed(),
+            self_stopped = pids.len(),
+            "tree frozen"
+        );
+        for &pid in &pids {
+            if let Err(err) = self.stops.hold_stopped(pid.into(), Owner::Pressure) {
+                tracing::debug!(pid, %err, "could not hold a self-stopped process");
+            }
+            let _ = sys::bpf_map_delete(hard_stops.as_fd(), &pid.to_ne_bytes());
+        }
+        let unrecorded = unrecorded.load();
+        if unrecorded != *unrecorded_seen {
+            *unrecorded_seen = unrecorded;
+            self.hold_stopping()?;
+        }
         Ok(())
+    }
+
+    /// `late-pause`: waits until no thread of the tree runs, the tree is
+    /// done, or [`LATE_PAUSE_MAX`] passed.
+    fn wait_for_self_stops(&self) {
+        let until = Instant::now() + LATE_PAUSE_MAX;
+        while Instant::now() < until && !self.done.load(Ordering::Acquire) {
+            let pids = sys::bpf_map_u32_keys(self.tracked_map.as_fd()).unwrap_or_default();
+            let running = pids
+                .into_iter()
+                .any(|pid| sys::thread_states(pid.into()).is_ok_and(|t| t.running > 0));
+            if !running {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 
     /// Holds every process of the tree that is stopped or has a stop
@@ -679,15 +841,44 @@ mod tests {
             record: 64,
         };
         // 4 KiB at 92%: 4096 - 3768 = 328 >= (2*2+1)*64 = 320.
-        assert_eq!(check_room(&[ring(4096)], 92, 2), Ok(()));
-        let err = check_room(&[ring(4096)], 93, 2).unwrap_err();
+        assert_eq!(check_room(&[ring(4096)], 92, 2, false), Ok(()));
+        let err = check_room(&[ring(4096)], 93, 2, false).unwrap_err();
         assert_eq!((err.room, err.needed, err.max_percent), (287, 320, 92));
         assert_eq!(err.min_size, 8192);
         assert!(err.to_string().contains("at most 92%"), "{err}");
         // No watermark makes a ring smaller than the room work.
-        let err = check_room(&[ring(256)], 50, 2).unwrap_err();
+        let err = check_room(&[ring(256)], 50, 2, false).unwrap_err();
         assert_eq!((err.max_percent, err.min_size), (0, 1024));
         assert!(!err.to_string().contains("at most"), "{err}");
+    }
+
+    /// Check that with the cgroup freezer a ring must also leave the freeze
+    /// room above its watermark (issue 28: on 64 KiB rings a parent saw
+    /// 16-32 stops), per producing CPU up to the cap, and that the error
+    /// says what that room is for.
+    #[test]
+    fn pressure_room_includes_freeze_room() {
+        let ring = |capacity, per_cpu| RingRoom {
+            per_cpu,
+            name: "events",
+            option: "--ring-size",
+            capacity,
+            record: 64,
+        };
+        // Shared, 2 CPUs: 320 + 128 KiB; 1 MiB at 75% leaves 256 KiB.
+        assert_eq!(check_room(&[ring(1 << 20, None)], 75, 2, true), Ok(()));
+        let err = check_room(&[ring(64 << 10, None)], 75, 2, true).unwrap_err();
+        assert_eq!((err.needed, err.freeze), (320 + (128 << 10), 128 << 10));
+        assert_eq!(err.min_size, 1 << 20);
+        assert!(err.to_string().contains("cgroup freeze"), "{err}");
+        // Without the freezer (SIGSTOP pauses), 64 KiB does.
+        assert_eq!(check_room(&[ring(64 << 10, None)], 75, 2, false), Ok(()));
+        // A per-CPU ring has one producer: 64 KiB of freeze room.
+        let err = check_room(&[ring(256 << 10, Some(4))], 75, 4, true).unwrap_err();
+        assert_eq!(err.needed, 3 * 64 + (64 << 10));
+        assert_eq!(err.min_size, 4 * (512 << 10));
+        // Many CPUs on one ring: the cap.
+        assert_eq!(freeze_room(16), FREEZE_ROOM_MAX);
     }
 
     /// Check that every documented form of --pressure-timeout parses.

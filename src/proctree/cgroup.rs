@@ -10,12 +10,15 @@
 //! every task has got there (`frozen 1`); a vfork parent waiting for its
 //! child counts as frozen, so a vfork in the tree does not stall a pause.
 //!
-//! Ownership: [`TreeCgroup`] owns the directory. Dropping it thaws the
-//! cgroup and removes it once empty. If memtrail dies while the tree is
-//! frozen, the guardian (see `sys::spawn_guardian`) thaws it.
+//! Ownership: [`CgroupPlace`] finds where the cgroup goes before anything
+//! is made, so that the guardian (`sys::Guardian`), which thaws and removes
+//! the cgroup if memtrail dies, starts before the cgroup exists: no kill of
+//! memtrail can leave it behind (issue 28). [`TreeCgroup`] then owns the
+//! directory; dropping it thaws the cgroup and removes it once empty.
 //!
 //! Where there is no usable cgroup v2 (not mounted, no `cgroup.freeze`
-//! file, no right to create a cgroup) [`TreeCgroup::create`] fails and the
+//! file, no right to create a cgroup) [`CgroupPlace::locate`] or
+//! [`CgroupPlace::create`] fails and the
 //! pressure coordinator falls back to stopping processes through pidfds.
 
 use std::fs::{self, File, OpenOptions};
@@ -46,10 +49,6 @@ pub enum CgroupError {
 #[derive(Debug)]
 pub struct TreeCgroup {
     dir: PathBuf,
-    /// The parent directory (for the guardian, which removes the cgroup
-    /// if memtrail dies) and the cgroup's name in it.
-    parent: File,
-    name: std::ffi::CString,
     /// `cgroup.freeze`, open for writing.
     freeze: File,
     /// `cgroup.events`, open for reading.
@@ -101,10 +100,11 @@ fn unescape_mount(field: &str) -> String {
     out
 }
 
-/// Removes the empty `memtrail-PID` cgroups of memtrails that are gone (one
-/// killed between creating its cgroup and starting its guardian leaves
-/// one): a cgroup whose pid names no live memtrail and that holds no
-/// process.
+/// Removes the empty `memtrail-PID` cgroups of memtrails that are gone: a
+/// cgroup whose pid names no process at all and that holds none. (A live
+/// process with that pid keeps it, whatever its name: memtrail may run
+/// under another name, and a concurrent capture's cgroup is empty until
+/// its command starts; issue 28.)
 fn remove_stale(parent: &Path) {
     let Ok(entries) = fs::read_dir(parent) else {
         return;
@@ -118,8 +118,7 @@ fn remove_stale(parent: &Path) {
         else {
             continue;
         };
-        let alive = fs::read_to_string(format!("/proc/{pid}/comm"))
-            .is_ok_and(|comm| comm.trim_end() == "memtrail");
+        let alive = Path::new(&format!("/proc/{pid}")).exists();
         let empty = fs::read_to_string(entry.path().join("cgroup.events"))
             .is_ok_and(|e| e.lines().any(|l| l == "populated 0"));
         if !alive && empty && fs::remove_dir(entry.path()).is_ok() {
@@ -141,13 +140,48 @@ fn own_cgroup() -> Result<String, CgroupError> {
         .ok_or(CgroupError::NoOwnCgroup)
 }
 
-impl TreeCgroup {
-    /// Creates `memtrail-PID` under memtrail's own cgroup v2 and opens its
-    /// freezer.
-    pub fn create() -> Result<Self, CgroupError> {
-        let parent = cgroup2_mount()?.join(own_cgroup()?);
-        remove_stale(&parent);
-        let dir = parent.join(format!("memtrail-{}", std::process::id()));
+/// Where the tree's cgroup goes: `memtrail-PID` under memtrail's own
+/// cgroup v2, found (and stale cgroups of dead memtrails removed) but not
+/// made yet.
+#[derive(Debug)]
+pub struct CgroupPlace {
+    /// memtrail's own cgroup, the new one's parent.
+    parent_dir: PathBuf,
+    parent: File,
+    name: std::ffi::CString,
+}
+
+impl CgroupPlace {
+    /// Finds memtrail's own cgroup v2 and opens it.
+    pub fn locate() -> Result<Self, CgroupError> {
+        let parent_dir = cgroup2_mount()?.join(own_cgroup()?);
+        remove_stale(&parent_dir);
+        let parent = File::open(&parent_dir).map_err(|source| CgroupError::Io {
+            what: "opening",
+            path: parent_dir.clone(),
+            source,
+        })?;
+        let name = std::ffi::CString::new(format!("memtrail-{}", std::process::id()))
+            .expect("no NUL in a number");
+        Ok(Self {
+            parent_dir,
+            parent,
+            name,
+        })
+    }
+
+    /// What the guardian needs to thaw and remove the cgroup if memtrail
+    /// dies (it may not exist yet).
+    pub fn for_guardian(&self) -> crate::sys::GuardianCgroup<'_> {
+        crate::sys::GuardianCgroup {
+            parent: self.parent.as_fd(),
+            name: &self.name,
+        }
+    }
+
+    /// Creates the cgroup and opens its freezer.
+    pub fn create(self) -> Result<TreeCgroup, CgroupError> {
+        let dir = self.parent_dir.join(self.name.to_string_lossy().as_ref());
         let io_err = |what, path: &Path| {
             let path = path.to_owned();
             move |source| CgroupError::Io { what, path, source }
@@ -176,19 +210,8 @@ impl TreeCgroup {
                 return Err(err);
             }
         };
-        let name = std::ffi::CString::new(format!("memtrail-{}", std::process::id()))
-            .expect("no NUL in a number");
-        let parent = match File::open(&parent) {
-            Ok(file) => file,
-            Err(e) => {
-                let _ = fs::remove_dir(&dir);
-                return Err(io_err("opening", &parent)(e));
-            }
-        };
-        let cgroup = Self {
+        let cgroup = TreeCgroup {
             dir,
-            parent,
-            name,
             freeze,
             events,
         };
@@ -196,20 +219,12 @@ impl TreeCgroup {
         cgroup.thaw()?;
         Ok(cgroup)
     }
+}
 
+impl TreeCgroup {
     /// The cgroup's directory.
     pub fn path(&self) -> &Path {
         &self.dir
-    }
-
-    /// What the guardian needs to thaw and remove the cgroup if memtrail
-    /// dies.
-    pub fn for_guardian(&self) -> crate::sys::GuardianCgroup<'_> {
-        crate::sys::GuardianCgroup {
-            freeze: self.freeze.as_fd(),
-            parent: self.parent.as_fd(),
-            name: &self.name,
-        }
     }
 
     /// Moves process `pid` (with all its threads) into the cgroup.
@@ -303,10 +318,9 @@ impl TreeCgroup {
 impl Drop for TreeCgroup {
     /// Thaws the cgroup and removes it if it is empty (the tree has exited
     /// on every normal path; a cgroup still holding processes stays, and
-    /// the kernel removes nothing by itself, so say so).
+    /// the guardian, dismissed after this, removes it once the tree has
+    /// left).
     fn drop(&mut self) {
-        // The guardian, woken when memtrail let go of it, may have removed
-        // the cgroup already.
         if let Err(err) = self.thaw()
             && self.dir.exists()
         {

@@ -25,6 +25,14 @@ pub enum SpawnError {
     NotFound(String),
     #[error("command is not an executable file: {}", .0.display())]
     NotExecutable(PathBuf),
+    /// The command exists, perhaps, but a directory on its path denies
+    /// memtrail search permission (`execve` would fail with EACCES).
+    #[error(
+        "permission denied: cannot reach {}: no search permission on the directory {}",
+        path.display(),
+        dir.display()
+    )]
+    PermissionDenied { path: PathBuf, dir: PathBuf },
     #[error("argument contains a NUL byte: {0:?}")]
     Nul(OsString),
     #[error("could not start {}", path.display())]
@@ -81,7 +89,9 @@ fn is_executable(path: &Path) -> bool {
         .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// Finds `cmd` in PATH unless it names a path.
+/// Finds `cmd` in PATH unless it names a path. As `execvp`: a command
+/// behind a directory memtrail may not search is denied (126), not missing
+/// (127), and in PATH only when no directory has it.
 pub fn resolve(cmd: &OsStr) -> Result<PathBuf, SpawnError> {
     let name = cmd.to_string_lossy().into_owned();
     if cmd.is_empty() {
@@ -89,29 +99,63 @@ pub fn resolve(cmd: &OsStr) -> Result<PathBuf, SpawnError> {
     }
     if cmd.as_bytes().contains(&b'/') {
         let path = PathBuf::from(cmd);
-        if !path.exists() {
-            return Err(SpawnError::NotFound(name));
-        }
-        if !is_executable(&path) {
-            return Err(SpawnError::NotExecutable(path));
-        }
-        return Ok(path);
+        return match path.metadata() {
+            Ok(_) if is_executable(&path) => Ok(path),
+            Ok(_) => Err(SpawnError::NotExecutable(path)),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(denied(path)),
+            Err(_) => Err(SpawnError::NotFound(name)),
+        };
     }
     let search = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
     let mut found_not_exec = None;
+    let mut found_denied = None;
     for dir in std::env::split_paths(&search) {
         let candidate = dir.join(cmd);
         if is_executable(&candidate) {
             return Ok(candidate);
         }
-        if candidate.is_file() && found_not_exec.is_none() {
-            found_not_exec = Some(candidate);
+        match candidate.metadata() {
+            Ok(m) if m.is_file() && found_not_exec.is_none() => found_not_exec = Some(candidate),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                found_denied.get_or_insert(candidate);
+            }
+            _ => {}
         }
     }
-    Err(match found_not_exec {
-        Some(path) => SpawnError::NotExecutable(path),
-        None => SpawnError::NotFound(name),
+    Err(match (found_not_exec, found_denied) {
+        (Some(path), _) => SpawnError::NotExecutable(path),
+        (None, Some(path)) => denied(path),
+        (None, None) => SpawnError::NotFound(name),
     })
+}
+
+/// The error for `path`, which memtrail may not reach: names the first
+/// directory on the way that denies search permission (its entries cannot
+/// be looked up), else the path's own parent.
+fn denied(path: PathBuf) -> SpawnError {
+    let absolute = std::env::current_dir()
+        .map(|cwd| cwd.join(&path))
+        .unwrap_or_else(|_| path.clone());
+    let mut dir = PathBuf::new();
+    let mut blocked = None;
+    for part in absolute.components() {
+        let next = dir.join(part);
+        if !dir.as_os_str().is_empty()
+            && next
+                .symlink_metadata()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
+        {
+            blocked = Some(dir);
+            break;
+        }
+        dir = next;
+    }
+    let dir = blocked.unwrap_or_else(|| {
+        absolute
+            .parent()
+            .map_or_else(|| PathBuf::from("/"), Path::to_path_buf)
+    });
+    SpawnError::PermissionDenied { path, dir }
 }
 
 /// The invoking user's identity when root runs memtrail through sudo.

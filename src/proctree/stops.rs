@@ -56,11 +56,24 @@
 //! /proc is read by pid; the pidfd is checked alive *after* each read, so a
 //! state read while the process was alive is that process's.
 //!
+//! # Stops that are not ours
+//!
+//! A process someone else stopped (a `kill -STOP`, a terminal's SIGTSTP, a
+//! debugger), before memtrail held it or while it did, stays stopped when
+//! memtrail lets go (issue 28: `attach --pressure-timeout inf` resumed a
+//! process stopped with `kill -STOP`). BPF's `signal_generate` records such
+//! stops in the `foreign_stops` map, and a SIGCONT from anyone else clears
+//! them ([`Stops::set_foreign_stops`]); the release that empties the owner
+//! set sends no SIGCONT to a process in it ([`Released::LeftStopped`]). A
+//! stop from elsewhere generated between that look and our SIGCONT is
+//! discarded by the SIGCONT (the kernel drops pending stop signals): the
+//! release looks again after it and stops the process once more.
+//!
 //! Limits: [`Stops::hold_stopped`] and [`Stops::stop`] open the pidfd from
 //! the pid, so the process must not have been reaped before they run (a
 //! process of the tree is reaped by its parent or by memtrail, the
-//! subreaper, after it exited). A stop from elsewhere (SIGTSTP from a
-//! terminal, a debugger) looks like ours and ends with our SIGCONT. The pids
+//! subreaper, after it exited). Without the map (a table made for tests), a
+//! stop from elsewhere looks like ours and ends with our SIGCONT. The pids
 //! are thread-group ids.
 //!
 //! Locking: one mutex over the table. Calls hold it only for bookkeeping and
@@ -70,7 +83,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as Slot;
 use std::fmt;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -201,6 +214,9 @@ pub enum Released {
     /// The owner did not hold the process: never held, already released, or
     /// forgotten because it exited.
     NotHeld,
+    /// The last owner let go, but someone else stopped the process (see
+    /// the module docs): it stays stopped for them to resume.
+    LeftStopped,
 }
 
 /// Errors stopping or resuming a process.
@@ -220,6 +236,8 @@ pub struct Stops {
     table: Mutex<Table>,
     /// How long a release waits for the stop to land.
     timeout: Duration,
+    /// BPF's `foreign_stops` map: processes someone else stopped.
+    foreign: std::sync::OnceLock<OwnedFd>,
 }
 
 #[derive(Default)]
@@ -279,6 +297,7 @@ impl Table {
         &mut self,
         claim: Claim,
         seen: Result<StopState, SysError>,
+        foreign: Option<BorrowedFd<'_>>,
     ) -> Result<Released, StopsError> {
         let pid = claim.pid;
         match self.entries.get(&pid) {
@@ -294,6 +313,11 @@ impl Table {
             Some(_) => {}
         }
         self.entries.remove(&pid);
+        let stopped_by_others =
+            || foreign.is_some_and(|map| sys::bpf_map_contains(map, &pid.get().to_ne_bytes(), 1));
+        if !matches!(seen, Ok(StopState::Exited)) && stopped_by_others() {
+            return Ok(Released::LeftStopped);
+        }
         let confirmed = match seen {
             Ok(StopState::Exited) => return Ok(Released::Exited),
             Ok(StopState::Running) => false,
@@ -304,7 +328,14 @@ impl Table {
                 return Err(StopsError::Sys { pid, source });
             }
         };
-        match sys::pidfd_send_signal(claim.pidfd.as_fd(), Signal::CONT) {
+        let sent = sys::pidfd_send_signal(claim.pidfd.as_fd(), Signal::CONT);
+        // A stop from elsewhere made since the look above was discarded by
+        // this SIGCONT: make it again, on its sender's behalf.
+        if sent.is_ok() && stopped_by_others() {
+            let _ = sys::pidfd_send_signal(claim.pidfd.as_fd(), Signal::STOP);
+            return Ok(Released::LeftStopped);
+        }
+        match sent {
             Ok(()) if confirmed => Ok(Released::Resumed),
             Ok(()) => Ok(Released::ResumedUnconfirmed),
             Err(e) if e.errno() == Some(libc::ESRCH) => Ok(Released::Exited),
@@ -346,7 +377,15 @@ impl Stops {
         Self {
             table: Mutex::new(Table::default()),
             timeout,
+            foreign: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Gives the table BPF's `foreign_stops` map (u32 pid -> u8): a process
+    /// in it stays stopped when its last owner lets go (see the module
+    /// docs). Set once; a second map is ignored.
+    pub fn set_foreign_stops(&self, map: OwnedFd) {
+        let _ = self.foreign.set(map);
     }
 
     /// Bookkeeping stays consistent if a holder panicked: every update under
@@ -526,11 +565,12 @@ impl Stops {
             }
             idle.idle();
         }
+        let foreign = self.foreign.get().map(AsFd::as_fd);
         let mut table = self.lock();
         claims
             .into_iter()
             .zip(seen)
-            .map(|(claim, seen)| (claim.pid, table.finish(claim, seen)))
+            .map(|(claim, seen)| (claim.pid, table.finish(claim, seen, foreign)))
             .collect()
     }
 

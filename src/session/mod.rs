@@ -58,7 +58,7 @@ use crate::pressure::{
     self, BssWord, Coordinator, HighWater, Latch, Pause, PressureError, PressureStats,
     PressureTimeout,
 };
-use crate::proctree::cgroup::TreeCgroup;
+use crate::proctree::cgroup::{CgroupError, CgroupPlace, TreeCgroup};
 use crate::proctree::stops::Stops;
 use crate::proctree::{self, CommandSpec};
 use crate::report::{Aggregator, EventWriter, ExitInfo, Profile};
@@ -182,6 +182,14 @@ pub struct TreeExit {
     /// How the root process ended, when the session could wait for it
     /// (a command it spawned).
     pub root: Option<ChildExit>,
+}
+
+/// Logs why pauses stop processes with SIGSTOP instead of freezing a cgroup.
+fn no_freezer(err: CgroupError) {
+    tracing::info!(
+        error = &err as &(dyn std::error::Error + 'static),
+        "no cgroup freezer: pressure pauses will stop processes with SIGSTOP"
+    );
 }
 
 /// The loaded BPF object: the skeleton and the storage it borrows.
@@ -318,7 +326,10 @@ pub struct Session {
     /// For a tracked existing process: its pidfd, to wait on.
     pidfd: Option<OwnedFd>,
     cgroup: Option<Arc<TreeCgroup>>,
-    _guardian: Option<OwnedFd>,
+    /// Dropped after the threads (which resume what they hold) and the
+    /// cgroup (thawed and removed): it is then told the session ended, and
+    /// reaped.
+    _guardian: Option<sys::Guardian>,
     sites: Vec<attach::Site>,
     image_cache: ImageCache,
     /// The symbolizer, loading ahead the files every capture symbolizes.
@@ -418,26 +429,19 @@ impl Session {
         }
         let rooms = crate::capture::ring_rooms(rings.each, rings.per_cpu, opts.stack_ring_size);
         if opts.pressure_timeout.enabled() {
-            pressure::check_room(&rooms, opts.watermark_percent, cpus)?;
+            pressure::check_room(&rooms, opts.watermark_percent, cpus, false)?;
         }
         crate::capture::check_environment()?;
         // An existing process is not moved into a cgroup of ours: it is
-        // paused with SIGSTOP.
-        let cgroup = if opts.pressure_timeout.enabled() && spec.is_some() && !opts.faults.no_cgroup
-        {
-            match TreeCgroup::create() {
-                Ok(cgroup) => Some(Arc::new(cgroup)),
-                Err(err) => {
-                    tracing::info!(
-                        error = &err as &(dyn std::error::Error + 'static),
-                        "no cgroup freezer: pressure pauses will stop processes with SIGSTOP"
-                    );
-                    None
-                }
-            }
+        // paused with SIGSTOP. The cgroup is made once the guardian runs.
+        let place = if opts.pressure_timeout.enabled() && spec.is_some() && !opts.faults.no_cgroup {
+            CgroupPlace::locate().map_err(no_freezer).ok()
         } else {
             None
         };
+        if place.is_some() {
+            pressure::check_room(&rooms, opts.watermark_percent, cpus, true)?;
+        }
         // A process that exists already is looked at before the object
         // loads: its pid must still name it.
         let pidfd = match target {
@@ -489,8 +493,10 @@ impl Session {
                 .stacks
                 .set_max_entries(opts.stack_ring_size as u32)
                 .map_err(CaptureError::Load)?;
-            // Only per-process probes hold processes at fork.
-            open.progs.signal_generate.set_autoload(per_process);
+            // Stops and resumes by others (and, with per-process probes,
+            // resumes of processes held at fork); a process tracking itself
+            // is never stopped.
+            open.progs.signal_generate.set_autoload(!is_self);
             // One set of allocator programs: the session program or the
             // split ones.
             open.progs.alloc_session.set_autoload(sessions);
@@ -518,7 +524,6 @@ impl Session {
                 ro.pidns_translate = true;
                 ro.pidns_ino = ino;
             }
-            ro.pressure_freeze = cgroup.is_some();
             ro.attach_hold = !is_self;
             ro.per_process = per_process;
             ro.memtrail_tgid = std::process::id();
@@ -526,12 +531,15 @@ impl Session {
             for (i, room) in rooms.iter().enumerate() {
                 ro.ring_capacity[i] = room.capacity;
                 ro.ring_record[i] = room.record;
+                let producers = if room.per_cpu.is_some() { 1 } else { cpus };
+                ro.ring_freeze_room[i] = pressure::freeze_room(producers);
             }
             if opts.faults.one_thread_slot {
                 ro.thread_slot_mask = 0;
             }
             ro.fault_find_vma_busy = opts.faults.find_vma_busy;
             ro.cpu_rings = rings.per_cpu.is_some();
+            ro.event_ring_count = rings.sizes.len() as u32;
             ro.watermark_events = mark(rings.each as u64);
             ro.watermark_stacks = mark(opts.stack_ring_size as u64);
             ro.watermark_mappings = mark(mappings);
@@ -549,17 +557,34 @@ impl Session {
             loaded => loaded?,
         };
         phases.done("BPF programs loaded and verified");
-        // Before any process can be stopped: the guardian resumes the tree
-        // if memtrail dies, however it dies. A process tracking itself is
-        // never stopped.
+        // The tracepoints first: the guardian holds sched_exit's link.
+        let mut links = Links::default();
+        let exit_link = crate::capture::attach_tracepoints(&loaded.skel, &mut links, !is_self)?;
+        phases.done("tracepoints attached");
+        // Before any process can be stopped and before the cgroup exists:
+        // the guardian resumes the tree and removes the cgroup if memtrail
+        // dies, however it dies. A process tracking itself is never
+        // stopped.
         let guardian = if is_self {
             None
         } else {
-            sys::spawn_guardian(
-                loaded.skel.maps.tracked.as_fd(),
-                cgroup.as_deref().map(TreeCgroup::for_guardian),
+            let maps = &loaded.skel.maps;
+            sys::Guardian::spawn(
+                &sys::GuardianMaps {
+                    tracked: maps.tracked.as_fd(),
+                    foreign_stops: maps.foreign_stops.as_fd(),
+                    exit_link: Some(exit_link.as_fd()),
+                },
+                place.as_ref().map(CgroupPlace::for_guardian).as_ref(),
             )?
         };
+        drop(exit_link);
+        let cgroup = place
+            .and_then(|place| place.create().map_err(no_freezer).ok())
+            .map(Arc::new);
+        if opts.faults.stop_after_cgroup && cgroup.is_some() {
+            sys::stop_self();
+        }
         phases.done("guardian");
         let event_ring_maps = match making_rings.join() {
             Some(made) => made?,
@@ -606,6 +631,10 @@ impl Session {
             .bss_data
             .as_deref_mut()
             .expect("the BPF object has a .bss");
+        bss.pressure_freeze = cgroup.is_some();
+        // The safety net's protectors: memtrail, and its guardian if any.
+        bss.guardian_tgid = guardian.as_ref().map_or(0, |g| g.pid().get());
+        bss.protectors = 1 + u64::from(guardian.is_some());
         let latch_word: *mut u64 = &raw mut bss.pressure_latch;
         let unrecorded_word: *mut u64 = &raw mut bss.hard_stops_unrecorded;
         let sleeping: Vec<*mut u64> = bss.sleeping.iter_mut().map(std::ptr::from_mut).collect();
@@ -620,9 +649,6 @@ impl Session {
                 source,
             })?;
         let mut tables = crate::capture::unwind_tables(skel, opts.unwind, opts.stack_depth);
-        let mut links = Links::default();
-        crate::capture::attach_tracepoints(skel, &mut links, per_process)?;
-        phases.done("tracepoints attached");
         let mut sites = Vec::new();
         let mut slots = attach::HitSlots::default();
         let mut known = HashSet::new();
@@ -802,6 +828,18 @@ impl Session {
             source,
         })?;
         let stops = Arc::new(Stops::new());
+        // A stop someone else made is theirs to end: releases leave such
+        // processes stopped.
+        stops.set_foreign_stops(
+            skel.maps
+                .foreign_stops
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|source| CaptureError::Io {
+                    what: "duplicating a BPF map descriptor",
+                    source,
+                })?,
+        );
         let mut threads = Threads {
             barrier: barrier.clone(),
             done: Arc::new(AtomicBool::new(false)),
@@ -1008,6 +1046,7 @@ impl Session {
             done: threads.done.clone(),
             // A process memtrail did not start is never killed.
             kill_on_failure: !matches!(target, Target::Pid(_)),
+            fault: opts.faults.pressure,
         };
         let tids = threads.tids.clone();
         let failed_fd = threads.failed_fd.clone();
@@ -1191,6 +1230,21 @@ impl Session {
                 libbpf_rs::MapFlags::ANY,
             )
             .map_err(CaptureError::Load)?;
+        // Stopped by someone else before memtrail came (`kill -STOP`, a
+        // debugger): theirs to resume, not memtrail's (issue 28). Tracked
+        // first, so that a SIGCONT from now on clears the mark (BPF's
+        // signal_generate); looked at again after marking, for one that
+        // came in between.
+        let stopped = |pid: u32| {
+            sys::thread_states(pid.into()).is_ok_and(|t| t.stopped > 0 || t.stop_pending)
+        };
+        if stopped(pid) {
+            let foreign = skel.maps.foreign_stops.as_fd();
+            sys::bpf_map_update(foreign, &pid.to_ne_bytes(), &[1])?;
+            if !stopped(pid) {
+                sys::bpf_map_delete(foreign, &pid.to_ne_bytes())?;
+            }
+        }
         // Threads started between the listing and `tracked`: their parent
         // had state, but the process was not tracked yet (see sched_fork).
         for tid in thread_ids(pid) {

@@ -121,6 +121,24 @@ pub fn bpf_map_delete(map: std::os::fd::BorrowedFd<'_>, key: &[u8]) -> SysResult
     Ok(())
 }
 
+/// Whether a BPF hash map holds `key` (an error reads as absent).
+pub fn bpf_map_contains(map: std::os::fd::BorrowedFd<'_>, key: &[u8], value_size: usize) -> bool {
+    let mut value = [0u8; 64];
+    if value_size > value.len() {
+        return false;
+    }
+    // SAFETY: key is valid for the map's key size, which the caller
+    // matches; the value buffer holds the map's value size (checked above).
+    let ret = unsafe {
+        libbpf_sys::bpf_map_lookup_elem(
+            map.as_raw_fd(),
+            key.as_ptr().cast(),
+            value.as_mut_ptr().cast(),
+        )
+    };
+    ret == 0
+}
+
 /// Keys of a BPF hash map whose keys are `u32` (the tracked-process map).
 pub fn bpf_map_u32_keys(map: std::os::fd::BorrowedFd<'_>) -> SysResult<Vec<u32>> {
     let mut keys = Vec::new();

@@ -1,32 +1,84 @@
 //! The guardian: a process outside memtrail's tree that, once memtrail is
-//! gone however it ended, resumes (and thaws) everything memtrail may have
-//! left stopped. See [`spawn_guardian`].
+//! gone however it ended, thaws and resumes everything memtrail may have
+//! left frozen or stopped, and removes the tree's cgroup. See
+//! [`Guardian::spawn`].
 //!
-//! The double fork and the guardian itself are raw system calls: they run
-//! in children of a multithreaded process, where only async-signal-safe
-//! calls belong, and rustix has no fork outside its unstable `runtime` API.
-//! The parent's side (subreaper flag, reaping the intermediate) uses rustix.
+//! What kills memtrail must not kill it too (issue 28: `pkill -9 memtrail`
+//! killed both and left the tree frozen for good):
+//! - it is named `mt-guardian` (its command name and command line, so
+//!   `pkill`/`killall memtrail`, `pkill -f memtrail` do not match it);
+//! - it is in a session and process group of its own (a kill of memtrail's
+//!   group, a hangup of its terminal do not reach it);
+//! - the OOM killer never picks it (`oom_score_adj` -1000, where memtrail
+//!   may set it);
+//! - it ignores SIGINT, SIGQUIT, SIGTERM and SIGHUP.
+//!
+//! What is left: a SIGKILL sent to memtrail and to the guardian itself, by
+//! their pids (or to every process, `kill -9 -1`, which kills the tree
+//! too). For that, the BPF programs keep a safety net (`protector_exit`
+//! in bpf/memtrail.bpf.c): when memtrail's process exits, the kernel
+//! sends SIGCONT to every tracked process not stopped by someone else, and
+//! when the last of memtrail and the guardian exits while the tree's cgroup
+//! is frozen, it kills the frozen processes — nothing else can end a freeze
+//! once no process is left to write `cgroup.freeze`, and a tree frozen for
+//! good is worse than a killed one. The guardian holds the `sched_exit`
+//! link until it has thawed the tree, so the net still runs if the
+//! guardian is killed after memtrail and before that.
+//!
+//! Reaping (issue 28: under a PID 1 that never reaps, every capture left a
+//! zombie guardian): the guardian is memtrail's own child, made with no
+//! exit signal (`clone` without `SIGCHLD`), so memtrail's waits for any
+//! child (`waitpid(-1)`, which without `__WALL` looks only at children that
+//! signal their exit) never see it, nor does an embedder's, and its exit
+//! sends no SIGCHLD; memtrail reaps it when its session ends, after telling
+//! it so ([`Guardian::dismiss`]). Only when memtrail itself dies is it
+//! re-parented (to the nearest subreaper or init), which reaps it once it
+//! is done — or, under an init that never reaps, keeps one zombie for that
+//! killed capture.
+//!
+//! The fork and the guardian itself are raw system calls: they run in a
+//! child of a multithreaded process, where only async-signal-safe calls
+//! belong, and rustix has no fork outside its unstable `runtime` API.
 
-use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::ffi::CStr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::time::Duration;
 
 use super::fd::pipe;
-use super::process::{clear_child_subreaper, is_child_subreaper, set_child_subreaper};
-use super::{SysError, SysResult};
+use super::{Pid, SysError, SysResult};
 
-/// A fork made with the raw system call: no `pthread_atfork` handlers run
-/// in a child of a multithreaded process. Returns 0 in the child.
-///
-/// Raw syscall: rustix has no fork outside its unstable `runtime` API; the
-/// guardian's double fork and the guardian itself stay raw system calls
-/// (async-signal-safe, no allocation, after a fork of a threaded process).
+/// The guardian's command name (and the start of its command line).
+pub const GUARDIAN_NAME: &CStr = c"mt-guardian";
+
+/// How long [`Guardian::dismiss`] waits for the guardian to exit before
+/// killing it (it exits at once when told; only a guardian someone stopped
+/// would take longer).
+const DISMISS_WAIT: Duration = Duration::from_secs(2);
+
+/// The byte memtrail writes when its session ends cleanly: nothing is left
+/// frozen or stopped; the guardian exits (removing the cgroup first, in a
+/// process of its own, if the tree has not left it).
+const DONE: u8 = b'd';
+
+/// A fork made with the raw system call and no exit signal: no
+/// `pthread_atfork` handlers run in a child of a multithreaded process, and
+/// only a wait with `__WCLONE` or `__WALL` sees it. Returns 0 in the child.
 ///
 /// # Safety
-/// The child may only make async-signal-safe calls until it execs or
-/// `_exit`s.
+/// The child may only make async-signal-safe calls until it `_exit`s.
+unsafe fn raw_fork_silent() -> libc::c_long {
+    // SAFETY: clone with no flags and no new stack behaves like fork,
+    // except that the child's exit sends its parent no signal; the caller
+    // restricts what the child does.
+    unsafe { libc::syscall(libc::SYS_clone, 0usize, 0usize, 0usize, 0usize, 0usize) }
+}
+
+/// A fork that signals its exit with SIGCHLD (the cgroup remover's).
+///
+/// # Safety
+/// As [`raw_fork_silent`].
 unsafe fn raw_fork() -> libc::c_long {
-    // SAFETY: clone with SIGCHLD only and no new stack behaves like fork;
-    // the caller restricts what the child does.
+    // SAFETY: as above, with SIGCHLD as the exit signal.
     unsafe {
         libc::syscall(
             libc::SYS_clone,
@@ -39,179 +91,362 @@ unsafe fn raw_fork() -> libc::c_long {
     }
 }
 
-/// The tree's cgroup, for the guardian.
+/// Where the tree's cgroup is (or is about to be made), for the guardian:
+/// it opens `NAME/cgroup.freeze` when it acts, so it can be started before
+/// the cgroup exists (issue 28: a memtrail killed between making the cgroup
+/// and starting its guardian left it behind).
 pub struct GuardianCgroup<'a> {
-    /// `cgroup.freeze`, open for writing.
-    pub freeze: std::os::fd::BorrowedFd<'a>,
     /// The cgroup's parent directory.
-    pub parent: std::os::fd::BorrowedFd<'a>,
+    pub parent: BorrowedFd<'a>,
     /// The cgroup's name in `parent`.
-    pub name: &'a std::ffi::CStr,
+    pub name: &'a CStr,
 }
 
-/// The guardian's cgroup descriptors and name (raw: used after fork).
-type GuardianFds = Option<(libc::c_int, libc::c_int, *const libc::c_char)>;
+/// What the guardian acts on.
+pub struct GuardianMaps<'a> {
+    /// The tracked-process map: the processes to resume.
+    pub tracked: BorrowedFd<'a>,
+    /// The map of processes someone else stopped, which it leaves stopped.
+    pub foreign_stops: BorrowedFd<'a>,
+    /// The `sched_exit` link, held until the tree is thawed (see the
+    /// module docs).
+    pub exit_link: Option<BorrowedFd<'a>>,
+}
 
-/// Starts the guardian: a small process that waits for the write end
-/// returned here to close — however memtrail ends, SIGKILL included — and
-/// then sends SIGCONT, through pidfds, to every process left in the tracked
-/// map, so nothing of the tree stays stopped by a pressure pause or an
-/// attach hold. With `cgroup`, the tree's cgroup (`cgroup.freeze` open for
-/// writing, the cgroup's parent directory and its name), it first thaws the
-/// cgroup, then removes it once the tree has left it.
-///
-/// The guardian is nobody's child that cares (issue 11): memtrail forks an
-/// intermediate process, which calls `setsid` and forks the guardian, then
-/// exits; memtrail reaps it before returning. The guardian is then an
-/// orphan, re-parented to the nearest subreaper above memtrail or to init,
-/// never to memtrail's parent unless that parent made itself a subreaper or
-/// is its namespace's init (which reap orphans by design), and never to
-/// memtrail: its subreaper flag is cleared for the double fork and restored
-/// after the reap, so the guardian is neither waited for by memtrail's wait
-/// loop nor a member of the tracked tree (the tracked map has no entry for
-/// memtrail or its intermediate). Being in a session of its own, the
-/// guardian survives a kill of memtrail's process group and a hangup of
-/// its terminal. When `spawn_guardian` returns, the guardian is already in
-/// that session.
-///
-/// Returns `None` when memtrail is PID 1 of its PID namespace: every
-/// orphan there is re-parented to memtrail itself (so a guardian would be
-/// waited for by memtrail, which it waits for), and none is needed: when
-/// the namespace's init exits, SIGKILL included, the kernel kills every
-/// process of the namespace and of the namespaces below it, which is every
-/// process the tree can hold, and a killed process does not stay stopped.
-pub fn spawn_guardian(
-    tracked_map: std::os::fd::BorrowedFd<'_>,
-    cgroup: Option<GuardianCgroup<'_>>,
-) -> SysResult<Option<OwnedFd>> {
-    if rustix::process::getpid().is_init() {
-        return Ok(None);
+/// The guardian's descriptors and data, raw: used after the fork.
+#[derive(Clone, Copy)]
+struct Raw {
+    read: libc::c_int,
+    tracked: libc::c_int,
+    foreign: libc::c_int,
+    link: libc::c_int,
+    parent: libc::c_int,
+    name: *const libc::c_char,
+    /// memtrail's command line area (`arg_start`, `arg_end` of
+    /// /proc/self/stat), which the guardian overwrites with its title.
+    args: (usize, usize),
+    title: [u8; 32],
+}
+
+/// A running guardian (see the module docs). Dropping it dismisses it.
+pub struct Guardian {
+    pid: Pid,
+    pidfd: Option<OwnedFd>,
+    /// Its pipe's write end: closed without [`DONE`], memtrail is gone.
+    pipe: Option<OwnedFd>,
+}
+
+impl Guardian {
+    /// Starts the guardian: a small process that waits for the pipe's write
+    /// end, which memtrail keeps, to close — however memtrail ends, SIGKILL
+    /// included — and then thaws the tree's cgroup (`cgroup`), sends
+    /// SIGCONT through pidfds to every process of the tracked map that
+    /// nobody else stopped, lets go of the `sched_exit` link and removes
+    /// the cgroup once the tree has left it. When [`Guardian::spawn`]
+    /// returns, the guardian is already in a session of its own.
+    ///
+    /// Returns `None` when memtrail is PID 1 of its PID namespace: none is
+    /// needed, since when the namespace's init exits, SIGKILL included, the
+    /// kernel kills every process of the namespace and of the namespaces
+    /// below it, which is every process the tree can hold, and a killed
+    /// process does not stay stopped.
+    pub fn spawn(
+        maps: &GuardianMaps<'_>,
+        cgroup: Option<&GuardianCgroup<'_>>,
+    ) -> SysResult<Option<Self>> {
+        if rustix::process::getpid().is_init() {
+            return Ok(None);
+        }
+        let (read_end, write_end) = pipe()?;
+        let mut title = [0u8; 32];
+        let text = format!(
+            "{} {}",
+            GUARDIAN_NAME.to_str().unwrap_or(""),
+            std::process::id()
+        );
+        title[..text.len().min(31)].copy_from_slice(&text.as_bytes()[..text.len().min(31)]);
+        let raw = Raw {
+            read: read_end.as_raw_fd(),
+            tracked: maps.tracked.as_raw_fd(),
+            foreign: maps.foreign_stops.as_raw_fd(),
+            link: maps.exit_link.map_or(-1, |l| l.as_raw_fd()),
+            parent: cgroup.map_or(-1, |c| c.parent.as_raw_fd()),
+            name: cgroup.map_or(std::ptr::null(), |c| c.name.as_ptr()),
+            args: command_line_area().unwrap_or((0, 0)),
+            title,
+        };
+        // SAFETY: the child only makes raw system calls (async-signal-safe)
+        // on `raw`, copied before the fork, and ends with _exit.
+        let pid = unsafe { raw_fork_silent() };
+        if pid == 0 {
+            // SAFETY: in the child; see above.
+            unsafe { guardian_main(raw) }
+        }
+        if pid < 0 {
+            return Err(SysError::last("clone (guardian)"));
+        }
+        drop(read_end);
+        let pid = Pid::new(pid as u32);
+        Ok(Some(Self {
+            pid,
+            pidfd: super::pidfd_open(pid).ok(),
+            pipe: Some(write_end),
+        }))
     }
-    let (read_end, write_end) = pipe()?;
-    let map_fd = tracked_map.as_raw_fd();
-    let read_fd = read_end.as_raw_fd();
-    let cg = cgroup.map(|c| (c.freeze.as_raw_fd(), c.parent.as_raw_fd(), c.name.as_ptr()));
-    // memtrail may have been exec'd by a process that made itself a
-    // subreaper, or made itself one already: the guardian would then be
-    // re-parented to memtrail when the intermediate exits.
-    let subreaper = is_child_subreaper()?;
-    if subreaper {
-        clear_child_subreaper()?;
+
+    /// The guardian's pid.
+    pub fn pid(&self) -> Pid {
+        self.pid
     }
-    // SAFETY: the child only makes raw system calls (async-signal-safe)
-    // and ends with _exit.
-    let pid = unsafe { raw_fork() };
-    if pid == 0 {
-        // SAFETY: in the child; see above.
-        unsafe { guardian_intermediate(read_fd, map_fd, cg) }
+
+    /// Tells the guardian memtrail's session ended cleanly (everything
+    /// thawed and resumed), so it exits, and reaps it; a guardian that does
+    /// not exit within [`DISMISS_WAIT`] (someone stopped it) is killed.
+    pub fn dismiss(mut self) {
+        self.dismiss_now();
     }
-    let forked = if pid < 0 {
-        Err(SysError::last("fork (guardian)"))
-    } else {
-        let pid = rustix::process::Pid::from_raw(pid as libc::pid_t);
-        reap_intermediate(pid.expect("the parent sees the child's pid, never 0"))
+
+    fn dismiss_now(&mut self) {
+        let Some(pipe) = self.pipe.take() else {
+            return;
+        };
+        let _ = super::fd::write_all(&pipe, &[DONE]);
+        drop(pipe);
+        let exited = self
+            .pidfd
+            .as_ref()
+            .is_none_or(|fd| pidfd_exits_within(fd.as_fd(), DISMISS_WAIT));
+        if !exited {
+            tracing::warn!(
+                pid = self.pid.get(),
+                "the guardian did not exit: killing it"
+            );
+            if let Some(fd) = &self.pidfd {
+                let _ = super::pidfd_send_signal(fd.as_fd(), super::Signal::KILL);
+            }
+        }
+        reap_silent(self.pid);
+    }
+}
+
+impl Drop for Guardian {
+    fn drop(&mut self) {
+        self.dismiss_now();
+    }
+}
+
+/// Whether the process behind `pidfd` exits within `timeout`.
+fn pidfd_exits_within(pidfd: BorrowedFd<'_>, timeout: Duration) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        &pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    let timeout = rustix::time::Timespec {
+        tv_sec: timeout.as_secs() as i64,
+        tv_nsec: i64::from(timeout.subsec_nanos()),
     };
-    // The intermediate's exit re-parented the guardian before the reap
-    // returned: being a subreaper again cannot make it memtrail's child.
-    if subreaper {
-        set_child_subreaper()?;
-    }
-    forked?;
-    drop(read_end);
-    Ok(Some(write_end))
-}
-
-/// Waits for the guardian's intermediate process; its exit code is 0 or
-/// the errno of the call that failed in it.
-fn reap_intermediate(pid: rustix::process::Pid) -> SysResult<()> {
-    let status = loop {
-        match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()) {
-            Ok(Some((_, status))) => break status,
-            Ok(None) | Err(rustix::io::Errno::INTR) => {}
-            // SIGCHLD ignored (a disposition inherited from memtrail's
-            // parent): the kernel reaped the intermediate once it exited,
-            // and its status is lost. The guardian most likely runs.
-            Err(rustix::io::Errno::CHILD) => return Ok(()),
-            Err(errno) => return Err(SysError::rustix("waitpid (guardian)")(errno)),
+    loop {
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Err(rustix::io::Errno::INTR) => {}
+            Ok(n) => return n > 0,
+            Err(_) => return true,
         }
-    };
-    match status.exit_status() {
-        Some(0) => Ok(()),
-        Some(errno) => Err(SysError {
-            call: "fork (guardian)",
-            source: io::Error::from_raw_os_error(errno),
-        }),
-        None => Err(SysError {
-            call: "fork (guardian)",
-            source: io::Error::other(format!(
-                "the guardian's intermediate process was killed by signal {}",
-                status.terminating_signal().unwrap_or(0)
-            )),
-        }),
     }
 }
 
-/// # Safety
-/// Only in the freshly forked intermediate process: raw system calls,
-/// never returns.
-unsafe fn guardian_intermediate(read_fd: libc::c_int, map_fd: libc::c_int, cg: GuardianFds) -> ! {
-    // SAFETY: plain system calls; the guardian branch never returns.
-    unsafe {
-        // A new session and process group, which the guardian inherits: it
-        // is out of memtrail's process group before memtrail goes on, and,
-        // not a session leader, can never acquire a controlling terminal.
-        if libc::setsid() < 0 {
-            libc::_exit(*libc::__errno_location());
-        }
-        match raw_fork() {
-            0 => guardian_main(read_fd, map_fd, cg),
-            pid if pid < 0 => libc::_exit(*libc::__errno_location()),
-            _ => libc::_exit(0),
+/// Reaps child `pid`, which has no exit signal (`__WCLONE`).
+fn reap_silent(pid: Pid) {
+    let mut status = 0;
+    loop {
+        // SAFETY: plain waitpid on our own child with a local status.
+        // Raw call: rustix's WaitOptions has no __WCLONE.
+        let got = unsafe { libc::waitpid(pid.get() as libc::pid_t, &mut status, libc::__WCLONE) };
+        if got >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
         }
     }
+}
+
+/// memtrail's command line area: fields 48 and 49 (`arg_start`,
+/// `arg_end`) of /proc/self/stat.
+fn command_line_area() -> Option<(usize, usize)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    // Fields from 3 on follow the command name.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let start = fields.get(48 - 3)?.parse().ok()?;
+    let end = fields.get(49 - 3)?.parse().ok()?;
+    (end > start).then_some((start, end))
 }
 
 /// # Safety
 /// Only in the freshly forked guardian: raw system calls, never returns.
-unsafe fn guardian_main(read_fd: libc::c_int, map_fd: libc::c_int, cg: GuardianFds) -> ! {
-    // SAFETY: plain system calls on integers and local buffers.
+unsafe fn guardian_main(raw: Raw) -> ! {
+    // SAFETY: plain system calls on integers and local buffers, and writes
+    // to this process's own copy of memtrail's command line area.
     unsafe {
+        // A new session and process group: out of memtrail's process group
+        // before memtrail goes on, and, the leader of a session without a
+        // terminal that opens none, never given one.
+        if libc::setsid() < 0 {
+            libc::_exit(1);
+        }
         for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
             libc::signal(sig, libc::SIG_IGN);
         }
-        // Keep only the pipe (fd 3), the tracked map (fd 4) and the
-        // cgroup's freeze file and parent (fds 5, 6): holding memtrail's
-        // other BPF objects would keep them alive. Each is first copied
-        // above the targets, so no dup2 closes one not yet moved.
-        let high = |fd: libc::c_int| libc::fcntl(fd, libc::F_DUPFD, 64);
-        let (pipe, map) = (high(read_fd), high(map_fd));
-        let (freeze, parent) = match cg {
-            Some((freeze, parent, _)) => (high(freeze), high(parent)),
-            None => (-1, -1),
+        rename(&raw);
+        let adj = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY);
+        if adj >= 0 {
+            libc::write(adj, b"-1000".as_ptr().cast(), 5);
+            libc::close(adj);
+        }
+        let (read, tracked, foreign, link, parent) = keep_fds(&raw);
+        let mut byte = 0u8;
+        let got = loop {
+            let n = libc::read(read, (&raw mut byte).cast(), 1);
+            if n >= 0 || *libc::__errno_location() != libc::EINTR {
+                break n;
+            }
         };
-        if pipe < 0 || map < 0 || libc::dup2(pipe, 3) < 0 || libc::dup2(map, 4) < 0 {
+        if got == 1 && byte == DONE {
+            // memtrail ended cleanly: only a cgroup the tree has not left
+            // remains, removed by a process of its own.
+            let left = !raw.name.is_null() && libc::faccessat(parent, raw.name, libc::F_OK, 0) == 0;
+            if left && raw_fork() == 0 {
+                for fd in [read, tracked, foreign, link] {
+                    libc::close(fd);
+                }
+                remove_cgroup(parent, raw.name);
+            }
+            libc::_exit(0);
+        }
+        // memtrail is gone. Thaw first: a frozen process would not act on
+        // SIGCONT, and a process held frozen is as stuck as a stopped one.
+        if !raw.name.is_null() {
+            thaw(parent, raw.name);
+        }
+        resume_tracked(tracked, foreign);
+        // Thawed and resumed: the safety net has nothing left to do.
+        libc::close(link);
+        if !raw.name.is_null() {
+            remove_cgroup(parent, raw.name);
+        }
+        libc::_exit(0)
+    }
+}
+
+/// Names the guardian `mt-guardian`: its command name and its command line
+/// (memtrail's arguments, in this process's copy, overwritten; the last
+/// byte stays NUL, so /proc shows the area as it is).
+///
+/// # Safety
+/// Only in the guardian: `raw.args` is this process's own command line
+/// area.
+unsafe fn rename(raw: &Raw) {
+    // SAFETY: see above; prctl takes a NUL-terminated name.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, GUARDIAN_NAME.as_ptr(), 0, 0, 0);
+        let (start, end) = raw.args;
+        if start == 0 || end <= start {
+            return;
+        }
+        let area = std::slice::from_raw_parts_mut(start as *mut u8, end - start);
+        area.fill(0);
+        let title = raw
+            .title
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(raw.title.len());
+        let n = title.min(area.len() - 1);
+        area[..n].copy_from_slice(&raw.title[..n]);
+    }
+}
+
+/// Moves the descriptors the guardian keeps to 3.. and closes every other
+/// one (holding memtrail's other BPF objects would keep them alive).
+/// Returns (pipe, tracked, foreign, link, parent), -1 for one it has not.
+///
+/// # Safety
+/// Only in the guardian.
+unsafe fn keep_fds(
+    raw: &Raw,
+) -> (
+    libc::c_int,
+    libc::c_int,
+    libc::c_int,
+    libc::c_int,
+    libc::c_int,
+) {
+    // SAFETY: fcntl, dup2, close_range and close on this process's fds.
+    unsafe {
+        // Each is first copied above the targets, so no dup2 closes one
+        // not yet moved.
+        let high = |fd: libc::c_int| {
+            if fd < 0 {
+                -1
+            } else {
+                libc::fcntl(fd, libc::F_DUPFD, 64)
+            }
+        };
+        let moved = [
+            high(raw.read),
+            high(raw.tracked),
+            high(raw.foreign),
+            high(raw.link),
+            high(raw.parent),
+        ];
+        let mut kept = [-1; 5];
+        for (i, &fd) in moved.iter().enumerate() {
+            let target = 3 + i as libc::c_int;
+            if fd >= 0 {
+                if libc::dup2(fd, target) < 0 {
+                    libc::_exit(1);
+                }
+                kept[i] = target;
+            }
+        }
+        if kept[0] < 0 || kept[1] < 0 || kept[2] < 0 {
             libc::_exit(1);
         }
-        if cg.is_some()
-            && (freeze < 0 || parent < 0 || libc::dup2(freeze, 5) < 0 || libc::dup2(parent, 6) < 0)
-        {
-            libc::_exit(1);
-        }
-        libc::syscall(libc::SYS_close_range, 7u32, u32::MAX, 0u32);
+        libc::syscall(libc::SYS_close_range, 8u32, u32::MAX, 0u32);
         for fd in 0..3 {
             libc::close(fd);
         }
-        let mut byte = 0u8;
-        while libc::read(3, (&raw mut byte).cast(), 1) != 0 {
-            if *libc::__errno_location() != libc::EINTR {
-                break;
-            }
+        (kept[0], kept[1], kept[2], kept[3], kept[4])
+    }
+}
+
+/// Thaws the cgroup `name` in `parent`, if it exists.
+///
+/// # Safety
+/// Only in the guardian.
+unsafe fn thaw(parent: libc::c_int, name: *const libc::c_char) {
+    // SAFETY: openat, write and close with a path built in a local buffer.
+    unsafe {
+        let mut path = [0u8; 256];
+        let name = CStr::from_ptr(name).to_bytes();
+        let suffix = b"/cgroup.freeze";
+        if name.len() + suffix.len() >= path.len() {
+            return;
         }
-        // Thaw first: a frozen process would not act on SIGCONT, and a
-        // process held frozen is as stuck as a stopped one.
-        if cg.is_some() {
-            libc::write(5, b"0".as_ptr().cast(), 1);
+        path[..name.len()].copy_from_slice(name);
+        path[name.len()..name.len() + suffix.len()].copy_from_slice(suffix);
+        let fd = libc::openat(parent, path.as_ptr().cast(), libc::O_WRONLY);
+        if fd >= 0 {
+            libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
         }
+    }
+}
+
+/// Sends SIGCONT, through a pidfd, to every process of the tracked map
+/// that is not in the map of processes someone else stopped.
+///
+/// # Safety
+/// Only in the guardian.
+unsafe fn resume_tracked(tracked: libc::c_int, foreign: libc::c_int) {
+    // SAFETY: libbpf's map calls on local keys, pidfd calls on integers.
+    unsafe {
         let mut prev = 0u32;
         let mut first = true;
         loop {
@@ -221,8 +456,19 @@ unsafe fn guardian_main(read_fd: libc::c_int, map_fd: libc::c_int, cg: GuardianF
             } else {
                 (&raw const prev).cast::<libc::c_void>()
             };
-            if libbpf_sys::bpf_map_get_next_key(4, prev_ptr, (&raw mut next).cast()) != 0 {
+            if libbpf_sys::bpf_map_get_next_key(tracked, prev_ptr, (&raw mut next).cast()) != 0 {
                 break;
+            }
+            prev = next;
+            first = false;
+            let mut mark = 0u8;
+            let stopped_by_others = libbpf_sys::bpf_map_lookup_elem(
+                foreign,
+                (&raw const next).cast(),
+                (&raw mut mark).cast(),
+            ) == 0;
+            if stopped_by_others {
+                continue;
             }
             let pidfd = libc::syscall(libc::SYS_pidfd_open, next as libc::pid_t, 0) as libc::c_int;
             if pidfd >= 0 {
@@ -235,21 +481,26 @@ unsafe fn guardian_main(read_fd: libc::c_int, map_fd: libc::c_int, cg: GuardianF
                 );
                 libc::close(pidfd);
             }
-            prev = next;
-            first = false;
         }
-        // The cgroup can go once the tree has left it (rmdir fails with
-        // EBUSY until then).
-        if let Some((_, _, name)) = cg {
-            while libc::unlinkat(6, name, libc::AT_REMOVEDIR) < 0
-                && *libc::__errno_location() == libc::EBUSY
-            {
-                let nap = libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 100_000_000,
-                };
-                libc::nanosleep(&nap, std::ptr::null_mut());
-            }
+    }
+}
+
+/// Removes the cgroup `name` in `parent` once the tree has left it (rmdir
+/// fails with EBUSY until then), and exits.
+///
+/// # Safety
+/// Only in the guardian or its cgroup remover.
+unsafe fn remove_cgroup(parent: libc::c_int, name: *const libc::c_char) -> ! {
+    // SAFETY: unlinkat and nanosleep on integers and local buffers.
+    unsafe {
+        while libc::unlinkat(parent, name, libc::AT_REMOVEDIR) < 0
+            && *libc::__errno_location() == libc::EBUSY
+        {
+            let nap = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 100_000_000,
+            };
+            libc::nanosleep(&nap, std::ptr::null_mut());
         }
         libc::_exit(0)
     }

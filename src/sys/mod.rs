@@ -1,10 +1,10 @@
 //! The only place that issues system calls, split by concern:
 //!
 //! - `process`: the [`Pid`] type, pidfds, `kill`, thread states, the PID
-//!   namespace, the child-subreaper flag;
+//!   namespace, the child-subreaper flag, real-time priority;
 //! - `wait`: waiting for children, [`ChildExit`];
 //! - `spawn`: the command's fork, held before exec, and its identity;
-//! - `guardian`: the process that resumes the tree after memtrail;
+//! - `guardian`: the process that thaws and resumes the tree after memtrail;
 //! - `fd`: pipes, reads and writes, eventfd, epoll, poll;
 //! - `sigmask`: memtrail's signal dispositions and masks, signalfd;
 //! - [`signals`]: the signals memtrail passes on to the command;
@@ -14,7 +14,7 @@
 //! Calls go through rustix wherever it has them. Raw libc stays where it
 //! has nothing (NSS lookups, klogctl, signalfd, sigaction and sigprocmask,
 //! fork) and wherever only async-signal-safe calls belong (the forked child
-//! before exec, the guardian's double fork and the guardian, the signal
+//! before exec, the guardian's fork and the guardian, the signal
 //! handler); each such place says so. Every item is re-exported here, so
 //! callers name `crate::sys::…`.
 //!
@@ -33,17 +33,19 @@ pub mod signals;
 mod spawn;
 mod wait;
 
-pub use bpf::{UprobeKind, bpf_map_delete, bpf_map_u32_keys, bpf_map_update, uprobe_multi};
+pub use bpf::{
+    UprobeKind, bpf_map_contains, bpf_map_delete, bpf_map_u32_keys, bpf_map_update, uprobe_multi,
+};
 pub use fd::{
     epoll_for, epoll_wait, epoll_wait_for, eventfd, eventfd_signal, map_file, pipe, poll_readable,
     read, write_all,
 };
-pub use guardian::{GuardianCgroup, spawn_guardian};
+pub use guardian::{GUARDIAN_NAME, Guardian, GuardianCgroup, GuardianMaps};
 pub use host::{has_capability, kernel_file_id, kernel_log_tail, monotonic_ns};
 pub use process::{
     INIT_PID_NS_INO, Pid, ThreadStates, gettid, kill, pid_namespace, pidfd_check_alive, pidfd_open,
-    pidfd_open_thread, pidfd_send_signal, set_child_subreaper, set_thread_nice, stop_self,
-    thread_states, wait_pidfd,
+    pidfd_open_thread, pidfd_send_signal, set_child_subreaper, set_thread_nice,
+    set_thread_realtime, stop_self, thread_states, wait_pidfd,
 };
 pub use rustix::process::Signal;
 pub use sigmask::{block_signals, ignore_signal, read_signal, signalfd};

@@ -149,6 +149,8 @@ pub struct ThreadStates {
     pub stopped: usize,
     /// Threads that exited and are not reaped yet (`Z`, `X`).
     pub dead: usize,
+    /// Threads running or runnable (`R`).
+    pub running: usize,
     /// A SIGSTOP is generated but not yet dequeued: pending for the process
     /// (`ShdPnd`) or for one of its threads (`SigPnd`).
     pub stop_pending: bool,
@@ -180,6 +182,7 @@ pub fn thread_states(pid: Pid) -> SysResult<ThreadStates> {
                 match state.trim_ascii_start().first() {
                     Some(b'T' | b't') => states.stopped += 1,
                     Some(b'Z' | b'X') => states.dead += 1,
+                    Some(b'R') => states.running += 1,
                     _ => {}
                 }
             } else if let Some(mask) = line
@@ -221,19 +224,6 @@ pub fn set_child_subreaper() -> SysResult<()> {
         .map_err(SysError::rustix("prctl(PR_SET_CHILD_SUBREAPER)"))
 }
 
-/// Whether this process is a child subreaper (`PR_GET_CHILD_SUBREAPER`).
-pub(super) fn is_child_subreaper() -> SysResult<bool> {
-    rustix::process::child_subreaper()
-        .map(|flag| flag.is_some())
-        .map_err(SysError::rustix("prctl(PR_GET_CHILD_SUBREAPER)"))
-}
-
-/// Clears this process's child-subreaper flag.
-pub(super) fn clear_child_subreaper() -> SysResult<()> {
-    rustix::process::set_child_subreaper(None)
-        .map_err(SysError::rustix("prctl(PR_SET_CHILD_SUBREAPER, 0)"))
-}
-
 /// The calling thread's id.
 pub fn gettid() -> Pid {
     Pid(rustix::thread::gettid().as_raw_nonzero().get() as u32)
@@ -246,6 +236,24 @@ pub fn set_thread_nice(tid: Pid, nice: i32) -> SysResult<()> {
     const CALL: &str = "setpriority(PRIO_PROCESS, tid)";
     rustix::process::setpriority_process(Some(tid.to_rustix(CALL)?), nice)
         .map_err(SysError::rustix(CALL))
+}
+
+/// Makes the calling thread real-time: `SCHED_FIFO` at priority 1, the
+/// lowest, above every normal thread (with `SCHED_RESET_ON_FORK`: nothing
+/// it starts inherits it). Needs `CAP_SYS_NICE` or an `RLIMIT_RTPRIO`;
+/// fails with EPERM otherwise.
+pub fn set_thread_realtime() -> SysResult<()> {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param
+    // that outlives the call. Raw call: rustix has no sched_setscheduler.
+    let rc = unsafe {
+        libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(SysError::last("sched_setscheduler(SCHED_FIFO)"))
+    }
 }
 
 /// Stops the calling process (a SIGSTOP to itself) until a SIGCONT: a

@@ -1,7 +1,11 @@
 //! Waiting for children: how they ended ([`ChildExit`]), any child or one.
 //!
-//! Through rustix's `wait`/`waitpid` with `__WALL`, so clone children are
-//! waited for too. EINTR retries; a stop or continue report waits on.
+//! Through rustix's `wait`/`waitpid`. A wait for any child sees only the
+//! children that signal their exit (every process of the tree: reparented
+//! orphans signal SIGCHLD), not memtrail's guardian, which signals none and
+//! which memtrail reaps itself (`sys::Guardian`); a wait for one child
+//! (`__WALL`) sees it whatever its exit signal. EINTR retries; a stop or
+//! continue report waits on.
 
 use super::{Pid, SysError, SysResult};
 
@@ -36,10 +40,11 @@ impl ChildExit {
     }
 }
 
-/// Waits for any child to end. `Ok(None)` when there are no children left.
+/// Waits for any child that signals its exit to end. `Ok(None)` when there
+/// are no such children left.
 pub fn wait_any() -> SysResult<Option<(Pid, ChildExit)>> {
     loop {
-        match rustix::process::wait(WAIT_ALL) {
+        match rustix::process::wait(rustix::process::WaitOptions::empty()) {
             Ok(Some((pid, status))) => {
                 if let Some(exit) = ChildExit::from_status(status) {
                     return Ok(Some((Pid::from_rustix(pid), exit)));

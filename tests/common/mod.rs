@@ -601,6 +601,29 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// CPU hogs beside a stress test (`while :; do :; done` shells, each in a
+/// process of its own), killed when dropped: the loaded machine a test
+/// must also pass on.
+pub struct CpuHogs(Vec<KillOnDrop>);
+
+impl CpuHogs {
+    pub fn start(n: usize) -> Self {
+        Self(
+            (0..n)
+                .map(|_| {
+                    KillOnDrop(
+                        Command::new("/bin/sh")
+                            .args(["-c", "while :; do :; done"])
+                            .stdin(Stdio::null())
+                            .spawn()
+                            .expect("start a CPU hog"),
+                    )
+                })
+                .collect(),
+        )
+    }
+}
+
 /// Builds a fixture that includes `include/memtrail_usdt.h` (its contents
 /// are part of the build's key), with `extra` flags (e.g. `-shared -fPIC`
 /// for a library to dlopen).
