@@ -125,17 +125,80 @@ pub fn poll_readable(
     }
 }
 
-/// A file's contents, mapped read-only: an ELF image is searched in a few
-/// places (its symbol tables, notes, the code at a few entry points, its
-/// CFI), and reading it whole first zeroed and copied tens of megabytes
-/// for a large executable (cc1: 33 MB) at every capture's start.
+/// The largest image read into memory (see [`map_file`]): a file that
+/// another user can write is read, not mapped, and one past this size is
+/// refused (`FileTooLarge`) rather than held whole.
+pub const MAX_READ_IMAGE: u64 = 1 << 30;
+
+/// `statfs`'s `f_type` of a FUSE filesystem.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// A file's contents: mapped read-only where only root can change the
+/// file, else read into memory.
+pub enum FileData {
+    Mapped(memmap2::Mmap),
+    Read(Vec<u8>),
+}
+
+impl std::ops::Deref for FileData {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileData::Mapped(map) => map,
+            FileData::Read(bytes) => bytes,
+        }
+    }
+}
+
+/// A file's contents, to parse as an ELF image: an image is searched in a
+/// few places (its symbol tables, notes, the code at a few entry points,
+/// its CFI), and reading it whole first zeroed and copied tens of
+/// megabytes for a large executable (cc1: 33 MB) at every capture's start.
 ///
-/// The file must not be truncated while mapped (a read past its new end
-/// faults): memtrail maps installed executables and libraries, which
-/// package managers replace (a new inode) rather than rewrite in place.
-pub fn map_file(path: &std::path::Path) -> std::io::Result<memmap2::Mmap> {
-    let file = std::fs::File::open(path)?;
-    // SAFETY: read-only, private mapping of a file that is replaced, not
-    // truncated, when it changes (see above); the bytes are only read.
-    unsafe { memmap2::Mmap::map(&file) }
+/// A mapped file must not be truncated while mapped (a read past its new
+/// end faults, SIGBUS): a regular file owned by root that neither its group
+/// nor others can write (installed executables and libraries, which
+/// package managers replace, a new inode, rather than rewrite) is mapped;
+/// any other (a tracked user's own file, a memfd a JIT maps) is read, up
+/// to [`MAX_READ_IMAGE`] bytes. Anything but a regular file is refused
+/// (`InvalidInput`) without being opened for reading: it is looked at
+/// through an `O_PATH` descriptor first.
+pub fn map_file(path: &std::path::Path) -> std::io::Result<FileData> {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Read;
+    let at = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+    let stat = rustix::fs::fstat(&at)?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let reopen = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&at));
+    let file = std::fs::File::open(reopen)?;
+    let writable_by_others = stat.st_mode & 0o022 != 0;
+    // A FUSE server (a user's, mounted with allow_other) says what it
+    // likes about owners, and can cut a file short at any time.
+    let fuse = rustix::fs::fstatfs(&at).is_ok_and(|fs| fs.f_type == FUSE_SUPER_MAGIC);
+    if stat.st_uid == 0 && !writable_by_others && !fuse {
+        // SAFETY: read-only, private mapping of a file only root can write,
+        // and root replaces such files rather than truncating them (see
+        // above); the bytes are only read.
+        return unsafe { memmap2::Mmap::map(&file) }.map(FileData::Mapped);
+    }
+    let size = u64::try_from(stat.st_size).unwrap_or(0);
+    if size > MAX_READ_IMAGE {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!(
+                "{size} bytes, more than the {MAX_READ_IMAGE} read from a file another user \
+                 can write"
+            ),
+        ));
+    }
+    // Bounded whatever the file does meanwhile (it may grow).
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(MAX_READ_IMAGE).read_to_end(&mut bytes)?;
+    Ok(FileData::Read(bytes))
 }
