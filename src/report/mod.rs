@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, HashMap};
 pub use output::{OutputError, OutputFile, SameOutputError, check_distinct};
 pub use profile::{
     DIRECT_SYSCALL_FRAME, EndedEarly, ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION,
-    Profile, StackEntry, StackMetrics, UnwindReport, wait_status_code, write_profile,
+    Profile, SkippedImage, StackEntry, StackMetrics, UnwindReport, wait_status_code, write_profile,
 };
 pub use regions::RegionEntry;
 pub use stream::{EventWriter, EventsFormat};

@@ -316,6 +316,9 @@ pub struct Session {
     cgroup: Option<Arc<TreeCgroup>>,
     _guardian: Option<OwnedFd>,
     sites: Vec<attach::Site>,
+    /// Mapped images of a running target not probed up front (see
+    /// `attach::AttachError::skip_reason`); the attach worker's come later.
+    skipped_images: Vec<crate::report::SkippedImage>,
     image_cache: ImageCache,
     /// The symbolizer, loading ahead the files every capture symbolizes.
     symbols: crate::symbolize::Background,
@@ -690,6 +693,7 @@ impl Session {
             Target::Pid(pid) => Some(pid),
             Target::Command(_) => None,
         };
+        let mut skipped_images = Vec::new();
         if let Some(pid) = running {
             for image in mapped_images(pid) {
                 let Ok(id) = sys::kernel_file_id(&image) else {
@@ -722,12 +726,23 @@ impl Session {
                     Ok(f)
                 });
                 match probed {
-                    Ok(found) => sites.extend(found),
+                    Ok(found) => {
+                        sites.extend(found);
+                        load_table(&image, id);
+                    }
                     Err(err) => {
                         tracing::warn!(image = %image.display(), %err, "a mapped image could not be probed");
+                        if let Some(reason) = err.skip_reason() {
+                            skipped_images.push(crate::report::SkippedImage {
+                                image: image.display().to_string(),
+                                pid,
+                                reason,
+                            });
+                        } else {
+                            load_table(&image, id);
+                        }
                     }
                 }
-                load_table(&image, id);
                 known_everywhere(&registry, known_fd, id)?;
                 known.insert(id);
             }
@@ -1032,6 +1047,7 @@ impl Session {
             cgroup,
             _guardian: guardian,
             sites,
+            skipped_images,
             image_cache,
             symbols,
             start_ns: sys::monotonic_ns(),
@@ -1602,6 +1618,8 @@ impl Session {
         pressure_stats.high_water = crate::capture::read_high_water(&self.loaded.skel).max(seen);
         profile.pressure = pressure_stats;
         profile.regions = markers.finish();
+        profile.skipped_images = std::mem::take(&mut self.skipped_images);
+        profile.skipped_images.append(&mut attacher.skipped);
         Ok(Finish {
             profile,
             slow_probes,

@@ -1,0 +1,593 @@
+//! Images a tracked program maps executable that memtrail cannot or must not
+//! probe (issue 28): files that are no ELF image, and malformed ELF images a
+//! tracked user can craft. memtrail parses them as root: every parser must
+//! be total (no panic, no hang, bounded memory), and the capture goes on
+//! with such an image skipped and named in the profile.
+//!
+//! The fuzz test mutates a small real image (`tests/fixtures/image_lib.c`:
+//! allocator entry points, `.eh_frame`, `.note.stapsdt` markers, symbol
+//! tables, a build id, DWARF, a debug link) deterministically and feeds the
+//! mutants straight to the parsers; `MEMTRAIL_FUZZ_ITERS` and
+//! `MEMTRAIL_FUZZ_SEED` run a longer or another campaign.
+
+mod common;
+
+use std::ffi::OsString;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{capture, cmd, num, usdt_fixture};
+use object::{Object, ObjectSection};
+use serde_json::Value;
+
+/// The seed image, built once, with a debug link added (to a debug file
+/// next to it).
+fn seed_image() -> &'static Path {
+    static SEED: OnceLock<PathBuf> = OnceLock::new();
+    SEED.get_or_init(|| {
+        let lib = usdt_fixture("image_lib", &["-shared", "-fPIC", "-O2"]);
+        let linked = lib.with_extension("linked");
+        if !linked.exists() {
+            let debug = lib.with_extension("debug");
+            let objcopy = |args: &[&std::ffi::OsStr]| {
+                let status = Command::new("objcopy")
+                    .args(args)
+                    .status()
+                    .expect("run objcopy");
+                assert!(status.success(), "objcopy {args:?}");
+            };
+            objcopy(&["--only-keep-debug".as_ref(), lib.as_ref(), debug.as_ref()]);
+            let tmp = lib.with_extension(format!("linked.{}", std::process::id()));
+            let link_arg = format!("--add-gnu-debuglink={}", debug.display());
+            objcopy(&[link_arg.as_ref(), lib.as_ref(), tmp.as_ref()]);
+            std::fs::rename(&tmp, &linked).expect("rename the seed image into place");
+        }
+        linked
+    })
+}
+
+/// A deterministic generator (splitmix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// The seed image and the parts of it mutations aim at: its ELF header,
+/// program and section header tables, and every section in the file.
+struct Seed {
+    data: Vec<u8>,
+    parts: Vec<(String, Range<usize>)>,
+}
+
+impl Seed {
+    fn new(data: Vec<u8>) -> Self {
+        let mut parts = vec![("ehdr".to_owned(), 0..64)];
+        let u16_at = |at: usize| u16::from_le_bytes([data[at], data[at + 1]]) as usize;
+        let u64_at =
+            |at: usize| u64::from_le_bytes(data[at..at + 8].try_into().expect("8 bytes")) as usize;
+        let (phoff, phentsize, phnum) = (u64_at(32), u16_at(54), u16_at(56));
+        let (shoff, shentsize, shnum) = (u64_at(40), u16_at(58), u16_at(60));
+        parts.push(("phdrs".to_owned(), phoff..phoff + phentsize * phnum));
+        parts.push(("shdrs".to_owned(), shoff..shoff + shentsize * shnum));
+        let file = object::File::parse(&*data).expect("the seed parses");
+        for section in file.sections() {
+            let Some((off, size)) = section.file_range() else {
+                continue;
+            };
+            if size > 0 {
+                let name = section.name().unwrap_or("?").to_owned();
+                parts.push((name, off as usize..(off + size) as usize));
+            }
+        }
+        Self { data, parts }
+    }
+
+    /// What the parsers read most: the headers, the symbol tables and
+    /// their strings, CFI, notes, the debug link, the code.
+    fn hot(&self, rng: &mut Rng) -> Range<usize> {
+        const HOT: &[&str] = &[
+            "ehdr",
+            "phdrs",
+            "shdrs",
+            ".dynsym",
+            ".dynstr",
+            ".symtab",
+            ".strtab",
+            ".eh_frame",
+            ".eh_frame_hdr",
+            ".note.stapsdt",
+            ".note.gnu.build-id",
+            ".gnu_debuglink",
+            ".shstrtab",
+            ".text",
+            ".dynamic",
+        ];
+        let hot: Vec<&Range<usize>> = self
+            .parts
+            .iter()
+            .filter(|(name, _)| HOT.contains(&name.as_str()))
+            .map(|(_, range)| range)
+            .collect();
+        hot[rng.below(hot.len())].clone()
+    }
+
+    /// A mutant: one to four mutations of the seed, a quarter of them of
+    /// a header's field.
+    fn mutant(&self, rng: &mut Rng) -> Vec<u8> {
+        let mut data = self.data.clone();
+        for _ in 0..1 + rng.below(4) {
+            if rng.below(4) == 0 {
+                self.mutate_field(&mut data, rng);
+            } else {
+                mutate(&mut data, self.hot(rng), rng);
+            }
+        }
+        data
+    }
+
+    /// Sets a field of the ELF header, a program header or a section
+    /// header (offsets, sizes, addresses, counts, types, flags) to a value
+    /// that breaks it.
+    fn mutate_field(&self, data: &mut [u8], rng: &mut Rng) {
+        // (offset, width) of the fields of each header.
+        const EHDR: &[(usize, usize)] = &[
+            (16, 2),
+            (18, 2),
+            (24, 8),
+            (32, 8),
+            (40, 8),
+            (54, 2),
+            (56, 2),
+            (58, 2),
+            (60, 2),
+            (62, 2),
+        ];
+        const PHDR: &[(usize, usize)] =
+            &[(0, 4), (4, 4), (8, 8), (16, 8), (32, 8), (40, 8), (48, 8)];
+        const SHDR: &[(usize, usize)] = &[
+            (4, 4),
+            (8, 8),
+            (16, 8),
+            (24, 8),
+            (32, 8),
+            (40, 4),
+            (44, 4),
+            (48, 8),
+            (56, 8),
+        ];
+        let (table, entry, fields) = match rng.below(3) {
+            0 => ("ehdr", 64, EHDR),
+            1 => ("phdrs", 56, PHDR),
+            _ => ("shdrs", 64, SHDR),
+        };
+        let Some((_, range)) = self.parts.iter().find(|(name, _)| name == table) else {
+            return;
+        };
+        let entries = (range.len() / entry).max(1);
+        let (field, width) = fields[rng.below(fields.len())];
+        let at = range.start + rng.below(entries) * entry + field;
+        let value = interesting(rng, data.len()).to_le_bytes();
+        if let Some(dst) = data.get_mut(at..at + width) {
+            dst.copy_from_slice(&value[..width]);
+        }
+    }
+}
+
+/// Values that break sizes, counts and offsets.
+fn interesting(rng: &mut Rng, len: usize) -> u64 {
+    let values = [
+        0,
+        1,
+        2,
+        3,
+        4,
+        7,
+        8,
+        0x7f,
+        0x80,
+        0xff,
+        0xffff,
+        0x7fff_ffff,
+        0x8000_0000,
+        0xffff_ffff,
+        1 << 32,
+        1 << 40,
+        1 << 63,
+        (1 << 63) + 0x1000,
+        i64::MAX as u64,
+        u64::MAX,
+        u64::MAX - 7,
+        len as u64,
+        (len as u64).wrapping_sub(1),
+        len as u64 + 1,
+        rng.next(),
+    ];
+    values[rng.below(values.len())]
+}
+
+/// One mutation of `data`, most often inside `range`.
+fn mutate(data: &mut Vec<u8>, range: Range<usize>, rng: &mut Rng) {
+    let len = data.len();
+    let range = range.start.min(len)..range.end.min(len);
+    if range.is_empty() || len < 16 {
+        return;
+    }
+    let at = range.start + rng.below(range.len());
+    match rng.below(16) {
+        0..=3 => data[at] ^= 1 << rng.below(8),
+        4..=5 => data[at] = rng.next() as u8,
+        6..=10 => {
+            // An aligned field of 2, 4 or 8 bytes set to a value that
+            // breaks it.
+            let width = [2, 4, 8][rng.below(3)];
+            let at = (at & !(width - 1)).min(len - width);
+            let value = interesting(rng, len).to_le_bytes();
+            data[at..at + width].copy_from_slice(&value[..width]);
+        }
+        11 => {
+            let n = (1 + rng.below(16)).min(len - at);
+            for byte in &mut data[at..at + n] {
+                *byte = rng.next() as u8;
+            }
+        }
+        12 => {
+            // Copy a chunk of the file over another.
+            let n = (1 + rng.below(64)).min(len / 2);
+            let from = rng.below(len - n);
+            let to = at.min(len - n);
+            data.copy_within(from..from + n, to);
+        }
+        13 => data.truncate(at),
+        14 => data.truncate(rng.below(len)),
+        _ => {
+            let n = 1 + rng.below(8);
+            data.splice(at..at, (0..n).map(|_| rng.next() as u8));
+        }
+    }
+}
+
+/// Iterations of the fuzz test: `MEMTRAIL_FUZZ_ITERS`, else 10 000.
+fn fuzz_iters() -> u64 {
+    std::env::var("MEMTRAIL_FUZZ_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000)
+}
+
+/// Longer than any mutant takes to parse (milliseconds) by far: only a
+/// hang reaches it.
+const HANG: Duration = Duration::from_secs(120);
+
+/// The peak resident memory of this process, in KiB.
+fn max_rss_kib() -> i64 {
+    // SAFETY: getrusage writes the struct it is given.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage.ru_maxrss
+    }
+}
+
+/// Feeds `data` to every parser of an image a tracked process maps, and
+/// checks what they return where they succeed.
+fn parse_all(data: &[u8]) {
+    let api = memtrail::attach::api::all();
+    let image = Path::new("mutant.so");
+    if let Ok(sites) = memtrail::attach::sites_in(image, data, &api) {
+        for site in &sites {
+            assert!((site.offset as usize) < data.len(), "{site:?}");
+        }
+    }
+    if let Ok(memtrail::unwind::Compiled::Table(table)) = memtrail::unwind::table::compile(data) {
+        assert!(table.rows.windows(2).all(|w| w[0].pc < w[1].pc));
+        let index = table.page_index(0);
+        assert_eq!(index.last().copied(), Some(table.rows.len() as u32));
+    }
+    let _ = memtrail::unwind::cache::build_id(data);
+}
+
+/// Check that thousands of mutants of a real image (headers, symbol tables,
+/// `.eh_frame`, `.note.stapsdt`, notes, the debug link, code) neither panic
+/// nor hang nor blow up memory in memtrail's image parsers: the symbol and
+/// marker search with its x86 analysis, the CFI compiler and the build-id
+/// reader (issue 28).
+#[test]
+fn attach_images_fuzz_parsers() {
+    let seed = Seed::new(std::fs::read(seed_image()).expect("read the seed image"));
+    let first = std::env::var("MEMTRAIL_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(28u64);
+    // The seed itself has sites (the bump allocator's four, two markers)
+    // and a table.
+    let api = memtrail::attach::api::all();
+    let sites = memtrail::attach::sites_in(Path::new("seed"), &seed.data, &api).expect("seed");
+    assert_eq!(sites.len(), 6, "{sites:?}");
+    // The parsers catch their panics and turn them into errors (a last
+    // line in a capture); here every panic counts as a failure.
+    // Only this thread's: the other tests of the binary run beside it.
+    static PANICS: AtomicU64 = AtomicU64::new(0);
+    static FUZZER: OnceLock<std::thread::ThreadId> = OnceLock::new();
+    FUZZER.get_or_init(|| std::thread::current().id());
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if FUZZER.get() == Some(&std::thread::current().id()) {
+            PANICS.fetch_add(1, Ordering::Relaxed);
+        }
+        default_hook(info);
+    }));
+    let rss_before = max_rss_kib();
+    let mut outcomes = [0u64; 2];
+    let mut first_panic = None;
+    for n in 0..fuzz_iters() {
+        let mut rng = Rng(first.wrapping_mul(0x1_0000_0001).wrapping_add(n));
+        let data = seed.mutant(&mut rng);
+        let started = Instant::now();
+        parse_all(&data);
+        let found = memtrail::attach::sites_in(Path::new("m"), &data, &api).is_ok();
+        outcomes[usize::from(found)] += 1;
+        if first_panic.is_none() && PANICS.load(Ordering::Relaxed) > 0 {
+            first_panic = Some(n);
+        }
+        assert!(
+            started.elapsed() < HANG,
+            "mutant {n} of seed {first} took {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(
+        first_panic,
+        None,
+        "a parser panicked on mutant {first_panic:?} of seed {first} ({} panics)",
+        PANICS.load(Ordering::Relaxed)
+    );
+    // Each parser holds at most a few times its input at once: tens of
+    // megabytes would be a size taken from the file.
+    let grown = max_rss_kib() - rss_before;
+    assert!(grown < 256 * 1024, "peak memory grew by {grown} KiB");
+    // Both outcomes happen: the mutants reach past the first checks.
+    assert!(outcomes[0] > 0 && outcomes[1] > 0, "{outcomes:?}");
+}
+
+/// The profile's `skipped_images`, as (image, reason).
+fn skipped(profile: &Value) -> Vec<(String, String)> {
+    profile["skipped_images"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no skipped_images in {profile}"))
+        .iter()
+        .map(|s| {
+            (
+                common::string(s, "image").to_owned(),
+                common::string(s, "reason").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Checks `run`'s counts: map_images' 3 x malloc(4243), 2 of them freed,
+/// exactly; returns the fixture's pid.
+fn assert_map_images_counts(run: &common::Capture) -> u32 {
+    run.expect_code(0);
+    let events = run.events();
+    let mallocs = common::sized(events, "malloc", 4243);
+    assert_eq!(mallocs.len(), 3, "{mallocs:?}");
+    let addrs: Vec<u64> = mallocs.iter().map(|e| num(e, "addr")).collect();
+    let frees = events
+        .iter()
+        .filter(|e| e["kind"] == "free" && addrs.contains(&num(e, "addr")))
+        .count();
+    assert_eq!(frees, 2);
+    common::pid(mallocs[0])
+}
+
+/// Check that files that are no ELF image, mapped executable by a tracked
+/// program (8 KiB of random bytes, as a JIT's code or a PE image under
+/// Wine; `/etc/passwd`), are skipped and named in the profile, the program
+/// resumed, and the capture goes on with exact counts (issue 28: it exited
+/// 75 "cannot parse ELF image ... Unknown file magic"). The blob is
+/// writable by others: memtrail reads it rather than mapping it.
+#[test]
+fn attach_non_elf_images_skipped() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let blob = dir
+        .path()
+        .canonicalize()
+        .expect("canonical")
+        .join("blob.bin");
+    let mut rng = Rng(28);
+    let bytes: Vec<u8> = (0..8192).map(|_| rng.next() as u8).collect();
+    std::fs::write(&blob, bytes).expect("write the blob");
+    std::fs::set_permissions(&blob, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let run = capture(&cmd(
+        "map_images",
+        &[blob.as_os_str(), "/etc/passwd".as_ref()],
+    ));
+    let pid = assert_map_images_counts(&run);
+    let profile = run.profile();
+    let blob_name = blob.display().to_string();
+    assert_eq!(
+        skipped(profile),
+        [
+            (blob_name.clone(), "not an ELF image".to_owned()),
+            ("/etc/passwd".to_owned(), "not an ELF image".to_owned()),
+        ]
+    );
+    assert!(
+        profile["skipped_images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| num(s, "pid") == u64::from(pid))
+    );
+    // Nothing else was made of them: no probe, no unwind table.
+    for part in ["probes", "unwind"] {
+        let text = profile[part].to_string();
+        assert!(
+            !text.contains("blob.bin") && !text.contains("/etc/passwd"),
+            "{text}"
+        );
+    }
+}
+
+/// The seed image with int3 at `malloc`'s entry (where its probe then
+/// goes), which the kernel refuses to probe.
+fn with_trap_at_malloc(seed: &[u8]) -> Vec<u8> {
+    let api = memtrail::attach::api::all();
+    let sites = memtrail::attach::sites_in(Path::new("seed"), seed, &api).expect("seed sites");
+    let malloc = sites.iter().find(|s| s.symbol == "malloc").expect("malloc");
+    let mut data = seed.to_vec();
+    data[(malloc.offset - malloc.skipped) as usize] = 0xcc;
+    data
+}
+
+/// Check that malformed ELF images mapped executable by a tracked program
+/// are skipped and named, each with its reason, while the capture goes on
+/// with exact counts (issue 28): a cut one, one for another machine, one
+/// whose `malloc` the kernel refuses to probe (int3 there), and mutants of
+/// a real image; the unmutated image is probed.
+#[test]
+fn attach_malformed_images_skipped() {
+    for probes in ["system-wide", "per-process"] {
+        malformed_images_skipped(probes);
+    }
+}
+
+fn malformed_images_skipped(probes: &str) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = dir.path().canonicalize().expect("canonical");
+    let seed = std::fs::read(seed_image()).expect("read the seed image");
+    let mut aarch64 = seed.clone();
+    aarch64[18..20].copy_from_slice(&183u16.to_le_bytes());
+    let mut images: Vec<(&str, Vec<u8>)> = vec![
+        ("seed.so", seed.clone()),
+        ("cut.so", seed[..100].to_vec()),
+        ("aarch64.so", aarch64),
+        ("trap.so", with_trap_at_malloc(&seed)),
+    ];
+    let parsed = Seed::new(seed.clone());
+    let mutants: Vec<(String, Vec<u8>)> = (0..24)
+        .map(|n| (format!("mutant{n}.so"), parsed.mutant(&mut Rng(2800 + n))))
+        .collect();
+    images.extend(
+        mutants
+            .iter()
+            .map(|(name, data)| (name.as_str(), data.clone())),
+    );
+    let mut args: Vec<OsString> = Vec::new();
+    for (name, data) in &images {
+        let path = dir.join(name);
+        std::fs::write(&path, data).expect("write an image");
+        args.push(path.into());
+    }
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(OsString::as_os_str).collect();
+    let mut command = vec!["--probes".into(), probes.into(), "--".into()];
+    command.extend(cmd("map_images", &args));
+    let run = capture_run(&command);
+    assert_map_images_counts(&run);
+    let profile = run.profile();
+    let skipped = skipped(profile);
+    let path = |name: &str| dir.join(name).display().to_string();
+    let reason_of = |name: &str| {
+        skipped
+            .iter()
+            .find(|(image, _)| *image == path(name))
+            .map(|(_, reason)| reason.as_str())
+    };
+    assert_eq!(reason_of("seed.so"), None, "{skipped:?}");
+    assert!(
+        reason_of("cut.so").is_some_and(|r| r.starts_with("malformed ELF image")),
+        "{skipped:?}"
+    );
+    assert_eq!(
+        reason_of("aarch64.so"),
+        Some("malformed ELF image: not an x86-64 image (Aarch64, 64-bit)"),
+        "{skipped:?}"
+    );
+    assert!(
+        reason_of("trap.so").is_some_and(|r| {
+            r.starts_with("the kernel cannot probe the instruction at one of its sites (")
+                && r.contains("malloc")
+        }),
+        "{skipped:?}"
+    );
+    // Every image skipped is one of those mapped, once.
+    for (image, _) in &skipped {
+        assert!(image.starts_with(&dir.display().to_string()), "{image}");
+        assert_eq!(skipped.iter().filter(|(i, _)| i == image).count(), 1);
+    }
+    // The seed's sites are probed; none of a skipped image's.
+    let probes_of = |name: &str| {
+        profile["probes"]
+            .as_array()
+            .expect("probes")
+            .iter()
+            .filter(|p| p["image"] == path(name).as_str())
+            .count()
+    };
+    assert_eq!(probes_of("seed.so"), 6);
+    for (image, _) in &skipped {
+        assert_eq!(probes_of(image.rsplit('/').next().unwrap()), 0, "{image}");
+    }
+}
+
+/// `memtrail run --output … --events … ARGS` (ARGS: flags, `--`, command).
+fn capture_run(args: &[OsString]) -> common::Capture {
+    let split = args.iter().position(|a| a == "--").expect("--");
+    let flags: Vec<&str> = args[..split]
+        .iter()
+        .map(|a| a.to_str().expect("UTF-8"))
+        .collect();
+    common::capture_flags(&flags, &args[split + 1..], b"", &[])
+}
+
+/// Check that a stack through code that is no ELF image (a frameless JIT
+/// thunk calling malloc) ends honestly there: with `--unwind dwarf` its
+/// frame is the blob's, without a function, and the walk ends with
+/// `no_table` (issue 28).
+#[test]
+fn attach_stack_through_blob_ends_there() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let blob = dir
+        .path()
+        .canonicalize()
+        .expect("canonical")
+        .join("thunk.bin");
+    let run = common::capture_flags(
+        &["--unwind", "dwarf"],
+        &cmd("blob_call", &[blob.as_os_str()]),
+        b"",
+        &[],
+    );
+    run.expect_code(0);
+    let profile = run.profile();
+    assert_eq!(
+        skipped(profile),
+        [(blob.display().to_string(), "not an ELF image".to_owned())]
+    );
+    let stacks = common::allocation_sites(profile);
+    let stack = stacks
+        .iter()
+        .find(|s| s["bytes"] == 5555)
+        .unwrap_or_else(|| panic!("no stack of 5555 bytes in {stacks:?}"));
+    let frames = stack["frames"].as_array().expect("frames");
+    assert_eq!(frames.len(), 1, "{stack}");
+    assert_eq!(frames[0]["module"], blob.display().to_string().as_str());
+    assert!(frames[0]["function"].is_null(), "{stack}");
+    assert_eq!(stack["end"], "no_table", "{stack}");
+}
