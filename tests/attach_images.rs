@@ -591,3 +591,50 @@ fn attach_stack_through_blob_ends_there() {
     assert!(frames[0]["function"].is_null(), "{stack}");
     assert_eq!(stack["end"], "no_table", "{stack}");
 }
+
+/// Check that an image another user can write is read, not mapped:
+/// truncated right after memtrail took its contents (as a tracked user can
+/// do to their own file while memtrail examines it), it is still examined
+/// whole, where reading a mapping past the file's new end killed memtrail
+/// with SIGBUS (issue 28).
+#[test]
+fn attach_image_truncated_while_examined() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("user.so");
+    std::fs::copy(seed_image(), &path).expect("copy the seed image");
+    std::os::unix::fs::chown(&path, Some(65534), Some(65534)).expect("chown to nobody");
+    let data = memtrail::sys::map_file(&path).expect("read the image");
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_len(0))
+        .expect("truncate the image");
+    let api = memtrail::attach::api::all();
+    let sites = memtrail::attach::sites_in(&path, &data, &api).expect("sites");
+    assert_eq!(sites.len(), 6, "{sites:?}");
+    assert!(matches!(
+        memtrail::unwind::table::compile(&data),
+        Ok(memtrail::unwind::Compiled::Table(_))
+    ));
+}
+
+/// Check that a path naming something other than a regular file (a FIFO
+/// put where a mapped image was: `memtrail attach` reads the images of the
+/// process by their paths) is refused at once, not opened: opening a FIFO
+/// waited forever for a writer (issue 28).
+#[test]
+fn attach_image_path_not_a_file_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fifo = dir.path().join("image.so");
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("C path");
+    // SAFETY: mkfifo on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let sites = memtrail::attach::find_sites(&fifo, &memtrail::attach::api::all());
+        let _ = done.send(sites.map_err(|err| err.skip_reason()));
+    });
+    // Only a hang (the old open) reaches the limit.
+    let sites = result.recv_timeout(HANG).expect("find_sites returned");
+    assert_eq!(sites, Err(Some("not a regular file".to_owned())));
+}

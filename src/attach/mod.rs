@@ -167,6 +167,8 @@ pub enum AttachError {
     },
     #[error("{path} is not an ELF image")]
     NotElf { path: PathBuf },
+    #[error("cannot examine {path}: {reason}")]
+    Unexaminable { path: PathBuf, reason: String },
     #[error("examining an image panicked: {message}")]
     Panicked { message: String },
     #[error("cannot parse ELF image {path}: {reason}")]
@@ -211,6 +213,7 @@ impl AttachError {
         match self {
             AttachError::NotElf { .. } => Some(NOT_ELF.to_owned()),
             AttachError::Parse { reason, .. } => Some(format!("malformed ELF image: {reason}")),
+            AttachError::Unexaminable { reason, .. } => Some(reason.clone()),
             AttachError::Uprobe { symbol, source, .. }
                 if matches!(source.errno(), Some(ENOTSUPP | libc::ENOEXEC)) =>
             {
@@ -334,7 +337,7 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
 /// too large to read, is skipped like a malformed one.
 fn read_error(image: &Path, source: io::Error) -> AttachError {
     match source.kind() {
-        io::ErrorKind::InvalidInput | io::ErrorKind::FileTooLarge => AttachError::Parse {
+        io::ErrorKind::InvalidInput | io::ErrorKind::FileTooLarge => AttachError::Unexaminable {
             path: image.to_owned(),
             reason: source.to_string(),
         },
