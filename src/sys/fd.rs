@@ -151,6 +151,29 @@ impl std::ops::Deref for FileData {
     }
 }
 
+/// Opens `path` for reading if it is a regular file, looking at it through
+/// an `O_PATH` descriptor first (opening a FIFO waits for a writer, opening
+/// a device can do anything); `InvalidInput` otherwise. The flag says
+/// whether only root can change the file: owned by root, writable by
+/// neither its group nor others, and not on FUSE (whose server says what
+/// it likes about owners, and can cut a file short at any time).
+pub fn open_regular(path: &std::path::Path) -> std::io::Result<(std::fs::File, bool)> {
+    use rustix::fs::{Mode, OFlags};
+    let at = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+    let stat = rustix::fs::fstat(&at)?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let reopen = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&at));
+    let file = std::fs::File::open(reopen)?;
+    let writable_by_others = stat.st_mode & 0o022 != 0;
+    let fuse = rustix::fs::fstatfs(&at).is_ok_and(|fs| fs.f_type == FUSE_SUPER_MAGIC);
+    Ok((file, stat.st_uid == 0 && !writable_by_others && !fuse))
+}
+
 /// A file's contents, to parse as an ELF image: an image is searched in a
 /// few places (its symbol tables, notes, the code at a few entry points,
 /// its CFI), and reading it whole first zeroed and copied tens of
@@ -165,28 +188,21 @@ impl std::ops::Deref for FileData {
 /// (`InvalidInput`) without being opened for reading: it is looked at
 /// through an `O_PATH` descriptor first.
 pub fn map_file(path: &std::path::Path) -> std::io::Result<FileData> {
-    use rustix::fs::{Mode, OFlags};
+    let (file, trusted) = open_regular(path)?;
+    contents(&file, trusted)
+}
+
+/// The contents of `file`, opened by [`open_regular`] (`trusted` is its
+/// flag): mapped or read as [`map_file`] says.
+pub fn contents(file: &std::fs::File, trusted: bool) -> std::io::Result<FileData> {
     use std::io::Read;
-    let at = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
-    let stat = rustix::fs::fstat(&at)?;
-    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    let reopen = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&at));
-    let file = std::fs::File::open(reopen)?;
-    let writable_by_others = stat.st_mode & 0o022 != 0;
-    // A FUSE server (a user's, mounted with allow_other) says what it
-    // likes about owners, and can cut a file short at any time.
-    let fuse = rustix::fs::fstatfs(&at).is_ok_and(|fs| fs.f_type == FUSE_SUPER_MAGIC);
-    if stat.st_uid == 0 && !writable_by_others && !fuse {
+    if trusted {
         // SAFETY: read-only, private mapping of a file only root can write,
         // and root replaces such files rather than truncating them (see
         // above); the bytes are only read.
-        return unsafe { memmap2::Mmap::map(&file) }.map(FileData::Mapped);
+        return unsafe { memmap2::Mmap::map(file) }.map(FileData::Mapped);
     }
+    let stat = rustix::fs::fstat(file)?;
     let size = u64::try_from(stat.st_size).unwrap_or(0);
     if size > MAX_READ_IMAGE {
         return Err(std::io::Error::new(
