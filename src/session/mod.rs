@@ -1340,7 +1340,18 @@ impl Session {
                 let exit = if root.forward.is_some() {
                     proctree::wait_tree(root.pid)?
                 } else {
-                    Some(sys::wait_pid(root.pid.into())?)
+                    match sys::wait_pid(root.pid.into()) {
+                        Ok(exit) => Some(exit),
+                        // Not our child any more: reaped by another wait
+                        // of the embedding program's (issue 28).
+                        Err(err) if err.errno() == Some(libc::ECHILD) => {
+                            return Err(CaptureError::State(
+                                "the command's process was reaped already, by a wait of the \
+                                 caller's own (or SIGCHLD is ignored): its exit status is lost",
+                            ));
+                        }
+                        Err(err) => return Err(err.into()),
+                    }
                 };
                 root.exit = Some(exit);
                 root.forward = None;
