@@ -300,6 +300,13 @@ fn parse_all(data: &[u8]) {
         assert_eq!(index.last().copied(), Some(table.rows.len() as u32));
     }
     let _ = memtrail::unwind::cache::build_id(data);
+    static CACHE: OnceLock<(tempfile::TempDir, memtrail::unwind::cache::Cache)> = OnceLock::new();
+    let (_, cache) = CACHE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let cache = memtrail::unwind::cache::Cache::at(dir.path()).expect("a cache");
+        (dir, cache)
+    });
+    let _ = cache.key(data);
 }
 
 /// Symbolizes a few addresses of the image in `data`, written to `path`
@@ -786,4 +793,48 @@ fn symbolize_compressed_section_bounded() {
         assert!(frame["function"].is_null(), "{frame}");
         assert_eq!(frame["module"], image.display().to_string().as_str());
     }
+}
+
+/// Check that an image claiming another's build id with call frame
+/// information of its own neither takes nor leaves its table for the
+/// other in the unwind table cache: cached first, the forged table was
+/// every later capture's for the real image (issue 28).
+#[test]
+fn unwind_cache_not_poisoned_by_build_id() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = memtrail::unwind::cache::Cache::at(&dir.path().join("unwind")).expect("cache");
+    let seed = std::fs::read(seed_image()).expect("read the seed image");
+    let file = object::File::parse(&*seed).expect("parse");
+    let (off, size) = file
+        .section_by_name(".eh_frame")
+        .and_then(|s| s.file_range())
+        .expect(".eh_frame");
+    drop(file);
+    // DW_CFA_def_cfa_offset 16 becomes 32 in the forged image.
+    let frame = &seed[off as usize..(off + size) as usize];
+    let at = off as usize
+        + frame
+            .windows(2)
+            .position(|w| w == [0x0e, 0x10])
+            .expect("a def_cfa_offset 16");
+    let mut forged = seed.clone();
+    forged[at + 1] = 0x20;
+    let (real_path, forged_path) = (dir.path().join("real.so"), dir.path().join("forged.so"));
+    std::fs::write(&real_path, &seed).expect("write");
+    std::fs::write(&forged_path, &forged).expect("write");
+    let table = |path: &Path| {
+        let (table, cached) = memtrail::unwind::prepare(path, Some(&cache)).expect("a table");
+        (table.expect("CFI").rows, cached)
+    };
+    let (forged_rows, cached) = table(&forged_path);
+    assert!(!cached);
+    let (real_rows, cached) = table(&real_path);
+    assert!(
+        !cached,
+        "the real image got the forged image's cached table"
+    );
+    assert_ne!(real_rows, forged_rows);
+    // Each gets its own table back from the cache.
+    assert_eq!(table(&real_path), (real_rows, true));
+    assert_eq!(table(&forged_path), (forged_rows, true));
 }

@@ -414,8 +414,8 @@ pub fn prepare(
         path: path.to_owned(),
         source,
     })?;
-    let build_id = cache::build_id(&data);
-    let cache = cache.zip(build_id.as_deref());
+    let key = cache.and_then(|c| c.key(&data));
+    let cache = cache.zip(key.as_deref());
     if let Some(table) = cache.and_then(|(c, id)| c.get(id)) {
         return Ok((Some(table), true));
     }
