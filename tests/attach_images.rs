@@ -838,3 +838,63 @@ fn unwind_cache_not_poisoned_by_build_id() {
     assert_eq!(table(&real_path), (real_rows, true));
     assert_eq!(table(&forged_path), (forged_rows, true));
 }
+
+/// Check that a session on a running process (as `memtrail attach`) skips
+/// and names the images it had mapped that are no ELF image or whose code
+/// the kernel refuses to probe, and that a fork and a second mapping of
+/// them afterwards go on: the capture counts the window exactly (issue 28:
+/// the refused image stayed among the per-process probes, and mapping it
+/// again failed the capture).
+#[test]
+fn attach_running_process_skips_mapped_images() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = dir.path().canonicalize().expect("canonical");
+    let seed = std::fs::read(seed_image()).expect("read the seed image");
+    let (trap, blob) = (dir.join("trap.so"), dir.join("blob.bin"));
+    std::fs::write(&trap, with_trap_at_malloc(&seed)).expect("write");
+    std::fs::write(&blob, b"no ELF image, some JIT's code").expect("write");
+    let mut target = Command::new(common::fixture("map_images"))
+        .arg("--hold")
+        .args([&trap, &blob])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start map_images");
+    let mut lines = BufReader::new(target.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().expect("a line").expect("read"), "mapped");
+    let session = memtrail::Session::start(
+        &memtrail::SessionOptions::default(),
+        memtrail::Target::Pid(target.id()),
+    );
+    // Let it go on whatever happened, so that it never waits forever.
+    let mut stdin = target.stdin.take().expect("stdin");
+    stdin.write_all(b"g").expect("write");
+    drop(stdin);
+    let mut session = session.expect("session on the running process");
+    session.wait().expect("wait for the process");
+    assert!(target.wait().expect("wait").success());
+    let profile = session.finish().expect("the capture succeeds").profile;
+    let skipped: Vec<(&str, &str)> = profile
+        .skipped_images
+        .iter()
+        .map(|s| (s.image.as_str(), s.reason.as_str()))
+        .collect();
+    let (trap, blob) = (trap.display().to_string(), blob.display().to_string());
+    assert_eq!(skipped.len(), 2, "{skipped:?}");
+    assert!(
+        skipped.contains(&(blob.as_str(), "not an ELF image")),
+        "{skipped:?}"
+    );
+    assert!(
+        skipped.iter().any(|(image, reason)| *image == trap
+            && reason.starts_with("the kernel cannot probe the instruction")),
+        "{skipped:?}"
+    );
+    // The window: the child's malloc(777) and free, the parent's 3 x
+    // malloc(4243) and 2 frees.
+    assert_eq!(profile.totals.allocations, 4, "{:?}", profile.totals);
+    assert_eq!(profile.totals.frees, 3, "{:?}", profile.totals);
+    assert_eq!(profile.totals.allocated_bytes, 777 + 3 * 4243);
+    assert_eq!(profile.processes.len(), 2);
+}

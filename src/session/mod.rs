@@ -721,7 +721,12 @@ impl Session {
                             registry.add_image(id, &image, &f)?;
                             registry.link(&progs, known_fd, pid, id)?;
                         }
-                        _ => attach::attach_sites(&progs, &mut f, &mut slots, &mut links)?,
+                        // All of an image's links or none (a skipped one).
+                        _ => {
+                            let mut made = Links::default();
+                            attach::attach_sites(&progs, &mut f, &mut slots, &mut made)?;
+                            links.append(&mut made);
+                        }
                     }
                     Ok(f)
                 });
@@ -733,6 +738,11 @@ impl Session {
                     Err(err) => {
                         tracing::warn!(image = %image.display(), %err, "a mapped image could not be probed");
                         if let Some(reason) = err.skip_reason() {
+                            // Its probes could not be made: no process
+                            // gets any (a fork would fail to).
+                            if let Some(registry) = registry.as_mut() {
+                                registry.remove_image(id);
+                            }
                             skipped_images.push(crate::report::SkippedImage {
                                 image: image.display().to_string(),
                                 pid,
