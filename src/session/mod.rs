@@ -736,7 +736,11 @@ impl Session {
                         load_table(&image, id);
                     }
                     Err(err) => {
-                        tracing::warn!(image = %image.display(), %err, "a mapped image could not be probed");
+                        if matches!(err, attach::AttachError::NotElf { .. }) {
+                            tracing::info!(image = %image.display(), "not an ELF image: nothing to probe");
+                        } else {
+                            tracing::warn!(image = %image.display(), %err, "a mapped image could not be probed");
+                        }
                         if let Some(reason) = err.skip_reason() {
                             // Its probes could not be made: no process
                             // gets any (a fork would fail to).
