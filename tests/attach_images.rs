@@ -898,3 +898,44 @@ fn attach_running_process_skips_mapped_images() {
     assert_eq!(profile.totals.allocated_bytes, 777 + 3 * 4243);
     assert_eq!(profile.processes.len(), 2);
 }
+
+/// Check that an image another user can write, larger than the 1 GiB
+/// memtrail reads of one but mostly DWARF (a debug build), is examined all
+/// the same: its DWARF, which no image parser reads, is left unread (issue
+/// 28: it was refused as too large, its allocators unprobed).
+#[test]
+fn attach_huge_user_image_read_without_its_dwarf() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("huge.so");
+    let mut data = std::fs::read(seed_image()).expect("read the seed image");
+    let file = object::File::parse(&*data).expect("parse");
+    let index = file
+        .section_by_name(".debug_info")
+        .expect(".debug_info")
+        .index()
+        .0;
+    drop(file);
+    // .debug_info moves past the end, 1.25 GiB long: a hole in the file.
+    let shoff = u64::from_le_bytes(data[40..48].try_into().expect("8 bytes")) as usize;
+    let header = shoff + index * 64;
+    let (offset, size) = (data.len() as u64, 5u64 << 28);
+    data[header + 0x18..header + 0x20].copy_from_slice(&offset.to_le_bytes());
+    data[header + 0x20..header + 0x28].copy_from_slice(&size.to_le_bytes());
+    std::fs::write(&path, &data).expect("write");
+    let file = std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .expect("open");
+    file.set_len(offset + size).expect("extend");
+    std::os::unix::fs::chown(&path, Some(65534), Some(65534)).expect("chown to nobody");
+    let read = memtrail::sys::map_file(&path).expect("read the image");
+    assert!(matches!(read, memtrail::sys::FileData::Sparse(_)));
+    assert_eq!(read.len() as u64, offset + size);
+    let api = memtrail::attach::api::all();
+    let sites = memtrail::attach::sites_in(&path, &read, &api).expect("sites");
+    assert_eq!(sites.len(), 6, "{sites:?}");
+    assert!(matches!(
+        memtrail::unwind::table::compile(&read),
+        Ok(memtrail::unwind::Compiled::Table(_))
+    ));
+}

@@ -371,7 +371,7 @@ fn virtual_addresses(path: &Path, offsets: &[u64]) -> Option<Vec<u64>> {
             segments
                 .iter()
                 .find(|&&(off, size, _)| off <= o && o - off < size)
-                .map_or(0, |&(off, _, addr)| addr + (o - off))
+                .map_or(0, |&(off, _, addr)| addr.wrapping_add(o - off))
         })
         .collect();
     Some(addrs)
