@@ -939,3 +939,58 @@ fn attach_huge_user_image_read_without_its_dwarf() {
         Ok(memtrail::unwind::Compiled::Table(_))
     ));
 }
+
+/// Check that an image another user can write, larger than 1 GiB, with
+/// compressed DWARF that memtrail does not read into memory, is still
+/// symbolized with its DWARF (its compressed sections are checked from the
+/// file) (issue 28).
+#[test]
+fn symbolize_huge_user_image_with_compressed_dwarf() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let compressed = compressed_seed(dir.path(), |size| size);
+    // An uncompressed DWARF section to stretch over a 1.25 GiB hole.
+    let (one, image) = (dir.path().join("one"), dir.path().join("huge.so"));
+    std::fs::write(&one, b"x").expect("write");
+    let status = Command::new("objcopy")
+        .arg(format!("--add-section=.debug_zz={}", one.display()))
+        .arg(&compressed)
+        .arg(&image)
+        .status()
+        .expect("run objcopy");
+    assert!(status.success());
+    let mut data = std::fs::read(&image).expect("read");
+    let file = object::File::parse(&*data).expect("parse");
+    let header_of = |name: &str| {
+        let section = file.section_by_name(name).expect(name);
+        let shoff = u64::from_le_bytes(data[40..48].try_into().expect("8 bytes")) as usize;
+        (
+            shoff + section.index().0 * 64,
+            section.file_range().expect("in the file"),
+        )
+    };
+    let (info_header, (start, len)) = header_of(".debug_info");
+    let (zz_header, _) = header_of(".debug_zz");
+    drop(file);
+    // .debug_zz covers the hole; .debug_info, compressed, comes after it.
+    let hole = (data.len() as u64, 5u64 << 28);
+    let moved = hole.0 + hole.1;
+    let content = data[start as usize..(start + len) as usize].to_vec();
+    data[zz_header + 0x18..zz_header + 0x20].copy_from_slice(&hole.0.to_le_bytes());
+    data[zz_header + 0x20..zz_header + 0x28].copy_from_slice(&hole.1.to_le_bytes());
+    data[info_header + 0x18..info_header + 0x20].copy_from_slice(&moved.to_le_bytes());
+    std::fs::write(&image, &data).expect("write");
+    let file = std::fs::File::options()
+        .write(true)
+        .open(&image)
+        .expect("open");
+    std::os::unix::fs::FileExt::write_all_at(&file, &content, moved).expect("write the section");
+    std::os::unix::fs::chown(&image, Some(65534), Some(65534)).expect("chown to nobody");
+    let frame = malloc_frame(&image).expect("symbolized");
+    assert_eq!(frame["function"], "malloc", "{frame}");
+    assert!(
+        frame["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("image_lib.c")),
+        "{frame}"
+    );
+}

@@ -109,7 +109,7 @@ fn inspect(path: &Path, file: &File, trusted: bool) -> Result<bool, String> {
     let data = crate::sys::contents(file, trusted).map_err(|e| e.to_string())?;
     let elf = object::File::parse(&*data).map_err(|e| e.to_string())?;
     if !trusted {
-        sections_bounded(&elf)?;
+        sections_bounded(&elf, file)?;
     }
     let Ok(Some((name, _crc))) = elf.gnu_debuglink() else {
         return Ok(true);
@@ -128,7 +128,8 @@ fn inspect(path: &Path, file: &File, trusted: bool) -> Result<bool, String> {
         let fine = crate::sys::open_regular(&candidate).is_ok_and(|(file, trusted)| {
             trusted
                 || crate::sys::contents(&file, false).is_ok_and(|data| {
-                    object::File::parse(&*data).is_ok_and(|elf| sections_bounded(&elf).is_ok())
+                    object::File::parse(&*data)
+                        .is_ok_and(|elf| sections_bounded(&elf, &file).is_ok())
                 })
         });
         if !fine {
@@ -146,7 +147,7 @@ fn inspect(path: &Path, file: &File, trusted: bool) -> Result<bool, String> {
 /// `Err` unless every compressed section (the first of each name, as
 /// blazesym finds them) decompresses to exactly the size it claims, at
 /// most [`MAX_SECTION`].
-fn sections_bounded(elf: &object::File<'_>) -> Result<(), String> {
+fn sections_bounded(elf: &object::File<'_>, file: &File) -> Result<(), String> {
     let mut names = std::collections::HashSet::new();
     for section in elf.sections() {
         let Ok(name) = section.name_bytes() else {
@@ -158,19 +159,23 @@ fn sections_bounded(elf: &object::File<'_>) -> Result<(), String> {
         if names.len() > MAX_CHECKED {
             return Err(format!("more than {MAX_CHECKED} section names"));
         }
-        let Ok(compressed) = section.compressed_data() else {
+        let Ok(compressed) = section.compressed_file_range() else {
             return Err("a section's compression header is unreadable".into());
         };
         let claimed = compressed.uncompressed_size;
+        // From the file: an image read without its DWARF (`sys::contents`)
+        // has only the sections' headers in memory.
+        let data = FileRange {
+            file,
+            at: compressed.offset,
+            end: compressed.offset.saturating_add(compressed.compressed_size),
+        };
         let decoder: Box<dyn Read + '_> = match compressed.format {
             object::CompressionFormat::None => continue,
-            object::CompressionFormat::Zlib => {
-                Box::new(flate2::read::ZlibDecoder::new(compressed.data))
+            object::CompressionFormat::Zlib => Box::new(flate2::read::ZlibDecoder::new(data)),
+            object::CompressionFormat::Zstandard => {
+                Box::new(zstd::stream::read::Decoder::new(data).map_err(|e| e.to_string())?)
             }
-            object::CompressionFormat::Zstandard => Box::new(
-                zstd::stream::read::Decoder::with_buffer(compressed.data)
-                    .map_err(|e| e.to_string())?,
-            ),
             _ => return Err("a section compressed in an unknown format".into()),
         };
         if claimed > MAX_SECTION {
@@ -186,6 +191,24 @@ fn sections_bounded(elf: &object::File<'_>) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Bytes `at..end` of a file, read as they are asked for.
+struct FileRange<'a> {
+    file: &'a File,
+    at: u64,
+    end: u64,
+}
+
+impl Read for FileRange<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let left = usize::try_from(self.end.saturating_sub(self.at)).unwrap_or(usize::MAX);
+        let n = buf.len().min(left);
+        let n = self.file.read_at(&mut buf[..n], self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
 }
 
 /// Where blazesym looks for the debug file `name` of `image` (a superset):

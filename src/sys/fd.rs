@@ -280,8 +280,8 @@ fn gaps(skip: &[std::ops::Range<u64>], size: u64) -> impl Iterator<Item = std::o
 }
 
 /// The file ranges of a 64-bit little-endian ELF image's DWARF sections
-/// (`.debug_*` and `.zdebug_*` but `.debug_frame`, not loaded), sorted and
-/// merged; none if its headers cannot be read. What the file says is only
+/// (`.debug_*` and `.zdebug_*` but `.debug_frame`, not loaded) but their
+/// first 64 bytes, sorted and merged; none if its headers cannot be read. What the file says is only
 /// trusted so far as which bytes are left unread: they read as zeros.
 fn dwarf_ranges(file: &std::fs::File, size: u64) -> Vec<std::ops::Range<u64>> {
     let mut ranges = dwarf_sections(file, size).unwrap_or_default();
@@ -336,10 +336,15 @@ fn dwarf_sections(file: &std::fs::File, size: u64) -> Option<Vec<std::ops::Range
         if !dwarf || flags & SHF_ALLOC != 0 || ty == SHT_NOBITS {
             continue;
         }
+        // Its first bytes are read: a compressed section's header says
+        // what it claims to hold (see symbolize's guard).
         let (offset, len) = (u64_at(h, 0x18)?, u64_at(h, 0x20)?);
-        let end = offset.saturating_add(len).min(size);
-        if offset < end {
-            ranges.push(offset..end);
+        let (start, end) = (
+            offset.saturating_add(64),
+            offset.saturating_add(len).min(size),
+        );
+        if start < end {
+            ranges.push(start..end);
         }
     }
     Some(ranges)
