@@ -8,9 +8,9 @@
 //! a device, or decompress a zlib bomb into gigabytes; and a malformed image
 //! made it panic (an `unwrap` on a note section's data). So:
 //! - a file is opened here, through `O_PATH` first, only if it is a regular
-//!   file, and blazesym gets `/proc/self/fd/N` of that open file: nothing
-//!   swapped in at the path meanwhile reaches it, and no `IMAGE.dwp` is
-//!   looked for next to a descriptor;
+//!   file, and blazesym gets `/proc/self/fd/N` of that open file for the
+//!   call: nothing swapped in at the path meanwhile reaches it, and no
+//!   `IMAGE.dwp` is looked for next to a descriptor;
 //! - an image is inspected first: its debug link must be a plain file name
 //!   whose candidates (those that exist) are regular files, else its debug
 //!   information is not read (`debug_syms` off); in an image another user
@@ -27,7 +27,6 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
 
 use object::{Object, ObjectSection};
 
@@ -37,7 +36,10 @@ pub const MAX_SECTION: u64 = 1 << 30;
 /// Sections of one image checked at most (blazesym reads a few by name).
 const MAX_CHECKED: usize = 64;
 
-/// A file blazesym may read, open for as long as the symbolizer lives.
+/// A file blazesym may read, open for one call into it: blazesym keeps
+/// its own descriptor of what it loaded, found again by the file's device
+/// and inode whatever descriptor path names it next time, so one
+/// descriptor of memtrail's per file is not held on top of it.
 pub(super) struct Readable {
     _file: File,
     /// `/proc/self/fd/N` of the open file.
@@ -46,24 +48,47 @@ pub(super) struct Readable {
     pub debug_syms: bool,
 }
 
-/// The files looked at so far, by path: each is opened and checked once.
+/// A file as it was checked: its identity (device, inode, size, change
+/// time) and the verdict (whether blazesym may read its debug information;
+/// None: nothing of it).
+type Verdict = ((u64, u64, i64, i64), Option<bool>);
+
+/// The files looked at so far, by path: each is checked once, again only
+/// if it changed.
 #[derive(Default)]
 pub(super) struct Files {
-    seen: RefCell<HashMap<PathBuf, Option<Rc<Readable>>>>,
+    seen: RefCell<HashMap<PathBuf, Verdict>>,
 }
 
 impl Files {
-    /// What blazesym may read of `path`; None when nothing (not a regular
-    /// file, unreadable, or failing the checks).
-    pub fn get(&self, path: &Path) -> Option<Rc<Readable>> {
-        if let Some(known) = self.seen.borrow().get(path) {
-            return known.clone();
-        }
-        let readable = open(path).map(Rc::new);
-        self.seen
-            .borrow_mut()
-            .insert(path.to_owned(), readable.clone());
-        readable
+    /// What blazesym may read of `path`, opened now; None when nothing
+    /// (not a regular file, unreadable, or failing the checks).
+    pub fn get(&self, path: &Path) -> Option<Readable> {
+        let (file, trusted) = crate::sys::open_regular(path)
+            .inspect_err(|err| tracing::debug!(path = %path.display(), %err, "not symbolized"))
+            .ok()?;
+        let stat = rustix::fs::fstat(&file).ok()?;
+        let id = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_ctime);
+        let known = self.seen.borrow().get(path).copied();
+        let debug_syms = match known {
+            Some((seen, verdict)) if seen == id => verdict,
+            _ => {
+                let verdict = inspect(path, &file, trusted)
+                    .inspect_err(|reason| {
+                        tracing::warn!(path = %path.display(), %reason, "not symbolized");
+                    })
+                    .ok();
+                self.seen
+                    .borrow_mut()
+                    .insert(path.to_owned(), (id, verdict));
+                verdict
+            }
+        }?;
+        Some(Readable {
+            path: PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+            _file: file,
+            debug_syms,
+        })
     }
 }
 
@@ -80,25 +105,6 @@ pub(super) fn catch<T>(path: &Path, f: impl FnOnce() -> T) -> Option<T> {
             None
         }
     }
-}
-
-fn open(path: &Path) -> Option<Readable> {
-    let (file, trusted) = crate::sys::open_regular(path)
-        .inspect_err(|err| tracing::debug!(path = %path.display(), %err, "not symbolized"))
-        .ok()?;
-    let fd_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    let debug_syms = match inspect(path, &file, trusted) {
-        Ok(debug_syms) => debug_syms,
-        Err(reason) => {
-            tracing::warn!(path = %path.display(), %reason, "not symbolized");
-            return None;
-        }
-    };
-    Some(Readable {
-        _file: file,
-        path: fd_path,
-        debug_syms,
-    })
 }
 
 /// Checks an image: `Err` if blazesym must not read it, else whether it
