@@ -24,12 +24,17 @@ typedef enum memtrail_error {
    */
   MEMTRAIL_E_INVALID = 2,
   /**
-   * The handle is not a live session (freed already, or never one).
+   * The handle is not a live session of the calling process: freed
+   * already, never one, or made by another process (a child of `fork()`
+   * gets this for every call on its parent's sessions,
+   * `memtrail_session_free` included; the parent's session is
+   * unaffected).
    */
   MEMTRAIL_E_HANDLE = 3,
   /**
    * The call does not fit the session's state (no region open on this
-   * thread, nothing to wait for, the session already finished).
+   * thread, nothing to wait for, the command's process reaped already by
+   * the caller, the session already finished).
    */
   MEMTRAIL_E_STATE = 4,
   MEMTRAIL_E_NOT_FOUND = 5,
@@ -313,7 +318,9 @@ enum memtrail_error memtrail_spawn(const struct memtrail_options *opts,
 /**
  * Stops the session (if not finished), joins its threads, detaches its
  * probes and frees the handle. A command not waited for is killed. A
- * handle already freed gives `MEMTRAIL_E_HANDLE`.
+ * handle already freed gives `MEMTRAIL_E_HANDLE`, and so does one made by
+ * another process (a child of fork calling it on its parent's handle),
+ * which is left as it is.
  *
  * # Safety
  * `session` is NULL or a pointer this library returned; no other call
@@ -356,7 +363,10 @@ enum memtrail_error memtrail_region_end(const struct memtrail_session *session,
  * Waits for the tracked command's root process (or the tracked process)
  * to exit. `*exit_code` (if not NULL) gets the command's exit code, 128+N
  * if signal N killed it, -1 when unknown (a process that is not our
- * child). `MEMTRAIL_E_STATE` for a session tracking its own process.
+ * child). `MEMTRAIL_E_STATE` for a session tracking its own process, and
+ * when the caller reaped the command's process itself (its own `wait`,
+ * or SIGCHLD ignored): its exit status is lost, `*exit_code` is left as
+ * it was, and the profile can still be written.
  *
  * # Safety
  * `exit_code` is NULL or writable.
@@ -366,7 +376,10 @@ enum memtrail_error memtrail_wait(const struct memtrail_session *session, int *e
 /**
  * Finishes the session (stops tracking, drains, builds the profile) and
  * writes the profile (JSON, docs/profile.md) to `path`, whole or not at
- * all. Afterwards only `memtrail_session_free` remains to call.
+ * all. The profile is kept until `memtrail_session_free`: called again,
+ * this writes it again (a write that failed, `MEMTRAIL_E_OUTPUT`, is
+ * retried that way, to the same path or another); the session's other
+ * calls return `MEMTRAIL_E_STATE` from the first call on.
  *
  * # Safety
  * `path` is NULL or a NUL-terminated string.

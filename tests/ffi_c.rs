@@ -64,7 +64,8 @@ fn ffi_c_self_region_exact() {
 }
 
 /// Check that a C program spawning a child through the C ABI waits for it,
-/// gets its exit code and writes its profile.
+/// gets its exit code and writes its profile, twice (issue 28: the
+/// profile is kept once written).
 #[test]
 fn ffi_c_spawn_writes_profile() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -73,6 +74,9 @@ fn ffi_c_spawn_writes_profile() {
     let text = std::fs::read_to_string(&profile).expect("profile written");
     let json: serde_json::Value = serde_json::from_str(&text).expect("profile is JSON");
     assert!(json.get("totals").is_some(), "{text}");
+    // Written again, after it was finished: the same profile.
+    let again = std::fs::read_to_string(dir.path().join("profile.json.again")).expect("again");
+    assert_eq!(again, text);
     // The options it set: per-process probes, per-CPU events rings.
     assert_eq!(json["probe_scope"], "per-process");
     if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
@@ -116,7 +120,15 @@ fn ffi_c_write_report() {
         .map(|e| e.expect("entry").file_name())
         .collect();
     names.sort();
-    assert_eq!(names, ["p.pb.gz", "profile.json", "report.txt"]);
+    assert_eq!(
+        names,
+        [
+            "p.pb.gz",
+            "profile.json",
+            "profile.json.again",
+            "report.txt"
+        ]
+    );
 }
 
 /// Check that every error path of the C ABI returns its code: NULL
@@ -125,4 +137,43 @@ fn ffi_c_write_report() {
 #[test]
 fn ffi_c_error_paths_return_codes() {
     run(&["errors"]);
+}
+
+/// Check that a child of fork calling into its parent's session (a process
+/// tracking itself) gets `MEMTRAIL_E_HANDLE` from every call, naming the
+/// cause, and neither hangs nor aborts, nor writes a profile; and that the
+/// parent's session then counts a region exactly (issue 28: snapshot and
+/// regions hung, write_profile aborted the child, free gave E_INTERNAL).
+#[test]
+fn ffi_c_fork_child_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let profile = dir.path().join("child.json");
+    run(&["fork", profile.to_str().expect("UTF-8 path")]);
+    assert!(!profile.exists());
+}
+
+/// Check that a profile whose write failed (onto /dev/full, then into a
+/// missing directory) is written on the next call (issue 28: the session
+/// was finished by the failed write, and the profile lost).
+#[test]
+fn ffi_c_profile_write_retried() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let profile = dir.path().join("profile.json");
+    run(&["retry", profile.to_str().expect("UTF-8 path")]);
+    let text = std::fs::read_to_string(&profile).expect("profile written");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("profile is JSON");
+    assert_eq!(json["exit"]["code"], 3, "{text}");
+}
+
+/// Check that `memtrail_wait` after the caller reaped the command itself
+/// says so with `MEMTRAIL_E_STATE` (issue 28: `MEMTRAIL_E_INTERNAL`), and
+/// that the profile is still written, with no exit code.
+#[test]
+fn ffi_c_wait_after_caller_reaped() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let profile = dir.path().join("profile.json");
+    run(&["reaped", profile.to_str().expect("UTF-8 path")]);
+    let text = std::fs::read_to_string(&profile).expect("profile written");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("profile is JSON");
+    assert!(json["exit"]["code"].is_null(), "{text}");
 }

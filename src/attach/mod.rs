@@ -166,6 +166,12 @@ pub enum AttachError {
         #[source]
         source: io::Error,
     },
+    #[error("{path} is not an ELF image")]
+    NotElf { path: PathBuf },
+    #[error("cannot examine {path}: {reason}")]
+    Unexaminable { path: PathBuf, reason: String },
+    #[error("examining an image panicked: {message}")]
+    Panicked { message: String },
     #[error("cannot parse ELF image {path}: {reason}")]
     Parse { path: PathBuf, reason: String },
     #[error("no libc mapping found in /proc/self/maps")]
@@ -188,6 +194,38 @@ pub enum AttachError {
         #[source]
         source: crate::sys::SysError,
     },
+}
+
+/// The reason given for an image skipped as no ELF image.
+pub const NOT_ELF: &str = "not an ELF image";
+
+/// ENOTSUPP (a kernel-internal errno that reaches user space): the kernel
+/// cannot probe an instruction (x86's `uprobe_init_insn`, `prepare_uprobe`).
+const ENOTSUPP: i32 = 524;
+
+impl AttachError {
+    /// Why the image should be skipped rather than the capture failed,
+    /// when the error comes from what the image holds: not an ELF image
+    /// (a JIT's code, a PE image under Wine, data mapped executable), a
+    /// malformed or foreign one, or code at a site the kernel cannot
+    /// probe. None for errors of memtrail or the system (an unreadable
+    /// file, a conflicting tracer, a kernel without uprobe_multi).
+    pub fn skip_reason(&self) -> Option<String> {
+        match self {
+            AttachError::NotElf { .. } => Some(NOT_ELF.to_owned()),
+            AttachError::Parse { reason, .. } => Some(format!("malformed ELF image: {reason}")),
+            AttachError::Unexaminable { reason, .. } => Some(reason.clone()),
+            AttachError::Uprobe { symbol, source, .. }
+                if matches!(source.errno(), Some(ENOTSUPP | libc::ENOEXEC)) =>
+            {
+                Some(format!(
+                    "the kernel cannot probe the instruction at one of its sites ({symbol}): \
+                     {source}"
+                ))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Where one probe goes.
@@ -284,19 +322,65 @@ pub fn ld_so_path() -> Option<PathBuf> {
 
 /// The allocator sites of `image` for the given API, and its USDT region
 /// markers (see [`usdt`]).
+///
+/// Total on any file a tracked process can map: an image that is not an
+/// x86-64 ELF image, or whose headers, symbols or code make no sense, is
+/// an error that [`AttachError::skip_reason`] names (the image is then
+/// skipped, not the capture failed); sizes, counts and loops are bounded
+/// by the file, and a panic in a parser is caught and reported the same
+/// way.
 pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError> {
-    let data = crate::sys::map_file(image).map_err(|source| AttachError::Read {
-        path: image.to_owned(),
-        source,
-    })?;
+    let data = crate::sys::map_file(image).map_err(|source| read_error(image, source))?;
+    sites_in(image, &data, api)
+}
+
+/// An image that could not be read: one that is not a regular file, or
+/// too large to read, is skipped like a malformed one.
+fn read_error(image: &Path, source: io::Error) -> AttachError {
+    match source.kind() {
+        io::ErrorKind::InvalidInput | io::ErrorKind::FileTooLarge => AttachError::Unexaminable {
+            path: image.to_owned(),
+            reason: source.to_string(),
+        },
+        _ => AttachError::Read {
+            path: image.to_owned(),
+            source,
+        },
+    }
+}
+
+/// [`find_sites`] over the image's bytes, `data`.
+pub fn sites_in(image: &Path, data: &[u8], api: &[Entry]) -> Result<Vec<Site>, AttachError> {
     let parse_err = |reason: String| AttachError::Parse {
         path: image.to_owned(),
         reason,
     };
-    let file = object::File::parse(&*data).map_err(|e| parse_err(e.to_string()))?;
-    let elf = Elf {
-        file: &file,
-        data: &data,
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let elf = Elf::parse(image, data)?;
+        search(&elf, image, api)
+    }));
+    caught.unwrap_or_else(|panic| {
+        Err(parse_err(format!(
+            "parser panicked: {}",
+            panic_text(&*panic)
+        )))
+    })
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
+}
+
+/// The search of [`find_sites`] in a parsed image.
+fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError> {
+    let parse_err = |reason: String| AttachError::Parse {
+        path: image.to_owned(),
+        reason,
     };
     let functions = elf.functions(api.iter().map(|e| e.name.as_str()));
     let mut sites: Vec<Site> = Vec::new();
@@ -305,9 +389,9 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
         let Some(&vaddr) = functions.get(name.as_bytes()) else {
             continue;
         };
-        let Some(entry_off) = elf.file_offset(vaddr) else {
+        let Some(entry_off) = elf.code_offset(vaddr) else {
             return Err(parse_err(format!(
-                "{name} at {vaddr:#x} is in no loadable segment"
+                "{name} at {vaddr:#x} is in no executable segment"
             )));
         };
         if sites.iter().any(|s| s.offset - s.skipped == entry_off) {
@@ -320,7 +404,10 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
             skipped = 4;
         }
         if entry.role == Role::Free {
-            skipped += elf.null_test_len(vaddr + skipped).unwrap_or(0);
+            skipped += vaddr
+                .checked_add(skipped)
+                .and_then(|at| elf.null_test_len(at))
+                .unwrap_or(0);
         }
         let mut abi = entry.abi;
         let prefix = elf
@@ -333,6 +420,11 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
             }
         }
         let offset = entry_off + skipped;
+        if !elf.is_instruction(offset) {
+            return Err(parse_err(format!(
+                "{name} at {vaddr:#x}: no instruction at file offset {offset:#x}"
+            )));
+        }
         let emulated = elf.bytes_at(offset, 4).is_some_and(is_emulated);
         sites.push(Site {
             image: image.to_owned(),
@@ -346,16 +438,41 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
             hit_slot: None,
         });
     }
-    sites.extend(usdt::find_markers(&elf, image));
+    sites.extend(usdt::find_markers(elf, image));
     Ok(sites)
 }
 
 struct Elf<'a> {
-    file: &'a object::File<'a>,
+    file: object::File<'a>,
     data: &'a [u8],
 }
 
-impl Elf<'_> {
+/// `p_flags` of an executable segment.
+const PF_X: u32 = 1;
+
+impl<'a> Elf<'a> {
+    /// `data` as an x86-64 ELF image.
+    fn parse(image: &Path, data: &'a [u8]) -> Result<Self, AttachError> {
+        if !data.starts_with(b"\x7fELF") {
+            return Err(AttachError::NotElf {
+                path: image.to_owned(),
+            });
+        }
+        let parse_err = |reason: String| AttachError::Parse {
+            path: image.to_owned(),
+            reason,
+        };
+        let file = object::File::parse(data).map_err(|e| parse_err(e.to_string()))?;
+        if file.architecture() != object::Architecture::X86_64 || !file.is_64() {
+            return Err(parse_err(format!(
+                "not an x86-64 image ({:?}, {}-bit)",
+                file.architecture(),
+                if file.is_64() { 64 } else { 32 }
+            )));
+        }
+        Ok(Self { file, data })
+    }
+
     /// The addresses of the functions named in `names` the image defines,
     /// by name: the dynamic symbol where there is one, else the symbol
     /// table's; the first of a name in each. One pass over each table (a
@@ -380,12 +497,35 @@ impl Elf<'_> {
         found
     }
 
+    /// The file offset of address `vaddr`, through the loadable segment
+    /// that holds it and has it in the file; None outside them (and where
+    /// the headers' numbers overflow or point past the end of the file).
     fn file_offset(&self, vaddr: u64) -> Option<u64> {
-        self.file.segments().find_map(|seg| {
-            let (start, len) = (seg.address(), seg.size());
-            let (file_off, file_len) = seg.file_range();
-            (vaddr >= start && vaddr < start + len && vaddr - start < file_len)
-                .then(|| file_off + (vaddr - start))
+        self.offset_in(vaddr, |_| true)
+    }
+
+    /// [`file_offset`](Self::file_offset) through executable segments
+    /// only: where a probe may go.
+    fn code_offset(&self, vaddr: u64) -> Option<u64> {
+        self.offset_in(vaddr, |seg| match seg.flags() {
+            object::SegmentFlags::Elf { p_flags } => p_flags & PF_X != 0,
+            _ => false,
+        })
+    }
+
+    fn offset_in(
+        &self,
+        vaddr: u64,
+        keep: impl Fn(&object::Segment<'a, '_>) -> bool,
+    ) -> Option<u64> {
+        self.file.segments().filter(keep).find_map(|seg| {
+            let (start, (file_off, file_len)) = (seg.address(), seg.file_range());
+            let into = vaddr.checked_sub(start)?;
+            if into >= seg.size() || into >= file_len {
+                return None;
+            }
+            let offset = file_off.checked_add(into)?;
+            (offset < self.data.len() as u64).then_some(offset)
         })
     }
 
@@ -399,6 +539,15 @@ impl Elf<'_> {
         let start = usize::try_from(offset).ok()?;
         let rest = self.data.get(start..)?;
         Some(&rest[..rest.len().min(max)])
+    }
+
+    /// Whether a whole, valid x86-64 instruction starts at file offset
+    /// `offset` (a probe needs one: the kernel refuses the link otherwise).
+    fn is_instruction(&self, offset: u64) -> bool {
+        self.code_at(offset, 16).is_some_and(|code| {
+            let insn = Decoder::new(64, code, DecoderOptions::NONE).decode();
+            !insn.is_invalid()
+        })
     }
 
     /// Length of an opening `test %rdi,%rdi; je <ret>` at `vaddr`: the probe

@@ -89,6 +89,13 @@ impl PerProcess {
         Ok(())
     }
 
+    /// Forgets image `id` (its probes could not be made); the path its
+    /// sites named. Links already made on it stay until their process exits.
+    pub fn remove_image(&mut self, id: ImageId) -> Option<PathBuf> {
+        let probed = self.images.remove(&id)?;
+        probed.sites.first().map(|s| s.image.clone())
+    }
+
     /// Whether image `id` has allocator sites (recorded by `add_image`).
     pub fn has_image(&self, id: ImageId) -> bool {
         self.images.contains_key(&id)

@@ -12,7 +12,10 @@
 //! Only `memtrail:region_begin` (one argument, the name's address, in a
 //! register: `8@%reg`) and `memtrail:region_end` are probed; notes of other
 //! providers (libc's, libstdc++'s) are ignored, and a memtrail note whose
-//! argument is not in a register is skipped with a warning.
+//! argument is not in a register is skipped with a warning, as is one
+//! whose address is not an instruction in an executable segment. The notes
+//! come from the image, which any tracked program can craft: the walk is
+//! bounded by the section, and an image gets at most [`MAX_MARKERS`].
 
 use object::{Object, ObjectSection};
 
@@ -21,6 +24,10 @@ use crate::record::Kind;
 
 /// The provider the markers use.
 pub const PROVIDER: &str = "memtrail";
+
+/// The most markers probed in one image (each is a breakpoint and a site
+/// in the profile); the notes past them are skipped with a warning.
+pub const MAX_MARKERS: usize = 4096;
 
 /// Note type of an SDT probe.
 const NT_STAPSDT: u32 = 3;
@@ -83,15 +90,23 @@ pub(super) fn find_markers(elf: &Elf<'_>, image: &std::path::Path) -> Vec<Site> 
             }
             _ => note.pc,
         };
-        let Some(offset) = elf.file_offset(pc) else {
+        let Some(offset) = elf.code_offset(pc).filter(|&at| elf.is_instruction(at)) else {
             tracing::warn!(
                 target: crate::report::NOTE,
                 image = %image.display(),
                 pc,
-                "marker outside the loadable segments"
+                "marker not on an instruction of an executable segment: skipped"
             );
             continue;
         };
+        if sites.len() == MAX_MARKERS {
+            tracing::warn!(
+                image = %image.display(),
+                max = MAX_MARKERS,
+                "more region markers than memtrail probes in one image: the rest are skipped"
+            );
+            break;
+        }
         let emulated = elf.bytes_at(offset, 4).is_some_and(is_emulated)
             || elf.bytes_at(offset, 1) == Some(&[0x90][..]);
         sites.push(Site {
@@ -141,14 +156,18 @@ fn notes(data: &[u8]) -> impl Iterator<Item = Note<'_>> {
     std::iter::from_fn(move || {
         loop {
             let word = |i: usize| -> Option<u32> {
-                Some(u32::from_ne_bytes(data.get(i..i + 4)?.try_into().ok()?))
+                Some(u32::from_ne_bytes(
+                    data.get(i..i.checked_add(4)?)?.try_into().ok()?,
+                ))
             };
-            let (namesz, descsz, ty) = (word(at)? as usize, word(at + 4)? as usize, word(at + 8)?);
-            let name_at = at + 12;
+            let (namesz, descsz) = (word(at)? as usize, word(at.checked_add(4)?)? as usize);
+            let ty = word(at.checked_add(8)?)?;
+            let name_at = at.checked_add(12)?;
             let desc_at = name_at.checked_add(namesz.checked_add(3)? & !3)?;
             let next = desc_at.checked_add(descsz.checked_add(3)? & !3)?;
-            let owner = data.get(name_at..name_at + namesz)?;
-            let desc = data.get(desc_at..desc_at + descsz)?;
+            let owner = data.get(name_at..name_at.checked_add(namesz)?)?;
+            let desc = data.get(desc_at..desc_at.checked_add(descsz)?)?;
+            // Each note moves the walk on by at least its 12-byte header.
             at = next;
             if ty != NT_STAPSDT || owner != b"stapsdt\0" {
                 continue;

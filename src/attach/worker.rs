@@ -15,7 +15,13 @@
 //!
 //! A failure to resolve or attach for a live process is never silent: it
 //! is kept and fails the capture, naming the file; the process is released
-//! all the same, so nothing is left stopped.
+//! all the same, so nothing is left stopped. An image that is not one
+//! memtrail can probe (not an ELF image: a JIT's code, a PE image under
+//! Wine, data mapped executable; or a malformed one) is no failure: it is
+//! skipped, logged and named in the profile (`skipped_images`), and the
+//! capture goes on; stacks through it end where its missing unwind table
+//! ends them. A panic in the work on one request is caught: it fails the
+//! capture, the process is released.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -25,12 +31,13 @@ use std::sync::Arc;
 use super::cache::Stamp;
 use super::per_process::{PerProcess, Shared, lock};
 use super::{
-    AllocPrograms, AttachError, HitSlots, Links, Role, Site, api, attach_sites, find_sites,
-    known_key, strip_deleted,
+    AllocPrograms, AttachError, HitSlots, Links, NOT_ELF, Role, Site, api, attach_sites,
+    find_sites, known_key, strip_deleted,
 };
 use crate::engine::Sink;
 use crate::proctree::stops::{Owner, Stops};
 use crate::record::{self, MappingRecord, Request};
+use crate::report::SkippedImage;
 
 /// An image that could not be examined or probed.
 #[derive(Debug)]
@@ -54,6 +61,9 @@ pub struct AttachWorker {
     /// front.
     slots: HitSlots,
     pub failures: Vec<AttachFailure>,
+    /// Images not probed (see the module's docs), once each.
+    pub skipped: Vec<SkippedImage>,
+    skipped_ids: HashSet<(u64, u64)>,
     pub malformed: u64,
     /// Whether requesting processes are held stopped (BPF stopped them);
     /// off when memtrail tracks its own process (`attach_hold` in BPF).
@@ -96,6 +106,8 @@ impl AttachWorker {
             sites: Vec::new(),
             slots,
             failures: Vec::new(),
+            skipped: Vec::new(),
+            skipped_ids: HashSet::new(),
             malformed: 0,
             hold: true,
             examined: Vec::new(),
@@ -106,16 +118,16 @@ impl AttachWorker {
         }
     }
 
-    /// Examines and probes one image; `Ok(false)` when the process is gone.
-    /// One examined up front (its table loaded then) is only probed.
-    fn examine(&mut self, req: &MappingRecord, id: (u64, u64)) -> Result<bool, AttachError> {
+    /// Examines and probes one image. One examined up front (its table
+    /// loaded then) is only probed.
+    fn examine(&mut self, req: &MappingRecord, id: (u64, u64)) -> Result<Examined, AttachError> {
         if let Some(mut sites) = self.deferred.remove(&id) {
             let mut links = Links::default();
             attach_sites(&self.progs, &mut sites, &mut self.slots, &mut links)?;
             self.links.append(&mut links);
             tracing::debug!(image = %req.name, sites = sites.len(), "probed (examined up front)");
             self.sites.extend(sites);
-            return Ok(true);
+            return Ok(Examined::Probed);
         }
         let link = PathBuf::from(format!(
             "/proc/{}/map_files/{:x}-{:x}",
@@ -126,24 +138,16 @@ impl AttachWorker {
             // Killed while held (a job-control shell that saw the hold's
             // stop sends SIGHUP to its stopped jobs on exit): its mappings
             // are gone with its memory, and none of the image ran.
-            Err(_) if process_gone(req.pid) => return Ok(false),
+            Err(_) if process_gone(req.pid) => return Ok(Examined::Gone),
             Err(source) => return Err(AttachError::Read { path: link, source }),
         };
         // Stamped before reading: a file changed meanwhile gets a stamp
         // that no longer matches it, and is examined again next time.
         let stamp = Stamp::of(&real).filter(|s| s.id() == (req.dev, req.ino));
-        if let Some(tables) = &mut self.tables {
-            tables.load(&link, &real, id);
-        }
-        let mut sites = find_sites(&link, &api::all())?;
-        // An image whose only sites are region markers (a benchmark's
-        // executable) is not cached: the cache would probe it up front in
-        // every later capture, whatever that capture runs. It is examined
-        // again, held, when a capture maps it.
-        let only_markers = !sites.is_empty() && sites.iter().all(|s| s.role == Role::Marker);
-        if let Some(stamp) = stamp.filter(|_| !only_markers) {
-            self.examined.push((real.clone(), stamp, !sites.is_empty()));
-        }
+        let mut sites = match find_sites(&link, &api::all()) {
+            Ok(sites) => sites,
+            Err(err) => return skipped_or(real, err),
+        };
         if let Some(per_process) = self.per_process.as_ref().filter(|_| !sites.is_empty()) {
             self.slots.assign(&mut sites);
             for site in &mut sites {
@@ -151,18 +155,47 @@ impl AttachWorker {
             }
             lock(per_process).add_image(id, &link, &sites)?;
             tracing::debug!(image = %real.display(), sites = sites.len(), "examined");
-            self.sites.extend(sites);
         } else if !sites.is_empty() {
             let mut links = Links::default();
-            attach_sites(&self.progs, &mut sites, &mut self.slots, &mut links)?;
+            if let Err(err) = attach_sites(&self.progs, &mut sites, &mut self.slots, &mut links) {
+                return skipped_or(real, err);
+            }
             self.links.append(&mut links);
             for site in &mut sites {
                 site.image = real.clone();
             }
             tracing::debug!(image = %real.display(), sites = sites.len(), "probed");
-            self.sites.extend(sites);
         }
-        Ok(true)
+        if let Some(tables) = &mut self.tables {
+            tables.load(&link, &real, id);
+        }
+        // An image whose only sites are region markers (a benchmark's
+        // executable) is not cached: the cache would probe it up front in
+        // every later capture, whatever that capture runs. It is examined
+        // again, held, when a capture maps it.
+        let only_markers = !sites.is_empty() && sites.iter().all(|s| s.role == Role::Marker);
+        if let Some(stamp) = stamp.filter(|_| !only_markers) {
+            self.examined.push((real, stamp, !sites.is_empty()));
+        }
+        self.sites.extend(sites);
+        Ok(Examined::Probed)
+    }
+
+    /// Names image `id` skipped, with why, once; logs it (at info for a
+    /// file that is no ELF image: a JIT's or Wine's, nothing to probe).
+    fn skip(&mut self, pid: u32, id: (u64, u64), image: PathBuf, reason: String) {
+        if self.skipped_ids.insert(id) {
+            if reason == NOT_ELF {
+                tracing::info!(pid, image = %image.display(), "not an ELF image: nothing to probe");
+            } else {
+                tracing::warn!(pid, image = %image.display(), %reason, "image skipped: not probed");
+            }
+            self.skipped.push(SkippedImage {
+                image: image.display().to_string(),
+                pid,
+                reason,
+            });
+        }
     }
 
     /// Whether image `id` is probed per process.
@@ -185,6 +218,23 @@ impl AttachWorker {
             // Not fatal: BPF asks again for this image, and we answer again.
             tracing::warn!(%err, "could not record a known image");
         }
+    }
+}
+
+/// What became of an image examined for a request.
+enum Examined {
+    Probed,
+    /// The process exited before its image could be looked at.
+    Gone,
+    /// Not an image memtrail can probe (the path, why).
+    Skipped(PathBuf, String),
+}
+
+/// `err`, unless it says the image is to be skipped.
+fn skipped_or(image: PathBuf, err: AttachError) -> Result<Examined, AttachError> {
+    match err.skip_reason() {
+        Some(reason) => Ok(Examined::Skipped(image, reason)),
+        None => Err(err),
     }
 }
 
@@ -211,19 +261,17 @@ impl Sink for AttachWorker {
         if hold && let Err(err) = self.stops.hold_stopped(pid.into(), Owner::Attach) {
             tracing::debug!(pid, %err, "could not hold the requesting process");
         }
-        match req.request {
-            Request::Image => self.examine_request(&req),
-            Request::Fork { parent } => {
-                self.per_process_request(pid, |p, progs, known| p.fork(progs, known, parent, pid))
-            }
-            Request::Relink => {
-                self.per_process_request(pid, |p, progs, known| p.relink(progs, known, pid));
-            }
-            Request::Exit => {
-                if let Some(per_process) = &self.per_process {
-                    lock(per_process).exit(self.known_images.as_fd(), pid);
-                }
-            }
+        // The last line: whatever happens in the work, the process is
+        // released below.
+        let work = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(&req)));
+        if let Err(panic) = work {
+            let message = super::panic_text(&*panic).to_owned();
+            tracing::error!(pid, image = %req.name, %message, "attach worker panicked");
+            self.failures.push(AttachFailure {
+                pid,
+                image: req.name.clone(),
+                error: AttachError::Panicked { message },
+            });
         }
         if matches!(req.request, Request::Fork { .. } | Request::Relink)
             && let Some(held) = &self.held_for_probes
@@ -237,6 +285,25 @@ impl Sink for AttachWorker {
 }
 
 impl AttachWorker {
+    /// Does what `req` asks for.
+    fn handle(&mut self, req: &MappingRecord) {
+        let pid = req.pid;
+        match req.request {
+            Request::Image => self.examine_request(req),
+            Request::Fork { parent } => {
+                self.per_process_request(pid, |p, progs, known| p.fork(progs, known, parent, pid))
+            }
+            Request::Relink => {
+                self.per_process_request(pid, |p, progs, known| p.relink(progs, known, pid));
+            }
+            Request::Exit => {
+                if let Some(per_process) = &self.per_process {
+                    lock(per_process).exit(self.known_images.as_fd(), pid);
+                }
+            }
+        }
+    }
+
     /// Runs `op` on the per-process probes for process `pid`; a failure
     /// for a live process is kept (as `examine_request` does).
     fn per_process_request(
@@ -258,6 +325,12 @@ impl AttachWorker {
             us = started.elapsed().as_micros() as u64,
             "per-process probes made"
         );
+        self.settle(pid, done);
+    }
+
+    /// What became of per-process probes made for process `pid`: a
+    /// failure for a live process is kept.
+    fn settle(&mut self, pid: u32, done: Result<bool, AttachError>) {
         match done {
             Ok(true) => {}
             Ok(false) => tracing::debug!(pid, "exited before its probes were made"),
@@ -284,33 +357,57 @@ impl AttachWorker {
             self.per_process_request(pid, |p, progs, known| p.link(progs, known, pid, id));
             return;
         }
-        if !self.known.contains(&id) {
-            match self.examine(req, id) {
-                Ok(true) => {
-                    self.mark_known(id);
-                    if self.has_image(id) {
-                        self.per_process_request(pid, |p, progs, known| {
-                            p.link(progs, known, pid, id)
-                        });
-                    }
-                }
-                // Not examined: the next process that maps it asks again.
-                Ok(false) => tracing::debug!(pid, image = %req.name, "exited before examined"),
-                // It died while examined: as above.
-                Err(_) if process_gone(pid) => {
-                    tracing::debug!(pid, image = %req.name, "exited while examined");
-                }
-                Err(error) => {
-                    tracing::error!(pid, image = %req.name, %error, "attach failed");
-                    self.failures.push(AttachFailure {
-                        pid,
-                        image: req.name.clone(),
-                        error,
-                    });
-                    // Asking again would only fail again.
-                    self.mark_known(id);
+        if self.known.contains(&id) {
+            return;
+        }
+        match self.examine(req, id) {
+            Ok(Examined::Probed) => {
+                self.mark_known(id);
+                if self.has_image(id) {
+                    self.link_first(pid, id);
                 }
             }
+            Ok(Examined::Skipped(image, reason)) => {
+                self.skip(pid, id, image, reason);
+                self.mark_known(id);
+            }
+            // Not examined: the next process that maps it asks again.
+            Ok(Examined::Gone) => tracing::debug!(pid, image = %req.name, "exited before examined"),
+            // It died while examined: as above.
+            Err(_) if process_gone(pid) => {
+                tracing::debug!(pid, image = %req.name, "exited while examined");
+            }
+            Err(error) => {
+                tracing::error!(pid, image = %req.name, %error, "attach failed");
+                self.failures.push(AttachFailure {
+                    pid,
+                    image: req.name.clone(),
+                    error,
+                });
+                // Asking again would only fail again.
+                self.mark_known(id);
+            }
         }
+    }
+
+    /// Makes the first per-process probes on image `id`, just examined,
+    /// for process `pid`; an image whose code the kernel refuses to probe
+    /// is skipped (and forgotten by the per-process probes), as one that
+    /// failed to parse.
+    fn link_first(&mut self, pid: u32, id: (u64, u64)) {
+        let Some(per_process) = &self.per_process else {
+            return;
+        };
+        let linked = lock(per_process).link(&self.progs, self.known_images.as_fd(), pid, id);
+        let reason = linked.as_ref().err().and_then(AttachError::skip_reason);
+        let Some(reason) = reason.filter(|_| !process_gone(pid)) else {
+            return self.settle(pid, linked);
+        };
+        let image = lock(per_process).remove_image(id).unwrap_or_default();
+        self.sites.retain(|s| s.image != image);
+        self.examined.retain(|(path, _, _)| *path != image);
+        self.skip(pid, id, image, reason);
+        // Known to every process now: none of them gets probes on it.
+        self.mark_known(id);
     }
 }

@@ -69,6 +69,8 @@ Exit status:
          one cannot be written none appears, and the summary is printed
     74   another tracer holds a conflicting uprobe (ref_ctr_offset mismatch)
     75   an executable image the command loaded could not be examined or probed
+         (a file that is no ELF image, or a malformed one, is skipped and
+         named in the profile's skipped_images instead)
     76   a pressure pause did not recover within --pressure-timeout (tree killed)
     126  the command is not executable, or cannot be reached (a directory on
          its path denies search permission: the message names it)

@@ -11,6 +11,11 @@
 //! - NULL where a pointer is required, a `size` below the first version's,
 //!   a session handle that was freed (or never returned by this library)
 //!   are errors with their codes, never a crash. Panics are caught.
+//! - A handle belongs to the process that made it: in a child of `fork()`
+//!   every call on a handle its parent made, `memtrail_session_free`
+//!   included, returns `MEMTRAIL_E_HANDLE` and does nothing (the session's
+//!   threads are the parent's; the child has none of them). The parent's
+//!   session goes on unaffected.
 //! - Ownership: a handle from `memtrail_track_self`, `memtrail_spawn` or
 //!   `memtrail_track_pid` is the caller's until `memtrail_session_free`.
 //! - Threading: any thread may call any function on a handle. Snapshots and
@@ -47,10 +52,15 @@ pub enum memtrail_error {
     /// An argument or option is invalid (a struct size too small, a value
     /// out of range, a name that is not UTF-8).
     MEMTRAIL_E_INVALID = 2,
-    /// The handle is not a live session (freed already, or never one).
+    /// The handle is not a live session of the calling process: freed
+    /// already, never one, or made by another process (a child of `fork()`
+    /// gets this for every call on its parent's sessions,
+    /// `memtrail_session_free` included; the parent's session is
+    /// unaffected).
     MEMTRAIL_E_HANDLE = 3,
     /// The call does not fit the session's state (no region open on this
-    /// thread, nothing to wait for, the session already finished).
+    /// thread, nothing to wait for, the command's process reaped already by
+    /// the caller, the session already finished).
     MEMTRAIL_E_STATE = 4,
     MEMTRAIL_E_NOT_FOUND = 5,
     MEMTRAIL_E_NOT_EXECUTABLE = 6,
@@ -168,8 +178,29 @@ pub struct memtrail_region_counts {
 
 /// A session handle (opaque).
 pub struct memtrail_session {
-    /// None once finished (`memtrail_write_profile`).
-    session: RwLock<Option<Session>>,
+    /// The process that made it, the only one that may use it.
+    pid: u32,
+    state: RwLock<State>,
+}
+
+/// Where a session is in its life.
+enum State {
+    Running(Box<Session>),
+    /// Finished by `memtrail_write_profile`: its profile, kept so that a
+    /// failed write can be retried (and the profile written elsewhere).
+    Finished(Box<crate::report::Profile>),
+    /// Finishing failed: nothing is left but to free it.
+    Failed,
+}
+
+impl State {
+    /// The running session, or `MEMTRAIL_E_STATE`.
+    fn running(&self) -> Result<&Session, memtrail_error> {
+        match self {
+            State::Running(session) => Ok(session),
+            _ => Err(fail(MEMTRAIL_E_STATE, "the session has finished")),
+        }
+    }
 }
 
 /// Live handles: a call on any other pointer is `MEMTRAIL_E_HANDLE`.
@@ -226,13 +257,13 @@ fn guard(f: impl FnOnce() -> memtrail_error) -> memtrail_error {
         .unwrap_or_else(|_| fail(MEMTRAIL_E_INTERNAL, "memtrail panicked"))
 }
 
-/// The live handle behind `ptr`.
+/// The live handle behind `ptr`, made by this process.
 fn handle(ptr: *const memtrail_session) -> Result<Arc<memtrail_session>, memtrail_error> {
     if ptr.is_null() {
         return Err(fail(MEMTRAIL_E_NULL, "session is NULL"));
     }
     let handles = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
-    handles
+    let handle = handles
         .as_ref()
         .and_then(|h| h.get(&(ptr as usize)).cloned())
         .ok_or_else(|| {
@@ -240,7 +271,28 @@ fn handle(ptr: *const memtrail_session) -> Result<Arc<memtrail_session>, memtrai
                 MEMTRAIL_E_HANDLE,
                 "not a live memtrail session (freed already?)",
             )
-        })
+        })?;
+    drop(handles);
+    own(&handle)?;
+    Ok(handle)
+}
+
+/// `MEMTRAIL_E_HANDLE` unless `handle` was made by the calling process: a
+/// child of fork has a copy of its parent's session but none of its
+/// threads, and a call waiting for them would wait forever.
+fn own(handle: &memtrail_session) -> Result<(), memtrail_error> {
+    let me = std::process::id();
+    if handle.pid == me {
+        return Ok(());
+    }
+    Err(fail(
+        MEMTRAIL_E_HANDLE,
+        &format!(
+            "this session belongs to process {}, not to process {me} (a child of fork): \
+             only the process that made it can use or free it",
+            handle.pid
+        ),
+    ))
 }
 
 /// Reads the caller's part of a size-first struct.
@@ -408,7 +460,8 @@ unsafe fn start(
         Err(err) => return from_error(&err),
     };
     let handle = Arc::new(memtrail_session {
-        session: RwLock::new(Some(session)),
+        pid: std::process::id(),
+        state: RwLock::new(State::Running(Box::new(session))),
     });
     let ptr = Arc::as_ptr(&handle).cast_mut();
     HANDLES
@@ -544,7 +597,9 @@ pub unsafe extern "C" fn memtrail_spawn(
 
 /// Stops the session (if not finished), joins its threads, detaches its
 /// probes and frees the handle. A command not waited for is killed. A
-/// handle already freed gives `MEMTRAIL_E_HANDLE`.
+/// handle already freed gives `MEMTRAIL_E_HANDLE`, and so does one made by
+/// another process (a child of fork calling it on its parent's handle),
+/// which is left as it is.
 ///
 /// # Safety
 /// `session` is NULL or a pointer this library returned; no other call
@@ -555,11 +610,16 @@ pub unsafe extern "C" fn memtrail_session_free(session: *mut memtrail_session) -
         if session.is_null() {
             return fail(MEMTRAIL_E_NULL, "session is NULL");
         }
-        let removed = HANDLES
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-            .and_then(|h| h.remove(&(session as usize)));
+        let mut handles = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
+        let handles = handles.as_mut();
+        // Another process's stays: dropping it would join threads this
+        // process does not have.
+        if let Some(h) = handles.as_ref().and_then(|h| h.get(&(session as usize)))
+            && let Err(code) = own(h)
+        {
+            return code;
+        }
+        let removed = handles.and_then(|h| h.remove(&(session as usize)));
         match removed {
             Some(handle) => {
                 drop(handle);
@@ -591,9 +651,10 @@ pub unsafe extern "C" fn memtrail_snapshot(
         if out.is_null() {
             return fail(MEMTRAIL_E_NULL, "out is NULL");
         }
-        let guard = h.session.read().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = guard.as_ref() else {
-            return fail(MEMTRAIL_E_STATE, "the session has finished");
+        let guard = h.state.read().unwrap_or_else(|e| e.into_inner());
+        let s = match guard.running() {
+            Ok(s) => s,
+            Err(code) => return code,
         };
         let t: Totals = match s.totals() {
             Ok(t) => t,
@@ -640,9 +701,10 @@ pub unsafe extern "C" fn memtrail_region_begin(
         let Ok(name) = unsafe { CStr::from_ptr(name) }.to_str() else {
             return fail(MEMTRAIL_E_INVALID, "name is not UTF-8");
         };
-        let guard = h.session.read().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = guard.as_ref() else {
-            return fail(MEMTRAIL_E_STATE, "the session has finished");
+        let guard = h.state.read().unwrap_or_else(|e| e.into_inner());
+        let s = match guard.running() {
+            Ok(s) => s,
+            Err(code) => return code,
         };
         match s.region_begin(name) {
             Ok(()) => MEMTRAIL_OK,
@@ -670,9 +732,10 @@ pub unsafe extern "C" fn memtrail_region_end(
         if out.is_null() {
             return fail(MEMTRAIL_E_NULL, "out is NULL");
         }
-        let guard = h.session.read().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = guard.as_ref() else {
-            return fail(MEMTRAIL_E_STATE, "the session has finished");
+        let guard = h.state.read().unwrap_or_else(|e| e.into_inner());
+        let s = match guard.running() {
+            Ok(s) => s,
+            Err(code) => return code,
         };
         let c: RegionCounts = match s.region_end() {
             Ok(c) => c,
@@ -699,7 +762,10 @@ pub unsafe extern "C" fn memtrail_region_end(
 /// Waits for the tracked command's root process (or the tracked process)
 /// to exit. `*exit_code` (if not NULL) gets the command's exit code, 128+N
 /// if signal N killed it, -1 when unknown (a process that is not our
-/// child). `MEMTRAIL_E_STATE` for a session tracking its own process.
+/// child). `MEMTRAIL_E_STATE` for a session tracking its own process, and
+/// when the caller reaped the command's process itself (its own `wait`,
+/// or SIGCHLD ignored): its exit status is lost, `*exit_code` is left as
+/// it was, and the profile can still be written.
 ///
 /// # Safety
 /// `exit_code` is NULL or writable.
@@ -713,8 +779,8 @@ pub unsafe extern "C" fn memtrail_wait(
             Ok(h) => h,
             Err(code) => return code,
         };
-        let mut guard = h.session.write().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = guard.as_mut() else {
+        let mut guard = h.state.write().unwrap_or_else(|e| e.into_inner());
+        let State::Running(s) = &mut *guard else {
             return fail(MEMTRAIL_E_STATE, "the session has finished");
         };
         match s.wait() {
@@ -733,7 +799,10 @@ pub unsafe extern "C" fn memtrail_wait(
 
 /// Finishes the session (stops tracking, drains, builds the profile) and
 /// writes the profile (JSON, docs/profile.md) to `path`, whole or not at
-/// all. Afterwards only `memtrail_session_free` remains to call.
+/// all. The profile is kept until `memtrail_session_free`: called again,
+/// this writes it again (a write that failed, `MEMTRAIL_E_OUTPUT`, is
+/// retried that way, to the same path or another); the session's other
+/// calls return `MEMTRAIL_E_STATE` from the first call on.
 ///
 /// # Safety
 /// `path` is NULL or a NUL-terminated string.
@@ -758,15 +827,26 @@ pub unsafe extern "C" fn memtrail_write_profile(
             Ok(o) => o,
             Err(err) => return from_error(&err.into()),
         };
-        let mut guard = h.session.write().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = guard.take() else {
-            return fail(MEMTRAIL_E_STATE, "the session has finished");
+        let mut guard = h.state.write().unwrap_or_else(|e| e.into_inner());
+        let written = match std::mem::replace(&mut *guard, State::Failed) {
+            State::Running(s) => {
+                let finish = match (*s).finish() {
+                    Ok(f) => f,
+                    Err(err) => return from_error(&err),
+                };
+                // Written while the probes detach (joined as `finish` goes).
+                let written = crate::report::write_profile(&finish.profile, output);
+                *guard = State::Finished(Box::new(finish.profile));
+                written
+            }
+            State::Finished(profile) => {
+                let written = crate::report::write_profile(&profile, output);
+                *guard = State::Finished(profile);
+                written
+            }
+            State::Failed => return fail(MEMTRAIL_E_STATE, "the session failed to finish"),
         };
-        let finish = match s.finish() {
-            Ok(f) => f,
-            Err(err) => return from_error(&err),
-        };
-        match crate::report::write_profile(&finish.profile, output) {
+        match written {
             Ok(()) => MEMTRAIL_OK,
             Err(err) => from_error(&err.into()),
         }

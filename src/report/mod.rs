@@ -47,7 +47,7 @@ pub use output::{
 };
 pub use profile::{
     DIRECT_SYSCALL_FRAME, EndedEarly, ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION,
-    Profile, StackEntry, StackMetrics, UnwindReport, stage_profile, wait_status_code,
+    Profile, SkippedImage, StackEntry, StackMetrics, UnwindReport, stage_profile, wait_status_code,
     write_profile,
 };
 pub use regions::RegionEntry;

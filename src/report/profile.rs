@@ -69,6 +69,11 @@ pub struct Profile {
     #[serde(default = "one")]
     pub event_rings: u32,
     pub probes: Vec<ProbeEntry>,
+    /// Executable mappings whose file memtrail did not probe: not an ELF
+    /// image (a JIT's code, a PE image under Wine, data mapped executable)
+    /// or a malformed one. Empty (absent) in a profile written before.
+    #[serde(default)]
+    pub skipped_images: Vec<SkippedImage>,
     /// Allocation sites: one entry per distinct call stack, with what was
     /// allocated from it. Empty when stacks were not captured.
     pub stacks: Vec<StackEntry>,
@@ -320,6 +325,16 @@ impl LostEvents {
     }
 }
 
+/// An executable image a tracked process mapped that memtrail left alone,
+/// and why (see `attach::AttachError::skip_reason`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedImage {
+    pub image: String,
+    /// The first process that mapped it.
+    pub pid: u32,
+    pub reason: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProbeEntry {
     pub image: String,
@@ -399,6 +414,7 @@ impl Profile {
             probe_scope: Default::default(),
             event_rings: 1,
             probes: sites.iter().map(ProbeEntry::from).collect(),
+            skipped_images: Vec::new(),
             stacks: Vec::new(),
             pressure: Default::default(),
             unwind: Default::default(),

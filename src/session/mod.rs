@@ -331,6 +331,9 @@ pub struct Session {
     /// reaped.
     _guardian: Option<sys::Guardian>,
     sites: Vec<attach::Site>,
+    /// Mapped images of a running target not probed up front (see
+    /// `attach::AttachError::skip_reason`); the attach worker's come later.
+    skipped_images: Vec<crate::report::SkippedImage>,
     image_cache: ImageCache,
     /// The symbolizer, loading ahead the files every capture symbolizes.
     symbols: crate::symbolize::Background,
@@ -723,6 +726,7 @@ impl Session {
             Target::Pid(pid) => Some(pid),
             Target::Command(_) => None,
         };
+        let mut skipped_images = Vec::new();
         if let Some(pid) = running {
             for image in mapped_images(pid) {
                 let Ok(id) = sys::kernel_file_id(&image) else {
@@ -750,17 +754,42 @@ impl Session {
                             registry.add_image(id, &image, &f)?;
                             registry.link(&progs, known_fd, pid, id)?;
                         }
-                        _ => attach::attach_sites(&progs, &mut f, &mut slots, &mut links)?,
+                        // All of an image's links or none (a skipped one).
+                        _ => {
+                            let mut made = Links::default();
+                            attach::attach_sites(&progs, &mut f, &mut slots, &mut made)?;
+                            links.append(&mut made);
+                        }
                     }
                     Ok(f)
                 });
                 match probed {
-                    Ok(found) => sites.extend(found),
+                    Ok(found) => {
+                        sites.extend(found);
+                        load_table(&image, id);
+                    }
                     Err(err) => {
-                        tracing::warn!(image = %image.display(), %err, "a mapped image could not be probed");
+                        if matches!(err, attach::AttachError::NotElf { .. }) {
+                            tracing::info!(image = %image.display(), "not an ELF image: nothing to probe");
+                        } else {
+                            tracing::warn!(image = %image.display(), %err, "a mapped image could not be probed");
+                        }
+                        if let Some(reason) = err.skip_reason() {
+                            // Its probes could not be made: no process
+                            // gets any (a fork would fail to).
+                            if let Some(registry) = registry.as_mut() {
+                                registry.remove_image(id);
+                            }
+                            skipped_images.push(crate::report::SkippedImage {
+                                image: image.display().to_string(),
+                                pid,
+                                reason,
+                            });
+                        } else {
+                            load_table(&image, id);
+                        }
                     }
                 }
-                load_table(&image, id);
                 known_everywhere(&registry, known_fd, id)?;
                 known.insert(id);
             }
@@ -1083,6 +1112,7 @@ impl Session {
             cgroup,
             _guardian: guardian,
             sites,
+            skipped_images,
             image_cache,
             symbols,
             start_ns: sys::monotonic_ns(),
@@ -1386,7 +1416,18 @@ impl Session {
                 let exit = if root.forward.is_some() {
                     proctree::wait_tree(root.pid)?
                 } else {
-                    Some(sys::wait_pid(root.pid.into())?)
+                    match sys::wait_pid(root.pid.into()) {
+                        Ok(exit) => Some(exit),
+                        // Not our child any more: reaped by another wait
+                        // of the embedding program's (issue 28).
+                        Err(err) if err.errno() == Some(libc::ECHILD) => {
+                            return Err(CaptureError::State(
+                                "the command's process was reaped already, by a wait of the \
+                                 caller's own (or SIGCHLD is ignored): its exit status is lost",
+                            ));
+                        }
+                        Err(err) => return Err(err.into()),
+                    }
                 };
                 root.exit = Some(exit);
                 root.forward = None;
@@ -1669,6 +1710,8 @@ impl Session {
         pressure_stats.high_water = crate::capture::read_high_water(&self.loaded.skel).max(seen);
         profile.pressure = pressure_stats;
         profile.regions = markers.finish();
+        profile.skipped_images = std::mem::take(&mut self.skipped_images);
+        profile.skipped_images.append(&mut attacher.skipped);
         Ok(Finish {
             profile,
             slow_probes,

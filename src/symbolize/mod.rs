@@ -16,6 +16,11 @@
 //!
 //! Return addresses point after the call: `addr - 1` is symbolized, so the
 //! line is the call's.
+//!
+//! The files are what the tracked programs mapped, crafted ones included:
+//! blazesym only reads what the `guard` module lets it (regular files,
+//! opened here; bounded compressed sections; sane debug links), under
+//! `catch_unwind`.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -27,6 +32,7 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use crate::report::Frame;
 
 mod background;
+mod guard;
 pub use background::Background;
 
 /// An executable file mapping of a process.
@@ -130,6 +136,8 @@ impl AddressSpaces {
 /// Symbolizes stacks of return addresses.
 pub struct StackSymbolizer {
     symbolizer: Symbolizer,
+    /// The files blazesym may read, opened once each.
+    files: guard::Files,
     /// Build ids of the files symbolized so far (read once per file, not
     /// once per process).
     build_ids: std::cell::RefCell<HashMap<PathBuf, Option<String>>>,
@@ -150,6 +158,7 @@ impl StackSymbolizer {
                 // Ours: only mangled names (see the module's docs).
                 .enable_demangling(false)
                 .build(),
+            files: Default::default(),
             build_ids: Default::default(),
         }
     }
@@ -157,14 +166,26 @@ impl StackSymbolizer {
     /// Loads `path` (its symbols, and its DWARF where it or a debug file
     /// it links to has some) as symbolizing an address in it would.
     pub fn warm(&self, path: &Path) {
-        let src = Source::Elf(Elf::new(path));
-        if let Err(err) = self
-            .symbolizer
-            .symbolize(&src, Input::FileOffset(&[0x1000]))
-        {
+        if let Some(Err(err)) = self.symbolize_file(path, Input::FileOffset(&[0x1000])) {
             tracing::debug!(path = %path.display(), %err, "symbolizer: file not loaded ahead");
         }
         self.build_id(path);
+    }
+
+    /// Symbolizes `input` in the file at `path` through blazesym, as the
+    /// `guard` module lets it; None when it may not read the file (or
+    /// panicked on it).
+    fn symbolize_file(
+        &self,
+        path: &Path,
+        input: Input<&[u64]>,
+    ) -> Option<Result<Vec<Symbolized<'_>>, blazesym::Error>> {
+        let file = self.files.get(path)?;
+        let src = Source::Elf(Elf {
+            debug_syms: file.debug_syms,
+            ..Elf::new(&file.path)
+        });
+        guard::catch(path, || self.symbolizer.symbolize(&src, input))
     }
 
     /// The build id of `path`, read once.
@@ -172,7 +193,10 @@ impl StackSymbolizer {
         self.build_ids
             .borrow_mut()
             .entry(path.to_owned())
-            .or_insert_with(|| build_id_of(path))
+            .or_insert_with(|| {
+                let file = self.files.get(path)?;
+                guard::catch(path, || build_id_of(&file.path)).flatten()
+            })
             .clone()
     }
 
@@ -206,13 +230,14 @@ impl StackSymbolizer {
             offsets.sort_unstable();
             offsets.dedup();
             let results = if path.is_absolute() {
-                let src = Source::Elf(Elf::new(path));
-                self.symbolizer
-                    .symbolize(&src, Input::FileOffset(&offsets))
-                    .inspect_err(|err| {
-                        tracing::debug!(path = %module, %err, "symbolization failed");
+                self.symbolize_file(path, Input::FileOffset(&offsets))
+                    .and_then(|results| {
+                        results
+                            .inspect_err(|err| {
+                                tracing::debug!(path = %module, %err, "symbolization failed");
+                            })
+                            .ok()
                     })
-                    .ok()
             } else {
                 None // recorded by name only and never found
             };
@@ -284,19 +309,19 @@ impl StackSymbolizer {
             let build_id = stacks[items[0].0].frames[items[0].1].build_id.as_deref();
             let layout = image
                 .map(Path::new)
-                .filter(|image| build_id_of(image).as_deref() == build_id)
+                .filter(|image| self.build_id(image).as_deref() == build_id)
                 .unwrap_or(&path);
             let Some(addrs) = virtual_addresses(layout, &offsets) else {
                 tracing::warn!(image = %layout.display(), "no segment layout to place offsets");
                 continue;
             };
-            let src = Source::Elf(Elf::new(&path));
-            let results = match self.symbolizer.symbolize(&src, Input::VirtOffset(&addrs)) {
-                Ok(r) => r,
-                Err(err) => {
+            let results = match self.symbolize_file(&path, Input::VirtOffset(&addrs)) {
+                Some(Ok(r)) => r,
+                Some(Err(err)) => {
                     tracing::warn!(path = %path.display(), %err, "debug file unreadable");
                     continue;
                 }
+                None => continue,
             };
             for (&(s, f, _), sym) in items.iter().zip(results) {
                 if matches!(sym, Symbolized::Sym(_)) {
@@ -336,7 +361,7 @@ fn build_id_of(path: &Path) -> Option<String> {
 /// through its loadable segments (an offset in none gives address 0).
 fn virtual_addresses(path: &Path, offsets: &[u64]) -> Option<Vec<u64>> {
     use object::{Object, ObjectSegment};
-    let data = std::fs::read(path)
+    let data = crate::sys::map_file(path)
         .inspect_err(|err| tracing::debug!(path = %path.display(), %err, "unreadable"))
         .ok()?;
     let file = object::File::parse(&*data).ok()?;
@@ -354,7 +379,7 @@ fn virtual_addresses(path: &Path, offsets: &[u64]) -> Option<Vec<u64>> {
             segments
                 .iter()
                 .find(|&&(off, size, _)| off <= o && o - off < size)
-                .map_or(0, |&(off, _, addr)| addr + (o - off))
+                .map_or(0, |&(off, _, addr)| addr.wrapping_add(o - off))
         })
         .collect();
     Some(addrs)

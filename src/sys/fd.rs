@@ -125,17 +125,227 @@ pub fn poll_readable(
     }
 }
 
-/// A file's contents, mapped read-only: an ELF image is searched in a few
-/// places (its symbol tables, notes, the code at a few entry points, its
-/// CFI), and reading it whole first zeroed and copied tens of megabytes
-/// for a large executable (cc1: 33 MB) at every capture's start.
+/// The most bytes of an image another user can write that memtrail reads
+/// into memory (see [`map_file`]), its DWARF sections left out: a larger
+/// one is refused (`FileTooLarge`) rather than held whole.
+pub const MAX_READ_IMAGE: u64 = 1 << 30;
+
+/// The largest such image examined at all: past [`MAX_READ_IMAGE`] its
+/// DWARF sections (which the image parsers never read) stay unread, zero
+/// pages of an anonymous mapping that take address space only.
+pub const MAX_IMAGE_SIZE: u64 = 16 << 30;
+
+/// A file's contents: mapped read-only where only root can change the
+/// file, else read into memory.
+pub enum FileData {
+    Mapped(memmap2::Mmap),
+    Read(Vec<u8>),
+    /// Read into an anonymous mapping, its DWARF sections left as zeros.
+    Sparse(memmap2::MmapMut),
+}
+
+impl std::ops::Deref for FileData {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileData::Mapped(map) => map,
+            FileData::Read(bytes) => bytes,
+            FileData::Sparse(map) => map,
+        }
+    }
+}
+
+/// `statfs`'s `f_type` of a FUSE filesystem.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// Opens `path` for reading if it is a regular file, looking at it through
+/// an `O_PATH` descriptor first (opening a FIFO waits for a writer, opening
+/// a device can do anything); `InvalidInput` otherwise. The flag says
+/// whether only root can change the file: owned by root, writable by
+/// neither its group nor others, and not on FUSE (whose server says what
+/// it likes about owners, and can cut a file short at any time).
+pub fn open_regular(path: &std::path::Path) -> std::io::Result<(std::fs::File, bool)> {
+    use rustix::fs::{Mode, OFlags};
+    let at = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+    let stat = rustix::fs::fstat(&at)?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let reopen = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&at));
+    let file = std::fs::File::open(reopen)?;
+    let writable_by_others = stat.st_mode & 0o022 != 0;
+    let fuse = rustix::fs::fstatfs(&at).is_ok_and(|fs| fs.f_type == FUSE_SUPER_MAGIC);
+    Ok((file, stat.st_uid == 0 && !writable_by_others && !fuse))
+}
+
+/// A file's contents, to parse as an ELF image: an image is searched in a
+/// few places (its symbol tables, notes, the code at a few entry points,
+/// its CFI), and reading it whole first zeroed and copied tens of
+/// megabytes for a large executable (cc1: 33 MB) at every capture's start.
 ///
-/// The file must not be truncated while mapped (a read past its new end
-/// faults): memtrail maps installed executables and libraries, which
-/// package managers replace (a new inode) rather than rewrite in place.
-pub fn map_file(path: &std::path::Path) -> std::io::Result<memmap2::Mmap> {
-    let file = std::fs::File::open(path)?;
-    // SAFETY: read-only, private mapping of a file that is replaced, not
-    // truncated, when it changes (see above); the bytes are only read.
-    unsafe { memmap2::Mmap::map(&file) }
+/// A mapped file must not be truncated while mapped (a read past its new
+/// end faults, SIGBUS): a regular file owned by root that neither its group
+/// nor others can write (installed executables and libraries, which
+/// package managers replace, a new inode, rather than rewrite) is mapped;
+/// any other (a tracked user's own file, a memfd a JIT maps) is read, up
+/// to [`MAX_READ_IMAGE`] bytes besides its DWARF (see [`MAX_IMAGE_SIZE`]).
+/// Anything but a regular file is refused
+/// (`InvalidInput`) without being opened for reading: it is looked at
+/// through an `O_PATH` descriptor first.
+pub fn map_file(path: &std::path::Path) -> std::io::Result<FileData> {
+    let (file, trusted) = open_regular(path)?;
+    contents(&file, trusted)
+}
+
+/// The contents of `file`, opened by [`open_regular`] (`trusted` is its
+/// flag): mapped or read as [`map_file`] says.
+pub fn contents(file: &std::fs::File, trusted: bool) -> std::io::Result<FileData> {
+    use std::io::Read;
+    if trusted {
+        // SAFETY: read-only, private mapping of a file only root can write,
+        // and root replaces such files rather than truncating them (see
+        // above); the bytes are only read.
+        return unsafe { memmap2::Mmap::map(file) }.map(FileData::Mapped);
+    }
+    let stat = rustix::fs::fstat(file)?;
+    let size = u64::try_from(stat.st_size).unwrap_or(0);
+    if size <= MAX_READ_IMAGE {
+        // Bounded whatever the file does meanwhile (it may grow).
+        let mut bytes = Vec::with_capacity(size as usize);
+        file.take(MAX_READ_IMAGE).read_to_end(&mut bytes)?;
+        return Ok(FileData::Read(bytes));
+    }
+    let too_large = |what: &str| {
+        std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!(
+                "{size} bytes, {what} (a file another user can write is read, at most \
+                 {MAX_READ_IMAGE} bytes of it besides its DWARF)"
+            ),
+        )
+    };
+    if size > MAX_IMAGE_SIZE {
+        return Err(too_large("too large to examine"));
+    }
+    let skip = dwarf_ranges(file, size);
+    let read: u64 = gaps(&skip, size).map(|r| r.end - r.start).sum();
+    if read > MAX_READ_IMAGE {
+        return Err(too_large("too large to read"));
+    }
+    let mut map = memmap2::MmapOptions::new()
+        .len(size as usize)
+        .map_anon()
+        .map_err(|_| too_large("no room to read it"))?;
+    for range in gaps(&skip, size) {
+        read_range(
+            file,
+            &mut map[range.start as usize..range.end as usize],
+            range.start,
+        )?;
+    }
+    Ok(FileData::Sparse(map))
+}
+
+/// Reads `buf.len()` bytes of `file` at `offset`, or up to its end if it
+/// was cut meanwhile (the rest stays zeros).
+fn read_range(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
+}
+
+/// The parts of `0..size` outside the sorted, disjoint `skip` ranges.
+fn gaps(skip: &[std::ops::Range<u64>], size: u64) -> impl Iterator<Item = std::ops::Range<u64>> {
+    let mut at = 0;
+    skip.iter()
+        .cloned()
+        .chain(std::iter::once(size..size))
+        .filter_map(move |r| {
+            let gap = at..r.start.max(at);
+            at = at.max(r.end);
+            (!gap.is_empty()).then_some(gap)
+        })
+}
+
+/// The file ranges of a 64-bit little-endian ELF image's DWARF sections
+/// (`.debug_*` and `.zdebug_*` but `.debug_frame`, not loaded) but their
+/// first 64 bytes, sorted and merged; none if its headers cannot be read. What the file says is only
+/// trusted so far as which bytes are left unread: they read as zeros.
+fn dwarf_ranges(file: &std::fs::File, size: u64) -> Vec<std::ops::Range<u64>> {
+    let mut ranges = dwarf_sections(file, size).unwrap_or_default();
+    ranges.sort_by_key(|r| r.start);
+    let mut merged: Vec<std::ops::Range<u64>> = Vec::new();
+    for range in ranges {
+        match merged.last_mut() {
+            Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
+            _ => merged.push(range),
+        }
+    }
+    merged
+}
+
+fn dwarf_sections(file: &std::fs::File, size: u64) -> Option<Vec<std::ops::Range<u64>>> {
+    const SHF_ALLOC: u64 = 2;
+    const SHT_NOBITS: u32 = 8;
+    let read = |offset: u64, len: u64| -> Option<Vec<u8>> {
+        let end = offset.checked_add(len).filter(|&end| end <= size)?;
+        let mut buf = vec![0u8; usize::try_from(end - offset).ok()?];
+        read_range(file, &mut buf, offset).ok()?;
+        Some(buf)
+    };
+    let u16_at =
+        |b: &[u8], at: usize| Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?));
+    let u32_at =
+        |b: &[u8], at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
+    let u64_at =
+        |b: &[u8], at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
+    let ehdr = read(0, 64)?;
+    // ELF, 64-bit, little-endian, 64-byte section headers.
+    if ehdr.get(..6)? != b"\x7fELF\x02\x01" || u16_at(&ehdr, 0x3a)? != 64 {
+        return None;
+    }
+    let (shoff, shnum) = (u64_at(&ehdr, 0x28)?, u64::from(u16_at(&ehdr, 0x3c)?));
+    let shdrs = read(shoff, shnum * 64)?;
+    let shdr =
+        |i: u64| shdrs.get(usize::try_from(i * 64).ok()?..usize::try_from(i * 64 + 64).ok()?);
+    let strtab = shdr(u64::from(u16_at(&ehdr, 0x3e)?))?;
+    // Section names: at most 1 MiB of them.
+    let names = read(u64_at(strtab, 0x18)?, u64_at(strtab, 0x20)?.min(1 << 20))?;
+    let mut ranges = Vec::new();
+    for i in 0..shnum {
+        let h = shdr(i)?;
+        let name = names
+            .get(usize::try_from(u32_at(h, 0)?).ok()?..)
+            .unwrap_or_default();
+        let name = name.split(|&b| b == 0).next().unwrap_or_default();
+        let dwarf = (name.starts_with(b".debug_") || name.starts_with(b".zdebug_"))
+            && name != b".debug_frame";
+        let (flags, ty) = (u64_at(h, 8)?, u32_at(h, 4)?);
+        if !dwarf || flags & SHF_ALLOC != 0 || ty == SHT_NOBITS {
+            continue;
+        }
+        // Its first bytes are read: a compressed section's header says
+        // what it claims to hold (see symbolize's guard).
+        let (offset, len) = (u64_at(h, 0x18)?, u64_at(h, 0x20)?);
+        let (start, end) = (
+            offset.saturating_add(64),
+            offset.saturating_add(len).min(size),
+        );
+        if start < end {
+            ranges.push(start..end);
+        }
+    }
+    Some(ranges)
 }

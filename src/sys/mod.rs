@@ -37,8 +37,8 @@ pub use bpf::{
     UprobeKind, bpf_map_contains, bpf_map_delete, bpf_map_u32_keys, bpf_map_update, uprobe_multi,
 };
 pub use fd::{
-    epoll_for, epoll_wait, epoll_wait_for, eventfd, eventfd_signal, map_file, pipe, poll_readable,
-    read, write_all,
+    FileData, MAX_READ_IMAGE, contents, epoll_for, epoll_wait, epoll_wait_for, eventfd,
+    eventfd_signal, map_file, open_regular, pipe, poll_readable, read, write_all,
 };
 pub use guardian::{GUARDIAN_NAME, Guardian, GuardianCgroup, GuardianMaps};
 pub use host::{has_capability, kernel_file_id, kernel_log_tail, monotonic_ns};

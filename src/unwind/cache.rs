@@ -1,11 +1,19 @@
-//! The on-disk cache of compiled unwind tables, by build id.
+//! The on-disk cache of compiled unwind tables, by build id and CFI.
 //!
 //! `$MEMTRAIL_CACHE_DIR`, else `$XDG_CACHE_HOME/memtrail`, else
-//! `~/.cache/memtrail`; tables go to `unwind/<build id>.v1`. An entry is
-//! written whole (a temporary file renamed into place) and checked when
-//! read: a damaged or foreign file is ignored and compiled again. Images
-//! without a build id are compiled every time. The cache is an
-//! optimisation only: any failure to use it is logged at debug level.
+//! `~/.cache/memtrail`; tables go to `unwind/<build id>-<cfi hash>.v1`.
+//! The build id alone is what the image says it is: any tracked user can
+//! craft an image with libc's build id and call frame information of their
+//! own, and its table, cached under that id, was then every later
+//! capture's table for libc (issue 28). The key also hashes everything
+//! the table is compiled from ([`Cache::key`]) with SipHash-2-4 keyed by a
+//! secret of the cache's (`unwind/key`, 16 random bytes, mode 0600), so an
+//! entry only ever serves an image with the same CFI, and no image can be
+//! crafted to collide with another's. An entry is written whole (a temporary file
+//! renamed into place) and checked when read: a damaged or foreign file is
+//! ignored and compiled again. Images without a build id are compiled every
+//! time. The cache is an optimisation only: any failure to use it is
+//! logged at debug level.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -21,6 +29,8 @@ const SOURCES: [&str; 2] = [".eh_frame", ".debug_frame"];
 /// The cache directory.
 pub struct Cache {
     dir: PathBuf,
+    /// The secret key of the CFI hash.
+    secret: (u64, u64),
 }
 
 /// The GNU build id of an ELF image, as hex.
@@ -28,6 +38,36 @@ pub fn build_id(data: &[u8]) -> Option<String> {
     let file = object::File::parse(data).ok()?;
     let id = file.build_id().ok()??;
     Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The secret at `path`, made (16 bytes of `/dev/urandom`, mode 0600,
+/// written whole before it appears) if there is none yet.
+fn secret(path: &Path) -> std::io::Result<(u64, u64)> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    match std::fs::File::open(path) {
+        Ok(mut file) => file.read_exact(&mut bytes)?,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+            let dir = path.parent().unwrap_or(Path::new("."));
+            // tempfile makes its files 0600.
+            let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+            tmp.write_all(&bytes)?;
+            if let Err(err) = tmp.persist_noclobber(path) {
+                // Another capture made it first: its secret is the one.
+                if err.error.kind() != std::io::ErrorKind::AlreadyExists {
+                    return Err(err.error);
+                }
+                std::fs::File::open(path)?.read_exact(&mut bytes)?;
+            }
+        }
+        Err(err) => return Err(err),
+    }
+    let (k0, k1) = bytes.split_at(8);
+    Ok((
+        u64::from_le_bytes(k0.try_into().unwrap_or_default()),
+        u64::from_le_bytes(k1.try_into().unwrap_or_default()),
+    ))
 }
 
 impl Cache {
@@ -38,11 +78,9 @@ impl Cache {
             .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| Path::new(&d).join("memtrail")))
             .or_else(|| std::env::var_os("HOME").map(|d| Path::new(&d).join(".cache/memtrail")))?;
         let dir = base.join("unwind");
-        if let Err(err) = std::fs::create_dir_all(&dir) {
-            tracing::debug!(dir = %dir.display(), %err, "no unwind table cache");
-            return None;
-        }
-        Some(Self { dir })
+        Self::at(&dir)
+            .inspect_err(|err| tracing::debug!(dir = %dir.display(), %err, "no unwind table cache"))
+            .ok()
     }
 
     /// A cache in `dir` (made if missing).
@@ -50,14 +88,56 @@ impl Cache {
         std::fs::create_dir_all(dir)?;
         Ok(Self {
             dir: dir.to_owned(),
+            secret: secret(&dir.join("key"))?,
         })
+    }
+
+    /// The cache key of an ELF image: its build id (as hex; at most 64
+    /// bytes of it) and the keyed hash of what [`super::table::compile`]
+    /// reads: the CFI section's bytes and address, the addresses of `.text`
+    /// and `.got`, and the first executable segment's address and file
+    /// offset. None without a build id.
+    pub fn key(&self, data: &[u8]) -> Option<String> {
+        use object::{ObjectSection, ObjectSegment};
+        use std::hash::Hasher;
+        let file = object::File::parse(data).ok()?;
+        let id = file.build_id().ok()??;
+        if id.is_empty() || id.len() > 64 {
+            return None;
+        }
+        #[expect(
+            deprecated,
+            reason = "std's SipHash-2-4 is the only keyed hash at hand; deprecated for \
+                      HashMaps, not broken"
+        )]
+        let mut hash = std::hash::SipHasher::new_with_keys(self.secret.0, self.secret.1);
+        for name in [".eh_frame", ".debug_frame", ".text", ".got"] {
+            if let Some(section) = file.section_by_name(name) {
+                hash.write(name.as_bytes());
+                hash.write_u64(section.address());
+                if name.ends_with("frame") {
+                    let bytes = section.data().unwrap_or_default();
+                    hash.write_usize(bytes.len());
+                    hash.write(bytes);
+                }
+            }
+        }
+        if let Some(exec) = file.segments().find(|seg| match seg.flags() {
+            object::SegmentFlags::Elf { p_flags } => p_flags & 1 != 0,
+            _ => false,
+        }) {
+            hash.write_u64(exec.address());
+            hash.write_u64(exec.file_range().0);
+        }
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        Some(format!("{hex}-{:016x}", hash.finish()))
     }
 
     fn path(&self, build_id: &str) -> PathBuf {
         self.dir.join(format!("{build_id}.v1"))
     }
 
-    /// The cached table of the image with `build_id`.
+    /// The cached table of the image with [`key`] `build_id`.
     pub fn get(&self, build_id: &str) -> Option<Table> {
         let data = std::fs::read(self.path(build_id)).ok()?;
         let table = decode(&data);

@@ -417,8 +417,10 @@ pub fn prepare(
         path: path.to_owned(),
         source,
     })?;
-    let build_id = cache::build_id(&data);
-    let cache = cache.zip(build_id.as_deref());
+    // Parsed from a file any tracked user can craft: a panic only costs
+    // the cache (compile catches its own).
+    let key = cache.and_then(|c| std::panic::catch_unwind(|| c.key(&data)).ok().flatten());
+    let cache = cache.zip(key.as_deref());
     if let Some(table) = cache.and_then(|(c, id)| c.get(id)) {
         return Ok((Some(table), true));
     }

@@ -9,6 +9,12 @@
 //! (or takes a frame-pointer step) there instead of guessing. Consecutive
 //! rows with the same rule merge; a gap between FDEs gets a `MT_CFA_NONE`
 //! row so an address there is not taken for the FDE below it.
+//!
+//! The image may be anything a tracked program mapped executable, crafted
+//! included: [`compile`] is total. Work is bounded by [`CFI_BUDGET`] bytes
+//! of CFI evaluated (a CIE's initial instructions run again for each of
+//! its FDEs) and memory by [`MAX_SPANS`]; gimli bounds each FDE's rules and
+//! remembered states; a panic is caught and becomes an error.
 
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, LittleEndian, Reader, RegisterRule,
@@ -111,10 +117,37 @@ pub enum Compiled {
 
 const PF_X: u32 = 1;
 
-/// Compiles the unwind table of the ELF image in `data`.
+/// The most CFI bytes evaluated for one image, counting each FDE with its
+/// CIE (whose initial instructions run again for each FDE): libc's
+/// `.eh_frame` takes ~0.3 MB of it, a crafted CIE of megabytes shared by
+/// thousands of FDEs would take hours without the bound.
+pub const CFI_BUDGET: u64 = 256 << 20;
+
+/// The most rows (before merging) compiled for one image: four times what
+/// the rows map holds ([`super::MAX_ROWS`]), 96 MiB of spans at most.
+pub const MAX_SPANS: usize = 4 * super::MAX_ROWS as usize;
+
+/// Compiles the unwind table of the ELF image in `data` (an x86-64 ELF
+/// image, else an error).
 pub fn compile(data: &[u8]) -> Result<Compiled, UnwindError> {
+    let caught = std::panic::catch_unwind(|| compile_image(data));
+    caught.unwrap_or_else(|panic| {
+        Err(UnwindError::Parse(format!(
+            "parser panicked: {}",
+            crate::attach::panic_text(&*panic)
+        )))
+    })
+}
+
+fn compile_image(data: &[u8]) -> Result<Compiled, UnwindError> {
     let parse = |e: &dyn std::fmt::Display| UnwindError::Parse(e.to_string());
+    if !data.starts_with(b"\x7fELF") {
+        return Err(UnwindError::Parse("not an ELF image".into()));
+    }
     let file = object::File::parse(data).map_err(|e| parse(&e))?;
+    if file.architecture() != object::Architecture::X86_64 || !file.is_64() {
+        return Err(UnwindError::Parse("not an x86-64 image".into()));
+    }
     let exec = file.segments().find(|seg| match seg.flags() {
         SegmentFlags::Elf { p_flags } => p_flags & PF_X != 0,
         _ => false,
@@ -122,7 +155,8 @@ pub fn compile(data: &[u8]) -> Result<Compiled, UnwindError> {
     let Some(exec) = exec else {
         return Ok(Compiled::NoCfi);
     };
-    let bias = exec.address() as i64 - exec.file_range().0 as i64;
+    // Wrapping: the headers' numbers are the file's, whatever they are.
+    let bias = (exec.address() as i64).wrapping_sub(exec.file_range().0 as i64);
     let addr_of = |name: &str| file.section_by_name(name).map_or(0, |s| s.address());
     let mut spans: Vec<(u64, u64, Row)> = Vec::new();
     let source;
@@ -133,7 +167,7 @@ pub fn compile(data: &[u8]) -> Result<Compiled, UnwindError> {
             .set_eh_frame(section.address())
             .set_text(addr_of(".text"))
             .set_got(addr_of(".got"));
-        collect(&eh, &bases, &mut spans).map_err(|e| parse(&e))?;
+        collect(&eh, &bases, &mut spans)?;
         source = ".eh_frame";
     } else if let Some(section) = file.section_by_name(".debug_frame").filter(|s| {
         s.compressed_file_range()
@@ -142,7 +176,7 @@ pub fn compile(data: &[u8]) -> Result<Compiled, UnwindError> {
         let bytes = section.data().map_err(|e| parse(&e))?;
         let mut debug = DebugFrame::new(bytes, LittleEndian);
         debug.set_address_size(8);
-        collect(&debug, &BaseAddresses::default(), &mut spans).map_err(|e| parse(&e))?;
+        collect(&debug, &BaseAddresses::default(), &mut spans)?;
         source = ".debug_frame";
     } else {
         return Ok(Compiled::NoCfi);
@@ -151,10 +185,7 @@ pub fn compile(data: &[u8]) -> Result<Compiled, UnwindError> {
         return Ok(Compiled::NoCfi);
     }
     spans.sort_by_key(|&(start, end, _)| (start, end));
-    if spans
-        .last()
-        .is_some_and(|&(_, end, _)| end > u64::from(u32::MAX))
-    {
+    if spans.iter().any(|&(_, end, _)| end > u64::from(u32::MAX)) {
         return Err(UnwindError::Parse(
             "code above 4 GiB (table rows hold 32-bit addresses)".into(),
         ));
@@ -203,19 +234,22 @@ fn push(rows: &mut Vec<Row>, pc: u64, rule: Row) {
     rows.push(Row { pc, ..rule });
 }
 
-/// Every row of every FDE of `section`, as (start, end, rule).
+/// Every row of every FDE of `section`, as (start, end, rule), within
+/// [`CFI_BUDGET`] and [`MAX_SPANS`].
 fn collect<'a, S>(
     section: &S,
     bases: &BaseAddresses,
     spans: &mut Vec<(u64, u64, Row)>,
-) -> gimli::Result<()>
+) -> Result<(), UnwindError>
 where
     S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>,
     S::Offset: gimli::UnwindOffset<usize>,
 {
     let mut ctx = UnwindContext::new();
     let mut entries = section.entries(bases);
-    while let Some(entry) = entries.next()? {
+    let mut budget = CFI_BUDGET;
+    let parse = |e: gimli::Error| UnwindError::Parse(e.to_string());
+    while let Some(entry) = entries.next().map_err(parse)? {
         let CieOrFde::Fde(partial) = entry else {
             continue;
         };
@@ -226,6 +260,12 @@ where
                 continue;
             }
         };
+        let cost = (fde.entry_len() as u64).saturating_add(fde.cie().entry_len() as u64);
+        budget = budget.checked_sub(cost).ok_or_else(|| {
+            UnwindError::Parse(format!(
+                "call frame information past the budget of {CFI_BUDGET} bytes evaluated"
+            ))
+        })?;
         let signal = fde.is_signal_trampoline();
         let mut table = match fde.rows(section, bases, &mut ctx) {
             Ok(table) => table,
@@ -249,6 +289,11 @@ where
             } else {
                 reduce(section, row)
             };
+            if spans.len() == MAX_SPANS {
+                return Err(UnwindError::Parse(format!(
+                    "more than {MAX_SPANS} rows of call frame information"
+                )));
+            }
             spans.push((row.start_address(), row.end_address(), rule));
         }
     }

@@ -1,10 +1,14 @@
 /* A C client of memtrail's C ABI (issue 13), run by tests/ffi_c.rs:
  * `client self` tracks itself and checks a region's exact counts, `client
- * spawn PROFILE` tracks a child, `client errors` checks every error path.
+ * spawn PROFILE` tracks a child, `client errors` checks every error path,
+ * `client fork PROFILE` calls a session from a child of fork, `client
+ * retry PROFILE` writes a profile again after a failed write, `client
+ * reaped PROFILE` waits for a command it reaped itself (issue 28).
  * Built with -O0 -fno-builtin so that every malloc and free is a call. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "memtrail.h"
@@ -93,8 +97,137 @@ static int spawn(const char *profile)
 	CHECK(code == 3);
 	CHECK(memtrail_write_profile(s, profile) == MEMTRAIL_OK);
 	CHECK(access(profile, R_OK) == 0);
-	/* Finished: only freeing is left. */
-	CHECK(memtrail_write_profile(s, profile) == MEMTRAIL_E_STATE);
+	/* Finished: the profile is kept and can be written again, the
+	 * session's other calls are refused. */
+	{
+		char again[4096];
+		memtrail_totals t;
+
+		CHECK(snprintf(again, sizeof(again), "%s.again", profile) < (int)sizeof(again));
+		CHECK(memtrail_write_profile(s, again) == MEMTRAIL_OK);
+		memset(&t, 0, sizeof(t));
+		t.size = sizeof(t);
+		CHECK(memtrail_snapshot(s, &t) == MEMTRAIL_E_STATE);
+		CHECK(memtrail_wait(s, NULL) == MEMTRAIL_E_STATE);
+	}
+	CHECK(memtrail_session_free(s) == MEMTRAIL_OK);
+	return 0;
+}
+
+/* In a child of fork, every call on the parent's session. */
+static int child_calls(memtrail_session *s, const char *profile)
+{
+	memtrail_totals t;
+	memtrail_region_counts rc;
+
+	memset(&t, 0, sizeof(t));
+	t.size = sizeof(t);
+	memset(&rc, 0, sizeof(rc));
+	rc.size = sizeof(rc);
+	CHECK(memtrail_snapshot(s, &t) == MEMTRAIL_E_HANDLE);
+	CHECK(strstr(memtrail_last_error(), "fork") != NULL);
+	CHECK(memtrail_region_begin(s, "child") == MEMTRAIL_E_HANDLE);
+	CHECK(memtrail_region_end(s, &rc) == MEMTRAIL_E_HANDLE);
+	CHECK(memtrail_wait(s, NULL) == MEMTRAIL_E_HANDLE);
+	CHECK(memtrail_write_profile(s, profile) == MEMTRAIL_E_HANDLE);
+	CHECK(access(profile, F_OK) != 0);
+	CHECK(memtrail_session_free(s) == MEMTRAIL_E_HANDLE);
+	/* Not freed by that: still the parent's. */
+	CHECK(memtrail_snapshot(s, &t) == MEMTRAIL_E_HANDLE);
+	CHECK(strstr(memtrail_last_error(), "fork") != NULL);
+	return 0;
+}
+
+/* Tracks itself, forks, and has the child call into the session (each
+ * call refused, none hanging: an alarm kills a child that hangs); then
+ * checks that its own session works as before: a region's exact counts. */
+static int fork_child(const char *profile)
+{
+	memtrail_session *s = NULL;
+	memtrail_region_counts rc;
+	memtrail_totals t;
+	void *a, *b;
+	pid_t child;
+	int status;
+
+	CHECK(memtrail_track_self(NULL, &s) == MEMTRAIL_OK);
+	child = fork();
+	CHECK(child >= 0);
+	if (child == 0) {
+		alarm(60);
+		_exit(child_calls(s, profile));
+	}
+	CHECK(waitpid(child, &status, 0) == child);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+	memset(&rc, 0, sizeof(rc));
+	rc.size = sizeof(rc);
+	CHECK(memtrail_region_begin(s, "after fork") == MEMTRAIL_OK);
+	a = malloc(111);
+	b = malloc(222);
+	free(a);
+	CHECK(memtrail_region_end(s, &rc) == MEMTRAIL_OK);
+	CHECK(rc.allocations == 2 && rc.frees == 1 && rc.allocated_bytes == 333);
+	free(b);
+	memset(&t, 0, sizeof(t));
+	t.size = sizeof(t);
+	CHECK(memtrail_snapshot(s, &t) == MEMTRAIL_OK);
+	CHECK(memtrail_session_free(s) == MEMTRAIL_OK);
+	return 0;
+}
+
+/* Runs `sh -c "exit 3"`, writes its profile onto /dev/full (which fails),
+ * then writes it again to PROFILE. */
+static int retry(const char *profile)
+{
+	char *argv[] = { "/bin/sh", "-c", "exit 3", NULL };
+	memtrail_session *s = NULL;
+	int code = 0;
+
+	CHECK(memtrail_spawn(NULL, (const char *const *)argv, &s) == MEMTRAIL_OK);
+	CHECK(memtrail_wait(s, &code) == MEMTRAIL_OK);
+	CHECK(code == 3);
+	CHECK(memtrail_write_profile(s, "/dev/full") == MEMTRAIL_E_OUTPUT);
+	CHECK(strlen(memtrail_last_error()) > 0);
+	CHECK(memtrail_write_profile(s, "/nonexistent-dir/profile.json") == MEMTRAIL_E_OUTPUT);
+	CHECK(memtrail_write_profile(s, profile) == MEMTRAIL_OK);
+	CHECK(access(profile, R_OK) == 0);
+	CHECK(memtrail_session_free(s) == MEMTRAIL_OK);
+	return 0;
+}
+
+/* Runs a shell that writes its pid into a pipe and exits 3, reaps it with
+ * waitpid itself, then asks memtrail_wait: MEMTRAIL_E_STATE, saying so;
+ * the profile is still written to PROFILE. */
+static int reaped(const char *profile)
+{
+	char script[64];
+	char *argv[] = { "/bin/sh", "-c", script, NULL };
+	memtrail_session *s = NULL;
+	char buf[32] = { 0 };
+	size_t got = 0;
+	int code = 77, status, fds[2];
+	pid_t pid;
+
+	CHECK(pipe(fds) == 0);
+	CHECK(snprintf(script, sizeof(script), "echo $$ >&%d; exit 3", fds[1]) <
+	      (int)sizeof(script));
+	CHECK(memtrail_spawn(NULL, (const char *const *)argv, &s) == MEMTRAIL_OK);
+	close(fds[1]);
+	while (got < sizeof(buf) - 1 && !strchr(buf, '\n')) {
+		ssize_t n = read(fds[0], buf + got, sizeof(buf) - 1 - got);
+
+		CHECK(n > 0);
+		got += (size_t)n;
+	}
+	pid = (pid_t)atoi(buf);
+	CHECK(pid > 0);
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 3);
+	CHECK(memtrail_wait(s, &code) == MEMTRAIL_E_STATE);
+	CHECK(strstr(memtrail_last_error(), "reaped") != NULL);
+	CHECK(code == 77);
+	CHECK(memtrail_write_profile(s, profile) == MEMTRAIL_OK);
 	CHECK(memtrail_session_free(s) == MEMTRAIL_OK);
 	return 0;
 }
@@ -240,6 +373,13 @@ int main(int argc, char **argv)
 		return report(argv[2], argv[3], argv[4]);
 	if (argc == 2 && !strcmp(argv[1], "errors"))
 		return errors();
-	fprintf(stderr, "usage: client self|spawn PROFILE|report PROFILE TEXT PPROF|errors\n");
+	if (argc == 3 && !strcmp(argv[1], "fork"))
+		return fork_child(argv[2]);
+	if (argc == 3 && !strcmp(argv[1], "retry"))
+		return retry(argv[2]);
+	if (argc == 3 && !strcmp(argv[1], "reaped"))
+		return reaped(argv[2]);
+	fprintf(stderr, "usage: client self|spawn PROFILE|report PROFILE TEXT PPROF|errors|"
+			"fork PROFILE|retry PROFILE|reaped PROFILE\n");
 	return 2;
 }
