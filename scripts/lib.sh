@@ -48,3 +48,23 @@ mount_fs() {
   [ -d /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing
   mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 }
+
+# left_behind TARGET_DIR : fails, naming them, if processes of this build
+# (memtrail or a test fixture, by executable path) outlived the tests, or a
+# tracked tree's process is still stopped. A leftover memtrail would keep
+# its uprobes on the host's libc and disturb every later capture.
+left_behind() {
+  local target="$1" pid exe state found=0
+  for pid in /proc/[0-9]*; do
+    pid="${pid#/proc/}"
+    exe="$(readlink "/proc/$pid/exe" 2>/dev/null)" || continue
+    case "$exe" in
+      "$target"/*)
+        state="$(awk '/^State:/ {print $2}' "/proc/$pid/status" 2>/dev/null)" || continue
+        echo "memtrail: left behind by the tests: pid $pid ($exe, state $state)" >&2
+        found=1
+        ;;
+    esac
+  done
+  [ "$found" -eq 0 ]
+}

@@ -27,7 +27,10 @@ export MEMTRAIL_CACHE_DIR="${MEMTRAIL_CACHE_DIR:-${CARGO_TARGET_DIR:-$PWD/target
 cargo build --lib --quiet
 # --no-fail-fast: one failing binary does not hide the others; the timeout
 # turns a hang the tests own watchdogs miss into a failure within CI's limit.
-timeout --kill-after=60 70m cargo test --no-fail-fast
+target="$(cd "${CARGO_TARGET_DIR:-target}" && pwd -P)"
+status=0
+timeout --kill-after=60 70m cargo test --no-fail-fast || status=$?
+left_behind "$target" || status=1
 echo "== exact-count tests again, with per-CPU events rings" >&2
 # On this two-CPU machine `--event-rings auto` keeps one shared ring; the
 # captures' exact counts must hold as well with a ring per CPU merged by
@@ -37,4 +40,6 @@ per_cpu_tests=(attach capture_loss cli_attach cli_exit cli_signals events_binary
   track_cxx track_cxx_throw track_leaks track_mapping_sites track_mappings
   track_processes track_startup track_temporary track_threads usdt_regions)
 MEMTRAIL_EVENT_RINGS=per-cpu timeout --kill-after=60 20m \
-  cargo test --no-fail-fast "${per_cpu_tests[@]/#/--test=}"
+  cargo test --no-fail-fast "${per_cpu_tests[@]/#/--test=}" || status=$?
+left_behind "$target" || status=1
+exit "$status"
