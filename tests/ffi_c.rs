@@ -25,7 +25,14 @@ fn client() -> &'static Path {
         );
         let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ffi-client");
         let status = Command::new("cc")
-            .args(["-std=c11", "-D_DEFAULT_SOURCE", "-O0", "-fno-builtin", "-g"])
+            .args([
+                "-std=c11",
+                "-D_DEFAULT_SOURCE",
+                "-O0",
+                "-fno-builtin",
+                "-g",
+                "-pthread",
+            ])
             .args(["-Wall", "-Wextra", "-Werror"])
             .arg("-I")
             .arg(root.join("include"))
@@ -176,4 +183,38 @@ fn ffi_c_wait_after_caller_reaped() {
     let text = std::fs::read_to_string(&profile).expect("profile written");
     let json: serde_json::Value = serde_json::from_str(&text).expect("profile is JSON");
     assert!(json["exit"]["code"].is_null(), "{text}");
+}
+
+/// Check that every C call on a freed handle returns `MEMTRAIL_E_HANDLE`
+/// once a new session started, three times over, and that the new session
+/// counts a region exactly (issue 27).
+#[test]
+fn ffi_c_stale_handle_refused() {
+    run(&["stale"]);
+}
+
+/// Check that a thread's snapshots and regions go on while another thread
+/// is in `memtrail_wait` for a command that runs until told to exit (issue
+/// 27: `memtrail_wait` held the session, and the snapshot waited for the
+/// command's end).
+#[test]
+fn ffi_c_wait_does_not_block_snapshots() {
+    run(&["wait-snapshot"]);
+}
+
+/// Check that the C ABI's calls and `memtrail_last_error` work in a
+/// thread's pthread-key destructor, after its thread-locals were torn down
+/// (issue 27: the process aborted).
+#[test]
+fn ffi_c_calls_during_thread_teardown() {
+    run(&["teardown"]);
+}
+
+/// Check that a larger options struct (a newer header's) is taken while
+/// the bytes past this library's are 0 and refused with
+/// `MEMTRAIL_E_UNKNOWN_FIELD` once one is set, and that
+/// `memtrail_options_init` zeroes them (issue 27: they were ignored).
+#[test]
+fn ffi_c_newer_struct_unknown_field_refused() {
+    run(&["newer"]);
 }

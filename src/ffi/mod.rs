@@ -1,46 +1,38 @@
 //! The C ABI: `memtrail_*` functions over a [`Session`], described by the
 //! generated header `include/memtrail.h` (cbindgen; `tests/ffi_header.rs`
-//! fails when it is stale).
+//! generates it, and fails when the committed one is stale).
 //!
-//! Conventions:
-//! - Every function returns a [`memtrail_error`]; `MEMTRAIL_OK` is 0. On
-//!   failure, [`memtrail_last_error`] gives a message for the calling thread.
-//! - Structs passed in and out start with `size`, set by the caller to
-//!   `sizeof` the struct it was built with: a library that knows a larger
-//!   struct reads and writes only the caller's part, so structs can grow.
-//! - NULL where a pointer is required, a `size` below the first version's,
-//!   a session handle that was freed (or never returned by this library)
-//!   are errors with their codes, never a crash. Panics are caught.
-//! - A handle belongs to the process that made it: in a child of `fork()`
-//!   every call on a handle its parent made, `memtrail_session_free`
-//!   included, returns `MEMTRAIL_E_HANDLE` and does nothing (the session's
-//!   threads are the parent's; the child has none of them). The parent's
-//!   session goes on unaffected.
-//! - Ownership: a handle from `memtrail_track_self`, `memtrail_spawn` or
-//!   `memtrail_track_pid` is the caller's until `memtrail_session_free`.
-//! - Threading: any thread may call any function on a handle. Snapshots and
-//!   regions may run concurrently (regions are per calling thread);
-//!   `memtrail_wait` and `memtrail_write_profile` take the handle for
-//!   themselves and block the other calls until they return.
-//! - The success path of `memtrail_region_begin`, `memtrail_region_end` and
-//!   `memtrail_snapshot` allocates nothing on the calling thread, so a
-//!   region measures only the code between them.
+//! The conventions a C user relies on (errors, size-first structs,
+//! handles, ownership, threading, fork) are written once, in the header's
+//! preamble (`tests/ffi_header.rs`); each function's comment adds its own.
+//! Inside:
+//! - `errors`: the codes, the thread's last error message, panics caught.
+//! - `handles`: handles are numbers given out once, looked up in a
+//!   registry; a session belongs to the process that made it.
+//! - `sized`: size-first structs (`unsafe trait SizeFirst`), read and
+//!   written only in the part both sides know, a newer caller's set tail
+//!   refused.
+//! - The session's state: a `RwLock` that snapshots, regions and the
+//!   blocking part of `memtrail_wait` share; finishing it takes it alone.
 
 #![expect(
     non_camel_case_types,
     reason = "C names: the header is the API, in C's conventions"
 )]
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::ffi::{CStr, CString, OsStr, c_char, c_int};
-use std::os::unix::ffi::OsStrExt;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex, RwLock};
+mod errors;
+mod handles;
+mod sized;
 
-use crate::capture::{CaptureError, ErrorKind};
+use std::ffi::{CStr, OsStr, c_char, c_int};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::RwLock;
+
+use crate::capture::CaptureError;
 use crate::pressure::PressureTimeout;
 use crate::session::{RegionCounts, Session, SessionOptions, Target, Totals};
+use errors::{fail, from_error, from_report_error, guard};
+use sized::{read_sized, size_first, write_sized};
 
 /// Error codes. 0 is success.
 #[repr(C)]
@@ -78,6 +70,11 @@ pub enum memtrail_error {
     MEMTRAIL_E_PRESSURE = 12,
     /// Anything else (memtrail itself failed, or panicked).
     MEMTRAIL_E_INTERNAL = 13,
+    /// The caller's struct is larger than this library's (built against a
+    /// newer header) and sets a field past this library's end: something
+    /// this library does not have was asked for. Set the field to 0 to do
+    /// without it, or run with a newer library.
+    MEMTRAIL_E_UNKNOWN_FIELD = 14,
 }
 
 use memtrail_error::*;
@@ -86,10 +83,12 @@ use memtrail_error::*;
 /// sizeof opts)` first (or `memtrail_options_default`), then change what
 /// differs.
 ///
-/// The struct grows at its end, never changes what is there: a caller built
-/// against an older header passes its smaller `size` and gets the defaults
-/// for the fields it does not know; one built against a newer header, run
-/// with an older library, has its newer fields ignored.
+/// The struct grows at its end, never changes what is there, and a field
+/// added later means "as before" when 0: a caller built against an older
+/// header passes its smaller `size` and gets the defaults for the fields it
+/// does not know; one built against a newer header, run with an older
+/// library, is refused (`MEMTRAIL_E_UNKNOWN_FIELD`) if it sets a field this
+/// library does not know.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct memtrail_options {
@@ -176,10 +175,58 @@ pub struct memtrail_region_counts {
     pub live_bytes: u64,
 }
 
-/// A session handle (opaque).
+size_first!(
+    memtrail_options {
+        size: usize,
+        ring_size: u64,
+        stack_ring_size: u64,
+        stack_depth: u32,
+        watermark_percent: u32,
+        pressure_timeout_ns: u64,
+        probes: u32,
+        event_rings: u32,
+    },
+    first_version: OPTIONS_V1,
+    empty: defaults()
+);
+size_first!(
+    memtrail_totals {
+        size: usize,
+        allocations: u64,
+        frees: u64,
+        allocated_bytes: u64,
+        freed_bytes: u64,
+        live_allocations: u64,
+        live_bytes: u64,
+        peak_live_bytes: u64,
+    },
+    first_version: std::mem::size_of::<memtrail_totals>(),
+    empty: memtrail_totals::default()
+);
+size_first!(
+    memtrail_region_counts {
+        size: usize,
+        allocations: u64,
+        frees: u64,
+        allocated_bytes: u64,
+        freed_bytes: u64,
+        peak_live_bytes: u64,
+        live_allocations: u64,
+        live_bytes: u64,
+    },
+    first_version: std::mem::size_of::<memtrail_region_counts>(),
+    empty: memtrail_region_counts::default()
+);
+
+/// A session handle (opaque: never dereferenced, by C nor by this library;
+/// see the `handles` module).
 pub struct memtrail_session {
     /// The process that made it, the only one that may use it.
     pid: u32,
+    /// Read-locked by the calls that share the session (snapshots,
+    /// regions, `memtrail_wait` while the process runs), write-locked by
+    /// those that change its state (`memtrail_wait` reaping,
+    /// `memtrail_write_profile`).
     state: RwLock<State>,
 }
 
@@ -198,174 +245,22 @@ impl State {
     fn running(&self) -> Result<&Session, memtrail_error> {
         match self {
             State::Running(session) => Ok(session),
-            _ => Err(fail(MEMTRAIL_E_STATE, "the session has finished")),
+            State::Finished(_) | State::Failed => {
+                Err(fail(MEMTRAIL_E_STATE, "the session has finished"))
+            }
         }
     }
 }
 
-/// Live handles: a call on any other pointer is `MEMTRAIL_E_HANDLE`.
-static HANDLES: Mutex<Option<HashMap<usize, Arc<memtrail_session>>>> = Mutex::new(None);
-
-thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
-}
-
-fn set_error(msg: &str) {
-    let msg = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = msg);
-}
-
-fn fail(code: memtrail_error, msg: &str) -> memtrail_error {
-    set_error(msg);
-    code
-}
-
-fn code_of(err: &CaptureError) -> memtrail_error {
-    match err.kind() {
-        ErrorKind::InvalidArgument => MEMTRAIL_E_INVALID,
-        ErrorKind::State => MEMTRAIL_E_STATE,
-        ErrorKind::NotFound => MEMTRAIL_E_NOT_FOUND,
-        ErrorKind::NotExecutable => MEMTRAIL_E_NOT_EXECUTABLE,
-        ErrorKind::Output => MEMTRAIL_E_OUTPUT,
-        ErrorKind::Unsupported => MEMTRAIL_E_UNSUPPORTED,
-        ErrorKind::Conflict => MEMTRAIL_E_CONFLICT,
-        ErrorKind::Attach => MEMTRAIL_E_ATTACH,
-        ErrorKind::Lost => MEMTRAIL_E_LOST,
-        ErrorKind::Pressure => MEMTRAIL_E_PRESSURE,
-        _ => MEMTRAIL_E_INTERNAL,
-    }
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut msg = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        msg.push_str(": ");
-        msg.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    msg
-}
-
-fn from_error(err: &CaptureError) -> memtrail_error {
-    fail(code_of(err), &error_chain(err))
-}
-
-/// Runs `f`, turning a panic into `MEMTRAIL_E_INTERNAL`.
-fn guard(f: impl FnOnce() -> memtrail_error) -> memtrail_error {
-    catch_unwind(AssertUnwindSafe(f))
-        .unwrap_or_else(|_| fail(MEMTRAIL_E_INTERNAL, "memtrail panicked"))
-}
-
-/// The live handle behind `ptr`, made by this process.
-fn handle(ptr: *const memtrail_session) -> Result<Arc<memtrail_session>, memtrail_error> {
-    if ptr.is_null() {
-        return Err(fail(MEMTRAIL_E_NULL, "session is NULL"));
-    }
-    let handles = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
-    let handle = handles
-        .as_ref()
-        .and_then(|h| h.get(&(ptr as usize)).cloned())
-        .ok_or_else(|| {
-            fail(
-                MEMTRAIL_E_HANDLE,
-                "not a live memtrail session (freed already?)",
-            )
-        })?;
-    drop(handles);
-    own(&handle)?;
-    Ok(handle)
-}
-
-/// `MEMTRAIL_E_HANDLE` unless `handle` was made by the calling process: a
-/// child of fork has a copy of its parent's session but none of its
-/// threads, and a call waiting for them would wait forever.
-fn own(handle: &memtrail_session) -> Result<(), memtrail_error> {
-    let me = std::process::id();
-    if handle.pid == me {
-        return Ok(());
-    }
-    Err(fail(
-        MEMTRAIL_E_HANDLE,
-        &format!(
-            "this session belongs to process {}, not to process {me} (a child of fork): \
-             only the process that made it can use or free it",
-            handle.pid
-        ),
-    ))
-}
-
-/// Reads the caller's part of a size-first struct.
-///
-/// # Safety
-/// `ptr` must be NULL or point to a struct whose first field is its size
-/// and which is at least that large.
-unsafe fn read_sized<T: Copy + SizeFirst>(
-    ptr: *const T,
-    first_version: usize,
+/// Runs `f` on the running session behind `session`, shared with the
+/// other threads' shared calls.
+fn with_running<T>(
+    session: *const memtrail_session,
+    f: impl FnOnce(&Session) -> Result<T, memtrail_error>,
 ) -> Result<T, memtrail_error> {
-    if ptr.is_null() {
-        return Err(fail(MEMTRAIL_E_NULL, "struct pointer is NULL"));
-    }
-    // SAFETY: the caller's struct starts with its size (`# Safety`).
-    let size = unsafe { ptr.cast::<usize>().read_unaligned() };
-    if size < first_version {
-        return Err(fail(MEMTRAIL_E_INVALID, "struct size is too small"));
-    }
-    let mut value = T::empty();
-    let n = size.min(std::mem::size_of::<T>());
-    // SAFETY: `n` bytes are the caller's (it said `size`) and ours.
-    unsafe { std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&raw mut value).cast::<u8>(), n) };
-    Ok(value)
-}
-
-/// Writes `value` into the caller's part of a size-first struct.
-///
-/// # Safety
-/// As [`read_sized`], writable.
-unsafe fn write_sized<T: Copy + SizeFirst>(
-    ptr: *mut T,
-    value: T,
-    first_version: usize,
-) -> Result<(), memtrail_error> {
-    if ptr.is_null() {
-        return Err(fail(MEMTRAIL_E_NULL, "output struct pointer is NULL"));
-    }
-    // SAFETY: the caller's struct starts with its size.
-    let size = unsafe { ptr.cast::<usize>().read_unaligned() };
-    if size < first_version {
-        return Err(fail(MEMTRAIL_E_INVALID, "struct size is too small"));
-    }
-    let n = size.min(std::mem::size_of::<T>());
-    // SAFETY: `n` bytes are the caller's and ours; the caller's size
-    // field is left as it was (`n` covers it with the same value below).
-    unsafe {
-        let mut value = value;
-        (&raw mut value).cast::<usize>().write(size);
-        std::ptr::copy_nonoverlapping((&raw const value).cast::<u8>(), ptr.cast::<u8>(), n);
-    }
-    Ok(())
-}
-
-/// Structs that begin with their size.
-trait SizeFirst {
-    fn empty() -> Self;
-}
-
-impl SizeFirst for memtrail_options {
-    fn empty() -> Self {
-        defaults()
-    }
-}
-impl SizeFirst for memtrail_totals {
-    fn empty() -> Self {
-        Self::default()
-    }
-}
-impl SizeFirst for memtrail_region_counts {
-    fn empty() -> Self {
-        Self::default()
-    }
+    let h = handles::get(session)?;
+    let state = h.state.read().unwrap_or_else(|e| e.into_inner());
+    f(state.running()?)
 }
 
 fn defaults() -> memtrail_options {
@@ -438,40 +333,25 @@ unsafe fn start(
     opts: *const memtrail_options,
     target: Target,
     out: *mut *mut memtrail_session,
-) -> memtrail_error {
+) -> Result<(), memtrail_error> {
     if out.is_null() {
-        return fail(MEMTRAIL_E_NULL, "out is NULL");
+        return Err(fail(MEMTRAIL_E_NULL, "out is NULL"));
     }
     let opts = if opts.is_null() {
         defaults()
     } else {
         // SAFETY: forwarded from the caller.
-        match unsafe { read_sized(opts, OPTIONS_V1) } {
-            Ok(o) => o,
-            Err(code) => return code,
-        }
+        unsafe { read_sized(opts) }?
     };
-    let opts = match session_options(&opts) {
-        Ok(o) => o,
-        Err(code) => return code,
-    };
-    let session = match Session::start(&opts, target) {
-        Ok(s) => s,
-        Err(err) => return from_error(&err),
-    };
-    let handle = Arc::new(memtrail_session {
+    let opts = session_options(&opts)?;
+    let session = Session::start(&opts, target).map_err(|err| from_error(&err))?;
+    let handle = handles::insert(memtrail_session {
         pid: std::process::id(),
         state: RwLock::new(State::Running(Box::new(session))),
     });
-    let ptr = Arc::as_ptr(&handle).cast_mut();
-    HANDLES
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .insert(ptr as usize, handle);
     // SAFETY: `out` is non-NULL and writable (`# Safety`).
-    unsafe { out.write(ptr) };
-    MEMTRAIL_OK
+    unsafe { out.write(handle) };
+    Ok(())
 }
 
 /// Fills `*opts` with the defaults (those of `memtrail run`), and its
@@ -484,20 +364,23 @@ unsafe fn start(
 /// library's size.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memtrail_options_default(opts: *mut memtrail_options) -> memtrail_error {
-    if opts.is_null() {
-        return fail(MEMTRAIL_E_NULL, "opts is NULL");
-    }
-    // SAFETY: non-NULL and writable (`# Safety`).
-    unsafe { opts.write(defaults()) };
-    MEMTRAIL_OK
+    guard(|| {
+        if opts.is_null() {
+            return Err(fail(MEMTRAIL_E_NULL, "opts is NULL"));
+        }
+        // SAFETY: non-NULL and writable (`# Safety`).
+        unsafe { opts.write(defaults()) };
+        Ok(())
+    })
 }
 
-/// Fills the first `size` bytes of `*opts` (`sizeof` of the caller's
-/// struct) with the defaults, and its `size` with what this library will
-/// read: `size`, or this library's `sizeof(struct memtrail_options)` when
-/// the caller's is larger (its newer fields are then ignored). Never
-/// writes past `size` bytes. `MEMTRAIL_E_INVALID` when `size` is below the
-/// first version's.
+/// Fills `*opts`, `size` bytes (`sizeof` the caller's struct), with the
+/// defaults: this library's fields get theirs, and the bytes of a larger
+/// caller's struct past them 0 (a newer header's fields, "as before" at
+/// 0); `size` keeps the caller's. Setting one of those newer fields then
+/// makes a session refuse the options (`MEMTRAIL_E_UNKNOWN_FIELD`) rather
+/// than ignore what it asks. Never writes past `size` bytes.
+/// `MEMTRAIL_E_INVALID` when `size` is below the first version's.
 ///
 /// # Safety
 /// `opts` is NULL or points to `size` writable bytes.
@@ -506,22 +389,31 @@ pub unsafe extern "C" fn memtrail_options_init(
     opts: *mut memtrail_options,
     size: usize,
 ) -> memtrail_error {
-    if opts.is_null() {
-        return fail(MEMTRAIL_E_NULL, "opts is NULL");
-    }
-    if size < OPTIONS_V1 {
-        return fail(
-            MEMTRAIL_E_INVALID,
-            "size is below the first memtrail_options",
-        );
-    }
-    let n = size.min(std::mem::size_of::<memtrail_options>());
-    let mut value = defaults();
-    value.size = n;
-    // SAFETY: `n` bytes are the caller's (`size` of them, `# Safety`) and
-    // ours.
-    unsafe { std::ptr::copy_nonoverlapping((&raw const value).cast::<u8>(), opts.cast::<u8>(), n) };
-    MEMTRAIL_OK
+    guard(|| {
+        if opts.is_null() {
+            return Err(fail(MEMTRAIL_E_NULL, "opts is NULL"));
+        }
+        if size < OPTIONS_V1 || isize::try_from(size).is_err() {
+            return Err(fail(
+                MEMTRAIL_E_INVALID,
+                "size is below the first memtrail_options",
+            ));
+        }
+        let ours = std::mem::size_of::<memtrail_options>();
+        let n = size.min(ours);
+        let mut value = defaults();
+        value.size = size;
+        // SAFETY: `size` bytes are the caller's (`# Safety`), `n` of them
+        // ours; past ours, `size - ours` bytes (when the caller's is
+        // larger).
+        unsafe {
+            std::ptr::copy_nonoverlapping((&raw const value).cast::<u8>(), opts.cast::<u8>(), n);
+            if size > ours {
+                opts.cast::<u8>().add(ours).write_bytes(0, size - ours);
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Starts tracking the calling process: every thread but the session's
@@ -551,11 +443,13 @@ pub unsafe extern "C" fn memtrail_track_pid(
     pid: c_int,
     out: *mut *mut memtrail_session,
 ) -> memtrail_error {
-    let Ok(pid) = u32::try_from(pid) else {
-        return fail(MEMTRAIL_E_INVALID, "pid must be positive");
-    };
-    // SAFETY: forwarded.
-    guard(|| unsafe { start(opts, Target::Pid(pid), out) })
+    guard(|| {
+        let Ok(pid) = u32::try_from(pid) else {
+            return Err(fail(MEMTRAIL_E_INVALID, "pid must be positive"));
+        };
+        // SAFETY: forwarded.
+        unsafe { start(opts, Target::Pid(pid), out) }
+    })
 }
 
 /// Starts `argv[0]` (searched in PATH) with `argv`, tracked from its first
@@ -574,7 +468,7 @@ pub unsafe extern "C" fn memtrail_spawn(
 ) -> memtrail_error {
     guard(|| {
         if argv.is_null() {
-            return fail(MEMTRAIL_E_NULL, "argv is NULL");
+            return Err(fail(MEMTRAIL_E_NULL, "argv is NULL"));
         }
         let mut args = Vec::new();
         for i in 0.. {
@@ -588,7 +482,7 @@ pub unsafe extern "C" fn memtrail_spawn(
             args.push(OsStr::from_bytes(arg.to_bytes()).to_owned());
         }
         if args.is_empty() {
-            return fail(MEMTRAIL_E_INVALID, "argv is empty");
+            return Err(fail(MEMTRAIL_E_INVALID, "argv is empty"));
         }
         // SAFETY: forwarded.
         unsafe { start(opts, Target::Command(args), out) }
@@ -596,41 +490,16 @@ pub unsafe extern "C" fn memtrail_spawn(
 }
 
 /// Stops the session (if not finished), joins its threads, detaches its
-/// probes and frees the handle. A command not waited for is killed. A
-/// handle already freed gives `MEMTRAIL_E_HANDLE`, and so does one made by
-/// another process (a child of fork calling it on its parent's handle),
-/// which is left as it is.
+/// probes and frees the handle. A command not waited for is killed. NULL
+/// is a no-op (`MEMTRAIL_OK`). A handle freed already gives
+/// `MEMTRAIL_E_HANDLE`, and so does one made by another process (a child
+/// of fork calling it on its parent's handle), which is left as it is.
 ///
 /// # Safety
-/// `session` is NULL or a pointer this library returned; no other call
-/// on it may run concurrently with this one.
+/// No other call on `session` may run concurrently with this one.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memtrail_session_free(session: *mut memtrail_session) -> memtrail_error {
-    guard(|| {
-        if session.is_null() {
-            return fail(MEMTRAIL_E_NULL, "session is NULL");
-        }
-        let mut handles = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
-        let handles = handles.as_mut();
-        // Another process's stays: dropping it would join threads this
-        // process does not have.
-        if let Some(h) = handles.as_ref().and_then(|h| h.get(&(session as usize)))
-            && let Err(code) = own(h)
-        {
-            return code;
-        }
-        let removed = handles.and_then(|h| h.remove(&(session as usize)));
-        match removed {
-            Some(handle) => {
-                drop(handle);
-                MEMTRAIL_OK
-            }
-            None => fail(
-                MEMTRAIL_E_HANDLE,
-                "not a live memtrail session (freed already?)",
-            ),
-        }
-    })
+    guard(|| handles::remove(session))
 }
 
 /// Totals of the tracked processes including every event made before the
@@ -644,22 +513,12 @@ pub unsafe extern "C" fn memtrail_snapshot(
     out: *mut memtrail_totals,
 ) -> memtrail_error {
     guard(|| {
-        let h = match handle(session) {
-            Ok(h) => h,
-            Err(code) => return code,
-        };
-        if out.is_null() {
-            return fail(MEMTRAIL_E_NULL, "out is NULL");
-        }
-        let guard = h.state.read().unwrap_or_else(|e| e.into_inner());
-        let s = match guard.running() {
-            Ok(s) => s,
-            Err(code) => return code,
-        };
-        let t: Totals = match s.totals() {
-            Ok(t) => t,
-            Err(err) => return from_error(&err),
-        };
+        let t: Totals = with_running(session, |s| {
+            if out.is_null() {
+                return Err(fail(MEMTRAIL_E_NULL, "out is NULL"));
+            }
+            s.totals().map_err(|err| from_error(&err))
+        })?;
         let value = memtrail_totals {
             size: 0,
             allocations: t.allocations,
@@ -671,10 +530,7 @@ pub unsafe extern "C" fn memtrail_snapshot(
             peak_live_bytes: t.peak_live_bytes,
         };
         // SAFETY: `out` as documented.
-        match unsafe { write_sized(out, value, std::mem::size_of::<memtrail_totals>()) } {
-            Ok(()) => MEMTRAIL_OK,
-            Err(code) => code,
-        }
+        unsafe { write_sized(out, value) }
     })
 }
 
@@ -690,26 +546,16 @@ pub unsafe extern "C" fn memtrail_region_begin(
     name: *const c_char,
 ) -> memtrail_error {
     guard(|| {
-        let h = match handle(session) {
-            Ok(h) => h,
-            Err(code) => return code,
-        };
-        if name.is_null() {
-            return fail(MEMTRAIL_E_NULL, "name is NULL");
-        }
-        // SAFETY: NUL-terminated (`# Safety`).
-        let Ok(name) = unsafe { CStr::from_ptr(name) }.to_str() else {
-            return fail(MEMTRAIL_E_INVALID, "name is not UTF-8");
-        };
-        let guard = h.state.read().unwrap_or_else(|e| e.into_inner());
-        let s = match guard.running() {
-            Ok(s) => s,
-            Err(code) => return code,
-        };
-        match s.region_begin(name) {
-            Ok(()) => MEMTRAIL_OK,
-            Err(err) => from_error(&err),
-        }
+        with_running(session, |s| {
+            if name.is_null() {
+                return Err(fail(MEMTRAIL_E_NULL, "name is NULL"));
+            }
+            // SAFETY: NUL-terminated (`# Safety`).
+            let Ok(name) = unsafe { CStr::from_ptr(name) }.to_str() else {
+                return Err(fail(MEMTRAIL_E_INVALID, "name is not UTF-8"));
+            };
+            s.region_begin(name).map_err(|err| from_error(&err))
+        })
     })
 }
 
@@ -725,22 +571,12 @@ pub unsafe extern "C" fn memtrail_region_end(
     out: *mut memtrail_region_counts,
 ) -> memtrail_error {
     guard(|| {
-        let h = match handle(session) {
-            Ok(h) => h,
-            Err(code) => return code,
-        };
-        if out.is_null() {
-            return fail(MEMTRAIL_E_NULL, "out is NULL");
-        }
-        let guard = h.state.read().unwrap_or_else(|e| e.into_inner());
-        let s = match guard.running() {
-            Ok(s) => s,
-            Err(code) => return code,
-        };
-        let c: RegionCounts = match s.region_end() {
-            Ok(c) => c,
-            Err(err) => return from_error(&err),
-        };
+        let c: RegionCounts = with_running(session, |s| {
+            if out.is_null() {
+                return Err(fail(MEMTRAIL_E_NULL, "out is NULL"));
+            }
+            s.region_end().map_err(|err| from_error(&err))
+        })?;
         let value = memtrail_region_counts {
             size: 0,
             allocations: c.allocations,
@@ -752,11 +588,29 @@ pub unsafe extern "C" fn memtrail_region_end(
             live_bytes: c.live_bytes,
         };
         // SAFETY: `out` as documented.
-        match unsafe { write_sized(out, value, std::mem::size_of::<memtrail_region_counts>()) } {
-            Ok(()) => MEMTRAIL_OK,
-            Err(code) => code,
-        }
+        unsafe { write_sized(out, value) }
     })
+}
+
+/// Waits, sharing the session, until what `s` tracks has exited, leaving
+/// it to [`Session::wait`] to reap (at once then). A failure here is left
+/// for that call to report.
+fn exited(s: &Session) {
+    match s.target() {
+        Target::Pid(_) => {
+            if let Some(fd) = s.target_pidfd() {
+                let _ = crate::sys::wait_pidfd(fd);
+            }
+        }
+        // The root process, reaped already by the caller (ECHILD) or by
+        // an earlier `memtrail_wait`, returns at once.
+        Target::Command(_) => {
+            if s.pid() != 0 {
+                let _ = crate::sys::wait_exited(s.pid().into());
+            }
+        }
+        Target::SelfProcess => {}
+    }
 }
 
 /// Waits for the tracked command's root process (or the tracked process)
@@ -765,7 +619,8 @@ pub unsafe extern "C" fn memtrail_region_end(
 /// child). `MEMTRAIL_E_STATE` for a session tracking its own process, and
 /// when the caller reaped the command's process itself (its own `wait`,
 /// or SIGCHLD ignored): its exit status is lost, `*exit_code` is left as
-/// it was, and the profile can still be written.
+/// it was, and the profile can still be written. Other threads' snapshots
+/// and regions go on while it waits.
 ///
 /// # Safety
 /// `exit_code` is NULL or writable.
@@ -775,25 +630,25 @@ pub unsafe extern "C" fn memtrail_wait(
     exit_code: *mut c_int,
 ) -> memtrail_error {
     guard(|| {
-        let h = match handle(session) {
-            Ok(h) => h,
-            Err(code) => return code,
+        // The blocking part shares the session (issue 27: it held the
+        // session alone, and other threads' snapshots waited for the
+        // command's end); reaping takes it alone, briefly.
+        with_running(session, |s| {
+            exited(s);
+            Ok(())
+        })?;
+        let h = handles::get(session)?;
+        let mut state = h.state.write().unwrap_or_else(|e| e.into_inner());
+        let State::Running(s) = &mut *state else {
+            return Err(fail(MEMTRAIL_E_STATE, "the session has finished"));
         };
-        let mut guard = h.state.write().unwrap_or_else(|e| e.into_inner());
-        let State::Running(s) = &mut *guard else {
-            return fail(MEMTRAIL_E_STATE, "the session has finished");
-        };
-        match s.wait() {
-            Ok(exit) => {
-                if !exit_code.is_null() {
-                    let code = exit.root.map_or(-1, crate::sys::ChildExit::code);
-                    // SAFETY: non-NULL and writable (`# Safety`).
-                    unsafe { exit_code.write(code) };
-                }
-                MEMTRAIL_OK
-            }
-            Err(err) => from_error(&err),
+        let exit = s.wait().map_err(|err| from_error(&err))?;
+        if !exit_code.is_null() {
+            let code = exit.root.map_or(-1, crate::sys::ChildExit::code);
+            // SAFETY: non-NULL and writable (`# Safety`).
+            unsafe { exit_code.write(code) };
         }
+        Ok(())
     })
 }
 
@@ -802,7 +657,8 @@ pub unsafe extern "C" fn memtrail_wait(
 /// all. The profile is kept until `memtrail_session_free`: called again,
 /// this writes it again (a write that failed, `MEMTRAIL_E_OUTPUT`, is
 /// retried that way, to the same path or another); the session's other
-/// calls return `MEMTRAIL_E_STATE` from the first call on.
+/// calls return `MEMTRAIL_E_STATE` from the first call on. Waits for the
+/// session's calls in progress on other threads (a `memtrail_wait` too).
 ///
 /// # Safety
 /// `path` is NULL or a NUL-terminated string.
@@ -812,44 +668,33 @@ pub unsafe extern "C" fn memtrail_write_profile(
     path: *const c_char,
 ) -> memtrail_error {
     guard(|| {
-        let h = match handle(session) {
-            Ok(h) => h,
-            Err(code) => return code,
-        };
+        let h = handles::get(session)?;
         if path.is_null() {
-            return fail(MEMTRAIL_E_NULL, "path is NULL");
+            return Err(fail(MEMTRAIL_E_NULL, "path is NULL"));
         }
         // SAFETY: NUL-terminated (`# Safety`).
         let path = std::path::Path::new(OsStr::from_bytes(
             unsafe { CStr::from_ptr(path) }.to_bytes(),
         ));
-        let output = match crate::report::OutputFile::create(path) {
-            Ok(o) => o,
-            Err(err) => return from_error(&err.into()),
-        };
-        let mut guard = h.state.write().unwrap_or_else(|e| e.into_inner());
-        let written = match std::mem::replace(&mut *guard, State::Failed) {
+        let output =
+            crate::report::OutputFile::create(path).map_err(|err| from_error(&err.into()))?;
+        let mut state = h.state.write().unwrap_or_else(|e| e.into_inner());
+        let written = match std::mem::replace(&mut *state, State::Failed) {
             State::Running(s) => {
-                let finish = match (*s).finish() {
-                    Ok(f) => f,
-                    Err(err) => return from_error(&err),
-                };
+                let finish = (*s).finish().map_err(|err| from_error(&err))?;
                 // Written while the probes detach (joined as `finish` goes).
                 let written = crate::report::write_profile(&finish.profile, output);
-                *guard = State::Finished(Box::new(finish.profile));
+                *state = State::Finished(Box::new(finish.profile));
                 written
             }
             State::Finished(profile) => {
                 let written = crate::report::write_profile(&profile, output);
-                *guard = State::Finished(profile);
+                *state = State::Finished(profile);
                 written
             }
-            State::Failed => return fail(MEMTRAIL_E_STATE, "the session failed to finish"),
+            State::Failed => return Err(fail(MEMTRAIL_E_STATE, "the session failed to finish")),
         };
-        match written {
-            Ok(()) => MEMTRAIL_OK,
-            Err(err) => from_error(&err.into()),
-        }
+        written.map_err(|err| from_error(&CaptureError::from(err)))
     })
 }
 
@@ -907,10 +752,10 @@ pub unsafe extern "C" fn memtrail_write_report(
     by: u32,
     top: u32,
 ) -> memtrail_error {
-    use crate::render::{Format, Metric, ReportError};
+    use crate::render::{Format, Metric};
     guard(|| {
         if profile_path.is_null() || out_path.is_null() {
-            return fail(MEMTRAIL_E_NULL, "a path is NULL");
+            return Err(fail(MEMTRAIL_E_NULL, "a path is NULL"));
         }
         let format = match format {
             0 => Format::Text,
@@ -918,14 +763,14 @@ pub unsafe extern "C" fn memtrail_write_report(
             2 => Format::Flamegraph,
             3 => Format::Pprof,
             4 => Format::Folded,
-            n => return fail(MEMTRAIL_E_INVALID, &format!("no report format {n}")),
+            n => return Err(fail(MEMTRAIL_E_INVALID, &format!("no report format {n}"))),
         };
         let by = match by {
             0 => Metric::Bytes,
             1 => Metric::Count,
             2 => Metric::Peak,
             3 => Metric::Leaked,
-            n => return fail(MEMTRAIL_E_INVALID, &format!("no metric {n}")),
+            n => return Err(fail(MEMTRAIL_E_INVALID, &format!("no metric {n}"))),
         };
         // SAFETY: NUL-terminated (`# Safety`).
         let (profile_path, out_path) = unsafe {
@@ -934,40 +779,26 @@ pub unsafe extern "C" fn memtrail_write_report(
                 std::path::Path::new(OsStr::from_bytes(CStr::from_ptr(out_path).to_bytes())),
             )
         };
-        let (profile, id) = match crate::render::load_profile_with_id(profile_path) {
-            Ok(p) => p,
-            Err(err) => {
-                let code = match &err {
-                    ReportError::Read { source, .. }
-                        if source.kind() == std::io::ErrorKind::NotFound =>
-                    {
-                        MEMTRAIL_E_NOT_FOUND
-                    }
-                    ReportError::Output(_) | ReportError::Stdout(_) => MEMTRAIL_E_OUTPUT,
-                    _ => MEMTRAIL_E_INVALID,
-                };
-                return fail(code, &error_chain(&err));
-            }
-        };
+        let (profile, id) = crate::render::load_profile_with_id(profile_path)
+            .map_err(|err| from_report_error(&err))?;
         let opts = crate::render::ReportOptions {
             format,
             by,
             top: Some(top as usize),
         };
         // Never over the profile itself (issue 28).
-        let result = crate::report::check_not_input(out_path, &[("the profile", profile_path, id)])
+        crate::report::check_not_input(out_path, &[("the profile", profile_path, id)])
             .and_then(|()| crate::report::OutputFile::create(out_path))
-            .and_then(|out| crate::render::write_report_file(&profile, &opts, out));
-        match result {
-            Ok(()) => MEMTRAIL_OK,
-            Err(err) => fail(MEMTRAIL_E_OUTPUT, &error_chain(&err)),
-        }
+            .and_then(|out| crate::render::write_report_file(&profile, &opts, out))
+            .map_err(|err| fail(MEMTRAIL_E_OUTPUT, &errors::error_chain(&err)))
     })
 }
 
-/// The message of the calling thread's last error ("" if none). Valid
-/// until the thread's next failing call.
+/// The message of the calling thread's last error ("" if none), cut to
+/// 1023 bytes. Valid until the thread's next failing call; memtrail's, not
+/// to be freed. Safe at any point of the thread's life, in its TLS and
+/// pthread-key destructors too.
 #[unsafe(no_mangle)]
 pub extern "C" fn memtrail_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    errors::last_error()
 }

@@ -50,7 +50,7 @@ pub use process::{
 pub use rustix::process::Signal;
 pub use sigmask::{block_signals, ignore_signal, read_signal, signalfd};
 pub use spawn::{Credentials, ExecFailure, ExecPlan, HeldChild, PasswdEntry, fork_held};
-pub use wait::{ChildExit, wait_any, wait_pid};
+pub use wait::{ChildExit, wait_any, wait_exited, wait_pid};
 
 /// A failed system call: its name and the OS error.
 #[derive(Debug, thiserror::Error)]

@@ -74,3 +74,20 @@ pub fn wait_pid(pid: Pid) -> SysResult<ChildExit> {
         }
     }
 }
+
+/// Waits for child `pid` to end and leaves it unreaped (`waitid`'s
+/// `WNOWAIT`): a [`wait_pid`] after it reaps the child at once. ECHILD
+/// when `pid` is no child (any more).
+pub fn wait_exited(pid: Pid) -> SysResult<()> {
+    use rustix::process::{WaitId, WaitIdOptions};
+    let pid = pid.to_rustix("waitid")?;
+    let opts = WaitIdOptions::EXITED
+        | WaitIdOptions::NOWAIT
+        | WaitIdOptions::from_bits_retain(WAIT_ALL.bits());
+    loop {
+        match rustix::process::waitid(WaitId::Pid(pid), opts) {
+            Err(rustix::io::Errno::INTR) => {}
+            done => return done.map(drop).map_err(SysError::rustix("waitid")),
+        }
+    }
+}

@@ -3,12 +3,21 @@
  * spawn PROFILE` tracks a child, `client errors` checks every error path,
  * `client fork PROFILE` calls a session from a child of fork, `client
  * retry PROFILE` writes a profile again after a failed write, `client
- * reaped PROFILE` waits for a command it reaped itself (issue 28).
+ * reaped PROFILE` waits for a command it reaped itself (issue 28), `client
+ * newer` passes options of a newer header, `client stale` uses a freed
+ * handle after a new session started, `client
+ * wait-snapshot` takes snapshots while another thread waits, `client
+ * teardown` calls in a thread's pthread-key destructor (issue 27).
  * Built with -O0 -fno-builtin so that every malloc and free is a call. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "memtrail.h"
@@ -259,6 +268,48 @@ static int report(const char *profile, const char *text, const char *pprof)
 	return 0;
 }
 
+/* Options from a caller built against a newer, larger header (8 bytes
+ * more): init keeps its size, zeroes the fields this library does not know
+ * and writes nothing past the size; a session takes them while they are 0,
+ * and refuses them once one is set (issue 27: it was ignored). */
+static int newer(void)
+{
+	char *missing[] = { "memtrail-no-such-command", NULL };
+	memtrail_session *s = NULL;
+	union {
+		memtrail_options opts;
+		unsigned char bytes[sizeof(memtrail_options) + 16];
+	} old;
+	size_t i;
+
+	memset(&old, 0xaa, sizeof(old));
+	CHECK(memtrail_options_init(&old.opts, sizeof(memtrail_options) + 8) ==
+	      MEMTRAIL_OK);
+	CHECK(old.opts.size == sizeof(memtrail_options) + 8);
+	for (i = sizeof(memtrail_options); i < sizeof(memtrail_options) + 8; i++)
+		CHECK(old.bytes[i] == 0);
+	for (i = sizeof(memtrail_options) + 8; i < sizeof(old.bytes); i++)
+		CHECK(old.bytes[i] == 0xaa);
+	CHECK(memtrail_spawn(&old.opts, (const char *const *)missing, &s) ==
+	      MEMTRAIL_E_NOT_FOUND);
+	old.bytes[sizeof(memtrail_options) + 5] = 1;
+	CHECK(memtrail_spawn(&old.opts, (const char *const *)missing, &s) ==
+	      MEMTRAIL_E_UNKNOWN_FIELD);
+	CHECK(strstr(memtrail_last_error(), "newer header") != NULL);
+	CHECK(memtrail_track_self(&old.opts, &s) == MEMTRAIL_E_UNKNOWN_FIELD);
+	CHECK(s == NULL);
+	/* The same struct built by hand: zeroed, then its size set. */
+	memset(&old, 0, sizeof(old));
+	CHECK(memtrail_options_default(&old.opts) == MEMTRAIL_OK);
+	old.opts.size = sizeof(old.bytes);
+	CHECK(memtrail_spawn(&old.opts, (const char *const *)missing, &s) ==
+	      MEMTRAIL_E_NOT_FOUND);
+	old.bytes[sizeof(old.bytes) - 1] = 0x80;
+	CHECK(memtrail_spawn(&old.opts, (const char *const *)missing, &s) ==
+	      MEMTRAIL_E_UNKNOWN_FIELD);
+	return 0;
+}
+
 static int errors(void)
 {
 	memtrail_options opts;
@@ -293,14 +344,6 @@ static int errors(void)
 			CHECK(old.bytes[i] == 0xaa);
 		CHECK(memtrail_spawn(&old.opts, (const char *const *)missing, &s) ==
 		      MEMTRAIL_E_NOT_FOUND);
-
-		/* One built against a newer, larger header: its size is cut to
-		 * this library's, and nothing past that is touched. */
-		memset(&old, 0xaa, sizeof(old));
-		CHECK(memtrail_options_init(&old.opts, sizeof(old.bytes)) == MEMTRAIL_OK);
-		CHECK(old.opts.size == sizeof(memtrail_options));
-		for (i = sizeof(memtrail_options); i < sizeof(old.bytes); i++)
-			CHECK(old.bytes[i] == 0xaa);
 	}
 	CHECK(memtrail_options_init(&opts, sizeof(opts)) == MEMTRAIL_OK);
 	opts.probes = 3;
@@ -343,7 +386,8 @@ static int errors(void)
 	CHECK(memtrail_region_end(NULL, &rc) == MEMTRAIL_E_NULL);
 	CHECK(memtrail_wait(NULL, NULL) == MEMTRAIL_E_NULL);
 	CHECK(memtrail_write_profile(NULL, "x") == MEMTRAIL_E_NULL);
-	CHECK(memtrail_session_free(NULL) == MEMTRAIL_E_NULL);
+	/* A no-op, as free(NULL) (issue 27). */
+	CHECK(memtrail_session_free(NULL) == MEMTRAIL_OK);
 	CHECK(memtrail_snapshot((memtrail_session *)&not_a_session, &t) == MEMTRAIL_E_HANDLE);
 	CHECK(memtrail_session_free((memtrail_session *)&not_a_session) == MEMTRAIL_E_HANDLE);
 
@@ -363,6 +407,205 @@ static int errors(void)
 	return 0;
 }
 
+/* Frees a session, starts another (whose memory may be where the first
+ * one's was) and uses the freed handle: MEMTRAIL_E_HANDLE from every call,
+ * the new session unaffected (issue 27: handles were addresses, and the
+ * stale one reached the new session). Three rounds, so that the allocator
+ * has its chances to reuse the memory. */
+static int stale(void)
+{
+	memtrail_session *old = NULL, *s = NULL;
+	memtrail_region_counts rc;
+	memtrail_totals t;
+	void *a;
+	int round;
+
+	memset(&t, 0, sizeof(t));
+	t.size = sizeof(t);
+	memset(&rc, 0, sizeof(rc));
+	rc.size = sizeof(rc);
+	CHECK(memtrail_track_self(NULL, &old) == MEMTRAIL_OK);
+	for (round = 0; round < 3; round++) {
+		CHECK(memtrail_session_free(old) == MEMTRAIL_OK);
+		CHECK(memtrail_track_self(NULL, &s) == MEMTRAIL_OK);
+		CHECK(s != old);
+		CHECK(memtrail_snapshot(old, &t) == MEMTRAIL_E_HANDLE);
+		CHECK(memtrail_region_begin(old, "stale") == MEMTRAIL_E_HANDLE);
+		CHECK(memtrail_region_end(old, &rc) == MEMTRAIL_E_HANDLE);
+		CHECK(memtrail_wait(old, NULL) == MEMTRAIL_E_HANDLE);
+		CHECK(memtrail_write_profile(old, "/nonexistent-dir/p.json") ==
+		      MEMTRAIL_E_HANDLE);
+		CHECK(memtrail_session_free(old) == MEMTRAIL_E_HANDLE);
+		/* The new one counts exactly, and its region was not ended by
+		 * the stale handle's calls. */
+		CHECK(memtrail_region_begin(s, "fresh") == MEMTRAIL_OK);
+		a = malloc(123);
+		free(a);
+		CHECK(memtrail_region_end(s, &rc) == MEMTRAIL_OK);
+		CHECK(rc.allocations == 1 && rc.frees == 1 && rc.allocated_bytes == 123);
+		CHECK(memtrail_snapshot(s, &t) == MEMTRAIL_OK);
+		old = s;
+	}
+	CHECK(memtrail_session_free(s) == MEMTRAIL_OK);
+	return 0;
+}
+
+struct waiter {
+	memtrail_session *s;
+	atomic_long tid;
+	int rc;
+	int code;
+};
+
+static void *wait_thread(void *arg)
+{
+	struct waiter *w = arg;
+
+	atomic_store(&w->tid, (long)syscall(SYS_gettid));
+	w->rc = memtrail_wait(w->s, &w->code);
+	return NULL;
+}
+
+/* The number of the system call thread TID is blocked in, -1 if it runs. */
+static long blocked_in(long tid)
+{
+	char path[64], buf[256] = { 0 };
+	FILE *f;
+	long nr = -1;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%ld/syscall", tid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	if (!fgets(buf, sizeof(buf), f) || sscanf(buf, "%ld", &nr) != 1)
+		nr = -1;
+	fclose(f);
+	return nr;
+}
+
+/* A thread waits for a command that runs until told to exit; meanwhile
+ * this one takes snapshots and a region, then tells the command to exit
+ * (issue 27: memtrail_wait held the session, and a snapshot waited for the
+ * command's end, here forever: the alarm fails the test). */
+static int wait_snapshot(void)
+{
+	char script[64];
+	char *argv[] = { "/bin/sh", "-c", script, NULL };
+	struct waiter w = { .s = NULL, .tid = 0, .rc = -1, .code = 0 };
+	struct timespec ms = { .tv_sec = 0, .tv_nsec = 1000000 };
+	memtrail_region_counts rc;
+	memtrail_totals t;
+	uint64_t seen = 0;
+	pthread_t thread;
+	int fds[2], i;
+	long nr;
+
+	alarm(120);
+	CHECK(pipe(fds) == 0);
+	/* The command gets the read end only: if this process dies, it reads
+	 * EOF and exits. */
+	CHECK(fcntl(fds[1], F_SETFD, FD_CLOEXEC) == 0);
+	CHECK(snprintf(script, sizeof(script), "read line <&%d; exit 5", fds[0]) <
+	      (int)sizeof(script));
+	CHECK(memtrail_spawn(NULL, (const char *const *)argv, &w.s) == MEMTRAIL_OK);
+	close(fds[0]);
+	CHECK(pthread_create(&thread, NULL, wait_thread, &w) == 0);
+	/* Until the waiter is blocked waiting for the command: in wait4
+	 * (waitpid) or waitid. */
+	while (atomic_load(&w.tid) == 0 ||
+	       ((nr = blocked_in(atomic_load(&w.tid))) != SYS_wait4 && nr != SYS_waitid))
+		nanosleep(&ms, NULL);
+	for (i = 0; i < 5; i++) {
+		memset(&t, 0, sizeof(t));
+		t.size = sizeof(t);
+		CHECK(memtrail_snapshot(w.s, &t) == MEMTRAIL_OK);
+		CHECK(t.allocations >= seen);
+		seen = t.allocations;
+	}
+	memset(&rc, 0, sizeof(rc));
+	rc.size = sizeof(rc);
+	CHECK(memtrail_region_begin(w.s, "while waiting") == MEMTRAIL_OK);
+	CHECK(memtrail_region_end(w.s, &rc) == MEMTRAIL_OK);
+	/* Still waiting: the command has not been told to exit. */
+	nr = blocked_in(atomic_load(&w.tid));
+	CHECK(nr == SYS_wait4 || nr == SYS_waitid);
+	CHECK(write(fds[1], "go\n", 3) == 3);
+	CHECK(pthread_join(thread, NULL) == 0);
+	CHECK(w.rc == MEMTRAIL_OK);
+	CHECK(w.code == 5);
+	CHECK(memtrail_wait(w.s, NULL) == MEMTRAIL_OK);
+	CHECK(memtrail_session_free(w.s) == MEMTRAIL_OK);
+	close(fds[1]);
+	return 0;
+}
+
+static pthread_key_t teardown_key;
+static memtrail_session *teardown_session;
+static _Atomic int teardown_step = -1;
+
+/* A pthread-key destructor: glibc runs them after the thread's C++ (and
+ * Rust) thread-local destructors, memtrail's last error included. */
+static void teardown_calls(void *arg)
+{
+	memtrail_totals t;
+
+	(void)arg;
+	memset(&t, 0, sizeof(t));
+	t.size = sizeof(t);
+	teardown_step = 1;
+	if (memtrail_snapshot(NULL, &t) != MEMTRAIL_E_NULL)
+		return;
+	teardown_step = 2;
+	if (!strstr(memtrail_last_error(), "NULL"))
+		return;
+	teardown_step = 3;
+	if (memtrail_snapshot(teardown_session, &t) != MEMTRAIL_OK)
+		return;
+	teardown_step = 4;
+	if (memtrail_region_end(teardown_session, NULL) != MEMTRAIL_E_NULL ||
+	    !strstr(memtrail_last_error(), "NULL"))
+		return;
+	teardown_step = 0;
+}
+
+static _Atomic int teardown_thread_ok;
+
+static void *teardown_thread(void *arg)
+{
+	memtrail_totals t;
+
+	(void)arg;
+	memset(&t, 0, sizeof(t));
+	t.size = sizeof(t);
+	/* A failed call first, so that the thread has a last error to tear
+	 * down. */
+	teardown_thread_ok = pthread_setspecific(teardown_key, &teardown_key) == 0 &&
+			     memtrail_snapshot(NULL, &t) == MEMTRAIL_E_NULL &&
+			     strlen(memtrail_last_error()) > 0 &&
+			     memtrail_snapshot(teardown_session, &t) == MEMTRAIL_OK;
+	return NULL;
+}
+
+/* Calls memtrail in a thread's pthread-key destructor, after its
+ * thread-locals are gone: each call returns its code, memtrail_last_error
+ * its message (issue 27: the process aborted). */
+static int teardown(void)
+{
+	pthread_t thread;
+
+	CHECK(memtrail_track_self(NULL, &teardown_session) == MEMTRAIL_OK);
+	CHECK(pthread_key_create(&teardown_key, teardown_calls) == 0);
+	CHECK(pthread_create(&thread, NULL, teardown_thread, NULL) == 0);
+	CHECK(pthread_join(thread, NULL) == 0);
+	CHECK(teardown_thread_ok);
+	if (teardown_step != 0)
+		fprintf(stderr, "teardown: failed at step %d (last error: %s)\n",
+			teardown_step, memtrail_last_error());
+	CHECK(teardown_step == 0);
+	CHECK(memtrail_session_free(teardown_session) == MEMTRAIL_OK);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 2 && !strcmp(argv[1], "self"))
@@ -379,7 +622,16 @@ int main(int argc, char **argv)
 		return retry(argv[2]);
 	if (argc == 3 && !strcmp(argv[1], "reaped"))
 		return reaped(argv[2]);
+	if (argc == 2 && !strcmp(argv[1], "newer"))
+		return newer();
+	if (argc == 2 && !strcmp(argv[1], "stale"))
+		return stale();
+	if (argc == 2 && !strcmp(argv[1], "wait-snapshot"))
+		return wait_snapshot();
+	if (argc == 2 && !strcmp(argv[1], "teardown"))
+		return teardown();
 	fprintf(stderr, "usage: client self|spawn PROFILE|report PROFILE TEXT PPROF|errors|"
-			"fork PROFILE|retry PROFILE|reaped PROFILE\n");
+			"fork PROFILE|retry PROFILE|reaped PROFILE|newer|stale|wait-snapshot|"
+			"teardown\n");
 	return 2;
 }
