@@ -235,10 +235,32 @@ impl Loaded {
 
 impl Drop for Loaded {
     fn drop(&mut self) {
+        // Every link is closed by now (the object drops after them, in a
+        // session and in start-up's `Object`), so no program holds a
+        // process any more. A process BPF held at fork (or at a relink)
+        // and nobody released is still in `held_for_probes`: its request
+        // was left in the ring when the attach worker stopped, or its fork
+        // came after (between the pollers' join and the links' close).
+        // Resumed here, or it stays stopped for good, and a parent in
+        // `vfork` with it (issue 27).
+        resume_held_for_probes(&self.skel);
         // SAFETY: dropped once, here, before the storage it borrows.
         unsafe { ManuallyDrop::drop(&mut self.skel) };
         // SAFETY: from Box::leak in `load`; the skeleton is gone.
         drop(unsafe { Box::from_raw(self.storage.as_ptr()) });
+    }
+}
+
+/// Sends SIGCONT to every process left in BPF's `held_for_probes` map.
+fn resume_held_for_probes(skel: &MemtrailSkel<'_>) {
+    let Ok(held) = sys::bpf_map_u32_keys(skel.maps.held_for_probes.as_fd()) else {
+        return;
+    };
+    for pid in held {
+        tracing::debug!(pid, "resuming a process held for probes nobody made");
+        if let Err(err) = sys::kill(pid.into(), sys::Signal::CONT) {
+            tracing::debug!(pid, %err, "could not resume a held process (gone?)");
+        }
     }
 }
 
