@@ -128,10 +128,8 @@ fn session_self_end_leaves_no_child_held() {
         };
         let mut s = std::ptr::null_mut();
         // SAFETY: NULL options, `s` writable.
-        assert_eq!(
-            unsafe { memtrail_track_self(std::ptr::null(), &mut s) },
-            MEMTRAIL_OK
-        );
+        let code = unsafe { memtrail_track_self(std::ptr::null(), &mut s) };
+        assert_eq!(code, MEMTRAIL_OK);
         let spawner = Spawner::start();
         spawner.wait_for(3);
         // SAFETY: a live handle.
