@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches};
 use memtrail::bench::cli as bench;
 use memtrail::cli::{self, Cli, Command};
+use memtrail::sys::error_chain;
 use tracing_subscriber::EnvFilter;
 
 /// memtrail's own heap is not libc's: its probes on libc's malloc and free
@@ -132,16 +133,4 @@ fn written(result: io::Result<()>, what: &str, stderr: &mut impl Write) -> i32 {
             cli::exit::OUTPUT
         }
     }
-}
-
-/// `error: cause: cause`, like anyhow's `{:#}`.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut msg = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        msg.push_str(": ");
-        msg.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    msg
 }

@@ -776,22 +776,39 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
             args.pid,
             outcome.profile.duration_ns as f64 / 1e9,
         );
-        let _ = write_summary(stderr, &outcome.profile, &outcome.slow_probes);
-        if let Some(path) = output.filter(|p| p.as_os_str() != "-" && p.is_file()) {
-            if written.is_ok() {
-                let _ = writeln!(
-                    stderr,
-                    "memtrail: profile written to {} (memtrail report {0} ranks its allocation sites)",
-                    path.display()
-                );
-            }
-        }
+        write_summary_and_where(
+            stderr,
+            &outcome.profile,
+            &outcome.slow_probes,
+            output.as_deref(),
+            written.is_ok(),
+        );
     }
     if let Some(report) = report.filter(|_| args.report_output.is_none()) {
         let _ = render::write_report(&outcome.profile, &report, stderr);
     }
     written?;
     Ok(0)
+}
+
+/// The capture's summary, then where the profile went when it is a file
+/// (not a stream) and was written. A closed stderr must not turn a good
+/// capture into a failure: what cannot be written is left out.
+fn write_summary_and_where(
+    stderr: &mut impl Write,
+    profile: &crate::report::Profile,
+    slow: &[crate::report::SlowProbe],
+    output: Option<&std::path::Path>,
+    written: bool,
+) {
+    let _ = write_summary(stderr, profile, slow);
+    if let Some(path) = output.filter(|p| written && p.as_os_str() != "-" && p.is_file()) {
+        let _ = writeln!(
+            stderr,
+            "memtrail: profile written to {} (memtrail report {0} ranks its allocation sites)",
+            path.display()
+        );
+    }
 }
 
 fn signal_name(sig: i32) -> String {
@@ -1022,18 +1039,13 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         report.as_ref().zip(report_output),
     );
     if !args.quiet {
-        // A closed stderr must not turn a good capture into a failure.
-        let _ = write_summary(stderr, &outcome.profile, &outcome.slow_probes);
-        // Where the profile went, when it is a file (not a stream).
-        if let Some(path) = output.filter(|p| p.as_os_str() != "-" && p.is_file()) {
-            if written.is_ok() {
-                let _ = writeln!(
-                    stderr,
-                    "memtrail: profile written to {} (memtrail report {0} ranks its allocation sites)",
-                    path.display()
-                );
-            }
-        }
+        write_summary_and_where(
+            stderr,
+            &outcome.profile,
+            &outcome.slow_probes,
+            output.as_deref(),
+            written.is_ok(),
+        );
     }
     // Only text gets here without --report-output (clap requires it
     // otherwise).

@@ -23,6 +23,7 @@ use crate::bench::results::{BenchResult, Metric, Results, Stat, sites_by_key};
 use crate::bench::{self, BenchError};
 use crate::render::{self, ReportError};
 use crate::report::{OutputError, Profile};
+use crate::sys::error_chain;
 
 /// Sites shown per regressed benchmark by default.
 pub const DEFAULT_SITES: usize = 5;
@@ -387,17 +388,6 @@ impl Input {
         }
         Err(first_err.map_or_else(|| "no profile".to_owned(), |e| error_chain(&e)))
     }
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut msg = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        msg.push_str(": ");
-        msg.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    msg
 }
 
 /// The verdict on metric `m` of one benchmark. Each metric is judged on

@@ -15,6 +15,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use super::memtrail_error::{self, *};
 use crate::capture::{CaptureError, ErrorKind};
 use crate::render::ReportError;
+use crate::sys::error_chain;
 
 /// Room for the last error message, its NUL included: longer messages are
 /// cut (at a character boundary) to `ERROR_MAX - 1` bytes.
@@ -96,18 +97,6 @@ fn report_code_of(err: &ReportError) -> memtrail_error {
         ReportError::NoSuchProcess { .. } | ReportError::DebuginfoDir { .. } => MEMTRAIL_E_INVALID,
         ReportError::Output(_) | ReportError::Stdout(_) => MEMTRAIL_E_OUTPUT,
     }
-}
-
-/// `err` and its sources, `: `-separated.
-pub(super) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut msg = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        msg.push_str(": ");
-        msg.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    msg
 }
 
 /// Sets the last error from a session error; its code.

@@ -790,7 +790,7 @@ pub unsafe extern "C" fn memtrail_write_report(
         crate::report::check_not_input(out_path, &[("the profile", profile_path, id)])
             .and_then(|()| crate::report::OutputFile::create(out_path))
             .and_then(|out| crate::render::write_report_file(&profile, &opts, out))
-            .map_err(|err| fail(MEMTRAIL_E_OUTPUT, &errors::error_chain(&err)))
+            .map_err(|err| fail(MEMTRAIL_E_OUTPUT, &crate::sys::error_chain(&err)))
     })
 }
 

@@ -92,3 +92,16 @@ fn check(call: &'static str, ret: libc::c_int) -> SysResult<libc::c_int> {
         Ok(ret)
     }
 }
+
+/// `err` and its sources, `: `-separated (as anyhow's `{:#}`): a one-line
+/// reason.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut msg = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        msg.push_str(": ");
+        msg.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    msg
+}

@@ -44,6 +44,7 @@ pub const MAX_ROWS: u32 = 1 << 20;
 pub const CACHED_ROWS: u32 = MAX_ROWS / 2;
 
 use crate::skel::memtrail::types::{mt_stack_end as End, mt_unwind_image, mt_unwind_mode};
+use crate::sys::error_chain;
 
 /// Errors preparing unwind tables.
 #[derive(Debug, thiserror::Error)]
@@ -453,18 +454,6 @@ fn image_value(
     );
     put(offset_of!(mt_unwind_image, bias), &bias.to_ne_bytes());
     value
-}
-
-/// `err` and its sources, for a one-line reason.
-fn error_chain(err: &UnwindError) -> String {
-    let mut out = err.to_string();
-    let mut source = std::error::Error::source(err);
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// The profile's account of unwinding: the mode, the images' tables, and
