@@ -34,8 +34,8 @@ use std::process::Command;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use memtrail::attach::{self, AllocPrograms, Links, Role, Site, SitePrograms};
-use memtrail::skel::floor::FloorSkelBuilder;
-use memtrail::skel::memtrail::MemtrailSkelBuilder;
+use memtrail::bpf::skel::floor::FloorSkelBuilder;
+use memtrail::bpf::skel::memtrail::MemtrailSkelBuilder;
 
 const PAIRS: u64 = 150_000;
 const ROUNDS: usize = 41;

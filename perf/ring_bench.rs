@@ -55,7 +55,7 @@ use ringtest::{RingTest, Run, capacity, header};
 /// (`struct mt_alloc_event`: 24-byte header, four u64; 64 bytes in the
 /// ring).
 const RECORD_SIZE: u32 =
-    std::mem::size_of::<memtrail::skel::memtrail::types::mt_alloc_event>() as u32;
+    std::mem::size_of::<memtrail::bpf::skel::memtrail::types::mt_alloc_event>() as u32;
 /// memtrail's default ring size: the streaming runs and the drain from
 /// memory.
 const BIG_RING: u32 = 1 << 26;

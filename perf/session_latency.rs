@@ -15,7 +15,11 @@ use std::hint::black_box;
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
-use memtrail::{Session, SessionOptions, Target};
+use memtrail::Session;
+
+use memtrail::SessionOptions;
+
+use memtrail::Target;
 
 fn percentiles(mut ns: Vec<u64>) -> (u64, u64, u64) {
     ns.sort_unstable();

@@ -28,11 +28,13 @@
 //! only (hidden from the docs): they are internals, not a stable API.
 
 #[doc(hidden)]
+pub mod aggregate;
+#[doc(hidden)]
 pub mod attach;
 #[doc(hidden)]
 pub mod bench;
 #[doc(hidden)]
-pub mod capture;
+pub mod bpf;
 #[doc(hidden)]
 pub mod cli;
 #[doc(hidden)]
@@ -44,20 +46,18 @@ pub mod events;
 #[doc(hidden)]
 pub mod ffi;
 #[doc(hidden)]
+pub mod output;
+#[doc(hidden)]
 pub mod pressure;
 #[doc(hidden)]
 pub mod proctree;
 #[doc(hidden)]
-pub mod record;
-#[doc(hidden)]
-pub mod render;
+pub mod profile;
 #[doc(hidden)]
 pub mod report;
 #[doc(hidden)]
 pub mod ring;
 pub mod session;
-#[doc(hidden)]
-pub mod skel;
 #[doc(hidden)]
 pub mod symbolize;
 #[doc(hidden)]
@@ -65,11 +65,11 @@ pub mod sys;
 #[doc(hidden)]
 pub mod unwind;
 
-pub use capture::{CaptureError as Error, ErrorKind, Faults};
 pub use pressure::PressureTimeout;
+pub use profile::regions::RegionCounts;
+pub use session::{CaptureError as Error, ErrorKind, Faults};
 pub use session::{
-    Finish, ProcessTotals, Region, RegionCounts, Session, SessionOptions, Snapshot, Target, Totals,
-    TreeExit,
+    Finish, ProcessTotals, Region, Session, SessionOptions, Snapshot, Target, Totals, TreeExit,
 };
 
 // USDT region markers for Rust programs (`memtrail_region_begin!`,

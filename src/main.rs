@@ -4,7 +4,7 @@ use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
-use memtrail::bench::cli as bench;
+use memtrail::cli::bench;
 use memtrail::cli::{self, Cli, Command};
 use memtrail::sys::error_chain;
 use tracing_subscriber::EnvFilter;

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{cmd, fixture, kind, memtrail_bin, num, sized};
+use memtrail::bpf::record::{Body, Header, Kind, Mem, Record};
 use memtrail::events::{Encoder, LEVEL};
-use memtrail::record::{Body, Header, Kind, Mem, Record};
 use serde_json::Value;
 
 /// `memtrail run -q ARGS -- CMD`; panics unless it exits with `code` (the

@@ -5,7 +5,11 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-use memtrail::{Session, SessionOptions, Target};
+use memtrail::Session;
+
+use memtrail::SessionOptions;
+
+use memtrail::Target;
 
 /// Check that a session started on a running process's pid counts exactly
 /// what it allocates from then on (7 mallocs, 2 frees), and that `wait`

@@ -3,7 +3,9 @@
 
 use std::sync::{Arc, Barrier, Mutex};
 
-use memtrail::session::{RegionCounts, Session, SessionOptions, Target};
+use memtrail::profile::regions::RegionCounts;
+
+use memtrail::session::{Session, SessionOptions, Target};
 
 /// One session at a time: two would each count the other's threads' work.
 static ONE: Mutex<()> = Mutex::new(());

@@ -1,7 +1,7 @@
 //! A session owns its threads: whatever way it ends, none outlives it
 //! (issue 13). One test in this binary: it counts the process's threads.
 
-use memtrail::capture::{CaptureError, Faults};
+use memtrail::session::{CaptureError, Faults};
 use memtrail::session::{Session, SessionOptions, Target};
 
 fn threads() -> usize {

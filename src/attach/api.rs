@@ -6,8 +6,8 @@
 //! builds): a site is attached once per address, under the first name in
 //! the table's order.
 
-use crate::record::Kind;
-use crate::skel::memtrail::types as t;
+use crate::bpf::record::Kind;
+use crate::bpf::skel::memtrail::types as t;
 
 /// How a probe treats its entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -53,10 +53,12 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 
 pub use api::{Abi, Entry, Role};
 
-use crate::record::Kind;
-use crate::skel::memtrail::MemtrailSkel;
-use crate::skel::memtrail::types as t;
+use crate::bpf::record::Kind;
+use crate::bpf::skel::memtrail::MemtrailSkel;
+use crate::bpf::skel::memtrail::types as t;
+use crate::profile::ProbeEntry;
 use crate::sys::UprobeKind;
+use crate::sys::{image_key, panic_text};
 
 /// Sites that get a hit counter in a capture (`MT_MAX_SITES`); the ones
 /// attached after them are probed all the same, without a count.
@@ -77,7 +79,7 @@ impl HitSlots {
             site.hit_slot = (self.next < MAX_COUNTED_SITES).then_some(self.next);
             if self.next == MAX_COUNTED_SITES {
                 tracing::warn!(
-                    target: crate::report::NOTE,
+                    target: crate::profile::NOTE,
                     %site,
                     max = MAX_COUNTED_SITES,
                     "probe sites past this one have no hit count"
@@ -122,15 +124,6 @@ pub fn known_key(id: (u64, u64), tgid: u32) -> [u8; 24] {
     let mut key = [0u8; 24];
     key[..16].copy_from_slice(&image_key(id));
     key[16..20].copy_from_slice(&tgid.to_ne_bytes());
-    key
-}
-
-/// The key of an image in the BPF `unwind_images` map (`struct image_id`):
-/// its device (kernel encoding) and inode.
-pub fn image_key((dev, ino): (u64, u64)) -> [u8; 16] {
-    let mut key = [0u8; 16];
-    key[..8].copy_from_slice(&dev.to_ne_bytes());
-    key[8..].copy_from_slice(&ino.to_ne_bytes());
     key
 }
 
@@ -365,15 +358,6 @@ pub fn sites_in(image: &Path, data: &[u8], api: &[Entry]) -> Result<Vec<Site>, A
             panic_text(&*panic)
         )))
     })
-}
-
-/// The message of a caught panic.
-pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("no message")
 }
 
 /// The search of [`find_sites`] in a parsed image.
@@ -826,7 +810,7 @@ const UPROBE_SESSION: (u32, u32) = (6, 13);
 /// probes to go, with two 39-64 ms (perf/RESULTS.md).
 pub fn uprobe_sessions() -> bool {
     std::env::var_os("MEMTRAIL_UPROBE_SESSION").is_none_or(|v| v != "0")
-        && per_process::kernel_release() >= UPROBE_SESSION
+        && crate::sys::kernel_release() >= UPROBE_SESSION
 }
 
 impl AllocPrograms {
@@ -942,11 +926,23 @@ fn uprobe_error(group: &[&Site], source: crate::sys::SysError) -> AttachError {
     }
 }
 
+impl From<&Site> for ProbeEntry {
+    fn from(site: &Site) -> Self {
+        Self {
+            image: site.image.display().to_string(),
+            symbol: site.symbol.clone(),
+            offset: site.offset,
+            emulated: site.emulated,
+            hits: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::api::{COUNT_SIZE, REALLOC_N, SIZE0, SIZE1};
     use super::{HitSlots, MAX_COUNTED_SITES, Role, Site, harmless_prefix};
-    use crate::record::Kind;
+    use crate::bpf::record::Kind;
 
     /// Check that hit counters are handed out once each, in order, across
     /// calls (images attached one after another), up to the last one; a

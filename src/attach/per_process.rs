@@ -18,6 +18,7 @@
 //! (perf/fork_storm.sh). What stays system-wide is cheap: the sched and
 //! syscall tracepoints, which every process passes and leaves at once.
 
+use crate::sys::kernel_release;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -301,13 +302,13 @@ pub enum Probes {
     SystemWide,
 }
 
-/// Where a capture's allocator probes were (the profile's `probe_scope`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Scope {
-    PerProcess,
-    #[default]
-    SystemWide,
+/// Per-process probes were asked for on a kernel that cannot make them.
+#[derive(Debug)]
+pub struct Unsupported {
+    /// The kernel feature missing.
+    pub feature: &'static str,
+    /// What to do instead.
+    pub hint: &'static str,
 }
 
 /// The first Linux release with the `bpf_send_signal_task` kfunc.
@@ -325,13 +326,13 @@ impl Probes {
     /// often a service on a host doing other work, which system-wide
     /// probes would slow (a bystander's malloc/free pair: ~15 ns alone,
     /// ~2.9 µs under system-wide probes).
-    pub fn per_process(self, running: bool) -> Result<bool, crate::capture::CaptureError> {
+    pub fn per_process(self, running: bool) -> Result<bool, Unsupported> {
         let able = || kernel_release() >= SEND_SIGNAL_TASK;
         match self {
             Probes::SystemWide => Ok(false),
             Probes::Auto => Ok(running && able()),
             Probes::PerProcess if able() => Ok(true),
-            Probes::PerProcess => Err(crate::capture::CaptureError::KernelFeature {
+            Probes::PerProcess => Err(Unsupported {
                 feature: "bpf_send_signal_task (Linux 6.13), for per-process probes",
                 hint: "use --probes system-wide (or auto) on this kernel",
             }),
@@ -339,19 +340,10 @@ impl Probes {
     }
 }
 
-/// The running kernel's major and minor release (uname), (0, 0) if unread.
-pub(super) fn kernel_release() -> (u32, u32) {
-    let uname = rustix::system::uname();
-    let release = uname.release().to_string_lossy();
-    let mut parts = release
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{Probes, SEND_SIGNAL_TASK, kernel_release};
+    use super::{Probes, SEND_SIGNAL_TASK};
+    use crate::sys::kernel_release;
 
     /// Check that `auto` makes probes per process for a running process
     /// only, and only on a kernel that can hold a process at fork; that

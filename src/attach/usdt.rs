@@ -20,7 +20,7 @@
 use object::{Object, ObjectSection};
 
 use super::{Abi, Elf, Role, Site, api::SIZE0, is_emulated};
-use crate::record::Kind;
+use crate::bpf::record::Kind;
 
 /// The provider the markers use.
 pub const PROVIDER: &str = "memtrail";
@@ -72,7 +72,7 @@ pub(super) fn find_markers(elf: &Elf<'_>, image: &std::path::Path) -> Vec<Site> 
                 Some(reg) => reg,
                 None => {
                     tracing::warn!(
-                        target: crate::report::NOTE,
+                        target: crate::profile::NOTE,
                         image = %image.display(),
                         args = note.args,
                         "memtrail:region_begin with its name not in a register: skipped"
@@ -92,7 +92,7 @@ pub(super) fn find_markers(elf: &Elf<'_>, image: &std::path::Path) -> Vec<Site> 
         };
         let Some(offset) = elf.code_offset(pc).filter(|&at| elf.is_instruction(at)) else {
             tracing::warn!(
-                target: crate::report::NOTE,
+                target: crate::profile::NOTE,
                 image = %image.display(),
                 pc,
                 "marker not on an instruction of an executable segment: skipped"
@@ -132,7 +132,7 @@ fn marker_abi(reg: u8) -> Abi {
 
 /// The attach cookie of a marker site (see `struct mt_region_event`).
 pub(super) fn marker_cookie(site: &Site) -> u64 {
-    let shift = crate::skel::memtrail::types::mt_usdt_reg::MT_USDT_REG_SHIFT.0;
+    let shift = crate::bpf::skel::memtrail::types::mt_usdt_reg::MT_USDT_REG_SHIFT.0;
     site.kind as u64 | u64::from(site.abi.size) << shift
 }
 

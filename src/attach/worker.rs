@@ -34,10 +34,10 @@ use super::{
     AllocPrograms, AttachError, HitSlots, Links, NOT_ELF, Role, Site, api, attach_sites,
     find_sites, known_key, strip_deleted,
 };
+use crate::bpf::record::{self, MappingRecord, Request};
 use crate::engine::Sink;
 use crate::proctree::stops::{Owner, Stops};
-use crate::record::{self, MappingRecord, Request};
-use crate::report::SkippedImage;
+use crate::profile::SkippedImage;
 
 /// An image that could not be examined or probed.
 #[derive(Debug)]
@@ -265,7 +265,7 @@ impl Sink for AttachWorker {
         // released below.
         let work = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(&req)));
         if let Err(panic) = work {
-            let message = super::panic_text(&*panic).to_owned();
+            let message = crate::sys::panic_text(&*panic).to_owned();
             tracing::error!(pid, image = %req.name, %message, "attach worker panicked");
             self.failures.push(AttachFailure {
                 pid,

@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use serde_json::{Map, Value, json};
 
 use super::results::{BenchResult, Metric, REGION_ENTRIES, Results};
-use crate::report::ExitInfo;
+use crate::profile::ExitInfo;
 
 /// A format of `memtrail bench --format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -21,7 +21,6 @@
 //! [`collect`]; `compare`, BMF and github-action-benchmark treat a region
 //! `R` of benchmark `B` as a benchmark `B/R`.
 
-pub mod cli;
 pub mod format;
 pub mod results;
 pub mod suite;
@@ -35,8 +34,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::render::{self, ReportError};
-use crate::report::Profile;
+use crate::profile::Profile;
+use crate::report::{self, ReportError};
 use results::{BenchResult, Metric, Results, SiteRuns, Stat, sites_by_key};
 pub use suite::Benchmark;
 
@@ -276,11 +275,11 @@ fn read_run(path: &Path) -> Result<(Profile, String), ReportError> {
         path: path.to_owned(),
         source,
     };
-    let mut input = render::open_input(path).map_err(read_err)?;
+    let mut input = report::open_input(path).map_err(read_err)?;
     let sha256 = input
-        .sha256(render::MAX_PROFILE_BYTES, "a profile")
+        .sha256(report::MAX_PROFILE_BYTES, "a profile")
         .map_err(read_err)?;
-    Ok((render::read_profile(&mut input, path)?, sha256))
+    Ok((report::read_profile(&mut input, path)?, sha256))
 }
 
 /// `1.234 s`.
@@ -445,7 +444,7 @@ fn differing_sites(profiles: &[Profile]) -> Vec<SiteRuns> {
 
 /// Reads a results document (or a saved baseline's).
 pub fn load_results(path: &Path) -> Result<Results, BenchError> {
-    let mut input = render::open_input(path).map_err(|source| BenchError::ResultsRead {
+    let mut input = report::open_input(path).map_err(|source| BenchError::ResultsRead {
         path: path.to_owned(),
         source,
     })?;
@@ -455,17 +454,17 @@ pub fn load_results(path: &Path) -> Result<Results, BenchError> {
 /// Reads the results document of `input` (opened from `path`): its
 /// `format` and `version` first, then the document, whose benchmark names
 /// must be unique (compare matches benchmarks by name).
-pub fn read_results(input: &mut render::InputFile, path: &Path) -> Result<Results, BenchError> {
+pub fn read_results(input: &mut report::InputFile, path: &Path) -> Result<Results, BenchError> {
     let invalid = |msg: String| BenchError::ResultsInvalid {
         path: path.to_owned(),
         msg,
     };
     let json_err = |e| match e {
-        render::JsonError::Read(source) => BenchError::ResultsRead {
+        report::JsonError::Read(source) => BenchError::ResultsRead {
             path: path.to_owned(),
             source,
         },
-        render::JsonError::Invalid(e) => invalid(e.to_string()),
+        report::JsonError::Invalid(e) => invalid(e.to_string()),
     };
     #[derive(serde::Deserialize)]
     #[serde(expecting = "memtrail bench results (a JSON object)")]
@@ -475,7 +474,7 @@ pub fn read_results(input: &mut render::InputFile, path: &Path) -> Result<Result
     }
     let what = "a results document";
     let header: Header = input
-        .json(render::MAX_PROFILE_BYTES, what)
+        .json(report::MAX_PROFILE_BYTES, what)
         .map_err(json_err)?;
     if header.format.as_ref().and_then(|f| f.as_str()) != Some(results::RESULTS_FORMAT) {
         return Err(invalid(format!(
@@ -492,7 +491,7 @@ pub fn read_results(input: &mut render::InputFile, path: &Path) -> Result<Result
         )));
     }
     let results: Results = input
-        .json(render::MAX_PROFILE_BYTES, what)
+        .json(report::MAX_PROFILE_BYTES, what)
         .map_err(json_err)?;
     // A region R of benchmark B is compared as a benchmark `B/R`: no name
     // may be given twice, counting those.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::report::{ExitInfo, Profile, RegionEntry, StackEntry};
+use crate::profile::{ExitInfo, Profile, StackEntry, regions::RegionEntry};
 
 /// The `format` field of every results document.
 pub const RESULTS_FORMAT: &str = "memtrail-bench";

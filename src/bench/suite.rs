@@ -55,7 +55,7 @@ struct BenchEntry {
 /// Reads the suite at `path`. `runs`, when given, overrides every
 /// benchmark's.
 pub fn load(path: &Path, runs: Option<u32>) -> Result<Vec<Benchmark>, BenchError> {
-    let text = crate::render::read_text(path, crate::render::MAX_SUITE_BYTES, "a suite").map_err(
+    let text = crate::report::read_text(path, crate::report::MAX_SUITE_BYTES, "a suite").map_err(
         |source| BenchError::SuiteRead {
             path: path.to_owned(),
             source,

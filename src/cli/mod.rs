@@ -3,6 +3,11 @@
 //! Output for the user goes through explicit writers (the summary to
 //! stderr); diagnostics go through `tracing`.
 
+pub mod attach;
+pub mod bench;
+pub mod run;
+pub mod status;
+pub mod summary;
 pub mod version;
 
 use std::ffi::OsString;
@@ -11,9 +16,12 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::capture::{self, CaptureError, Options};
-use crate::render::{self, Format, Metric, ReportError, ReportOptions};
-use crate::report::{OutputFile, check_distinct, write_summary};
+use crate::cli::run::Options;
+
+use crate::cli::summary::write_summary;
+use crate::output::{OutputFile, check_distinct};
+use crate::report::{self, Format, Metric, ReportError, ReportOptions};
+use crate::{session, session::CaptureError};
 
 /// Exit codes of memtrail's own failures. Otherwise memtrail exits with the
 /// command's code (128 + N when a signal N killed it).
@@ -176,12 +184,12 @@ pub enum Command {
     },
     /// Run benchmarks under full captures and record their memory metrics
     /// (docs/bench.md).
-    #[command(after_long_help = crate::bench::cli::BENCH_EXIT_HELP)]
-    Bench(crate::bench::cli::BenchArgs),
+    #[command(after_long_help = crate::cli::bench::BENCH_EXIT_HELP)]
+    Bench(crate::cli::bench::BenchArgs),
     /// Compare two bench results (or two profiles): per metric the change
     /// and a verdict, and the sites behind each regression.
-    #[command(after_long_help = crate::bench::cli::COMPARE_EXIT_HELP)]
-    Compare(crate::bench::cli::CompareArgs),
+    #[command(after_long_help = crate::cli::bench::COMPARE_EXIT_HELP)]
+    Compare(crate::cli::bench::CompareArgs),
 }
 
 impl Cli {
@@ -197,13 +205,13 @@ impl Cli {
 
     /// The diagnostics filter: `--log`, else warnings; with `--quiet`
     /// (and no `--log`), warnings but not the notes about the capture
-    /// ([`NOTE`](crate::report::NOTE)). MEMTRAIL_LOG, when set, comes
+    /// ([`NOTE`](crate::profile::NOTE)). MEMTRAIL_LOG, when set, comes
     /// before either (main).
     pub fn log_filter(&self) -> String {
         match (&self.log, self.quiet()) {
             (Some(level), _) => level.clone(),
             (None, false) => "warn".to_owned(),
-            (None, true) => format!("warn,{}=error", crate::report::NOTE),
+            (None, true) => format!("warn,{}=error", crate::profile::NOTE),
         }
     }
 }
@@ -292,7 +300,7 @@ pub struct RunArgs {
     /// it back with `memtrail events`). Default: binary when PATH ends in
     /// `.mtev`, JSON lines otherwise.
     #[arg(long, value_enum, value_name = "FORMAT", requires = "events")]
-    pub events_format: Option<crate::report::EventsFormat>,
+    pub events_format: Option<crate::events::writer::EventsFormat>,
 
     /// Size of the events ring buffer: a power of two, in bytes or with a
     /// binary unit (`64M`, `64MiB`, `512K`, `1G`; `MB` means MiB too).
@@ -336,8 +344,8 @@ pub struct RunArgs {
 
     /// Frames of call stack to record per allocation (at most 128); 0
     /// records no stacks.
-    #[arg(long, value_name = "FRAMES", default_value_t = crate::capture::DEFAULT_STACK_DEPTH,
-          value_parser = clap::value_parser!(u32).range(0..=crate::capture::MAX_STACK_DEPTH as i64))]
+    #[arg(long, value_name = "FRAMES", default_value_t = crate::session::DEFAULT_STACK_DEPTH,
+          value_parser = clap::value_parser!(u32).range(0..=crate::session::MAX_STACK_DEPTH as i64))]
     pub stack_depth: u32,
 
     /// How stacks are walked: `auto` unwinds from each image's unwind
@@ -345,8 +353,8 @@ pub struct RunArgs {
     /// and takes frame-pointer steps where an image has none; `dwarf` uses
     /// tables only (a frame without one ends the stack); `fp` follows frame
     /// pointers only (code built without them gives short stacks).
-    #[arg(long, value_name = "HOW", value_enum, default_value_t = crate::unwind::Mode::Auto)]
-    pub unwind: crate::unwind::Mode,
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = crate::profile::unwind::Mode::Auto)]
+    pub unwind: crate::profile::unwind::Mode,
 
     /// Where allocator probes go: `per-process` puts breakpoints only in
     /// the tracked processes, so the rest of the host runs its allocator
@@ -505,7 +513,7 @@ pub struct AttachArgs {
     /// How --events writes: `jsonl` or `binary` (default: binary when PATH
     /// ends in `.mtev`).
     #[arg(long, value_enum, value_name = "FORMAT", requires = "events")]
-    pub events_format: Option<crate::report::EventsFormat>,
+    pub events_format: Option<crate::events::writer::EventsFormat>,
 
     /// Size of the events ring buffer (as `memtrail run --ring-size`).
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_size)]
@@ -534,13 +542,13 @@ pub struct AttachArgs {
     pub watermark: u8,
 
     /// Frames of call stack to record per allocation (at most 128).
-    #[arg(long, value_name = "FRAMES", default_value_t = crate::capture::DEFAULT_STACK_DEPTH,
-          value_parser = clap::value_parser!(u32).range(0..=crate::capture::MAX_STACK_DEPTH as i64))]
+    #[arg(long, value_name = "FRAMES", default_value_t = crate::session::DEFAULT_STACK_DEPTH,
+          value_parser = clap::value_parser!(u32).range(0..=crate::session::MAX_STACK_DEPTH as i64))]
     pub stack_depth: u32,
 
     /// How stacks are walked (as `memtrail run --unwind`).
-    #[arg(long, value_name = "HOW", value_enum, default_value_t = crate::unwind::Mode::Auto)]
-    pub unwind: crate::unwind::Mode,
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = crate::profile::unwind::Mode::Auto)]
+    pub unwind: crate::profile::unwind::Mode,
 
     /// Where allocator probes go (as `memtrail run --probes`); `auto` is
     /// per-process where the kernel can (Linux 6.13), so the rest of the
@@ -636,10 +644,10 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 /// The format of `--events PATH` given `--events-format`.
 fn events_format(
     path: Option<&std::path::Path>,
-    format: Option<crate::report::EventsFormat>,
-) -> crate::report::EventsFormat {
+    format: Option<crate::events::writer::EventsFormat>,
+) -> crate::events::writer::EventsFormat {
     format.unwrap_or_else(|| {
-        path.map(crate::report::EventsFormat::for_path)
+        path.map(crate::events::writer::EventsFormat::for_path)
             .unwrap_or_default()
     })
 }
@@ -657,14 +665,15 @@ pub fn attach_exit_code(err: &CaptureError) -> i32 {
 
 /// Runs `capture` with a live status line on stderr (elapsed time,
 /// processes, events/s, live heap, peak, pauses; redrawn every
-/// [`STATUS_EVERY`](crate::report::live::STATUS_EVERY)) when stderr is a
+/// [`STATUS_EVERY`](crate::cli::status::STATUS_EVERY)) when stderr is a
 /// terminal and the run is not quiet; the line is erased before `capture`'s
 /// result is returned, so the summary starts on a clean line.
 fn with_status<T>(
     quiet: bool,
-    capture: impl FnOnce(Option<std::sync::Arc<crate::report::live::LiveCounters>>) -> T,
+    capture: impl FnOnce(Option<std::sync::Arc<crate::engine::live::LiveCounters>>) -> T,
 ) -> T {
-    use crate::report::live::{LiveCounters, STATUS_EVERY, StatusLine};
+    use crate::cli::status::{STATUS_EVERY, StatusLine};
+    use crate::engine::live::LiveCounters;
     use std::io::IsTerminal;
     use std::sync::mpsc::{RecvTimeoutError, channel};
     if quiet || !std::io::stderr().is_terminal() {
@@ -726,7 +735,7 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
         stack_ring_size: args.stack_ring_size,
         pressure_timeout: args.pressure_timeout,
         watermark_percent: args.watermark,
-        faults: capture::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
+        faults: session::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
         live: None,
         timeline: !args.no_timeline,
     };
@@ -736,14 +745,14 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
         .map(|path| {
             let out = OutputFile::create_with(path, args.force)?;
             crate::proctree::invoking_user().map_or(Ok(()), |owner| out.give_to(owner))?;
-            Ok::<_, crate::report::OutputError>(out)
+            Ok::<_, crate::output::OutputError>(out)
         })
         .transpose()?;
     let quiet = args.quiet;
     let pid = args.pid;
     let mut outcome = with_status(quiet, |live| {
         opts.live = live;
-        capture::attach(&opts, pid, args.duration, || {
+        attach::attach(&opts, pid, args.duration, || {
             if !quiet {
                 let until = match args.duration {
                     Some(d) => format!("for {d:?} (or until Ctrl-C)"),
@@ -765,10 +774,10 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
     );
     if !args.quiet {
         let why = match outcome.detach {
-            capture::Detach::Duration => "after --duration".to_owned(),
-            capture::Detach::Signal(sig) => format!("on {}", signal_name(sig)),
-            capture::Detach::Exited => "when it exited".to_owned(),
-            capture::Detach::PressureFailed => "after a failed pressure pause".to_owned(),
+            attach::Detach::Duration => "after --duration".to_owned(),
+            attach::Detach::Signal(sig) => format!("on {}", signal_name(sig)),
+            attach::Detach::Exited => "when it exited".to_owned(),
+            attach::Detach::PressureFailed => "after a failed pressure pause".to_owned(),
         };
         let _ = writeln!(
             stderr,
@@ -785,7 +794,7 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
         );
     }
     if let Some(report) = report.filter(|_| args.report_output.is_none()) {
-        let _ = render::write_report(&outcome.profile, &report, stderr);
+        let _ = report::write_report(&outcome.profile, &report, stderr);
     }
     written?;
     Ok(0)
@@ -796,8 +805,8 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
 /// capture into a failure: what cannot be written is left out.
 fn write_summary_and_where(
     stderr: &mut impl Write,
-    profile: &crate::report::Profile,
-    slow: &[crate::report::SlowProbe],
+    profile: &crate::profile::Profile,
+    slow: &[crate::profile::SlowProbe],
     output: Option<&std::path::Path>,
     written: bool,
 ) {
@@ -825,12 +834,12 @@ pub fn events(
 ) -> Result<u64, crate::events::EventsError> {
     use crate::events::EventsError;
     // The reader every command shares: a regular file only (issue 28).
-    let input = render::open_input(&args.file).map_err(|source| EventsError::Open {
+    let input = report::open_input(&args.file).map_err(|source| EventsError::Open {
         path: args.file.clone(),
         source,
     })?;
     let output = args.output.as_deref().unwrap_or(std::path::Path::new("-"));
-    crate::report::check_not_input(output, &[("the event stream", &args.file, input.id())])?;
+    crate::output::check_not_input(output, &[("the event stream", &args.file, input.id())])?;
     let input = io::BufReader::with_capacity(1 << 20, input.stream());
     match Some(output).filter(|p| p.as_os_str() != "-") {
         Some(path) => {
@@ -899,7 +908,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 
 /// The exit code for a failed capture.
 pub fn exit_code(err: &CaptureError) -> i32 {
-    use crate::capture::ErrorKind;
+    use crate::session::ErrorKind;
     match err.kind() {
         ErrorKind::NotFound => exit::NOT_FOUND,
         ErrorKind::NotExecutable => exit::NOT_EXECUTABLE,
@@ -933,11 +942,11 @@ pub fn report_exit_code(err: &ReportError) -> i32 {
 
 /// Runs `memtrail report`, writing to `--output` or `stdout`.
 pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportError> {
-    let (mut profile, id) = render::load_profile_with_id(&args.profile)?;
+    let (mut profile, id) = report::load_profile_with_id(&args.profile)?;
     // Never over the profile itself (issue 28), by whatever path.
     let output = args.output.as_deref().unwrap_or(std::path::Path::new("-"));
-    crate::report::check_not_input(output, &[("the profile", &args.profile, id)])?;
-    let filter = render::StackFilter {
+    crate::output::check_not_input(output, &[("the profile", &args.profile, id)])?;
+    let filter = report::StackFilter {
         pids: args.pids,
         exes: args.exes,
     };
@@ -957,12 +966,12 @@ pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportErr
     match args.output.filter(|p| p.as_os_str() != "-") {
         Some(path) => {
             let out = OutputFile::create_with(&path, args.force)?;
-            render::write_report_file(&profile, &opts, out)?;
+            report::write_report_file(&profile, &opts, out)?;
         }
         // `-o -` is stdout: a closed pipe is then no failure either.
         None => {
             let mut w = BufWriter::new(stdout);
-            render::write_report(&profile, &opts, &mut w)
+            report::write_report(&profile, &opts, &mut w)
                 .and_then(|()| w.flush())
                 .map_err(ReportError::Stdout)?;
         }
@@ -1005,7 +1014,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         stack_ring_size: args.stack_ring_size,
         pressure_timeout: args.pressure_timeout,
         watermark_percent: args.watermark,
-        faults: capture::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
+        faults: session::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
         live: None,
         timeline: !args.no_timeline,
     };
@@ -1017,12 +1026,12 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
             let out = OutputFile::create_with(path, args.force)?;
             // Under sudo, the invoking user's, as the command is.
             crate::proctree::invoking_user().map_or(Ok(()), |owner| out.give_to(owner))?;
-            Ok::<_, crate::report::OutputError>(out)
+            Ok::<_, crate::output::OutputError>(out)
         })
         .transpose()?;
     let outcome = with_status(args.quiet, |live| {
         opts.live = live;
-        capture::run(&opts)
+        run::run(&opts)
     });
     // Even with --quiet: what memtrail did with a signal is not the summary.
     let _ = write_signal_notes(stderr);
@@ -1053,7 +1062,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         if !args.quiet {
             let _ = writeln!(stderr);
         }
-        let _ = render::write_report(&outcome.profile, &report, stderr);
+        let _ = report::write_report(&outcome.profile, &report, stderr);
     }
     written?;
     Ok(outcome.exit_code)
@@ -1062,12 +1071,12 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
 /// Writes the --report file into `outputs` and puts them all in place, or
 /// none of them.
 fn commit_outputs(
-    mut outputs: crate::report::Outputs,
-    profile: &crate::report::Profile,
+    mut outputs: crate::output::Outputs,
+    profile: &crate::profile::Profile,
     report: Option<(&ReportOptions, OutputFile)>,
 ) -> Result<(), CaptureError> {
     if let Some((opts, out)) = report {
-        outputs.write(out, |out| render::stage_report(profile, opts, out));
+        outputs.write(out, |out| report::stage_report(profile, opts, out));
     }
     Ok(outputs.commit()?)
 }
@@ -1123,7 +1132,7 @@ fn write_signal_notes(w: &mut impl Write) -> io::Result<()> {
 }
 
 /// Re-export so `main` can use the default.
-pub use capture::DEFAULT_RING_SIZE;
+pub use crate::session::DEFAULT_RING_SIZE;
 
 #[cfg(test)]
 mod tests {

@@ -21,8 +21,9 @@ use serde::Serialize;
 use crate::bench::format::{exit_text, grouped, title};
 use crate::bench::results::{BenchResult, Metric, Results, Stat, sites_by_key};
 use crate::bench::{self, BenchError};
-use crate::render::{self, ReportError};
-use crate::report::{OutputError, Profile};
+use crate::output::OutputError;
+use crate::profile::Profile;
+use crate::report::{self, ReportError};
 use crate::sys::error_chain;
 
 /// Sites shown per regressed benchmark by default.
@@ -285,32 +286,32 @@ pub struct Input {
     pub results: Results,
     /// The file's device and inode (an output must not be written over
     /// it), if it was read from a file.
-    pub id: Option<render::FileId>,
+    pub id: Option<report::FileId>,
 }
 
 impl Input {
     /// Reads `path`, a results document or a profile, through the reader
-    /// every command shares ([`render::open_input`]: a regular file, at
+    /// every command shares ([`report::open_input`]: a regular file, at
     /// most 1 GiB, parsed in bounded memory).
     pub fn load(path: &Path) -> Result<Self, CompareError> {
         let read = |source| CompareError::Read {
             path: path.to_owned(),
             source,
         };
-        let mut input = render::open_input(path).map_err(read)?;
+        let mut input = report::open_input(path).map_err(read)?;
         #[derive(serde::Deserialize)]
         struct Header {
             format: Option<serde_json::Value>,
         }
-        let found = match input.json::<Header>(render::MAX_PROFILE_BYTES, "a document") {
+        let found = match input.json::<Header>(report::MAX_PROFILE_BYTES, "a document") {
             Ok(h) => h.format,
-            Err(render::JsonError::Read(e)) => return Err(read(e)),
-            Err(render::JsonError::Invalid(_)) => None,
+            Err(report::JsonError::Read(e)) => return Err(read(e)),
+            Err(report::JsonError::Invalid(_)) => None,
         };
         let results = match found.as_ref().and_then(|f| f.as_str()) {
             Some(bench::results::RESULTS_FORMAT) => bench::read_results(&mut input, path)?,
-            Some(crate::report::PROFILE_FORMAT) => {
-                let profile = render::read_profile(&mut input, path)?;
+            Some(crate::profile::PROFILE_FORMAT) => {
+                let profile = report::read_profile(&mut input, path)?;
                 let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
                 let dir = abs.parent().map(Path::to_owned).unwrap_or_default();
                 let file = PathBuf::from(abs.file_name().unwrap_or_default());
@@ -354,19 +355,19 @@ impl Input {
                 path: path.clone(),
                 source,
             };
-            let attempt = render::open_input(path)
+            let attempt = report::open_input(path)
                 .map_err(read)
                 .and_then(|mut input| {
                     if let Some(want) = want {
                         let got = input
-                            .sha256(render::MAX_PROFILE_BYTES, "a profile")
+                            .sha256(report::MAX_PROFILE_BYTES, "a profile")
                             .map_err(read)?;
                         if got != *want {
                             mismatched.push(path.display().to_string());
                             return Ok(None);
                         }
                     }
-                    render::read_profile(&mut input, path).map(Some)
+                    report::read_profile(&mut input, path).map(Some)
                 });
             match attempt {
                 Ok(Some(profile)) => return Ok(profile),

@@ -13,6 +13,7 @@
 //! record those producers made has been handed to a sink.
 
 pub mod idle;
+pub mod live;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;

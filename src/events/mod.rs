@@ -14,9 +14,11 @@
 //! [`Encoder`] and [`Decoder`] keep the delta state; they hold no file. The
 //! encoder runs on the events poller, allocating nothing per record.
 
+pub mod writer;
+
 use std::io::{self, BufRead, Read, Write};
 
-use crate::record::{Body, Header, Kind, Mem, Record};
+use crate::bpf::record::{Body, Header, Kind, Mem, Record};
 
 /// The header that opens the decompressed stream.
 pub const MAGIC: [u8; 4] = *b"MTEV";
@@ -66,7 +68,7 @@ pub enum EventsError {
     #[error("writing the events failed")]
     Write(#[source] io::Error),
     #[error(transparent)]
-    Output(#[from] crate::report::OutputError),
+    Output(#[from] crate::output::OutputError),
     #[error("not a memtrail binary event stream (no zstd frame or no MTEV header)")]
     NotBinary,
     #[error(
@@ -549,7 +551,7 @@ pub fn to_jsonl(input: impl BufRead, out: &mut impl Write) -> Result<u64, Events
         });
     }
     let n = decoder
-        .for_each(|rec| crate::report::stream::write_json(out, rec).map_err(EventsError::Write))?;
+        .for_each(|rec| crate::events::writer::write_json(out, rec).map_err(EventsError::Write))?;
     let offset = decoder.offset();
     // The frame is the whole file.
     let rest = zstd

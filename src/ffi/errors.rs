@@ -13,8 +13,8 @@ use std::ffi::c_char;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::memtrail_error::{self, *};
-use crate::capture::{CaptureError, ErrorKind};
-use crate::render::ReportError;
+use crate::report::ReportError;
+use crate::session::{CaptureError, ErrorKind};
 use crate::sys::error_chain;
 
 /// Room for the last error message, its NUL included: longer messages are

@@ -28,9 +28,10 @@ use std::ffi::{CStr, OsStr, c_char, c_int};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::RwLock;
 
-use crate::capture::CaptureError;
 use crate::pressure::PressureTimeout;
-use crate::session::{RegionCounts, Session, SessionOptions, Target, Totals};
+use crate::profile::regions::RegionCounts;
+use crate::session::CaptureError;
+use crate::session::{Session, SessionOptions, Target, Totals};
 use errors::{fail, from_error, from_report_error, guard};
 use sized::{read_sized, size_first, write_sized};
 
@@ -235,7 +236,7 @@ enum State {
     Running(Box<Session>),
     /// Finished by `memtrail_write_profile`: its profile, kept so that a
     /// failed write can be retried (and the profile written elsewhere).
-    Finished(Box<crate::report::Profile>),
+    Finished(Box<crate::profile::Profile>),
     /// Finishing failed: nothing is left but to free it.
     Failed,
 }
@@ -677,18 +678,18 @@ pub unsafe extern "C" fn memtrail_write_profile(
             unsafe { CStr::from_ptr(path) }.to_bytes(),
         ));
         let output =
-            crate::report::OutputFile::create(path).map_err(|err| from_error(&err.into()))?;
+            crate::output::OutputFile::create(path).map_err(|err| from_error(&err.into()))?;
         let mut state = h.state.write().unwrap_or_else(|e| e.into_inner());
         let written = match std::mem::replace(&mut *state, State::Failed) {
             State::Running(s) => {
                 let finish = (*s).finish().map_err(|err| from_error(&err))?;
                 // Written while the probes detach (joined as `finish` goes).
-                let written = crate::report::write_profile(&finish.profile, output);
+                let written = crate::output::write_profile(&finish.profile, output);
                 *state = State::Finished(Box::new(finish.profile));
                 written
             }
             State::Finished(profile) => {
-                let written = crate::report::write_profile(&profile, output);
+                let written = crate::output::write_profile(&profile, output);
                 *state = State::Finished(profile);
                 written
             }
@@ -752,7 +753,7 @@ pub unsafe extern "C" fn memtrail_write_report(
     by: u32,
     top: u32,
 ) -> memtrail_error {
-    use crate::render::{Format, Metric};
+    use crate::report::{Format, Metric};
     guard(|| {
         if profile_path.is_null() || out_path.is_null() {
             return Err(fail(MEMTRAIL_E_NULL, "a path is NULL"));
@@ -779,17 +780,17 @@ pub unsafe extern "C" fn memtrail_write_report(
                 std::path::Path::new(OsStr::from_bytes(CStr::from_ptr(out_path).to_bytes())),
             )
         };
-        let (profile, id) = crate::render::load_profile_with_id(profile_path)
+        let (profile, id) = crate::report::load_profile_with_id(profile_path)
             .map_err(|err| from_report_error(&err))?;
-        let opts = crate::render::ReportOptions {
+        let opts = crate::report::ReportOptions {
             format,
             by,
             top: Some(top as usize),
         };
         // Never over the profile itself (issue 28).
-        crate::report::check_not_input(out_path, &[("the profile", profile_path, id)])
-            .and_then(|()| crate::report::OutputFile::create(out_path))
-            .and_then(|out| crate::render::write_report_file(&profile, &opts, out))
+        crate::output::check_not_input(out_path, &[("the profile", profile_path, id)])
+            .and_then(|()| crate::output::OutputFile::create(out_path))
+            .and_then(|out| crate::report::write_report_file(&profile, &opts, out))
             .map_err(|err| fail(MEMTRAIL_E_OUTPUT, &crate::sys::error_chain(&err)))
     })
 }

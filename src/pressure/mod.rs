@@ -49,6 +49,8 @@
 //! the hard mark: BPF then latches early enough to keep the freeze room
 //! (bpf/memtrail.bpf.c, Backpressure).
 
+pub mod room;
+
 use std::collections::HashSet;
 use std::fmt;
 use std::os::fd::{AsFd, OwnedFd};
@@ -57,11 +59,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use crate::engine::Barrier;
 use crate::proctree::cgroup::TreeCgroup;
 use crate::proctree::stops::{Owner, StopState, Stops};
+use crate::profile::PressureStats;
 use crate::ring::RingConsumer;
 use crate::sys;
 
@@ -322,37 +323,6 @@ pub fn check_room(
     Ok(())
 }
 
-/// Pressure statistics of a capture (in the profile and the summary).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PressureStats {
-    pub episodes: u64,
-    pub total_pause_ns: u64,
-    pub longest_pause_ns: u64,
-    /// Highest fill of each ring, in bytes.
-    pub high_water: HighWater,
-}
-
-/// Highest fill of each ring, in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HighWater {
-    pub events: u64,
-    pub stacks: u64,
-    pub mappings: u64,
-    pub attach: u64,
-}
-
-impl HighWater {
-    /// Each ring's higher mark of the two.
-    pub fn max(self, other: Self) -> Self {
-        Self {
-            events: self.events.max(other.events),
-            stacks: self.stacks.max(other.stacks),
-            mappings: self.mappings.max(other.mappings),
-            attach: self.attach.max(other.attach),
-        }
-    }
-}
-
 /// Why a pressure episode failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PressureError {
@@ -530,7 +500,7 @@ pub struct Coordinator {
     /// it must never kill).
     pub kill_on_failure: bool,
     /// Counts pauses for the live status line.
-    pub live: Option<std::sync::Arc<crate::report::live::LiveCounters>>,
+    pub live: Option<std::sync::Arc<crate::engine::live::LiveCounters>>,
     /// Test-only: a late freeze or a late release.
     pub fault: PressureFault,
 }

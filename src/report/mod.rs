@@ -1,927 +1,323 @@
-//! Aggregating events into the profile, the summary and the event stream.
+//! Reports on a profile's allocation sites: text, JSON, folded stacks,
+//! flamegraph SVG and pprof. Formats are documented for users in
+//! docs/reports.md.
 //!
-//! [`Aggregator`] folds records in ring order. Its memory is O(live
-//! allocations): a process keeps a map of its live blocks and anonymous
-//! regions while it runs and only its counters once it has exited.
+//! A report is a pure function of a [`Profile`] and [`ReportOptions`]: the
+//! same profile gives the same bytes (sites are ranked by the chosen
+//! [`Metric`], ties broken by stack id; flamegraph colours come from a hash
+//! of the function name, never from a random source). `memtrail report`
+//! loads the profile from a file with [`load_profile`]; `memtrail run
+//! --report` renders the profile it just built.
 //!
-//! Accounting rules (documented for users in docs/profile.md):
-//! - an outermost realloc of a live block opens with `ReallocBegin`, which
-//!   takes the old block out of the live map before another thread can be
-//!   handed the same address; the realloc record then settles it;
-//! - a forked child inherits its parent's live blocks as *inherited*: their
-//!   frees match (and count as frees) but they are neither the child's live
-//!   bytes nor its leaks;
-//! - exec discards the old image's blocks, regions and program break;
-//! - per call stack, live bytes at the tree's peak are kept lazily: a stack
-//!   remembers when it last changed, and the first change after a new peak
-//!   (or the end of the capture) records its value at that peak, so a peak
-//!   costs O(1) however many stacks there are;
-//! - a *temporary* allocation is one its thread frees before allocating or
-//!   freeing anything else (heaptrack's rule, kept per thread): each thread
-//!   remembers the address of its last allocation until its next free, and
-//!   a free of that address counts the block as temporary, in its process
-//!   and at the stack that allocated it. realloc is a free of the old block
-//!   then an allocation of the new one, as in heaptrack;
-//! - an anonymous region mapped outside allocator calls belongs to the stack
-//!   of the libc `mmap` that made it (the event's `stack_id`), or, made by a
-//!   direct syscall, to its process's direct-syscall site (when stacks are
-//!   captured); the pieces of a region unmapped in part keep its stack, and
-//!   mremap moves it to the new range. Per stack, bytes mapped at the
-//!   tree's mapping peak are kept lazily like live bytes at the heap peak.
-//!   Program break growth outside allocator calls goes to the stack of the
-//!   `sbrk` that made it likewise.
+//! Ownership: renderers write into a writer the caller owns and never close
+//! it; files go through [`OutputFile`], so a report file appears whole or
+//! not at all (a FIFO or a device gets it as a stream).
+//!
+//! Site frames are innermost first (as in the profile's `stacks`);
+//! folded stacks and flamegraphs reverse them (outermost caller first),
+//! pprof keeps them (its leaf is `location_id[0]`).
 
-pub mod live;
-mod output;
-mod profile;
-mod regions;
-pub(crate) mod stream;
-mod summary;
-pub mod timeline;
+mod flamegraph;
+mod folded;
+mod json;
+mod load;
+pub mod pprof;
+mod sites;
+mod text;
+mod timeline;
 
-use std::collections::{BTreeMap, HashMap};
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
 
-pub use output::{
-    CommitError, FileId, OutputError, OutputFile, Outputs, SameOutputError, check_distinct,
-    check_not_input, commit_all,
+pub use load::{
+    FileId, InputFile, JsonError, MAX_PROFILE_BYTES, MAX_SUITE_BYTES, load_profile,
+    load_profile_with_id, open_input, read_profile, read_text,
 };
-pub use profile::{
-    DIRECT_SYSCALL_FRAME, EndedEarly, ExitInfo, Frame, LostEvents, PROFILE_FORMAT, PROFILE_VERSION,
-    Profile, SkippedImage, StackEntry, StackMetrics, UnwindReport, stage_profile, wait_status_code,
-    write_profile,
-};
-pub use regions::RegionEntry;
-pub use stream::{EventWriter, EventsFormat};
-pub use summary::{NOTE, SlowProbe, ending, human_bytes, slow_probes, write_summary};
-pub use timeline::Timeline;
 
-use crate::record::{Body, Header, Kind, Mem, Record};
+use crate::output::{OutputError, OutputFile};
 
-/// Heap counters of a process or the whole tree.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct HeapCounters {
-    pub allocations: u64,
-    pub frees: u64,
-    pub reallocs: u64,
-    pub allocated_bytes: u64,
-    pub freed_bytes: u64,
-    pub peak_live_bytes: u64,
-    pub peak_live_at_ns: u64,
-    pub live_bytes_at_exit: u64,
-    pub live_allocations_at_exit: u64,
-    pub unmatched_frees: u64,
-    /// Blocks freed by their thread before it allocated or freed anything
-    /// else (see docs/profile.md, "Temporary allocations").
-    #[serde(default)]
-    pub temporary_allocations: u64,
+use crate::profile::Profile;
+
+/// The sites a text report shows when `--top` is not given.
+pub const DEFAULT_TEXT_TOP: usize = 10;
+
+/// A report format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// The top sites with their metrics and symbolized stacks, for a
+    /// terminal.
+    Text,
+    /// The sites ranked by the metric, as a JSON document.
+    Json,
+    /// An SVG flame graph of the metric, outermost caller at the bottom.
+    Flamegraph,
+    /// A gzipped pprof profile.proto with every metric as a sample type.
+    Pprof,
+    /// Collapsed stacks, `outer;...;inner VALUE` a line, for any flame
+    /// graph tool.
+    Folded,
+    /// An SVG chart of the heap over time (the profile's timeline),
+    /// stacked by its top allocation sites, with the peak instant and the
+    /// sites at the peak; `--by` and `--top` do not apply.
+    Timeline,
 }
 
-/// Anonymous mappings and program break of a process or the whole tree.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct MapCounters {
-    pub mmaps: u64,
-    pub munmaps: u64,
-    pub mapped_bytes: u64,
-    pub unmapped_bytes: u64,
-    pub peak_mapped_bytes: u64,
-    pub mapped_bytes_at_exit: u64,
-    pub brk_peak_bytes: u64,
-    pub brk_bytes_at_exit: u64,
-    /// Program break growth made outside allocator calls: the sum of the
-    /// increases (what the stacks' `brk_bytes` add up to).
-    #[serde(default)]
-    pub brk_grown_bytes: u64,
+/// What sites are ranked (and flame graphs sized) by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Metric {
+    /// Bytes allocated (the sum of the sizes asked for).
+    #[default]
+    Bytes,
+    /// Allocating calls.
+    Count,
+    /// Bytes live when the tree's live heap peaked.
+    Peak,
+    /// Bytes still live when their process exited (in an attach window:
+    /// live at detach).
+    Leaked,
+    /// Temporary allocations: blocks freed by their thread before it
+    /// allocated or freed anything else (heaptrack's definition).
+    Temporary,
+    /// Bytes of anonymous memory mapped outside allocator calls (mmap and
+    /// mremap's new lengths, whole pages).
+    Mapped,
+    /// Of them, bytes mapped when the tree's anonymous mappings peaked.
+    MappedPeak,
+    /// Of them, bytes still mapped when their process exited.
+    MappedExit,
+    /// Program break growth made through sbrk outside allocator calls.
+    Brk,
 }
 
-/// A process of the tree.
-#[derive(Clone, Debug, Default)]
-pub struct Process {
-    pub pid: u32,
-    pub ppid: u32,
-    pub exe: String,
-    pub start_ns: u64,
-    pub end_ns: Option<u64>,
-    /// The kernel's wait status, once the process exited.
-    pub exit_status: Option<i32>,
-    pub heap: HeapCounters,
-    pub maps: MapCounters,
-    /// `exe` interned (`Aggregator::exe_names`), for the stacks it makes.
-    exe_id: u32,
-    state: Option<Box<LiveState>>,
-}
-
-/// A live block: its size and the stack that allocated it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Block {
-    size: u64,
-    stack: u64,
-}
-
-/// The old block of a realloc in flight.
-#[derive(Clone, Copy, Debug)]
-struct PendingRealloc {
-    addr: u64,
-    block: Block,
-    inherited: bool,
-}
-
-/// What a running process has live.
-#[derive(Clone, Debug, Default)]
-struct LiveState {
-    /// Blocks it allocated, by address.
-    blocks: HashMap<u64, Block>,
-    /// Blocks inherited at fork, by address: they are the parent's.
-    inherited: HashMap<u64, Block>,
-    live_bytes: u64,
-    /// Old block of a realloc in flight, by thread.
-    reallocs: HashMap<u32, PendingRealloc>,
-    /// Anonymous regions made outside allocator calls, by start.
-    regions: BTreeMap<u64, Region>,
-    mapped_bytes: u64,
-    brk_start: Option<u64>,
-    brk_now: u64,
-    /// The address of each thread's last allocation, until that thread
-    /// frees something: the temporary-allocation rule.
-    last_alloc: HashMap<u32, u64>,
-}
-
-impl LiveState {
-    /// A fork child's view: the parent's blocks become inherited; its
-    /// regions and break stay the parent's.
-    fn forked(&self) -> Self {
-        let mut inherited = self.inherited.clone();
-        inherited.extend(self.blocks.iter().map(|(&a, &b)| (a, b)));
-        Self {
-            inherited,
-            brk_start: self.brk_start.map(|_| self.brk_now),
-            brk_now: self.brk_now,
-            ..Self::default()
+impl Metric {
+    /// The whole tree's value of this metric, from the profile's totals.
+    pub fn total(self, p: &Profile) -> u64 {
+        match self {
+            Self::Bytes => p.totals.allocated_bytes,
+            Self::Count => p.totals.allocations,
+            Self::Peak => p.totals.peak_live_bytes,
+            Self::Leaked => p.totals.live_bytes_at_exit,
+            Self::Temporary => p.totals.temporary_allocations,
+            Self::Mapped => p.mappings.mapped_bytes,
+            Self::MappedPeak => p.mappings.peak_mapped_bytes,
+            Self::MappedExit => p.mappings.mapped_bytes_at_exit,
+            Self::Brk => p.mappings.brk_grown_bytes,
         }
     }
 
-    /// Removes [start, end) from the regions, and their bytes from their
-    /// stacks' mapped bytes; returns the bytes removed and the stack of the
-    /// lowest piece removed (0 if none).
-    fn unmap(&mut self, start: u64, end: u64, tree: &mut TreeLive) -> (u64, u64) {
-        let overlapping: Vec<(u64, Region)> = self
-            .regions
-            .range(..end)
-            .rev()
-            .take_while(|&(_, r)| r.end > start)
-            .map(|(&s, &r)| (s, r))
-            .collect();
-        let (mut removed, mut stack) = (0, 0);
-        // Highest first: the last one is the lowest.
-        for (s, r) in overlapping {
-            self.regions.remove(&s);
-            if s < start {
-                self.regions.insert(s, Region { end: start, ..r });
-            }
-            if r.end > end {
-                self.regions.insert(end, r);
-            }
-            let bytes = r.end.min(end) - s.max(start);
-            removed += bytes;
-            tree.unmapped(r.stack, bytes);
-            stack = r.stack;
+    /// The name `--by` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bytes => "bytes",
+            Self::Count => "count",
+            Self::Peak => "peak",
+            Self::Leaked => "leaked",
+            Self::Temporary => "temporary",
+            Self::Mapped => "mapped",
+            Self::MappedPeak => "mapped-peak",
+            Self::MappedExit => "mapped-exit",
+            Self::Brk => "brk",
         }
-        (removed, stack)
+    }
+
+    /// What the metric measures, for titles; `attached`: the profile is
+    /// an attach window, whose "leaked" bytes are live at detach.
+    fn describe(self, attached: bool) -> &'static str {
+        match self {
+            Self::Bytes => "bytes allocated",
+            Self::Count => "allocations",
+            Self::Peak => "bytes live at peak",
+            Self::Leaked if attached => "bytes live at detach",
+            Self::Leaked => "bytes leaked",
+            Self::Temporary => "temporary allocations",
+            Self::Mapped => "bytes mapped",
+            Self::MappedPeak => "bytes mapped at the mapping peak",
+            Self::MappedExit => "bytes mapped at exit",
+            Self::Brk => "program break growth",
+        }
+    }
+
+    /// The unit of a value, for flame graph tooltips.
+    fn unit(self) -> &'static str {
+        match self {
+            Self::Count | Self::Temporary => "allocations",
+            _ => "bytes",
+        }
     }
 }
 
-/// An anonymous region made outside allocator calls: its end, and the
-/// stack (or direct-syscall site) that mapped it, 0 if none.
+/// What to render.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Region {
-    end: u64,
-    stack: u64,
+pub struct ReportOptions {
+    pub format: Format,
+    /// Sites are ranked by this metric, highest first.
+    pub by: Metric,
+    /// Keep only the first N ranked sites; 0 keeps all. `None`:
+    /// [`DEFAULT_TEXT_TOP`] for text, all sites for the other formats.
+    pub top: Option<usize>,
 }
 
-/// The id of the direct-syscall site of process `pid` running executable
-/// `exe_id` (see [`DIRECT_SYSCALL_FRAME`]; an exec starts a new site): a
-/// reserved pattern no stack hash is expected to take.
-fn direct_syscall_id(pid: u32, exe_id: u32) -> u64 {
-    0xd1ec_0000_0000_0000 ^ u64::from(exe_id & 0xffff) << 32 ^ u64::from(pid)
-}
-
-fn page_end(addr: u64, len: u64) -> u64 {
-    addr.saturating_add(len).saturating_add(4095) & !4095
-}
-
-/// Per-stack accounting.
-#[derive(Clone, Copy, Debug, Default)]
-struct StackAgg {
-    metrics: StackMetrics,
-    live: u64,
-    /// Blocks from this stack live now.
-    live_blocks: u64,
-    /// Record sequence number of the last change of `live`.
-    changed: u64,
-    /// Bytes of regions from this stack mapped now.
-    mapped: u64,
-    /// Record sequence number of the last change of `mapped`.
-    mapped_changed: u64,
-    /// The executable its process ran at its first allocation, mapping or
-    /// break move (an index in `Aggregator::exe_names`): a stack made
-    /// before an exec belongs to the program that ran then, not to the one
-    /// the process ends as.
-    exe_id: u32,
-    /// Its part in the timeline's site snapshots.
-    site: timeline::SiteMark,
-}
-
-/// The tree's live heap and its peak, with per-stack live bytes.
-#[derive(Debug, Default)]
-struct TreeLive {
-    live_bytes: u64,
-    live_blocks: u64,
-    peak_live_bytes: u64,
-    peak_live_at_ns: u64,
-    /// Sequence number of the record that made the peak.
-    peak_seq: u64,
-    /// Sequence number of the record being folded.
-    seq: u64,
-    /// Sequence number of the record that made the tree's mapping peak.
-    mapped_peak_seq: u64,
-    stacks: HashMap<u64, StackAgg>,
-    /// The timeline's site snapshots: the open interval's peak and the
-    /// stacks changed in it.
-    sites: timeline::SiteTrack,
-}
-
-impl TreeLive {
-    /// The stack's entry, its value at the last peak recorded first if it
-    /// has not changed since that peak.
-    fn stack(&mut self, id: u64) -> &mut StackAgg {
-        let (peak_seq, seq) = (self.peak_seq, self.seq);
-        let s = self.stacks.entry(id).or_default();
-        if s.changed <= peak_seq && peak_seq < seq {
-            s.metrics.live_bytes_at_peak = s.live;
-            s.metrics.live_allocations_at_peak = s.live_blocks;
-        }
-        if self.sites.on {
-            self.sites.touch(id, s, seq);
-        }
-        s.changed = seq;
-        s
-    }
-
-    /// The stack's entry, its mapped bytes at the last mapping peak
-    /// recorded first if they have not changed since that peak.
-    fn map_stack(&mut self, id: u64) -> &mut StackAgg {
-        let (peak_seq, seq) = (self.mapped_peak_seq, self.seq);
-        let s = self.stacks.entry(id).or_default();
-        if s.mapped_changed <= peak_seq && peak_seq < seq {
-            s.metrics.mapped_bytes_at_peak = s.mapped;
-        }
-        s.mapped_changed = seq;
-        s
-    }
-
-    /// A region of `bytes` mapped from `stack` by a process running
-    /// executable `exe_id`; `new` for an mmap (an mremap moves a region).
-    fn mapped(&mut self, stack: u64, bytes: u64, new: bool, exe_id: u32) {
-        if stack != 0 {
-            let s = self.map_stack(stack);
-            if s.metrics.is_empty() {
-                s.exe_id = exe_id;
-            }
-            s.mapped += bytes;
-            s.metrics.mapped_bytes += bytes;
-            s.metrics.mmaps += u64::from(new);
-        }
-    }
-
-    fn unmapped(&mut self, stack: u64, bytes: u64) {
-        if stack != 0 {
-            self.map_stack(stack).mapped -= bytes;
-        }
-    }
-
-    fn grow(&mut self, block: Block) {
-        self.live_bytes += block.size;
-        self.live_blocks += 1;
-        if block.stack != 0 {
-            let s = self.stack(block.stack);
-            s.live += block.size;
-            s.live_blocks += 1;
-        }
-    }
-
-    fn shrink(&mut self, block: Block) {
-        self.live_bytes -= block.size;
-        self.live_blocks -= 1;
-        if block.stack != 0 {
-            let s = self.stack(block.stack);
-            s.live -= block.size;
-            s.live_blocks -= 1;
-        }
-    }
-
-    fn check_peak(&mut self, ts: u64) {
-        if self.live_bytes > self.peak_live_bytes {
-            self.peak_live_bytes = self.live_bytes;
-            self.peak_live_at_ns = ts;
-            self.peak_seq = self.seq;
-        }
-    }
-}
-
-/// Folds the records of one capture. Times are `CLOCK_MONOTONIC` ns.
-#[derive(Debug, Default)]
-pub struct Aggregator {
-    /// Every process seen, in order of appearance (a reused pid gets a new
-    /// entry).
-    procs: Vec<Process>,
-    /// pid -> index in `procs` of the newest process with that pid.
-    by_pid: HashMap<u32, usize>,
-    tree: TreeLive,
-    mapped_bytes: u64,
-    peak_mapped_bytes: u64,
-    /// Whether mappings and break growth without a stack go to their
-    /// process's direct-syscall site (when stacks are captured).
-    direct_syscall_sites: bool,
-    /// Direct-syscall sites seen: id -> pid.
-    direct_sites: HashMap<u64, u32>,
-    /// Records this version does not understand.
-    pub malformed: u64,
-    /// The heap over time; `None` when not kept.
-    timeline: Option<timeline::Builder>,
-    /// Every executable exec'd in the tree, once, by id ("" first: none
-    /// seen yet); `exe_ids` the other way round.
-    exe_names: Vec<String>,
-    exe_ids: HashMap<String, u32>,
-}
-
-impl Aggregator {
-    /// An aggregator that keeps the timeline.
-    pub fn new() -> Self {
-        let mut agg = Self {
-            timeline: Some(timeline::Builder::default()),
-            ..Self::default()
+impl ReportOptions {
+    /// How many ranked sites to keep (`None`: all).
+    fn limit(&self) -> Option<usize> {
+        let top = match (self.top, self.format) {
+            (Some(n), _) => n,
+            (None, Format::Text) => DEFAULT_TEXT_TOP,
+            (None, _) => 0,
         };
-        agg.tree.sites.on = true;
-        agg
+        (top != 0).then_some(top)
+    }
+}
+
+/// Why `memtrail report` failed. Each variant maps to a documented exit
+/// code (see `cli::report_exit_code`).
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("cannot read the profile {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{} is not a valid memtrail profile", path.display())]
+    Invalid {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "{} is not a memtrail profile: its \"format\" is {found}, expected \"{}\"",
+        path.display(), crate::profile::PROFILE_FORMAT
+    )]
+    Format { path: PathBuf, found: String },
+    #[error(
+        "{} is a profile of version {found}; this memtrail reads version {}{}",
+        path.display(), crate::profile::PROFILE_VERSION,
+        if found == "1" {
+            " (version 1 profiles lack each stack's process and image build ids: capture again)"
+        } else {
+            ""
+        }
+    )]
+    Version { path: PathBuf, found: String },
+    #[error("{} has no process {wanted} (its processes: {known})", path.display())]
+    NoSuchProcess {
+        path: PathBuf,
+        wanted: String,
+        known: String,
+    },
+    #[error("--debuginfo-dir {}: not a directory", path.display())]
+    DebuginfoDir { path: PathBuf },
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error("writing the report to standard output failed")]
+    Stdout(#[source] io::Error),
+}
+
+impl ReportError {
+    /// Standard output was closed early (e.g. `memtrail report ... | head`):
+    /// not a failure.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, Self::Stdout(e) if e.kind() == io::ErrorKind::BrokenPipe)
+    }
+}
+
+/// Which processes' stacks a report keeps (`--pid`, `--exe`): a stack is
+/// kept when its process matches any pid or any executable given, every
+/// stack when none is given. An executable matches by its path as the
+/// profile names it or by its file name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StackFilter {
+    pub pids: Vec<u32>,
+    pub exes: Vec<String>,
+}
+
+impl StackFilter {
+    fn keeps(&self, pid: u32, exe: &str) -> bool {
+        (self.pids.is_empty() && self.exes.is_empty())
+            || self.pids.contains(&pid)
+            || self
+                .exes
+                .iter()
+                .any(|e| e == exe || e == sites::module_base(exe))
     }
 
-    /// Processes seen, the tree's live heap bytes and its peak, for the
-    /// live status line.
-    pub(crate) fn live_view(&self) -> (u64, u64, u64) {
-        (
-            self.procs.len() as u64,
-            self.tree.live_bytes,
-            self.tree.peak_live_bytes,
-        )
-    }
-
-    /// Gives anonymous mappings and break growth made by direct syscalls
-    /// (no libc wrapper's stack) their process's direct-syscall site: on
-    /// when stacks are captured.
-    pub fn set_direct_syscall_sites(&mut self, on: bool) {
-        self.direct_syscall_sites = on;
-    }
-
-    /// The process of a direct-syscall site, if `id` is one.
-    pub fn direct_syscall_pid(&self, id: u64) -> Option<u32> {
-        self.direct_sites.get(&id).copied()
-    }
-
-    /// An aggregator without the timeline (to measure what it costs).
-    pub fn without_timeline() -> Self {
-        Self::default()
-    }
-
-    /// The timeline, times relative to `start_ns` (`None` when not kept).
-    pub fn timeline(&self, start_ns: u64) -> Option<Timeline> {
-        self.timeline.as_ref().map(|b| {
-            b.build(
-                start_ns,
-                self.procs.iter().map(|p| p.pid),
-                (self.tree.peak_live_bytes, self.tree.peak_live_at_ns),
-                &self.tree,
-            )
-        })
-    }
-
-    /// Samples the tree and process `idx` into the timeline, in the
-    /// interval [`timeline::Builder::begin`] found for the record.
-    fn sample(&mut self, idx: usize) {
-        let Some(b) = self.timeline.as_mut() else {
-            return;
+    /// Drops the stacks of other processes from `profile` (read from
+    /// `path`). A pid or executable that names no process of the profile
+    /// (nor, for an executable, a stack made before an exec) is an error,
+    /// not an empty report. Totals and processes stay the
+    /// whole tree's.
+    pub fn apply(&self, profile: &mut Profile, path: &std::path::Path) -> Result<(), ReportError> {
+        let procs = &profile.processes;
+        let missing_pid = self
+            .pids
+            .iter()
+            .find(|&&pid| !procs.iter().any(|p| p.pid == pid))
+            .map(|pid| format!("with pid {pid}"));
+        // An executable a process ran before an exec is only in its
+        // stacks' `exe`.
+        let matches = |e: &String, exe: &str| e == exe || e == sites::module_base(exe);
+        let missing_exe = || {
+            self.exes
+                .iter()
+                .find(|&e| {
+                    !procs.iter().any(|p| matches(e, &p.exe))
+                        && !profile.stacks.iter().any(|s| matches(e, &s.exe))
+                })
+                .map(|e| format!("running {e}"))
         };
-        let tree = timeline::Point {
-            live_bytes: self.tree.live_bytes,
-            live_blocks: self.tree.live_blocks,
-            mapped_bytes: self.mapped_bytes,
-        };
-        let proc = self.procs[idx]
-            .state
-            .as_deref()
-            .map_or_else(timeline::Point::default, |s| timeline::Point {
-                live_bytes: s.live_bytes,
-                live_blocks: s.blocks.len() as u64,
-                mapped_bytes: s.mapped_bytes,
+        if let Some(wanted) = missing_pid.or_else(missing_exe) {
+            let known: Vec<String> = procs
+                .iter()
+                .map(|p| format!("{} {}", p.pid, p.exe))
+                .collect();
+            return Err(ReportError::NoSuchProcess {
+                path: path.to_owned(),
+                wanted,
+                known: known.join(", "),
             });
-        b.record(tree, idx, proc);
-        self.tree.sites.sampled(self.tree.seq, self.tree.live_bytes);
-    }
-
-    /// The tree's live heap now: bytes and blocks.
-    pub fn live_now(&self) -> (u64, u64) {
-        (self.tree.live_bytes, self.tree.live_blocks)
-    }
-
-    /// Names the parent of a process whose fork was not recorded (the root).
-    pub fn set_parent(&mut self, pid: u32, ppid: u32) {
-        if let Some(&idx) = self.by_pid.get(&pid) {
-            self.procs[idx].ppid = ppid;
         }
-    }
-
-    /// Adds a process that was running before the capture (one memtrail
-    /// attaches to), with its parent and executable as they are now: no
-    /// exec or fork record names them. Call before any record of `pid`.
-    pub fn add_running(&mut self, pid: u32, ppid: u32, exe: &str, ts: u64) {
-        let exe_id = self.intern_exe(exe);
-        self.insert(Process {
-            pid,
-            ppid,
-            exe: exe.to_owned(),
-            exe_id,
-            start_ns: ts,
-            state: Some(Box::default()),
-            ..Process::default()
-        });
-    }
-
-    /// The kernel's wait status of the newest process with `pid`, once it
-    /// exited.
-    pub fn exit_status(&self, pid: u32) -> Option<i32> {
-        self.procs[*self.by_pid.get(&pid)?].exit_status
-    }
-
-    fn insert(&mut self, proc: Process) {
-        self.by_pid.insert(proc.pid, self.procs.len());
-        self.procs.push(proc);
-    }
-
-    /// Processes in order of appearance.
-    pub fn processes(&self) -> impl Iterator<Item = &Process> {
-        self.procs.iter()
-    }
-
-    /// Tree-wide heap counters.
-    pub fn totals(&self) -> HeapCounters {
-        let mut t = HeapCounters::default();
-        for p in self.processes() {
-            let h = &p.heap;
-            t.allocations += h.allocations;
-            t.frees += h.frees;
-            t.reallocs += h.reallocs;
-            t.allocated_bytes += h.allocated_bytes;
-            t.freed_bytes += h.freed_bytes;
-            t.live_bytes_at_exit += h.live_bytes_at_exit;
-            t.live_allocations_at_exit += h.live_allocations_at_exit;
-            t.unmatched_frees += h.unmatched_frees;
-            t.temporary_allocations += h.temporary_allocations;
-        }
-        t.peak_live_bytes = self.tree.peak_live_bytes;
-        t.peak_live_at_ns = self.tree.peak_live_at_ns;
-        t
-    }
-
-    /// The heap counters of the newest process with `pid`, if seen.
-    pub fn heap_of(&self, pid: u32) -> Option<HeapCounters> {
-        self.by_pid.get(&pid).map(|&idx| self.procs[idx].heap)
-    }
-
-    /// What a running process has live now: bytes and blocks (zero once
-    /// it has exited).
-    pub fn live_of(&self, proc: &Process) -> (u64, u64) {
-        proc.state
-            .as_deref()
-            .map_or((0, 0), |s| (s.live_bytes, s.blocks.len() as u64))
-    }
-
-    /// Tree-wide mapping counters.
-    pub fn mapping_totals(&self) -> MapCounters {
-        let mut t = MapCounters::default();
-        for p in self.processes() {
-            let m = &p.maps;
-            t.mmaps += m.mmaps;
-            t.munmaps += m.munmaps;
-            t.mapped_bytes += m.mapped_bytes;
-            t.unmapped_bytes += m.unmapped_bytes;
-            t.mapped_bytes_at_exit += m.mapped_bytes_at_exit;
-            t.brk_peak_bytes = t.brk_peak_bytes.max(m.brk_peak_bytes);
-            t.brk_bytes_at_exit += m.brk_bytes_at_exit;
-            t.brk_grown_bytes += m.brk_grown_bytes;
-        }
-        t.peak_mapped_bytes = self.peak_mapped_bytes;
-        t
-    }
-
-    /// The executable the process of stack `id` ran when the stack first
-    /// allocated, if known.
-    pub fn stack_exe(&self, id: u64) -> Option<&str> {
-        let s = self.tree.stacks.get(&id)?;
-        let name = self.exe_names.get(usize::try_from(s.exe_id).ok()?)?;
-        (!name.is_empty()).then_some(name.as_str())
-    }
-
-    /// The id of executable `exe` in `exe_names`, added if new.
-    fn intern_exe(&mut self, exe: &str) -> u32 {
-        if let Some(&id) = self.exe_ids.get(exe) {
-            return id;
-        }
-        if self.exe_names.is_empty() {
-            self.exe_names.push(String::new());
-        }
-        let id = u32::try_from(self.exe_names.len()).unwrap_or(0);
-        self.exe_names.push(exe.to_owned());
-        self.exe_ids.insert(exe.to_owned(), id);
-        id
-    }
-
-    /// Metrics of every stack that allocated, by stack id. Call after
-    /// [`finish`](Self::finish).
-    pub fn stack_metrics(&self) -> impl Iterator<Item = (u64, StackMetrics)> + '_ {
-        self.tree.stacks.iter().map(|(&id, s)| (id, s.metrics))
-    }
-
-    /// Folds one record.
-    pub fn apply(&mut self, rec: &Record<'_>) {
-        self.tree.seq += 1;
-        let ts = rec.hdr.ts_ns;
-        let pid = rec.hdr.pid;
-        if let Some(b) = self.timeline.as_mut()
-            && !matches!(rec.body, Body::Region { .. })
-        {
-            b.begin(ts, &mut self.tree);
-        }
-        match rec.body {
-            Body::Fork { child_pid } => self.fork(pid, child_pid, ts),
-            Body::Exec { filename } => {
-                let exe = String::from_utf8_lossy(filename).into_owned();
-                let exe_id = self.intern_exe(&exe);
-                let idx = self.index(pid, ts);
-                self.procs[idx].exe = exe;
-                self.procs[idx].exe_id = exe_id;
-                let old = self.procs[idx].state.replace(Box::default());
-                if let Some(old) = old {
-                    // The old image is gone: its blocks are neither freed
-                    // nor leaked.
-                    for block in old.blocks.values() {
-                        self.tree.shrink(*block);
-                    }
-                    for (start, r) in &old.regions {
-                        self.tree.unmapped(r.stack, r.end - start);
-                    }
-                    self.mapped_bytes -= old.mapped_bytes;
-                }
-                self.sample(idx);
-            }
-            Body::Exit { exit_code } => {
-                let idx = self.index(pid, ts);
-                self.procs[idx].exit_status = Some(exit_code);
-                self.close(idx, ts);
-            }
-            Body::Mem(mem) => {
-                let idx = self.mem(&rec.hdr, mem);
-                self.sample(idx);
-            }
-            // Folded by the region markers (crate::session::markers).
-            Body::Region { .. } => {}
-        }
-    }
-
-    /// Index of the newest process with `pid`, created if unseen.
-    fn index(&mut self, pid: u32, ts: u64) -> usize {
-        if let Some(&idx) = self.by_pid.get(&pid) {
-            return idx;
-        }
-        // A process whose fork we did not see (the root).
-        self.insert(Process {
-            pid,
-            start_ns: ts,
-            state: Some(Box::default()),
-            ..Process::default()
-        });
-        self.procs.len() - 1
-    }
-
-    fn fork(&mut self, parent: u32, child: u32, ts: u64) {
-        let idx = self.index(parent, ts);
-        let parent_proc = &self.procs[idx];
-        let exe = parent_proc.exe.clone();
-        let exe_id = parent_proc.exe_id;
-        let state = parent_proc
-            .state
-            .as_deref()
-            .map(LiveState::forked)
-            .unwrap_or_default();
-        self.insert(Process {
-            pid: child,
-            ppid: parent,
-            exe,
-            exe_id,
-            start_ns: ts,
-            state: Some(Box::new(state)),
-            ..Process::default()
-        });
-        self.sample(self.procs.len() - 1);
-    }
-
-    /// Ends a process: what it still has live is its leaks.
-    fn close(&mut self, idx: usize, ts: u64) {
-        let p = &mut self.procs[idx];
-        p.end_ns = Some(ts);
-        let Some(state) = p.state.take() else {
-            return;
-        };
-        p.heap.live_bytes_at_exit = state.live_bytes;
-        p.heap.live_allocations_at_exit = state.blocks.len() as u64;
-        p.maps.mapped_bytes_at_exit = state.mapped_bytes;
-        if let Some(start) = state.brk_start {
-            p.maps.brk_bytes_at_exit = state.brk_now.saturating_sub(start);
-        }
-        for block in state.blocks.values() {
-            self.tree.shrink(*block);
-            if block.stack != 0 {
-                let m = &mut self.tree.stack(block.stack).metrics;
-                m.live_bytes_at_exit += block.size;
-                m.live_allocations_at_exit += 1;
-            }
-        }
-        for (start, r) in &state.regions {
-            if r.stack != 0 {
-                self.tree.unmapped(r.stack, r.end - start);
-                self.tree.map_stack(r.stack).metrics.mapped_bytes_at_exit += r.end - start;
-            }
-        }
-        self.mapped_bytes -= state.mapped_bytes;
-        self.sample(idx);
-    }
-
-    /// Folds an allocator or memory-syscall record; returns its process's
-    /// index.
-    fn mem(&mut self, hdr: &Header, mem: Mem) -> usize {
-        let idx = self.index(hdr.pid, hdr.ts_ns);
-        // The site of a mapping or break growth made outside allocators.
-        let site = match hdr.kind {
-            Kind::Mmap | Kind::Brk if !hdr.in_allocator => {
-                if mem.stack_id != 0 {
-                    mem.stack_id
-                } else if self.direct_syscall_sites {
-                    let id = direct_syscall_id(hdr.pid, self.procs[idx].exe_id);
-                    self.direct_sites.insert(id, hdr.pid);
-                    id
-                } else {
-                    0
-                }
-            }
-            _ => 0,
-        };
-        let p = &mut self.procs[idx];
-        let exe_id = p.exe_id;
-        let Some(state) = p.state.as_deref_mut() else {
-            return idx;
-        };
-        let tree = &mut self.tree;
-        let heap = &mut p.heap;
-        let maps = &mut p.maps;
-        let live_before = state.live_bytes;
-        let mut mapped_grew = 0u64;
-        let mut mapped_shrank = 0u64;
-        let Mem {
-            addr,
-            size,
-            old_addr,
-            old_size,
-            stack_id,
-        } = mem;
-        match hdr.kind {
-            Kind::ReallocBegin => {
-                let pending = if let Some(block) = state.blocks.remove(&addr) {
-                    Some((block, false))
-                } else {
-                    state.inherited.remove(&addr).map(|b| (b, true))
-                };
-                if let Some((block, inherited)) = pending {
-                    state.reallocs.insert(
-                        hdr.tid,
-                        PendingRealloc {
-                            addr,
-                            block,
-                            inherited,
-                        },
-                    );
-                }
-            }
-            k if k.is_realloc() => {
-                let old = state
-                    .reallocs
-                    .remove(&hdr.tid)
-                    .filter(|o| o.addr == old_addr);
-                // Only the process's own old block leaves its live bytes.
-                let own_old = old.filter(|o| !o.inherited).map(|o| o.block);
-                if addr != 0 || (old.is_some() && size == 0) {
-                    // The old block is freed (heaptrack: a free, then an
-                    // allocation of the new block).
-                    let last = state.last_alloc.remove(&hdr.tid);
-                    if let Some(b) = own_old.filter(|_| last == Some(old_addr)) {
-                        temporary(heap, tree, b);
-                    }
-                    if addr != 0 {
-                        state.last_alloc.insert(hdr.tid, addr);
-                    }
-                }
-                if addr != 0 {
-                    let block = Block {
-                        size,
-                        stack: stack_id,
-                    };
-                    heap.allocations += 1;
-                    heap.reallocs += 1;
-                    heap.allocated_bytes += size;
-                    if let Some(b) = own_old {
-                        heap.freed_bytes += b.size;
-                        state.live_bytes -= b.size;
-                        tree.shrink(b);
-                    }
-                    state.blocks.insert(addr, block);
-                    state.live_bytes += size;
-                    tree.grow(block);
-                    stack_allocated(tree, block, exe_id);
-                } else if old.is_some() && size == 0 {
-                    // realloc(p, 0): glibc frees p and returns NULL.
-                    if let Some(b) = own_old {
-                        heap.freed_bytes += b.size;
-                        state.live_bytes -= b.size;
-                        tree.shrink(b);
-                    }
-                } else if let Some(o) = old {
-                    // Failed: the old block stays.
-                    let map = if o.inherited {
-                        &mut state.inherited
-                    } else {
-                        &mut state.blocks
-                    };
-                    map.insert(o.addr, o.block);
-                }
-            }
-            k if k.is_allocation() => {
-                let block = Block {
-                    size,
-                    stack: stack_id,
-                };
-                heap.allocations += 1;
-                heap.allocated_bytes += size;
-                if let Some(prev) = state.blocks.insert(addr, block) {
-                    // The allocator reused an address we never saw freed.
-                    state.live_bytes -= prev.size;
-                    tree.shrink(prev);
-                }
-                state.inherited.remove(&addr);
-                state.live_bytes += size;
-                tree.grow(block);
-                stack_allocated(tree, block, exe_id);
-                state.last_alloc.insert(hdr.tid, addr);
-            }
-            Kind::Free => {
-                let last = if addr == 0 {
-                    None
-                } else {
-                    state.last_alloc.remove(&hdr.tid)
-                };
-                if let Some(block) = state.blocks.remove(&addr) {
-                    if last == Some(addr) {
-                        temporary(heap, tree, block);
-                    }
-                    heap.frees += 1;
-                    heap.freed_bytes += block.size;
-                    state.live_bytes -= block.size;
-                    tree.shrink(block);
-                } else if state.inherited.remove(&addr).is_some() {
-                    heap.frees += 1;
-                } else {
-                    // Not a block we saw allocated: e.g. glibc releasing a
-                    // thread's cache at thread exit through free().
-                    heap.unmatched_frees += 1;
-                }
-            }
-            Kind::Mmap if !hdr.in_allocator => {
-                let end = page_end(addr, size);
-                // MAP_FIXED may replace regions we hold.
-                mapped_shrank = state.unmap(addr, end, tree).0;
-                state.regions.insert(addr, Region { end, stack: site });
-                tree.mapped(site, end - addr, true, exe_id);
-                maps.mmaps += 1;
-                maps.mapped_bytes += end - addr;
-                mapped_grew = end - addr;
-            }
-            Kind::Munmap if !hdr.in_allocator => {
-                let (removed, _) = state.unmap(addr, page_end(addr, size), tree);
-                if removed > 0 {
-                    maps.munmaps += 1;
-                    maps.unmapped_bytes += removed;
-                    mapped_shrank = removed;
-                }
-            }
-            Kind::Mremap if !hdr.in_allocator => {
-                let (removed, stack) = state.unmap(old_addr, page_end(old_addr, old_size), tree);
-                if removed > 0 {
-                    let end = page_end(addr, size);
-                    mapped_shrank = removed + state.unmap(addr, end, tree).0;
-                    state.regions.insert(addr, Region { end, stack });
-                    tree.mapped(stack, end - addr, false, exe_id);
-                    maps.unmapped_bytes += removed;
-                    maps.mapped_bytes += end - addr;
-                    mapped_grew = end - addr;
-                }
-            }
-            Kind::Brk => {
-                // brk returns the current break, whatever was asked.
-                let known = state.brk_start.is_some();
-                let start = *state.brk_start.get_or_insert(addr);
-                if known && !hdr.in_allocator && addr > state.brk_now {
-                    let grown = addr - state.brk_now;
-                    maps.brk_grown_bytes += grown;
-                    if site != 0 {
-                        let s = tree.stack(site);
-                        if s.metrics.is_empty() {
-                            s.exe_id = exe_id;
-                        }
-                        s.metrics.brk_bytes += grown;
-                    }
-                }
-                state.brk_now = addr;
-                maps.brk_peak_bytes = maps.brk_peak_bytes.max(addr.saturating_sub(start));
-            }
-            _ => {}
-        }
-        if state.live_bytes > heap.peak_live_bytes {
-            heap.peak_live_bytes = state.live_bytes;
-            heap.peak_live_at_ns = hdr.ts_ns;
-        }
-        if state.live_bytes > live_before {
-            tree.check_peak(hdr.ts_ns);
-        }
-        state.mapped_bytes = state.mapped_bytes + mapped_grew - mapped_shrank;
-        maps.peak_mapped_bytes = maps.peak_mapped_bytes.max(state.mapped_bytes);
-        self.mapped_bytes = self.mapped_bytes + mapped_grew - mapped_shrank;
-        if self.mapped_bytes > self.peak_mapped_bytes {
-            self.peak_mapped_bytes = self.mapped_bytes;
-            self.tree.mapped_peak_seq = self.tree.seq;
-        }
-        idx
-    }
-
-    /// Ends processes that never reported an exit (the capture ended
-    /// first): what they have live counts as live at exit. Then settles
-    /// every stack's live bytes at the peak.
-    pub fn finish(&mut self, ts_ns: u64) {
-        // The closes below come after every record, the peak's included.
-        self.tree.seq += 1;
-        if let Some(b) = self.timeline.as_mut() {
-            b.begin(ts_ns, &mut self.tree);
-        }
-        let open: Vec<usize> = (0..self.procs.len())
-            .filter(|&i| self.procs[i].state.is_some())
-            .collect();
-        for idx in open {
-            self.close(idx, ts_ns);
-        }
-        let (peak_seq, mapped_peak_seq) = (self.tree.peak_seq, self.tree.mapped_peak_seq);
-        for s in self.tree.stacks.values_mut() {
-            if s.changed <= peak_seq {
-                s.metrics.live_bytes_at_peak = s.live;
-                s.metrics.live_allocations_at_peak = s.live_blocks;
-            }
-            if s.mapped_changed <= mapped_peak_seq {
-                s.metrics.mapped_bytes_at_peak = s.mapped;
-            }
-        }
+        profile.stacks.retain(|s| self.keeps(s.pid, &s.exe));
+        Ok(())
     }
 }
 
-/// Counts a freed block as temporary, in its process and at its stack.
-fn temporary(heap: &mut HeapCounters, tree: &mut TreeLive, block: Block) {
-    heap.temporary_allocations += 1;
-    if block.stack != 0 {
-        tree.stack(block.stack).metrics.temporary_allocations += 1;
+/// Renders the report of `profile` into `w`.
+pub fn write_report(profile: &Profile, opts: &ReportOptions, w: &mut dyn Write) -> io::Result<()> {
+    match opts.format {
+        Format::Text => text::write(profile, opts.by, opts.limit(), w),
+        Format::Json => json::write(profile, opts.by, opts.limit(), w),
+        Format::Folded => folded::write(profile, opts.by, opts.limit(), w),
+        Format::Flamegraph => flamegraph::write(profile, opts.by, opts.limit(), w),
+        Format::Pprof => pprof::write(profile, opts.by, opts.limit(), w),
+        Format::Timeline => timeline::write(profile, w),
     }
 }
 
-/// Counts an allocation at its stack; the stack's first one sets the
-/// executable it belongs to.
-fn stack_allocated(tree: &mut TreeLive, block: Block, exe_id: u32) {
-    if block.stack != 0 {
-        let s = tree.stack(block.stack);
-        if s.metrics.is_empty() {
-            s.exe_id = exe_id;
-        }
-        s.metrics.allocations += 1;
-        s.metrics.bytes += block.size;
-    }
+/// Renders the report of `profile` into `out` and renames it into place.
+pub fn write_report_file(
+    profile: &Profile,
+    opts: &ReportOptions,
+    out: OutputFile,
+) -> Result<(), OutputError> {
+    stage_report(profile, opts, &out)?;
+    out.commit()
+}
+
+/// Renders the report of `profile` into `out`, without putting it in place
+/// (see [`crate::output::Outputs`]).
+pub fn stage_report(
+    profile: &Profile,
+    opts: &ReportOptions,
+    out: &OutputFile,
+) -> Result<(), OutputError> {
+    let err = |source| OutputError {
+        path: out.path().to_owned(),
+        source,
+    };
+    let mut w = BufWriter::new(out.file());
+    write_report(profile, opts, &mut w)
+        .and_then(|()| w.flush())
+        .map_err(err)
 }

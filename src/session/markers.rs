@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::regions::{Control, NAME_MAX, Regions};
-use crate::record::{Header, Kind, Mem};
-use crate::report::{HeapCounters, RegionEntry};
+use crate::bpf::record::{Header, Kind, Mem};
+use crate::profile::{HeapCounters, regions::RegionEntry};
 
 pub(crate) struct Markers {
     regions: Regions,
@@ -104,7 +104,7 @@ impl Markers {
         }
         if self.unmatched_ends > 0 {
             tracing::warn!(
-                target: crate::report::NOTE,
+                target: crate::profile::NOTE,
                 ends = self.unmatched_ends,
                 "region ends without a begin on their thread"
             );

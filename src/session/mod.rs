@@ -28,9 +28,13 @@
 //! pipelines' epoch barrier and wait for the events pipeline to drain
 //! (see the `regions` submodule).
 
+pub mod error;
 pub(crate) mod markers;
+pub mod options;
 mod phases;
 pub(crate) mod regions;
+pub mod sinks;
+pub mod stages;
 mod upfront;
 
 use std::collections::{HashMap, HashSet};
@@ -47,28 +51,34 @@ use std::time::Duration;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, OpenObject};
 
+use crate::aggregate::Aggregator;
 use crate::attach::cache::ImageCache;
 use crate::attach::worker::AttachWorker;
 use crate::attach::{self, Links};
-use crate::capture::sinks::{EventSink, MappingSink, StackSink};
-use crate::capture::{CaptureError, Faults, MAX_STACK_DEPTH};
+use crate::bpf::skel::memtrail::{MemtrailSkel, MemtrailSkelBuilder, OpenMemtrailSkel};
 use crate::engine::idle::{DeepSleep, SleepFlag};
 use crate::engine::{self, Barrier, Fault, Finished, Pipeline, ThreadIds};
-use crate::pressure::{
-    self, BssWord, Coordinator, HighWater, Latch, Pause, PressureError, PressureStats,
-    PressureTimeout,
-};
+use crate::events::writer::EventWriter;
+use crate::pressure::{self, BssWord, Coordinator, Latch, Pause, PressureError, PressureTimeout};
 use crate::proctree::cgroup::{CgroupError, CgroupPlace, TreeCgroup};
 use crate::proctree::stops::Stops;
 use crate::proctree::{self, CommandSpec};
-use crate::report::{Aggregator, EventWriter, ExitInfo, Profile};
+use crate::profile::regions::RegionCounts;
+use crate::profile::{ExitInfo, ProbeEntry, Profile};
+use crate::profile::{HighWater, PressureStats};
 use crate::ring::merge::{self, EventsRing, Merged};
 use crate::ring::{RingConsumer, RingError};
-use crate::skel::memtrail::{MemtrailSkel, MemtrailSkelBuilder, OpenMemtrailSkel};
 use crate::sys::{self, ChildExit};
+use sinks::{EventSink, MappingSink, StackSink};
 
+use crate::profile::Scope;
+pub use error::{CAPABILITIES, CaptureError, ErrorKind};
+pub use options::{
+    DEFAULT_RING_SIZE, DEFAULT_STACK_DEPTH, DEFAULT_STACK_RING_SIZE, Faults, MAX_STACK_DEPTH,
+};
+pub(crate) use options::{DRAIN_TIMEOUT, PIPELINES};
 use regions::{Control, Op, Regions, Reply};
-pub use regions::{NAME_MAX, ProcessTotals, RegionCounts, Snapshot, Totals};
+pub use regions::{NAME_MAX, ProcessTotals, Snapshot, Totals};
 
 /// How long a detach waits for the processes it stops to settle.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -97,7 +107,7 @@ pub struct SessionOptions {
     /// Frames per allocation stack (0: none), at most [`MAX_STACK_DEPTH`].
     pub stack_depth: u32,
     /// How stacks are walked: unwind tables, frame pointers, or both.
-    pub unwind: crate::unwind::Mode,
+    pub unwind: crate::profile::unwind::Mode,
     /// Where allocator probes go: per process or system-wide.
     pub probes: crate::attach::per_process::Probes,
     /// One events ring, or one per CPU.
@@ -112,7 +122,7 @@ pub struct SessionOptions {
     /// Fault injection for tests.
     pub faults: Faults,
     /// Counters published while the capture runs (the CLI's status line).
-    pub live: Option<Arc<crate::report::live::LiveCounters>>,
+    pub live: Option<Arc<crate::engine::live::LiveCounters>>,
     /// Keep the timeline (the heap over time) in the profile; without it
     /// the profile's `timeline` is empty.
     pub timeline: bool,
@@ -121,10 +131,10 @@ pub struct SessionOptions {
 impl Default for SessionOptions {
     fn default() -> Self {
         Self {
-            ring_size: crate::capture::DEFAULT_RING_SIZE,
-            stack_ring_size: crate::capture::DEFAULT_STACK_RING_SIZE,
-            stack_depth: crate::capture::DEFAULT_STACK_DEPTH,
-            unwind: crate::unwind::Mode::default(),
+            ring_size: crate::session::DEFAULT_RING_SIZE,
+            stack_ring_size: crate::session::DEFAULT_STACK_RING_SIZE,
+            stack_depth: crate::session::DEFAULT_STACK_DEPTH,
+            unwind: crate::profile::unwind::Mode::default(),
             probes: crate::attach::per_process::Probes::default(),
             event_rings: merge::EventRings::default(),
             pressure_timeout: PressureTimeout::Off,
@@ -355,7 +365,7 @@ pub struct Session {
     sites: Vec<attach::Site>,
     /// Mapped images of a running target not probed up front (see
     /// `attach::AttachError::skip_reason`); the attach worker's come later.
-    skipped_images: Vec<crate::report::SkippedImage>,
+    skipped_images: Vec<crate::profile::SkippedImage>,
     image_cache: ImageCache,
     /// The symbolizer, loading ahead the files every capture symbolizes.
     symbols: crate::symbolize::Background,
@@ -367,7 +377,7 @@ pub struct Session {
     opts_pressure: crate::pressure::PressureTimeout,
     opts_watermark: u8,
     /// How stacks were walked, for the profile.
-    unwind: crate::unwind::Mode,
+    unwind: crate::profile::unwind::Mode,
     /// Per-process probes: the command gets its probes on libc here,
     /// before it runs (a conflicting tracer fails the capture then, as
     /// with system-wide probes); the attach worker makes the rest.
@@ -406,7 +416,7 @@ impl std::fmt::Debug for Session {
 pub struct Finish {
     pub profile: Profile,
     /// Probe sites the kernel single-steps that the tree went through.
-    pub slow_probes: Vec<crate::report::SlowProbe>,
+    pub slow_probes: Vec<crate::profile::SlowProbe>,
     /// How the tree ended (what [`Session::wait`] saw).
     pub exit: TreeExit,
     pub(crate) stream: Option<EventWriter>,
@@ -452,11 +462,12 @@ impl Session {
                 "events rings per CPU"
             );
         }
-        let rooms = crate::capture::ring_rooms(rings.each, rings.per_cpu, opts.stack_ring_size);
+        let rooms =
+            crate::pressure::room::ring_rooms(rings.each, rings.per_cpu, opts.stack_ring_size);
         if opts.pressure_timeout.enabled() {
             pressure::check_room(&rooms, opts.watermark_percent, cpus, false)?;
         }
-        crate::capture::check_environment()?;
+        error::check_environment()?;
         // An existing process is not moved into a cgroup of ours: it is
         // paused with SIGSTOP. The cgroup is made once the guardian runs.
         let place = if opts.pressure_timeout.enabled() && spec.is_some() && !opts.faults.no_cgroup {
@@ -541,7 +552,7 @@ impl Session {
                 .expect("the BPF object has .rodata tunables");
             let mark = |size: u64| pressure::watermark_bytes(size, opts.watermark_percent);
             ro.stack_depth = opts.stack_depth;
-            ro.unwind_mode = opts.unwind.raw();
+            ro.unwind_mode = crate::bpf::record::unwind_mode(opts.unwind);
             ro.pressure_enabled = opts.pressure_timeout.enabled();
             // In a PID namespace of its own (a container), BPF reports ids
             // as memtrail sees them.
@@ -584,7 +595,8 @@ impl Session {
         phases.done("BPF programs loaded and verified");
         // The tracepoints first: the guardian holds sched_exit's link.
         let mut links = Links::default();
-        let exit_link = crate::capture::attach_tracepoints(&loaded.skel, &mut links, !is_self)?;
+        let exit_link =
+            crate::session::stages::attach_tracepoints(&loaded.skel, &mut links, !is_self)?;
         phases.done("tracepoints attached");
         // Before any process can be stopped and before the cgroup exists:
         // the guardian resumes the tree and removes the cgroup if memtrail
@@ -673,7 +685,7 @@ impl Session {
                 what: "duplicating BPF program descriptors",
                 source,
             })?;
-        let mut tables = crate::capture::unwind_tables(skel, opts.unwind, opts.stack_depth);
+        let mut tables = crate::session::stages::unwind_tables(skel, opts.unwind, opts.stack_depth);
         let mut sites = Vec::new();
         let mut slots = attach::HitSlots::default();
         let mut known = HashSet::new();
@@ -802,7 +814,7 @@ impl Session {
                             if let Some(registry) = registry.as_mut() {
                                 registry.remove_image(id);
                             }
-                            skipped_images.push(crate::report::SkippedImage {
+                            skipped_images.push(crate::profile::SkippedImage {
                                 image: image.display().to_string(),
                                 pid,
                                 reason,
@@ -1082,7 +1094,7 @@ impl Session {
             tracked_map: dup(maps.tracked.as_fd())?,
             stops: stops.clone(),
             barrier: barrier.clone(),
-            pipelines: crate::capture::PIPELINES.to_vec(),
+            pipelines: crate::session::PIPELINES.to_vec(),
             live: opts.live.clone(),
             timeout: opts.pressure_timeout,
             pause: match &cgroup {
@@ -1577,7 +1589,7 @@ impl Session {
         // Whatever happened to the tree, drain and join the pollers.
         let barrier = self.threads.barrier.clone();
         let epoch = barrier.raise();
-        let drained = barrier.wait(epoch, Some(crate::capture::DRAIN_TIMEOUT));
+        let drained = barrier.wait(epoch, Some(crate::session::DRAIN_TIMEOUT));
         let joined = self.threads.join_pollers();
         let _ = self.threads.stops.resume_everything();
         let Some(Joined {
@@ -1642,10 +1654,10 @@ impl Session {
             });
         }
         if !drained {
-            return Err(CaptureError::DrainTimeout(crate::capture::DRAIN_TIMEOUT));
+            return Err(CaptureError::DrainTimeout(crate::session::DRAIN_TIMEOUT));
         }
         let end_ns = sys::monotonic_ns();
-        let lost = crate::capture::read_lost(&self.loaded.skel);
+        let lost = crate::bpf::counters::read_lost(&self.loaded.skel);
         if lost.any() {
             let advice = if self.opts_pressure.enabled() {
                 let bss = self
@@ -1655,7 +1667,7 @@ impl Session {
                     .bss_data
                     .as_deref()
                     .expect("the BPF object has a .bss");
-                crate::capture::loss_advice(
+                crate::session::stages::loss_advice(
                     &lost,
                     &self.rooms,
                     self.opts_watermark,
@@ -1705,8 +1717,14 @@ impl Session {
             },
         };
         let command = std::mem::take(&mut self.command);
-        let mut profile =
-            Profile::build(&agg, command, exit, (self.start_ns, end_ns), lost, &sites);
+        let mut profile = Profile::build(
+            &agg,
+            command,
+            exit,
+            (self.start_ns, end_ns),
+            lost,
+            sites.iter().map(ProbeEntry::from).collect(),
+        );
         // The probes are detached: the counts are final.
         let hits = attach::read_site_hits(&self.loaded.skel, &sites);
         for (probe, hits) in profile.probes.iter_mut().zip(hits) {
@@ -1714,8 +1732,8 @@ impl Session {
         }
         profile.attached = matches!(self.target, Target::Pid(_));
         phases.done("drained, detached, profile built");
-        let slow_probes = crate::report::slow_probes(&profile.probes);
-        profile.stacks = crate::capture::symbolize_stacks(
+        let slow_probes = crate::profile::slow_probes(&profile.probes);
+        profile.stacks = crate::session::stages::symbolize_stacks(
             &agg,
             &stacks.stacks,
             mappings.mappings,
@@ -1725,11 +1743,12 @@ impl Session {
         profile.unwind = crate::unwind::report(self.unwind, images_seen, &profile.stacks);
         profile.event_rings = self.event_ring_maps.len() as u32;
         profile.probe_scope = if self.per_process {
-            attach::per_process::Scope::PerProcess
+            Scope::PerProcess
         } else {
-            attach::per_process::Scope::SystemWide
+            Scope::SystemWide
         };
-        pressure_stats.high_water = crate::capture::read_high_water(&self.loaded.skel).max(seen);
+        pressure_stats.high_water =
+            crate::bpf::counters::read_high_water(&self.loaded.skel).max(seen);
         profile.pressure = pressure_stats;
         profile.regions = markers.finish();
         profile.skipped_images = std::mem::take(&mut self.skipped_images);

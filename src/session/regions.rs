@@ -22,40 +22,13 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::record::{Header, Kind, Mem};
-use crate::report::{Aggregator, HeapCounters};
+use crate::aggregate::Aggregator;
+use crate::bpf::record::{Header, Kind, Mem};
+use crate::profile::HeapCounters;
+use crate::profile::regions::RegionCounts;
 
 /// Longest region name kept (bytes); longer names are cut.
 pub const NAME_MAX: usize = 63;
-
-/// Counts of one region (see the module docs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct RegionCounts {
-    pub allocations: u64,
-    pub frees: u64,
-    pub allocated_bytes: u64,
-    pub freed_bytes: u64,
-    /// Most bytes of blocks allocated in the region live at once.
-    pub peak_live_bytes: u64,
-    /// Blocks allocated in the region and still live at its end.
-    pub live_allocations: u64,
-    pub live_bytes: u64,
-}
-
-impl RegionCounts {
-    /// Folds another entry's counts of the same region in: counts and
-    /// bytes add up, the peak is the larger one (entries of different
-    /// threads are not assumed to overlap in time).
-    pub(crate) fn merge(&mut self, c: &RegionCounts) {
-        self.allocations += c.allocations;
-        self.frees += c.frees;
-        self.allocated_bytes += c.allocated_bytes;
-        self.freed_bytes += c.freed_bytes;
-        self.peak_live_bytes = self.peak_live_bytes.max(c.peak_live_bytes);
-        self.live_allocations += c.live_allocations;
-        self.live_bytes += c.live_bytes;
-    }
-}
 
 /// Heap totals at a point in time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

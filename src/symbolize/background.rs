@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use crate::sys::{self, Pid};
 
 use super::{AddressSpaces, StackSymbolizer};
-use crate::report::Frame;
+use crate::profile::Frame;
 
 /// Stacks of one process to symbolize: its pid and each stack's return
 /// addresses.

@@ -99,7 +99,7 @@ pub(super) fn catch<T>(path: &Path, f: impl FnOnce() -> T) -> Option<T> {
         Err(panic) => {
             tracing::warn!(
                 path = %path.display(),
-                panic = crate::attach::panic_text(&*panic),
+                panic = crate::sys::panic_text(&*panic),
                 "symbolizer panicked on this file: its frames have no functions"
             );
             None

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
-use crate::report::Frame;
+use crate::profile::Frame;
 
 mod background;
 mod guard;
@@ -277,7 +277,7 @@ impl StackSymbolizer {
     /// debuginfod's cache and of distributions' `-dbgsym` packages), by the
     /// file offset the capture recorded. Returns how many frames gained a
     /// function.
-    pub fn resymbolize(&self, stacks: &mut [crate::report::StackEntry], dir: &Path) -> usize {
+    pub fn resymbolize(&self, stacks: &mut [crate::profile::StackEntry], dir: &Path) -> usize {
         // (debug file, image) -> frames and their file offsets.
         type Items = Vec<(usize, usize, u64)>;
         let mut by_file: HashMap<(PathBuf, Option<&str>), Items> = HashMap::new();
@@ -469,7 +469,7 @@ mod tests {
                 "_ZN10stack_rust11make_buffer17h0123456789abcdefE",
                 "stack_rust::make_buffer",
             ),
-            ("_RNvCs1234_7mycrate3foo", "mycrate::foo"),
+            ("_RNvCs1234_5mylib3foo", "mylib::foo"),
             // Not mangled after all: as it is.
             ("_Z", "_Z"),
             ("_R", "_R"),

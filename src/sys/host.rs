@@ -55,3 +55,13 @@ pub fn kernel_file_id(path: &Path) -> io::Result<(u64, u64)> {
         md.ino(),
     ))
 }
+
+/// The running kernel's major and minor release (uname), (0, 0) if unread.
+pub fn kernel_release() -> (u32, u32) {
+    let uname = rustix::system::uname();
+    let release = uname.release().to_string_lossy();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}

@@ -41,7 +41,7 @@ pub use fd::{
     eventfd_signal, map_file, open_regular, pipe, poll_readable, read, write_all,
 };
 pub use guardian::{GUARDIAN_NAME, Guardian, GuardianCgroup, GuardianMaps};
-pub use host::{has_capability, kernel_file_id, kernel_log_tail, monotonic_ns};
+pub use host::{has_capability, kernel_file_id, kernel_log_tail, kernel_release, monotonic_ns};
 pub use process::{
     INIT_PID_NS_INO, Pid, ThreadStates, gettid, kill, pid_namespace, pidfd_check_alive, pidfd_open,
     pidfd_open_thread, pidfd_send_signal, set_child_subreaper, set_thread_nice,
@@ -104,4 +104,22 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     msg
+}
+
+/// The key of an image in the BPF `unwind_images` map (`struct image_id`):
+/// its device (kernel encoding) and inode.
+pub fn image_key((dev, ino): (u64, u64)) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&dev.to_ne_bytes());
+    key[8..].copy_from_slice(&ino.to_ne_bytes());
+    key
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message")
 }

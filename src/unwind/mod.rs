@@ -25,7 +25,6 @@
 pub mod cache;
 pub mod table;
 
-use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -43,7 +42,8 @@ pub const MAX_ROWS: u32 = 1 << 20;
 /// yet (its own program often among them).
 pub const CACHED_ROWS: u32 = MAX_ROWS / 2;
 
-use crate::skel::memtrail::types::{mt_stack_end as End, mt_unwind_image, mt_unwind_mode};
+use crate::bpf::skel::memtrail::types::mt_unwind_image;
+use crate::profile::unwind::{ImageTable, Mode, Outcome, StackEnd};
 use crate::sys::error_chain;
 
 /// Errors preparing unwind tables.
@@ -59,149 +59,6 @@ pub enum UnwindError {
     Parse(String),
     #[error("cannot map the BPF unwind rows")]
     Map(#[source] std::io::Error),
-}
-
-/// `--unwind`: how stacks are walked.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Unwind tables where an image has them, frame pointers elsewhere.
-    #[default]
-    Auto,
-    /// Frame pointers only.
-    Fp,
-    /// Unwind tables only: a frame without one ends the stack.
-    Dwarf,
-}
-
-impl Mode {
-    /// The `unwind_mode` tunable.
-    pub fn raw(self) -> u32 {
-        match self {
-            Mode::Auto => mt_unwind_mode::MT_UNWIND_AUTO.0,
-            Mode::Fp => mt_unwind_mode::MT_UNWIND_FP.0,
-            Mode::Dwarf => mt_unwind_mode::MT_UNWIND_DWARF.0,
-        }
-    }
-
-    /// Whether images need tables.
-    pub fn uses_tables(self) -> bool {
-        self != Mode::Fp
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Mode::Auto => "auto",
-            Mode::Fp => "fp",
-            Mode::Dwarf => "dwarf",
-        })
-    }
-}
-
-/// Why a stack walk stopped (`enum mt_stack_end`).
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum StackEnd {
-    /// The outermost frame (or the end of a frame-pointer chain).
-    #[default]
-    Complete,
-    /// `--stack-depth` frames kept, and there were more.
-    DepthLimit,
-    /// A frame in code without an unwind table.
-    NoTable,
-    /// Stack memory could not be read (or made no sense).
-    Unreadable,
-    /// A return address outside the executable mappings.
-    NotCode,
-    /// A CFI rule the BPF unwinder does not evaluate.
-    Unsupported,
-    /// The process's mappings were locked by another thread.
-    MappingsBusy,
-}
-
-impl StackEnd {
-    pub fn from_raw(raw: u16) -> Self {
-        match End(u32::from(raw)) {
-            End::MT_END_DEPTH => StackEnd::DepthLimit,
-            End::MT_END_NO_TABLE => StackEnd::NoTable,
-            End::MT_END_UNREADABLE => StackEnd::Unreadable,
-            End::MT_END_NOT_CODE => StackEnd::NotCode,
-            End::MT_END_UNSUPPORTED => StackEnd::Unsupported,
-            End::MT_END_BUSY => StackEnd::MappingsBusy,
-            _ => StackEnd::Complete,
-        }
-    }
-
-    /// Whether the walk reached the outermost frame.
-    pub fn is_complete(&self) -> bool {
-        *self == StackEnd::Complete
-    }
-
-    /// Words for the summary.
-    pub fn describe(self) -> &'static str {
-        match self {
-            StackEnd::Complete => "complete",
-            StackEnd::DepthLimit => "--stack-depth reached",
-            StackEnd::NoTable => "code without unwind table or frame pointer",
-            StackEnd::Unreadable => "unreadable stack",
-            StackEnd::NotCode => "return address outside code",
-            StackEnd::Unsupported => "unsupported unwind rule",
-            StackEnd::MappingsBusy => "mappings locked",
-        }
-    }
-}
-
-/// What became of one image's table.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case", tag = "status")]
-pub enum Outcome {
-    /// Loaded: `rows` rows from `source`, compiled now or read from the
-    /// cache.
-    Loaded {
-        rows: u32,
-        source: String,
-        cached: bool,
-    },
-    /// No call frame information: frames there take frame-pointer steps.
-    NoCfi,
-    /// More rows than the maps had room left for.
-    TooBig { rows: u32, room: u32 },
-    /// The image could not be read or its CFI parsed.
-    Failed { reason: String },
-}
-
-/// One image's table, for the profile and the summary.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct ImageTable {
-    pub image: PathBuf,
-    #[serde(flatten)]
-    pub outcome: Outcome,
-    /// Time to compile (or read from the cache) and load, in microseconds.
-    pub micros: u64,
 }
 
 /// The unwind maps of the loaded BPF object, and what went into them.
@@ -321,13 +178,13 @@ impl Tables {
         match &outcome {
             Outcome::Loaded { .. } => {}
             Outcome::NoCfi => tracing::warn!(
-                target: crate::report::NOTE,
+                target: crate::profile::NOTE,
                 image = %name.display(),
                 "no unwind information (stripped?): stacks through it take frame-pointer steps \
                  and may be shorter"
             ),
             Outcome::TooBig { rows, room } => tracing::warn!(
-                target: crate::report::NOTE,
+                target: crate::profile::NOTE,
                 image = %name.display(),
                 rows,
                 room,
@@ -335,7 +192,7 @@ impl Tables {
                  steps and may be shorter"
             ),
             Outcome::Failed { reason } => tracing::warn!(
-                target: crate::report::NOTE,
+                target: crate::profile::NOTE,
                 image = %name.display(),
                 %reason,
                 "cannot prepare an unwind table: stacks through it may be shorter"
@@ -383,7 +240,7 @@ impl Tables {
         let base_page = table.rows.first().map_or(0, |r| r.pc >> 12);
         let npages = index.len() as u32 - 1;
         let value = image_value(self.pages_next, npages, base_page, table.bias);
-        let key = crate::attach::image_key(id);
+        let key = crate::sys::image_key(id);
         // The update is a syscall: the rows written above are visible to
         // BPF before the entry that leads to them.
         if let Err(err) = crate::sys::bpf_map_update(self.images.as_fd(), &key, &value) {
@@ -462,20 +319,20 @@ fn image_value(
 pub fn report(
     mode: Mode,
     images: Vec<ImageTable>,
-    stacks: &[crate::report::StackEntry],
-) -> crate::report::UnwindReport {
+    stacks: &[crate::profile::StackEntry],
+) -> crate::profile::UnwindReport {
     let mut early: std::collections::BTreeMap<StackEnd, (u64, u64)> = Default::default();
     for stack in stacks.iter().filter(|s| s.end != StackEnd::Complete) {
         let e = early.entry(stack.end).or_default();
         e.0 += 1;
         e.1 += stack.metrics.bytes;
     }
-    crate::report::UnwindReport {
+    crate::profile::UnwindReport {
         mode,
         images,
         ended_early: early
             .into_iter()
-            .map(|(reason, (stacks, bytes))| crate::report::EndedEarly {
+            .map(|(reason, (stacks, bytes))| crate::profile::EndedEarly {
                 reason,
                 stacks,
                 bytes,
@@ -493,7 +350,7 @@ mod tests {
 
     use libbpf_rs::skel::SkelBuilder;
 
-    use crate::skel::memtrail::MemtrailSkelBuilder;
+    use crate::bpf::skel::memtrail::MemtrailSkelBuilder;
 
     /// The rows budget the up-front thread reads the image cache by is the
     /// BPF rows map's size.

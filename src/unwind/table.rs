@@ -23,7 +23,9 @@ use gimli::{
 use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 
 use super::UnwindError;
-use crate::skel::memtrail::types::{mt_unwind_cfa as Cfa, mt_unwind_rbp as Rbp, mt_unwind_row};
+use crate::bpf::skel::memtrail::types::{
+    mt_unwind_cfa as Cfa, mt_unwind_rbp as Rbp, mt_unwind_row,
+};
 
 /// An image's compiled table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -134,7 +136,7 @@ pub fn compile(data: &[u8]) -> Result<Compiled, UnwindError> {
     caught.unwrap_or_else(|panic| {
         Err(UnwindError::Parse(format!(
             "parser panicked: {}",
-            crate::attach::panic_text(&*panic)
+            crate::sys::panic_text(&*panic)
         )))
     })
 }

@@ -15,7 +15,7 @@
 //!   ([`InputFile::json`]), not from a copy of the file in memory.
 //! - The file's device and inode ([`InputFile::id`]) are kept, so that an
 //!   output naming the same file is refused rather than written over its
-//!   input ([`crate::report::check_not_input`]).
+//!   input ([`crate::output::check_not_input`]).
 //!
 //! A profile's `format` and `version` are checked before its fields, so a
 //! file of another kind or version gets an error that says so rather than a
@@ -32,8 +32,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::ReportError;
-pub use crate::report::FileId;
-use crate::report::{PROFILE_FORMAT, PROFILE_VERSION, Profile};
+pub use crate::output::FileId;
+use crate::profile::{PROFILE_FORMAT, PROFILE_VERSION, Profile};
 
 /// The fields that say what a document is.
 #[derive(Deserialize)]

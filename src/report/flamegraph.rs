@@ -13,7 +13,7 @@ use inferno::flamegraph::{self as inferno_fg, Options};
 
 use super::Metric;
 use super::folded;
-use crate::report::Profile;
+use crate::profile::Profile;
 
 pub(super) fn write(
     profile: &Profile,

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::Metric;
 use super::sites::ranked;
-use crate::report::{Profile, StackEntry};
+use crate::profile::{Profile, StackEntry};
 
 /// The `format` field of a JSON report.
 pub(super) const REPORT_FORMAT: &str = "memtrail-report";

@@ -6,7 +6,7 @@ use std::cmp::Reverse;
 use std::collections::HashMap;
 
 use super::Metric;
-use crate::report::{Frame, Profile, StackMetrics};
+use crate::profile::{Frame, Profile, StackMetrics};
 
 /// One allocation site, borrowed from the profile.
 #[derive(Clone, Debug)]

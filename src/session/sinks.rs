@@ -5,11 +5,12 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use crate::aggregate::Aggregator;
 use crate::attach::strip_deleted;
+use crate::bpf::record::Body;
+use crate::bpf::record::{self, MappingRecord};
 use crate::engine::Sink;
-use crate::record::Body;
-use crate::record::{self, MappingRecord};
-use crate::report::{Aggregator, EventWriter};
+use crate::events::writer::EventWriter;
 use crate::session::markers::Markers;
 use crate::session::regions::Regions;
 use crate::symbolize::Mapping;
@@ -26,7 +27,7 @@ pub struct EventSink {
     /// USDT region markers of the tracked programs.
     pub(crate) markers: Markers,
     /// Counters for the live status line, with the records folded.
-    pub(crate) live: Option<(std::sync::Arc<crate::report::live::LiveCounters>, u64)>,
+    pub(crate) live: Option<(std::sync::Arc<crate::engine::live::LiveCounters>, u64)>,
 }
 
 impl EventSink {
@@ -104,7 +105,7 @@ pub struct Stack {
     pub pid: u32,
     pub ips: Vec<u64>,
     /// Why the walk stopped after these frames.
-    pub end: crate::unwind::StackEnd,
+    pub end: crate::profile::unwind::StackEnd,
 }
 
 /// Whether `ip` can be an x86_64 user-space code address: above the
@@ -132,7 +133,7 @@ impl Sink for StackSink {
                     // pointers reads arbitrary stack words: stop at the
                     // first that cannot be a user code address.
                     ips: rec.ips().take_while(|&ip| is_user_code(ip)).collect(),
-                    end: crate::unwind::StackEnd::from_raw(rec.end),
+                    end: record::stack_end(rec.end),
                 });
             }
             Err(_) => self.malformed += 1,

@@ -1,85 +1,9 @@
 //! The human summary written to stderr after a capture.
 
+use crate::profile::regions::RegionEntry;
+use crate::profile::{HeapCounters, Profile, SlowProbe, ending, human_bytes, human_ns};
 use std::collections::HashMap;
 use std::io::{self, Write};
-use std::path::PathBuf;
-
-use super::profile::{ProbeEntry, Profile};
-
-/// The `tracing` target of notes about a capture: what the capture's
-/// profile or summary records too, or what concerns the tracked program
-/// alone (an image without unwind tables, probe sites past the counted
-/// ones, USDT markers memtrail skips). `-q` silences them (main); warnings
-/// about memtrail's own environment (a process it could not resume, a
-/// cgroup it could not thaw, BPF maps it could not set up) and errors stay.
-pub const NOTE: &str = "memtrail::note";
-
-/// A probe site the kernel single-steps (~14 µs a hit), that the command
-/// went through.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SlowProbe {
-    pub symbol: String,
-    pub image: PathBuf,
-    /// Times its probe fired in the tracked tree (the profile's `hits`).
-    pub hits: u64,
-}
-
-/// The single-stepping probes of a profile that were hit, most hits first.
-pub fn slow_probes(probes: &[ProbeEntry]) -> Vec<SlowProbe> {
-    let mut slow: Vec<SlowProbe> = probes
-        .iter()
-        .filter(|p| !p.emulated)
-        .filter_map(|p| {
-            Some(SlowProbe {
-                symbol: p.symbol.clone(),
-                image: PathBuf::from(&p.image),
-                hits: p.hits.filter(|&h| h > 0)?,
-            })
-        })
-        .collect();
-    slow.sort_by(|a, b| b.hits.cmp(&a.hits).then(a.symbol.cmp(&b.symbol)));
-    slow
-}
-
-/// Formats a byte count with a binary unit.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
-fn human_ns(ns: u64) -> String {
-    if ns >= 1_000_000_000 {
-        format!("{:.2} s", ns as f64 / 1e9)
-    } else {
-        format!("{:.1} ms", ns as f64 / 1e6)
-    }
-}
-
-/// What became of the command, or of the process memtrail attached to,
-/// and when: `exited with code 0 after 1.20 s`, `was killed by signal 9
-/// after …`; for an attach window, `still running: detached after 3.00 s`
-/// (it had not exited when memtrail detached) or `exited with code 0 after
-/// 1.20 s attached`.
-pub fn ending(p: &Profile) -> String {
-    let after = human_ns(p.duration_ns);
-    let attached = if p.attached { " attached" } else { "" };
-    match (p.exit.code, p.exit.signal) {
-        (_, Some(sig)) => format!("was killed by signal {sig} after {after}{attached}"),
-        (Some(code), None) => format!("exited with code {code} after {after}{attached}"),
-        (None, None) if p.attached => format!("still running: detached after {after}"),
-        (None, None) => format!("ended after {after}"),
-    }
-}
 
 /// Executables shown in the summary; the profile lists every process.
 const EXECUTABLES_SHOWN: usize = 10;
@@ -161,7 +85,7 @@ fn write_executables(w: &mut impl Write, p: &Profile) -> io::Result<()> {
 pub const TEMPORARY_SHARE_SHOWN: f64 = 0.10;
 
 /// Whether temporary allocations are a large enough share to be named.
-fn temporary_is_large(t: &super::HeapCounters) -> bool {
+fn temporary_is_large(t: &HeapCounters) -> bool {
     t.temporary_allocations > 0
         && t.temporary_allocations as f64 >= TEMPORARY_SHARE_SHOWN * t.allocations as f64
 }
@@ -251,7 +175,7 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
     if p.processes.len() > 1 {
         write_executables(w, p)?;
     }
-    super::regions::write_regions(w, &p.regions)?;
+    write_regions(w, &p.regions)?;
     write_unwind_notes(w, p)?;
     if !slow.is_empty() {
         const SHOWN: usize = 5;
@@ -288,7 +212,7 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
 /// than --stack-depth (when that holds 1% of the allocated bytes or more),
 /// and which images had no unwind table.
 fn write_unwind_notes(w: &mut impl Write, p: &Profile) -> io::Result<()> {
-    use crate::unwind::{Outcome, StackEnd};
+    use crate::profile::unwind::{Outcome, StackEnd};
     let u = &p.unwind;
     let early: Vec<_> = u
         .ended_early
@@ -333,6 +257,47 @@ fn write_unwind_notes(w: &mut impl Write, p: &Profile) -> io::Result<()> {
             w,
             "  note: no unwind table for {}: stacks through them use frame pointers",
             without.join(", ")
+        )?;
+    }
+    Ok(())
+}
+
+/// Regions shown in the summary; the profile lists every one.
+const REGIONS_SHOWN: usize = 20;
+
+/// The summary's table of regions, by name (nothing without markers).
+pub(crate) fn write_regions(
+    w: &mut impl std::io::Write,
+    regions: &[RegionEntry],
+) -> std::io::Result<()> {
+    if regions.is_empty() {
+        return Ok(());
+    }
+    let human = human_bytes;
+    writeln!(
+        w,
+        "  {:<20} {:>8} {:>10} {:>10} {:>12} {:>12} {:>8} {:>12}",
+        "region", "entries", "allocs", "frees", "allocated", "peak", "live", "live bytes"
+    )?;
+    for r in regions.iter().take(REGIONS_SHOWN) {
+        writeln!(
+            w,
+            "  {:<20} {:>8} {:>10} {:>10} {:>12} {:>12} {:>8} {:>12}",
+            r.name,
+            r.entries,
+            r.counts.allocations,
+            r.counts.frees,
+            human(r.counts.allocated_bytes),
+            human(r.counts.peak_live_bytes),
+            r.counts.live_allocations,
+            human(r.counts.live_bytes)
+        )?;
+    }
+    if regions.len() > REGIONS_SHOWN {
+        writeln!(
+            w,
+            "  and {} more regions (the profile lists every one)",
+            regions.len() - REGIONS_SHOWN
         )?;
     }
     Ok(())

@@ -8,10 +8,10 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
+use crate::bpf::record::{Body, Kind, Mem, Record};
 use crate::events::Encoder;
-use crate::record::{Body, Kind, Mem, Record};
 
-use super::output::OutputFile;
+use crate::output::OutputFile;
 
 /// How `--events` writes its stream.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -75,9 +75,9 @@ impl EventWriter {
     }
 
     /// Flushes (ends the zstd frame): the stream is then written, its file
-    /// not yet in place (see [`super::output::Outputs`]).
-    pub fn finish(self) -> Result<OutputFile, super::output::OutputError> {
-        let fail = |source| super::output::OutputError {
+    /// not yet in place (see [`crate::output::Outputs`]).
+    pub fn finish(self) -> Result<OutputFile, crate::output::OutputError> {
+        let fail = |source| crate::output::OutputError {
             path: self.file.path().to_owned(),
             source,
         };

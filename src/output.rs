@@ -47,8 +47,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::profile::Profile;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
+use std::io::Write as _;
 use tempfile::NamedTempFile;
 
 /// Symlinks followed when resolving a dangling one, as the kernel's limit.
@@ -272,7 +274,7 @@ pub fn check_distinct(outputs: &[(&'static str, &Path)]) -> Result<(), SameOutpu
 
 /// Refuses an output that is one of the command's inputs: `inputs` are
 /// each input's description (`the profile`), path and device and inode (as
-/// read, see [`crate::render::InputFile::id`]).
+/// read, as `memtrail report` identifies its input).
 pub fn check_not_input(output: &Path, inputs: &[(&str, &Path, FileId)]) -> Result<(), OutputError> {
     let Some(Identity::Inode(dev, ino)) = identity(output) else {
         // A file yet to be created is no input.
@@ -758,4 +760,25 @@ fn link_unnamed(file: &File, dir: &OwnedFd, name: &OsStr) -> rustix::io::Result<
         }
         other => other,
     }
+}
+
+/// Writes the profile and renames it into place.
+pub fn write_profile(profile: &Profile, out: OutputFile) -> Result<(), OutputError> {
+    stage_profile(profile, &out)?;
+    out.commit()
+}
+
+/// Writes `profile` into `out` without putting it in place (see
+/// [`super::Outputs`]).
+pub fn stage_profile(profile: &Profile, out: &OutputFile) -> Result<(), OutputError> {
+    let err = |source| OutputError {
+        path: out.path().to_owned(),
+        source,
+    };
+    // Compact: a python3.11 capture's profile took 4.6 MB and ~40 ms
+    // indented, about half as compact (`jq .` indents it for reading).
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, out.file());
+    serde_json::to_writer(&mut w, profile).map_err(|e| err(e.into()))?;
+    w.write_all(b"\n").map_err(err)?;
+    w.flush().map_err(err)
 }

@@ -6,7 +6,8 @@
 
 use std::mem::size_of;
 
-use crate::skel::memtrail::types as t;
+use crate::bpf::skel::memtrail::types as t;
+use crate::profile::unwind::{Mode, StackEnd};
 
 /// What a record reports: `enum mt_kind` of `bpf/memtrail.h`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -334,6 +335,31 @@ pub fn decode_mapping(bytes: &[u8]) -> Result<MappingRecord, DecodeError> {
         ino: m.ino,
         name: String::from_utf8_lossy(&name).into_owned(),
     })
+}
+
+/// Why a stack walk stopped, from a stack record's `end`
+/// (`enum mt_stack_end`).
+pub fn stack_end(raw: u16) -> StackEnd {
+    use super::skel::memtrail::types::mt_stack_end as End;
+    match End(u32::from(raw)) {
+        End::MT_END_DEPTH => StackEnd::DepthLimit,
+        End::MT_END_NO_TABLE => StackEnd::NoTable,
+        End::MT_END_UNREADABLE => StackEnd::Unreadable,
+        End::MT_END_NOT_CODE => StackEnd::NotCode,
+        End::MT_END_UNSUPPORTED => StackEnd::Unsupported,
+        End::MT_END_BUSY => StackEnd::MappingsBusy,
+        _ => StackEnd::Complete,
+    }
+}
+
+/// The `unwind_mode` tunable for `mode` (`enum mt_unwind_mode`).
+pub fn unwind_mode(mode: Mode) -> u32 {
+    use super::skel::memtrail::types::mt_unwind_mode as M;
+    match mode {
+        Mode::Auto => M::MT_UNWIND_AUTO.0,
+        Mode::Fp => M::MT_UNWIND_FP.0,
+        Mode::Dwarf => M::MT_UNWIND_DWARF.0,
+    }
 }
 
 #[cfg(test)]

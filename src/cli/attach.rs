@@ -13,7 +13,8 @@ use std::time::Duration;
 use crate::session::{Finish, Session, Target};
 use crate::sys;
 
-use super::{CaptureError, Options};
+use super::run::Options;
+use crate::session::CaptureError;
 
 /// The signals that end an attached capture.
 const DETACH_SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
@@ -34,12 +35,12 @@ pub enum Detach {
 /// A finished attached capture.
 #[derive(Debug)]
 pub struct AttachOutcome {
-    pub profile: crate::report::Profile,
-    pub slow_probes: Vec<crate::report::SlowProbe>,
+    pub profile: crate::profile::Profile,
+    pub slow_probes: Vec<crate::profile::SlowProbe>,
     pub detach: Detach,
     /// `--output` and `--events`, written but not yet in place (see
     /// [`super::Outcome::outputs`]).
-    pub outputs: crate::report::Outputs,
+    pub outputs: crate::output::Outputs,
 }
 
 /// Runs one attached capture: `memtrail attach PID`. `opts.command` is
@@ -73,7 +74,7 @@ pub fn attach(
         detaching,
         ..
     } = session.finish()?;
-    let outputs = super::write_outputs(&profile, stream, stream_error, output);
+    let outputs = super::run::write_outputs(&profile, stream, stream_error, output);
     drop(detaching);
     Ok(AttachOutcome {
         profile,

@@ -1,12 +1,12 @@
 //! The profile document (`--output`), versioned; schema in docs/profile.md.
 
-use std::io::Write;
+pub mod regions;
+pub mod timeline;
+pub mod unwind;
+
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-
-use super::output::{OutputError, OutputFile};
-use super::{Aggregator, HeapCounters, MapCounters};
-use crate::attach::Site;
 
 /// A field that may be `null` but must be there: serde would otherwise
 /// take a missing `Option` field for `None`, and `memtrail report` promises
@@ -63,7 +63,7 @@ pub struct Profile {
     /// (`--probes`); system-wide in a profile written before memtrail
     /// could do otherwise.
     #[serde(default)]
-    pub probe_scope: crate::attach::per_process::Scope,
+    pub probe_scope: crate::profile::Scope,
     /// How many events rings the capture read: 1 (shared by every CPU) or
     /// one per CPU (`--event-rings`); 1 in a profile written before.
     #[serde(default = "one")]
@@ -78,7 +78,7 @@ pub struct Profile {
     /// allocated from it. Empty when stacks were not captured.
     pub stacks: Vec<StackEntry>,
     /// Backpressure episodes and ring fill.
-    pub pressure: crate::pressure::PressureStats,
+    pub pressure: crate::profile::PressureStats,
     /// How stacks were walked, the unwind tables of the images, and why
     /// stacks ended before their outermost frame.
     #[serde(default)]
@@ -86,19 +86,19 @@ pub struct Profile {
     /// The heap over time (docs/profile.md, "Timeline"); empty in a
     /// profile written before memtrail kept it.
     #[serde(default)]
-    pub timeline: super::Timeline,
+    pub timeline: timeline::Timeline,
     /// USDT region markers (`include/memtrail_usdt.h`), by name; empty
     /// when the programs have none.
     #[serde(default)]
-    pub regions: Vec<super::RegionEntry>,
+    pub regions: Vec<regions::RegionEntry>,
 }
 
 /// How stacks were walked (`--unwind`) and how far they got.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct UnwindReport {
-    pub mode: crate::unwind::Mode,
+    pub mode: crate::profile::unwind::Mode,
     /// Images examined for unwind tables, in order (empty with `fp`).
-    pub images: Vec<crate::unwind::ImageTable>,
+    pub images: Vec<crate::profile::unwind::ImageTable>,
     /// Distinct stacks (and the bytes allocated from them) that ended
     /// before their outermost frame, by reason.
     pub ended_early: Vec<EndedEarly>,
@@ -110,7 +110,7 @@ pub struct UnwindReport {
 /// Stacks that ended early for one reason.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndedEarly {
-    pub reason: crate::unwind::StackEnd,
+    pub reason: crate::profile::unwind::StackEnd,
     pub stacks: u64,
     pub bytes: u64,
 }
@@ -135,8 +135,11 @@ pub struct StackEntry {
     pub frames: Vec<Frame>,
     /// Why the walk stopped after these frames; absent when it reached the
     /// outermost frame (`complete`).
-    #[serde(default, skip_serializing_if = "crate::unwind::StackEnd::is_complete")]
-    pub end: crate::unwind::StackEnd,
+    #[serde(
+        default,
+        skip_serializing_if = "crate::profile::unwind::StackEnd::is_complete"
+    )]
+    pub end: crate::profile::unwind::StackEnd,
     #[serde(flatten)]
     pub metrics: StackMetrics,
 }
@@ -349,18 +352,6 @@ pub struct ProbeEntry {
     pub hits: Option<u64>,
 }
 
-impl From<&Site> for ProbeEntry {
-    fn from(site: &Site) -> Self {
-        Self {
-            image: site.image.display().to_string(),
-            symbol: site.symbol.clone(),
-            offset: site.offset,
-            emulated: site.emulated,
-            hits: None,
-        }
-    }
-}
-
 /// Turns a kernel wait status into the shell's exit code.
 pub fn wait_status_code(status: i32) -> i32 {
     let sig = status & 0x7f;
@@ -371,80 +362,157 @@ pub fn wait_status_code(status: i32) -> i32 {
     }
 }
 
-impl Profile {
-    /// Builds the document; times become relative to `start_ns`, when
-    /// the command was started.
-    pub fn build(
-        agg: &Aggregator,
-        command: Vec<String>,
-        exit: ExitInfo,
-        (start_ns, end_ns): (u64, u64),
-        lost_events: LostEvents,
-        sites: &[Site],
-    ) -> Self {
-        let rel = |ts: u64| ts.saturating_sub(start_ns);
-        let mut totals = agg.totals();
-        totals.peak_live_at_ns = rel(totals.peak_live_at_ns);
+fn one() -> u32 {
+    1
+}
+
+/// Heap counters of a process or the whole tree.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HeapCounters {
+    pub allocations: u64,
+    pub frees: u64,
+    pub reallocs: u64,
+    pub allocated_bytes: u64,
+    pub freed_bytes: u64,
+    pub peak_live_bytes: u64,
+    pub peak_live_at_ns: u64,
+    pub live_bytes_at_exit: u64,
+    pub live_allocations_at_exit: u64,
+    pub unmatched_frees: u64,
+    /// Blocks freed by their thread before it allocated or freed anything
+    /// else (see docs/profile.md, "Temporary allocations").
+    #[serde(default)]
+    pub temporary_allocations: u64,
+}
+
+/// Anonymous mappings and program break of a process or the whole tree.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MapCounters {
+    pub mmaps: u64,
+    pub munmaps: u64,
+    pub mapped_bytes: u64,
+    pub unmapped_bytes: u64,
+    pub peak_mapped_bytes: u64,
+    pub mapped_bytes_at_exit: u64,
+    pub brk_peak_bytes: u64,
+    pub brk_bytes_at_exit: u64,
+    /// Program break growth made outside allocator calls: the sum of the
+    /// increases (what the stacks' `brk_bytes` add up to).
+    #[serde(default)]
+    pub brk_grown_bytes: u64,
+}
+
+/// The `tracing` target of notes about a capture: what the capture's
+/// profile or summary records too, or what concerns the tracked program
+/// alone (an image without unwind tables, probe sites past the counted
+/// ones, USDT markers memtrail skips). `-q` silences them (main); warnings
+/// about memtrail's own environment (a process it could not resume, a
+/// cgroup it could not thaw, BPF maps it could not set up) and errors stay.
+pub const NOTE: &str = "memtrail::note";
+
+/// A probe site the kernel single-steps (~14 µs a hit), that the command
+/// went through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlowProbe {
+    pub symbol: String,
+    pub image: PathBuf,
+    /// Times its probe fired in the tracked tree (the profile's `hits`).
+    pub hits: u64,
+}
+
+/// The single-stepping probes of a profile that were hit, most hits first.
+pub fn slow_probes(probes: &[ProbeEntry]) -> Vec<SlowProbe> {
+    let mut slow: Vec<SlowProbe> = probes
+        .iter()
+        .filter(|p| !p.emulated)
+        .filter_map(|p| {
+            Some(SlowProbe {
+                symbol: p.symbol.clone(),
+                image: PathBuf::from(&p.image),
+                hits: p.hits.filter(|&h| h > 0)?,
+            })
+        })
+        .collect();
+    slow.sort_by(|a, b| b.hits.cmp(&a.hits).then(a.symbol.cmp(&b.symbol)));
+    slow
+}
+
+/// Formats a byte count with a binary unit.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// What became of the command, or of the process memtrail attached to,
+/// and when: `exited with code 0 after 1.20 s`, `was killed by signal 9
+/// after …`; for an attach window, `still running: detached after 3.00 s`
+/// (it had not exited when memtrail detached) or `exited with code 0 after
+/// 1.20 s attached`.
+pub fn ending(p: &Profile) -> String {
+    let after = human_ns(p.duration_ns);
+    let attached = if p.attached { " attached" } else { "" };
+    match (p.exit.code, p.exit.signal) {
+        (_, Some(sig)) => format!("was killed by signal {sig} after {after}{attached}"),
+        (Some(code), None) => format!("exited with code {code} after {after}{attached}"),
+        (None, None) if p.attached => format!("still running: detached after {after}"),
+        (None, None) => format!("ended after {after}"),
+    }
+}
+
+/// Pressure statistics of a capture (in the profile and the summary).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PressureStats {
+    pub episodes: u64,
+    pub total_pause_ns: u64,
+    pub longest_pause_ns: u64,
+    /// Highest fill of each ring, in bytes.
+    pub high_water: HighWater,
+}
+
+/// Highest fill of each ring, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HighWater {
+    pub events: u64,
+    pub stacks: u64,
+    pub mappings: u64,
+    pub attach: u64,
+}
+
+impl HighWater {
+    /// Each ring's higher mark of the two.
+    pub fn max(self, other: Self) -> Self {
         Self {
-            format: PROFILE_FORMAT.to_owned(),
-            version: PROFILE_VERSION,
-            command,
-            exit,
-            attached: false,
-            duration_ns: rel(end_ns),
-            totals,
-            mappings: agg.mapping_totals(),
-            processes: agg
-                .processes()
-                .map(|p| ProcessEntry {
-                    pid: p.pid,
-                    ppid: p.ppid,
-                    exe: p.exe.clone(),
-                    exit_code: p.exit_status.map(wait_status_code),
-                    start_ns: rel(p.start_ns),
-                    end_ns: p.end_ns.map(rel),
-                    heap: HeapCounters {
-                        peak_live_at_ns: rel(p.heap.peak_live_at_ns),
-                        ..p.heap
-                    },
-                    mappings: p.maps,
-                })
-                .collect(),
-            lost_events,
-            probe_scope: Default::default(),
-            event_rings: 1,
-            probes: sites.iter().map(ProbeEntry::from).collect(),
-            skipped_images: Vec::new(),
-            stacks: Vec::new(),
-            pressure: Default::default(),
-            unwind: Default::default(),
-            timeline: agg.timeline(start_ns).unwrap_or_default(),
-            regions: Vec::new(),
+            events: self.events.max(other.events),
+            stacks: self.stacks.max(other.stacks),
+            mappings: self.mappings.max(other.mappings),
+            attach: self.attach.max(other.attach),
         }
     }
 }
 
-/// Writes the profile and renames it into place.
-pub fn write_profile(profile: &Profile, out: OutputFile) -> Result<(), OutputError> {
-    stage_profile(profile, &out)?;
-    out.commit()
+/// Where a capture's allocator probes were (the profile's `probe_scope`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scope {
+    PerProcess,
+    #[default]
+    SystemWide,
 }
 
-/// Writes `profile` into `out` without putting it in place (see
-/// [`super::Outputs`]).
-pub fn stage_profile(profile: &Profile, out: &OutputFile) -> Result<(), OutputError> {
-    let err = |source| OutputError {
-        path: out.path().to_owned(),
-        source,
-    };
-    // Compact: a python3.11 capture's profile took 4.6 MB and ~40 ms
-    // indented, about half as compact (`jq .` indents it for reading).
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, out.file());
-    serde_json::to_writer(&mut w, profile).map_err(|e| err(e.into()))?;
-    w.write_all(b"\n").map_err(err)?;
-    w.flush().map_err(err)
-}
-
-fn one() -> u32 {
-    1
+pub fn human_ns(ns: u64) -> String {
+    if ns >= 1_000_000_000 {
+        format!("{:.2} s", ns as f64 / 1e9)
+    } else {
+        format!("{:.1} ms", ns as f64 / 1e6)
+    }
 }

@@ -8,7 +8,7 @@ use std::io::{self, Write};
 
 use super::Metric;
 use super::sites::{merge_same_frames, module_base, ranked};
-use crate::report::{Frame, Profile, StackMetrics, human_bytes};
+use crate::profile::{Frame, Profile, StackMetrics, human_bytes};
 
 pub(super) fn write(
     profile: &Profile,
@@ -21,7 +21,7 @@ pub(super) fn write(
         w,
         "memtrail report: {} ({})",
         profile.command.join(" "),
-        crate::report::ending(profile)
+        crate::profile::ending(profile)
     )?;
     writeln!(
         w,

@@ -11,7 +11,7 @@ use std::io::{self, Write};
 
 use super::Metric;
 use super::sites::{folded_name, ranked};
-use crate::report::Profile;
+use crate::profile::Profile;
 
 /// The folded stacks of the ranked sites, each with its summed value, in
 /// sorted order.

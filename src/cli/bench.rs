@@ -5,10 +5,10 @@ use std::ffi::OsString;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use super::format::{self, BenchFormat};
-use super::{BenchError, BenchOptions, suite};
+use crate::bench::format::{self, BenchFormat};
+use crate::bench::{BenchError, BenchOptions, suite};
 use crate::compare::{self, CompareError, FlameMetric, Input, Thresholds};
-use crate::report::OutputFile;
+use crate::output::OutputFile;
 
 /// Exit codes of `memtrail bench` and `memtrail compare`.
 pub mod exit {
@@ -148,7 +148,7 @@ pub struct BenchArgs {
     /// Passed on to every capture, as `memtrail run --stack-depth` (0 leaves
     /// no sites for compare to name).
     #[arg(long, value_name = "FRAMES",
-          value_parser = clap::value_parser!(u32).range(0..=crate::capture::MAX_STACK_DEPTH as i64))]
+          value_parser = clap::value_parser!(u32).range(0..=crate::session::MAX_STACK_DEPTH as i64))]
     pub stack_depth: Option<u32>,
 
     /// No progress on stderr.
@@ -266,7 +266,7 @@ pub fn compare_format(format: Option<CompareFormat>, output: Option<&Path>) -> C
 }
 
 /// The device and inode of the file `path` names, if any.
-fn path_id(path: &Path) -> Option<crate::report::FileId> {
+fn path_id(path: &Path) -> Option<crate::output::FileId> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
@@ -303,11 +303,11 @@ pub fn bench(
     let format = bench_format(args.format, args.output.as_deref());
     if let Some(path) = &args.from {
         let mut input =
-            crate::render::open_input(path).map_err(|source| BenchError::ResultsRead {
+            crate::report::open_input(path).map_err(|source| BenchError::ResultsRead {
                 path: path.clone(),
                 source,
             })?;
-        let results = super::read_results(&mut input, path)?;
+        let results = crate::bench::read_results(&mut input, path)?;
         let out_file = open_output(
             args.output.as_deref(),
             args.force,
@@ -341,7 +341,9 @@ pub fn bench(
     let dir = args
         .dir
         .clone()
-        .map_or_else(super::default_dir, |d| std::path::absolute(&d).unwrap_or(d));
+        .map_or_else(crate::bench::default_dir, |d| {
+            std::path::absolute(&d).unwrap_or(d)
+        });
     let save_as = args
         .save_baseline
         .clone()
@@ -358,15 +360,15 @@ pub fn bench(
         }
         Some(name) => {
             suite::check_name(name).map_err(|e| BenchError::Usage(format!("--baseline: {e}")))?;
-            let path = super::results_path(&dir, name);
-            let results = super::load_results(&path)?;
+            let path = crate::bench::results_path(&dir, name);
+            let results = crate::bench::load_results(&path)?;
             let id = path_id(&path);
             Some(Input { path, results, id })
         }
         None => None,
     };
     // The files this bench reads: --output may be none of them.
-    let mut inputs: Vec<(&str, &Path, crate::report::FileId)> = Vec::new();
+    let mut inputs: Vec<(&str, &Path, crate::output::FileId)> = Vec::new();
     if let Some((path, id)) = args.suite.as_deref().and_then(|p| Some((p, path_id(p)?))) {
         inputs.push(("the suite", path, id));
     }
@@ -396,7 +398,7 @@ pub fn bench(
         save_as: save_as.clone(),
         quiet: args.quiet,
     };
-    let results = super::run(&opts, stderr)?;
+    let results = crate::bench::run(&opts, stderr)?;
     write_results_to(&results, format, out_file, stdout)?;
     let mut code = exit::OK;
     for r in &results.benchmarks {
@@ -412,7 +414,7 @@ pub fn bench(
     }
     if let Some(base) = baseline {
         let new = Input {
-            path: super::results_path(&dir, &save_as),
+            path: crate::bench::results_path(&dir, &save_as),
             results,
             id: None,
         };
@@ -430,18 +432,18 @@ pub fn bench(
 fn open_output(
     output: Option<&Path>,
     force: bool,
-    inputs: &[(&str, &Path, crate::report::FileId)],
+    inputs: &[(&str, &Path, crate::output::FileId)],
 ) -> Result<Option<OutputFile>, BenchError> {
-    let io_err = |e: crate::report::OutputError| BenchError::Io {
+    let io_err = |e: crate::output::OutputError| BenchError::Io {
         what: "cannot write",
         path: e.path,
         source: e.source,
     };
     let Some(path) = output else {
-        crate::report::check_not_input(Path::new("-"), inputs).map_err(io_err)?;
+        crate::output::check_not_input(Path::new("-"), inputs).map_err(io_err)?;
         return Ok(None);
     };
-    crate::report::check_not_input(path, inputs).map_err(io_err)?;
+    crate::output::check_not_input(path, inputs).map_err(io_err)?;
     if path.as_os_str() == "-" {
         return Ok(None);
     }
@@ -451,7 +453,7 @@ fn open_output(
 }
 
 fn write_results_to(
-    results: &super::results::Results,
+    results: &crate::bench::results::Results,
     format: BenchFormat,
     out_file: Option<OutputFile>,
     stdout: &mut dyn Write,
@@ -492,13 +494,13 @@ pub fn compare(args: CompareArgs, stdout: &mut dyn Write) -> Result<i32, Compare
     let format = compare_format(args.format, args.output.as_deref());
     let base = Input::load(&args.base)?;
     let new = Input::load(&args.new)?;
-    let inputs: Vec<(&str, &Path, crate::report::FileId)> =
+    let inputs: Vec<(&str, &Path, crate::output::FileId)> =
         [("the BASE file", &base), ("the NEW file", &new)]
             .into_iter()
             .filter_map(|(what, i)| Some((what, i.path.as_path(), i.id?)))
             .collect();
     let output = args.output.as_deref().unwrap_or(Path::new("-"));
-    crate::report::check_not_input(output, &inputs)?;
+    crate::output::check_not_input(output, &inputs)?;
     let out_file = Some(output)
         .filter(|p| p.as_os_str() != "-")
         .map(|p| OutputFile::create_with(p, args.force))
@@ -521,7 +523,7 @@ pub fn compare(args: CompareArgs, stdout: &mut dyn Write) -> Result<i32, Compare
         Some(out) => {
             // A failed write is the file's, not standard output's.
             let file_err = |e| match e {
-                CompareError::Stdout(source) => CompareError::Output(crate::report::OutputError {
+                CompareError::Stdout(source) => CompareError::Output(crate::output::OutputError {
                     path: out.path().to_owned(),
                     source,
                 }),

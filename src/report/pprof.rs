@@ -46,7 +46,7 @@ use prost::Message;
 
 use super::Metric;
 use super::sites::ranked;
-use crate::report::{Frame, Profile, StackMetrics};
+use crate::profile::{Frame, Profile, StackMetrics};
 
 /// The pprof messages (`perftools.profiles`), generated from
 /// `proto/profile.proto`.

@@ -1,0 +1,128 @@
+//! How stacks were walked and why they ended: the profile's `unwind`
+//! section's vocabulary (the walker and its tables are the `unwind` module's).
+
+use std::fmt;
+
+use std::path::PathBuf;
+
+/// `--unwind`: how stacks are walked.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Unwind tables where an image has them, frame pointers elsewhere.
+    #[default]
+    Auto,
+    /// Frame pointers only.
+    Fp,
+    /// Unwind tables only: a frame without one ends the stack.
+    Dwarf,
+}
+
+impl Mode {
+    /// Whether images need tables.
+    pub fn uses_tables(self) -> bool {
+        self != Mode::Fp
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Auto => "auto",
+            Mode::Fp => "fp",
+            Mode::Dwarf => "dwarf",
+        })
+    }
+}
+
+/// Why a stack walk stopped (`enum mt_stack_end`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum StackEnd {
+    /// The outermost frame (or the end of a frame-pointer chain).
+    #[default]
+    Complete,
+    /// `--stack-depth` frames kept, and there were more.
+    DepthLimit,
+    /// A frame in code without an unwind table.
+    NoTable,
+    /// Stack memory could not be read (or made no sense).
+    Unreadable,
+    /// A return address outside the executable mappings.
+    NotCode,
+    /// A CFI rule the BPF unwinder does not evaluate.
+    Unsupported,
+    /// The process's mappings were locked by another thread.
+    MappingsBusy,
+}
+
+impl StackEnd {
+    /// Whether the walk reached the outermost frame.
+    pub fn is_complete(&self) -> bool {
+        *self == StackEnd::Complete
+    }
+
+    /// Words for the summary.
+    pub fn describe(self) -> &'static str {
+        match self {
+            StackEnd::Complete => "complete",
+            StackEnd::DepthLimit => "--stack-depth reached",
+            StackEnd::NoTable => "code without unwind table or frame pointer",
+            StackEnd::Unreadable => "unreadable stack",
+            StackEnd::NotCode => "return address outside code",
+            StackEnd::Unsupported => "unsupported unwind rule",
+            StackEnd::MappingsBusy => "mappings locked",
+        }
+    }
+}
+
+/// What became of one image's table.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum Outcome {
+    /// Loaded: `rows` rows from `source`, compiled now or read from the
+    /// cache.
+    Loaded {
+        rows: u32,
+        source: String,
+        cached: bool,
+    },
+    /// No call frame information: frames there take frame-pointer steps.
+    NoCfi,
+    /// More rows than the maps had room left for.
+    TooBig { rows: u32, room: u32 },
+    /// The image could not be read or its CFI parsed.
+    Failed { reason: String },
+}
+
+/// One image's table, for the profile and the summary.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct ImageTable {
+    pub image: PathBuf,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// Time to compile (or read from the cache) and load, in microseconds.
+    pub micros: u64,
+}

@@ -1,0 +1,110 @@
+//! A session's tunables and their defaults, and fault injection for tests.
+
+use crate::engine::Fault;
+use std::time::Duration;
+
+/// Default size of the events ring: 64 MiB absorbs long bursts.
+pub const DEFAULT_RING_SIZE: usize = 64 << 20;
+
+/// Default frames per allocation stack.
+pub const DEFAULT_STACK_DEPTH: u32 = 127;
+
+/// Frames a stack record holds (`MT_MAX_STACK` in bpf/memtrail.h).
+pub const MAX_STACK_DEPTH: u32 = 128;
+
+/// How long the final drain may take before the capture is declared broken.
+pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
+/// wedge-events,stall-stacks,one-thread-slot,no-cgroup,fail-after-start,
+/// late-pause,late-release,stop-after-cgroup` in
+/// the CLI; see
+/// [`engine::Fault`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    pub events: Fault,
+    pub stacks: Fault,
+    /// One thread slot for the whole tree (`thread_slots` in
+    /// bpf/memtrail.bpf.c): the other threads keep their state in task
+    /// storage, the path a thread takes when its slot is held.
+    pub one_thread_slot: bool,
+    /// Fail a session right after its threads started
+    /// (`fail-after-start`): the path every later error takes.
+    pub fail_after_start: bool,
+    /// No cgroup for the tree: pressure pauses stop processes with SIGSTOP,
+    /// the path taken where there is no usable cgroup v2 freezer.
+    pub no_cgroup: bool,
+    /// `memtrail run` stops itself (SIGSTOP) once its outputs are open,
+    /// before any other thread starts (`stop-after-outputs`): a test can
+    /// then signal the set-up at a known point.
+    pub stop_after_outputs: bool,
+    /// BPF takes every `bpf_find_vma` at an mmap as failed, as it does
+    /// while another thread holds the mmap lock (`find-vma-busy`): the path
+    /// that reads a mapping from the call's own file descriptor.
+    pub find_vma_busy: bool,
+    /// The pressure coordinator pauses late (`late-pause`) or resumes
+    /// late (`late-release`).
+    pub pressure: crate::pressure::PressureFault,
+    /// memtrail stops itself (SIGSTOP) right after making the tree's
+    /// cgroup (`stop-after-cgroup`): a test can kill it at that point.
+    pub stop_after_cgroup: bool,
+}
+
+impl Faults {
+    /// Parses a comma-separated list; unknown names are ignored.
+    pub fn parse(spec: &str) -> Self {
+        let mut faults = Self::default();
+        for name in spec.split(',').map(str::trim) {
+            if name == "one-thread-slot" {
+                faults.one_thread_slot = true;
+                continue;
+            }
+            if name == "no-cgroup" {
+                faults.no_cgroup = true;
+                continue;
+            }
+            if name == "stop-after-outputs" {
+                faults.stop_after_outputs = true;
+                continue;
+            }
+            if name == "fail-after-start" {
+                faults.fail_after_start = true;
+                continue;
+            }
+            if name == "find-vma-busy" {
+                faults.find_vma_busy = true;
+                continue;
+            }
+            if name == "stop-after-cgroup" {
+                faults.stop_after_cgroup = true;
+                continue;
+            }
+            if name == "late-pause" {
+                faults.pressure = crate::pressure::PressureFault::LatePause;
+                continue;
+            }
+            if name == "late-release" {
+                faults.pressure = crate::pressure::PressureFault::LateRelease;
+                continue;
+            }
+            let (fault, pipeline) = match name.split_once('-') {
+                Some(("stall", p)) => (Fault::Stall, p),
+                Some(("slow", p)) => (Fault::Slow, p),
+                Some(("wedge", p)) => (Fault::Wedge, p),
+                _ => continue,
+            };
+            match pipeline {
+                "events" => faults.events = fault,
+                "stacks" => faults.stacks = fault,
+                _ => {}
+            }
+        }
+        faults
+    }
+}
+
+/// Default size of the stack ring.
+pub const DEFAULT_STACK_RING_SIZE: usize = 16 << 20;
+
+/// Pipeline names by barrier index.
+pub(crate) const PIPELINES: [&str; 4] = ["events", "stacks", "mappings", "attach"];

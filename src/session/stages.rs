@@ -1,0 +1,181 @@
+//! Stages of a session's start and finish: tracepoints, unwind tables,
+//! stack symbolization, loss advice.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use crate::aggregate::Aggregator;
+use crate::attach::{self, Links};
+use crate::bpf::skel::memtrail::MemtrailSkel;
+use crate::pressure::RingRoom;
+use crate::profile::{LostEvents, StackEntry, StackMetrics};
+use crate::symbolize::AddressSpaces;
+
+use super::CaptureError;
+use crate::session::sinks::Stack;
+
+/// Why a paused capture still lost records, and what ring sizes would do:
+/// each live thread of the tree may write two records past a ring's mark
+/// before it stops, so a tree with more threads than the ring has room for
+/// above its watermark can overrun it before the freeze lands.
+pub(crate) fn loss_advice(
+    lost: &LostEvents,
+    rooms: &[RingRoom],
+    percent: u8,
+    threads: u64,
+) -> String {
+    if lost.resumed != 0 {
+        return lost.advice();
+    }
+    let counts = [lost.events, lost.stacks, lost.mappings, lost.attach];
+    let needs: Vec<String> = rooms
+        .iter()
+        .zip(counts)
+        .filter(|&(room, n)| n != 0 && room.option != "fixed")
+        .map(|(room, _)| {
+            let needed = crate::pressure::min_room(room.record, threads, 0);
+            let size = crate::pressure::min_ring_size(room.capacity, percent, needed);
+            format!("{} {size}", room.option)
+        })
+        .collect();
+    if needs.is_empty() {
+        return lost.advice();
+    }
+    format!(
+        "the tree had up to {threads} live threads, and each may write {} records past a \
+         ring's watermark before it stops: retry with {} (or a lower --watermark)",
+        crate::pressure::RECORDS_PER_THREAD,
+        needs.join(" and ")
+    )
+}
+
+/// Builds the allocation sites: every stack that allocated, symbolized,
+/// largest allocated bytes first.
+pub(crate) fn symbolize_stacks(
+    agg: &Aggregator,
+    stacks: &HashMap<u64, Stack>,
+    mut mappings: HashMap<u32, Vec<crate::symbolize::Mapping>>,
+    symbolizer: &crate::symbolize::Background,
+) -> Vec<StackEntry> {
+    let hints: Vec<PathBuf> = agg
+        .processes()
+        .filter_map(|p| std::fs::canonicalize(&p.exe).ok())
+        .chain(attach::libc_path().ok())
+        .collect();
+    crate::symbolize::resolve_paths(&mut mappings, &hints);
+    let spaces = AddressSpaces {
+        mappings,
+        parents: agg.processes().map(|p| (p.pid, p.ppid)).collect(),
+    };
+    /// A stack to symbolize: id, metrics, return addresses.
+    type Site<'a> = (u64, StackMetrics, &'a Stack);
+    let mut by_pid: HashMap<u32, Vec<Site<'_>>> = HashMap::new();
+    let exes: HashMap<u32, &str> = agg.processes().map(|p| (p.pid, &p.exe[..])).collect();
+    let exe_of = |pid: u32| exes.get(&pid).copied().unwrap_or_default().to_owned();
+    let mut entries = Vec::new();
+    for (id, metrics) in agg.stack_metrics() {
+        if metrics.is_empty() {
+            continue;
+        }
+        match (stacks.get(&id), agg.direct_syscall_pid(id)) {
+            (Some(stack), _) => by_pid
+                .entry(stack.pid)
+                .or_default()
+                .push((id, metrics, stack)),
+            (None, Some(pid)) => entries.push(StackEntry {
+                id,
+                pid,
+                frames: vec![crate::profile::Frame::direct_syscall()],
+                exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
+                end: crate::profile::unwind::StackEnd::Complete,
+                metrics,
+            }),
+            (None, None) => {
+                tracing::warn!(id, "an allocation names a stack that was never recorded")
+            }
+        }
+    }
+    let by_pid: Vec<(u32, Vec<Site<'_>>)> = by_pid.into_iter().collect();
+    let request = by_pid
+        .iter()
+        .map(|(pid, list)| {
+            let ips = list.iter().map(|(_, _, stack)| stack.ips.clone()).collect();
+            (*pid, ips)
+        })
+        .collect();
+    let frames = symbolizer.symbolize(spaces, request);
+    for ((pid, list), frames) in by_pid.into_iter().zip(frames) {
+        entries.extend(
+            list.into_iter()
+                .zip(frames)
+                .map(|((id, metrics, stack), frames)| StackEntry {
+                    id,
+                    pid,
+                    // What ran when the stack was made: a stack from
+                    // before an exec keeps the executable of then.
+                    exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
+                    frames,
+                    end: stack.end,
+                    metrics,
+                }),
+        );
+    }
+    entries.sort_by(|a, b| b.metrics.bytes.cmp(&a.metrics.bytes).then(a.id.cmp(&b.id)));
+    entries
+}
+
+/// The unwind tables' maps, when stacks are walked with tables; without
+/// them (the maps cannot be mapped) stacks take frame-pointer steps.
+pub(crate) fn unwind_tables(
+    skel: &MemtrailSkel<'_>,
+    mode: crate::profile::unwind::Mode,
+    stack_depth: u32,
+) -> Option<crate::unwind::Tables> {
+    if !mode.uses_tables() || stack_depth == 0 {
+        return None;
+    }
+    use libbpf_rs::MapCore;
+    use std::os::fd::AsFd;
+    let maps = &skel.maps;
+    crate::unwind::Tables::new(
+        (maps.unwind_rows.as_fd(), maps.unwind_rows.max_entries()),
+        (maps.unwind_pages.as_fd(), maps.unwind_pages.max_entries()),
+        maps.unwind_images.as_fd(),
+    )
+    .inspect_err(|err| tracing::warn!(%err, "no unwind tables: stacks take frame-pointer steps"))
+    .ok()
+}
+
+/// Attaches the syscall and sched tracepoint programs, and `signal_generate`
+/// with `signals` (stops and resumes by others). Returns a descriptor of
+/// the `sched_exit` link, for the guardian to hold (see `sys::Guardian`).
+pub(crate) fn attach_tracepoints(
+    skel: &MemtrailSkel<'_>,
+    links: &mut Links,
+    signals: bool,
+) -> Result<std::os::fd::OwnedFd, CaptureError> {
+    let p = &skel.progs;
+    let attach = |prog: &libbpf_rs::ProgramMut<'_>| {
+        prog.attach()
+            .map_err(|source| CaptureError::AttachTracepoint {
+                what: "syscall and sched tracepoints",
+                source,
+            })
+    };
+    let exit = attach(&p.sched_exit)?;
+    let exit_fd = std::os::fd::AsFd::as_fd(&exit)
+        .try_clone_to_owned()
+        .map_err(|source| CaptureError::Io {
+            what: "duplicating a BPF link descriptor",
+            source,
+        })?;
+    links.push(exit);
+    let held = signals.then_some(&p.signal_generate);
+    for prog in [&p.sched_fork, &p.sched_exec, &p.sys_enter, &p.sys_exit]
+        .into_iter()
+        .chain(held)
+    {
+        links.push(attach(prog)?);
+    }
+    Ok(exit_fd)
+}
