@@ -634,179 +634,37 @@ impl Aggregator {
         let Some(state) = p.state.as_deref_mut() else {
             return idx;
         };
-        let tree = &mut self.tree;
-        let heap = &mut p.heap;
-        let maps = &mut p.maps;
         let live_before = state.live_bytes;
-        let mut mapped_grew = 0u64;
-        let mut mapped_shrank = 0u64;
-        let Mem {
-            addr,
-            size,
-            old_addr,
-            old_size,
-            stack_id,
-        } = mem;
+        let mut f = Fold {
+            state,
+            heap: &mut p.heap,
+            maps: &mut p.maps,
+            tree: &mut self.tree,
+            exe_id,
+            tid: hdr.tid,
+            mapped_grew: 0,
+            mapped_shrank: 0,
+        };
         match hdr.kind {
-            Kind::ReallocBegin => {
-                let pending = if let Some(block) = state.blocks.remove(&addr) {
-                    Some((block, false))
-                } else {
-                    state.inherited.remove(&addr).map(|b| (b, true))
-                };
-                if let Some((block, inherited)) = pending {
-                    state.reallocs.insert(
-                        hdr.tid,
-                        PendingRealloc {
-                            addr,
-                            block,
-                            inherited,
-                        },
-                    );
-                }
-            }
-            k if k.is_realloc() => {
-                let old = state
-                    .reallocs
-                    .remove(&hdr.tid)
-                    .filter(|o| o.addr == old_addr);
-                // Only the process's own old block leaves its live bytes.
-                let own_old = old.filter(|o| !o.inherited).map(|o| o.block);
-                if addr != 0 || (old.is_some() && size == 0) {
-                    // The old block is freed (heaptrack: a free, then an
-                    // allocation of the new block).
-                    let last = state.last_alloc.remove(&hdr.tid);
-                    if let Some(b) = own_old.filter(|_| last == Some(old_addr)) {
-                        temporary(heap, tree, b);
-                    }
-                    if addr != 0 {
-                        state.last_alloc.insert(hdr.tid, addr);
-                    }
-                }
-                if addr != 0 {
-                    let block = Block {
-                        size,
-                        stack: stack_id,
-                    };
-                    heap.allocations += 1;
-                    heap.reallocs += 1;
-                    heap.allocated_bytes += size;
-                    if let Some(b) = own_old {
-                        heap.freed_bytes += b.size;
-                        state.live_bytes -= b.size;
-                        tree.shrink(b);
-                    }
-                    state.blocks.insert(addr, block);
-                    state.live_bytes += size;
-                    tree.grow(block);
-                    stack_allocated(tree, block, exe_id);
-                } else if old.is_some() && size == 0 {
-                    // realloc(p, 0): glibc frees p and returns NULL.
-                    if let Some(b) = own_old {
-                        heap.freed_bytes += b.size;
-                        state.live_bytes -= b.size;
-                        tree.shrink(b);
-                    }
-                } else if let Some(o) = old {
-                    // Failed: the old block stays.
-                    let map = if o.inherited {
-                        &mut state.inherited
-                    } else {
-                        &mut state.blocks
-                    };
-                    map.insert(o.addr, o.block);
-                }
-            }
-            k if k.is_allocation() => {
-                let block = Block {
-                    size,
-                    stack: stack_id,
-                };
-                heap.allocations += 1;
-                heap.allocated_bytes += size;
-                if let Some(prev) = state.blocks.insert(addr, block) {
-                    // The allocator reused an address we never saw freed.
-                    state.live_bytes -= prev.size;
-                    tree.shrink(prev);
-                }
-                state.inherited.remove(&addr);
-                state.live_bytes += size;
-                tree.grow(block);
-                stack_allocated(tree, block, exe_id);
-                state.last_alloc.insert(hdr.tid, addr);
-            }
-            Kind::Free => {
-                let last = if addr == 0 {
-                    None
-                } else {
-                    state.last_alloc.remove(&hdr.tid)
-                };
-                if let Some(block) = state.blocks.remove(&addr) {
-                    if last == Some(addr) {
-                        temporary(heap, tree, block);
-                    }
-                    heap.frees += 1;
-                    heap.freed_bytes += block.size;
-                    state.live_bytes -= block.size;
-                    tree.shrink(block);
-                } else if state.inherited.remove(&addr).is_some() {
-                    heap.frees += 1;
-                } else {
-                    // Not a block we saw allocated: e.g. glibc releasing a
-                    // thread's cache at thread exit through free().
-                    heap.unmatched_frees += 1;
-                }
-            }
-            Kind::Mmap if !hdr.in_allocator => {
-                let end = page_end(addr, size);
-                // MAP_FIXED may replace regions we hold.
-                mapped_shrank = state.unmap(addr, end, tree).0;
-                state.regions.insert(addr, Region { end, stack: site });
-                tree.mapped(site, end - addr, true, exe_id);
-                maps.mmaps += 1;
-                maps.mapped_bytes += end - addr;
-                mapped_grew = end - addr;
-            }
-            Kind::Munmap if !hdr.in_allocator => {
-                let (removed, _) = state.unmap(addr, page_end(addr, size), tree);
-                if removed > 0 {
-                    maps.munmaps += 1;
-                    maps.unmapped_bytes += removed;
-                    mapped_shrank = removed;
-                }
-            }
-            Kind::Mremap if !hdr.in_allocator => {
-                let (removed, stack) = state.unmap(old_addr, page_end(old_addr, old_size), tree);
-                if removed > 0 {
-                    let end = page_end(addr, size);
-                    mapped_shrank = removed + state.unmap(addr, end, tree).0;
-                    state.regions.insert(addr, Region { end, stack });
-                    tree.mapped(stack, end - addr, false, exe_id);
-                    maps.unmapped_bytes += removed;
-                    maps.mapped_bytes += end - addr;
-                    mapped_grew = end - addr;
-                }
-            }
-            Kind::Brk => {
-                // brk returns the current break, whatever was asked.
-                let known = state.brk_start.is_some();
-                let start = *state.brk_start.get_or_insert(addr);
-                if known && !hdr.in_allocator && addr > state.brk_now {
-                    let grown = addr - state.brk_now;
-                    maps.brk_grown_bytes += grown;
-                    if site != 0 {
-                        let s = tree.stack(site);
-                        if s.metrics.is_empty() {
-                            s.exe_id = exe_id;
-                        }
-                        s.metrics.brk_bytes += grown;
-                    }
-                }
-                state.brk_now = addr;
-                maps.brk_peak_bytes = maps.brk_peak_bytes.max(addr.saturating_sub(start));
-            }
+            Kind::ReallocBegin => f.realloc_begin(mem.addr),
+            k if k.is_realloc() => f.realloc(mem),
+            k if k.is_allocation() => f.allocation(mem),
+            Kind::Free => f.free(mem.addr),
+            Kind::Mmap if !hdr.in_allocator => f.mmap(mem, site),
+            Kind::Munmap if !hdr.in_allocator => f.munmap(mem),
+            Kind::Mremap if !hdr.in_allocator => f.mremap(mem),
+            Kind::Brk => f.brk(mem.addr, site, hdr.in_allocator),
             _ => {}
         }
+        let Fold {
+            state,
+            heap,
+            maps,
+            tree,
+            mapped_grew,
+            mapped_shrank,
+            ..
+        } = f;
         if state.live_bytes > heap.peak_live_bytes {
             heap.peak_live_bytes = state.live_bytes;
             heap.peak_live_at_ns = hdr.ts_ns;
@@ -849,6 +707,215 @@ impl Aggregator {
                 s.metrics.mapped_bytes_at_peak = s.mapped;
             }
         }
+    }
+}
+
+/// One record's fold into its process's live state and the tree's
+/// stacks (`Aggregator::mem`, one method per record kind).
+struct Fold<'a> {
+    state: &'a mut LiveState,
+    heap: &'a mut HeapCounters,
+    maps: &'a mut MapCounters,
+    tree: &'a mut TreeLive,
+    exe_id: u32,
+    tid: u32,
+    /// Anonymous-mapping bytes the record added and removed.
+    mapped_grew: u64,
+    mapped_shrank: u64,
+}
+
+impl Fold<'_> {
+    /// The outermost realloc of a live block opens: the old block leaves
+    /// the live map before another thread can be handed its address.
+    fn realloc_begin(&mut self, addr: u64) {
+        let state = &mut *self.state;
+        let pending = if let Some(block) = state.blocks.remove(&addr) {
+            Some((block, false))
+        } else {
+            state.inherited.remove(&addr).map(|b| (b, true))
+        };
+        if let Some((block, inherited)) = pending {
+            state.reallocs.insert(
+                self.tid,
+                PendingRealloc {
+                    addr,
+                    block,
+                    inherited,
+                },
+            );
+        }
+    }
+
+    /// A realloc settles the block its `ReallocBegin` took out.
+    fn realloc(&mut self, mem: Mem) {
+        let Mem {
+            addr,
+            size,
+            old_addr,
+            stack_id,
+            ..
+        } = mem;
+        let (state, heap, tree) = (&mut *self.state, &mut *self.heap, &mut *self.tree);
+        let old = state
+            .reallocs
+            .remove(&self.tid)
+            .filter(|o| o.addr == old_addr);
+        // Only the process's own old block leaves its live bytes.
+        let own_old = old.filter(|o| !o.inherited).map(|o| o.block);
+        if addr != 0 || (old.is_some() && size == 0) {
+            // The old block is freed (heaptrack: a free, then an
+            // allocation of the new block).
+            let last = state.last_alloc.remove(&self.tid);
+            if let Some(b) = own_old.filter(|_| last == Some(old_addr)) {
+                temporary(heap, tree, b);
+            }
+            if addr != 0 {
+                state.last_alloc.insert(self.tid, addr);
+            }
+        }
+        if addr != 0 {
+            let block = Block {
+                size,
+                stack: stack_id,
+            };
+            heap.allocations += 1;
+            heap.reallocs += 1;
+            heap.allocated_bytes += size;
+            if let Some(b) = own_old {
+                heap.freed_bytes += b.size;
+                state.live_bytes -= b.size;
+                tree.shrink(b);
+            }
+            state.blocks.insert(addr, block);
+            state.live_bytes += size;
+            tree.grow(block);
+            stack_allocated(tree, block, self.exe_id);
+        } else if old.is_some() && size == 0 {
+            // realloc(p, 0): glibc frees p and returns NULL.
+            if let Some(b) = own_old {
+                heap.freed_bytes += b.size;
+                state.live_bytes -= b.size;
+                tree.shrink(b);
+            }
+        } else if let Some(o) = old {
+            // Failed: the old block stays.
+            let map = if o.inherited {
+                &mut state.inherited
+            } else {
+                &mut state.blocks
+            };
+            map.insert(o.addr, o.block);
+        }
+    }
+
+    fn allocation(&mut self, mem: Mem) {
+        let (state, heap, tree) = (&mut *self.state, &mut *self.heap, &mut *self.tree);
+        let block = Block {
+            size: mem.size,
+            stack: mem.stack_id,
+        };
+        heap.allocations += 1;
+        heap.allocated_bytes += mem.size;
+        if let Some(prev) = state.blocks.insert(mem.addr, block) {
+            // The allocator reused an address we never saw freed.
+            state.live_bytes -= prev.size;
+            tree.shrink(prev);
+        }
+        state.inherited.remove(&mem.addr);
+        state.live_bytes += mem.size;
+        tree.grow(block);
+        stack_allocated(tree, block, self.exe_id);
+        state.last_alloc.insert(self.tid, mem.addr);
+    }
+
+    fn free(&mut self, addr: u64) {
+        let (state, heap, tree) = (&mut *self.state, &mut *self.heap, &mut *self.tree);
+        let last = if addr == 0 {
+            None
+        } else {
+            state.last_alloc.remove(&self.tid)
+        };
+        if let Some(block) = state.blocks.remove(&addr) {
+            if last == Some(addr) {
+                temporary(heap, tree, block);
+            }
+            heap.frees += 1;
+            heap.freed_bytes += block.size;
+            state.live_bytes -= block.size;
+            tree.shrink(block);
+        } else if state.inherited.remove(&addr).is_some() {
+            heap.frees += 1;
+        } else {
+            // Not a block we saw allocated: e.g. glibc releasing a
+            // thread's cache at thread exit through free().
+            heap.unmatched_frees += 1;
+        }
+    }
+
+    /// An anonymous mapping made outside allocator calls, at `site`.
+    fn mmap(&mut self, mem: Mem, site: u64) {
+        let (addr, end) = (mem.addr, page_end(mem.addr, mem.size));
+        // MAP_FIXED may replace regions we hold.
+        self.mapped_shrank = self.state.unmap(addr, end, self.tree).0;
+        self.state.regions.insert(addr, Region { end, stack: site });
+        self.tree.mapped(site, end - addr, true, self.exe_id);
+        self.maps.mmaps += 1;
+        self.maps.mapped_bytes += end - addr;
+        self.mapped_grew = end - addr;
+    }
+
+    fn munmap(&mut self, mem: Mem) {
+        let (removed, _) = self
+            .state
+            .unmap(mem.addr, page_end(mem.addr, mem.size), self.tree);
+        if removed > 0 {
+            self.maps.munmaps += 1;
+            self.maps.unmapped_bytes += removed;
+            self.mapped_shrank = removed;
+        }
+    }
+
+    /// mremap moves a region we hold (with its stack) to the new range.
+    fn mremap(&mut self, mem: Mem) {
+        let Mem {
+            addr,
+            size,
+            old_addr,
+            old_size,
+            ..
+        } = mem;
+        let (state, tree) = (&mut *self.state, &mut *self.tree);
+        let (removed, stack) = state.unmap(old_addr, page_end(old_addr, old_size), tree);
+        if removed > 0 {
+            let end = page_end(addr, size);
+            self.mapped_shrank = removed + state.unmap(addr, end, tree).0;
+            state.regions.insert(addr, Region { end, stack });
+            tree.mapped(stack, end - addr, false, self.exe_id);
+            self.maps.unmapped_bytes += removed;
+            self.maps.mapped_bytes += end - addr;
+            self.mapped_grew = end - addr;
+        }
+    }
+
+    /// brk returns the current break, whatever was asked; growth outside
+    /// allocator calls goes to `site`.
+    fn brk(&mut self, addr: u64, site: u64, in_allocator: bool) {
+        let (state, maps) = (&mut *self.state, &mut *self.maps);
+        let known = state.brk_start.is_some();
+        let start = *state.brk_start.get_or_insert(addr);
+        if known && !in_allocator && addr > state.brk_now {
+            let grown = addr - state.brk_now;
+            maps.brk_grown_bytes += grown;
+            if site != 0 {
+                let s = self.tree.stack(site);
+                if s.metrics.is_empty() {
+                    s.exe_id = self.exe_id;
+                }
+                s.metrics.brk_bytes += grown;
+            }
+        }
+        state.brk_now = addr;
+        maps.brk_peak_bytes = maps.brk_peak_bytes.max(addr.saturating_sub(start));
     }
 }
 
