@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::io::{self, Write};
 
 use super::Metric;
-use super::sites::{folded_name, merge_same_frames, module_base, ranked};
+use super::sites::{Site, folded_name, merge_same_frames, module_base, ranked};
 use crate::profile::{Profile, human_bytes};
 
 const WIDTH: f64 = 960.0;
@@ -254,7 +254,19 @@ pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
         seconds(t.start_ns + (first + points.len() as u64) * t.interval_ns),
         PLOT_TOP + PLOT_HEIGHT + 34.0
     );
-    if !layers.is_empty() {
+    write_legend(&mut s, &layers, legend_top);
+    write_peak_sites(&mut s, &peak_sites, peak_top);
+    s.push_str("</g>\n</svg>\n");
+    w.write_all(s.as_bytes())
+}
+
+/// The legend of the layers: each site's colour, peak and name, top
+/// layer first.
+fn write_legend(s: &mut String, layers: &[Layer<'_>], legend_top: f64) {
+    if layers.is_empty() {
+        return;
+    }
+    {
         let _ = writeln!(
             s,
             r#"<g id="legend"><text x="{PLOT_LEFT}" y="{legend_top:.1}">live heap by site, largest at the bottom (each site's highest value):</text>"#
@@ -278,6 +290,11 @@ pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
         }
         s.push_str("</g>\n");
     }
+}
+
+/// The heap at its peak by site: the view `memtrail report --by peak`
+/// shows.
+fn write_peak_sites(s: &mut String, peak_sites: &[(Site<'_>, usize)], peak_top: f64) {
     // The stack at peak: the view `memtrail report --by peak` shows.
     let _ = writeln!(
         s,
@@ -297,8 +314,6 @@ pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
             escape(&name)
         );
     }
-    s.push_str("</g>\n</svg>\n");
-    w.write_all(s.as_bytes())
 }
 
 /// The tree's live heap as a sparkline of at most [`SPARK_WIDTH`]
