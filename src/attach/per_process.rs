@@ -276,17 +276,7 @@ impl Drop for Detacher {
 }
 
 /// Where allocator probes go (`--probes`).
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Probes {
     /// Per process for a running process (`memtrail attach`, a session on

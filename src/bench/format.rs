@@ -10,7 +10,7 @@ use super::results::{BenchResult, Metric, REGION_ENTRIES, Results};
 use crate::profile::ExitInfo;
 
 /// A format of `memtrail bench --format`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BenchFormat {
     /// A table for a terminal.
     Text,

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod run;
 pub mod status;
 pub mod summary;
+pub mod values;
 pub mod version;
 
 use std::ffi::OsString;

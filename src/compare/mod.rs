@@ -715,7 +715,7 @@ pub fn write_markdown(c: &Comparison, w: &mut dyn Write) -> io::Result<()> {
 }
 
 /// What a differential flame graph is sized by.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FlameMetric {
     /// Bytes allocated.
     #[default]

@@ -14,7 +14,7 @@ use crate::events::Encoder;
 use crate::output::OutputFile;
 
 /// How `--events` writes its stream.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EventsFormat {
     /// One JSON object a line (~107 bytes an event).
     #[default]

@@ -6,17 +6,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 /// `--unwind`: how stacks are walked.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Unwind tables where an image has them, frame pointers elsewhere.

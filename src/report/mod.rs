@@ -42,7 +42,7 @@ use crate::profile::Profile;
 pub const DEFAULT_TEXT_TOP: usize = 10;
 
 /// A report format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     /// The top sites with their metrics and symbolized stacks, for a
     /// terminal.
@@ -63,7 +63,7 @@ pub enum Format {
 }
 
 /// What sites are ranked (and flame graphs sized) by.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Metric {
     /// Bytes allocated (the sum of the sizes asked for).

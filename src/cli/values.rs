@@ -1,0 +1,133 @@
+//! The command line's values for the library's enums (`--unwind`,
+//! `--format`, `--by`, ...): names and help text, so clap stays in `cli/`.
+
+use clap::ValueEnum;
+use clap::builder::PossibleValue;
+
+/// Implements [`ValueEnum`] for a library enum: each variant's name on
+/// the command line and its help text.
+macro_rules! value_enum {
+    ($ty:ty { $($variant:ident => $name:literal: $help:literal,)+ }) => {
+        impl ValueEnum for $ty {
+            fn value_variants<'a>() -> &'a [Self] {
+                &[$(<$ty>::$variant),+]
+            }
+
+            fn to_possible_value(&self) -> Option<PossibleValue> {
+                Some(match self {
+                    $(<$ty>::$variant => PossibleValue::new($name).help($help),)+
+                })
+            }
+        }
+    };
+}
+
+value_enum!(crate::profile::unwind::Mode {
+    Auto => "auto":
+        "Unwind tables where an image has them, frame pointers elsewhere",
+    Fp => "fp":
+        "Frame pointers only",
+    Dwarf => "dwarf":
+        "Unwind tables only: a frame without one ends the stack",
+});
+
+value_enum!(crate::report::Format {
+    Text => "text":
+        "The top sites with their metrics and symbolized stacks, for a terminal",
+    Json => "json":
+        "The sites ranked by the metric, as a JSON document",
+    Flamegraph => "flamegraph":
+        "An SVG flame graph of the metric, outermost caller at the bottom",
+    Pprof => "pprof":
+        "A gzipped pprof profile.proto with every metric as a sample type",
+    Folded => "folded":
+        "Collapsed stacks, `outer;...;inner VALUE` a line, for any flame graph tool",
+    Timeline => "timeline":
+        "An SVG chart of the heap over time (the profile's timeline), stacked by its top allocation sites, with the peak instant and the sites at the peak; `--by` and `--top` do not apply",
+});
+
+value_enum!(crate::report::Metric {
+    Bytes => "bytes":
+        "Bytes allocated (the sum of the sizes asked for)",
+    Count => "count":
+        "Allocating calls",
+    Peak => "peak":
+        "Bytes live when the tree's live heap peaked",
+    Leaked => "leaked":
+        "Bytes still live when their process exited (in an attach window: live at detach)",
+    Temporary => "temporary":
+        "Temporary allocations: blocks freed by their thread before it allocated or freed anything else (heaptrack's definition)",
+    Mapped => "mapped":
+        "Bytes of anonymous memory mapped outside allocator calls (mmap and mremap's new lengths, whole pages)",
+    MappedPeak => "mapped-peak":
+        "Of them, bytes mapped when the tree's anonymous mappings peaked",
+    MappedExit => "mapped-exit":
+        "Of them, bytes still mapped when their process exited",
+    Brk => "brk":
+        "Program break growth made through sbrk outside allocator calls",
+});
+
+value_enum!(crate::ring::merge::EventRings {
+    Auto => "auto":
+        "Per CPU on machines with at least 4 CPUs online, else one",
+    Shared => "shared":
+        "One ring every CPU reserves from",
+    PerCpu => "per-cpu":
+        "One ring per CPU, merged by time (`--ring-size` is split between them)",
+});
+
+value_enum!(crate::events::writer::EventsFormat {
+    Jsonl => "jsonl":
+        "One JSON object a line (~107 bytes an event)",
+    Binary => "binary":
+        "zstd-compressed length-prefixed binary records (docs/events.md); `memtrail events FILE` turns it into JSON lines",
+});
+
+value_enum!(crate::compare::FlameMetric {
+    Bytes => "bytes":
+        "Bytes allocated",
+    Allocations => "allocations":
+        "Allocating calls",
+});
+
+value_enum!(crate::attach::per_process::Probes {
+    Auto => "auto":
+        "Per process for a running process (`memtrail attach`, a session on a pid or on its own process) where the kernel can hold a new process at fork (`bpf_send_signal_task`, Linux 6.13); system-wide for a command memtrail starts",
+    PerProcess => "per-process":
+        "Only in the tracked processes; fails on a kernel without it",
+    SystemWide => "system-wide":
+        "In every process that maps a probed file (each pays a trap per allocator call while memtrail runs); no stop at fork",
+});
+
+value_enum!(crate::bench::format::BenchFormat {
+    Text => "text":
+        "A table for a terminal",
+    Json => "json":
+        "The results document (docs/bench.md)",
+    Markdown => "markdown":
+        "A Markdown table, for a pull-request comment",
+    Bmf => "bmf":
+        "Bencher Metric Format JSON (`bencher run --adapter json`)",
+    Gab => "gab":
+        "github-action-benchmark's `customSmallerIsBetter` JSON",
+});
+
+#[cfg(test)]
+mod tests {
+    use clap::ValueEnum;
+
+    use crate::ring::merge::{AUTO_PER_CPU, EventRings};
+
+    #[test]
+    fn event_rings_help_says_the_number() {
+        // `--help` says the number (issue 26: it said `[`AUTO_PER_CPU`]`).
+        let help = EventRings::Auto
+            .to_possible_value()
+            .and_then(|v| v.get_help().map(ToString::to_string))
+            .unwrap_or_default();
+        assert!(
+            help.contains(&format!("at least {AUTO_PER_CPU} CPUs")),
+            "{help}"
+        );
+    }
+}
