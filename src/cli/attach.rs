@@ -59,7 +59,6 @@ pub fn attach(
     opts.check_outputs()?;
     let session_opts = opts.session_options(false);
     let target = Target::Pid(pid);
-    session_opts.validate(&target)?;
     let (output, events) = opts.open_outputs(crate::proctree::invoking_user())?;
     let stream = opts.event_stream(events)?;
     let session = Session::start_with(&session_opts, target, stream)?;

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::cli::run::Options;
+use crate::session::SessionOptions;
 
 use crate::cli::summary::write_summary;
 use crate::output::{OutputFile, check_distinct};
@@ -197,8 +198,8 @@ impl Cli {
     /// Whether the command runs with `--quiet` (run, attach, bench).
     pub fn quiet(&self) -> bool {
         match &self.command {
-            Command::Run(args) => args.quiet,
-            Command::Attach(args) => args.quiet,
+            Command::Run(args) => args.capture.quiet,
+            Command::Attach(args) => args.capture.quiet,
             Command::Bench(args) => args.quiet,
             _ => false,
         }
@@ -268,23 +269,25 @@ fn cli_command() -> clap::Command {
     <Cli as clap::CommandFactory>::command()
 }
 
+/// The flags `memtrail run` and `memtrail attach` share.
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {
+pub struct CaptureArgs {
     /// Write the profile (JSON, schema in docs/profile.md) to PATH. A new
     /// regular file appears whole, only when the capture succeeded (an
     /// existing one is refused unless --force, and then its symlink's
     /// target is replaced, not the link); `-` (stdout), a FIFO (with a
     /// reader) or a character device is written as a stream; anything else
-    /// is refused before the command starts. Without --output the profile
+    /// is refused before the capture starts. Without --output the profile
     /// goes to `memtrail.CMD.PID.json` in the working directory (CMD the
-    /// command's file name, PID memtrail's), which the summary names;
-    /// with --quiet and no --output no profile is kept.
+    /// command's file name, or for `attach` the process's executable's,
+    /// PID memtrail's), which the summary names; with --quiet and no
+    /// --output no profile is kept.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
 
     /// Replace files that --output, --events or --report-output name.
     /// Without it, an existing regular file there is refused (exit 73)
-    /// before the command starts, and so is one that appears while the
+    /// before the capture starts, and so is one that appears while the
     /// command runs; streams (`-`, FIFOs, character devices) are written
     /// either way.
     #[arg(short, long)]
@@ -327,7 +330,10 @@ pub struct RunArgs {
     /// (exit 76); a nonzero duration below 1ms is rejected, never rounded to
     /// 0. `inf`: pause as long as draining takes. With the cgroup freezer
     /// (root), rings need room for the freeze to land: 1 MiB rings at the
-    /// default watermark on two CPUs.
+    /// default watermark on two CPUs. `memtrail attach` pauses the process
+    /// with SIGSTOP (it is never moved into a cgroup of memtrail's), and an
+    /// episode longer than a finite timeout resumes it and detaches (exit
+    /// 77): memtrail never kills a process it attached to.
     #[arg(
         long,
         value_name = "TIMEOUT",
@@ -364,7 +370,8 @@ pub struct RunArgs {
     /// WUNTRACED, a job-control shell, sees that stop; Linux 6.13);
     /// `system-wide` puts them in every process that maps a probed library,
     /// so other processes trap on each allocator call while memtrail runs;
-    /// `auto` is system-wide for `run`.
+    /// `auto` is system-wide for `run` and, for `attach`, per-process where
+    /// the kernel can.
     #[arg(long, value_name = "WHERE", value_enum, default_value_t = crate::attach::per_process::Probes::Auto)]
     pub probes: crate::attach::per_process::Probes,
 
@@ -400,7 +407,7 @@ pub struct RunArgs {
     pub report: Option<Format>,
 
     /// Write the --report report to PATH. Like --output, it is checked before
-    /// the command starts, and a file appears only when the capture
+    /// the capture starts, and a file appears only when the capture
     /// succeeded.
     #[arg(
         long,
@@ -419,6 +426,12 @@ pub struct RunArgs {
     /// bytes].
     #[arg(long, value_enum, value_name = "METRIC", requires = "report")]
     pub report_by: Option<Metric>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub capture: CaptureArgs,
 
     /// The command and its arguments. memtrail's own flags come before it;
     /// everything from the command's name on is the command's, so `--` is
@@ -496,106 +509,8 @@ pub struct AttachArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub duration: Option<std::time::Duration>,
 
-    /// Write the profile (JSON, docs/profile.md) to PATH, as `memtrail run
-    /// --output` does. Without it the profile goes to
-    /// `memtrail.EXE.PID.json` (EXE the process's executable's file name,
-    /// PID memtrail's); with --quiet and no --output none is kept.
-    #[arg(short, long, value_name = "PATH")]
-    pub output: Option<PathBuf>,
-
-    /// Replace files that --output, --events or --report-output name.
-    #[arg(short, long)]
-    pub force: bool,
-
-    /// Stream every event to PATH, as `memtrail run --events` does.
-    #[arg(long, value_name = "PATH")]
-    pub events: Option<PathBuf>,
-
-    /// How --events writes: `jsonl` or `binary` (default: binary when PATH
-    /// ends in `.mtev`).
-    #[arg(long, value_enum, value_name = "FORMAT", requires = "events")]
-    pub events_format: Option<crate::events::writer::EventsFormat>,
-
-    /// Size of the events ring buffer (as `memtrail run --ring-size`).
-    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse_size)]
-    pub ring_size: usize,
-
-    /// Size of the stack ring buffer (as `memtrail run --stack-ring-size`).
-    #[arg(long, value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
-    pub stack_ring_size: usize,
-
-    /// As `memtrail run --pressure-timeout`, but the process is paused with
-    /// SIGSTOP (it is never moved into a cgroup of memtrail's), and an
-    /// episode longer than a finite timeout resumes it and detaches (exit
-    /// 77): memtrail never kills a process it attached to.
-    #[arg(
-        long,
-        value_name = "TIMEOUT",
-        default_value = "0",
-        env = "MEMTRAIL_PRESSURE_TIMEOUT",
-        allow_hyphen_values = true
-    )]
-    pub pressure_timeout: crate::pressure::PressureTimeout,
-
-    /// Fill of a ring, in percent, past which the process is paused.
-    #[arg(long, value_name = "PERCENT", default_value_t = 75,
-          value_parser = clap::value_parser!(u8).range(1..=99))]
-    pub watermark: u8,
-
-    /// Frames of call stack to record per allocation (at most 128).
-    #[arg(long, value_name = "FRAMES", default_value_t = crate::session::DEFAULT_STACK_DEPTH,
-          value_parser = clap::value_parser!(u32).range(0..=crate::session::MAX_STACK_DEPTH as i64))]
-    pub stack_depth: u32,
-
-    /// How stacks are walked (as `memtrail run --unwind`).
-    #[arg(long, value_name = "HOW", value_enum, default_value_t = crate::profile::unwind::Mode::Auto)]
-    pub unwind: crate::profile::unwind::Mode,
-
-    /// Where allocator probes go (as `memtrail run --probes`); `auto` is
-    /// per-process where the kernel can (Linux 6.13), so the rest of the
-    /// host keeps its allocator untouched while memtrail is attached.
-    #[arg(long, value_name = "WHERE", value_enum, default_value_t = crate::attach::per_process::Probes::Auto)]
-    pub probes: crate::attach::per_process::Probes,
-
-    /// Events rings (as `memtrail run --event-rings`).
-    #[arg(long, value_name = "HOW", value_enum, env = "MEMTRAIL_EVENT_RINGS", default_value_t = crate::ring::merge::EventRings::Auto)]
-    pub event_rings: crate::ring::merge::EventRings,
-
-    /// Keep no timeline in the profile (as `memtrail run --no-timeline`).
-    #[arg(long)]
-    pub no_timeline: bool,
-
-    /// Print no summary, no status line and no notes about the capture
-    /// (an image without unwind tables, USDT markers skipped: the profile
-    /// or the summary records them). Errors, warnings about memtrail's own
-    /// environment and what memtrail did with a signal are still printed;
-    /// --log (or MEMTRAIL_LOG) shows the notes again.
-    #[arg(short, long)]
-    pub quiet: bool,
-
-    /// After a successful capture, also write a report in FORMAT (as
-    /// `memtrail run --report`; a text report without --report-output goes
-    /// to stderr).
-    #[arg(long, value_enum, value_name = "FORMAT")]
-    pub report: Option<Format>,
-
-    /// Write the --report report to PATH.
-    #[arg(
-        long,
-        value_name = "PATH",
-        requires = "report",
-        required_if_eq_any = [
-            ("report", "json"),
-            ("report", "flamegraph"),
-            ("report", "pprof"),
-            ("report", "folded"),
-        ]
-    )]
-    pub report_output: Option<PathBuf>,
-
-    /// Rank the --report sites by METRIC [default: bytes].
-    #[arg(long, value_enum, value_name = "METRIC", requires = "report")]
-    pub report_by: Option<Metric>,
+    #[command(flatten)]
+    pub capture: CaptureArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -701,58 +616,108 @@ fn with_status<T>(
     })
 }
 
+/// What `run` and `attach` make of their shared flags before the capture
+/// starts.
+struct Prepared {
+    opts: Options,
+    /// `--report` (with `--report-by`).
+    report: Option<ReportOptions>,
+    /// `--report-output`, opened.
+    report_output: Option<OutputFile>,
+}
+
+impl CaptureArgs {
+    /// Where the profile goes: `--output`, else a name of its own from
+    /// `command` (said in the summary), or nowhere with `--quiet` (nothing
+    /// would say it).
+    fn output(&self, command: impl FnOnce() -> Vec<OsString>) -> Option<PathBuf> {
+        match &self.output {
+            Some(path) => Some(path.clone()),
+            None if self.quiet => None,
+            None => Some(default_profile_path(&command(), std::process::id())),
+        }
+    }
+
+    /// The capture's options, with `--report-output` opened: every output
+    /// is checked before anything runs.
+    fn prepare(
+        self,
+        command: Vec<OsString>,
+        output: Option<PathBuf>,
+    ) -> Result<Prepared, CaptureError> {
+        let outputs: Vec<_> = [
+            ("--output", &output),
+            ("--events", &self.events),
+            ("--report-output", &self.report_output),
+        ]
+        .into_iter()
+        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+        .collect();
+        check_distinct(&outputs)?;
+        let report_output = self
+            .report_output
+            .as_deref()
+            .map(|path| {
+                let out = OutputFile::create_with(path, self.force)?;
+                // Under sudo, the invoking user's, as the command is.
+                crate::proctree::invoking_user().map_or(Ok(()), |owner| out.give_to(owner))?;
+                Ok::<_, crate::output::OutputError>(out)
+            })
+            .transpose()?;
+        let opts = Options {
+            command,
+            output,
+            events_format: events_format(self.events.as_deref(), self.events_format),
+            events: self.events,
+            replace_outputs: self.force,
+            session: SessionOptions {
+                ring_size: self.ring_size,
+                stack_ring_size: self.stack_ring_size,
+                stack_depth: self.stack_depth,
+                unwind: self.unwind,
+                probes: self.probes,
+                event_rings: self.event_rings,
+                pressure_timeout: self.pressure_timeout,
+                watermark_percent: self.watermark,
+                process_effects: false,
+                faults: session::Faults::parse(
+                    &std::env::var("MEMTRAIL_FAULT").unwrap_or_default(),
+                ),
+                live: None,
+                timeline: !self.no_timeline,
+            },
+        };
+        let report = self.report.map(|format| ReportOptions {
+            format,
+            by: self.report_by.unwrap_or_default(),
+            top: None,
+        });
+        Ok(Prepared {
+            opts,
+            report,
+            report_output,
+        })
+    }
+}
+
 /// Runs `memtrail attach`; returns the exit code.
 pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> {
-    let output = match &args.output {
-        Some(path) => Some(path.clone()),
-        None if args.quiet => None,
-        None => {
-            let exe = std::fs::read_link(format!("/proc/{}/exe", args.pid))
-                .map(PathBuf::into_os_string)
-                .unwrap_or_default();
-            Some(default_profile_path(&[exe], std::process::id()))
-        }
-    };
-    let outputs: Vec<_> = [
-        ("--output", &output),
-        ("--events", &args.events),
-        ("--report-output", &args.report_output),
-    ]
-    .into_iter()
-    .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
-    .collect();
-    check_distinct(&outputs)?;
-    let mut opts = Options {
-        command: Vec::new(),
-        output: output.clone(),
-        events_format: events_format(args.events.as_deref(), args.events_format),
-        events: args.events,
-        replace_outputs: args.force,
-        ring_size: args.ring_size,
-        stack_depth: args.stack_depth,
-        unwind: args.unwind,
-        probes: args.probes,
-        event_rings: args.event_rings,
-        stack_ring_size: args.stack_ring_size,
-        pressure_timeout: args.pressure_timeout,
-        watermark_percent: args.watermark,
-        faults: session::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
-        live: None,
-        timeline: !args.no_timeline,
-    };
-    let report_output = args
-        .report_output
-        .as_deref()
-        .map(|path| {
-            let out = OutputFile::create_with(path, args.force)?;
-            crate::proctree::invoking_user().map_or(Ok(()), |owner| out.give_to(owner))?;
-            Ok::<_, crate::output::OutputError>(out)
-        })
-        .transpose()?;
-    let quiet = args.quiet;
     let pid = args.pid;
+    let output = args.capture.output(|| {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map(PathBuf::into_os_string)
+            .unwrap_or_default();
+        vec![exe]
+    });
+    let quiet = args.capture.quiet;
+    let Prepared {
+        mut opts,
+        report,
+        report_output,
+    } = args.capture.prepare(Vec::new(), output.clone())?;
+    let report_to_stderr = report.filter(|_| report_output.is_none());
     let mut outcome = with_status(quiet, |live| {
-        opts.live = live;
+        opts.session.live = live;
         attach::attach(&opts, pid, args.duration, || {
             if !quiet {
                 let until = match args.duration {
@@ -763,17 +728,12 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
             }
         })
     })?;
-    let report = args.report.map(|format| ReportOptions {
-        format,
-        by: args.report_by.unwrap_or_default(),
-        top: None,
-    });
     let written = commit_outputs(
         std::mem::take(&mut outcome.outputs),
         &outcome.profile,
         report.as_ref().zip(report_output),
     );
-    if !args.quiet {
+    if !quiet {
         let why = match outcome.detach {
             attach::Detach::Duration => "after --duration".to_owned(),
             attach::Detach::Signal(sig) => format!("on {}", signal_name(sig)),
@@ -783,7 +743,7 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
         let _ = writeln!(
             stderr,
             "memtrail: attached to process {} for {:.3} s; detached {why}",
-            args.pid,
+            pid,
             outcome.profile.duration_ns as f64 / 1e9,
         );
         write_summary_and_where(
@@ -794,7 +754,7 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
             written.is_ok(),
         );
     }
-    if let Some(report) = report.filter(|_| args.report_output.is_none()) {
+    if let Some(report) = report_to_stderr {
         let _ = report::write_report(&outcome.profile, &report, stderr);
     }
     written?;
@@ -985,70 +945,28 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     // Before any output is opened: SIGTERM and the like must not end
     // memtrail halfway (see sys::signals).
     crate::sys::signals::catch()?;
-    // Without --output the profile is kept under a name of its own, said
-    // in the summary; with --quiet nothing would say it, so none is kept.
-    let output = match &args.output {
-        Some(path) => Some(path.clone()),
-        None if args.quiet => None,
-        None => Some(default_profile_path(&args.command, std::process::id())),
-    };
-    let outputs: Vec<_> = [
-        ("--output", &output),
-        ("--events", &args.events),
-        ("--report-output", &args.report_output),
-    ]
-    .into_iter()
-    .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
-    .collect();
-    check_distinct(&outputs)?;
-    let mut opts = Options {
-        command: args.command,
-        output: output.clone(),
-        events_format: events_format(args.events.as_deref(), args.events_format),
-        events: args.events,
-        replace_outputs: args.force,
-        ring_size: args.ring_size,
-        stack_depth: args.stack_depth,
-        unwind: args.unwind,
-        probes: args.probes,
-        event_rings: args.event_rings,
-        stack_ring_size: args.stack_ring_size,
-        pressure_timeout: args.pressure_timeout,
-        watermark_percent: args.watermark,
-        faults: session::Faults::parse(&std::env::var("MEMTRAIL_FAULT").unwrap_or_default()),
-        live: None,
-        timeline: !args.no_timeline,
-    };
-    // Like --output, --report-output fails before the command runs.
-    let report_output = args
-        .report_output
-        .as_deref()
-        .map(|path| {
-            let out = OutputFile::create_with(path, args.force)?;
-            // Under sudo, the invoking user's, as the command is.
-            crate::proctree::invoking_user().map_or(Ok(()), |owner| out.give_to(owner))?;
-            Ok::<_, crate::output::OutputError>(out)
-        })
-        .transpose()?;
-    let outcome = with_status(args.quiet, |live| {
-        opts.live = live;
+    let output = args.capture.output(|| args.command.clone());
+    let quiet = args.capture.quiet;
+    let Prepared {
+        mut opts,
+        report,
+        report_output,
+    } = args.capture.prepare(args.command, output.clone())?;
+    let report_to_stderr = report.filter(|_| report_output.is_none());
+    let outcome = with_status(quiet, |live| {
+        opts.session.live = live;
         run::run(&opts)
     });
     // Even with --quiet: what memtrail did with a signal is not the summary.
     let _ = write_signal_notes(stderr);
     let mut outcome = outcome?;
-    let report = args.report.map(|format| ReportOptions {
-        format,
-        by: args.report_by.unwrap_or_default(),
-        top: None,
-    });
     // Every output in place, or none; the summary either way (issue 28).
     let written = commit_outputs(
         std::mem::take(&mut outcome.outputs),
         &outcome.profile,
         report.as_ref().zip(report_output),
     );
-    if !args.quiet {
+    if !quiet {
         write_summary_and_where(
             stderr,
             &outcome.profile,
@@ -1059,8 +977,8 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     }
     // Only text gets here without --report-output (clap requires it
     // otherwise).
-    if let Some(report) = report.filter(|_| args.report_output.is_none()) {
-        if !args.quiet {
+    if let Some(report) = report_to_stderr {
+        if !quiet {
             let _ = writeln!(stderr);
         }
         let _ = report::write_report(&outcome.profile, &report, stderr);

@@ -13,13 +13,12 @@ use std::path::PathBuf;
 
 use crate::events::writer::EventWriter;
 use crate::output::{OutputError, OutputFile, Outputs};
-use crate::pressure::PressureTimeout;
 use crate::proctree::CommandSpec;
 use crate::profile::Profile;
 use crate::session::{Finish, Session, SessionOptions, Target};
 use crate::sys::ChildExit;
 
-use crate::session::{CaptureError, Faults};
+use crate::session::CaptureError;
 
 /// What to capture and where to write it.
 #[derive(Debug, Clone)]
@@ -32,30 +31,9 @@ pub struct Options {
     /// Whether `output` and `events` may replace existing regular files
     /// (otherwise the capture fails before the command starts).
     pub replace_outputs: bool,
-    /// Size in bytes of the events ring (a power of two, at least a page);
-    /// with per-CPU rings, of all of them together.
-    pub ring_size: usize,
-    /// Frames captured per allocation stack (0: no stacks), at most
-    /// [`MAX_STACK_DEPTH`].
-    pub stack_depth: u32,
-    /// Size in bytes of the stack ring (a power of two, at least a page).
-    pub stack_ring_size: usize,
-    /// How stacks are walked: unwind tables, frame pointers, or both.
-    pub unwind: crate::profile::unwind::Mode,
-    /// Where allocator probes go: per process or system-wide.
-    pub probes: crate::attach::per_process::Probes,
-    /// One events ring, or one per CPU.
-    pub event_rings: crate::ring::merge::EventRings,
-    /// Backpressure: off (`0`, loss detection only), bounded, or unbounded.
-    pub pressure_timeout: PressureTimeout,
-    /// Fill of a ring, in percent, past which producers pause the tree.
-    pub watermark_percent: u8,
-    /// Fault injection for tests.
-    pub faults: Faults,
-    /// Counters published while the capture runs (the status line).
-    pub live: Option<std::sync::Arc<crate::engine::live::LiveCounters>>,
-    /// Keep the timeline (the heap over time) in the profile.
-    pub timeline: bool,
+    /// The session's settings (`process_effects` is set by `run` and
+    /// `attach`).
+    pub session: SessionOptions,
 }
 
 /// A finished capture.
@@ -86,18 +64,8 @@ impl Options {
     /// starts (see [`SessionOptions::process_effects`]).
     pub(crate) fn session_options(&self, process_effects: bool) -> SessionOptions {
         SessionOptions {
-            ring_size: self.ring_size,
-            stack_ring_size: self.stack_ring_size,
-            stack_depth: self.stack_depth,
-            unwind: self.unwind,
-            probes: self.probes,
-            event_rings: self.event_rings,
-            pressure_timeout: self.pressure_timeout,
-            watermark_percent: self.watermark_percent,
             process_effects,
-            faults: self.faults,
-            live: self.live.clone(),
-            timeline: self.timeline,
+            ..self.session.clone()
         }
     }
 
@@ -141,10 +109,9 @@ pub fn run(opts: &Options) -> Result<Outcome, CaptureError> {
     let spec = CommandSpec::new(opts.command.clone())?;
     // Under sudo, the files are the invoking user's, as the command is.
     let (output, events) = opts.open_outputs(spec.creds.as_ref().map(|c| (c.uid, c.gid)))?;
-    if opts.faults.stop_after_outputs {
+    if opts.session.faults.stop_after_outputs {
         crate::sys::stop_self();
     }
-    session_opts.validate(&target)?;
     let stream = opts.event_stream(events)?;
     let mut session = Session::start_with(&session_opts, target, stream)?;
     let waited = session.wait();
