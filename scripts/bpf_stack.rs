@@ -271,7 +271,7 @@ fn run(budget: u64) -> anyhow::Result<bool> {
     libbpf_rs::set_print(Some((PrintLevel::Debug, capture)));
     let mut rows = Vec::new();
 
-    // Every skeleton of src/skel.rs; `sources` below catches one missing.
+    // Every skeleton of src/bpf/skel.rs; `sources` below catches one missing.
     let mut storage = MaybeUninit::uninit();
     let builder = skel::memtrail::MemtrailSkelBuilder::default();
     rows.extend(check("memtrail", builder, &mut storage, |open| {

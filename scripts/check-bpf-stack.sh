@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Loads every BPF program of every object memtrail builds (the skeletons of
-# src/skel.rs, one per bpf/*.bpf.c) with verifier statistics, prints each
+# src/bpf/skel.rs, one per bpf/*.bpf.c) with verifier statistics, prints each
 # program's stack depth, and fails when one is over the budget below or does
 # not verify. This is the load-only test of every BPF program.
 #

@@ -167,7 +167,7 @@ fn check_timeout(s: &str) -> Result<String, String> {
 }
 
 fn check_size(s: &str) -> Result<String, String> {
-    crate::cli::parse_size(s).map(|_| s.to_owned())
+    crate::cli::values::parse_size(s).map(|_| s.to_owned())
 }
 
 /// `memtrail compare` output formats.

@@ -5,6 +5,7 @@
 
 pub mod attach;
 pub mod bench;
+pub mod exit;
 pub mod run;
 pub mod status;
 pub mod summary;
@@ -19,45 +20,12 @@ use clap::{Parser, Subcommand};
 
 use crate::cli::run::Options;
 use crate::session::SessionOptions;
+use values::{parse_duration, parse_size};
 
 use crate::cli::summary::write_summary;
 use crate::output::{OutputFile, check_distinct};
 use crate::report::{self, Format, Metric, ReportError, ReportOptions};
 use crate::{session, session::CaptureError};
-
-/// Exit codes of memtrail's own failures. Otherwise memtrail exits with the
-/// command's code (128 + N when a signal N killed it).
-pub mod exit {
-    /// Bad command-line usage.
-    pub const USAGE: i32 = 2;
-    /// `memtrail report`: the profile is not a valid memtrail profile.
-    pub const PROFILE_INVALID: i32 = 65;
-    /// `memtrail report`: the profile cannot be read.
-    pub const PROFILE_UNREADABLE: i32 = 66;
-    /// memtrail itself failed.
-    pub const INTERNAL: i32 = 70;
-    /// Events were lost: the capture is incomplete and no report was written.
-    pub const LOST: i32 = 71;
-    /// Missing privileges or kernel feature.
-    pub const UNSUPPORTED: i32 = 72;
-    /// An output path cannot be written.
-    pub const OUTPUT: i32 = 73;
-    /// Another tracer's uprobe conflicts with ours.
-    pub const CONFLICT: i32 = 74;
-    /// An image the command loaded could not be examined or probed.
-    pub const ATTACH: i32 = 75;
-    /// A pressure pause did not recover within --pressure-timeout.
-    pub const PRESSURE: i32 = 76;
-    /// `memtrail attach`: a pressure pause did not recover within
-    /// --pressure-timeout; memtrail detached, leaving the process running.
-    pub const DETACHED: i32 = 77;
-    /// `memtrail attach`: no process memtrail can attach to has that PID.
-    pub const NO_PROCESS: i32 = 78;
-    /// The command is not executable.
-    pub const NOT_EXECUTABLE: i32 = 126;
-    /// The command was not found.
-    pub const NOT_FOUND: i32 = 127;
-}
 
 const EXIT_CODES_HELP: &str = "\
 Exit status:
@@ -531,32 +499,6 @@ pub struct EventsArgs {
     pub force: bool,
 }
 
-/// Parses `--duration`: a number with a unit, as `--pressure-timeout`'s
-/// durations are written, from 1 ms to a day. Every message names the
-/// flag: the words are `--duration`'s, not the pressure timeout's.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    use crate::pressure::{ParseTimeoutError, PressureTimeout};
-    const TAKES: &str =
-        "--duration takes a number with a unit, ns, us, ms, s or m (30s, 500ms, 2m)";
-    const UNTIL: &str = "without it, memtrail stays attached until Ctrl-C";
-    match s.parse::<PressureTimeout>() {
-        Ok(PressureTimeout::After(d)) => Ok(d),
-        Ok(PressureTimeout::Off) => Err(format!("`{s}` is no time: {TAKES}; {UNTIL}")),
-        Err(ParseTimeoutError::NoUnit(_)) => {
-            Err(format!("`{s}` has no unit: {TAKES}; `{s}s` is {s} seconds"))
-        }
-        Ok(PressureTimeout::Infinite) | Err(ParseTimeoutError::Invalid(_)) => {
-            Err(format!("`{s}` is not a duration: {TAKES}; {UNTIL}"))
-        }
-        Err(ParseTimeoutError::TooShort(_)) => Err(format!(
-            "`{s}` is shorter than 1ms, the shortest --duration memtrail keeps"
-        )),
-        Err(ParseTimeoutError::TooLong(_)) => Err(format!(
-            "`{s}` is longer than a day, the longest --duration; {UNTIL}"
-        )),
-    }
-}
-
 /// The format of `--events PATH` given `--events-format`.
 fn events_format(
     path: Option<&std::path::Path>,
@@ -835,38 +777,6 @@ pub fn events_exit_code(err: &crate::events::EventsError) -> i32 {
     }
 }
 
-/// Parses a ring size: bytes (`4096`, `4096B`), or a number of KiB, MiB or
-/// GiB (`64K`, `64KiB`, `64KB`, `64M`, `64MiB`, `1G`, ...; any case, a
-/// space allowed before the unit). Every unit is binary: a ring is a power
-/// of two, so `64MB` can only mean 64 MiB.
-pub fn parse_size(s: &str) -> Result<usize, String> {
-    let invalid = || {
-        format!("`{s}` is not a size: use bytes or a whole number of K, M or G (e.g. 256K, 64MiB)")
-    };
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let unit = unit.trim_start().to_ascii_lowercase();
-    let shift = match unit.as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        _ => return Err(invalid()),
-    };
-    let n: usize = digits.parse().map_err(|_| invalid())?;
-    let bytes = n
-        .checked_mul(1 << shift)
-        .filter(|b| *b <= u32::MAX as usize)
-        .ok_or_else(|| format!("`{s}` is too large: a ring holds at most 2G"))?;
-    if !bytes.is_power_of_two() || bytes < rustix::param::page_size() {
-        return Err(format!(
-            "`{s}` must be a power of two of at least the page size ({} bytes)",
-            rustix::param::page_size()
-        ));
-    }
-    Ok(bytes)
-}
-
 /// The exit code for a failed capture.
 pub fn exit_code(err: &CaptureError) -> i32 {
     use crate::session::ErrorKind;
@@ -1055,7 +965,7 @@ pub use crate::session::DEFAULT_RING_SIZE;
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::values::parse_size;
 
     #[test]
     fn sizes_as_people_write_them() {

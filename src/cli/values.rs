@@ -1,5 +1,6 @@
 //! The command line's values for the library's enums (`--unwind`,
-//! `--format`, `--by`, ...): names and help text, so clap stays in `cli/`.
+//! `--format`, `--by`, ...): names and help text, so clap stays in `cli/`;
+//! and the parsers of sizes and durations.
 
 use clap::ValueEnum;
 use clap::builder::PossibleValue;
@@ -111,6 +112,64 @@ value_enum!(crate::bench::format::BenchFormat {
     Gab => "gab":
         "github-action-benchmark's `customSmallerIsBetter` JSON",
 });
+
+/// Parses `--duration`: a number with a unit, as `--pressure-timeout`'s
+/// durations are written, from 1 ms to a day. Every message names the
+/// flag: the words are `--duration`'s, not the pressure timeout's.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    use crate::pressure::{ParseTimeoutError, PressureTimeout};
+    const TAKES: &str =
+        "--duration takes a number with a unit, ns, us, ms, s or m (30s, 500ms, 2m)";
+    const UNTIL: &str = "without it, memtrail stays attached until Ctrl-C";
+    match s.parse::<PressureTimeout>() {
+        Ok(PressureTimeout::After(d)) => Ok(d),
+        Ok(PressureTimeout::Off) => Err(format!("`{s}` is no time: {TAKES}; {UNTIL}")),
+        Err(ParseTimeoutError::NoUnit(_)) => {
+            Err(format!("`{s}` has no unit: {TAKES}; `{s}s` is {s} seconds"))
+        }
+        Ok(PressureTimeout::Infinite) | Err(ParseTimeoutError::Invalid(_)) => {
+            Err(format!("`{s}` is not a duration: {TAKES}; {UNTIL}"))
+        }
+        Err(ParseTimeoutError::TooShort(_)) => Err(format!(
+            "`{s}` is shorter than 1ms, the shortest --duration memtrail keeps"
+        )),
+        Err(ParseTimeoutError::TooLong(_)) => Err(format!(
+            "`{s}` is longer than a day, the longest --duration; {UNTIL}"
+        )),
+    }
+}
+
+/// Parses a ring size: bytes (`4096`, `4096B`), or a number of KiB, MiB or
+/// GiB (`64K`, `64KiB`, `64KB`, `64M`, `64MiB`, `1G`, ...; any case, a
+/// space allowed before the unit). Every unit is binary: a ring is a power
+/// of two, so `64MB` can only mean 64 MiB.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let invalid = || {
+        format!("`{s}` is not a size: use bytes or a whole number of K, M or G (e.g. 256K, 64MiB)")
+    };
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let unit = unit.trim_start().to_ascii_lowercase();
+    let shift = match unit.as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(invalid()),
+    };
+    let n: usize = digits.parse().map_err(|_| invalid())?;
+    let bytes = n
+        .checked_mul(1 << shift)
+        .filter(|b| *b <= u32::MAX as usize)
+        .ok_or_else(|| format!("`{s}` is too large: a ring holds at most 2G"))?;
+    if !bytes.is_power_of_two() || bytes < rustix::param::page_size() {
+        return Err(format!(
+            "`{s}` must be a power of two of at least the page size ({} bytes)",
+            rustix::param::page_size()
+        ));
+    }
+    Ok(bytes)
+}
 
 #[cfg(test)]
 mod tests {

@@ -14,6 +14,7 @@
 //! [`Encoder`] and [`Decoder`] keep the delta state; they hold no file. The
 //! encoder runs on the events poller, allocating nothing per record.
 
+pub mod json;
 pub mod writer;
 
 use std::io::{self, BufRead, Read, Write};
@@ -550,8 +551,7 @@ pub fn to_jsonl(input: impl BufRead, out: &mut impl Write) -> Result<u64, Events
             ),
         });
     }
-    let n = decoder
-        .for_each(|rec| crate::events::writer::write_json(out, rec).map_err(EventsError::Write))?;
+    let n = decoder.for_each(|rec| json::write_json(out, rec).map_err(EventsError::Write))?;
     let offset = decoder.offset();
     // The frame is the whole file.
     let rest = zstd

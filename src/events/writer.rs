@@ -8,8 +8,9 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
-use crate::bpf::record::{Body, Kind, Mem, Record};
-use crate::events::Encoder;
+use super::Encoder;
+use super::json::write_json;
+use crate::bpf::record::{Kind, Record};
 
 use crate::output::OutputFile;
 
@@ -56,7 +57,7 @@ impl EventWriter {
         let out = match format {
             EventsFormat::Jsonl => Out::Json(buf),
             EventsFormat::Binary => Out::Binary {
-                zstd: crate::events::compressor(buf)?,
+                zstd: super::compressor(buf)?,
                 encoder: Encoder::default(),
             },
         };
@@ -94,57 +95,4 @@ impl EventWriter {
     pub fn path(&self) -> &Path {
         self.file.path()
     }
-}
-
-/// Writes one record as a JSON line (the internal realloc opening is
-/// skipped by the callers).
-pub(crate) fn write_json(w: &mut impl Write, rec: &Record<'_>) -> io::Result<()> {
-    let h = &rec.hdr;
-    write!(
-        w,
-        r#"{{"ts_ns":{},"pid":{},"tid":{},"kind":"{}""#,
-        h.ts_ns,
-        h.pid,
-        h.tid,
-        h.kind.name()
-    )?;
-    match rec.body {
-        Body::Mem(Mem {
-            addr,
-            size,
-            old_addr,
-            old_size,
-            stack_id,
-        }) => {
-            write!(w, r#","addr":{addr}"#)?;
-            if h.kind != Kind::Free {
-                write!(w, r#","size":{size}"#)?;
-            }
-            if h.kind.is_realloc() || h.kind == Kind::Mremap {
-                write!(w, r#","old_addr":{old_addr}"#)?;
-            }
-            if h.kind == Kind::Mremap {
-                write!(w, r#","old_size":{old_size}"#)?;
-            }
-            if stack_id != 0 {
-                write!(w, r#","stack_id":"{stack_id}""#)?;
-            }
-            if matches!(h.kind, Kind::Mmap | Kind::Munmap | Kind::Mremap | Kind::Brk) {
-                write!(w, r#","in_allocator":{}"#, h.in_allocator)?;
-            }
-        }
-        Body::Fork { child_pid } => write!(w, r#","child_pid":{child_pid}"#)?,
-        Body::Exec { filename } => {
-            w.write_all(br#","filename":"#)?;
-            serde_json::to_writer(&mut *w, &String::from_utf8_lossy(filename))?;
-        }
-        Body::Exit { exit_code } => write!(w, r#","exit_code":{exit_code}"#)?,
-        Body::Region { name } => {
-            if h.kind == Kind::RegionBegin {
-                w.write_all(br#","name":"#)?;
-                serde_json::to_writer(&mut *w, &String::from_utf8_lossy(name))?;
-            }
-        }
-    }
-    w.write_all(b"}\n")
 }
