@@ -219,14 +219,10 @@ fn layers_no_function_longer_than_150_lines() {
         for (i, line) in lines.iter().enumerate() {
             let trimmed = line.trim_start();
             let indent = &line[..line.len() - trimmed.len()];
-            let is_fn = trimmed
-                .split_whitespace()
-                .skip_while(|w| {
-                    w.starts_with("pub")
-                        || ["const", "async", "unsafe", "extern", "\"C\""].contains(w)
-                })
-                .next()
-                == Some("fn");
+            let is_fn = trimmed.split_whitespace().find(|w| {
+                !(w.starts_with("pub")
+                    || ["const", "async", "unsafe", "extern", "\"C\""].contains(w))
+            }) == Some("fn");
             if !is_fn || line.trim_end().ends_with(';') || line.trim_end().ends_with('}') {
                 continue;
             }
