@@ -1,26 +1,26 @@
 //! memtrail: a Linux memory-allocation tracker built on eBPF.
 //!
-//! Modules, from the kernel up:
-//! - [`skel`]: the libbpf skeletons generated from `bpf/`.
+//! Modules by floor, from the kernel up (ARCHITECTURE.md; a module imports
+//! only its own floor and those below, `tests/layers.rs` checks it):
 //! - [`sys`]: every raw system call.
-//! - [`ring`]: reading BPF ring buffers straight from their mapping.
-//! - [`engine`]: pinned poller threads, idle strategy, epoch barriers.
-//! - [`record`]: decoding ring records into events.
-//! - [`attach`]: finding allocator entry points and attaching probes.
-//! - [`session`]: one capture, owned start to finish: the library entry point.
-//! - [`capture`]: `memtrail run`'s and `memtrail attach`'s captures (a session on a command or a
-//!   running process, and its outputs).
-//! - [`pressure`]: pausing the tree when a ring fills up, instead of losing events.
-//! - [`proctree`]: starting the command and following its process tree.
-//! - [`symbolize`]: stacks to functions and lines, after the capture.
-//! - [`unwind`]: unwind tables compiled from each image's CFI, for the BPF stack walker.
-//! - [`events`]: the compact binary event stream and its reader.
-//! - [`report`]: aggregating events into the profile, summary and stream.
-//! - [`render`]: reports on allocation sites: text, JSON, folded, flamegraph, pprof.
-//! - [`bench`]: `memtrail bench`, memory metrics of benchmarks.
-//! - [`compare`]: `memtrail compare`, regressions between two bench results.
-//! - [`cli`]: the `memtrail` command line.
-//! - [`ffi`]: the C ABI (`include/memtrail.h`).
+//! - [`profile`]: the profile document; [`output`]: whole-or-nothing
+//!   output files.
+//! - [`bpf`]: the loaded BPF object's Rust side: skeletons, records,
+//!   counters.
+//! - [`ring`]: BPF ring buffers read from their mapping; [`engine`]: pinned
+//!   pollers, idle strategy, epoch barriers; [`symbolize`]: stacks to
+//!   functions and lines; [`report`]: the reports (text, JSON, folded, flame
+//!   graph, pprof, timeline).
+//! - [`proctree`]: the command and its process tree; [`events`]: the event
+//!   stream; [`unwind`]: unwind tables for the BPF stack walker.
+//! - [`attach`]: allocator entry points and probes; [`pressure`]: pausing
+//!   the tree when a ring fills up; [`aggregate`]: events into the profile.
+//! - [`session`]: one capture, owned start to finish: the library entry
+//!   point.
+//! - [`bench`]: memory metrics of benchmarks; [`compare`]: regressions
+//!   between two bench results.
+//! - [`cli`]: the `memtrail` command line; [`ffi`]: the C ABI
+//!   (`include/memtrail.h`).
 //!
 //! The public API is small: a [`Session`] ([`SessionOptions`], [`Target`]),
 //! its [`Snapshot`]s and [`RegionCounts`], and one error type with a
