@@ -769,7 +769,7 @@ pub fn write_profile(profile: &Profile, out: OutputFile) -> Result<(), OutputErr
 }
 
 /// Writes `profile` into `out` without putting it in place (see
-/// [`super::Outputs`]).
+/// [`Outputs`]).
 pub fn stage_profile(profile: &Profile, out: &OutputFile) -> Result<(), OutputError> {
     let err = |source| OutputError {
         path: out.path().to_owned(),

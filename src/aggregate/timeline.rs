@@ -21,7 +21,7 @@
 //! to the tree's point exactly. Snapshots are kept as sparse lists of the
 //! stacks whose value changed since the snapshot before, built without any
 //! pass over all stacks:
-//! - the interval's peak is a record sequence number ([`SiteTrack`]); a
+//! - the interval's peak is a record sequence number (`SiteTrack`); a
 //!   stack that changes for the first time after it records its value then
 //!   (the lazy rule the aggregator already uses for the tree's peak), so a
 //!   new interval peak costs O(1);

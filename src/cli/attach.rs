@@ -39,7 +39,7 @@ pub struct AttachOutcome {
     pub slow_probes: Vec<crate::profile::SlowProbe>,
     pub detach: Detach,
     /// `--output` and `--events`, written but not yet in place (see
-    /// [`super::Outcome::outputs`]).
+    /// [`super::run::Outcome::outputs`]).
     pub outputs: crate::output::Outputs,
 }
 

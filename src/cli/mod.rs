@@ -795,7 +795,7 @@ pub fn exit_code(err: &CaptureError) -> i32 {
         ErrorKind::Attach => exit::ATTACH,
         ErrorKind::Lost => exit::LOST,
         ErrorKind::Pressure => exit::PRESSURE,
-        _ => exit::INTERNAL,
+        ErrorKind::State | ErrorKind::Internal => exit::INTERNAL,
     }
 }
 

@@ -1,7 +1,5 @@
 //! `memtrail run`'s capture: a [`Session`] on the command, with the CLI's
-//! process effects, and its outputs; plus what sessions share: the capture
-//! error type and its [`ErrorKind`], fault injection, the pipelines' sinks,
-//! and building the profile.
+//! process effects, and its outputs.
 //!
 //! Ownership: the session owns the BPF skeleton, the probe links and every
 //! thread (see [`crate::session`]); [`run`] owns the output files until the

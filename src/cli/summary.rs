@@ -91,7 +91,7 @@ fn temporary_is_large(t: &HeapCounters) -> bool {
 }
 
 /// Writes the summary of `p`; `slow` are the single-stepping probe sites
-/// the command went through ([`slow_probes`]).
+/// the command went through ([`crate::profile::slow_probes`]).
 pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io::Result<()> {
     let t = &p.totals;
     writeln!(

@@ -155,12 +155,13 @@ impl CaptureError {
                 ErrorKind::NotExecutable
             }
             Self::Spawn(SpawnError::Nul(_)) => ErrorKind::InvalidArgument,
+            Self::Spawn(SpawnError::Sys(_)) => ErrorKind::Internal,
             Self::Spawn(SpawnError::Exec { source, .. }) => match source {
                 ExecFailure::Exec(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     ErrorKind::NotFound
                 }
                 ExecFailure::Exec(_) => ErrorKind::NotExecutable,
-                _ => ErrorKind::Internal,
+                ExecFailure::Credentials(_) | ExecFailure::Sys(_) => ErrorKind::Internal,
             },
             Self::Output(_) | Self::Outputs(_) | Self::EventStream(_) => ErrorKind::Output,
             Self::SameOutput(_)
@@ -184,7 +185,13 @@ impl CaptureError {
             Self::AttachImage { .. } => ErrorKind::Attach,
             Self::Lost(..) => ErrorKind::Lost,
             Self::Pressure(_) => ErrorKind::Pressure,
-            _ => ErrorKind::Internal,
+            Self::Ring(RingError::Map { .. })
+            | Self::Malformed(..)
+            | Self::DrainTimeout(..)
+            | Self::PollerPanicked
+            | Self::Sys(_)
+            | Self::Injected
+            | Self::Io { .. } => ErrorKind::Internal,
         }
     }
 }

@@ -19,7 +19,7 @@ pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// wedge-events,stall-stacks,one-thread-slot,no-cgroup,fail-after-start,
 /// late-pause,late-release,stop-after-cgroup` in
 /// the CLI; see
-/// [`engine::Fault`]).
+/// [`crate::engine::Fault`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Faults {
     pub events: Fault,
