@@ -192,7 +192,7 @@ pub fn open_regular(path: &std::path::Path) -> std::io::Result<(std::fs::File, b
 /// nor others can write (installed executables and libraries, which
 /// package managers replace, a new inode, rather than rewrite) is mapped;
 /// any other (a tracked user's own file, a memfd a JIT maps) is read, up
-/// to [`MAX_READ_IMAGE`] bytes besides its DWARF (see `attach`'s `MAX_IMAGE_SIZE`).
+/// to [`MAX_READ_IMAGE`] bytes besides its DWARF (see `MAX_IMAGE_SIZE`).
 /// Anything but a regular file is refused
 /// (`InvalidInput`) without being opened for reading: it is looked at
 /// through an `O_PATH` descriptor first.
