@@ -33,9 +33,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use memtrail::attach::{self, AllocPrograms, Links, Role, Site, SitePrograms};
-use memtrail::bpf::skel::floor::FloorSkelBuilder;
-use memtrail::bpf::skel::memtrail::MemtrailSkelBuilder;
+use memtrail::internals::attach::{self, AllocPrograms, Links, Role, Site, SitePrograms};
+use memtrail::internals::bpf::skel::floor::FloorSkelBuilder;
+use memtrail::internals::bpf::skel::memtrail::MemtrailSkelBuilder;
 
 const PAIRS: u64 = 150_000;
 const ROUNDS: usize = 41;

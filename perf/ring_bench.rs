@@ -48,14 +48,16 @@ use std::time::{Duration, Instant};
 use libbpf_rs::{RingBuffer, RingBufferBuilder};
 use std::os::fd::AsFd;
 
-use memtrail::engine::idle::{DEFAULT_NAP, DeepSleep, IdleWait, NAPS_BEFORE_DEEP_SLEEP, SleepFlag};
+use memtrail::internals::engine::idle::{
+    DEFAULT_NAP, DeepSleep, IdleWait, NAPS_BEFORE_DEEP_SLEEP, SleepFlag,
+};
 use ringtest::{RingTest, Run, capacity, header};
 
 /// Body bytes per record: a memtrail allocation record's size
 /// (`struct mt_alloc_event`: 24-byte header, four u64; 64 bytes in the
 /// ring).
 const RECORD_SIZE: u32 =
-    std::mem::size_of::<memtrail::bpf::skel::memtrail::types::mt_alloc_event>() as u32;
+    std::mem::size_of::<memtrail::internals::bpf::skel::memtrail::types::mt_alloc_event>() as u32;
 /// memtrail's default ring size: the streaming runs and the drain from
 /// memory.
 const BIG_RING: u32 = 1 << 26;
@@ -427,7 +429,7 @@ fn run_poller(
         }
         Poller::MemtrailDeep(naps) => {
             let mut ring = rt.consumer();
-            let kick = memtrail::sys::eventfd().expect("eventfd");
+            let kick = memtrail::internals::sys::eventfd().expect("eventfd");
             // SAFETY: the word is in the ringtest skeleton's .bss, which
             // outlives this poller (the skeleton is dropped after it).
             let flag = unsafe { SleepFlag::new(rt.sleeping_flag()) };

@@ -12,8 +12,8 @@ use std::hint::black_box;
 use std::io::Write;
 use std::time::Instant;
 
-use memtrail::aggregate::Aggregator;
-use memtrail::bpf::record::{Body, Header, Kind, Mem, Record};
+use memtrail::internals::aggregate::Aggregator;
+use memtrail::internals::bpf::record::{Body, Header, Kind, Mem, Record};
 
 fn records(n: u64) -> Vec<Record<'static>> {
     let mut out = Vec::with_capacity(n as usize);

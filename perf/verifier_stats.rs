@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{OpenObject, PrintLevel};
-use memtrail::bpf::skel::memtrail::MemtrailSkelBuilder;
-use memtrail::profile::unwind::Mode as UnwindMode;
+use memtrail::internals::bpf::skel::memtrail::MemtrailSkelBuilder;
+use memtrail::internals::profile::unwind::Mode as UnwindMode;
 
 /// The logs libbpf printed since the last take.
 static LOG: Mutex<String> = Mutex::new(String::new());
@@ -73,7 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .rodata_data
             .as_deref_mut()
             .expect("the BPF object has .rodata tunables")
-            .unwind_mode = memtrail::bpf::record::unwind_mode(mode);
+            .unwind_mode = memtrail::internals::bpf::record::unwind_mode(mode);
         for mut prog in open.open_object_mut().progs_mut() {
             prog.set_log_level(4);
         }

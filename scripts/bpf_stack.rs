@@ -33,7 +33,7 @@ use std::sync::Mutex;
 use anyhow::{Context, bail};
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{AsRawLibbpf, OpenObject, PrintLevel};
-use memtrail::bpf::skel;
+use memtrail::internals::bpf::skel;
 
 /// Verifier log level 4 (`BPF_LOG_STATS`): statistics only, no per-insn log.
 const LOG_STATS: u32 = 4;

@@ -24,46 +24,97 @@
 //!
 //! The public API is small: a [`Session`] ([`SessionOptions`], [`Target`]),
 //! its [`Snapshot`]s and [`RegionCounts`], and one error type with a
-//! [`ErrorKind`]. The modules are public for the CLI, `tests/` and `perf/`
-//! only (hidden from the docs): they are internals, not a stable API.
+//! [`ErrorKind`]. The modules are private; the binary, `tests/` and `perf/`
+//! reach them through the hidden [`internals`] module, not a stable API.
 
-#[doc(hidden)]
-pub mod aggregate;
-#[doc(hidden)]
-pub mod attach;
-#[doc(hidden)]
-pub mod bench;
-#[doc(hidden)]
-pub mod bpf;
-#[doc(hidden)]
-pub mod cli;
-#[doc(hidden)]
-pub mod compare;
-#[doc(hidden)]
-pub mod engine;
-#[doc(hidden)]
-pub mod events;
-#[doc(hidden)]
-pub mod ffi;
-#[doc(hidden)]
-pub mod output;
-#[doc(hidden)]
-pub mod pressure;
-#[doc(hidden)]
-pub mod proctree;
-#[doc(hidden)]
-pub mod profile;
-#[doc(hidden)]
-pub mod report;
-#[doc(hidden)]
-pub mod ring;
+mod bpf;
+mod output;
+mod profile;
+mod sys;
+
+mod engine;
+mod report;
+mod ring;
+mod symbolize;
+
+mod events;
+mod proctree;
+mod unwind;
+
+mod aggregate;
+mod attach;
+mod pressure;
+
 pub mod session;
+
+mod bench;
+mod compare;
+
+mod cli;
+mod ffi;
+
+/// memtrail's internals for its binary (`src/main.rs`), tests, benches and
+/// scripts: every module's public items, by floor. Not a stable API.
 #[doc(hidden)]
-pub mod symbolize;
-#[doc(hidden)]
-pub mod sys;
-#[doc(hidden)]
-pub mod unwind;
+pub mod internals {
+    pub mod sys {
+        pub use crate::sys::*;
+    }
+    pub mod profile {
+        pub use crate::profile::*;
+    }
+    pub mod output {
+        pub use crate::output::*;
+    }
+    pub mod bpf {
+        pub use crate::bpf::*;
+    }
+    pub mod ring {
+        pub use crate::ring::*;
+    }
+    pub mod engine {
+        pub use crate::engine::*;
+    }
+    pub mod symbolize {
+        pub use crate::symbolize::*;
+    }
+    pub mod report {
+        pub use crate::report::*;
+    }
+    pub mod proctree {
+        pub use crate::proctree::*;
+    }
+    pub mod events {
+        pub use crate::events::*;
+    }
+    pub mod unwind {
+        pub use crate::unwind::*;
+    }
+    pub mod attach {
+        pub use crate::attach::*;
+    }
+    pub mod pressure {
+        pub use crate::pressure::*;
+    }
+    pub mod aggregate {
+        pub use crate::aggregate::*;
+    }
+    pub mod session {
+        pub use crate::session::*;
+    }
+    pub mod bench {
+        pub use crate::bench::*;
+    }
+    pub mod compare {
+        pub use crate::compare::*;
+    }
+    pub mod cli {
+        pub use crate::cli::*;
+    }
+    pub mod ffi {
+        pub use crate::ffi::*;
+    }
+}
 
 pub use pressure::PressureTimeout;
 pub use profile::regions::RegionCounts;

@@ -4,9 +4,9 @@ use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
-use memtrail::cli::bench;
-use memtrail::cli::{self, Cli, Command};
-use memtrail::sys::error_chain;
+use memtrail::internals::cli::bench;
+use memtrail::internals::cli::{self, Cli, Command};
+use memtrail::internals::sys::error_chain;
 use tracing_subscriber::EnvFilter;
 
 /// memtrail's own heap is not libc's: its probes on libc's malloc and free

@@ -287,23 +287,26 @@ fn max_rss_kib() -> i64 {
 /// Feeds `data` to every parser of an image a tracked process maps, and
 /// checks what they return where they succeed.
 fn parse_all(data: &[u8]) {
-    let api = memtrail::attach::api::all();
+    let api = memtrail::internals::attach::api::all();
     let image = Path::new("mutant.so");
-    if let Ok(sites) = memtrail::attach::sites_in(image, data, &api) {
+    if let Ok(sites) = memtrail::internals::attach::sites_in(image, data, &api) {
         for site in &sites {
             assert!((site.offset as usize) < data.len(), "{site:?}");
         }
     }
-    if let Ok(memtrail::unwind::Compiled::Table(table)) = memtrail::unwind::table::compile(data) {
+    if let Ok(memtrail::internals::unwind::Compiled::Table(table)) =
+        memtrail::internals::unwind::table::compile(data)
+    {
         assert!(table.rows.windows(2).all(|w| w[0].pc < w[1].pc));
         let index = table.page_index(0);
         assert_eq!(index.last().copied(), Some(table.rows.len() as u32));
     }
-    let _ = memtrail::unwind::cache::build_id(data);
-    static CACHE: OnceLock<(tempfile::TempDir, memtrail::unwind::cache::Cache)> = OnceLock::new();
+    let _ = memtrail::internals::unwind::cache::build_id(data);
+    static CACHE: OnceLock<(tempfile::TempDir, memtrail::internals::unwind::cache::Cache)> =
+        OnceLock::new();
     let (_, cache) = CACHE.get_or_init(|| {
         let dir = tempfile::tempdir().expect("temp dir");
-        let cache = memtrail::unwind::cache::Cache::at(dir.path()).expect("a cache");
+        let cache = memtrail::internals::unwind::cache::Cache::at(dir.path()).expect("a cache");
         (dir, cache)
     });
     let _ = cache.key(data);
@@ -317,8 +320,8 @@ fn symbolize_all(path: &Path, data: &[u8], nobody: bool) {
     if nobody {
         std::os::unix::fs::chown(path, Some(65534), Some(65534)).expect("chown");
     }
-    let mut spaces = memtrail::symbolize::AddressSpaces::default();
-    let mapping = memtrail::symbolize::Mapping {
+    let mut spaces = memtrail::internals::symbolize::AddressSpaces::default();
+    let mapping = memtrail::internals::symbolize::Mapping {
         start: 0x10000,
         end: 0x20000,
         pgoff: 0,
@@ -327,7 +330,7 @@ fn symbolize_all(path: &Path, data: &[u8], nobody: bool) {
     };
     spaces.mappings.insert(1, vec![mapping]);
     let ips: Vec<u64> = (0..16).map(|i| 0x11100 + i * 0x20).collect();
-    let symbolizer = memtrail::symbolize::StackSymbolizer::new();
+    let symbolizer = memtrail::internals::symbolize::StackSymbolizer::new();
     let frames = symbolizer.symbolize(&spaces, 1, &[&ips]);
     assert_eq!(frames.len(), 1);
     std::fs::remove_file(path).expect("remove a mutant");
@@ -347,8 +350,9 @@ fn attach_images_fuzz_parsers() {
         .unwrap_or(28u64);
     // The seed itself has sites (the bump allocator's four, two markers)
     // and a table.
-    let api = memtrail::attach::api::all();
-    let sites = memtrail::attach::sites_in(Path::new("seed"), &seed.data, &api).expect("seed");
+    let api = memtrail::internals::attach::api::all();
+    let sites =
+        memtrail::internals::attach::sites_in(Path::new("seed"), &seed.data, &api).expect("seed");
     assert_eq!(sites.len(), 6, "{sites:?}");
     // The parsers catch their panics and turn them into errors (a last
     // line in a capture); here every panic of memtrail's counts as a
@@ -384,7 +388,7 @@ fn attach_images_fuzz_parsers() {
         if n % 8 == 0 {
             symbolize_all(&dir.path().join(format!("m{n}.so")), &data, n % 16 == 0);
         }
-        let found = memtrail::attach::sites_in(Path::new("m"), &data, &api).is_ok();
+        let found = memtrail::internals::attach::sites_in(Path::new("m"), &data, &api).is_ok();
         outcomes[usize::from(found)] += 1;
         if first_panic.is_none() && PANICS.load(Ordering::Relaxed) > 0 {
             first_panic = Some(n);
@@ -502,8 +506,9 @@ fn attach_non_elf_images_skipped() {
 /// The seed image with int3 at `malloc`'s entry (where its probe then
 /// goes), which the kernel refuses to probe.
 fn with_trap_at_malloc(seed: &[u8]) -> Vec<u8> {
-    let api = memtrail::attach::api::all();
-    let sites = memtrail::attach::sites_in(Path::new("seed"), seed, &api).expect("seed sites");
+    let api = memtrail::internals::attach::api::all();
+    let sites =
+        memtrail::internals::attach::sites_in(Path::new("seed"), seed, &api).expect("seed sites");
     let malloc = sites.iter().find(|s| s.symbol == "malloc").expect("malloc");
     let mut data = seed.to_vec();
     data[(malloc.offset - malloc.skipped) as usize] = 0xcc;
@@ -663,18 +668,18 @@ fn attach_image_truncated_while_examined() {
     let path = dir.path().join("user.so");
     std::fs::copy(seed_image(), &path).expect("copy the seed image");
     std::os::unix::fs::chown(&path, Some(65534), Some(65534)).expect("chown to nobody");
-    let data = memtrail::sys::map_file(&path).expect("read the image");
+    let data = memtrail::internals::sys::map_file(&path).expect("read the image");
     std::fs::File::options()
         .write(true)
         .open(&path)
         .and_then(|f| f.set_len(0))
         .expect("truncate the image");
-    let api = memtrail::attach::api::all();
-    let sites = memtrail::attach::sites_in(&path, &data, &api).expect("sites");
+    let api = memtrail::internals::attach::api::all();
+    let sites = memtrail::internals::attach::sites_in(&path, &data, &api).expect("sites");
     assert_eq!(sites.len(), 6, "{sites:?}");
     assert!(matches!(
-        memtrail::unwind::table::compile(&data),
-        Ok(memtrail::unwind::Compiled::Table(_))
+        memtrail::internals::unwind::table::compile(&data),
+        Ok(memtrail::internals::unwind::Compiled::Table(_))
     ));
 }
 
@@ -691,7 +696,10 @@ fn attach_image_path_not_a_file_refused() {
     assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
     let (done, result) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let sites = memtrail::attach::find_sites(&fifo, &memtrail::attach::api::all());
+        let sites = memtrail::internals::attach::find_sites(
+            &fifo,
+            &memtrail::internals::attach::api::all(),
+        );
         let _ = done.send(sites.map_err(|err| err.skip_reason()));
     });
     // Only a hang (the old open) reaches the limit.
@@ -703,13 +711,14 @@ fn attach_image_path_not_a_file_refused() {
 /// 0x10000), on a thread: None if that does not return before [`HANG`].
 fn malloc_frame(path: &Path) -> Option<Value> {
     let seed = std::fs::read(seed_image()).expect("read the seed image");
-    let api = memtrail::attach::api::all();
-    let sites = memtrail::attach::sites_in(Path::new("seed"), &seed, &api).expect("seed sites");
+    let api = memtrail::internals::attach::api::all();
+    let sites =
+        memtrail::internals::attach::sites_in(Path::new("seed"), &seed, &api).expect("seed sites");
     let malloc = sites.iter().find(|s| s.symbol == "malloc").expect("malloc");
     // An address one past the entry: symbolized as `addr - 1`.
     let ip = 0x10000 + malloc.offset - malloc.skipped + 1;
-    let mut spaces = memtrail::symbolize::AddressSpaces::default();
-    let mapping = memtrail::symbolize::Mapping {
+    let mut spaces = memtrail::internals::symbolize::AddressSpaces::default();
+    let mapping = memtrail::internals::symbolize::Mapping {
         start: 0x10000,
         end: 0x30000,
         pgoff: 0,
@@ -719,7 +728,7 @@ fn malloc_frame(path: &Path) -> Option<Value> {
     spaces.mappings.insert(1, vec![mapping]);
     let (done, result) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let symbolizer = memtrail::symbolize::StackSymbolizer::new();
+        let symbolizer = memtrail::internals::symbolize::StackSymbolizer::new();
         let frames = symbolizer.symbolize(&spaces, 1, &[&[ip]]);
         let frame = serde_json::to_value(&frames[0][0]).expect("a frame as JSON");
         let _ = done.send(frame);
@@ -802,7 +811,8 @@ fn symbolize_compressed_section_bounded() {
 #[test]
 fn unwind_cache_not_poisoned_by_build_id() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let cache = memtrail::unwind::cache::Cache::at(&dir.path().join("unwind")).expect("cache");
+    let cache =
+        memtrail::internals::unwind::cache::Cache::at(&dir.path().join("unwind")).expect("cache");
     let seed = std::fs::read(seed_image()).expect("read the seed image");
     let file = object::File::parse(&*seed).expect("parse");
     let (off, size) = file
@@ -823,7 +833,8 @@ fn unwind_cache_not_poisoned_by_build_id() {
     std::fs::write(&real_path, &seed).expect("write");
     std::fs::write(&forged_path, &forged).expect("write");
     let table = |path: &Path| {
-        let (table, cached) = memtrail::unwind::prepare(path, Some(&cache)).expect("a table");
+        let (table, cached) =
+            memtrail::internals::unwind::prepare(path, Some(&cache)).expect("a table");
         (table.expect("CFI").rows, cached)
     };
     let (forged_rows, cached) = table(&forged_path);
@@ -928,15 +939,18 @@ fn attach_huge_user_image_read_without_its_dwarf() {
         .expect("open");
     file.set_len(offset + size).expect("extend");
     std::os::unix::fs::chown(&path, Some(65534), Some(65534)).expect("chown to nobody");
-    let read = memtrail::sys::map_file(&path).expect("read the image");
-    assert!(matches!(read, memtrail::sys::FileData::Sparse(_)));
+    let read = memtrail::internals::sys::map_file(&path).expect("read the image");
+    assert!(matches!(
+        read,
+        memtrail::internals::sys::FileData::Sparse(_)
+    ));
     assert_eq!(read.len() as u64, offset + size);
-    let api = memtrail::attach::api::all();
-    let sites = memtrail::attach::sites_in(&path, &read, &api).expect("sites");
+    let api = memtrail::internals::attach::api::all();
+    let sites = memtrail::internals::attach::sites_in(&path, &read, &api).expect("sites");
     assert_eq!(sites.len(), 6, "{sites:?}");
     assert!(matches!(
-        memtrail::unwind::table::compile(&read),
-        Ok(memtrail::unwind::Compiled::Table(_))
+        memtrail::internals::unwind::table::compile(&read),
+        Ok(memtrail::internals::unwind::Compiled::Table(_))
     ));
 }
 

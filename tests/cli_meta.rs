@@ -145,7 +145,7 @@ fn rustdoc_isms(text: &str, placeholders: &[String]) -> Vec<String> {
 /// The names of every subcommand, as typed (`bench`, ...), and every value
 /// name clap may put in brackets.
 fn commands_and_placeholders() -> (Vec<String>, Vec<String>) {
-    let cli = <memtrail::cli::Cli as clap::CommandFactory>::command();
+    let cli = <memtrail::internals::cli::Cli as clap::CommandFactory>::command();
     let subcommands = cli
         .get_subcommands()
         .map(|c| c.get_name().to_owned())

@@ -43,7 +43,7 @@ fn cli_summary_slow_probe_note_only_for_sites_hit() {
 
 /// The probe entry of `symbol` in libc, from a profile's `probes`.
 fn libc_probe<'a>(profile: &'a serde_json::Value, symbol: &str) -> &'a serde_json::Value {
-    let libc = memtrail::attach::libc_path().expect("libc");
+    let libc = memtrail::internals::attach::libc_path().expect("libc");
     let libc = std::fs::canonicalize(libc).expect("libc path");
     common::field(profile, "probes")
         .as_array()

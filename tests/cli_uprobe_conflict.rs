@@ -42,7 +42,7 @@ struct PrivateLibc {
 
 impl PrivateLibc {
     fn new() -> Self {
-        let libc = memtrail::attach::libc_path().expect("libc's path");
+        let libc = memtrail::internals::attach::libc_path().expect("libc's path");
         let dir = tempfile::tempdir().expect("tempdir");
         let name = libc.file_name().expect("libc's file name");
         std::fs::copy(&libc, dir.path().join(name)).expect("copy libc");
@@ -59,7 +59,7 @@ impl PrivateLibc {
 
     /// The copy's path.
     fn path(&self) -> std::path::PathBuf {
-        let libc = memtrail::attach::libc_path().expect("libc's path");
+        let libc = memtrail::internals::attach::libc_path().expect("libc's path");
         self.dir
             .path()
             .join(libc.file_name().expect("libc's file name"))
@@ -77,8 +77,11 @@ impl Holder {
     /// it with its first line of output ("ready OFFSET PATH" or "error
     /// ERRNO").
     fn start(libc: &PrivateLibc, ref_ctr: u32) -> (Self, String) {
-        let sites = memtrail::attach::find_sites(&libc.path(), &memtrail::attach::api::libc())
-            .expect("libc's allocator sites");
+        let sites = memtrail::internals::attach::find_sites(
+            &libc.path(),
+            &memtrail::internals::attach::api::libc(),
+        )
+        .expect("libc's allocator sites");
         let free = sites
             .iter()
             .find(|s| s.symbol == "free")

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{cmd, fixture, kind, memtrail_bin, num, sized};
-use memtrail::bpf::record::{Body, Header, Kind, Mem, Record};
-use memtrail::events::{Encoder, LEVEL};
+use memtrail::internals::bpf::record::{Body, Header, Kind, Mem, Record};
+use memtrail::internals::events::{Encoder, LEVEL};
 use serde_json::Value;
 
 /// `memtrail run -q ARGS -- CMD`; panics unless it exits with `code` (the
@@ -102,7 +102,7 @@ fn events_binary_round_trip_exact() {
     }
     let bin = dir.path().join("e.mtev");
     let file = std::fs::File::create(&bin).expect("create");
-    let mut zstd = memtrail::events::compressor(file).expect("zstd");
+    let mut zstd = memtrail::internals::events::compressor(file).expect("zstd");
     let mut enc = Encoder::default();
     for v in &lines {
         let (hdr, mem, v) = record_of(v);
@@ -148,7 +148,7 @@ fn events_binary_capture_exact() {
         0,
     );
     let head = std::fs::read(&bin).expect("read the stream");
-    assert_eq!(head[..4], memtrail::events::ZSTD_MAGIC);
+    assert_eq!(head[..4], memtrail::internals::events::ZSTD_MAGIC);
     let events: Vec<Value> = convert(&bin)
         .lines()
         .map(|l| serde_json::from_str(l).expect("JSON"))
@@ -356,7 +356,7 @@ fn events_binary_reads_version_1() {
     }
     // What memtrail writes now is version 2, with the checksum.
     let (stream, _) = small_stream(dir.path());
-    assert_eq!(stream[..4], memtrail::events::ZSTD_MAGIC);
+    assert_eq!(stream[..4], memtrail::internals::events::ZSTD_MAGIC);
     assert_ne!(stream[4] & 0x04, 0, "the frame's Content_Checksum_flag");
 }
 

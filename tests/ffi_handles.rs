@@ -69,7 +69,7 @@ static ALLOC: reuse::Reuse = reuse::Reuse;
 /// addresses, and the stale one reached the new session).
 #[test]
 fn ffi_handles_stale_after_memory_reuse() {
-    use memtrail::ffi::{
+    use memtrail::internals::ffi::{
         memtrail_error::*, memtrail_session, memtrail_session_free, memtrail_snapshot,
         memtrail_totals, memtrail_track_self,
     };

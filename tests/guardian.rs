@@ -19,7 +19,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{MEMTRAIL, cgroup_frozen, fixture};
-use memtrail::sys;
+use memtrail::internals::sys;
 
 /// Bound on every wait for something that must happen.
 const GUARD: Duration = Duration::from_secs(60);

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 
 use flate2::read::GzDecoder;
-use memtrail::report::pprof::proto;
+use memtrail::internals::report::pprof::proto;
 use prost::Message;
 
 use report_support::{memtrail, sites, write_profile};

@@ -14,7 +14,7 @@ mod ringtest;
 
 use std::mem::MaybeUninit;
 
-use memtrail::ring::HEADER_LEN;
+use memtrail::internals::ring::HEADER_LEN;
 use ringtest::{RECORD_HEADER, RingTest, Run, capacity, check_record, slot_len};
 
 /// One page: the smallest ring the kernel makes.

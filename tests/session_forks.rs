@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use memtrail::attach::per_process::Probes;
+use memtrail::internals::attach::per_process::Probes;
 use memtrail::session::{Session, SessionOptions, Target};
 
 /// A thread spawning `true` and waiting for it, over and over, until told
@@ -123,7 +123,7 @@ fn session_self_end_leaves_no_child_held() {
         }
     }
     for round in 0..ROUNDS {
-        use memtrail::ffi::{
+        use memtrail::internals::ffi::{
             memtrail_error::MEMTRAIL_OK, memtrail_session_free, memtrail_track_self,
         };
         let mut s = std::ptr::null_mut();

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Barrier, Mutex};
 
-use memtrail::profile::regions::RegionCounts;
+use memtrail::internals::profile::regions::RegionCounts;
 
 use memtrail::session::{Session, SessionOptions, Target};
 

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 use libbpf_rs::MapCore;
-use memtrail::proctree::stops::{Owner, Owners, Released, StopState, Stops, Taken};
-use memtrail::sys::{self, Pid, Signal};
+use memtrail::internals::proctree::stops::{Owner, Owners, Released, StopState, Stops, Taken};
+use memtrail::internals::sys::{self, Pid, Signal};
 
 /// Bound on every wait for something that must happen.
 const GUARD: Duration = Duration::from_secs(10);

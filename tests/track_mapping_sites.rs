@@ -11,7 +11,7 @@ use std::io::Read;
 use std::path::Path;
 
 use flate2::read::GzDecoder;
-use memtrail::report::pprof::proto;
+use memtrail::internals::report::pprof::proto;
 use prost::Message;
 use serde_json::Value;
 

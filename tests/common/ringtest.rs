@@ -11,9 +11,9 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, OpenObject, ProgramInput};
-use memtrail::bpf::skel::ringtest::types::{bss, rt_args, rt_record};
-use memtrail::bpf::skel::ringtest::{RingtestSkel, RingtestSkelBuilder};
-use memtrail::ring::{HEADER_LEN, RingConsumer};
+use memtrail::internals::bpf::skel::ringtest::types::{bss, rt_args, rt_record};
+use memtrail::internals::bpf::skel::ringtest::{RingtestSkel, RingtestSkelBuilder};
+use memtrail::internals::ring::{HEADER_LEN, RingConsumer};
 
 /// Size of the `struct rt_record` at the start of every record body: the
 /// smallest record `produce` makes.
