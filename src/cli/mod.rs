@@ -559,13 +559,61 @@ fn with_status<T>(
 }
 
 /// What `run` and `attach` make of their shared flags before the capture
-/// starts.
+/// starts: its options, and what to do once it ended.
 struct Prepared {
     opts: Options,
+    tail: Tail,
+}
+
+/// A capture's end as the user sees it: every output in place (or none),
+/// the summary, a text report.
+struct Tail {
+    /// Where the profile goes (`--output` or a name of its own).
+    output: Option<PathBuf>,
     /// `--report` (with `--report-by`).
     report: Option<ReportOptions>,
     /// `--report-output`, opened.
     report_output: Option<OutputFile>,
+    quiet: bool,
+}
+
+impl Tail {
+    /// Puts every output in place, or none; then (unless quiet) `intro`
+    /// and the summary, whether the outputs were written or not (issue
+    /// 28); then a text report without `--report-output`.
+    fn conclude<W: Write>(
+        self,
+        stderr: &mut W,
+        outputs: crate::output::Outputs,
+        (profile, slow): (&crate::profile::Profile, &[crate::profile::SlowProbe]),
+        intro: impl FnOnce(&mut W),
+    ) -> Result<(), CaptureError> {
+        // Only text gets here without --report-output (clap requires it
+        // otherwise).
+        let to_stderr = self.report.filter(|_| self.report_output.is_none());
+        let written = commit_outputs(
+            outputs,
+            profile,
+            self.report.as_ref().zip(self.report_output),
+        );
+        if !self.quiet {
+            intro(stderr);
+            write_summary_and_where(
+                stderr,
+                profile,
+                slow,
+                self.output.as_deref(),
+                written.is_ok(),
+            );
+        }
+        if let Some(report) = to_stderr {
+            if !self.quiet {
+                let _ = writeln!(stderr);
+            }
+            let _ = report::write_report(profile, &report, stderr);
+        }
+        written
+    }
 }
 
 impl CaptureArgs {
@@ -582,11 +630,14 @@ impl CaptureArgs {
 
     /// The capture's options, with `--report-output` opened: every output
     /// is checked before anything runs.
+    /// `named_after` is the argv whose program names the profile without
+    /// `--output`.
     fn prepare(
         self,
         command: Vec<OsString>,
-        output: Option<PathBuf>,
+        named_after: impl FnOnce() -> Vec<OsString>,
     ) -> Result<Prepared, CaptureError> {
+        let output = self.output(named_after);
         let outputs: Vec<_> = [
             ("--output", &output),
             ("--events", &self.events),
@@ -635,9 +686,13 @@ impl CaptureArgs {
             top: None,
         });
         Ok(Prepared {
+            tail: Tail {
+                output: opts.output.clone(),
+                report,
+                report_output,
+                quiet: self.quiet,
+            },
             opts,
-            report,
-            report_output,
         })
     }
 }
@@ -645,19 +700,13 @@ impl CaptureArgs {
 /// Runs `memtrail attach`; returns the exit code.
 pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> {
     let pid = args.pid;
-    let output = args.capture.output(|| {
+    let quiet = args.capture.quiet;
+    let Prepared { mut opts, tail } = args.capture.prepare(Vec::new(), || {
         let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
             .map(PathBuf::into_os_string)
             .unwrap_or_default();
         vec![exe]
-    });
-    let quiet = args.capture.quiet;
-    let Prepared {
-        mut opts,
-        report,
-        report_output,
-    } = args.capture.prepare(Vec::new(), output.clone())?;
-    let report_to_stderr = report.filter(|_| report_output.is_none());
+    })?;
     let mut outcome = with_status(quiet, |live| {
         opts.session.live = live;
         attach::attach(&opts, pid, args.duration, || {
@@ -670,36 +719,24 @@ pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureE
             }
         })
     })?;
-    let written = commit_outputs(
+    let why = match outcome.detach {
+        attach::Detach::Duration => "after --duration".to_owned(),
+        attach::Detach::Signal(sig) => format!("on {}", signal_name(sig)),
+        attach::Detach::Exited => "when it exited".to_owned(),
+        attach::Detach::PressureFailed => "after a failed pressure pause".to_owned(),
+    };
+    let seconds = outcome.profile.duration_ns as f64 / 1e9;
+    tail.conclude(
+        stderr,
         std::mem::take(&mut outcome.outputs),
-        &outcome.profile,
-        report.as_ref().zip(report_output),
-    );
-    if !quiet {
-        let why = match outcome.detach {
-            attach::Detach::Duration => "after --duration".to_owned(),
-            attach::Detach::Signal(sig) => format!("on {}", signal_name(sig)),
-            attach::Detach::Exited => "when it exited".to_owned(),
-            attach::Detach::PressureFailed => "after a failed pressure pause".to_owned(),
-        };
-        let _ = writeln!(
-            stderr,
-            "memtrail: attached to process {} for {:.3} s; detached {why}",
-            pid,
-            outcome.profile.duration_ns as f64 / 1e9,
-        );
-        write_summary_and_where(
-            stderr,
-            &outcome.profile,
-            &outcome.slow_probes,
-            output.as_deref(),
-            written.is_ok(),
-        );
-    }
-    if let Some(report) = report_to_stderr {
-        let _ = report::write_report(&outcome.profile, &report, stderr);
-    }
-    written?;
+        (&outcome.profile, &outcome.slow_probes),
+        |stderr| {
+            let _ = writeln!(
+                stderr,
+                "memtrail: attached to process {pid} for {seconds:.3} s; detached {why}"
+            );
+        },
+    )?;
     Ok(0)
 }
 
@@ -855,14 +892,9 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     // Before any output is opened: SIGTERM and the like must not end
     // memtrail halfway (see sys::signals).
     crate::sys::signals::catch()?;
-    let output = args.capture.output(|| args.command.clone());
     let quiet = args.capture.quiet;
-    let Prepared {
-        mut opts,
-        report,
-        report_output,
-    } = args.capture.prepare(args.command, output.clone())?;
-    let report_to_stderr = report.filter(|_| report_output.is_none());
+    let named_after = args.command.clone();
+    let Prepared { mut opts, tail } = args.capture.prepare(args.command, || named_after)?;
     let outcome = with_status(quiet, |live| {
         opts.session.live = live;
         run::run(&opts)
@@ -870,30 +902,12 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     // Even with --quiet: what memtrail did with a signal is not the summary.
     let _ = write_signal_notes(stderr);
     let mut outcome = outcome?;
-    // Every output in place, or none; the summary either way (issue 28).
-    let written = commit_outputs(
+    tail.conclude(
+        stderr,
         std::mem::take(&mut outcome.outputs),
-        &outcome.profile,
-        report.as_ref().zip(report_output),
-    );
-    if !quiet {
-        write_summary_and_where(
-            stderr,
-            &outcome.profile,
-            &outcome.slow_probes,
-            output.as_deref(),
-            written.is_ok(),
-        );
-    }
-    // Only text gets here without --report-output (clap requires it
-    // otherwise).
-    if let Some(report) = report_to_stderr {
-        if !quiet {
-            let _ = writeln!(stderr);
-        }
-        let _ = report::write_report(&outcome.profile, &report, stderr);
-    }
-    written?;
+        (&outcome.profile, &outcome.slow_probes),
+        |_| {},
+    )?;
     Ok(outcome.exit_code)
 }
 
