@@ -29,10 +29,10 @@
 //! `--bench` (as `cargo test --benches` runs it) it does a short smoke run:
 //! same code, small counts, no targets.
 
-#[path = "../tests/common/ringtest.rs"]
+#[path = "../tests/support/ringtest.rs"]
 #[allow(
     dead_code,
-    reason = "shared with tests/ring_consumer.rs, which uses other parts"
+    reason = "shared with tests/capture/ring_consumer.rs, which uses other parts"
 )]
 mod ringtest;
 
