@@ -1,14 +1,12 @@
 //! The attach pipeline: allocators in exec'd, dlopen'ed, preloaded and
 //! statically linked images (issue 3).
 
-use crate::support;
-
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use crate::support::{capture, cmd, fixture, num, pid, sized, string};
+use crate::support::{self, capture, cmd, fixture, num, pid, sized, string};
 use serde_json::Value;
 
 /// Allocator events of `size` bytes, whatever the entry point's kind.

@@ -3,14 +3,12 @@
 //! inputs and outputs (issue 28). Runs go through [`support::memtrail_bin`]
 //! (`MEMTRAIL_BIN` runs another build).
 
-use crate::support;
-
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
-use crate::support::{cmd, fixture, kind, memtrail_bin, num, sized};
+use crate::support::{self, cmd, fixture, kind, memtrail_bin, num, sized};
 use memtrail::events::{Encoder, LEVEL};
 use memtrail::record::{Body, Header, Kind, Mem, Record};
 use serde_json::Value;

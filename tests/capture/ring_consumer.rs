@@ -7,8 +7,9 @@
 
 use std::mem::MaybeUninit;
 
-use crate::support;
-use crate::support::ringtest::{RECORD_HEADER, RingTest, Run, capacity, check_record, slot_len};
+use crate::support::ringtest::{
+    self, RECORD_HEADER, RingTest, Run, capacity, check_record, slot_len,
+};
 use memtrail::ring::HEADER_LEN;
 
 /// One page: the smallest ring the kernel makes.
@@ -320,7 +321,7 @@ fn ring_space_returned_within_long_poll() {
     let extra = 4;
     let mut seen = Vec::new();
     let handed = ring.poll(|body| {
-        seen.push(support::ringtest::header(body).seq);
+        seen.push(ringtest::header(body).seq);
         if seen.len() == halfway as usize {
             let out = rt.produce(Run::new(u64::from(cap), extra, size));
             assert_eq!(out.dropped, 0, "no space given back mid-batch");

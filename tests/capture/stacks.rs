@@ -1,11 +1,9 @@
 //! Allocation stacks: captured in BPF, deduplicated, symbolized (issue 5).
 
-use crate::support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::support::{capture, cmd, id, num};
+use crate::support::{self, capture, cmd, id, num};
 use serde_json::Value;
 
 fn fixture_source(name: &str) -> PathBuf {

@@ -1,12 +1,10 @@
 //! Stacks of code built without frame pointers, unwound in BPF from each
 //! image's unwind tables (issue 12), and frames that must be code (issue 16).
 
-use crate::support;
-
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::support::{fixture, fixture_with_flags, num};
+use crate::support::{self, fixture, fixture_with_flags, num};
 use serde_json::Value;
 
 fn fixture_source(name: &str) -> PathBuf {

@@ -3,9 +3,7 @@
 //! the event stream (issue 13, "Markers for programs that are tracked from
 //! outside").
 
-use crate::support;
-
-use crate::support::{capture, num, string, usdt_fixture};
+use crate::support::{self, capture, num, string, usdt_fixture};
 use serde_json::Value;
 
 /// The profile's region named `name`.

@@ -1,11 +1,11 @@
 //! `memtrail run` passes the command's exit status and stdio through, and
 //! writes exactly the outputs it was asked for.
 
-use crate::support;
-
 use std::ffi::OsString;
 
-use crate::support::{capture, capture_with, cmd, dir_entries, field, int, memtrail, stream_root};
+use crate::support::{
+    self, capture, capture_with, cmd, dir_entries, field, int, memtrail, stream_root,
+};
 use serde_json::json;
 
 /// Check that memtrail exits with the command's exit code, and records it

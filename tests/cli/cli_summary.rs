@@ -1,10 +1,8 @@
 //! What the summary on stderr says (issue 16, "The CLI").
 
-use crate::support;
-
 use std::ffi::OsString;
 
-use crate::support::{cmd, memtrail};
+use crate::support::{self, cmd, memtrail};
 
 /// `memtrail run -o DIR/p.json -- CMD`; returns the exit code and stderr.
 fn summary_of(command: Vec<OsString>) -> (Option<i32>, String) {

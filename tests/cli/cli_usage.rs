@@ -2,13 +2,11 @@
 //! "The CLI"): a trailing command without `--`, sizes and durations in
 //! the units people use.
 
-use crate::support;
-
 use std::ffi::OsString;
 use std::fs;
 use std::process::{Command, Stdio};
 
-use crate::support::{MEMTRAIL, dir_entries, fixture, memtrail};
+use crate::support::{self, MEMTRAIL, dir_entries, fixture, memtrail};
 
 fn os(args: &[&str]) -> Vec<OsString> {
     args.iter().map(OsString::from).collect()

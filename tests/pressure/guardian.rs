@@ -8,8 +8,6 @@
 //! for states that must come (read from `/proc` or a pidfd), bounded by
 //! [`GUARD`] only so that a broken build fails instead of hanging.
 
-use crate::support;
-
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -18,7 +16,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::support::{MEMTRAIL, cgroup_frozen, fixture};
+use crate::support::{self, MEMTRAIL, cgroup_frozen, fixture};
 use memtrail::sys;
 
 /// Bound on every wait for something that must happen.

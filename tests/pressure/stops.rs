@@ -8,8 +8,6 @@
 //! (it only signals its own children), but for the foreign-stop tests,
 //! which make a BPF map or run `memtrail attach` (root).
 
-use crate::support;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -17,6 +15,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use crate::support;
 use crossbeam_utils::Backoff;
 use libbpf_rs::MapCore;
 use memtrail::proctree::stops::{Owner, Owners, Released, StopState, Stops, Taken};

@@ -12,14 +12,13 @@
 //! Runs go through [`support::memtrail_bin`], so `MEMTRAIL_BIN` can point
 //! them at another build (the one before a fix, to see a test fail).
 
-use crate::support;
-
 use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use crate::support;
 use serde_json::Value;
 
 struct Setup {

@@ -2,15 +2,13 @@
 //! non-determinism, and the BMF and github-action-benchmark outputs checked
 //! against their documented schemas.
 
-use crate::support;
-
 use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use crate::support::{MEMTRAIL, fixture};
+use crate::support::{self, MEMTRAIL, fixture};
 use serde_json::Value;
 
 fn memtrail(args: &[OsString]) -> (i32, String, String) {

@@ -2,8 +2,6 @@
 //! (issue 15: every stack names its process; issue 16: frames keep their
 //! image's build id and file offset). Real captures under the kernel.
 
-use crate::support;
-
 use std::ffi::OsString;
 use std::fs;
 use std::io::Read;
@@ -15,7 +13,7 @@ use memtrail::render::pprof::proto;
 use prost::Message;
 use serde_json::Value;
 
-use crate::support::{capture, cmd, fixture, id, num, string};
+use crate::support::{self, capture, cmd, fixture, id, num, string};
 
 /// `memtrail report PROFILE ARGS`: exit code, stdout, stderr.
 fn report(profile: &Path, args: &[&str]) -> (i32, String, String) {

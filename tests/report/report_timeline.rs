@@ -1,14 +1,12 @@
 //! The profile's timeline (the heap over time) and `memtrail report
 //! --format timeline` (issue 15).
 
-use crate::support;
-
 use std::collections::HashMap;
 use std::ffi::OsString;
 
 use serde_json::Value;
 
-use crate::support::{capture, cmd, field, id, kind, memtrail, num, pid, stream_root};
+use crate::support::{self, capture, cmd, field, id, kind, memtrail, num, pid, stream_root};
 
 /// The highest `key` of a series' points.
 fn max_of(series: &Value, key: &str) -> u64 {

@@ -7,11 +7,11 @@
 //! `valgrind --trace-malloc=yes` and ftrace uprobes on libc), so the whole
 //! allocator event sequence of the process is known.
 
-use crate::support;
-
 use std::sync::OnceLock;
 
-use crate::support::{Capture, Counters, allocator_events, capture, cmd, kind, num, of_pid, sized};
+use crate::support::{
+    self, Capture, Counters, allocator_events, capture, cmd, kind, num, of_pid, sized,
+};
 use serde_json::Value;
 
 /// The allocator calls of apis.c in order: (kind, size); `free` has no size.

@@ -10,15 +10,13 @@
 //! only as garbage.) Ids are never reused soon, so this holds even when other
 //! tracers (or other memtrail runs) load programs at the same time.
 
-use crate::support;
-
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use crate::support::{MEMTRAIL, fixture};
+use crate::support::{self, MEMTRAIL, fixture};
 
 /// The BPF objects a process holds, by id.
 #[derive(Debug, Default)]

@@ -1,9 +1,9 @@
 //! C++ operator new/delete: libstdc++ forwards them to malloc/free, so they
 //! are malloc and free events of the sizes asked, each counted once.
 
-use crate::support;
-
-use crate::support::{Counters, allocator_events, capture, cmd, field, kind, num, stream_root};
+use crate::support::{
+    self, Counters, allocator_events, capture, cmd, field, kind, num, stream_root,
+};
 
 /// libstdc++'s emergency exception pool, malloc'd at load time and never
 /// freed: measured by running `cxx_baseline`, which links the same

@@ -3,8 +3,6 @@
 //! `mmap` and `sbrk` (issue 15, "mmap and processes in the reports"):
 //! exact per-site metrics in the profile and in every report format.
 
-use crate::support;
-
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Read;
@@ -15,7 +13,7 @@ use memtrail::render::pprof::proto;
 use prost::Message;
 use serde_json::Value;
 
-use crate::support::{Mappings, capture, field, fixture, fixture_with_flags, memtrail, num};
+use crate::support::{self, Mappings, capture, field, fixture, fixture_with_flags, memtrail, num};
 
 const PAGE: u64 = 4096;
 

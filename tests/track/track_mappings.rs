@@ -6,9 +6,7 @@
 //! checked against the `baseline` fixture, which links the same libraries
 //! and does nothing.
 
-use crate::support;
-
-use crate::support::{Mappings, capture, cmd, field, kind, num, of_pid, stream_root};
+use crate::support::{self, Mappings, capture, cmd, field, kind, num, of_pid, stream_root};
 use serde_json::Value;
 
 const PAGE: u64 = 4096;

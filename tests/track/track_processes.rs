@@ -1,11 +1,9 @@
 //! Process trees: fork without exec, exec without fork, and a 3-level tree
 //! of fork + exec; per-process entries, pid/ppid relations and exe paths.
 
-use crate::support;
-
 use crate::support::{
-    Counters, allocator_events, capture, cmd, field, int, kind, num, path_str, process, processes,
-    root_process, stream_root,
+    self, Counters, allocator_events, capture, cmd, field, int, kind, num, path_str, process,
+    processes, root_process, stream_root,
 };
 use serde_json::Value;
 

@@ -7,12 +7,10 @@
 //! thread's first malloc and so never seen as an allocation: an unmatched
 //! free.
 
-use crate::support;
-
 use std::collections::HashSet;
 
 use crate::support::{
-    Counters, capture, capture_env, cmd, field, kind, num, of_pid, stream_root, tid,
+    self, Counters, capture, capture_env, cmd, field, kind, num, of_pid, stream_root, tid,
 };
 use serde_json::Value;
 
