@@ -29,10 +29,10 @@
 //! `--bench` (as `cargo test --benches` runs it) it does a short smoke run:
 //! same code, small counts, no targets.
 
-#[path = "../tests/common/ringtest.rs"]
+#[path = "../tests/support/ringtest.rs"]
 #[allow(
     dead_code,
-    reason = "shared with tests/ring_consumer.rs, which uses other parts"
+    reason = "shared with tests/capture/ring_consumer.rs, which uses other parts"
 )]
 mod ringtest;
 
@@ -48,9 +48,7 @@ use std::time::{Duration, Instant};
 use libbpf_rs::{RingBuffer, RingBufferBuilder};
 use std::os::fd::AsFd;
 
-use memtrail::internals::engine::idle::{
-    DEFAULT_NAP, DeepSleep, IdleWait, NAPS_BEFORE_DEEP_SLEEP, SleepFlag,
-};
+use memtrail::internals::engine::idle::{DEFAULT_NAP, DeepSleep, IdleWait, NAPS_BEFORE_DEEP_SLEEP, SleepFlag};
 use ringtest::{RingTest, Run, capacity, header};
 
 /// Body bytes per record: a memtrail allocation record's size

@@ -15,10 +15,10 @@
 //! `cargo bench --bench ring_contention` (as root). Without `--bench` (as
 //! `cargo test --benches` runs it) it does a short smoke run.
 
-#[path = "../tests/common/ringtest.rs"]
+#[path = "../tests/support/ringtest.rs"]
 #[allow(
     dead_code,
-    reason = "shared with tests/ring_consumer.rs, which uses other parts"
+    reason = "shared with tests/capture/ring_consumer.rs, which uses other parts"
 )]
 mod ringtest;
 

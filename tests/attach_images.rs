@@ -9,8 +9,11 @@
 //! tables, a build id, DWARF, a debug link) deterministically and feeds the
 //! mutants straight to the parsers; `MEMTRAIL_FUZZ_ITERS` and
 //! `MEMTRAIL_FUZZ_SEED` run a longer or another campaign.
+//!
+//! A binary of its own: the fuzz test installs a panic hook and bounds this
+//! process's peak memory, which other tests beside it would raise.
 
-mod common;
+mod support;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -21,9 +24,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{capture, cmd, num, usdt_fixture};
 use object::{Object, ObjectSection};
 use serde_json::Value;
+use support::{capture, cmd, num, usdt_fixture};
 
 /// The seed image, built once, with a debug link added (to a debug file
 /// next to it).
@@ -430,8 +433,8 @@ fn skipped(profile: &Value) -> Vec<(String, String)> {
         .iter()
         .map(|s| {
             (
-                common::string(s, "image").to_owned(),
-                common::string(s, "reason").to_owned(),
+                support::string(s, "image").to_owned(),
+                support::string(s, "reason").to_owned(),
             )
         })
         .collect()
@@ -439,10 +442,10 @@ fn skipped(profile: &Value) -> Vec<(String, String)> {
 
 /// Checks `run`'s counts: map_images' 3 x malloc(4243), 2 of them freed,
 /// exactly; returns the fixture's pid.
-fn assert_map_images_counts(run: &common::Capture) -> u32 {
+fn assert_map_images_counts(run: &support::Capture) -> u32 {
     run.expect_code(0);
     let events = run.events();
-    let mallocs = common::sized(events, "malloc", 4243);
+    let mallocs = support::sized(events, "malloc", 4243);
     assert_eq!(mallocs.len(), 3, "{mallocs:?}");
     let addrs: Vec<u64> = mallocs.iter().map(|e| num(e, "addr")).collect();
     let frees = events
@@ -450,7 +453,7 @@ fn assert_map_images_counts(run: &common::Capture) -> u32 {
         .filter(|e| e["kind"] == "free" && addrs.contains(&num(e, "addr")))
         .count();
     assert_eq!(frees, 2);
-    common::pid(mallocs[0])
+    support::pid(mallocs[0])
 }
 
 /// Check that files that are no ELF image, mapped executable by a tracked
@@ -606,13 +609,13 @@ fn malformed_images_skipped(probes: &str) {
 }
 
 /// `memtrail run --output … --events … ARGS` (ARGS: flags, `--`, command).
-fn capture_run(args: &[OsString]) -> common::Capture {
+fn capture_run(args: &[OsString]) -> support::Capture {
     let split = args.iter().position(|a| a == "--").expect("--");
     let flags: Vec<&str> = args[..split]
         .iter()
         .map(|a| a.to_str().expect("UTF-8"))
         .collect();
-    common::capture_flags(&flags, &args[split + 1..], b"", &[])
+    support::capture_flags(&flags, &args[split + 1..], b"", &[])
 }
 
 /// Check that a stack through code that is no ELF image (a frameless JIT
@@ -627,7 +630,7 @@ fn attach_stack_through_blob_ends_there() {
         .canonicalize()
         .expect("canonical")
         .join("thunk.bin");
-    let run = common::capture_flags(
+    let run = support::capture_flags(
         &["--unwind", "dwarf"],
         &cmd("blob_call", &[blob.as_os_str()]),
         b"",
@@ -639,7 +642,7 @@ fn attach_stack_through_blob_ends_there() {
         skipped(profile),
         [(blob.display().to_string(), "not an ELF image".to_owned())]
     );
-    let stacks = common::allocation_sites(profile);
+    let stacks = support::allocation_sites(profile);
     let stack = stacks
         .iter()
         .find(|s| s["bytes"] == 5555)
@@ -865,7 +868,7 @@ fn attach_running_process_skips_mapped_images() {
     let (trap, blob) = (dir.join("trap.so"), dir.join("blob.bin"));
     std::fs::write(&trap, with_trap_at_malloc(&seed)).expect("write");
     std::fs::write(&blob, b"no ELF image, some JIT's code").expect("write");
-    let mut target = Command::new(common::fixture("map_images"))
+    let mut target = Command::new(support::fixture("map_images"))
         .arg("--hold")
         .args([&trap, &blob])
         .stdin(std::process::Stdio::piped())

@@ -6,8 +6,12 @@
 //! did inside the attached window: memtrail says when it has attached (a
 //! line on stderr), the test then sends the commands, waits for their
 //! acknowledgements and sends memtrail SIGINT.
+//!
+//! A binary of its own: its captures are all per process, and it checks
+//! that a process outside them carries no breakpoint, which any system-wide
+//! capture running beside it (the default of `memtrail run`) would put there.
 
-mod common;
+mod support;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -15,10 +19,10 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{
+use serde_json::Value;
+use support::{
     MEMTRAIL, fixture, kind, num, of_pid, pid, process, read_events, read_profile, sized,
 };
-use serde_json::Value;
 
 /// Hang detector for one step (not a timing assertion).
 const LIMIT: Duration = Duration::from_secs(120);
@@ -164,7 +168,7 @@ impl Attached {
 
     /// Waits for memtrail's exit; its code and whole stderr.
     fn wait(mut self) -> (i32, String) {
-        let status = common::wait_or_kill(&mut self.child, LIMIT).expect("memtrail hung");
+        let status = support::wait_or_kill(&mut self.child, LIMIT).expect("memtrail hung");
         while let Ok(line) = self.lines.recv_timeout(LIMIT) {
             self.stderr.push_str(&line);
             self.stderr.push('\n');
@@ -246,11 +250,11 @@ fn attach_counts_window_exact() {
     // (every test of this binary attaches, so no capture here probes
     // system-wide).
     assert!(
-        common::patched_libc_bytes(target.pid) > 0,
+        support::patched_libc_bytes(target.pid) > 0,
         "no breakpoint in the target"
     );
     assert_eq!(
-        common::patched_libc_bytes(bystander.pid),
+        support::patched_libc_bytes(bystander.pid),
         0,
         "attaching put breakpoints in another process"
     );
@@ -297,7 +301,7 @@ fn attach_counts_window_exact() {
     target.assert_running();
     assert_eq!(target.cgroup(), cgroup);
     assert_eq!(
-        common::patched_libc_bytes(target.pid),
+        support::patched_libc_bytes(target.pid),
         0,
         "breakpoints left"
     );
@@ -511,7 +515,7 @@ fn attach_names_executables() {
     let root = process(&profile, target.pid);
     assert_eq!(root["exe"], exe_str, "{root:#}");
     assert_eq!(num(root, "ppid"), u64::from(std::process::id()), "{root:#}");
-    let procs = common::processes(&profile);
+    let procs = support::processes(&profile);
     assert_eq!(procs.len(), 2, "{procs:#?}");
     for p in procs {
         assert_eq!(p["exe"], exe_str, "{p:#}");

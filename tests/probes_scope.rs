@@ -2,14 +2,17 @@
 //! the tracked tree carries breakpoints, a forked child included; system-
 //! wide, every process that maps libc does. A breakpoint shows as a byte of
 //! libc's code in a process's memory that differs from the file.
+//!
+//! A binary of its own: any system-wide capture running beside it (the
+//! default of `memtrail run`) would put breakpoints in the bystander too.
 
-mod common;
+mod support;
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 
-use common::*;
+use support::*;
 
 /// A process outside any capture, blocked on its stdin until dropped.
 struct Bystander(Child);

@@ -5,9 +5,13 @@
 //!
 //! Every run has a private image cache (`MEMTRAIL_CACHE_DIR`), so that what
 //! an earlier capture examined is known exactly. `MEMTRAIL_BIN` runs the
-//! tests against another build (see `common::memtrail_bin`).
+//! tests against another build (see `support::memtrail_bin`).
+//!
+//! A binary of its own, its captures one at a time (see `run`): a storm of
+//! another test beside them would starve the pressure coordinator whose
+//! timing they observe.
 
-mod common;
+mod support;
 
 use std::ffi::OsString;
 use std::fs::{self, File};
@@ -15,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{cgroup2_mount, fixture, memtrail_bin, wait_or_kill};
 use serde_json::Value;
+use support::{cgroup2_mount, fixture, memtrail_bin, wait_or_kill};
 use tempfile::TempDir;
 
 /// Far above any run of these tests: reaching it means memtrail hung.
@@ -109,7 +113,7 @@ fn run(cache: &Path, opts: &[&str], cmd: &[OsString], env: &[(&str, &OsString)])
         code: status.code(),
         stdout,
         stderr,
-        profile: common::read_profile(&profile),
+        profile: support::read_profile(&profile),
         _dir: dir,
     }
 }
@@ -594,7 +598,7 @@ fn pressure_pauses_invisible_at_smallest_accepted_rings() {
         "--event-rings",
         "shared",
     ];
-    let _hogs = common::CpuHogs::start(2);
+    let _hogs = support::CpuHogs::start(2);
     let storm = fixture("storm");
     let rounds = ROUNDS.to_string();
     for _ in 0..3 {

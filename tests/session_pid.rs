@@ -1,6 +1,6 @@
 //! A session tracking a process that is already running (issue 13).
 
-mod common;
+mod support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -16,7 +16,7 @@ use memtrail::Target;
 /// returns once the process has exited.
 #[test]
 fn session_pid_counts_running_process() {
-    let mut child = Command::new(common::fixture("alloc_on_input"))
+    let mut child = Command::new(support::fixture("alloc_on_input"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

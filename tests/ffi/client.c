@@ -1,4 +1,4 @@
-/* A C client of memtrail's C ABI (issue 13), run by tests/ffi_c.rs:
+/* A C client of memtrail's C ABI (issue 13), run by tests/ffi/ffi_c.rs:
  * `client self` tracks itself and checks a region's exact counts, `client
  * spawn PROFILE` tracks a child, `client errors` checks every error path,
  * `client fork PROFILE` calls a session from a child of fork, `client

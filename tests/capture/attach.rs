@@ -1,0 +1,293 @@
+//! The attach pipeline: allocators in exec'd, dlopen'ed, preloaded and
+//! statically linked images (issue 3).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::support::{self, capture, cmd, fixture, num, pid, sized, string};
+use serde_json::Value;
+
+/// Allocator events of `size` bytes, whatever the entry point's kind.
+fn allocs_of(events: &[Value], size: u64) -> Vec<&Value> {
+    events
+        .iter()
+        .filter(|e| e["kind"] != "free" && e["size"].as_u64() == Some(size))
+        .collect()
+}
+
+/// Frees of the blocks `allocs` returned, following each block's address
+/// through the stream (an address freed and handed out again is another
+/// block).
+fn frees_of<'a>(events: &'a [Value], allocs: &[&Value]) -> Vec<&'a Value> {
+    let mut live: Vec<u64> = Vec::new();
+    let mut frees = Vec::new();
+    for e in events {
+        if allocs.iter().any(|a| std::ptr::eq(*a, e)) {
+            live.push(num(e, "addr"));
+        } else if e["kind"] == "free" {
+            if let Some(i) = live.iter().position(|&a| a == num(e, "addr")) {
+                live.swap_remove(i);
+                frees.push(e);
+            }
+        } else if e["kind"] == "realloc" {
+            live.retain(|&a| a != num(e, "old_addr"));
+        }
+    }
+    frees
+}
+
+/// Check that a library dlopen'ed after start (mimalloc) is probed before
+/// its first call: its mi_malloc and mi_calloc calls are counted exactly,
+/// and its mi_free calls match them.
+#[test]
+fn attach_dlopen_library_exact() {
+    let run = capture(&cmd("dlopen_mi", &[]));
+    run.expect_code(0);
+    let events = run.events();
+    let mallocs = allocs_of(events, 61001);
+    assert_eq!(mallocs.len(), 4, "{mallocs:?}");
+    assert!(mallocs.iter().all(|e| e["kind"] == "malloc"));
+    let callocs = allocs_of(events, 60003);
+    assert_eq!(callocs.len(), 2, "{callocs:?}");
+    assert!(callocs.iter().all(|e| e["kind"] == "calloc"));
+    assert_eq!(frees_of(events, &mallocs).len(), 3);
+    let probes = run.profile()["probes"].as_array().unwrap();
+    // mimalloc's malloc and mi_malloc may share an address: the site is
+    // named malloc then.
+    assert!(
+        probes
+            .iter()
+            .any(|p| string(p, "image").contains("libmimalloc")),
+        "libmimalloc not probed: {probes:?}"
+    );
+}
+
+/// Check that two threads dlopen'ing the same allocator library at once are
+/// both held until it is probed: every call of both threads is counted.
+#[test]
+fn attach_dlopen_concurrent_threads() {
+    let run = capture(&cmd("dlopen_mi", &[&OsString::from("threads")]));
+    run.expect_code(0);
+    let events = run.events();
+    let mallocs = allocs_of(events, 61001);
+    assert_eq!(mallocs.len(), 4, "{mallocs:?}");
+    assert_eq!(allocs_of(events, 60003).len(), 2);
+    assert_eq!(frees_of(events, &mallocs).len(), 2);
+}
+
+fn static_fixture() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+            let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("memtrail-fixtures");
+            std::fs::create_dir_all(&out).unwrap();
+            let exe = out.join(format!("static_alloc-{}", std::process::id()));
+            let status = Command::new("cc")
+                .args(["-static", "-O0", "-g", "-fno-builtin", "-I"])
+                .arg(&src)
+                .arg("-o")
+                .arg(&exe)
+                .arg(src.join("static_alloc.c"))
+                .status()
+                .expect("cc runs");
+            assert!(status.success(), "static build (needs libc6-dev)");
+            exe
+        })
+        .clone()
+}
+
+/// Check that a statically linked binary exec'd by a tracked process has
+/// its own copy of malloc probed from its first instruction: the calloc in
+/// its constructor and its mallocs and free are counted exactly, in the
+/// same process after the exec.
+#[test]
+fn attach_exec_static_binary_exact() {
+    let exe = static_fixture();
+    let run = capture(&cmd("exec_static", &[exe.as_os_str()]));
+    run.expect_code(0);
+    let events = run.events();
+    let ctor = sized(events, "calloc", 7007);
+    assert_eq!(ctor.len(), 1, "constructor calloc: {ctor:?}");
+    let mallocs = sized(events, "malloc", 77777);
+    assert_eq!(mallocs.len(), 3, "{mallocs:?}");
+    assert_eq!(frees_of(events, &mallocs).len(), 1);
+    let exec = events
+        .iter()
+        .find(|e| e["kind"] == "exec")
+        .expect("exec event");
+    assert!(mallocs.iter().all(|e| pid(e) == pid(exec)));
+    let probes = run.profile()["probes"].as_array().unwrap();
+    assert!(
+        probes
+            .iter()
+            .any(|p| string(p, "symbol") == "malloc" && string(p, "image").contains("static_alloc")),
+        "the static binary's malloc was not probed: {probes:?}"
+    );
+}
+
+/// Check that debug logging from the worker threads does not deadlock a
+/// capture (issue 11: main held stderr's lock for the whole run, so the
+/// attach worker's first log line blocked forever and the exec'd static
+/// binary stayed stopped).
+#[test]
+fn attach_debug_log_does_not_deadlock() {
+    let exe = static_fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::fs::File::create(dir.path().join("stderr")).unwrap();
+    let mut child = Command::new(support::MEMTRAIL)
+        .args(["run", "--log", "debug", "-q", "--"])
+        .arg(fixture("exec_static"))
+        .arg(&exe)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let status = support::wait_or_kill(&mut child, std::time::Duration::from_secs(120))
+        .expect("memtrail hung with --log debug");
+    let stderr = std::fs::read_to_string(dir.path().join("stderr")).unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("DEBUG"), "no debug log: {stderr}");
+}
+
+fn preloaded(lib: &str) -> support::Capture {
+    let mut argv: Vec<OsString> = vec!["/usr/bin/env".into(), format!("LD_PRELOAD={lib}").into()];
+    argv.push(fixture("preload_alloc").into_os_string());
+    capture(&argv)
+}
+
+fn assert_preload_counts(run: &support::Capture) {
+    run.expect_code(0);
+    let events = run.events();
+    let mallocs = allocs_of(events, 83333);
+    assert_eq!(mallocs.len(), 5, "{mallocs:?}");
+    assert_eq!(frees_of(events, &mallocs).len(), 4);
+    let reallocs = sized(events, "realloc", 93333);
+    assert_eq!(reallocs.len(), 1, "{reallocs:?}");
+    assert_eq!(num(reallocs[0], "old_addr"), num(mallocs[4], "addr"));
+    assert_eq!(allocs_of(events, 82222).len(), 1);
+}
+
+/// Check that jemalloc preloaded with LD_PRELOAD (replacing malloc & co.) is
+/// probed before the program runs: exact counts, realloc linked to its
+/// block.
+#[test]
+fn attach_preloaded_jemalloc_exact() {
+    let run = preloaded("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+    assert_preload_counts(&run);
+}
+
+/// Check the same with mimalloc preloaded.
+#[test]
+fn attach_preloaded_mimalloc_exact() {
+    let run = preloaded("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2");
+    assert_preload_counts(&run);
+}
+
+fn rust_fixture(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let manifest =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rust_alloc/Cargo.toml");
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rust-fixtures");
+        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "--release", "--quiet", "--manifest-path"])
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(&target)
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building tests/fixtures/rust_alloc");
+        target.join("release")
+    });
+    dir.join(name)
+}
+
+/// The Rust workload's counts: 3 vectors of 71111 bytes, all dropped by
+/// the end; 2 of 31111 bytes grown to 51111.
+fn assert_rust_counts(run: &support::Capture) {
+    run.expect_code(0);
+    let events = run.events();
+    let big = allocs_of(events, 71111);
+    assert_eq!(big.len(), 3, "71111-byte vectors: {big:?}");
+    assert_eq!(frees_of(events, &big).len(), 3);
+    let small = allocs_of(events, 31111);
+    assert_eq!(small.len(), 2, "31111-byte vectors: {small:?}");
+    let grown = allocs_of(events, 51111);
+    assert_eq!(grown.len(), 2, "grown vectors: {grown:?}");
+}
+
+/// Check that a Rust program on the system allocator is counted exactly.
+#[test]
+fn attach_rust_system_allocator() {
+    assert_rust_counts(&capture(&[rust_fixture("system").into_os_string()]));
+}
+
+/// Check that a Rust program with jemalloc statically linked
+/// (tikv-jemallocator, `_rjem_` symbols) is probed and counted exactly.
+#[test]
+fn attach_rust_static_jemalloc() {
+    assert_rust_counts(&capture(&[rust_fixture("jemalloc").into_os_string()]));
+}
+
+/// Check that a Rust program with mimalloc statically linked is probed and
+/// counted exactly.
+#[test]
+fn attach_rust_static_mimalloc() {
+    assert_rust_counts(&capture(&[rust_fixture("mimalloc").into_os_string()]));
+}
+
+/// Check the same with tcmalloc (gperftools' minimal build, `tc_*` aliases
+/// of malloc & co.) preloaded.
+#[test]
+fn attach_preloaded_tcmalloc_exact() {
+    let run = preloaded("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4");
+    assert_preload_counts(&run);
+}
+
+/// Check that a fully static Rust binary (glibc linked in with
+/// `+crt-static`, the system allocator) has its own malloc probed at exec
+/// and is counted exactly.
+#[test]
+fn attach_rust_fully_static_binary() {
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rust_alloc/src/lib.rs");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rust-fixtures");
+    std::fs::create_dir_all(&dir).unwrap();
+    let main = dir.join("static_main.rs");
+    std::fs::write(
+        &main,
+        format!(
+            "#[path = {:?}]\nmod workload;\nfn main() {{ workload::workload(); }}\n",
+            lib.display().to_string()
+        ),
+    )
+    .unwrap();
+    let exe = dir.join(format!("rust_static-{}", std::process::id()));
+    let status = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+        .args([
+            "-C",
+            "target-feature=+crt-static",
+            "-C",
+            "opt-level=1",
+            "-g",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&main)
+        .status()
+        .expect("rustc runs");
+    assert!(status.success(), "static Rust build");
+    let run = capture(&[exe.clone().into_os_string()]);
+    let _ = std::fs::remove_file(&exe);
+    assert_rust_counts(&run);
+    let probes = run.profile()["probes"].as_array().unwrap();
+    assert!(
+        probes
+            .iter()
+            .any(|p| string(p, "image").contains("rust_static")),
+        "the static binary's allocator was not probed: {probes:?}"
+    );
+}

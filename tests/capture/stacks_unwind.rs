@@ -1,0 +1,430 @@
+//! Stacks of code built without frame pointers, unwound in BPF from each
+//! image's unwind tables (issue 12), and frames that must be code (issue 16).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::support::{self, fixture, fixture_with_flags, num};
+use serde_json::Value;
+
+fn fixture_source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// The 1-based line of `marker` in a fixture's source.
+fn line_of(file: &str, marker: &str) -> u64 {
+    let text = std::fs::read_to_string(fixture_source(file)).unwrap();
+    let idx = text
+        .lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("{marker} not in {file}"));
+    idx as u64 + 1
+}
+
+/// The allocation sites.
+fn stacks(profile: &Value) -> Vec<&Value> {
+    support::allocation_sites(profile)
+}
+
+fn frames(stack: &Value) -> &[Value] {
+    stack["frames"].as_array().expect("frames array")
+}
+
+fn function(frame: &Value) -> &str {
+    frame["function"].as_str().unwrap_or("")
+}
+
+fn module(frame: &Value) -> &str {
+    frame["module"].as_str().unwrap_or("")
+}
+
+/// Function names of a stack's frames, innermost first.
+fn functions(stack: &Value) -> Vec<&str> {
+    frames(stack).iter().map(function).collect()
+}
+
+fn assert_at(frame: &Value, function_name: &str, file: &str, line: u64) {
+    assert_eq!(function(frame), function_name, "frame {frame}");
+    let path = frame["file"].as_str().unwrap_or_default();
+    assert!(path.ends_with(file), "frame {frame} not in {file}");
+    assert_eq!(frame["line"].as_u64(), Some(line), "frame {frame}");
+}
+
+/// The stack of the allocation of `bytes` bytes (one allocation).
+fn stack_of(profile: &Value, bytes: u64) -> &Value {
+    let found: Vec<&Value> = stacks(profile)
+        .into_iter()
+        .filter(|s| num(s, "bytes") == bytes)
+        .collect();
+    assert_eq!(found.len(), 1, "{bytes}-byte stacks: {found:#?}");
+    found[0]
+}
+
+/// `memtrail run -q -o PROFILE ARGS -- CMD`; the profile.
+fn run_profile(cmd: &[OsString], args: &[&str]) -> Value {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("profile.json");
+    let mut argv: Vec<OsString> = vec!["run".into(), "-q".into(), "-o".into()];
+    argv.push(out.clone().into());
+    argv.extend(args.iter().map(Into::into));
+    argv.push("--".into());
+    argv.extend(cmd.iter().cloned());
+    let (_, status, _, stderr) = support::memtrail_env(&argv, b"", &[]);
+    assert!(status.success(), "{stderr}");
+    support::read_profile(&out).expect("profile written")
+}
+
+/// Whether the walk reached the outermost frame (`end` absent).
+fn complete(stack: &Value) -> bool {
+    stack.get("end").is_none()
+}
+
+/// The frames of a complete stack from its end: glibc's start-up, then
+/// main (whose index is returned).
+fn assert_reaches_start(stack: &Value) -> usize {
+    assert!(complete(stack), "{stack:#}");
+    let f = functions(stack);
+    let n = f.len();
+    assert!(n >= 4, "{f:?}");
+    assert_eq!(
+        &f[n - 3..],
+        ["__libc_start_call_main", "__libc_start_main_impl", "_start"],
+        "{f:?}"
+    );
+    assert_eq!(f[n - 4], "main", "{f:?}");
+    n - 4
+}
+
+/// Check that stacks of a C program built -O2 -fomit-frame-pointer are
+/// exact frame by frame from the allocating function to main and on to
+/// _start: a plain call chain, a path through glibc's qsort with an
+/// allocating comparator, and an allocation in a signal handler, through
+/// the signal trampoline into the interrupted code.
+#[test]
+fn stacks_unwind_without_frame_pointers_exact() {
+    let exe = fixture_with_flags("stack_unwind", support::NO_FP);
+    let p = run_profile(&[exe.into()], &[]);
+    let src = "stack_unwind.c";
+    assert_eq!(p["unwind"]["mode"], "auto");
+    assert_eq!(stacks(&p).len(), 4, "{:#?}", stacks(&p));
+
+    let chain = stack_of(&p, 11111);
+    let main = assert_reaches_start(chain);
+    assert_eq!(main, 3, "{:?}", functions(chain));
+    let f = frames(chain);
+    assert_at(&f[0], "leaf", src, line_of(src, "LEAF_SITE"));
+    assert_at(&f[1], "middle", src, line_of(src, "MIDDLE_CALL"));
+    assert_at(&f[2], "outer", src, line_of(src, "OUTER_CALL"));
+    assert_at(&f[3], "main", src, line_of(src, "MAIN_OUTER"));
+
+    let sort = stack_of(&p, 22222);
+    let main = assert_reaches_start(sort);
+    let f = frames(sort);
+    assert_at(&f[0], "cmp", src, line_of(src, "CMP_SITE"));
+    assert_at(&f[main - 1], "sort_path", src, line_of(src, "SORT_CALL"));
+    assert_at(&f[main], "main", src, line_of(src, "MAIN_SORT"));
+    let inside = &f[1..main - 1];
+    assert!(
+        !inside.is_empty() && inside.iter().all(|fr| module(fr).ends_with("/libc.so.6")),
+        "{:?}",
+        functions(sort)
+    );
+    assert!(
+        inside.iter().any(|fr| function(fr).contains("qsort")),
+        "{:?}",
+        functions(sort)
+    );
+
+    let handler = stack_of(&p, 33333);
+    let main = assert_reaches_start(handler);
+    let f = frames(handler);
+    assert_at(&f[0], "on_signal", src, line_of(src, "HANDLER_SITE"));
+    assert_eq!(function(&f[1]), "__restore_rt", "{:?}", functions(handler));
+    assert_at(&f[main - 1], "signal_path", src, line_of(src, "RAISE_CALL"));
+    assert_at(&f[main], "main", src, line_of(src, "MAIN_SIGNAL"));
+    let inside = &f[2..main - 1];
+    assert!(
+        inside.iter().all(|fr| module(fr).ends_with("/libc.so.6"))
+            && inside.iter().any(|fr| function(fr).contains("raise")),
+        "{:?}",
+        functions(handler)
+    );
+
+    let direct = stack_of(&p, 44444);
+    assert_eq!(assert_reaches_start(direct), 0);
+    assert_at(&frames(direct)[0], "main", src, line_of(src, "MAIN_SITE"));
+    assert_eq!(p["unwind"]["ended_early"], serde_json::json!([]));
+}
+
+/// Check that a recursion deeper than --stack-depth, built without frame
+/// pointers, keeps exactly --stack-depth frames (127 by default, 5 asked),
+/// each at its call, says the depth ended it, and that a shallow stack
+/// starts at main.
+#[test]
+fn stacks_unwind_depth_exact() {
+    let exe = fixture_with_flags("stack_deep", support::NO_FP);
+    let src = "stack_deep.c";
+    let (site, call) = (line_of(src, "DEEP_SITE"), line_of(src, "DEEP_CALL"));
+    for (depth, args) in [(127, &[][..]), (5, &["--stack-depth", "5"][..])] {
+        let p = run_profile(&[exe.clone().into()], args);
+        let deep = stack_of(&p, 33333);
+        assert_eq!(deep["end"], "depth_limit");
+        let f = frames(deep);
+        assert_eq!(f.len(), depth, "{f:#?}");
+        assert_at(&f[0], "deep", src, site);
+        for frame in &f[1..] {
+            assert_at(frame, "deep", src, call);
+        }
+        let shallow = stack_of(&p, 44444);
+        assert_eq!(assert_reaches_start(shallow), 0);
+        assert_at(&frames(shallow)[0], "main", src, line_of(src, "MAIN_SITE"));
+        let early = &p["unwind"]["ended_early"];
+        assert_eq!(
+            early,
+            &serde_json::json!([{"reason": "depth_limit", "stacks": 1, "bytes": 33333}])
+        );
+    }
+}
+
+/// The functions of each stack up to main (all of a stack cut by the
+/// depth), by allocated bytes.
+fn to_main(p: &Value) -> Vec<(u64, Vec<String>)> {
+    let mut out: Vec<(u64, Vec<String>)> = stacks(p)
+        .into_iter()
+        .map(|s| {
+            let f = functions(s);
+            let end = f
+                .iter()
+                .position(|f| *f == "main")
+                .map_or(f.len(), |m| m + 1);
+            (
+                num(s, "bytes"),
+                f[..end].iter().map(|s| s.to_string()).collect(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Check that on programs built with frame pointers, --unwind dwarf and
+/// --unwind fp give the same stacks up to main (beyond it, glibc's start-up
+/// has no frame pointers: only the tables reach _start).
+#[test]
+fn stacks_unwind_dwarf_matches_frame_pointers() {
+    for name in ["stacks", "stack_deep"] {
+        let exe = fixture(name);
+        let fp = run_profile(&[exe.clone().into()], &["--unwind", "fp"]);
+        let dwarf = run_profile(&[exe.into()], &["--unwind", "dwarf"]);
+        assert_eq!(fp["unwind"]["mode"], "fp");
+        assert_eq!(dwarf["unwind"]["mode"], "dwarf");
+        assert!(!stacks(&fp).is_empty());
+        assert_eq!(to_main(&fp), to_main(&dwarf), "{name}");
+        for s in stacks(&dwarf) {
+            if s["end"] != "depth_limit" {
+                assert_reaches_start(s);
+            }
+        }
+    }
+}
+
+/// Check that C++ stacks built without frame pointers go through
+/// libstdc++ and std::sort exactly: an allocating comparator's `new` shows
+/// the comparator, std::sort's frames and the caller down to main; a thrown
+/// exception's object is allocated in libstdc++ from the thrower, and the
+/// exception is still caught (the fixture exits 0 only then).
+#[test]
+fn stacks_unwind_cxx_through_libstdcxx() {
+    let exe = fixture_with_flags("stack_unwind_cxx", support::NO_FP);
+    let p = run_profile(&[exe.into()], &[]);
+    let src = "stack_unwind_cxx.cc";
+    let sort = stack_of(&p, 55555);
+    let main = assert_reaches_start(sort);
+    let f = frames(sort);
+    assert_at(&f[0], "by_value(int, int)", src, line_of(src, "CMP_NEW"));
+    assert_at(&f[main - 1], "sort_path()", src, line_of(src, "SORT_CALL"));
+    assert_at(&f[main], "main", src, line_of(src, "MAIN_SORT"));
+    assert!(
+        f[1..main - 1]
+            .iter()
+            .any(|fr| function(fr).contains("std::__introsort_loop")),
+        "{:?}",
+        functions(sort)
+    );
+
+    let thrown: Vec<&Value> = stacks(&p)
+        .into_iter()
+        .filter(|s| function(&frames(s)[0]) == "__cxa_allocate_exception")
+        .collect();
+    assert_eq!(thrown.len(), 1, "{:#?}", stacks(&p));
+    assert_eq!(assert_reaches_start(thrown[0]), 2);
+    let f = frames(thrown[0]);
+    assert!(module(&f[0]).contains("libstdc++"), "{}", f[0]);
+    assert_at(&f[1], "throw_path(int)", src, line_of(src, "THROW"));
+    assert_at(&f[2], "main", src, line_of(src, "MAIN_THROW"));
+}
+
+/// Check that a Rust program built with optimisations and without forced
+/// frame pointers (Rust's default, as its std is built) has stacks from
+/// the allocating function through std's start-up to C's main and _start.
+#[test]
+fn stacks_unwind_rust_release() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exe = dir.path().join("stack_rust");
+    let status =
+        std::process::Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+            .args(["-g", "-C", "opt-level=2", "-o"])
+            .arg(&exe)
+            .arg(fixture_source("stack_rust.rs"))
+            .status()
+            .expect("rustc runs");
+    assert!(status.success());
+    let p = run_profile(&[exe.into()], &[]);
+    let sites: Vec<&Value> = stacks(&p)
+        .into_iter()
+        .filter(|s| functions(s).contains(&"stack_rust::make_buffer"))
+        .collect();
+    let bytes: u64 = sites.iter().map(|s| num(s, "bytes")).sum();
+    assert_eq!(bytes, 3 * 55555, "{:#?}", stacks(&p));
+    for site in sites {
+        let f = functions(site);
+        let at = f
+            .iter()
+            .position(|f| *f == "stack_rust::make_buffer")
+            .unwrap();
+        assert_eq!(f[at + 1], "stack_rust::main", "{f:?}");
+        assert_eq!(
+            frames(site)[at]["line"].as_u64(),
+            Some(line_of("stack_rust.rs", "MAKE_BUFFER"))
+        );
+        assert!(f.contains(&"std::rt::lang_start_internal"), "{f:?}");
+        assert_reaches_start(site);
+    }
+}
+
+/// Check that on Debian's python3.11 (glibc and python built without frame
+/// pointers) every allocated byte has a complete stack: each reaches the
+/// interpreter's entry (Py_BytesMain, which main tail-calls) and glibc's
+/// start-up down to _start.
+#[test]
+fn stacks_unwind_python_reaches_main() {
+    let python = Path::new("/usr/bin/python3.11");
+    assert!(python.exists(), "scripts/test.sh installs python3.11");
+    let p = run_profile(
+        &[
+            python.into(),
+            "-c".into(),
+            "x=[str(i)*3 for i in range(200000)]".into(),
+        ],
+        &[],
+    );
+    let all = stacks(&p);
+    assert!(all.len() > 100, "{} stacks", all.len());
+    let total: u64 = all.iter().map(|s| num(s, "bytes")).sum();
+    assert_eq!(total, num(&p["totals"], "allocated_bytes"));
+    for s in all {
+        let f = functions(s);
+        assert!(complete(s), "{f:?}");
+        assert!(f.contains(&"Py_BytesMain"), "{f:?}");
+        assert!(
+            f.ends_with(&["__libc_start_call_main", "__libc_start_main_impl", "_start"]),
+            "{f:?}"
+        );
+    }
+    assert_eq!(p["unwind"]["ended_early"], serde_json::json!([]));
+}
+
+/// Check that a frame-pointer step landing on data (rbp pointing at a
+/// vector on the stack, whose end, a heap address, sits where a return
+/// address would) ends the walk instead of taking the heap address as a
+/// frame: the ten allocations of one site stay one stack (issue 16).
+#[test]
+fn stacks_frames_outside_code_end_the_walk() {
+    let exe = fixture_with_flags("stack_heap_rbp", support::NO_FP);
+    let src = "stack_heap_rbp.c";
+    for mode in ["fp", "auto"] {
+        let p = run_profile(&[exe.clone().into()], &["--unwind", mode]);
+        let all = stacks(&p);
+        assert_eq!(all.len(), 1, "--unwind {mode}: {all:#?}");
+        assert_eq!(
+            (num(all[0], "allocations"), num(all[0], "bytes")),
+            (10, 55000)
+        );
+        assert_at(&frames(all[0])[0], "grow", src, line_of(src, "GROW_SITE"));
+        if mode == "auto" {
+            assert_eq!(assert_reaches_start(all[0]), 1);
+        }
+    }
+}
+
+/// Check that an image without any CFI (built without unwind tables,
+/// .eh_frame removed) is a warning naming it and shorter stacks, never a
+/// failed capture: the profile and the summary say which image and why
+/// stacks ended.
+#[test]
+fn stacks_unwind_image_without_cfi_warns() {
+    let built = fixture_with_flags(
+        "stack_unwind",
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-unwind-tables",
+            "-fno-builtin",
+        ],
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exe = dir.path().join("no_cfi");
+    let status = std::process::Command::new("objcopy")
+        .args([
+            "--remove-section",
+            ".eh_frame",
+            "--remove-section",
+            ".eh_frame_hdr",
+        ])
+        .arg(&built)
+        .arg(&exe)
+        .status()
+        .expect("objcopy runs");
+    assert!(status.success());
+    let out = dir.path().join("profile.json");
+    let argv: Vec<OsString> = vec![
+        "run".into(),
+        "-o".into(),
+        out.clone().into(),
+        "--".into(),
+        exe.clone().into(),
+    ];
+    let (_, status, _, stderr) = support::memtrail_env(&argv, b"", &[]);
+    assert!(status.success(), "{stderr}");
+    let exe_name = exe.to_str().unwrap();
+    assert!(
+        stderr.contains("no unwind information") && stderr.contains(exe_name),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("no unwind table for {exe_name} (no CFI)")),
+        "{stderr}"
+    );
+    let p = support::read_profile(&out).expect("profile");
+    let image = p["unwind"]["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["image"] == exe_name)
+        .expect("the image's entry");
+    assert_eq!(image["status"], "no_cfi");
+    assert_eq!(stacks(&p).len(), 4);
+    for (bytes, first) in [
+        (11111, "leaf"),
+        (22222, "cmp"),
+        (33333, "on_signal"),
+        (44444, "main"),
+    ] {
+        let s = stack_of(&p, bytes);
+        assert_eq!(function(&frames(s)[0]), first);
+        assert!(!complete(s), "{s:#}");
+    }
+}

@@ -1,0 +1,195 @@
+//! What the summary on stderr says (issue 16, "The CLI").
+
+use std::ffi::OsString;
+
+use crate::support::{self, cmd, memtrail};
+
+/// `memtrail run -o DIR/p.json -- CMD`; returns the exit code and stderr.
+fn summary_of(command: Vec<OsString>) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut args: Vec<OsString> = vec!["run".into(), "-o".into()];
+    args.push(dir.path().join("p.json").into());
+    args.push("--".into());
+    args.extend(command);
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    (status.code(), stderr)
+}
+
+/// Check that the note on probe sites that single-step names only the
+/// sites the command went through, with their hits: none for a program
+/// that never calls reallocarray (libc's reallocarray single-steps), and
+/// `reallocarray (libc.so.6) 2 hits` for one that calls it twice (issue
+/// 16: "5 probe sites single-step" on every run).
+#[test]
+fn cli_summary_slow_probe_note_only_for_sites_hit() {
+    let (code, stderr) = summary_of(cmd("touch_marker", &["/dev/null".as_ref()]));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("memtrail: "), "no summary: {stderr}");
+    assert!(!stderr.contains("single-step"), "{stderr}");
+
+    let (code, stderr) = summary_of(cmd("apis", &[]));
+    assert_eq!(code, Some(0), "{stderr}");
+    let note = stderr
+        .lines()
+        .find(|l| l.contains("single-step"))
+        .unwrap_or_else(|| panic!("no note: {stderr}"));
+    assert!(
+        note.ends_with("were hit: reallocarray (libc.so.6) 2 hits"),
+        "{note}"
+    );
+}
+
+/// The probe entry of `symbol` in libc, from a profile's `probes`.
+fn libc_probe<'a>(profile: &'a serde_json::Value, symbol: &str) -> &'a serde_json::Value {
+    let libc = memtrail::internals::attach::libc_path().expect("libc");
+    let libc = std::fs::canonicalize(libc).expect("libc path");
+    support::field(profile, "probes")
+        .as_array()
+        .expect("probes")
+        .iter()
+        .find(|p| {
+            p["symbol"] == symbol
+                && std::fs::canonicalize(p["image"].as_str().unwrap_or_default()).ok()
+                    == Some(libc.clone())
+        })
+        .unwrap_or_else(|| panic!("no probe of libc's {symbol}"))
+}
+
+/// `memtrail run -o DIR/p.json -- FIXTURE`, which must exit 0; returns its
+/// stderr and profile.
+fn run_ok(fixture: &str) -> (String, serde_json::Value) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("p.json");
+    let args: Vec<OsString> = [
+        vec!["run".into(), "-o".into(), path.clone().into_os_string()],
+        vec!["--".into()],
+        cmd(fixture, &[]),
+    ]
+    .concat();
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    (stderr, support::read_profile(&path).expect("profile"))
+}
+
+/// Check that each probe site's hits are counted exactly in BPF, calls
+/// nested in another allocator call and through a function pointer and in
+/// a forked child included: the fixture calls reallocarray 5 times, 3
+/// through a pointer and 2 in its child (10 hits), realloc 4 times, and
+/// each reallocarray calls realloc inside libc (14 hits), and realloc(NULL)
+/// calls malloc (14 hits); the summary names the single-stepping sites hit
+/// with those exact counts and no site that was not hit (issue 16: the
+/// note's calls were derived from per-API counts, nested calls missed).
+#[test]
+fn cli_summary_probe_hits_exact() {
+    let (stderr, profile) = run_ok("probe_hits");
+    let hits = |symbol: &str| libc_probe(&profile, symbol)["hits"].as_u64();
+    assert_eq!(hits("reallocarray"), Some(10), "{stderr}");
+    assert_eq!(hits("realloc"), Some(14), "{stderr}");
+    assert_eq!(hits("malloc"), Some(14), "{stderr}");
+    assert_eq!(hits("free"), Some(14), "{stderr}");
+    assert_eq!(hits("calloc"), Some(0), "{stderr}");
+    assert_eq!(hits("valloc"), Some(0), "{stderr}");
+    assert_eq!(libc_probe(&profile, "reallocarray")["emulated"], false);
+    let note = stderr
+        .lines()
+        .find(|l| l.contains("single-step"))
+        .unwrap_or_else(|| panic!("no note: {stderr}"));
+    assert!(
+        note.ends_with("were hit: reallocarray (libc.so.6) 10 hits"),
+        "{note}"
+    );
+    // A C program's capture links no probe in libstdc++, which it never
+    // maps (system-wide, images other than libc are linked when first
+    // mapped).
+    let images: Vec<&str> = support::field(&profile, "probes")
+        .as_array()
+        .expect("probes")
+        .iter()
+        .filter_map(|p| p["image"].as_str())
+        .collect();
+    assert!(
+        images.iter().all(|i| !i.contains("libstdc++")),
+        "{images:?}"
+    );
+}
+
+/// Check that libstdc++, probed once a process of the tree maps it (linked
+/// when the C++ fixture's loader maps it, from what was examined up
+/// front), is in the profile's probes with its hits, and that its
+/// single-stepping sites the program never called (the nothrow operator
+/// new) have hits 0 and stay out of the note.
+#[test]
+fn cli_summary_cxx_runtime_probed_when_mapped() {
+    let (stderr, profile) = run_ok("cxx");
+    let probes = support::field(&profile, "probes")
+        .as_array()
+        .expect("probes");
+    let cxx: Vec<&serde_json::Value> = probes
+        .iter()
+        .filter(|p| p["image"].as_str().is_some_and(|i| i.contains("libstdc++")))
+        .collect();
+    assert!(
+        cxx.iter().any(|p| p["hits"].as_u64() > Some(0)),
+        "libstdc++'s probes: {cxx:?}"
+    );
+    let idle: Vec<&str> = cxx
+        .iter()
+        .filter(|p| p["emulated"] == false && p["hits"] == 0)
+        .filter_map(|p| p["symbol"].as_str())
+        .collect();
+    assert!(
+        !idle.is_empty(),
+        "no single-stepping site left unhit: {cxx:?}"
+    );
+    let note = stderr.lines().find(|l| l.contains("single-step"));
+    for symbol in idle {
+        assert!(
+            note.is_none_or(|n| !n.contains(&format!("{symbol} ("))),
+            "{note:?} names {symbol}"
+        );
+    }
+}
+
+/// Check that the summary gives one line per executable, largest first,
+/// with its number of processes, while the profile keeps every process
+/// (issue 16: through a shell wrapper the summary listed 40 processes).
+#[test]
+fn cli_summary_processes_grouped_by_executable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profile_path = dir.path().join("p.json");
+    let once = support::fixture("malloc_once");
+    let script = format!(
+        "for i in 1 2 3 4 5; do /bin/true; done; {0}; {0}",
+        once.display()
+    );
+    let args: Vec<OsString> = vec![
+        "run".into(),
+        "-o".into(),
+        profile_path.clone().into(),
+        "/bin/sh".into(),
+        "-c".into(),
+        script.into(),
+    ];
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let profile = support::read_profile(&profile_path).expect("profile");
+    // sh, 5 forks that exec /bin/true, 2 that exec malloc_once.
+    assert_eq!(support::processes(&profile).len(), 8, "{stderr}");
+    let table: Vec<Vec<&str>> = stderr
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("processes"))
+        .skip(1)
+        .take_while(|l| !l.contains("note:") && !l.starts_with("memtrail:"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let once = once.to_str().expect("UTF-8");
+    // Largest first: malloc_once's 879 KiB peak, then sh, then /bin/true.
+    let rows: Vec<(&str, &str)> = table.iter().map(|r| (r[0], r[r.len() - 1])).collect();
+    assert_eq!(
+        rows,
+        [("2", once), ("1", "/bin/sh"), ("5", "/bin/true")],
+        "{stderr}"
+    );
+    // The peak of one process (900001 bytes), not of the two together.
+    assert_eq!(&table[0][3..5], ["878.9", "KiB"], "{stderr}");
+}

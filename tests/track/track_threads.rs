@@ -1,0 +1,146 @@
+//! Allocations from 4 concurrent threads, each with its own size.
+//!
+//! glibc 2.36 adds per thread (checked with ftrace uprobes on libc): one
+//! calloc(17, 16) in the main thread, made by pthread_create for the new
+//! thread's DTV and never freed (it stays with the cached stack), and one
+//! free of the thread's tcache at thread exit, a block allocated inside the
+//! thread's first malloc and so never seen as an allocation: an unmatched
+//! free.
+
+use std::collections::HashSet;
+
+use crate::support::{
+    self, Counters, capture, capture_env, cmd, field, kind, num, of_pid, stream_root, tid,
+};
+use serde_json::Value;
+
+const SIZES: [u64; 4] = [40009, 40013, 40031, 40037];
+const PER_THREAD: u64 = 64;
+const DTV: u64 = 17 * 16;
+
+/// Check that each thread's 64 allocations are recorded from that thread
+/// with its size, and its 63 frees from the same thread.
+#[test]
+fn track_threads_events_attributed_per_thread() {
+    let run = capture(&cmd("threads", &[]));
+    run.expect_code(0);
+    let events = run.events();
+    let root = stream_root(events);
+    let ours = of_pid(events, root);
+    let mut tids = HashSet::new();
+    for size in SIZES {
+        let mallocs: Vec<&&Value> = ours
+            .iter()
+            .filter(|e| kind(e) == "malloc" && num(e, "size") == size)
+            .collect();
+        assert_eq!(mallocs.len() as u64, PER_THREAD, "mallocs of {size} bytes");
+        let t = tid(mallocs[0]);
+        assert!(mallocs.iter().all(|e| tid(e) == t), "one thread per size");
+        assert_ne!(t, root, "allocated by a worker thread, not main");
+        assert!(tids.insert(t), "each size from a different thread");
+        let addrs: HashSet<u64> = mallocs.iter().map(|e| num(e, "addr")).collect();
+        assert_eq!(addrs.len() as u64, PER_THREAD, "64 distinct live blocks");
+
+        let frees: Vec<u64> = ours
+            .iter()
+            .filter(|e| kind(e) == "free" && tid(e) == t)
+            .map(|e| num(e, "addr"))
+            .collect();
+        let of_blocks = frees.iter().filter(|a| addrs.contains(a)).count() as u64;
+        assert_eq!(of_blocks, PER_THREAD - 1, "frees of the thread's blocks");
+        // Plus the tcache's free at thread exit.
+        assert_eq!(frees.len() as u64, PER_THREAD, "frees from thread {t}");
+    }
+    let dtvs = ours
+        .iter()
+        .filter(|e| kind(e) == "calloc" && num(e, "size") == DTV && tid(e) == root)
+        .count();
+    assert_eq!(dtvs, 4, "pthread_create's DTV callocs");
+    let others: Vec<&&Value> = ours
+        .iter()
+        .filter(|e| support::ALLOC_KINDS.contains(&kind(e)) && kind(e) != "free")
+        .filter(|e| !(kind(e) == "malloc" && SIZES.contains(&num(e, "size"))))
+        .filter(|e| !(kind(e) == "calloc" && num(e, "size") == DTV))
+        .collect();
+    assert!(others.is_empty(), "unexpected allocations: {others:?}");
+}
+
+/// Check that the threads fixture's profile counts are exact, with a peak
+/// of all 256 blocks live at once (the fixture holds them behind a barrier).
+#[test]
+fn track_threads_profile_counters_exact() {
+    check_profile_counters(&capture(&cmd("threads", &[])));
+}
+
+/// Check the same counters when all threads but one keep their state in
+/// task storage: the path of a thread whose slot another thread holds.
+#[test]
+fn track_threads_exact_outside_thread_slots() {
+    check_profile_counters(&capture_env(
+        &cmd("threads", &[]),
+        b"",
+        &[("MEMTRAIL_FAULT", "one-thread-slot")],
+    ));
+}
+
+fn check_profile_counters(run: &support::Capture) {
+    run.expect_code(0);
+    let sum: u64 = SIZES.iter().sum();
+    let expected = Counters {
+        allocations: 4 * PER_THREAD + 4,
+        // The tcache frees are unmatched_frees, not frees.
+        frees: 4 * (PER_THREAD - 1),
+        reallocs: 0,
+        allocated_bytes: PER_THREAD * sum + 4 * DTV,
+        freed_bytes: (PER_THREAD - 1) * sum,
+        peak_live_bytes: PER_THREAD * sum + 4 * DTV,
+        live_bytes_at_exit: sum + 4 * DTV,
+        live_allocations_at_exit: 8,
+        unmatched_frees: 4,
+    };
+    let profile = run.profile();
+    assert_eq!(Counters::of(field(profile, "totals")), expected);
+    assert_eq!(
+        support::processes(profile).len(),
+        1,
+        "threads are not processes"
+    );
+    let root = stream_root(run.events());
+    assert_eq!(Counters::of(support::process(profile, root)), expected);
+}
+
+/// Check that the stream keeps each thread's events in program order: per
+/// thread, timestamps never go back, and a worker's 64 mallocs all come
+/// before its frees.
+#[test]
+fn track_threads_stream_keeps_thread_order() {
+    let run = capture(&cmd("threads", &[]));
+    run.expect_code(0);
+    let events = run.events();
+    let root = stream_root(events);
+    let ours = of_pid(events, root);
+    let mut last_ts = std::collections::HashMap::new();
+    for e in &ours {
+        let ts = num(e, "ts_ns");
+        if let Some(prev) = last_ts.insert(tid(e), ts) {
+            assert!(prev <= ts, "thread {} went back in time at {e}", tid(e));
+        }
+    }
+    for size in SIZES {
+        let t = tid(ours
+            .iter()
+            .find(|e| kind(e) == "malloc" && num(e, "size") == size)
+            .expect("a malloc of the size"));
+        let kinds: Vec<&str> = ours
+            .iter()
+            .filter(|e| tid(e) == t && support::ALLOC_KINDS.contains(&kind(e)))
+            .map(|e| kind(e))
+            .collect();
+        let first_free = kinds.iter().position(|k| *k == "free").expect("frees");
+        assert_eq!(first_free as u64, PER_THREAD, "{kinds:?}");
+        assert!(
+            kinds[first_free..].iter().all(|k| *k == "free"),
+            "{kinds:?}"
+        );
+    }
+}
