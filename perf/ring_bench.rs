@@ -48,7 +48,9 @@ use std::time::{Duration, Instant};
 use libbpf_rs::{RingBuffer, RingBufferBuilder};
 use std::os::fd::AsFd;
 
-use memtrail::internals::engine::idle::{DEFAULT_NAP, DeepSleep, IdleWait, NAPS_BEFORE_DEEP_SLEEP, SleepFlag};
+use memtrail::internals::engine::idle::{
+    DEFAULT_NAP, DeepSleep, IdleWait, NAPS_BEFORE_DEEP_SLEEP, SleepFlag,
+};
 use ringtest::{RingTest, Run, capacity, header};
 
 /// Body bytes per record: a memtrail allocation record's size

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::support::{self, cmd, fixture, kind, memtrail_bin, num, sized};
-use memtrail::internals::events::{Encoder, LEVEL};
 use memtrail::internals::bpf::record::{Body, Header, Kind, Mem, Record};
+use memtrail::internals::events::{Encoder, LEVEL};
 use serde_json::Value;
 
 /// `memtrail run -q ARGS -- CMD`; panics unless it exits with `code` (the
