@@ -1,16 +1,23 @@
 //! A session: one capture, owned from start to finish, for the CLI and for
 //! programs that embed memtrail.
 //!
-//! Ownership and the one invariant that matters: a [`Session`] owns the
-//! loaded BPF object (its maps, whose .bss words the threads read through
-//! raw pointers: `SleepFlag`, `Latch`, `BssWord`), the probe links, and
-//! every thread it starts (four pinned pollers and the pressure
-//! coordinator). Its fields drop in declaration order: the threads first
-//! (told to stop and joined), then the links, then the object. A session
-//! under construction keeps the same order in its locals (the object is
-//! declared before the threads), so an error, or a panic, at any point
-//! after the first thread started joins every thread before the mappings
-//! go: no thread can outlive them, by construction.
+//! Ownership: a [`Session`] owns the loaded BPF object
+//! (`bpf::object::Loaded`), the probe links, and every thread it
+//! starts (four pinned pollers and the pressure coordinator, in
+//! `threads`). The .bss words the threads share with the programs are
+//! `bpf::bss::BssWord`s, each keeping its own mapping of the
+//! .bss: they stay valid whatever is dropped first. The fields still drop
+//! in declaration order, for the processes the tree may have stopped: the
+//! threads first (told to stop and joined, the tree resumed), then the
+//! links, then the object (which resumes a process BPF held for probes
+//! nobody made, once no link can hold one any more). A session under
+//! construction keeps the same order in its locals (the object is declared
+//! before the threads), so an error, or a panic, at any point after the
+//! first thread started joins every thread first.
+//!
+//! The phases: [`start`](Session::start) (the `start` submodule),
+//! [`finish`](Session::finish) (the `finish` submodule: the profile is
+//! assembled there, in one function).
 //!
 //! What a session tracks ([`Target`]): a command it spawns (as `memtrail
 //! run` does), its own process (every thread of the embedding program but
@@ -250,6 +257,14 @@ pub struct Session {
     /// sleep waits on their descriptors.
     event_ring_maps: Vec<libbpf_rs::MapHandle>,
 }
+
+// A session is used from any thread (the C ABI's callers, an embedding
+// program's threads taking snapshots): checked here, at compile time, with
+// no assertion of its own (only `Loaded` asserts `Send`/`Sync`).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Session>();
+};
 
 /// What the session needs to make the command's probes on libc.
 struct FirstProbes {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use libbpf_rs::MapCore;
 
 use super::threads::Threads;
-use super::upfront::{self, Install};
+use super::upfront::{self, Install, Installed};
 use super::{
     Background, CaptureError, FirstProbes, Root, Session, SessionOptions, Target, error,
     no_freezer, open_running, phases, running_identity, thread_ids,
@@ -503,6 +503,40 @@ fn coordinator(
     })
 }
 
+/// The attach worker, taking over from the up-front installation, and
+/// the command's first probes (per process, on libc).
+fn attach_worker(
+    installed: Installed,
+    loaded: &Loaded,
+    stops: Arc<Stops>,
+    plan: &Plan,
+    target: &Target,
+) -> Result<(AttachWorker, Option<FirstProbes>), CaptureError> {
+    let registry = installed.registry.map(|r| Arc::new(Mutex::new(r)));
+    let first_probes = match (&registry, installed.libc_id, target) {
+        (Some(registry), Some(libc), Target::Command(_)) => Some(FirstProbes {
+            registry: registry.clone(),
+            progs: alloc_programs(loaded)?,
+            libc,
+        }),
+        _ => None,
+    };
+    let maps = &loaded.skel.maps;
+    let mut worker = AttachWorker::new(
+        installed.progs,
+        dup(maps.known_images.as_fd())?,
+        installed.known,
+        stops,
+        installed.tables,
+        installed.slots,
+        registry,
+    );
+    worker.held_for_probes = Some(dup(maps.held_for_probes.as_fd())?);
+    worker.deferred = installed.deferred;
+    worker.hold = !plan.is_self;
+    Ok((worker, first_probes))
+}
+
 impl Session {
     /// [`start`](Self::start), streaming every event to `stream`.
     pub(crate) fn start_with(
@@ -534,7 +568,7 @@ impl Session {
         let progs = alloc_programs(&loaded)?;
         let prepared = preparing.finish(plan.with_tables)?;
         phases.done("up-front images prepared");
-        let installed = Install::new(
+        let mut installed = Install::new(
             progs,
             super::stages::unwind_tables(&loaded.skel, opts.unwind, opts.stack_depth),
             plan.per_process,
@@ -545,9 +579,6 @@ impl Session {
             loaded.skel.maps.known_images.as_fd(),
         )
         .run(prepared.images, plan.running, &mut phases)?;
-        for site in installed.sites.iter().filter(|s| !s.emulated) {
-            tracing::info!(%site, "probe site single-steps its first instruction (~14 µs a hit)");
-        }
 
         // From here on every thread started is in `threads`, declared
         // after `loaded`: any return joins them before the object goes.
@@ -558,28 +589,9 @@ impl Session {
         let mut threads = Threads::new(stops.clone())?;
         let control = Arc::new(Control::default());
         let (stacks_ring, events_ring) = mapping_rings.finish(plan.rings.per_cpu.is_some())?;
-        let registry = installed.registry.map(|r| Arc::new(Mutex::new(r)));
-        let first_probes = match (&registry, installed.libc_id, &target) {
-            (Some(registry), Some(libc), Target::Command(_)) => Some(FirstProbes {
-                registry: registry.clone(),
-                progs: alloc_programs(&loaded)?,
-                libc,
-            }),
-            _ => None,
-        };
-        let maps = &loaded.skel.maps;
-        let mut worker = AttachWorker::new(
-            installed.progs,
-            dup(maps.known_images.as_fd())?,
-            installed.known,
-            stops,
-            installed.tables,
-            installed.slots,
-            registry,
-        );
-        worker.held_for_probes = Some(dup(maps.held_for_probes.as_fd())?);
-        worker.deferred = installed.deferred;
-        worker.hold = !plan.is_self;
+        let sites = std::mem::take(&mut installed.sites);
+        let skipped_images = std::mem::take(&mut installed.skipped);
+        let (worker, first_probes) = attach_worker(installed, &loaded, stops, &plan, &target)?;
         let mut mappings = MappingSink::default();
         if let Some(pid) = plan.running {
             mappings.scan_proc(pid);
@@ -612,8 +624,8 @@ impl Session {
             pidfd: plan.pidfd.take(),
             cgroup,
             _guardian: guardian,
-            sites: installed.sites,
-            skipped_images: installed.skipped,
+            sites,
+            skipped_images,
             image_cache: prepared.image_cache,
             symbols,
             start_ns: sys::monotonic_ns(),
