@@ -111,7 +111,7 @@ impl Session {
     /// tree did so far.
     pub fn finish(mut self) -> Result<Finish, CaptureError> {
         let mut phases = phases::Phases::new("finish");
-        let pressure = self.stop_tracking()?;
+        let mut pressure = self.stop_tracking()?;
         // The kernel detaches a link in two steps: the breakpoints go at
         // once, then it waits for uprobe handlers to finish everywhere (RCU
         // grace periods: ~100 ms for all the links, closed together). With
@@ -162,7 +162,6 @@ impl Session {
         let stacks =
             super::stages::symbolize_stacks(&agg, &stacks.stacks, mappings.mappings, &self.symbols);
         phases.done("stacks symbolized");
-        let mut pressure = pressure;
         pressure.high_water = crate::bpf::counters::read_high_water(&self.loaded.skel).max(seen);
         let mut skipped_images = std::mem::take(&mut self.skipped_images);
         skipped_images.append(&mut attacher.skipped);

@@ -26,7 +26,7 @@ use crate::attach::{self, Links};
 use crate::bpf::bss::Bss;
 use crate::bpf::object::{self, Config, Loaded, RingConfig};
 use crate::bpf::skel::memtrail::MemtrailSkel;
-use crate::engine::{Fault, Pipeline};
+use crate::engine::{Fault, Pipeline, Sink};
 use crate::events::writer::EventWriter;
 use crate::pressure::{self, Coordinator, Pause, PressureError, RingRoom};
 use crate::proctree::cgroup::{CgroupPlace, TreeCgroup};
@@ -432,33 +432,28 @@ fn spawn_pollers(
         &[maps.stacks.as_fd()],
         bss,
     )?);
-    let ring =
-        |map: &libbpf_rs::MapMut<'_>| RingConsumer::new(map.as_fd(), map.max_entries() as usize);
-    threads.mappings = Some(threads.spawn_poller(
-        Pipeline {
-            name: "mappings",
-            ring: ring(&maps.mappings)?,
-            sink: sinks.mappings,
-            fault: Fault::None,
-            deep_sleep: None,
-            paced: false,
-        },
-        &[maps.mappings.as_fd()],
-        bss,
-    )?);
-    threads.attach = Some(threads.spawn_poller(
-        Pipeline {
-            name: "attach",
-            ring: ring(&maps.attach_requests)?,
-            sink: sinks.attach,
-            fault: Fault::None,
-            deep_sleep: None,
-            paced: false,
-        },
-        &[maps.attach_requests.as_fd()],
-        bss,
-    )?);
+    let mappings = unpaced("mappings", &maps.mappings, sinks.mappings)?;
+    threads.mappings = Some(threads.spawn_poller(mappings, &[maps.mappings.as_fd()], bss)?);
+    let attach = unpaced("attach", &maps.attach_requests, sinks.attach)?;
+    threads.attach = Some(threads.spawn_poller(attach, &[maps.attach_requests.as_fd()], bss)?);
     Ok(())
+}
+
+/// The pipeline of one of the object's own rings whose records hold a
+/// process stopped or racing its exit: looked at again at once, not paced.
+fn unpaced<S: Sink>(
+    name: &'static str,
+    map: &libbpf_rs::MapMut<'_>,
+    sink: S,
+) -> Result<Pipeline<S>, CaptureError> {
+    Ok(Pipeline {
+        name,
+        ring: RingConsumer::new(map.as_fd(), map.max_entries() as usize)?,
+        sink,
+        fault: Fault::None,
+        deep_sleep: None,
+        paced: false,
+    })
 }
 
 /// The pressure coordinator, ready to start.
