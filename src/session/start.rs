@@ -338,6 +338,16 @@ fn set_protectors(loaded: &mut Loaded, freeze: bool, guardian: Option<&sys::Guar
     bss.protectors = 1 + u64::from(guardian.is_some());
 }
 
+/// Sets `key` to `value` in a map of `u32`s.
+fn put_u32(map: &libbpf_rs::MapMut<'_>, key: u32, value: u32) -> Result<(), CaptureError> {
+    map.update(
+        &key.to_ne_bytes(),
+        &value.to_ne_bytes(),
+        libbpf_rs::MapFlags::ANY,
+    )
+    .map_err(CaptureError::Load)
+}
+
 /// Duplicates a BPF map's descriptor for a thread.
 fn dup(fd: BorrowedFd<'_>) -> Result<OwnedFd, CaptureError> {
     fd.try_clone_to_owned().map_err(|source| CaptureError::Io {
@@ -715,16 +725,7 @@ impl Session {
                 root.forward = Some(forward);
             }
         }
-        self.loaded
-            .skel
-            .maps
-            .tracked
-            .update(
-                &pid.to_ne_bytes(),
-                &0u32.to_ne_bytes(),
-                libbpf_rs::MapFlags::ANY,
-            )
-            .map_err(CaptureError::Load)?;
+        put_u32(&self.loaded.skel.maps.tracked, pid, 0)?;
         if let Some(cg) = &self.cgroup {
             cg.add(pid)
                 .map_err(|e| CaptureError::Pressure(PressureError::Cgroup(e)))?;
@@ -738,14 +739,8 @@ impl Session {
     /// session's), and what they start from now on.
     fn track_running(&mut self, pid: u32, own: &[u32]) -> Result<(), CaptureError> {
         let maps = &self.loaded.skel.maps;
-        for tid in own {
-            maps.excluded_threads
-                .update(
-                    &tid.to_ne_bytes(),
-                    &1u32.to_ne_bytes(),
-                    libbpf_rs::MapFlags::ANY,
-                )
-                .map_err(CaptureError::Load)?;
+        for &tid in own {
+            put_u32(&maps.excluded_threads, tid, 1)?;
         }
         let mut given: HashSet<u32> = own.iter().copied().collect();
         let value = vec![0u8; maps.inflight.value_size() as usize];
@@ -775,13 +770,7 @@ impl Session {
             Ok(())
         };
         give_new(&mut given)?;
-        maps.tracked
-            .update(
-                &pid.to_ne_bytes(),
-                &0u32.to_ne_bytes(),
-                libbpf_rs::MapFlags::ANY,
-            )
-            .map_err(CaptureError::Load)?;
+        put_u32(&maps.tracked, pid, 0)?;
         // Stopped by someone else before memtrail came (`kill -STOP`, a
         // debugger): theirs to resume, not memtrail's (issue 28). Tracked
         // first, so that a SIGCONT from now on clears the mark (BPF's
