@@ -48,9 +48,7 @@ use std::time::{Duration, Instant};
 use libbpf_rs::{RingBuffer, RingBufferBuilder};
 use std::os::fd::AsFd;
 
-use memtrail::internals::engine::idle::{
-    DEFAULT_NAP, DeepSleep, IdleWait, NAPS_BEFORE_DEEP_SLEEP, SleepFlag,
-};
+use memtrail::internals::engine::idle::{DEFAULT_NAP, DeepSleep, IdleWait, NAPS_BEFORE_DEEP_SLEEP};
 use ringtest::{RingTest, Run, capacity, header};
 
 /// Body bytes per record: a memtrail allocation record's size
@@ -430,9 +428,7 @@ fn run_poller(
         Poller::MemtrailDeep(naps) => {
             let mut ring = rt.consumer();
             let kick = memtrail::internals::sys::eventfd().expect("eventfd");
-            // SAFETY: the word is in the ringtest skeleton's .bss, which
-            // outlives this poller (the skeleton is dropped after it).
-            let flag = unsafe { SleepFlag::new(rt.sleeping_flag()) };
+            let flag = rt.sleeping_flag();
             let deep = DeepSleep::new(flag, &[rt.ring_fd()], kick.as_fd()).expect("deep sleep");
             let mut idle = IdleWait::default()
                 .with_deep_sleep(deep)

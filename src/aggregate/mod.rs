@@ -31,7 +31,6 @@
 //!   Program break growth outside allocator calls goes to the stack of the
 //!   `sbrk` that made it likewise.
 
-mod build;
 pub mod timeline;
 
 use std::collections::{BTreeMap, HashMap};

@@ -35,6 +35,7 @@
 pub mod api;
 pub mod cache;
 pub mod per_process;
+pub mod place;
 pub mod usdt;
 pub mod worker;
 

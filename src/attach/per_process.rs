@@ -27,7 +27,7 @@ use std::thread::JoinHandle;
 
 use super::{AllocPrograms, AttachError, Links, Site, known_key, link_sites};
 
-type ImageId = (u64, u64);
+pub type ImageId = (u64, u64);
 
 /// The per-process probes, shared by the attach worker and the session.
 pub type Shared = std::sync::Arc<std::sync::Mutex<PerProcess>>;

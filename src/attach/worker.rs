@@ -23,16 +23,17 @@
 //! ends them. A panic in the work on one request is caught: it fails the
 //! capture, the process is released.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::cache::Stamp;
 use super::per_process::{PerProcess, Shared, lock};
+use super::place::{Deferred, Image, Placed, Placer};
 use super::{
-    AllocPrograms, AttachError, HitSlots, Links, NOT_ELF, Role, Site, api, attach_sites,
-    find_sites, known_key, strip_deleted,
+    AllocPrograms, AttachError, HitSlots, Links, NOT_ELF, Role, Site, api, find_sites, known_key,
+    strip_deleted,
 };
 use crate::bpf::record::{self, MappingRecord, Request};
 use crate::engine::Sink;
@@ -82,7 +83,7 @@ pub struct AttachWorker {
     pub held_for_probes: Option<OwnedFd>,
     /// Images examined up front (their sites found, their unwind tables
     /// loaded), probed system-wide when a tracked process first maps them.
-    pub deferred: HashMap<(u64, u64), Vec<Site>>,
+    pub deferred: Deferred,
 }
 
 impl AttachWorker {
@@ -114,17 +115,23 @@ impl AttachWorker {
             tables,
             per_process,
             held_for_probes: None,
-            deferred: HashMap::new(),
+            deferred: Deferred::new(),
         }
     }
 
-    /// Examines and probes one image. One examined up front (its table
-    /// loaded then) is only probed.
+    /// Examines and probes one image (where its probes go: [`super::place`]).
+    /// One examined up front (its table loaded then) is only probed.
     fn examine(&mut self, req: &MappingRecord, id: (u64, u64)) -> Result<Examined, AttachError> {
-        if let Some(mut sites) = self.deferred.remove(&id) {
-            let mut links = Links::default();
-            attach_sites(&self.progs, &mut sites, &mut self.slots, &mut links)?;
-            self.links.append(&mut links);
+        let mut placer = Placer {
+            progs: &self.progs,
+            slots: &mut self.slots,
+            per_process: None,
+            deferred: &mut self.deferred,
+            defer: false,
+            links: &mut self.links,
+        };
+        if let Some(sites) = placer.link_deferred(id) {
+            let sites = sites?;
             tracing::debug!(image = %req.name, sites = sites.len(), "probed (examined up front)");
             self.sites.extend(sites);
             return Ok(Examined::Probed);
@@ -148,24 +155,32 @@ impl AttachWorker {
             Ok(sites) => sites,
             Err(err) => return skipped_or(real, err),
         };
-        if let Some(per_process) = self.per_process.as_ref().filter(|_| !sites.is_empty()) {
-            self.slots.assign(&mut sites);
-            for site in &mut sites {
-                site.image = real.clone();
+        let image = Image {
+            id: Some(id),
+            path: &link,
+            name: Some(&real),
+            may_defer: false,
+        };
+        let mut per_process = self.per_process.as_ref().map(lock);
+        let mut placer = Placer {
+            progs: &self.progs,
+            slots: &mut self.slots,
+            per_process: per_process.as_deref_mut(),
+            deferred: &mut self.deferred,
+            defer: false,
+            links: &mut self.links,
+        };
+        match placer.place(&image, &mut sites) {
+            Ok(Placed::PerProcess) => {
+                tracing::debug!(image = %real.display(), sites = sites.len(), "examined");
             }
-            lock(per_process).add_image(id, &link, &sites)?;
-            tracing::debug!(image = %real.display(), sites = sites.len(), "examined");
-        } else if !sites.is_empty() {
-            let mut links = Links::default();
-            if let Err(err) = attach_sites(&self.progs, &mut sites, &mut self.slots, &mut links) {
-                return skipped_or(real, err);
+            Ok(_) if !sites.is_empty() => {
+                tracing::debug!(image = %real.display(), sites = sites.len(), "probed");
             }
-            self.links.append(&mut links);
-            for site in &mut sites {
-                site.image = real.clone();
-            }
-            tracing::debug!(image = %real.display(), sites = sites.len(), "probed");
+            Ok(_) => {}
+            Err(err) => return skipped_or(real, err),
         }
+        drop(per_process);
         if let Some(tables) = &mut self.tables {
             tables.load(&link, &real, id);
         }

@@ -38,10 +38,12 @@
 //! close the window at a cost on every record; we take the rare delay.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
+
+use crate::bpf::bss::BssWord;
 
 /// Default nap when idle: keeps p99 delivery latency well under 1 ms.
 pub const DEFAULT_NAP: Duration = Duration::from_micros(200);
@@ -59,34 +61,17 @@ pub const NAPS_BEFORE_DEEP_SLEEP: u32 = 5;
 /// Longest deep sleep: bounds the delay of a missed wakeup (see above).
 pub const DEEP_SLEEP: Duration = Duration::from_millis(10);
 
-/// A ring's `sleeping` word in the BPF program's mmap'd .bss.
-pub struct SleepFlag(*const AtomicU64);
-
-// SAFETY: the word lives in a shared mapping that outlives the poller
-// thread (the skeleton is dropped after the pollers are joined), and it is
-// only accessed atomically.
-unsafe impl Send for SleepFlag {}
-
-impl SleepFlag {
-    /// # Safety
-    /// `word` must point to a `u64` in a loaded BPF skeleton's .bss that
-    /// outlives this flag.
-    pub unsafe fn new(word: *mut u64) -> Self {
-        Self(word.cast_const().cast())
-    }
-
-    fn set(&self, on: bool) {
-        // SAFETY: see `new`.
-        let word = unsafe { &*self.0 };
-        // SeqCst: ordered before the poller's next read of the producer
-        // position (see the module docs).
-        word.store(u64::from(on), Ordering::SeqCst);
-    }
+/// Raises or lowers a ring's `sleeping` flag.
+fn set_flag(flag: &BssWord, on: bool) {
+    // SeqCst: ordered before the poller's next read of the producer
+    // position (see the module docs).
+    flag.get().store(u64::from(on), Ordering::SeqCst);
 }
 
 /// Blocking on a ring until producers wake the poller.
 pub struct DeepSleep {
-    flag: SleepFlag,
+    /// The ring's `sleeping` word in the BPF program's .bss.
+    flag: BssWord,
     epoll: OwnedFd,
     /// The barrier's kick alone: pace sleeps and naps end when a barrier
     /// is raised (the ring, readable while records wait, would end them at
@@ -98,7 +83,7 @@ impl DeepSleep {
     /// Sleeps on `rings` (the ring maps' fds) and `kick` (an eventfd the
     /// barrier signals).
     pub fn new(
-        flag: SleepFlag,
+        flag: BssWord,
         rings: &[BorrowedFd<'_>],
         kick: BorrowedFd<'_>,
     ) -> std::io::Result<Self> {
@@ -122,12 +107,12 @@ impl DeepSleep {
     /// Raises the flag; sleeps unless `still_idle` (checked after raising
     /// it) says there is work; lowers the flag. Returns whether it slept.
     fn sleep(&self, still_idle: impl FnOnce() -> bool) -> bool {
-        self.flag.set(true);
+        set_flag(&self.flag, true);
         let idle = still_idle();
         if idle {
             crate::sys::epoll_wait(self.epoll.as_fd(), DEEP_SLEEP.as_millis() as i32);
         }
-        self.flag.set(false);
+        set_flag(&self.flag, false);
         idle
     }
 }

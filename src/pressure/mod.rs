@@ -56,9 +56,10 @@ use std::fmt;
 use std::os::fd::{AsFd, OwnedFd};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::bpf::bss::BssWord;
 use crate::engine::Barrier;
 use crate::proctree::cgroup::TreeCgroup;
 use crate::proctree::stops::{Owner, StopState, Stops};
@@ -399,67 +400,22 @@ impl PressureError {
     }
 }
 
-/// The latch word in the BPF program's mmap'd .bss.
-pub struct Latch(*const AtomicU64);
-
-// SAFETY: the pointer is to a u64 in a shared memory mapping that lives as
-// long as the BPF skeleton, which outlives every user of the latch (the
-// coordinator thread is joined before the skeleton is dropped); all access
-// is atomic.
-unsafe impl Send for Latch {}
-
-impl Latch {
-    /// # Safety
-    /// `word` must point to the `pressure_latch` of a loaded skeleton's
-    /// .bss and stay valid as long as the `Latch`.
-    pub unsafe fn new(word: *mut u64) -> Self {
-        Self(word.cast_const().cast())
-    }
-
-    fn get(&self) -> &AtomicU64 {
-        // SAFETY: see `new`: valid, aligned, and only accessed atomically.
-        unsafe { &*self.0 }
-    }
-
-    /// When the latched episode began (`bpf_ktime_get_ns()`, which is
-    /// `CLOCK_MONOTONIC`), `None` when no episode is latched.
-    fn latched_ns(&self) -> Option<u64> {
-        // Acquire pairs with the BPF program's compare-and-swap (a full
-        // barrier): the producer's submitted records are visible.
-        match self.get().load(Ordering::Acquire) {
-            0 => None,
-            ns => Some(ns),
-        }
-    }
-
-    fn clear(&self) {
-        // Release: the drain before this store happens before producers
-        // may latch again.
-        self.get().store(0, Ordering::Release);
+/// When the latched episode began (`bpf_ktime_get_ns()`, which is
+/// `CLOCK_MONOTONIC`) in `pressure_latch`, `None` when no episode is latched.
+fn latched_ns(latch: &BssWord) -> Option<u64> {
+    // Acquire pairs with the BPF program's compare-and-swap (a full
+    // barrier): the producer's submitted records are visible.
+    match latch.get().load(Ordering::Acquire) {
+        0 => None,
+        ns => Some(ns),
     }
 }
 
-/// A word of the BPF program's .bss the coordinator reads.
-pub struct BssWord(*const AtomicU64);
-
-// SAFETY: as for `Latch`: a u64 in the skeleton's .bss mapping, which
-// outlives the coordinator thread; all access is atomic.
-unsafe impl Send for BssWord {}
-
-impl BssWord {
-    /// # Safety
-    /// `word` must point into a loaded skeleton's .bss and stay valid as
-    /// long as the `BssWord`.
-    pub unsafe fn new(word: *mut u64) -> Self {
-        Self(word.cast_const().cast())
-    }
-
-    fn load(&self) -> u64 {
-        // SAFETY: see `new`: valid, aligned, and only accessed atomically.
-        // Relaxed: a counter read after the tree is paused, which the
-        // cgroup file read (a syscall) orders after the BPF writes.
-        unsafe { &*self.0 }.load(Ordering::Relaxed)
-    }
+/// Clears `pressure_latch`: producers may latch again.
+fn clear_latch(latch: &BssWord) {
+    // Release: the drain before this store happens before producers may
+    // latch again.
+    latch.get().store(0, Ordering::Release);
 }
 
 /// How the coordinator pauses the tree.
@@ -480,7 +436,8 @@ pub enum Pause {
 
 /// The pressure coordinator (runs on its own thread).
 pub struct Coordinator {
-    pub latch: Latch,
+    /// `pressure_latch` in .bss (see check_pressure in the BPF).
+    pub latch: BssWord,
     pub tracked_map: OwnedFd,
     pub stops: Arc<Stops>,
     pub barrier: Arc<Barrier>,
@@ -543,7 +500,7 @@ impl Coordinator {
             // Consume the wakeups first: the ring's epoll is level
             // triggered, so a latch set after this look still wakes us.
             self.wake.poll(|_| {});
-            let Some(latched) = self.latch.latched_ns() else {
+            let Some(latched) = latched_ns(&self.latch) else {
                 if self.done.load(Ordering::Acquire) {
                     return Ok(stats);
                 }
@@ -613,7 +570,7 @@ impl Coordinator {
         // The last look before the resume: a release past the deadline
         // would make the pause longer than the timeout.
         self.check_deadline(began, deadline)?;
-        self.latch.clear();
+        clear_latch(&self.latch);
         // SIGCONT first: while frozen, it discards a self-stop not yet
         // acted on, which the parent then never sees. Frozen, every
         // self-stop has been generated: nothing to wait for.
@@ -691,7 +648,9 @@ impl Coordinator {
             }
             let _ = sys::bpf_map_delete(hard_stops.as_fd(), &pid.to_ne_bytes());
         }
-        let unrecorded = unrecorded.load();
+        // Relaxed: a counter read after the tree is paused, which the
+        // cgroup file read (a syscall) orders after the BPF writes.
+        let unrecorded = unrecorded.get().load(Ordering::Relaxed);
         if unrecorded != *unrecorded_seen {
             *unrecorded_seen = unrecorded;
             self.hold_stopping()?;

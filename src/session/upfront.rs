@@ -7,15 +7,21 @@
 //! the dynamic loader and the unchanged images of the image cache those
 //! took as long as loading the object did, one after the other; the
 //! session now hands them to a thread first and, once the object is
-//! loaded, only attaches and installs what the thread found.
+//! loaded, only attaches and installs what the thread found ([`Install`]).
 
-use std::path::PathBuf;
+use std::collections::HashSet;
+use std::os::fd::BorrowedFd;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use super::CaptureError;
 use crate::attach::cache::ImageCache;
-use crate::attach::{self, AttachError, Site};
+use crate::attach::per_process::{ImageId, PerProcess};
+use crate::attach::place::{self, Deferred, Placed, Placer};
+use crate::attach::{self, AllocPrograms, AttachError, HitSlots, Links, Site};
+use crate::profile::SkippedImage;
 use crate::unwind::{self, PreparedTable};
 
 /// Why an image is probed up front, which decides what a failure does.
@@ -191,4 +197,280 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
         images,
         image_cache,
     })
+}
+
+/// Places the up-front images' probes (by [`attach::place`]) and loads
+/// their unwind tables: libc, the C++ runtimes and the dynamic loader (images
+/// known up front are never held, so this is their only chance to get their
+/// tables), the images a running target has mapped, then the image cache's.
+/// Other images as the attach worker meets them.
+pub(super) struct Install<'a> {
+    out: Installed,
+    /// System-wide, images with allocator sites other than libc (the C++
+    /// runtimes, the image cache's) are linked when a tracked process
+    /// first maps them (held, by the attach worker, from what was prepared
+    /// here), not up front: the kernel detaches links one after another,
+    /// each after grace periods of its own (~20 ms), and a C program's
+    /// capture waited for libstdc++'s.
+    defer: bool,
+    links: &'a mut Links,
+    known_fd: BorrowedFd<'a>,
+}
+
+/// What [`Install::run`] leaves for the attach worker and the session.
+pub(super) struct Installed {
+    pub progs: AllocPrograms,
+    pub tables: Option<unwind::Tables>,
+    pub sites: Vec<Site>,
+    pub slots: HitSlots,
+    /// Images examined, recorded known in BPF.
+    pub known: HashSet<ImageId>,
+    /// With per-process probes, images are recorded here and probed for
+    /// each process that maps them (a running target's up front).
+    pub registry: Option<PerProcess>,
+    pub deferred: Deferred,
+    /// libc's identity, with per-process probes (the command's first).
+    pub libc_id: Option<ImageId>,
+    /// Mapped images of a running target not probed (see
+    /// `AttachError::skip_reason`).
+    pub skipped: Vec<SkippedImage>,
+}
+
+impl<'a> Install<'a> {
+    pub fn new(
+        progs: AllocPrograms,
+        tables: Option<unwind::Tables>,
+        per_process: bool,
+        defer: bool,
+        links: &'a mut Links,
+        known_fd: BorrowedFd<'a>,
+    ) -> Self {
+        Self {
+            out: Installed {
+                progs,
+                tables,
+                sites: Vec::new(),
+                slots: HitSlots::default(),
+                known: HashSet::new(),
+                registry: per_process.then(PerProcess::new),
+                deferred: Deferred::new(),
+                libc_id: None,
+                skipped: Vec::new(),
+            },
+            defer,
+            links,
+            known_fd,
+        }
+    }
+
+    /// Installs `images` and, for a running target, its mapped images.
+    pub fn run(
+        mut self,
+        images: Vec<Image>,
+        running: Option<u32>,
+        phases: &mut super::phases::Phases,
+    ) -> Result<Installed, CaptureError> {
+        let cached = self.prepared(images)?;
+        if let Some(pid) = running {
+            self.mapped(pid)?;
+        }
+        phases.done("known images probed, their unwind tables loaded");
+        self.cached(cached)?;
+        phases.done("cached images probed, their unwind tables loaded");
+        for site in self.out.sites.iter().filter(|s| !s.emulated) {
+            tracing::info!(%site, "probe site single-steps its first instruction (~14 µs a hit)");
+        }
+        Ok(self.out)
+    }
+
+    fn placer(&mut self) -> Placer<'_> {
+        Placer {
+            progs: &self.out.progs,
+            slots: &mut self.out.slots,
+            per_process: self.out.registry.as_mut(),
+            deferred: &mut self.out.deferred,
+            defer: self.defer,
+            links: self.links,
+        }
+    }
+
+    /// Records image `id` examined: known to BPF for every process, unless
+    /// its probes are made per process (each process's then, as it maps it).
+    fn mark_known(&mut self, id: ImageId) -> Result<(), CaptureError> {
+        if !self.out.registry.as_ref().is_some_and(|r| r.has_image(id)) {
+            crate::sys::bpf_map_update(self.known_fd, &attach::known_key(id, 0), &[1])?;
+        }
+        self.out.known.insert(id);
+        Ok(())
+    }
+
+    /// libc, the C++ runtimes and the dynamic loader; returns the image
+    /// cache's images, installed last.
+    fn prepared(&mut self, images: Vec<Image>) -> Result<Vec<Image>, CaptureError> {
+        let mut cached = Vec::new();
+        for (nth, image) in images.into_iter().enumerate() {
+            if image.why == Why::Cached {
+                cached.push(image);
+                continue;
+            }
+            let mut placed = None;
+            if let Some(found) = image.sites {
+                let mut found = found?;
+                let how = self.placer().place(
+                    &place::Image {
+                        id: image.id,
+                        path: &image.path,
+                        name: None,
+                        // images[0] is libc (`prepare`).
+                        may_defer: nth > 0,
+                    },
+                    &mut found,
+                )?;
+                match (how, image.id) {
+                    // libc comes first.
+                    (Placed::PerProcess, Some(id)) if image.why == Why::Runtime => {
+                        self.out.libc_id.get_or_insert(id);
+                    }
+                    (Placed::PerProcess, _) => {}
+                    _ => self.out.sites.extend(found),
+                }
+                placed = Some(how);
+            }
+            let Some(id) = image.id else { continue };
+            if let (Some(tables), Some(table)) = (&mut self.out.tables, image.table) {
+                tables.load_prepared(&image.path, id, table);
+            }
+            if image.why == Why::Runtime && placed != Some(Placed::Deferred) {
+                self.mark_known(id)?;
+            }
+        }
+        Ok(cached)
+    }
+
+    /// The images running process `pid` has mapped.
+    fn mapped(&mut self, pid: u32) -> Result<(), CaptureError> {
+        for image in super::mapped_images(pid) {
+            let Ok(id) = crate::sys::kernel_file_id(&image) else {
+                continue;
+            };
+            // An image probed per process already (libc, the runtimes).
+            if let Some(registry) = self.out.registry.as_mut().filter(|r| r.has_image(id)) {
+                registry.link(&self.out.progs, self.known_fd, pid, id)?;
+                continue;
+            }
+            if self.out.known.contains(&id) {
+                continue;
+            }
+            if let Some(found) = self.placer().link_deferred(id) {
+                self.out.sites.extend(found?);
+                self.mark_known(id)?;
+                continue;
+            }
+            let probed = attach::find_sites(&image, &attach::api::all()).and_then(|mut found| {
+                let at = place::Image {
+                    id: Some(id),
+                    path: &image,
+                    name: None,
+                    may_defer: false,
+                };
+                if self.placer().place(&at, &mut found)? == Placed::PerProcess {
+                    if let Some(registry) = &mut self.out.registry {
+                        registry.link(&self.out.progs, self.known_fd, pid, id)?;
+                    }
+                }
+                Ok(found)
+            });
+            match probed {
+                Ok(found) => {
+                    self.out.sites.extend(found);
+                    self.load_table(&image, id);
+                }
+                Err(err) => self.not_probed(pid, &image, id, err),
+            }
+            self.mark_known(id)?;
+        }
+        Ok(())
+    }
+
+    /// A mapped image of process `pid` whose probes could not be made.
+    fn not_probed(&mut self, pid: u32, image: &Path, id: ImageId, err: AttachError) {
+        if matches!(err, AttachError::NotElf { .. }) {
+            tracing::info!(image = %image.display(), "not an ELF image: nothing to probe");
+        } else {
+            tracing::warn!(image = %image.display(), %err, "a mapped image could not be probed");
+        }
+        let Some(reason) = err.skip_reason() else {
+            return self.load_table(image, id);
+        };
+        // Its probes could not be made: no process gets any (a fork would
+        // fail to).
+        if let Some(registry) = self.out.registry.as_mut() {
+            registry.remove_image(id);
+        }
+        self.out.skipped.push(SkippedImage {
+            image: image.display().to_string(),
+            pid,
+            reason,
+        });
+    }
+
+    /// Loads an image's unwind table.
+    fn load_table(&mut self, image: &Path, id: ImageId) {
+        if let Some(tables) = &mut self.out.tables {
+            tables.load(image, image, id);
+        }
+    }
+
+    /// The image cache's images.
+    fn cached(&mut self, cached: Vec<Image>) -> Result<(), CaptureError> {
+        for image in cached {
+            let Some(id) = image.id else { continue };
+            if self.out.known.contains(&id) {
+                continue;
+            }
+            // The image cache's tables (newest first) take at most half of
+            // the rows; the other half stays for the images the tree maps
+            // that no capture examined yet, its own program often among
+            // them (a cache full of other programs' tables once left it
+            // none). An image past that is left to be examined, held, if
+            // a process maps it: it gets its table then.
+            if let (Some(tables), Some(_)) = (&self.out.tables, &image.table)
+                && tables.rows_used() >= unwind::CACHED_ROWS
+            {
+                tracing::debug!(image = %image.path.display(), "cached image left to be examined when mapped: the cache's half of the unwind rows is taken");
+                continue;
+            }
+            let mut placed = None;
+            if let Some(found) = image.sites {
+                let at = place::Image {
+                    id: Some(id),
+                    path: &image.path,
+                    name: None,
+                    // Linked when mapped, as the C++ runtimes.
+                    may_defer: true,
+                };
+                let result = found.and_then(|mut found| {
+                    let how = self.placer().place(&at, &mut found)?;
+                    Ok((how, found))
+                });
+                match result {
+                    Ok((how, found)) => {
+                        self.out.sites.extend(found);
+                        placed = Some(how);
+                    }
+                    Err(err) => {
+                        tracing::debug!(image = %image.path.display(), %err, "cached image not probed up front");
+                        continue;
+                    }
+                }
+            }
+            if let (Some(tables), Some(table)) = (&mut self.out.tables, image.table) {
+                tables.load_prepared(&image.path, id, table);
+            }
+            if placed != Some(Placed::Deferred) {
+                self.mark_known(id)?;
+            }
+        }
+        Ok(())
+    }
 }

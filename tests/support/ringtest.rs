@@ -12,6 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, OpenObject, ProgramInput};
+use memtrail::internals::bpf::bss::{Bss, BssWord};
 use memtrail::internals::bpf::skel::ringtest::types::{bss, rt_args, rt_record};
 use memtrail::internals::bpf::skel::ringtest::{RingtestSkel, RingtestSkelBuilder};
 use memtrail::internals::ring::{HEADER_LEN, RingConsumer};
@@ -82,9 +83,8 @@ pub struct Outcome {
 pub struct RingTest<'obj> {
     skel: RingtestSkel<'obj>,
     ring_size: u32,
-    /// Address of the .bss `sleeping` word (an address, so the struct stays
-    /// Sync; only deep-sleeping pollers use it, atomically).
-    sleeping: usize,
+    /// The object's .bss, mapped: its `sleeping` word for deep sleep.
+    bss: Bss,
 }
 
 impl<'obj> RingTest<'obj> {
@@ -98,13 +98,12 @@ impl<'obj> RingTest<'obj> {
             .rt_ring
             .set_max_entries(ring_size)
             .expect("size the ring");
-        let mut skel = open.load().expect("load the ringtest object");
-        let bss = skel.maps.bss_data.as_deref_mut().expect("mmapable .bss");
-        let sleeping = (&raw mut bss.sleeping) as usize;
+        let skel = open.load().expect("load the ringtest object");
+        let bss = Bss::map(skel.maps.bss.as_fd(), mem::size_of::<bss>()).expect("mmapable .bss");
         Self {
             skel,
             ring_size,
-            sleeping,
+            bss,
         }
     }
 
@@ -124,9 +123,9 @@ impl<'obj> RingTest<'obj> {
     }
 
     /// The `sleeping` word of the object's .bss, for a consumer's deep
-    /// sleep; valid while `self` lives.
-    pub fn sleeping_flag(&self) -> *mut u64 {
-        self.sleeping as *mut u64
+    /// sleep.
+    pub fn sleeping_flag(&self) -> BssWord {
+        self.bss.word(mem::offset_of!(bss, sleeping))
     }
 
     /// memtrail's consumer on this ring, starting at the published
