@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{KillOnDrop, MEMTRAIL, cgroup_frozen, fixture};
+use crate::support::{self, KillOnDrop, MEMTRAIL, cgroup_frozen, fixture};
 use serde_json::Value;
 
 const ROUNDS: u64 = 3000;
@@ -120,8 +120,9 @@ fn pressure_off_storm_loses_and_fails() {
 fn pressure_finite_timeout_kills_tree() {
     let run = storm("threads", "250ms", "wedge-events");
     assert_eq!(run.code, Some(76), "{}", run.stderr);
+    // Named among the late pipelines (others may be late too under load).
     assert!(
-        run.stderr.contains("the events pipeline did not drain"),
+        support::late_pipelines(&run.stderr).is_some_and(|names| names.contains(&"events")),
         "{}",
         run.stderr
     );

@@ -707,3 +707,14 @@ pub fn patched_libc_bytes(pid: u32) -> usize {
     assert!(seen, "process {pid} maps no libc code");
     patched
 }
+
+/// The pipelines a failed pressure episode names as late ("…: the events,
+/// mappings pipeline did not drain…"), or `None` when it names none. The
+/// wedged pipeline must be among them; on a starved machine another one may
+/// be late too, and is named with it: what is late is said, never left out.
+pub fn late_pipelines(stderr: &str) -> Option<Vec<&str>> {
+    stderr
+        .split_once(" pipeline did not drain")
+        .and_then(|(before, _)| before.rsplit_once(": the "))
+        .map(|(_, names)| names.split(", ").collect())
+}
