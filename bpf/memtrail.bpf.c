@@ -51,6 +51,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define TRACE_SIGNAL_ALREADY_PENDING 2
 /* How far below operator new's entry its allocator call may run. */
 #define NEW_FRAME_MAX 4096
+#define X86_EFLAGS_OF 0x800
 /* Syscall returns in [-4095, -1] are errors. */
 #define IS_ERR_VALUE(x) ((unsigned long)(x) >= (unsigned long)-4095)
 
@@ -346,7 +347,9 @@ __u64 site_hits[MT_HIT_ROWS][MT_MAX_SITES] = {};
  * insert/delete per call) and freed with the task.
  */
 struct inflight {
-	__u64 args[3];
+	/* Argument registers at the outermost call's probe: rdi, rsi, rdx,
+	 * rcx, rax (the cookie's argument indices). */
+	__u64 args[5];
 	__u64 stack_id; /* the outermost call's stack, 0 if none */
 	__u64 sp;       /* stack pointer at the outermost call's entry */
 	/* Stack of a C++ operator new entered on this thread, for the
@@ -1414,15 +1417,15 @@ struct walk_out {
  * of 0.55 s.
  *
  * At entry the caller's frame is not yet set up past the return address
- * on top of the stack: the walk starts there, with the caller's rsp just
- * above it and its rbp still in rbp.
+ * on top of the stack (at sp: the entry's rsp, which a probe moved past a
+ * `sub $n,%rsp` finds n bytes above its own): the walk starts there, with
+ * the caller's rsp just above it and its rbp still in rbp.
  */
-__noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
+__noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp,
 			    struct mt_stack_record *rec, struct walk_out *out)
 {
 	struct unwind_walk w = {
-		.pc = ra,
-		.sp = PT_REGS_SP(ctx) + 8,
+		.sp = sp + 8,
 		.bp = PT_REGS_FP(ctx),
 		.h = tgid,
 		.rec = rec,
@@ -1431,6 +1434,8 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
 
 	if (!ctx || !out)
 		return 1;
+	if (bpf_probe_read_user(&w.pc, sizeof(w.pc), (void *)sp))
+		w.pc = 0;
 	bpf_loop(MT_MAX_STACK + 1, unwind_step, &w, 0);
 	out->nr = w.n;
 	out->end = w.end;
@@ -1448,18 +1453,16 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
  * reserved only for new stacks, and the ring's space is not taken and
  * given back a kilobyte at a time for every allocation.
  */
-static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
+static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp)
 {
 	struct mt_stack_record *rec;
-	__u64 ra, h;
 	struct walk_out out = {};
 	__u8 one = 1;
+	__u64 h;
 
 	if (!stack_depth)
 		return 0;
-	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)PT_REGS_SP(ctx)))
-		ra = 0;
-	h = walk_stack(ctx, tgid, ra, NULL, &out);
+	h = walk_stack(ctx, tgid, sp, NULL, &out);
 	if (bpf_map_lookup_elem(&known_stacks, &h))
 		return h;
 	rec = bpf_ringbuf_reserve(&stacks, sizeof(*rec), 0);
@@ -1470,7 +1473,7 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 	/* The same walk, into the record: the stack is the thread's own and
 	 * the thread is here, so it gives the same frames and hash (but the
 	 * record carries what this walk saw, whatever happens). */
-	h = walk_stack(ctx, tgid, ra, rec, &out);
+	h = walk_stack(ctx, tgid, sp, rec, &out);
 	rec->id = h;
 	rec->pid = tgid;
 	rec->nr = out.nr;
@@ -1500,7 +1503,7 @@ static __always_inline bool nested_in(struct inflight *cur, __u64 sp)
 
 static __always_inline __u64 arg(const struct inflight *call, __u32 idx)
 {
-	return idx < 3 ? call->args[idx] : 0;
+	return idx < 5 ? call->args[idx] : 0;
 }
 
 /* The block a realloc-like call resizes, 0 if none. */
@@ -1537,27 +1540,32 @@ static __always_inline void count_hit(__u64 cookie)
  */
 static __always_inline int new_enter(struct pt_regs *ctx)
 {
-	__u64 pid_tgid = current_ids(), id, cookie;
+	__u64 pid_tgid = current_ids(), id, cookie, sp;
 	struct inflight *cur = current_call();
 
 	if (!cur)
 		return 0;
-	count_hit(bpf_get_attach_cookie(ctx));
+	cookie = bpf_get_attach_cookie(ctx);
+	count_hit(cookie);
 	if (!stack_depth)
 		return 0;
-	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx)))
+	/* The entry's stack pointer: the probe may sit past a `sub $n,%rsp`
+	 * (MT_CK_SP_SHIFT). */
+	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_CK_SP_SHIFT) & 0xf);
+	if (cur->depth > 0 && nested_in(cur, sp))
 		return 0; /* called from inside an allocator: no site */
-	id = capture_stack(ctx, pid_tgid >> 32);
+	id = capture_stack(ctx, pid_tgid >> 32, sp);
 	/* Read again rather than kept across the walk: alloc_enter's stack
 	 * is at its budget. */
 	cookie = bpf_get_attach_cookie(ctx);
+	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_CK_SP_SHIFT) & 0xf);
 	if ((cookie >> MT_CK_FLAGS_SHIFT) & MT_CK_SYSCALL) {
 		cur->sys_stack_id = id;
-		cur->sys_sp = PT_REGS_SP(ctx) | ((cookie & 0xffff) == MT_BRK);
+		cur->sys_sp = sp | ((cookie & 0xffff) == MT_BRK);
 		return 0;
 	}
 	cur->new_stack_id = id;
-	cur->new_sp = PT_REGS_SP(ctx);
+	cur->new_sp = sp;
 	return 0;
 }
 
@@ -1582,11 +1590,17 @@ static __always_inline bool alloc_entry(struct pt_regs *ctx)
 	cur->args[0] = PT_REGS_PARM1(ctx);
 	cur->args[1] = PT_REGS_PARM2(ctx);
 	cur->args[2] = PT_REGS_PARM3(ctx);
+	cur->args[3] = PT_REGS_PARM4(ctx);
+	cur->args[4] = PT_REGS_RC(ctx);
 	cur->cookie = bpf_get_attach_cookie(ctx);
+	/* The probe sits on the `jo` after a count × size multiply: OF says
+	 * it overflowed. */
+	if ((cur->cookie >> MT_CK_SIZE_OF_BIT) & 1 && (ctx->flags & X86_EFLAGS_OF))
+		cur->cookie |= 1ULL << MT_CK_SIZE_OVERFLOWED_BIT;
 	if (cur->new_sp && cur->sp < cur->new_sp && cur->new_sp - cur->sp < NEW_FRAME_MAX)
 		cur->stack_id = cur->new_stack_id; /* called by operator new */
 	else
-		cur->stack_id = capture_stack(ctx, pid_tgid >> 32);
+		cur->stack_id = capture_stack(ctx, pid_tgid >> 32, cur->sp);
 	cur->new_sp = 0;
 	old = old_ptr(cur);
 	if (old)
@@ -1625,6 +1639,8 @@ static __noinline int alloc_exit(struct pt_regs *ctx)
 		if (n && size / n != m)
 			size = ~0ULL;
 	}
+	if ((cur->cookie >> MT_CK_SIZE_OVERFLOWED_BIT) & 1)
+		size = ~0ULL;
 	old = old_ptr(cur);
 	if (flags & MT_CK_OUT_PTR) {
 		/* int posix_memalign(void **memptr, size_t align, size_t size) */
