@@ -603,6 +603,7 @@ struct mt_unwind_row _mt_unwind_row = {};
 struct mt_unwind_image _mt_unwind_image = {};
 enum mt_unwind_cfa _mt_unwind_cfa = MT_CFA_NONE;
 enum mt_unwind_rbp _mt_unwind_rbp = MT_RBP_SAME;
+enum mt_unwind_flags _mt_unwind_flags = MT_ROW_ALLOC_WRAPPER;
 enum mt_stack_end _mt_stack_end = MT_END_COMPLETE;
 enum mt_request _mt_request = MT_REQ_IMAGE;
 enum mt_unwind_mode _mt_unwind_mode = MT_UNWIND_AUTO;
@@ -1314,7 +1315,7 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 		walk_end(w, MT_END_UNREADABLE);
 		return false;
 	}
-	switch (row->kind >> 4) {
+	switch ((row->kind & MT_ROW_RBP_MASK) >> 4) {
 	case MT_RBP_AT:
 		if (row->rbp_off == -16) {
 			/* The usual frame: saved rbp right below the return
@@ -1380,6 +1381,10 @@ static long unwind_step(__u64 i, void *data)
 		return 1;
 	}
 	frame_rule(w, &row);
+	/* The allocator was called by C++ operator new, whose code has no
+	 * probe: the stack starts at new's caller. */
+	if (n == 0 && (row.kind & MT_ROW_ALLOC_WRAPPER))
+		return unwind_frame(w, &row) ? 0 : 1;
 	/* Userspace symbolizes every frame minus one (the call of a return
 	 * address): an interrupted instruction, and the signal trampoline
 	 * (which the kernel made the handler's return address; no call

@@ -240,6 +240,16 @@ enum mt_unwind_rbp {
 	MT_RBP_LOST = 2, /* not recoverable by this unwinder */
 };
 
+/* Flags in a row's kind, above the rbp rule. */
+enum mt_unwind_flags {
+	MT_ROW_RBP_MASK = 0x30,
+	/* Code of a C++ operator new that only calls malloc (libstdc++,
+	 * libc++: no probe of its own, issue 22): a stack walked from an
+	 * allocator entry whose first frame is here starts at the caller,
+	 * the user's new expression. */
+	MT_ROW_ALLOC_WRAPPER = 0x80,
+};
+
 struct mt_unwind_row {
 	__u32 pc;       /* image address (ELF virtual address) */
 	__s16 cfa_off;

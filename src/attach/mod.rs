@@ -346,6 +346,23 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
     sites_in(image, &data, api)
 }
 
+/// The allocator sites of `image` a capture probes: [`find_sites`] over
+/// every API, less the `operator new` sites of an image without an
+/// allocator of its own (libstdc++, libc++) when the capture walks stacks
+/// from unwind tables (`tables`). That operator new only calls malloc,
+/// which is probed anyway, and its unwind rows are flagged
+/// (`MT_ROW_ALLOC_WRAPPER`, `unwind/table.rs`) so that a stack walked from
+/// malloc's entry starts at new's caller, as one captured at new's entry
+/// did: one trap less per C++ allocation (issue 22). Without tables (no
+/// stacks, `--unwind fp`), new keeps its probe.
+pub fn capture_sites(image: &Path, tables: bool) -> Result<Vec<Site>, AttachError> {
+    let mut sites = find_sites(image, &api::all())?;
+    if tables && !sites.iter().any(|s| s.role == Role::Alloc) {
+        sites.retain(|s| s.role != Role::New);
+    }
+    Ok(sites)
+}
+
 /// An image that could not be read: one that is not a regular file, or
 /// too large to read, is skipped like a malformed one.
 fn read_error(image: &Path, source: io::Error) -> AttachError {

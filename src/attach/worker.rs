@@ -31,8 +31,8 @@ use std::sync::Arc;
 use super::cache::Stamp;
 use super::per_process::{PerProcess, Shared, lock};
 use super::{
-    AllocPrograms, AttachError, HitSlots, Links, NOT_ELF, Role, Site, api, attach_sites,
-    find_sites, known_key, strip_deleted,
+    AllocPrograms, AttachError, HitSlots, Links, NOT_ELF, Role, Site, attach_sites, capture_sites,
+    known_key, strip_deleted,
 };
 use crate::engine::Sink;
 use crate::proctree::stops::{Owner, Stops};
@@ -144,7 +144,7 @@ impl AttachWorker {
         // Stamped before reading: a file changed meanwhile gets a stamp
         // that no longer matches it, and is examined again next time.
         let stamp = Stamp::of(&real).filter(|s| s.id() == (req.dev, req.ino));
-        let mut sites = match find_sites(&link, &api::all()) {
+        let mut sites = match capture_sites(&link, self.tables.is_some()) {
             Ok(sites) => sites,
             Err(err) => return skipped_or(real, err),
         };

@@ -769,7 +769,7 @@ impl Session {
                     known.insert(id);
                     continue;
                 }
-                let probed = attach::find_sites(&image, &attach::api::all()).and_then(|mut f| {
+                let probed = attach::capture_sites(&image, with_tables).and_then(|mut f| {
                     match &mut registry {
                         Some(registry) if !f.is_empty() => {
                             slots.assign(&mut f);

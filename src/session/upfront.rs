@@ -119,7 +119,7 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
     let mut runtimes = vec![attach::libc_path()?];
     runtimes.extend(attach::cxx_runtimes());
     for path in runtimes {
-        let sites = attach::find_sites(&path, &attach::api::all())?;
+        let sites = attach::capture_sites(&path, tables)?;
         let id = id_of(&path);
         images.push(Image {
             table: (tables && id.is_some()).then(|| table_of(&path, cache.as_ref())),
@@ -169,7 +169,7 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
         }
         let sites = entry
             .has_sites
-            .then(|| attach::find_sites(&entry.path, &attach::api::all()));
+            .then(|| attach::capture_sites(&entry.path, tables));
         let failed = matches!(sites, Some(Err(_)));
         let image = Image {
             table: (tables && !failed).then(|| table_of(&entry.path, cache.as_ref())),
