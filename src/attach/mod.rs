@@ -881,13 +881,30 @@ fn harmless_writes(
 /// Whether the kernel emulates the instruction at the start of `code`
 /// instead of single-stepping it, by the rules of x86's
 /// `arch_uprobe_analyze_insn` (arch/x86/kernel/uprobes.c, Linux 6.x):
-/// `branch_setup_xol_ops` takes `nop` (0x90, whatever its prefixes),
-/// `jmp rel8/rel32`, `call rel32` and the conditional jumps (short and
-/// near) unless a 0x66 prefix comes with them; `push_setup_xol_ops` takes
-/// `push reg` alone or with the REX prefix 0x41 only. Everything else
-/// (`ret`, `nopl`/`nopw` forms, `sub`, `mov`, ...) is single-stepped out
-/// of line, or refused (a 0x2e/0x3e/0x26/0x36 or lock prefix).
+/// `branch_setup_xol_ops` takes the kernel's own nops (`x86_nops`: `nop`,
+/// `66 90`, and the `nopl`/`nopw` forms it pads code with, up to 8 bytes),
+/// `nop` (0x90) whatever its prefixes, `jmp rel8/rel32`, `call rel32` and
+/// the conditional jumps (short and near) unless a 0x66 prefix comes with
+/// them; `push_setup_xol_ops` takes `push reg` alone or with the REX
+/// prefix 0x41 only. Everything else (`ret`, other `nopl` encodings,
+/// `sub`, `mov`, ...) is single-stepped out of line, or refused (a
+/// 0x2e/0x3e/0x26/0x36 or lock prefix). Linux 6.18 checked on this
+/// machine: a single-stepped probe maps the `[uprobes]` page into the
+/// process, an emulated one does not (`tests/attach.rs`).
 fn is_emulated(code: &[u8]) -> bool {
+    /// The kernel's `x86_nops` (`p6_nops`), 2 to 8 bytes long.
+    const X86_NOPS: [&[u8]; 7] = [
+        &[0x66, 0x90],
+        &[0x0f, 0x1f, 0x00],
+        &[0x0f, 0x1f, 0x40, 0x00],
+        &[0x0f, 0x1f, 0x44, 0x00, 0x00],
+        &[0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00],
+        &[0x0f, 0x1f, 0x80, 0x00, 0x00, 0x00, 0x00],
+        &[0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00],
+    ];
+    if X86_NOPS.iter().any(|nop| code.starts_with(nop)) {
+        return true;
+    }
     const LEGACY: [u8; 11] = [
         0x66, 0x67, 0xf2, 0xf3, 0x2e, 0x3e, 0x26, 0x36, 0x64, 0x65, 0xf0,
     ];
@@ -1365,9 +1382,9 @@ mod tests {
     }
 
     /// Check the instructions the kernel emulates against x86's
-    /// `arch_uprobe_analyze_insn` (issue 22): push, nop, relative jumps
-    /// and calls; never `ret`, `nopl`, a 0x66-prefixed branch or a
-    /// `push` with another REX prefix.
+    /// `arch_uprobe_analyze_insn` (issue 22): push, the kernel's nops,
+    /// relative jumps and calls; never `ret`, another `nopl` encoding, a
+    /// 0x66-prefixed branch or a `push` with another REX prefix.
     #[test]
     fn attach_emulated_instructions_as_the_kernel() {
         let emulated: &[&[u8]] = &[
@@ -1386,10 +1403,19 @@ mod tests {
         for code in emulated {
             assert!(is_emulated(code), "{code:02x?}");
         }
+        for nop in [
+            &[0x0f, 0x1f, 0x44, 0, 0][..],
+            &[0x0f, 0x1f, 0x40, 0],
+            &[0x66, 0x0f, 0x1f, 0x44, 0, 0],
+            &[0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0],
+        ] {
+            assert!(is_emulated(nop), "{nop:02x?}");
+        }
         let stepped: &[&[u8]] = &[
             &[0xc3],
-            &[0x0f, 0x1f, 0x44, 0, 0],
-            &[0x0f, 0x1f, 0x40, 0],
+            &[0x0f, 0x1f, 0x44, 0, 8],
+            &[0x0f, 0x1f, 0x40, 1],
+            &[0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0],
             &[0x66, 0xe8, 0, 0],
             &[0x66, 0x74, 0],
             &[0x48, 0x53],
