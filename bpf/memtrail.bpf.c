@@ -964,6 +964,26 @@ struct {
 const volatile __u32 unwind_mode = MT_UNWIND_AUTO;
 
 /*
+ * The rows binary searches found lately, so that a frame seen before takes
+ * one look-up instead of a search (issue 22: the search was most of a
+ * frame's cost): a direct-mapped cache of (table address << 32 | row
+ * index), slotted by the address and the image's first page index. Words
+ * are written and read whole (8 bytes, aligned: never torn), and an entry
+ * is taken only when its address is the frame's and its row lies among the
+ * rows the search would look at (this page's and the one before it, of
+ * this image: images' rows never overlap, and a table never changes once
+ * installed), so a cached row is always the row the search finds.
+ */
+#define MT_ROW_CACHE (1 << 16)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MT_ROW_CACHE);
+	__type(key, __u32);
+	__type(value, __u64);
+} row_cache SEC(".maps");
+
+/*
  * The executable mappings walks of a process found lately, so that most
  * frames need no bpf_find_vma (which costs 0.3-0.6 us, and fails while
  * another thread of the process holds its mmap lock to map or unmap, as
@@ -1221,8 +1241,8 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	__u64 key = w->pc - (w->exact ? 0 : 1) - w->map.shift;
 	struct unwind_search s;
 	struct mt_unwind_row *row;
-	__u64 *from, *to;
-	__u32 idx, page;
+	__u64 *from, *to, *cached;
+	__u32 idx, page, slot;
 
 	if (key > 0xffffffffULL || (key >> 12) < w->map.base_page)
 		return false; /* below the first row */
@@ -1235,6 +1255,21 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	to = bpf_map_lookup_elem(&unwind_pages, &idx);
 	if (!from || !to)
 		return false;
+	slot = (__u32)(((key << 16 ^ w->map.pages) * 0x9e3779b97f4a7c15ULL) >> 48);
+	cached = bpf_map_lookup_elem(&row_cache, &slot);
+	if (cached) {
+		__u64 c = *cached;
+
+		idx = (__u32)c;
+		/* Rows [from - 1, to), from on page 0 (see below). */
+		if ((c >> 32) == key && idx + (page != 0) >= *from && idx < *to) {
+			row = bpf_map_lookup_elem(&unwind_rows, &idx);
+			if (!row)
+				return false;
+			*out = *row;
+			return true;
+		}
+	}
 	/* The row holding key is the last one at or below it: in this page, or
 	 * the one before the page's first (never another image's: page 0
 	 * starts with the image's first row, which is below nothing). */
@@ -1249,6 +1284,8 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	if (!row)
 		return false;
 	*out = *row;
+	if (cached)
+		*cached = key << 32 | idx;
 	return true;
 }
 
