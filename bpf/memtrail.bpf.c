@@ -983,6 +983,10 @@ struct {
 	__type(value, __u64);
 } row_cache SEC(".maps");
 
+/* Slot index mask; tests set 0 (MEMTRAIL_FAULT=one-row-cache-slot) so that
+ * every frame contends for one slot. */
+const volatile __u32 row_cache_mask = MT_ROW_CACHE - 1;
+
 /*
  * The executable mappings walks of a process found lately, so that most
  * frames need no bpf_find_vma (which costs 0.3-0.6 us, and fails while
@@ -1255,7 +1259,7 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	to = bpf_map_lookup_elem(&unwind_pages, &idx);
 	if (!from || !to)
 		return false;
-	slot = (__u32)(((key << 16 ^ w->map.pages) * 0x9e3779b97f4a7c15ULL) >> 48);
+	slot = (__u32)(((key << 16 ^ w->map.pages) * 0x9e3779b97f4a7c15ULL) >> 48) & row_cache_mask;
 	cached = bpf_map_lookup_elem(&row_cache, &slot);
 	if (cached) {
 		__u64 c = *cached;

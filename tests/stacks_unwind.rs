@@ -440,10 +440,37 @@ fn stacks_unwind_image_without_cfi_warns() {
 #[test]
 fn stacks_unwind_changing_stacks_exact() {
     let exe = fixture_with_flags("stack_change", common::NO_FP);
-    let p = run_profile(&[exe.into()], &[]);
+    check_changing_stacks(&run_profile(&[exe.into()], &[]));
+}
+
+/// Check the same with one slot in the row cache (`MEMTRAIL_FAULT=
+/// one-row-cache-slot`): the entry a frame finds is mostly another
+/// frame's, which must never be taken for its own.
+#[test]
+fn stacks_unwind_changing_stacks_exact_one_cache_slot() {
+    let exe = fixture_with_flags("stack_change", common::NO_FP);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("profile.json");
+    let argv: Vec<OsString> = vec![
+        "run".into(),
+        "-q".into(),
+        "-o".into(),
+        out.clone().into(),
+        "--".into(),
+        exe.into(),
+    ];
+    let (_, status, _, stderr) =
+        common::memtrail_env(&argv, b"", &[("MEMTRAIL_FAULT", "one-row-cache-slot")]);
+    assert!(status.success(), "{stderr}");
+    check_changing_stacks(&common::read_profile(&out).expect("profile written"));
+}
+
+/// The stacks of `stack_change.c`: for each depth one stack of 3
+/// allocations with exactly its frames.
+fn check_changing_stacks(p: &Value) {
     let src = "stack_change.c";
     for d in 1..=12u64 {
-        let sites: Vec<&Value> = stacks(&p)
+        let sites: Vec<&Value> = stacks(p)
             .into_iter()
             .filter(|s| s["bytes"].as_u64() == Some(3 * (1000 + d)))
             .collect();

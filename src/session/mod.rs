@@ -562,6 +562,9 @@ impl Session {
             if opts.faults.one_thread_slot {
                 ro.thread_slot_mask = 0;
             }
+            if opts.faults.one_row_cache_slot {
+                ro.row_cache_mask = 0;
+            }
             ro.fault_find_vma_busy = opts.faults.find_vma_busy;
             ro.cpu_rings = rings.per_cpu.is_some();
             ro.event_ring_count = rings.sizes.len() as u32;
