@@ -51,6 +51,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define TRACE_SIGNAL_ALREADY_PENDING 2
 /* How far below operator new's entry its allocator call may run. */
 #define NEW_FRAME_MAX 4096
+#define X86_EFLAGS_OF 0x800
 /* Syscall returns in [-4095, -1] are errors. */
 #define IS_ERR_VALUE(x) ((unsigned long)(x) >= (unsigned long)-4095)
 
@@ -346,7 +347,9 @@ __u64 site_hits[MT_HIT_ROWS][MT_MAX_SITES] = {};
  * insert/delete per call) and freed with the task.
  */
 struct inflight {
-	__u64 args[3];
+	/* Argument registers at the outermost call's probe: rdi, rsi, rdx,
+	 * rcx, rax (the cookie's argument indices). */
+	__u64 args[5];
 	__u64 stack_id; /* the outermost call's stack, 0 if none */
 	__u64 sp;       /* stack pointer at the outermost call's entry */
 	/* Stack of a C++ operator new entered on this thread, for the
@@ -600,6 +603,7 @@ struct mt_unwind_row _mt_unwind_row = {};
 struct mt_unwind_image _mt_unwind_image = {};
 enum mt_unwind_cfa _mt_unwind_cfa = MT_CFA_NONE;
 enum mt_unwind_rbp _mt_unwind_rbp = MT_RBP_SAME;
+enum mt_unwind_flags _mt_unwind_flags = MT_ROW_ALLOC_WRAPPER;
 enum mt_stack_end _mt_stack_end = MT_END_COMPLETE;
 enum mt_request _mt_request = MT_REQ_IMAGE;
 enum mt_unwind_mode _mt_unwind_mode = MT_UNWIND_AUTO;
@@ -960,6 +964,30 @@ struct {
 const volatile __u32 unwind_mode = MT_UNWIND_AUTO;
 
 /*
+ * The rows binary searches found lately, so that a frame seen before takes
+ * one look-up instead of a search (issue 22: the search was most of a
+ * frame's cost): a direct-mapped cache of (table address << 32 | row
+ * index), slotted by the address and the image's first page index. Words
+ * are written and read whole (8 bytes, aligned: never torn), and an entry
+ * is taken only when its address is the frame's and its row lies among the
+ * rows the search would look at (this page's and the one before it, of
+ * this image: images' rows never overlap, and a table never changes once
+ * installed), so a cached row is always the row the search finds.
+ */
+#define MT_ROW_CACHE (1 << 16)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MT_ROW_CACHE);
+	__type(key, __u32);
+	__type(value, __u64);
+} row_cache SEC(".maps");
+
+/* Slot index mask; tests set 0 (MEMTRAIL_FAULT=one-row-cache-slot) so that
+ * every frame contends for one slot. */
+const volatile __u32 row_cache_mask = MT_ROW_CACHE - 1;
+
+/*
  * The executable mappings walks of a process found lately, so that most
  * frames need no bpf_find_vma (which costs 0.3-0.6 us, and fails while
  * another thread of the process holds its mmap lock to map or unmap, as
@@ -1217,8 +1245,8 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	__u64 key = w->pc - (w->exact ? 0 : 1) - w->map.shift;
 	struct unwind_search s;
 	struct mt_unwind_row *row;
-	__u64 *from, *to;
-	__u32 idx, page;
+	__u64 *from, *to, *cached;
+	__u32 idx, page, slot;
 
 	if (key > 0xffffffffULL || (key >> 12) < w->map.base_page)
 		return false; /* below the first row */
@@ -1231,6 +1259,21 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	to = bpf_map_lookup_elem(&unwind_pages, &idx);
 	if (!from || !to)
 		return false;
+	slot = (__u32)(((key << 16 ^ w->map.pages) * 0x9e3779b97f4a7c15ULL) >> 48) & row_cache_mask;
+	cached = bpf_map_lookup_elem(&row_cache, &slot);
+	if (cached) {
+		__u64 c = *cached;
+
+		idx = (__u32)c;
+		/* Rows [from - 1, to), from on page 0 (see below). */
+		if ((c >> 32) == key && idx + (page != 0) >= *from && idx < *to) {
+			row = bpf_map_lookup_elem(&unwind_rows, &idx);
+			if (!row)
+				return false;
+			*out = *row;
+			return true;
+		}
+	}
 	/* The row holding key is the last one at or below it: in this page, or
 	 * the one before the page's first (never another image's: page 0
 	 * starts with the image's first row, which is below nothing). */
@@ -1245,6 +1288,8 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	if (!row)
 		return false;
 	*out = *row;
+	if (cached)
+		*cached = key << 32 | idx;
 	return true;
 }
 
@@ -1311,7 +1356,7 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 		walk_end(w, MT_END_UNREADABLE);
 		return false;
 	}
-	switch (row->kind >> 4) {
+	switch ((row->kind & MT_ROW_RBP_MASK) >> 4) {
 	case MT_RBP_AT:
 		if (row->rbp_off == -16) {
 			/* The usual frame: saved rbp right below the return
@@ -1377,6 +1422,10 @@ static long unwind_step(__u64 i, void *data)
 		return 1;
 	}
 	frame_rule(w, &row);
+	/* The allocator was called by C++ operator new, whose code has no
+	 * probe: the stack starts at new's caller. */
+	if (n == 0 && (row.kind & MT_ROW_ALLOC_WRAPPER))
+		return unwind_frame(w, &row) ? 0 : 1;
 	/* Userspace symbolizes every frame minus one (the call of a return
 	 * address): an interrupted instruction, and the signal trampoline
 	 * (which the kernel made the handler's return address; no call
@@ -1414,15 +1463,15 @@ struct walk_out {
  * of 0.55 s.
  *
  * At entry the caller's frame is not yet set up past the return address
- * on top of the stack: the walk starts there, with the caller's rsp just
- * above it and its rbp still in rbp.
+ * on top of the stack (at sp: the entry's rsp, which a probe moved past a
+ * `sub $n,%rsp` finds n bytes above its own): the walk starts there, with
+ * the caller's rsp just above it and its rbp still in rbp.
  */
-__noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
+__noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp,
 			    struct mt_stack_record *rec, struct walk_out *out)
 {
 	struct unwind_walk w = {
-		.pc = ra,
-		.sp = PT_REGS_SP(ctx) + 8,
+		.sp = sp + 8,
 		.bp = PT_REGS_FP(ctx),
 		.h = tgid,
 		.rec = rec,
@@ -1431,6 +1480,8 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
 
 	if (!ctx || !out)
 		return 1;
+	if (bpf_probe_read_user(&w.pc, sizeof(w.pc), (void *)sp))
+		w.pc = 0;
 	bpf_loop(MT_MAX_STACK + 1, unwind_step, &w, 0);
 	out->nr = w.n;
 	out->end = w.end;
@@ -1448,18 +1499,16 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 ra,
  * reserved only for new stacks, and the ring's space is not taken and
  * given back a kilobyte at a time for every allocation.
  */
-static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
+static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp)
 {
 	struct mt_stack_record *rec;
-	__u64 ra, h;
 	struct walk_out out = {};
 	__u8 one = 1;
+	__u64 h;
 
 	if (!stack_depth)
 		return 0;
-	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)PT_REGS_SP(ctx)))
-		ra = 0;
-	h = walk_stack(ctx, tgid, ra, NULL, &out);
+	h = walk_stack(ctx, tgid, sp, NULL, &out);
 	if (bpf_map_lookup_elem(&known_stacks, &h))
 		return h;
 	rec = bpf_ringbuf_reserve(&stacks, sizeof(*rec), 0);
@@ -1470,7 +1519,7 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid)
 	/* The same walk, into the record: the stack is the thread's own and
 	 * the thread is here, so it gives the same frames and hash (but the
 	 * record carries what this walk saw, whatever happens). */
-	h = walk_stack(ctx, tgid, ra, rec, &out);
+	h = walk_stack(ctx, tgid, sp, rec, &out);
 	rec->id = h;
 	rec->pid = tgid;
 	rec->nr = out.nr;
@@ -1500,7 +1549,7 @@ static __always_inline bool nested_in(struct inflight *cur, __u64 sp)
 
 static __always_inline __u64 arg(const struct inflight *call, __u32 idx)
 {
-	return idx < 3 ? call->args[idx] : 0;
+	return idx < 5 ? call->args[idx] : 0;
 }
 
 /* The block a realloc-like call resizes, 0 if none. */
@@ -1537,27 +1586,32 @@ static __always_inline void count_hit(__u64 cookie)
  */
 static __always_inline int new_enter(struct pt_regs *ctx)
 {
-	__u64 pid_tgid = current_ids(), id, cookie;
+	__u64 pid_tgid = current_ids(), id, cookie, sp;
 	struct inflight *cur = current_call();
 
 	if (!cur)
 		return 0;
-	count_hit(bpf_get_attach_cookie(ctx));
+	cookie = bpf_get_attach_cookie(ctx);
+	count_hit(cookie);
 	if (!stack_depth)
 		return 0;
-	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx)))
+	/* The entry's stack pointer: the probe may sit past a `sub $n,%rsp`
+	 * (MT_CK_SP_SHIFT). */
+	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_CK_SP_SHIFT) & 0xf);
+	if (cur->depth > 0 && nested_in(cur, sp))
 		return 0; /* called from inside an allocator: no site */
-	id = capture_stack(ctx, pid_tgid >> 32);
+	id = capture_stack(ctx, pid_tgid >> 32, sp);
 	/* Read again rather than kept across the walk: alloc_enter's stack
 	 * is at its budget. */
 	cookie = bpf_get_attach_cookie(ctx);
+	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_CK_SP_SHIFT) & 0xf);
 	if ((cookie >> MT_CK_FLAGS_SHIFT) & MT_CK_SYSCALL) {
 		cur->sys_stack_id = id;
-		cur->sys_sp = PT_REGS_SP(ctx) | ((cookie & 0xffff) == MT_BRK);
+		cur->sys_sp = sp | ((cookie & 0xffff) == MT_BRK);
 		return 0;
 	}
 	cur->new_stack_id = id;
-	cur->new_sp = PT_REGS_SP(ctx);
+	cur->new_sp = sp;
 	return 0;
 }
 
@@ -1582,11 +1636,17 @@ static __always_inline bool alloc_entry(struct pt_regs *ctx)
 	cur->args[0] = PT_REGS_PARM1(ctx);
 	cur->args[1] = PT_REGS_PARM2(ctx);
 	cur->args[2] = PT_REGS_PARM3(ctx);
+	cur->args[3] = PT_REGS_PARM4(ctx);
+	cur->args[4] = PT_REGS_RC(ctx);
 	cur->cookie = bpf_get_attach_cookie(ctx);
+	/* The probe sits on the `jo` after a count × size multiply: OF says
+	 * it overflowed. */
+	if ((cur->cookie >> MT_CK_SIZE_OF_BIT) & 1 && (ctx->flags & X86_EFLAGS_OF))
+		cur->cookie |= 1ULL << MT_CK_SIZE_OVERFLOWED_BIT;
 	if (cur->new_sp && cur->sp < cur->new_sp && cur->new_sp - cur->sp < NEW_FRAME_MAX)
 		cur->stack_id = cur->new_stack_id; /* called by operator new */
 	else
-		cur->stack_id = capture_stack(ctx, pid_tgid >> 32);
+		cur->stack_id = capture_stack(ctx, pid_tgid >> 32, cur->sp);
 	cur->new_sp = 0;
 	old = old_ptr(cur);
 	if (old)
@@ -1625,6 +1685,8 @@ static __noinline int alloc_exit(struct pt_regs *ctx)
 		if (n && size / n != m)
 			size = ~0ULL;
 	}
+	if ((cur->cookie >> MT_CK_SIZE_OVERFLOWED_BIT) & 1)
+		size = ~0ULL;
 	old = old_ptr(cur);
 	if (flags & MT_CK_OUT_PTR) {
 		/* int posix_memalign(void **memptr, size_t align, size_t size) */

@@ -49,6 +49,15 @@ enum mt_kind {
  *   bits 24-27  index of the old pointer (realloc-like) or of the out
  *               pointer (MT_CK_OUT_PTR), or NONE
  *   bits 28-31  enum mt_cookie_flags
+ *   bits 32-35  stack bytes / 8 the code before the probe took (entry-only
+ *               probes moved past a `sub $n,%rsp`: the return address is
+ *               at sp + 8 * this)
+ *   bit  36     the size argument is a product whose overflow sets OF at
+ *               the probe (MT_CK_SIZE_OF_BIT; the probe sits on the `jo`)
+ *   bit  37     set in a call's saved cookie when OF was set: the size is
+ *               ~0 (the call fails as for an overflowing count)
+ * Argument indices: 0 rdi, 1 rsi, 2 rdx, 3 rcx, 4 rax (where code the
+ * probe was moved past put an argument).
  *   bits 48-63  the probe site's hit counter, 1-based (0: not counted; see
  *               enum mt_site_hits); in every probe's cookie, the region
  *               markers' too
@@ -59,6 +68,9 @@ enum mt_cookie_layout {
 	MT_CK_PTR_SHIFT = 24,
 	MT_CK_FLAGS_SHIFT = 28,
 	MT_CK_ARG_NONE = 0xf,
+	MT_CK_SP_SHIFT = 32,
+	MT_CK_SIZE_OF_BIT = 36,
+	MT_CK_SIZE_OVERFLOWED_BIT = 37,
 	MT_CK_SITE_SHIFT = 48,
 };
 
@@ -226,6 +238,16 @@ enum mt_unwind_rbp {
 	MT_RBP_SAME = 0, /* the caller's rbp is still in rbp */
 	MT_RBP_AT = 1,   /* saved at CFA + rbp_off */
 	MT_RBP_LOST = 2, /* not recoverable by this unwinder */
+};
+
+/* Flags in a row's kind, above the rbp rule. */
+enum mt_unwind_flags {
+	MT_ROW_RBP_MASK = 0x30,
+	/* Code of a C++ operator new that only calls malloc (libstdc++,
+	 * libc++: no probe of its own, issue 22): a stack walked from an
+	 * allocator entry whose first frame is here starts at the caller,
+	 * the user's new expression. */
+	MT_ROW_ALLOC_WRAPPER = 0x80,
 };
 
 struct mt_unwind_row {

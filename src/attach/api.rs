@@ -29,7 +29,10 @@ pub enum Role {
     Marker,
 }
 
-/// Where an allocating call's arguments are (argument indices 0-2).
+/// Where an allocating call's arguments are at its probe: argument
+/// registers 0-2 (rdi, rsi, rdx) at the entry, and where code the probe was
+/// moved past put them, also 3 and 4 (rcx, rax; see `ARG_REGS` in
+/// `attach/mod.rs` and `enum mt_cookie_layout` in bpf/memtrail.h).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Abi {
     pub size: u8,
@@ -39,6 +42,14 @@ pub struct Abi {
     pub ptr: Option<u8>,
     pub out_ptr: bool,
     pub result_is_size: bool,
+    /// `size` holds count × size, multiplied by code the probe was moved
+    /// past, which set the overflow flag if the product overflowed (the
+    /// call then fails as for an overflowing count).
+    pub size_overflow_of: bool,
+    /// Bytes the code the probe was moved past took off the stack pointer
+    /// (entry-only probes: operator new, the syscall wrappers), so the
+    /// return address is that far above it.
+    pub sp_adjust: u8,
 }
 
 const fn abi(size: u8, count: Option<u8>, ptr: Option<u8>) -> Abi {
@@ -48,6 +59,8 @@ const fn abi(size: u8, count: Option<u8>, ptr: Option<u8>) -> Abi {
         ptr,
         out_ptr: false,
         result_is_size: false,
+        size_overflow_of: false,
+        sp_adjust: 0,
     }
 }
 
@@ -63,19 +76,13 @@ pub const REALLOC: Abi = abi(1, None, Some(0));
 pub const REALLOC_N: Abi = abi(2, Some(1), Some(0));
 /// `int f(void **out, align, size)`.
 pub const OUT_PTR: Abi = Abi {
-    size: 2,
-    count: None,
-    ptr: Some(0),
     out_ptr: true,
-    result_is_size: false,
+    ..abi(2, None, Some(0))
 };
 /// `size_t f(ptr, size, ...)`: resized in place, returns the new size.
 pub const IN_PLACE: Abi = Abi {
-    size: 1,
-    count: None,
-    ptr: Some(0),
-    out_ptr: false,
     result_is_size: true,
+    ..abi(1, None, Some(0))
 };
 
 impl Abi {
@@ -90,7 +97,11 @@ impl Abi {
         if self.result_is_size {
             flags |= u64::from(t::mt_cookie_flags::MT_CK_RESULT_IS_SIZE.0);
         }
-        kind as u64
+        let overflow = u64::from(self.size_overflow_of) << t::mt_cookie_layout::MT_CK_SIZE_OF_BIT.0;
+        let sp = u64::from(self.sp_adjust / 8) << t::mt_cookie_layout::MT_CK_SP_SHIFT.0;
+        overflow
+            | sp
+            | kind as u64
             | u64::from(self.size) << t::mt_cookie_layout::MT_CK_SIZE_SHIFT.0
             | idx(self.count) << t::mt_cookie_layout::MT_CK_COUNT_SHIFT.0
             | idx(self.ptr) << t::mt_cookie_layout::MT_CK_PTR_SHIFT.0

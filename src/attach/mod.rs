@@ -6,24 +6,36 @@
 //! attached once per address, under the first name in [`api::libc`] order.
 //!
 //! Probe placement matters for cost: the kernel emulates some first
-//! instructions (push, nop, jumps) at ~0.4 µs a hit, and single-steps the
-//! others (test, cmp, mov) at ~14 µs. Where semantics allow we move the probe
-//! to an emulated instruction — glibc's `free` opens with
-//! `test %rdi,%rdi; je <ret>`, which only skips free(NULL), so its probe goes
-//! right after the jump; and a probe moves past leading instructions that
-//! cannot change what the programs read (flags-only tests and compares, a
-//! constant into a register that holds no argument) when that lands it on
-//! an emulated one: libstdc++'s `operator new` opens with
-//! `test %rdi,%rdi; mov $1,%eax; push %rbx`, glibc's `valloc` with
-//! `cmpb $0,hook(%rip); push %rbx`, its `memalign` with
-//! `cmpb $0,hook(%rip); je` (the probe goes on the jump, which every call
-//! reaches, never past it); jemalloc's and tcmalloc's `malloc` likewise.
-//! A prefix may move an argument to another argument register (mimalloc's
-//! `malloc` copies its size from rdi to rsi, then loads its heap into rdi):
-//! the site's [`Abi`] then names where the argument is at the probe. Sites
-//! that still single-step are reported. iced-x86 decodes the instructions
-//! (length, operands, registers and memory written); which ones are
-//! harmless is decided here.
+//! instructions (push, nop, relative jumps and calls) at ~0.4 µs a hit,
+//! and single-steps the others (test, cmp, mov, sub, ret) at ~14 µs. No
+//! allocator entry point of libc, libstdc++, jemalloc, mimalloc or
+//! tcmalloc is left single-stepping (issue 22; `tests/attach.rs` checks
+//! the installed ones): glibc's `free` opens with `test %rdi,%rdi; je
+//! <ret>`, which only skips free(NULL), so its probe goes right after the
+//! jump; and a probe moves past leading instructions that every call runs
+//! and that cannot change what the programs read, onto the first
+//! instruction the kernel emulates (a branch is probed, never passed):
+//! moves, tests, compares and register arithmetic, reading memory only
+//! %rip-relative, thread-local or through registers they computed (never
+//! through an argument as the call got it, which could fault), writing
+//! none. libstdc++'s `operator new` opens with `test %rdi,%rdi; mov
+//! $1,%eax; push %rbx`, glibc's `valloc` with `cmpb $0,hook(%rip); push
+//! %rbx`, its `memalign` with `cmpb $0,hook(%rip); je`, jemalloc's `free`
+//! looks its thread cache up in nine instructions before a `jne`. A prefix
+//! may move an argument to another register (mimalloc's `malloc` copies
+//! its size from rdi to rsi, then loads its heap into rdi; its `calloc`
+//! keeps the count in rax), or multiply count by size (glibc's
+//! `reallocarray`: `mov %rsi,%rax; mul %rdx; mov %rax,%rsi; jo`, the probe
+//! on the `jo`, where OF says whether it overflowed): the site's [`Abi`]
+//! then names where the argument is at the probe. An entry-only probe
+//! (operator new, the syscall wrappers) may also be moved past `sub
+//! $n,%rsp` (libstdc++'s nothrow `operator new`: `sub $8,%rsp; call`), the
+//! return address then n bytes above the stack pointer; a probe with a
+//! return probe never is (the kernel replaces the return address at the
+//! stack pointer). Sites that still single-step are reported. iced-x86
+//! decodes the instructions (length, operands, registers and memory
+//! written); which ones are harmless is decided here, and which ones the
+//! kernel emulates by its rules (`is_emulated`).
 //!
 //! Every site gets a hit counter in BPF ([`HitSlots`], carried in its
 //! cookie), read after the capture into the profile's `probes`.
@@ -328,6 +340,23 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
     sites_in(image, &data, api)
 }
 
+/// The allocator sites of `image` a capture probes: [`find_sites`] over
+/// every API, less the `operator new` sites of an image without an
+/// allocator of its own (libstdc++, libc++) when the capture walks stacks
+/// from unwind tables (`tables`). That operator new only calls malloc,
+/// which is probed anyway, and its unwind rows are flagged
+/// (`MT_ROW_ALLOC_WRAPPER`, `unwind/table.rs`) so that a stack walked from
+/// malloc's entry starts at new's caller, as one captured at new's entry
+/// did: one trap less per C++ allocation (issue 22). Without tables (no
+/// stacks, `--unwind fp`), new keeps its probe.
+pub fn capture_sites(image: &Path, tables: bool) -> Result<Vec<Site>, AttachError> {
+    let mut sites = find_sites(image, &api::all())?;
+    if tables && !sites.iter().any(|s| s.role == Role::Alloc) {
+        sites.retain(|s| s.role != Role::New);
+    }
+    Ok(sites)
+}
+
 /// An image that could not be read: one that is not a regular file, or
 /// too large to read, is skipped like a malformed one.
 fn read_error(image: &Path, source: io::Error) -> AttachError {
@@ -410,7 +439,7 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
                 "{name} at {vaddr:#x}: no instruction at file offset {offset:#x}"
             )));
         }
-        let emulated = elf.bytes_at(offset, 4).is_some_and(is_emulated);
+        let emulated = elf.code_at(offset, 16).is_some_and(is_emulated);
         sites.push(Site {
             image: image.to_owned(),
             symbol: name.to_owned(),
@@ -559,41 +588,69 @@ impl<'a> Elf<'a> {
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
 /// Bytes of code examined for a harmless prefix.
-const HARMLESS_WINDOW: usize = 32;
-/// Instructions a harmless prefix may have.
-const HARMLESS_MAX: usize = 4;
+const HARMLESS_WINDOW: usize = 64;
+/// Instructions a harmless prefix may have (jemalloc's `free` looks its
+/// thread cache up in nine before its first branch).
+const HARMLESS_MAX: usize = 10;
 /// The stack pointer, in ModRM numbering.
 const RSP: u8 = 4;
-/// The registers the programs read arguments 0, 1 and 2 from (rdi, rsi,
-/// rdx), in ModRM numbering.
-const ARG_REGS: [u8; 3] = [7, 6, 2];
+/// The registers the programs read arguments 0-4 from (rdi, rsi, rdx, rcx,
+/// rax: the cookie's argument indices), in ModRM numbering.
+const ARG_REGS: [u8; 5] = [7, 6, 2, 1, 0];
+/// The registers that carry arguments at a function's entry (rdi, rsi,
+/// rdx, rcx, r8, r9), in ModRM numbering.
+const ENTRY_ARGS: [u8; 6] = [7, 6, 2, 1, 8, 9];
+/// The most stack an entry-only probe may be moved past (`sub $n,%rsp`):
+/// the cookie has 4 bits of 8-byte units.
+const MAX_SP_ADJUST: i64 = 15 * 8;
+
+/// What a register holds after a prefix, in terms of the registers at the
+/// function's entry (ModRM numbering).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// The entry value of this register.
+    Reg(u8),
+    /// The low 64 bits of the product of two entry values (`mul`), with
+    /// the overflow flag set if it overflowed, as long as no later
+    /// instruction of the prefix writes the flags.
+    Product(u8, u8),
+}
 
 /// Instructions at a function's start that a probe may be moved past: up
 /// to [`HARMLESS_MAX`] of them, each one that every call executes (no
-/// branch) and that writes neither the stack pointer nor memory, followed
-/// by an instruction the kernel emulates. The probe then sees the stack of
-/// the function's entry (the return address on top, which the uretprobe
-/// replaces) and, in `holds`, where the entry's registers went.
+/// branch) and that writes no memory and the stack pointer at most by a
+/// `sub $n,%rsp` (which only an entry-only probe may be moved past),
+/// followed by an instruction the kernel emulates. The probe then sees the
+/// entry's return address (on top of the stack, or `sp_adjust` above it)
+/// and, in `holds`, where the entry's registers went.
 #[derive(Debug, PartialEq, Eq)]
 struct Prefix {
     len: usize,
-    /// For each register (ModRM numbering, rax to rdi), which register's
-    /// value at entry it holds after the prefix; None once overwritten.
-    holds: [Option<u8>; 8],
+    /// For each register (ModRM numbering, rax to r15), what it holds
+    /// after the prefix in terms of the entry's registers; None once
+    /// overwritten otherwise.
+    holds: [Option<Held>; 16],
+    /// Bytes the prefix took off the stack pointer.
+    sp_adjust: u8,
+    /// Whether the flags still hold what the last `mul` set (no later
+    /// instruction wrote them).
+    mul_flags: bool,
 }
 
 impl Prefix {
     /// `abi` with each argument taken from where the prefix left it; None
-    /// if the probe's program needs an argument the prefix overwrote.
-    /// free's program reads its pointer from rdi; operator new's reads no
-    /// argument.
+    /// if the probe's program needs an argument the prefix overwrote, or
+    /// the prefix moved the stack and the probe is not entry-only. free's
+    /// program reads its pointer from rdi; operator new's and the syscall
+    /// wrappers' read no argument.
     fn relocate(&self, role: Role, abi: Abi) -> Option<Abi> {
-        let holds = |reg: u8, arg: u8| self.holds[usize::from(reg)] == Some(arg);
+        let held = |reg: u8, value: Held| self.holds[usize::from(reg)] == Some(value);
+        // Where the entry's argument i is now, as an argument index.
         let find = |i: u8| -> Option<u8> {
             let arg = *ARG_REGS.get(usize::from(i))?;
             std::iter::once(i)
-                .chain(0..3)
-                .find(|&j| holds(ARG_REGS[usize::from(j)], arg))
+                .chain(0..ARG_REGS.len() as u8)
+                .find(|&j| held(ARG_REGS[usize::from(j)], Held::Reg(arg)))
         };
         // Some(None) for an argument the ABI does not have.
         let find_opt = |i: Option<u8>| match i {
@@ -601,45 +658,124 @@ impl Prefix {
             Some(i) => find(i).map(Some),
         };
         match role {
-            Role::New | Role::Syscall | Role::Marker => Some(abi),
-            Role::Free => holds(ARG_REGS[0], ARG_REGS[0]).then_some(abi),
-            Role::Alloc => Some(Abi {
-                size: find(abi.size)?,
-                count: find_opt(abi.count)?,
-                ptr: find_opt(abi.ptr)?,
+            Role::New | Role::Syscall | Role::Marker => Some(Abi {
+                sp_adjust: self.sp_adjust,
                 ..abi
             }),
+            _ if self.sp_adjust != 0 => None,
+            Role::Free => held(ARG_REGS[0], Held::Reg(ARG_REGS[0])).then_some(abi),
+            Role::Alloc => {
+                let ptr = find_opt(abi.ptr)?;
+                if let (Some(size), Some(count)) = (find(abi.size), find_opt(abi.count)) {
+                    return Some(Abi {
+                        size,
+                        count,
+                        ptr,
+                        ..abi
+                    });
+                }
+                // The prefix multiplied count by size (glibc's reallocarray,
+                // mimalloc's mi_new_reallocn): the product is the size.
+                let (n, m) = (
+                    *ARG_REGS.get(usize::from(abi.count?))?,
+                    *ARG_REGS.get(usize::from(abi.size))?,
+                );
+                let size = (0..ARG_REGS.len() as u8).find(|&j| {
+                    let at = ARG_REGS[usize::from(j)];
+                    held(at, Held::Product(n, m)) || held(at, Held::Product(m, n))
+                })?;
+                self.mul_flags.then_some(Abi {
+                    size,
+                    count: None,
+                    ptr,
+                    size_overflow_of: true,
+                    ..abi
+                })
+            }
         }
     }
 }
 
 /// Finds the harmless prefix at the start of `code`, if there is one.
-/// iced-x86 decodes; this decides which instructions are harmless: only
-/// the forms allocator entries use (test, cmp, mov, xor) with register,
-/// immediate, or `%rip`-relative and thread-local (`%fs`/`%gs`) memory
-/// operands; anything else ends the search.
+/// iced-x86 decodes; this decides which instructions are harmless: moves,
+/// tests and compares, and register arithmetic (`harmless_writes`), with
+/// register, immediate, or `%rip`-relative and thread-local (`%fs`/`%gs`)
+/// memory operands; anything else ends the search.
 fn harmless_prefix(code: &[u8]) -> Option<Prefix> {
-    let mut holds: [Option<u8>; 8] = std::array::from_fn(|r| Some(r as u8));
+    let mut p = Prefix {
+        len: 0,
+        holds: std::array::from_fn(|r| Some(Held::Reg(r as u8))),
+        sp_adjust: 0,
+        mul_flags: false,
+    };
     let mut decoder = Decoder::new(64, code, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
-    let mut at = 0;
+    let mut sp_adjust: i64 = 0;
     for _ in 0..HARMLESS_MAX {
-        if code.get(at..).is_some_and(is_emulated) {
+        if code.get(p.len..).is_some_and(is_emulated) {
             break;
         }
         let insn = decoder.decode();
         if insn.is_invalid() {
             return None; // includes code cut short
         }
-        for (dst, src) in harmless_writes(&insn, &mut info)? {
+        if let Some(n) = stack_sub(&insn) {
+            sp_adjust += n;
+            if sp_adjust > MAX_SP_ADJUST {
+                return None;
+            }
+            p.mul_flags = false;
+            p.len += insn.len();
+            continue;
+        }
+        let product = mul_product(&insn, &p.holds);
+        let writes = harmless_writes(&insn, &mut info, &p.holds)?;
+        for (dst, src) in writes {
             if dst == RSP {
                 return None;
             }
-            holds[usize::from(dst)] = src.and_then(|src| holds[usize::from(src)]);
+            p.holds[usize::from(dst)] = src.and_then(|src| p.holds[usize::from(src)]);
         }
-        at += insn.len();
+        if let Some(product) = product {
+            p.holds[0] = Some(product);
+        }
+        p.mul_flags = product.is_some() || (p.mul_flags && insn.rflags_modified() == 0);
+        p.len += insn.len();
     }
-    (at > 0 && code.get(at..).is_some_and(is_emulated)).then_some(Prefix { len: at, holds })
+    p.sp_adjust = u8::try_from(sp_adjust).ok()?;
+    (p.len > 0 && code.get(p.len..).is_some_and(is_emulated)).then_some(p)
+}
+
+/// n for `sub $n,%rsp` with n a positive multiple of 8.
+fn stack_sub(insn: &Instruction) -> Option<i64> {
+    let imm = matches!(
+        insn.op1_kind(),
+        OpKind::Immediate8to64 | OpKind::Immediate32to64
+    );
+    (insn.mnemonic() == Mnemonic::Sub
+        && insn.op_count() == 2
+        && insn.op0_kind() == OpKind::Register
+        && insn.op0_register() == Register::RSP
+        && imm)
+        .then(|| insn.immediate(1) as i64)
+        .filter(|&n| n > 0 && n % 8 == 0)
+}
+
+/// What rax holds after `insn` when it is a 64-bit `mul` of two entry
+/// values (rax's and another register's).
+fn mul_product(insn: &Instruction, holds: &[Option<Held>; 16]) -> Option<Held> {
+    if insn.mnemonic() != Mnemonic::Mul
+        || insn.op_count() != 1
+        || insn.op0_kind() != OpKind::Register
+        || !insn.op0_register().is_gpr64()
+    {
+        return None;
+    }
+    let src = gpr_number(insn.op0_register())?;
+    match (holds[0]?, holds[usize::from(src)]?) {
+        (Held::Reg(a), Held::Reg(b)) => Some(Held::Product(a, b)),
+        _ => None,
+    }
 }
 
 /// The general-purpose register a decoded register is part of, in ModRM
@@ -654,30 +790,55 @@ fn gpr_number(reg: Register) -> Option<u8> {
 /// The registers a harmless instruction writes, each with the register
 /// (ModRM numbering) whose whole value it copies when it is a 64-bit
 /// register-to-register move; None if the instruction is not harmless.
-/// Writes to r8-r15 are left out: no argument the programs read is there.
+/// `holds` says what the registers hold (see [`Prefix`]).
 fn harmless_writes(
     insn: &Instruction,
     info: &mut InstructionInfoFactory,
+    holds: &[Option<Held>; 16],
 ) -> Option<Vec<(u8, Option<u8>)>> {
-    if !matches!(
+    use Mnemonic as M;
+    let arithmetic = matches!(
         insn.mnemonic(),
-        Mnemonic::Test | Mnemonic::Cmp | Mnemonic::Mov | Mnemonic::Xor
-    ) || insn.has_lock_prefix()
+        M::Lea
+            | M::Add
+            | M::Sub
+            | M::And
+            | M::Or
+            | M::Shr
+            | M::Shl
+            | M::Sar
+            | M::Mul
+            | M::Imul
+            | M::Movzx
+            | M::Movsxd
+            | M::Movsx
+            | M::Not
+            | M::Neg
+            | M::Inc
+            | M::Dec
+    );
+    if !(arithmetic || matches!(insn.mnemonic(), M::Test | M::Cmp | M::Mov | M::Xor))
+        || insn.has_lock_prefix()
     {
         return None;
     }
-    // Memory is only read, at an address that is %rip-relative or
-    // thread-local (the probe must not skip a load through an argument).
+    // Memory is only read, and never through an argument as the call got
+    // it (the probe must not skip a load that faults on a bad pointer
+    // argument): %rip-relative, thread-local, or through registers the
+    // prefix computed (an allocator's thread cache); lea reads none.
     let has_memory = (0..insn.op_count()).any(|i| insn.op_kind(i) == OpKind::Memory);
-    let tls = matches!(insn.memory_segment(), Register::FS | Register::GS);
-    if has_memory && !(insn.is_ip_rel_memory_operand() || tls) {
+    let through_arg = [insn.memory_base(), insn.memory_index()]
+        .into_iter()
+        .filter_map(gpr_number)
+        .any(|r| matches!(holds[usize::from(r)], Some(Held::Reg(a)) if ENTRY_ARGS.contains(&a)));
+    if has_memory && insn.mnemonic() != M::Lea && !insn.is_ip_rel_memory_operand() && through_arg {
         return None;
     }
     let info = info.info(insn);
     if info
         .used_memory()
         .iter()
-        .any(|m| m.access() != OpAccess::Read)
+        .any(|m| m.access() != OpAccess::Read && m.access() != OpAccess::NoMemAccess)
     {
         return None;
     }
@@ -687,31 +848,69 @@ fn harmless_writes(
         && insn.op1_kind() == OpKind::Register
         && insn.op0_register().is_gpr64()
         && insn.op1_register().is_gpr64())
-    .then(|| gpr_number(insn.op1_register()).filter(|&src| src < 8))
+    .then(|| gpr_number(insn.op1_register()))
     .flatten();
     let mut writes = Vec::new();
     for used in info.used_registers() {
         match used.access() {
             OpAccess::Read | OpAccess::CondRead | OpAccess::NoMemAccess | OpAccess::None => {}
             _ => {
-                let dst = gpr_number(used.register())?; // a segment, control… register
-                if dst < 8 {
-                    writes.push((dst, copy));
-                }
+                // A segment, control... register is not harmless.
+                writes.push((gpr_number(used.register())?, copy));
             }
         }
     }
     Some(writes)
 }
 
-/// Whether the kernel emulates this first instruction instead of
-/// single-stepping it (x86_64: push, nop, relative jumps and calls, ret).
+/// Whether the kernel emulates the instruction at the start of `code`
+/// instead of single-stepping it, by the rules of x86's
+/// `arch_uprobe_analyze_insn` (arch/x86/kernel/uprobes.c, Linux 6.x):
+/// `branch_setup_xol_ops` takes the kernel's own nops (`x86_nops`: `nop`,
+/// `66 90`, and the `nopl`/`nopw` forms it pads code with, up to 8 bytes),
+/// `nop` (0x90) whatever its prefixes, `jmp rel8/rel32`, `call rel32` and
+/// the conditional jumps (short and near) unless a 0x66 prefix comes with
+/// them; `push_setup_xol_ops` takes `push reg` alone or with the REX
+/// prefix 0x41 only. Everything else (`ret`, other `nopl` encodings,
+/// `sub`, `mov`, ...) is single-stepped out of line, or refused (a
+/// 0x2e/0x3e/0x26/0x36 or lock prefix). Linux 6.18 checked on this
+/// machine: a single-stepped probe maps the `[uprobes]` page into the
+/// process, an emulated one does not (`tests/attach.rs`).
 fn is_emulated(code: &[u8]) -> bool {
-    match code {
-        [0x50..=0x57, ..] | [0x41, 0x50..=0x57, ..] => true, // push reg
-        [0x90, ..] | [0x66, 0x90, ..] | [0x0f, 0x1f, ..] => true, // nop
-        [0xe8 | 0xe9 | 0xeb | 0xc3, ..] | [0x70..=0x7f, ..] => true,
-        [0x0f, 0x80..=0x8f, ..] => true,
+    /// The kernel's `x86_nops` (`p6_nops`), 2 to 8 bytes long.
+    const X86_NOPS: [&[u8]; 7] = [
+        &[0x66, 0x90],
+        &[0x0f, 0x1f, 0x00],
+        &[0x0f, 0x1f, 0x40, 0x00],
+        &[0x0f, 0x1f, 0x44, 0x00, 0x00],
+        &[0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00],
+        &[0x0f, 0x1f, 0x80, 0x00, 0x00, 0x00, 0x00],
+        &[0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00],
+    ];
+    if X86_NOPS.iter().any(|nop| code.starts_with(nop)) {
+        return true;
+    }
+    const LEGACY: [u8; 11] = [
+        0x66, 0x67, 0xf2, 0xf3, 0x2e, 0x3e, 0x26, 0x36, 0x64, 0x65, 0xf0,
+    ];
+    let mut at = 0;
+    while code.get(at).is_some_and(|b| LEGACY.contains(b)) && at < 14 {
+        at += 1;
+    }
+    let legacy = &code[..at];
+    if legacy
+        .iter()
+        .any(|p| matches!(p, 0x2e | 0x3e | 0x26 | 0x36 | 0xf0))
+    {
+        return false; // is_prefix_bad: refused
+    }
+    let rex = code.get(at).copied().filter(|b| b & 0xf0 == 0x40);
+    let op = &code[(at + usize::from(rex.is_some())).min(code.len())..];
+    let no_66 = !legacy.contains(&0x66);
+    match op {
+        [0x90, ..] => true,
+        [0xe8 | 0xe9 | 0xeb, ..] | [0x70..=0x7f, ..] | [0x0f, 0x80..=0x8f, ..] => no_66,
+        [0x50..=0x57, ..] => legacy.is_empty() && matches!(rex, None | Some(0x41)),
         _ => false,
     }
 }
@@ -942,7 +1141,7 @@ impl From<&Site> for ProbeEntry {
 #[cfg(test)]
 mod tests {
     use super::api::{COUNT_SIZE, REALLOC_N, SIZE0, SIZE1};
-    use super::{HitSlots, MAX_COUNTED_SITES, Role, Site, harmless_prefix};
+    use super::{Abi, HitSlots, MAX_COUNTED_SITES, Role, Site, harmless_prefix, is_emulated};
     use crate::bpf::record::Kind;
 
     /// Check that hit counters are handed out once each, in order, across
@@ -1017,12 +1216,23 @@ mod tests {
         // A branch that is not emulated ends the search: cmpb; jmp *%rax.
         let indirect = [0x80, 0x3d, 0x71, 0x0e, 0x14, 0x00, 0x00, 0xff, 0xe0];
         assert_eq!(len(&indirect), 0);
-        // reallocarray: mov %rsi,%rax; mul %rdx (not decoded).
-        assert_eq!(len(&[0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe2, 0x48]), 0);
-        // operator new(nothrow): sub $8,%rsp moves the stack.
-        assert_eq!(len(&[0x48, 0x83, 0xec, 0x08, 0xe8]), 0);
-        // mov %rax,%rsp writes the stack pointer.
+        // reallocarray: mov %rsi,%rax; mul %rdx; mov %rax,%rsi; jo.
+        let reallocarray = [
+            0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe2, 0x48, 0x89, 0xc6, 0x70, 0x05,
+        ];
+        assert_eq!(len(&reallocarray), 9);
+        // operator new(nothrow): sub $8,%rsp; call. The probe goes on the
+        // call, 8 bytes below the return address.
+        let nothrow =
+            harmless_prefix(&[0x48, 0x83, 0xec, 0x08, 0xe8, 0, 0, 0, 0]).expect("a prefix");
+        assert_eq!((nothrow.len, nothrow.sp_adjust), (4, 8));
+        // mov %rax,%rsp writes the stack pointer; add $8,%rsp and sub $4
+        // are not taken either.
         assert_eq!(len(&[0x48, 0x89, 0xc4, 0x53]), 0);
+        assert_eq!(len(&[0x48, 0x83, 0xc4, 0x08, 0x53]), 0);
+        assert_eq!(len(&[0x48, 0x83, 0xec, 0x04, 0x53]), 0);
+        // Past 120 bytes of stack: sub $0x80,%rsp.
+        assert_eq!(len(&[0x48, 0x81, 0xec, 0x80, 0, 0, 0, 0x53]), 0);
         // jemalloc's malloc: cmp $0x1000,%rdi; ja.
         let je_malloc = [
             0x48, 0x81, 0xff, 0x00, 0x10, 0x00, 0x00, 0x0f, 0x87, 0x93, 0, 0, 0,
@@ -1055,8 +1265,27 @@ mod tests {
         assert_eq!(len(&[0x48, 0x83, 0x3f, 0x00, 0x74, 0x05]), 0);
         // lock cmpxchg is not a harmless form (and writes memory).
         assert_eq!(len(&[0xf0, 0x0f, 0xb1, 0x0d, 0, 0, 0, 0, 0x53]), 0);
-        // add %rsi,%rax changes a register arithmetically: not decoded.
-        assert_eq!(len(&[0x48, 0x01, 0xf0, 0x53]), 0);
+        // add %rsi,%rax changes a register arithmetically: harmless.
+        assert_eq!(len(&[0x48, 0x01, 0xf0, 0x53]), 3);
+        // tcmalloc's posix_memalign: lea -1(%rsi),%rax; or $7,%rax;
+        // test %rsi,%rax; jne (lea reads no memory).
+        let tc_memalign = [
+            0x48, 0x8d, 0x46, 0xff, 0x48, 0x83, 0xc8, 0x07, 0x48, 0x85, 0xf0, 0x75, 0x2b,
+        ];
+        assert_eq!(len(&tc_memalign), 11);
+        // A load through a computed register is read-only: mov %rdi,%rax;
+        // shr $26,%rax; cmp 0x1b0(%rax),%rcx; jne. Through the argument
+        // itself it is not taken: cmp 0x1b0(%rdi),%rcx; jne.
+        let computed = [
+            0x48, 0x89, 0xf8, 0x48, 0xc1, 0xe8, 0x1a, 0x48, 0x3b, 0x88, 0xb0, 1, 0, 0, 0x75, 0x10,
+        ];
+        assert_eq!(len(&computed), 14);
+        assert_eq!(len(&[0x48, 0x3b, 0x8f, 0xb0, 1, 0, 0, 0x75, 0x10]), 0);
+        // Through a copy of the argument neither: mov %rdi,%rax;
+        // cmp (%rax),%rcx; jne.
+        assert_eq!(len(&[0x48, 0x89, 0xf8, 0x48, 0x3b, 0x08, 0x75, 0x10]), 0);
+        // A store is never taken: add %rax,0x10(%rip).
+        assert_eq!(len(&[0x48, 0x01, 0x05, 0x10, 0, 0, 0, 0x53]), 0);
         // mov %fs:0x10,%rax (absolute thread-local) reads memory only.
         let tls = [0x64, 0x48, 0x8b, 0x04, 0x25, 0x10, 0, 0, 0, 0x53];
         assert_eq!(len(&tls), 9);
@@ -1092,7 +1321,47 @@ mod tests {
             0x83, 0xf8, 0x01, 0x74, 0x08,
         ];
         let p = harmless_prefix(&mi_calloc).expect("a prefix");
-        assert_eq!(p.relocate(Role::Alloc, COUNT_SIZE), None);
+        assert_eq!(
+            p.relocate(Role::Alloc, COUNT_SIZE),
+            Some(Abi {
+                count: Some(4),
+                ..COUNT_SIZE
+            })
+        );
+        // glibc's reallocarray: the product of count and size is the size,
+        // and OF at the `jo` says whether it overflowed.
+        let reallocarray = [
+            0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe2, 0x48, 0x89, 0xc6, 0x70, 0x05,
+        ];
+        let p = harmless_prefix(&reallocarray).expect("a prefix");
+        assert_eq!(
+            p.relocate(Role::Alloc, REALLOC_N),
+            Some(Abi {
+                size: 1,
+                count: None,
+                size_overflow_of: true,
+                ..REALLOC_N
+            })
+        );
+        // A flags write after the multiply loses the overflow: mov %rsi,%rax;
+        // mul %rdx; test %rax,%rax; jo.
+        let p = harmless_prefix(&[
+            0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe2, 0x48, 0x85, 0xc0, 0x70, 5,
+        ])
+        .expect("a prefix");
+        assert_eq!(p.relocate(Role::Alloc, REALLOC_N), None);
+        // A moved stack serves an entry-only probe, never one with a return
+        // probe (the kernel would replace the wrong slot) or a free.
+        let p = harmless_prefix(&[0x48, 0x83, 0xec, 0x08, 0xe8, 0, 0, 0, 0]).expect("a prefix");
+        assert_eq!(p.relocate(Role::Alloc, SIZE0), None);
+        assert_eq!(p.relocate(Role::Free, SIZE0), None);
+        assert_eq!(
+            p.relocate(Role::New, SIZE0),
+            Some(Abi {
+                sp_adjust: 8,
+                ..SIZE0
+            })
+        );
         // A 32-bit move does not carry a 64-bit argument: mov %edi,%esi.
         let p = harmless_prefix(&[0x89, 0xfe, 0x53]).expect("a prefix");
         assert_eq!(p.relocate(Role::Alloc, SIZE1), None);
@@ -1107,5 +1376,54 @@ mod tests {
         // Unmoved arguments stay where they were.
         let p = harmless_prefix(&[0x48, 0x85, 0xff, 0x53]).expect("a prefix");
         assert_eq!(p.relocate(Role::Alloc, REALLOC_N), Some(REALLOC_N));
+    }
+
+    /// Check the instructions the kernel emulates against x86's
+    /// `arch_uprobe_analyze_insn` (issue 22): push, the kernel's nops,
+    /// relative jumps and calls; never `ret`, another `nopl` encoding, a
+    /// 0x66-prefixed branch or a `push` with another REX prefix.
+    #[test]
+    fn attach_emulated_instructions_as_the_kernel() {
+        let emulated: &[&[u8]] = &[
+            &[0x53],
+            &[0x41, 0x57],
+            &[0x55],
+            &[0x90],
+            &[0x66, 0x90],
+            &[0xe8, 0, 0, 0, 0],
+            &[0xe9, 0, 0, 0, 0],
+            &[0xeb, 0],
+            &[0x74, 0],
+            &[0x0f, 0x87, 0, 0, 0, 0],
+            &[0xf2, 0xe9, 0, 0, 0, 0], // bnd jmp
+        ];
+        for code in emulated {
+            assert!(is_emulated(code), "{code:02x?}");
+        }
+        for nop in [
+            &[0x0f, 0x1f, 0x44, 0, 0][..],
+            &[0x0f, 0x1f, 0x40, 0],
+            &[0x66, 0x0f, 0x1f, 0x44, 0, 0],
+            &[0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0],
+        ] {
+            assert!(is_emulated(nop), "{nop:02x?}");
+        }
+        let stepped: &[&[u8]] = &[
+            &[0xc3],
+            &[0x0f, 0x1f, 0x44, 0, 8],
+            &[0x0f, 0x1f, 0x40, 1],
+            &[0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0],
+            &[0x66, 0xe8, 0, 0],
+            &[0x66, 0x74, 0],
+            &[0x48, 0x53],
+            &[0x66, 0x53],
+            &[0x3e, 0x74, 0], // branch hint: refused
+            &[0x48, 0x83, 0xec, 0x08],
+            &[0xff, 0xe0],
+            &[],
+        ];
+        for code in stepped {
+            assert!(!is_emulated(code), "{code:02x?}");
+        }
     }
 }

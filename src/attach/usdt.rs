@@ -107,7 +107,7 @@ pub(super) fn find_markers(elf: &Elf<'_>, image: &std::path::Path) -> Vec<Site> 
             );
             break;
         }
-        let emulated = elf.bytes_at(offset, 4).is_some_and(is_emulated)
+        let emulated = elf.code_at(offset, 16).is_some_and(is_emulated)
             || elf.bytes_at(offset, 1) == Some(&[0x90][..]);
         sites.push(Site {
             image: image.to_owned(),

@@ -32,7 +32,7 @@ use super::cache::Stamp;
 use super::per_process::{PerProcess, Shared, lock};
 use super::place::{Deferred, Image, Placed, Placer};
 use super::{
-    AllocPrograms, AttachError, HitSlots, Links, NOT_ELF, Role, Site, api, find_sites, known_key,
+    AllocPrograms, AttachError, HitSlots, Links, NOT_ELF, Role, Site, capture_sites, known_key,
     strip_deleted,
 };
 use crate::bpf::record::{self, MappingRecord, Request};
@@ -151,7 +151,7 @@ impl AttachWorker {
         // Stamped before reading: a file changed meanwhile gets a stamp
         // that no longer matches it, and is examined again next time.
         let stamp = Stamp::of(&real).filter(|s| s.id() == (req.dev, req.ino));
-        let mut sites = match find_sites(&link, &api::all()) {
+        let mut sites = match capture_sites(&link, self.tables.is_some()) {
             Ok(sites) => sites,
             Err(err) => return skipped_or(real, err),
         };

@@ -16,7 +16,7 @@ pub const MAX_STACK_DEPTH: u32 = 128;
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
-/// wedge-events,stall-stacks,one-thread-slot,no-cgroup,fail-after-start,
+/// wedge-events,stall-stacks,one-thread-slot,one-row-cache-slot,no-cgroup,fail-after-start,
 /// late-pause,late-release,stop-after-cgroup` in
 /// the CLI; see
 /// [`crate::engine::Fault`]).
@@ -28,6 +28,10 @@ pub struct Faults {
     /// bpf/memtrail.bpf.c): the other threads keep their state in task
     /// storage, the path a thread takes when its slot is held.
     pub one_thread_slot: bool,
+    /// One slot in BPF's cache of unwind rows (`row_cache`): every frame
+    /// contends for it, so an entry is mostly another frame's (the path
+    /// whose checks make a cached row the searched one).
+    pub one_row_cache_slot: bool,
     /// Fail a session right after its threads started
     /// (`fail-after-start`): the path every later error takes.
     pub fail_after_start: bool,
@@ -57,6 +61,10 @@ impl Faults {
         for name in spec.split(',').map(str::trim) {
             if name == "one-thread-slot" {
                 faults.one_thread_slot = true;
+                continue;
+            }
+            if name == "one-row-cache-slot" {
+                faults.one_row_cache_slot = true;
                 continue;
             }
             if name == "no-cgroup" {

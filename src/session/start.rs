@@ -151,6 +151,7 @@ impl Plan {
             cpu_rings: self.rings.per_cpu.is_some(),
             event_ring_count: self.rings.sizes.len() as u32,
             one_thread_slot: opts.faults.one_thread_slot,
+            one_row_cache_slot: opts.faults.one_row_cache_slot,
             find_vma_busy: opts.faults.find_vma_busy,
         }
     }

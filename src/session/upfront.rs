@@ -125,7 +125,7 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
     let mut runtimes = vec![attach::libc_path()?];
     runtimes.extend(attach::cxx_runtimes());
     for path in runtimes {
-        let sites = attach::find_sites(&path, &attach::api::all())?;
+        let sites = attach::capture_sites(&path, tables)?;
         let id = id_of(&path);
         images.push(Image {
             table: (tables && id.is_some()).then(|| table_of(&path, cache.as_ref())),
@@ -175,7 +175,7 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
         }
         let sites = entry
             .has_sites
-            .then(|| attach::find_sites(&entry.path, &attach::api::all()));
+            .then(|| attach::capture_sites(&entry.path, tables));
         let failed = matches!(sites, Some(Err(_)));
         let image = Image {
             table: (tables && !failed).then(|| table_of(&entry.path, cache.as_ref())),
@@ -366,20 +366,21 @@ impl<'a> Install<'a> {
                 self.mark_known(id)?;
                 continue;
             }
-            let probed = attach::find_sites(&image, &attach::api::all()).and_then(|mut found| {
-                let at = place::Image {
-                    id: Some(id),
-                    path: &image,
-                    name: None,
-                    may_defer: false,
-                };
-                if self.placer().place(&at, &mut found)? == Placed::PerProcess {
-                    if let Some(registry) = &mut self.out.registry {
-                        registry.link(&self.out.progs, self.known_fd, pid, id)?;
+            let probed =
+                attach::capture_sites(&image, self.out.tables.is_some()).and_then(|mut found| {
+                    let at = place::Image {
+                        id: Some(id),
+                        path: &image,
+                        name: None,
+                        may_defer: false,
+                    };
+                    if self.placer().place(&at, &mut found)? == Placed::PerProcess {
+                        if let Some(registry) = &mut self.out.registry {
+                            registry.link(&self.out.progs, self.known_fd, pid, id)?;
+                        }
                     }
-                }
-                Ok(found)
-            });
+                    Ok(found)
+                });
             match probed {
                 Ok(found) => {
                     self.out.sites.extend(found);

@@ -24,7 +24,7 @@ use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 
 use super::UnwindError;
 use crate::bpf::skel::memtrail::types::{
-    mt_unwind_cfa as Cfa, mt_unwind_rbp as Rbp, mt_unwind_row,
+    mt_unwind_cfa as Cfa, mt_unwind_flags as Flags, mt_unwind_rbp as Rbp, mt_unwind_row,
 };
 
 /// An image's compiled table.
@@ -67,7 +67,8 @@ impl Table {
 pub struct Row {
     pub pc: u32,
     pub cfa_off: i16,
-    /// `enum mt_unwind_cfa | enum mt_unwind_rbp << 4`.
+    /// `enum mt_unwind_cfa | enum mt_unwind_rbp << 4`, with the flags of
+    /// `enum mt_unwind_flags`.
     pub kind: u8,
     pub rbp_off: i8,
 }
@@ -186,6 +187,7 @@ fn compile_image(data: &[u8]) -> Result<Compiled, UnwindError> {
     if spans.is_empty() {
         return Ok(Compiled::NoCfi);
     }
+    mark_alloc_wrappers(&file, &mut spans);
     spans.sort_by_key(|&(start, end, _)| (start, end));
     if spans.iter().any(|&(_, end, _)| end > u64::from(u32::MAX)) {
         return Err(UnwindError::Parse(
@@ -197,6 +199,38 @@ fn compile_image(data: &[u8]) -> Result<Compiled, UnwindError> {
         rows: merge(&spans),
         source,
     }))
+}
+
+/// Flags the spans of C++ `operator new` (`MT_ROW_ALLOC_WRAPPER`) in an
+/// image that has no allocator of its own (no `malloc`: libstdc++,
+/// libc++), whose `operator new` only calls malloc and gets no probe
+/// (issue 22): BPF starts a stack walked from malloc's entry at new's
+/// caller, as a probe on new did.
+fn mark_alloc_wrappers(file: &object::File<'_>, spans: &mut [(u64, u64, Row)]) {
+    use object::ObjectSymbol;
+    let news: Vec<String> = crate::attach::api::cxx_new()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    let mut ranges = Vec::new();
+    for sym in file.dynamic_symbols().chain(file.symbols()) {
+        if !sym.is_definition() || sym.kind() != object::SymbolKind::Text {
+            continue;
+        }
+        match sym.name_bytes() {
+            Ok(b"malloc") => return,
+            Ok(name) if news.iter().any(|n| n.as_bytes() == name) && sym.size() > 0 => {
+                ranges.push((sym.address(), sym.address().saturating_add(sym.size())));
+            }
+            _ => {}
+        }
+    }
+    let flag = Flags::MT_ROW_ALLOC_WRAPPER.0 as u8;
+    for (start, end, row) in spans.iter_mut() {
+        if ranges.iter().any(|&(lo, hi)| *start >= lo && *end <= hi) {
+            row.kind |= flag;
+        }
+    }
 }
 
 /// Sorted spans into rows: a row per change of rule, a `NONE` row where a
@@ -423,5 +457,45 @@ mod tests {
             assert!(kinds.contains(&kind.0), "{kind:?} missing");
         }
         assert!(table.rows.windows(2).all(|w| w[0].pc < w[1].pc));
+    }
+
+    /// Check that libstdc++'s `operator new` rows (and only theirs) are
+    /// flagged as an allocator wrapper, and that libc, which has malloc,
+    /// has no flagged row (issue 22).
+    #[test]
+    fn unwind_flags_operator_new_wrappers() {
+        use object::{Object, ObjectSymbol};
+        let flag = Flags::MT_ROW_ALLOC_WRAPPER.0 as u8;
+        let table_of = |path: &str| {
+            let data = std::fs::read(path).expect("image");
+            let Compiled::Table(table) = compile(&data).expect("compiles") else {
+                panic!("{path} has CFI");
+            };
+            (data, table)
+        };
+        let (_, libc) = table_of("/lib/x86_64-linux-gnu/libc.so.6");
+        assert!(libc.rows.iter().all(|r| r.kind & flag == 0));
+        let (data, cxx) = table_of("/usr/lib/x86_64-linux-gnu/libstdc++.so.6");
+        let file = object::File::parse(&*data).expect("ELF");
+        let addr = |name: &str| {
+            file.dynamic_symbols()
+                .find(|s| s.name() == Ok(name))
+                .map(|s| s.address())
+                .expect("symbol")
+        };
+        // The row holding an address: the last at or below it.
+        let row_at = |a: u64| {
+            *cxx.rows
+                .iter()
+                .take_while(|r| u64::from(r.pc) <= a)
+                .last()
+                .expect("a row")
+        };
+        for name in ["_Znwm", "_ZnwmRKSt9nothrow_t", "_Znam"] {
+            assert_ne!(row_at(addr(name) + 4).kind & flag, 0, "{name}");
+        }
+        assert_eq!(row_at(addr("__cxa_allocate_exception")).kind & flag, 0);
+        let flagged = cxx.rows.iter().filter(|r| r.kind & flag != 0).count();
+        assert!((8..64).contains(&flagged), "{flagged} rows flagged");
     }
 }

@@ -178,7 +178,8 @@ fn stacks_deduplicated_across_threads() {
 /// Check that `new` (libstdc++'s operator new, built without frame
 /// pointers, nested over malloc) shows the user's function as the
 /// allocation site, with its line, and no unknown (trampoline) frame up to
-/// main; the nested malloc is not counted again.
+/// main; the nested malloc is not counted again; and so does
+/// `new (std::nothrow)`.
 #[test]
 fn stacks_cxx_new_shows_user_function() {
     let run = capture(&cmd("stack_cxx", &[]));
@@ -201,6 +202,24 @@ fn stacks_cxx_new_shows_user_function() {
     assert_eq!(
         (num(site[0], "allocations"), num(site[0], "bytes")),
         (2, 88888)
+    );
+    // The nothrow operator new calls operator new, which calls malloc: the
+    // site is still the user's function (issue 22: its probe sat past a
+    // `sub $8,%rsp`; without probes on new, the walk from malloc starts
+    // past both).
+    let spare = with_frame(p, 0, "make_spare");
+    assert_eq!(spare.len(), 1, "{:#?}", stacks(p));
+    let f = frames(spare[0]);
+    assert_at(
+        &f[0],
+        "make_spare",
+        "stack_cxx.cc",
+        line_of("stack_cxx.cc", "MAKE_SPARE"),
+    );
+    assert_eq!(function(&f[1]), "main");
+    assert_eq!(
+        (num(spare[0], "allocations"), num(spare[0], "bytes")),
+        (3, 3 * 33333)
     );
 }
 

@@ -428,3 +428,66 @@ fn stacks_unwind_image_without_cfi_warns() {
         assert!(!complete(s), "{s:#}");
     }
 }
+
+/// Check that stacks whose shape changes from one allocation to the next
+/// over the same code, built without frame pointers, are each exactly what
+/// a full walk gives, however many of their frames' rows the walk found
+/// cached (issue 22: a PC → row cache): at the same leaf, rec() nested 1
+/// to 12 deep under two callers, three rounds; each depth is one stack of
+/// 3 allocations with exactly its frames.
+#[test]
+fn stacks_unwind_changing_stacks_exact() {
+    let exe = fixture_with_flags("stack_change", support::NO_FP);
+    check_changing_stacks(&run_profile(&[exe.into()], &[]));
+}
+
+/// Check the same with one slot in the row cache (`MEMTRAIL_FAULT=
+/// one-row-cache-slot`): the entry a frame finds is mostly another
+/// frame's, which must never be taken for its own.
+#[test]
+fn stacks_unwind_changing_stacks_exact_one_cache_slot() {
+    let exe = fixture_with_flags("stack_change", support::NO_FP);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("profile.json");
+    let argv: Vec<OsString> = vec![
+        "run".into(),
+        "-q".into(),
+        "-o".into(),
+        out.clone().into(),
+        "--".into(),
+        exe.into(),
+    ];
+    let (_, status, _, stderr) =
+        support::memtrail_env(&argv, b"", &[("MEMTRAIL_FAULT", "one-row-cache-slot")]);
+    assert!(status.success(), "{stderr}");
+    check_changing_stacks(&support::read_profile(&out).expect("profile written"));
+}
+
+/// The stacks of `stack_change.c`: for each depth one stack of 3
+/// allocations with exactly its frames.
+fn check_changing_stacks(p: &Value) {
+    let src = "stack_change.c";
+    for d in 1..=12u64 {
+        let sites: Vec<&Value> = stacks(p)
+            .into_iter()
+            .filter(|s| s["bytes"].as_u64() == Some(3 * (1000 + d)))
+            .collect();
+        assert_eq!(sites.len(), 1, "depth {d}: {sites:#?}");
+        let s = sites[0];
+        assert_eq!(num(s, "allocations"), 3, "depth {d}");
+        let main = assert_reaches_start(s);
+        let f = frames(s);
+        assert_eq!(main, d as usize + 2, "depth {d}: {:?}", functions(s));
+        assert_at(&f[0], "leaf", src, line_of(src, "LEAF"));
+        for frame in &f[1..=d as usize] {
+            assert_at(frame, "rec", src, line_of(src, "REC"));
+        }
+        let (via, mark) = if d % 2 == 1 {
+            ("via_a", "VIA_A")
+        } else {
+            ("via_b", "VIA_B")
+        };
+        assert_at(&f[d as usize + 1], via, src, line_of(src, mark));
+        assert_at(&f[main], "main", src, line_of(src, "MAIN"));
+    }
+}
