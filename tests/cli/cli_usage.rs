@@ -98,7 +98,9 @@ fn cli_usage_log_without_colours_off_a_terminal() {
         .expect("run memtrail");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains(" INFO "), "no diagnostics: {stderr}");
+    // DEBUG: a capture of /bin/true may have nothing to say at INFO (its
+    // one note was a probe that single-stepped, gone with issue 22).
+    assert!(stderr.contains(" DEBUG "), "no diagnostics: {stderr}");
     assert!(
         !stderr.contains('\x1b'),
         "ANSI escapes in a pipe: {stderr:?}"
