@@ -898,9 +898,10 @@ static __always_inline __u64 mix(__u64 h, __u64 v)
  *   function). The row gives the CFA (rsp or rbp plus an offset, or the
  *   PLT's expression), the return address at CFA - 8 and where the caller's
  *   rbp was saved.
- * - Where there is no table (or no row, or a rule BPF does not evaluate),
- *   --unwind auto takes a frame-pointer step; --unwind dwarf stops there,
- *   and --unwind fp always takes frame-pointer steps.
+ * - Where the image has no table, --unwind auto takes a frame-pointer
+ *   step; where it has one but no row or a rule BPF does not evaluate
+ *   covers the address, and with --unwind dwarf, the walk stops there
+ *   (never a made-up caller); --unwind fp always takes frame-pointer steps.
  * - The signal trampoline's row (__restore_rt) takes the interrupted
  *   registers from the ucontext the kernel saved: the walk goes on through
  *   a signal handler into the code it interrupted. That frame's address is
@@ -1314,7 +1315,11 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 		return true;
 	}
 	default:
-		if (unwind_mode == MT_UNWIND_DWARF) {
+		/* A frame-pointer step only where the image has no table: in
+		 * one that has (code without a row, a rule BPF does not
+		 * evaluate), rbp is rarely a frame pointer, and the step made
+		 * up callers (issue 23). */
+		if (unwind_mode == MT_UNWIND_DWARF || w->map.npages) {
 			walk_end(w, cfa_kind == MT_CFA_UNSUPPORTED ? MT_END_UNSUPPORTED
 								      : MT_END_NO_TABLE);
 			return false;

@@ -73,7 +73,45 @@ fn run_profile(cmd: &[OsString], args: &[&str]) -> Value {
     argv.extend(cmd.iter().cloned());
     let (_, status, _, stderr) = support::memtrail_env(&argv, b"", &[]);
     assert!(status.success(), "{stderr}");
-    support::read_profile(&out).expect("profile written")
+    let profile = support::read_profile(&out).expect("profile written");
+    assert_no_allocator_callers(&profile);
+    profile
+}
+
+/// Functions of the allocator itself: never the caller of an allocation
+/// (a frame-pointer step through code that keeps no frame pointer took a
+/// stale frame of one for a caller, issue 23).
+const ALLOCATOR_FUNCTIONS: &[&str] = &[
+    "malloc",
+    "free",
+    "calloc",
+    "realloc",
+    "cfree",
+    "__libc_malloc",
+    "__libc_free",
+    "__libc_calloc",
+    "__libc_realloc",
+    "__GI___libc_free",
+    "__GI___libc_malloc",
+    "_int_malloc",
+    "_int_free",
+    "_int_realloc",
+    "malloc_consolidate",
+    "sysmalloc",
+    "tcache_init",
+];
+
+/// Checks that no frame of any stack of `profile` is a function of the
+/// allocator.
+fn assert_no_allocator_callers(profile: &Value) {
+    for stack in stacks(profile) {
+        for f in functions(stack) {
+            assert!(
+                !ALLOCATOR_FUNCTIONS.contains(&f),
+                "{f} as a caller of an allocation: {stack:#}"
+            );
+        }
+    }
 }
 
 /// Whether the walk reached the outermost frame (`end` absent).
@@ -460,7 +498,8 @@ const CLANG_IMAGES: [&str; 3] = ["libLLVM.so", "libclang-cpp.so", "libz3.so"];
 /// Check that clang-19, whose libraries' tables are 2.9 M rows, unwinds
 /// to main: at least 99 % of the bytes it allocates have stacks that reach
 /// main and _start (they stopped at the room left, ~1 M rows, issue 23),
-/// every one of those libraries' tables loaded; and that the image cache
+/// every one of those libraries' tables loaded, no allocator function
+/// taken for a caller; and that the image cache
 /// spills into no later capture: a capture of `true` made after it (the
 /// same cache) says nothing about clang's libraries, whose tables it never
 /// needs.
@@ -482,10 +521,10 @@ fn stacks_unwind_clang_reaches_main_and_its_cache_spills_nowhere() {
         "-o".into(),
         obj.into(),
     ];
-    let (_, status, _, stderr) = common::memtrail_env(&argv, b"", &[]);
+    let (_, status, _, stderr) = support::memtrail_env(&argv, b"", &[]);
     assert!(status.success(), "{stderr}");
     assert!(!stderr.contains("does not fit"), "{stderr}");
-    let p = common::read_profile(&out).expect("profile");
+    let p = support::read_profile(&out).expect("profile");
     let images = p["unwind"]["images"].as_array().expect("unwind images");
     for name in CLANG_IMAGES {
         let image = images
@@ -502,6 +541,7 @@ fn stacks_unwind_clang_reaches_main_and_its_cache_spills_nowhere() {
         .map(|s| num(s, "bytes"))
         .sum();
     assert!(total > 10 << 20, "clang allocated {total} bytes");
+    assert_no_allocator_callers(&p);
     assert!(
         to_main * 100 >= total * 99,
         "{to_main} of {total} bytes have stacks reaching main"
@@ -514,7 +554,7 @@ fn stacks_unwind_clang_reaches_main_and_its_cache_spills_nowhere() {
         "--".into(),
         "true".into(),
     ];
-    let (_, status, _, stderr) = common::memtrail_env(&argv, b"", &[]);
+    let (_, status, _, stderr) = support::memtrail_env(&argv, b"", &[]);
     assert!(status.success(), "{stderr}");
     for name in CLANG_IMAGES {
         assert!(!stderr.contains(name), "{name} named: {stderr}");
