@@ -187,8 +187,17 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
         };
         // A table past the share is not loaded up front (however fresh
         // the cache's entry): the image gets it, from the cache, when a
-        // process maps it.
-        if rows + rows_of(&image) > unwind::CACHED_ROWS as usize {
+        // process maps it. Nor is an image without a table and without
+        // allocator entry points: up front it would only be a warning in
+        // every capture, mapped or not (issue 23); examined when mapped,
+        // it is one in the captures that map it.
+        let no_table = tables
+            && !matches!(
+                image.table.as_ref().map(|t| &t.table),
+                Some(Ok((Some(_), _)))
+            );
+        let no_sites = !matches!(&image.sites, Some(Ok(sites)) if !sites.is_empty());
+        if rows + rows_of(&image) > unwind::CACHED_ROWS as usize || no_table && no_sites {
             continue;
         }
         rows += rows_of(&image);
