@@ -129,10 +129,10 @@ pub const CFA_OFF_X8: u8 = 0x40;
 /// thousands of FDEs would take hours without the bound.
 pub const CFI_BUDGET: u64 = 256 << 20;
 
-/// The most rows (before merging) compiled for one image: 8 Mi spans,
-/// 192 MiB while compiling (libclang-cpp, the largest image at hand, has
+/// The most rows (before merging) compiled for one image: 4 Mi spans,
+/// 96 MiB while compiling (libclang-cpp, the largest image at hand, has
 /// 1.35 M rows once merged).
-pub const MAX_SPANS: usize = 1 << 23;
+pub const MAX_SPANS: usize = 1 << 22;
 
 /// Compiles the unwind table of the ELF image in `data` (an x86-64 ELF
 /// image, else an error).
