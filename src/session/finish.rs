@@ -264,7 +264,14 @@ impl Session {
         let images_seen = attacher
             .tables
             .take()
-            .map(|t| t.images_seen)
+            .map(|t| {
+                tracing::debug!(
+                    slots = t.rows_used(),
+                    mib = t.memory() >> 20,
+                    "unwind tables: slots used, locked memory of their shards"
+                );
+                t.images_seen
+            })
             .unwrap_or_default();
         let mut sites = std::mem::take(&mut self.sites);
         sites.append(&mut attacher.sites);

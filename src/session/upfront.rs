@@ -452,7 +452,7 @@ impl<'a> Install<'a> {
             if let (Some(tables), Some(_)) = (&self.out.tables, &image.table)
                 && tables.rows_used() >= u64::from(unwind::CACHED_ROWS)
             {
-                tracing::debug!(image = %image.path.display(), "cached image left to be examined when mapped: the cache's half of the unwind rows is taken");
+                tracing::debug!(image = %image.path.display(), "cached image left to be examined when mapped: the cache's up-front share of unwind rows is taken");
                 continue;
             }
             let mut placed = None;
