@@ -551,7 +551,7 @@ fn capture_finds_debug_files_by_build_id() {
     let slot = debuginfo.join(".build-id").join(head);
     fs::create_dir_all(&slot).expect("mkdir");
     fs::copy(&debug, slot.join(format!("{rest}.debug"))).expect("place debug file");
-    let run = common::capture_flags(
+    let run = support::capture_flags(
         &["--debuginfo-dir", debuginfo.to_str().expect("UTF-8")],
         &[stripped.into_os_string()],
         b"",
