@@ -902,9 +902,10 @@ static __always_inline __u64 mix(__u64 h, __u64 v)
  *   function). The row gives the CFA (rsp or rbp plus an offset, or the
  *   PLT's expression), the return address at CFA - 8 and where the caller's
  *   rbp was saved.
- * - Where there is no table (or no row, or a rule BPF does not evaluate),
- *   --unwind auto takes a frame-pointer step; --unwind dwarf stops there,
- *   and --unwind fp always takes frame-pointer steps.
+ * - Where the image has no table, --unwind auto takes a frame-pointer
+ *   step; where it has one but no row or a rule BPF does not evaluate
+ *   covers the address, and with --unwind dwarf, the walk stops there
+ *   (never a made-up caller); --unwind fp always takes frame-pointer steps.
  * - The signal trampoline's row (__restore_rt) takes the interrupted
  *   registers from the ucontext the kernel saved: the walk goes on through
  *   a signal handler into the code it interrupted. That frame's address is
@@ -917,40 +918,57 @@ static __always_inline __u64 mix(__u64 h, __u64 v)
  * problem. Every walk also hashes the frames it keeps.
  */
 
-/* Rows the unwind tables of all images share. */
-#define MT_UNWIND_ROWS (1 << 20)
-/* Binary search steps: enough for MT_UNWIND_ROWS rows (a page's rows are
- * usually a few dozen: the search ends after 5 or 6). */
+/*
+ * The unwind tables of all images share one array of slots that grows (issue
+ * 23): shards of MT_UNWIND_SHARD slots, shard 0 `unwind_rows`, shard s > 0
+ * at `unwind_shards[s - 1]`, made by userspace as the tables grow (a
+ * BPF_F_MMAPABLE array written through its mapping) and inserted before any
+ * image entry leads to them. A slot holds a row, or an entry of an image's
+ * page index: the row index a page starts at, in its `pc`. An image's slots
+ * are contiguous in the slot index, whatever shards they span.
+ */
+#define MT_UNWIND_SHARD_SHIFT 20
+#define MT_UNWIND_SHARD (1 << MT_UNWIND_SHARD_SHIFT)
+/* Shards past the first: 2^30 slots in all (8 GiB of tables). */
+#define MT_UNWIND_SHARDS 1023
+/* Binary search steps: enough for a page's rows, whatever their number
+ * (a page's rows are usually a few dozen: the search ends after 5 or 6). */
 #define MT_UNWIND_SEARCH 21
-/* Page index entries the tables of all images share (512 MiB of code). */
-#define MT_UNWIND_PAGES (1 << 17)
 #define VM_EXEC 0x4
-/* Retries of a mapping look-up that found the mmap lock taken. */
-#define MT_FIND_VMA_TRIES 8
 /* Retries of a mapping look-up that found the mmap lock taken. */
 #define MT_FIND_VMA_TRIES 8
 #define EBUSY 16
 
-/* Userspace writes rows through its mapping of the array, then inserts the
- * image's entry in unwind_images (a syscall, after the rows are written). */
-struct {
+struct unwind_shard {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, MT_UNWIND_ROWS);
+	__uint(max_entries, MT_UNWIND_SHARD);
 	__type(key, __u32);
 	__type(value, struct mt_unwind_row);
-} unwind_rows SEC(".maps");
+};
+
+struct unwind_shard unwind_rows SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, MT_UNWIND_PAGES);
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MT_UNWIND_SHARDS);
 	__type(key, __u32);
-	/* A row index; 64 bits because the kernel lays array elements out
-	 * 8 bytes apart anyway, and userspace writes them through the map's
-	 * mapping. */
-	__type(value, __u64);
-} unwind_pages SEC(".maps");
+	__array(values, struct unwind_shard);
+} unwind_shards SEC(".maps");
+
+/* Slot idx of the unwind tables' array, NULL past its shards. */
+static __always_inline struct mt_unwind_row *unwind_slot(__u32 idx)
+{
+	__u32 shard = idx >> MT_UNWIND_SHARD_SHIFT;
+	__u32 at = idx & (MT_UNWIND_SHARD - 1);
+	void *inner;
+
+	if (!shard)
+		return bpf_map_lookup_elem(&unwind_rows, &at);
+	shard--;
+	inner = bpf_map_lookup_elem(&unwind_shards, &shard);
+	return inner ? bpf_map_lookup_elem(inner, &at) : NULL;
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -1084,7 +1102,7 @@ static long search_step(__u64 i, void *data)
 	if (s->lo >= s->hi)
 		return 1;
 	mid = s->lo + (s->hi - s->lo) / 2;
-	row = bpf_map_lookup_elem(&unwind_rows, &mid);
+	row = unwind_slot(mid);
 	if (!row)
 		return 1;
 	if (row->pc <= s->key)
@@ -1244,8 +1262,8 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 {
 	__u64 key = w->pc - (w->exact ? 0 : 1) - w->map.shift;
 	struct unwind_search s;
-	struct mt_unwind_row *row;
-	__u64 *from, *to, *cached;
+	struct mt_unwind_row *row, *from, *to;
+	__u64 *cached;
 	__u32 idx, page, slot;
 
 	if (key > 0xffffffffULL || (key >> 12) < w->map.base_page)
@@ -1254,9 +1272,8 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	if (page >= w->map.npages)
 		page = w->map.npages - 1; /* past the last row's page: the last row */
 	idx = w->map.pages + page;
-	from = bpf_map_lookup_elem(&unwind_pages, &idx);
-	idx++;
-	to = bpf_map_lookup_elem(&unwind_pages, &idx);
+	from = unwind_slot(idx);
+	to = unwind_slot(idx + 1);
 	if (!from || !to)
 		return false;
 	slot = (__u32)(((key << 16 ^ w->map.pages) * 0x9e3779b97f4a7c15ULL) >> 48) & row_cache_mask;
@@ -1266,8 +1283,8 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 
 		idx = (__u32)c;
 		/* Rows [from - 1, to), from on page 0 (see below). */
-		if ((c >> 32) == key && idx + (page != 0) >= *from && idx < *to) {
-			row = bpf_map_lookup_elem(&unwind_rows, &idx);
+		if ((c >> 32) == key && idx + (page != 0) >= from->pc && idx < to->pc) {
+			row = unwind_slot(idx);
 			if (!row)
 				return false;
 			*out = *row;
@@ -1278,13 +1295,13 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	 * the one before the page's first (never another image's: page 0
 	 * starts with the image's first row, which is below nothing). */
 	s.key = key;
-	s.lo = *from;
-	s.hi = *to;
+	s.lo = from->pc;
+	s.hi = to->pc;
 	bpf_loop(MT_UNWIND_SEARCH, search_step, &s, 0);
-	if (s.lo == *from && page == 0)
+	if (s.lo == from->pc && page == 0)
 		return false; /* below the first row */
 	idx = s.lo - 1;
-	row = bpf_map_lookup_elem(&unwind_rows, &idx);
+	row = unwind_slot(idx);
 	if (!row)
 		return false;
 	*out = *row;
@@ -1307,6 +1324,7 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 	const struct mt_unwind_row *row = rowp;
 	struct user_frame saved;
 	__u64 cfa, ra;
+	__s64 cfa_off = row->kind & MT_CFA_OFF_X8 ? (__s64)row->cfa_off * 8 : row->cfa_off;
 	__u8 cfa_kind;
 
 	if (unwind_mode == MT_UNWIND_FP)
@@ -1314,14 +1332,14 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 	cfa_kind = row->kind & 0xf;
 	switch (cfa_kind) {
 	case MT_CFA_RSP:
-		cfa = w->sp + row->cfa_off;
+		cfa = w->sp + cfa_off;
 		break;
 	case MT_CFA_RBP:
 		if (!w->bp) {
 			walk_end(w, MT_END_UNREADABLE);
 			return false;
 		}
-		cfa = w->bp + row->cfa_off;
+		cfa = w->bp + cfa_off;
 		break;
 	case MT_CFA_PLT:
 		cfa = w->sp + 8 + ((w->pc & 15) >= (__u64)row->rbp_off ? 8 : 0);
@@ -1344,7 +1362,11 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 		return true;
 	}
 	default:
-		if (unwind_mode == MT_UNWIND_DWARF) {
+		/* A frame-pointer step only where the image has no table: in
+		 * one that has (code without a row, a rule BPF does not
+		 * evaluate), rbp is rarely a frame pointer, and the step made
+		 * up callers (issue 23). */
+		if (unwind_mode == MT_UNWIND_DWARF || w->map.npages) {
 			walk_end(w, cfa_kind == MT_CFA_UNSUPPORTED ? MT_END_UNSUPPORTED
 								      : MT_END_NO_TABLE);
 			return false;

@@ -214,7 +214,7 @@ enum mt_unwind_mode {
  * Unwind tables (src/unwind compiles them from .eh_frame/.debug_frame): one
  * per image, its rows sorted by address in the `unwind_rows` array, found
  * by image in `unwind_images`. A row holds from its pc to the next row's.
- *   kind = enum mt_unwind_cfa | enum mt_unwind_rbp << 4
+ *   kind = enum mt_unwind_cfa | enum mt_unwind_rbp << 4 | MT_CFA_OFF_X8?
  *   the return address is at CFA - 8.
  */
 enum mt_unwind_cfa {
@@ -249,6 +249,9 @@ enum mt_unwind_flags {
 	 * the user's new expression. */
 	MT_ROW_ALLOC_WRAPPER = 0x80,
 };
+/* In a row's kind: cfa_off counts 8-byte words (a frame of more than 32 KiB:
+ * LLVM's loop strength reduction keeps 38 KiB on the stack). */
+#define MT_CFA_OFF_X8 0x40
 
 struct mt_unwind_row {
 	__u32 pc;       /* image address (ELF virtual address) */
@@ -260,11 +263,12 @@ struct mt_unwind_row {
 /*
  * An image's table: its rows, and a page index into them that narrows each
  * search to one page's rows. Page p of the image (addresses from
- * (base_page + p) << 12) starts at row unwind_pages[pages + p], the first
- * row at or above it; entry pages + npages is the end of the rows.
+ * (base_page + p) << 12) starts at the row the `pc` of slot pages + p names
+ * (the first row at or above it); slot pages + npages names the end of the
+ * rows. Slots are the unwind tables' shared array (`unwind_slot` in BPF).
  */
 struct mt_unwind_image {
-	__u32 pages;     /* index of the image's first entry in unwind_pages */
+	__u32 pages;     /* slot of the image's first page index entry */
 	__u32 npages;
 	__u32 base_page; /* the first row's address >> 12 */
 	__u32 _pad;

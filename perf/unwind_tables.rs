@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use memtrail::internals::unwind::{cache::Cache, prepare};
+use memtrail::internals::unwind::{prepare, cache::Cache};
 
 /// Counts live and peak heap bytes.
 struct Counting;
@@ -51,6 +51,10 @@ const IMAGES: &[&str] = &[
     "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
     "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
     "/usr/bin/python3.11",
+    // clang-19's (issue 23): 2.9 M rows between them.
+    "/usr/lib/x86_64-linux-gnu/libLLVM.so.19.1",
+    "/usr/lib/x86_64-linux-gnu/libclang-cpp.so.19.1",
+    "/usr/lib/x86_64-linux-gnu/libz3.so.4",
 ];
 
 /// One preparation: time, peak heap above the start, rows, from cache.
@@ -79,8 +83,16 @@ fn main() {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:<48} {:>8} {:>9} {:>10} {:>9} {:>10} {:>7}",
-        "image", "rows", "cold ms", "cold heap", "cached ms", "cached heap", "ratio"
+        "{:<48} {:>8} {:>9} {:>10} {:>9} {:>10} {:>7} {:>11} {:>13}",
+        "image",
+        "rows",
+        "cold ms",
+        "cold heap",
+        "cached ms",
+        "cached heap",
+        "ratio",
+        "cold ns/row",
+        "cached ns/row"
     )
     .unwrap();
     for image in IMAGES {
@@ -108,12 +120,14 @@ fn main() {
         let (ct, cm, ht, hm) = (median(cold_t), median(cold_m), median(hot_t), median(hot_m));
         writeln!(
             out,
-            "{image:<48} {rows:>8} {:>9.1} {:>8.1}Mi {:>9.2} {:>8.1}Mi {:>6.1}x",
+            "{image:<48} {rows:>8} {:>9.1} {:>8.1}Mi {:>9.2} {:>8.1}Mi {:>6.1}x {:>11.0} {:>13.0}",
             ct.as_secs_f64() * 1e3,
             cm as f64 / (1 << 20) as f64,
             ht.as_secs_f64() * 1e3,
             hm as f64 / (1 << 20) as f64,
-            ct.as_secs_f64() / ht.as_secs_f64()
+            ct.as_secs_f64() / ht.as_secs_f64(),
+            ct.as_secs_f64() * 1e9 / rows as f64,
+            ht.as_secs_f64() * 1e9 / rows as f64
         )
         .unwrap();
     }

@@ -323,6 +323,13 @@ pub struct CaptureArgs {
           value_parser = clap::value_parser!(u32).range(0..=crate::session::MAX_STACK_DEPTH as i64))]
     pub stack_depth: u32,
 
+    /// Also look for debug files by build id in DIR/.build-id/xx/rest.debug
+    /// (repeatable; /usr/lib/debug is always looked in, and an image's
+    /// .gnu_debuglink followed): frames of stripped images get functions
+    /// and source lines from them.
+    #[arg(long = "debuginfo-dir", value_name = "DIR")]
+    pub debuginfo_dirs: Vec<PathBuf>,
+
     /// How stacks are walked: `auto` unwinds from each image's unwind
     /// tables (.eh_frame, compiled once per image and cached by build id)
     /// and takes frame-pointer steps where an image has none; `dwarf` uses
@@ -456,10 +463,10 @@ pub struct ReportArgs {
 
     /// Symbolize again, from DIR/.build-id/xx/rest.debug (the layout of
     /// debuginfod's cache and of -dbgsym packages), the frames that have
-    /// no function but a build id: debug symbols installed after the
-    /// capture.
-    #[arg(long, value_name = "DIR")]
-    pub debuginfo_dir: Option<PathBuf>,
+    /// no source line but a build id: debug symbols installed after the
+    /// capture (repeatable; /usr/lib/debug is always looked in).
+    #[arg(long = "debuginfo-dir", value_name = "DIR")]
+    pub debuginfo_dirs: Vec<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -678,6 +685,7 @@ impl CaptureArgs {
                 ),
                 live: None,
                 timeline: !self.no_timeline,
+                debuginfo_dirs: self.debuginfo_dirs,
             },
         };
         let report = self.report.map(|format| ReportOptions {
@@ -859,12 +867,13 @@ pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportErr
         exes: args.exes,
     };
     filter.apply(&mut profile, &args.profile)?;
-    if let Some(dir) = &args.debuginfo_dir {
-        if !dir.is_dir() {
-            return Err(ReportError::DebuginfoDir { path: dir.clone() });
-        }
-        let found = crate::symbolize::StackSymbolizer::new().resymbolize(&mut profile.stacks, dir);
-        tracing::info!(frames = found, dir = %dir.display(), "symbolized again");
+    if let Some(dir) = args.debuginfo_dirs.iter().find(|d| !d.is_dir()) {
+        return Err(ReportError::DebuginfoDir { path: dir.clone() });
+    }
+    let dirs = crate::symbolize::debug_dirs(&args.debuginfo_dirs);
+    let found = crate::symbolize::StackSymbolizer::new().resymbolize(&mut profile.stacks, &dirs);
+    if found > 0 {
+        tracing::info!(frames = found, "symbolized again from debug files");
     }
     let opts = ReportOptions {
         format: args.format,

@@ -3,14 +3,15 @@
 //! most flame graph tools read.
 //!
 //! Frames are named by [`folded_name`] (function names only, so sites that
-//! differ only in their lines merge); stacks that fold to the same line
+//! differ only in their lines merge); a stack whose walk stopped early has
+//! `[truncated: why]` as its outermost frame; stacks that fold to the same line
 //! are summed; lines are sorted; sites whose value is 0 are left out.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use super::Metric;
-use super::sites::{folded_name, ranked};
+use super::sites::{folded_name, ranked, truncation};
 use crate::profile::Profile;
 
 /// The folded stacks of the ranked sites, each with its summed value, in
@@ -18,11 +19,22 @@ use crate::profile::Profile;
 pub(super) fn lines(profile: &Profile, by: Metric, limit: Option<usize>) -> Vec<String> {
     let mut folded: BTreeMap<String, u64> = BTreeMap::new();
     for site in ranked(profile, by, limit, false) {
-        let stack = site
-            .frames
-            .iter()
-            .rev()
-            .map(folded_name)
+        // A walk that stopped early shows why as the outermost frame.
+        let stack = truncation(profile, &site)
+            .map(|t| {
+                folded_name(&crate::profile::Frame {
+                    function: Some(t),
+                    ..crate::profile::Frame::unknown(0)
+                })
+                .into_owned()
+            })
+            .into_iter()
+            .chain(
+                site.frames
+                    .iter()
+                    .rev()
+                    .map(|f| folded_name(f).into_owned()),
+            )
             .collect::<Vec<_>>()
             .join(";");
         let stack = if stack.is_empty() {

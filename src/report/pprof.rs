@@ -17,7 +17,9 @@
 //! - One location per distinct address: an address whose frames include
 //!   inlined functions is one location with one line per function, the
 //!   inlined ones first and the function they were inlined into last.
-//!   A frame without a function name is a location without lines.
+//!   A frame without a function name is a location without lines. A
+//!   stack whose walk stopped early ends (outermost) with a location of
+//!   no address whose function is `[truncated: why]` (issue 23).
 //! - One function per distinct (name, file); one mapping per module, with
 //!   no address range (the profile has none) and `has_*` flags saying what
 //!   its frames resolved, so pprof does not try to symbolize them again.
@@ -45,7 +47,7 @@ use flate2::write::GzEncoder;
 use prost::Message;
 
 use super::Metric;
-use super::sites::ranked;
+use super::sites::{ranked, truncation};
 use crate::profile::{Frame, Profile, StackMetrics};
 
 /// The pprof messages (`perftools.profiles`), generated from
@@ -292,10 +294,19 @@ pub fn build(profile: &Profile, by: Metric, limit: Option<usize>) -> proto::Prof
         b.out.sample_type.push(sample_type);
     }
     for site in ranked(profile, by, limit, true) {
-        let location_id = by_address(site.frames)
+        let mut location_id: Vec<u64> = by_address(site.frames)
             .into_iter()
             .map(|frames| b.location(frames))
             .collect();
+        // A walk that stopped early: `[truncated: why]` as the outermost
+        // location, a function of that name at no address.
+        if let Some(truncated) = truncation(profile, &site) {
+            let marker = Frame {
+                function: Some(truncated),
+                ..Frame::unknown(0)
+            };
+            location_id.push(b.location(std::slice::from_ref(&marker)));
+        }
         let stack = &profile.stacks[site.index];
         let label = b.labels(stack.pid, &stack.exe);
         b.out.sample.push(proto::Sample {

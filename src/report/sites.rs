@@ -6,6 +6,7 @@ use std::cmp::Reverse;
 use std::collections::HashMap;
 
 use super::Metric;
+use crate::profile::unwind::{Outcome, StackEnd};
 use crate::profile::{Frame, Profile, StackMetrics};
 
 /// One allocation site, borrowed from the profile.
@@ -17,6 +18,8 @@ pub(super) struct Site<'a> {
     /// Innermost first, as in the profile.
     pub frames: &'a [Frame],
     pub metrics: StackMetrics,
+    /// Why the walk stopped after the frames.
+    pub end: StackEnd,
 }
 
 impl Metric {
@@ -54,6 +57,7 @@ pub(super) fn ranked(
             id: s.id,
             frames: &s.frames,
             metrics: s.metrics,
+            end: s.end,
         })
         .filter(|s| keep_zero || by.of(&s.metrics) > 0)
         .collect();
@@ -74,15 +78,46 @@ pub(super) fn module_base(module: &str) -> &str {
     module.rsplit('/').find(|s| !s.is_empty()).unwrap_or(module)
 }
 
+/// The frame shown past the last one of a stack whose walk stopped before
+/// the program's entry (issue 23): `[truncated: why]`, naming the image
+/// the walk stopped in when it had no table (or no rule for the address);
+/// None for a complete stack.
+pub(super) fn truncation(profile: &Profile, site: &Site<'_>) -> Option<String> {
+    let last = site.frames.last();
+    let module = last.and_then(|f| f.module.as_deref());
+    let why = match site.end {
+        StackEnd::Complete => return None,
+        StackEnd::NoTable => match module {
+            Some(module) => {
+                let loaded = profile.unwind.images.iter().any(|i| {
+                    i.image.to_str() == Some(module) && matches!(i.outcome, Outcome::Loaded { .. })
+                });
+                let base = module_base(module);
+                if loaded {
+                    match last.and_then(|f| f.offset) {
+                        Some(offset) => format!("no unwind rule at {base}+{offset:#x}"),
+                        None => format!("no unwind rule in {base}"),
+                    }
+                } else {
+                    format!("no unwind table for {base}")
+                }
+            }
+            None => "no unwind table for code outside any file".to_owned(),
+        },
+        end => end.describe().to_owned(),
+    };
+    Some(format!("[truncated: {why}]"))
+}
+
 /// A frame's name in folded stacks and flame graphs: the function, else
-/// `[module]` (as FlameGraph's stackcollapse-perf names unknown frames),
-/// else `[unknown]`. `;` becomes `:` (as in FlameGraph's stackcollapse
+/// `module+0xOFFSET` (the file offset, as addr2line takes it), else
+/// `[unknown]`. `;` becomes `:` (as in FlameGraph's stackcollapse
 /// scripts) and control characters become spaces, so a name never splits
 /// a stack or a line.
 pub(super) fn folded_name(f: &Frame) -> Cow<'_, str> {
     let name: Cow<'_, str> = match (f.function.as_deref().map(str::trim), &f.module) {
         (Some(func), _) if !func.is_empty() => Cow::Borrowed(func),
-        (_, Some(module)) => Cow::Owned(format!("[{}]", module_base(module))),
+        (_, Some(module)) => Cow::Owned(unnamed(module, f.offset)),
         _ => Cow::Borrowed("[unknown]"),
     };
     if name.contains(|c: char| c == ';' || c.is_control()) {
@@ -97,6 +132,15 @@ pub(super) fn folded_name(f: &Frame) -> Cow<'_, str> {
         )
     } else {
         name
+    }
+}
+
+/// An unnamed frame in `module`: `module+0xOFFSET`, the file offset of the
+/// byte symbolized (what addr2line takes); `[module]` without one.
+pub(super) fn unnamed(module: &str, offset: Option<u64>) -> String {
+    match offset {
+        Some(offset) => format!("{}+{offset:#x}", module_base(module)),
+        None => format!("[{}]", module_base(module)),
     }
 }
 
@@ -137,13 +181,14 @@ type ShownFrame<'a> = (
 );
 
 /// Merges sites whose frames show the same (function, file, line, module,
-/// inlined; the address only for frames without a function): e.g. the calls
+/// inlined; the address only for frames without a function) and that end
+/// the same way: e.g. the calls
 /// of an unrolled loop. Metrics are summed; the merged site keeps the
 /// frames and id of its first site and counts its stacks. The result is
 /// ranked by `by` again (stable, so ties keep the input's order).
 pub(super) fn merge_same_frames(sites: Vec<Site<'_>>, by: Metric) -> Vec<(Site<'_>, usize)> {
     let mut merged: Vec<(Site<'_>, usize)> = Vec::with_capacity(sites.len());
-    let mut index: HashMap<Vec<ShownFrame<'_>>, usize> = HashMap::new();
+    let mut index: HashMap<(Vec<ShownFrame<'_>>, StackEnd), usize> = HashMap::new();
     for site in sites {
         let key = site
             .frames
@@ -160,6 +205,7 @@ pub(super) fn merge_same_frames(sites: Vec<Site<'_>>, by: Metric) -> Vec<(Site<'
                 )
             })
             .collect();
+        let key = (key, site.end);
         match index.get(&key) {
             Some(&i) => {
                 add(&mut merged[i].0.metrics, &site.metrics);

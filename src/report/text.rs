@@ -7,7 +7,7 @@
 use std::io::{self, Write};
 
 use super::Metric;
-use super::sites::{merge_same_frames, module_base, ranked};
+use super::sites::{merge_same_frames, module_base, ranked, truncation, unnamed};
 use crate::profile::{Frame, Profile, StackMetrics, human_bytes};
 
 pub(super) fn write(
@@ -42,6 +42,9 @@ pub(super) fn write(
     if profile.stacks.is_empty() {
         writeln!(w, "  no allocation sites: the profile has no stacks")?;
         return Ok(());
+    }
+    if let Some(line) = truncated_line(profile) {
+        writeln!(w, "{line}")?;
     }
     let merged = merge_same_frames(ranked(profile, by, None, true), by);
     let all = merged.len();
@@ -86,8 +89,35 @@ pub(super) fn write(
         for frame in site.frames {
             writeln!(w, "    {}", frame_line(frame))?;
         }
+        if let Some(truncated) = truncation(profile, site) {
+            writeln!(w, "    {truncated}")?;
+        }
     }
     Ok(())
+}
+
+/// The header's count of allocating stacks whose walk stopped before the
+/// program's entry (each shows `[truncated: why]` as its last frame); None
+/// when every one reached it.
+fn truncated_line(profile: &Profile) -> Option<String> {
+    let allocating = profile.stacks.iter().filter(|s| s.metrics.allocations > 0);
+    let (mut n, mut bytes, mut all) = (0u64, 0u64, 0u64);
+    for stack in allocating {
+        all += 1;
+        if !stack.end.is_complete() {
+            n += 1;
+            bytes += stack.metrics.bytes;
+        }
+    }
+    (n > 0).then(|| {
+        format!(
+            "  {n} of {} ({} of {} allocated) truncated: their walk stopped before the \
+             program's entry",
+            plural(all, "stack"),
+            human_bytes(bytes),
+            human_bytes(profile.totals.allocated_bytes)
+        )
+    })
 }
 
 /// How blocks still live at the end are named: "leaked" (live at exit),
@@ -175,10 +205,11 @@ fn metrics_line(m: &StackMetrics, by: Metric, total: u64, leaked: &str) -> Strin
 }
 
 /// `function (inlined) at file:line in module`; an unknown function shows
-/// as its address.
+/// as `module+0xOFFSET` (the file offset), or its address outside any file.
 fn frame_line(f: &Frame) -> String {
-    let mut s = match f.function.as_deref() {
-        Some(func) if !func.is_empty() => func.to_owned(),
+    let mut s = match (f.function.as_deref(), f.module.as_deref()) {
+        (Some(func), _) if !func.is_empty() => func.to_owned(),
+        (_, Some(module)) if f.offset.is_some() => return unnamed(module, f.offset),
         _ => format!("{:#x}", f.addr),
     };
     if f.inlined {

@@ -159,8 +159,13 @@ impl Session {
             agg.set_parent(root.pid, std::process::id());
         }
         let root_exit = self.root_exit(&agg);
-        let stacks =
+        let mut stacks =
             super::stages::symbolize_stacks(&agg, &stacks.stacks, mappings.mappings, &self.symbols);
+        // Frames without source lines, from debug files by build id, as
+        // gdb finds them.
+        let dirs = crate::symbolize::debug_dirs(&self.debuginfo_dirs);
+        let again = crate::symbolize::StackSymbolizer::new().resymbolize(&mut stacks, &dirs);
+        tracing::debug!(frames = again, "symbolized again from debug files");
         phases.done("stacks symbolized");
         pressure.high_water = crate::bpf::counters::read_high_water(&self.loaded.skel).max(seen);
         let mut skipped_images = std::mem::take(&mut self.skipped_images);
@@ -259,7 +264,14 @@ impl Session {
         let images_seen = attacher
             .tables
             .take()
-            .map(|t| t.images_seen)
+            .map(|t| {
+                tracing::debug!(
+                    slots = t.rows_used(),
+                    mib = t.memory() >> 20,
+                    "unwind tables: slots used, locked memory of their shards"
+                );
+                t.images_seen
+            })
             .unwrap_or_default();
         let mut sites = std::mem::take(&mut self.sites);
         sites.append(&mut attacher.sites);

@@ -124,6 +124,9 @@ pub struct SessionOptions {
     /// Keep the timeline (the heap over time) in the profile; without it
     /// the profile's `timeline` is empty.
     pub timeline: bool,
+    /// Directories of debug files by build id (`DIR/.build-id/xx/rest.debug`)
+    /// looked in after `/usr/lib/debug` (`--debuginfo-dir`).
+    pub debuginfo_dirs: Vec<std::path::PathBuf>,
 }
 
 impl Default for SessionOptions {
@@ -141,6 +144,7 @@ impl Default for SessionOptions {
             faults: Faults::default(),
             live: None,
             timeline: true,
+            debuginfo_dirs: Vec::new(),
         }
     }
 }
@@ -247,6 +251,8 @@ pub struct Session {
     opts_watermark: u8,
     /// How stacks were walked, for the profile.
     unwind: crate::profile::unwind::Mode,
+    /// `SessionOptions::debuginfo_dirs`.
+    debuginfo_dirs: Vec<std::path::PathBuf>,
     /// Per-process probes: the command gets its probes on libc here,
     /// before it runs (a conflicting tracer fails the capture then, as
     /// with system-wide probes); the attach worker makes the rest.

@@ -134,12 +134,11 @@ pub(crate) fn unwind_tables(
     if !mode.uses_tables() || stack_depth == 0 {
         return None;
     }
-    use libbpf_rs::MapCore;
     use std::os::fd::AsFd;
     let maps = &skel.maps;
     crate::unwind::Tables::new(
-        (maps.unwind_rows.as_fd(), maps.unwind_rows.max_entries()),
-        (maps.unwind_pages.as_fd(), maps.unwind_pages.max_entries()),
+        maps.unwind_rows.as_fd(),
+        maps.unwind_shards.as_fd(),
         maps.unwind_images.as_fd(),
     )
     .inspect_err(|err| tracing::warn!(%err, "no unwind tables: stacks take frame-pointer steps"))

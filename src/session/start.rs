@@ -640,6 +640,7 @@ impl Session {
             opts_pressure: opts.pressure_timeout,
             opts_watermark: opts.watermark_percent,
             unwind: opts.unwind,
+            debuginfo_dirs: opts.debuginfo_dirs.clone(),
             first_probes,
             per_process: plan.per_process,
             event_ring_maps,

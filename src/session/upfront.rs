@@ -152,9 +152,10 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
         .filter(|i| i.why == Why::Runtime)
         .filter_map(|i| i.id)
         .collect();
-    // Newest first: the session gives the cache's tables only part of the
-    // rows (unwind::CACHED_ROWS, counting the images above), and recently
-    // examined images are the likelier to be mapped. Past that share, or
+    // Newest first: the cache's tables loaded up front take at most
+    // unwind::CACHED_ROWS rows, counting the images above (a bound on
+    // start-up's memory and time; no image's room, the tables grow), and
+    // recently examined images are the likelier to be mapped. Past that share, or
     // once the session has loaded the BPF object and waits, the rest of the
     // cache is not read at all: a cache of a few hundred images took 200 ms
     // to read, more than loading the object, and start-up waited for it.
@@ -184,6 +185,21 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
             id: Some(id),
             path: entry.path.clone(),
         };
+        // A table past the share is not loaded up front (however fresh
+        // the cache's entry): the image gets it, from the cache, when a
+        // process maps it. Nor is an image without a table and without
+        // allocator entry points: up front it would only be a warning in
+        // every capture, mapped or not (issue 23); examined when mapped,
+        // it is one in the captures that map it.
+        let no_table = tables
+            && !matches!(
+                image.table.as_ref().map(|t| &t.table),
+                Some(Ok((Some(_), _)))
+            );
+        let no_sites = !matches!(&image.sites, Some(Ok(sites)) if !sites.is_empty());
+        if rows + rows_of(&image) > unwind::CACHED_ROWS as usize || no_table && no_sites {
+            continue;
+        }
         rows += rows_of(&image);
         images.push(image);
     }
@@ -429,16 +445,15 @@ impl<'a> Install<'a> {
             if self.out.known.contains(&id) {
                 continue;
             }
-            // The image cache's tables (newest first) take at most half of
-            // the rows; the other half stays for the images the tree maps
-            // that no capture examined yet, its own program often among
-            // them (a cache full of other programs' tables once left it
-            // none). An image past that is left to be examined, held, if
-            // a process maps it: it gets its table then.
+            // The image cache's tables (newest first) take at most
+            // unwind::CACHED_ROWS rows up front (start-up's memory and
+            // time; the tables grow for the images the tree maps, issue
+            // 23). An image past that is left to be examined, held, if a
+            // process maps it: it gets its table then.
             if let (Some(tables), Some(_)) = (&self.out.tables, &image.table)
-                && tables.rows_used() >= unwind::CACHED_ROWS
+                && tables.rows_used() >= u64::from(unwind::CACHED_ROWS)
             {
-                tracing::debug!(image = %image.path.display(), "cached image left to be examined when mapped: the cache's half of the unwind rows is taken");
+                tracing::debug!(image = %image.path.display(), "cached image left to be examined when mapped: the cache's up-front share of unwind rows is taken");
                 continue;
             }
             let mut placed = None;

@@ -272,27 +272,37 @@ impl StackSymbolizer {
             .collect()
     }
 
-    /// Symbolizes again the frames without a function whose image has a
-    /// build id, from `DIR/.build-id/xx/rest.debug` (the layout of
-    /// debuginfod's cache and of distributions' `-dbgsym` packages), by the
-    /// file offset the capture recorded. Returns how many frames gained a
-    /// function.
-    pub fn resymbolize(&self, stacks: &mut [crate::profile::StackEntry], dir: &Path) -> usize {
+    /// Symbolizes again the frames without a source line whose image has a
+    /// build id, from the first `DIR/.build-id/xx/rest.debug` of `dirs`
+    /// (the layout of `/usr/lib/debug`, of debuginfod's cache and of
+    /// distributions' `-dbgsym` packages, where gdb looks), by the file
+    /// offset the capture recorded. Returns how many frames were
+    /// symbolized again.
+    pub fn resymbolize(
+        &self,
+        stacks: &mut [crate::profile::StackEntry],
+        dirs: &[PathBuf],
+    ) -> usize {
         // (debug file, image) -> frames and their file offsets.
         type Items = Vec<(usize, usize, u64)>;
         let mut by_file: HashMap<(PathBuf, Option<&str>), Items> = HashMap::new();
+        // Each build id looked for once.
+        let mut debug_files: HashMap<&str, Option<PathBuf>> = HashMap::new();
         for (s, stack) in stacks.iter().enumerate() {
             for (f, frame) in stack.frames.iter().enumerate() {
-                if frame.function.is_some() {
+                if frame.file.is_some() || frame.inlined {
                     continue;
                 }
                 let (Some(id), Some(offset)) = (frame.build_id.as_deref(), frame.offset) else {
                     continue;
                 };
-                if let Some(path) = debug_file(dir, id) {
+                let found = debug_files
+                    .entry(id)
+                    .or_insert_with(|| dirs.iter().find_map(|dir| debug_file(dir, id)));
+                if let Some(path) = found {
                     let image = frame.module.as_deref();
                     by_file
-                        .entry((path, image))
+                        .entry((path.clone(), image))
                         .or_default()
                         .push((s, f, offset));
                 }
@@ -400,6 +410,14 @@ pub fn demangle(name: &str) -> Cow<'_, str> {
         .and(cpp_demangle::Symbol::new(name).ok())
         .and_then(|sym| sym.demangle().ok())
         .map_or(Cow::Borrowed(name), Cow::Owned)
+}
+
+/// Where debug files are looked for by build id, as gdb does: the
+/// system's directory, then `extra` (`--debuginfo-dir`).
+pub fn debug_dirs(extra: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs = vec![PathBuf::from("/usr/lib/debug")];
+    dirs.extend(extra.iter().cloned());
+    dirs
 }
 
 /// `DIR/.build-id/xx/rest.debug` for build id `xxrest`, if it exists.

@@ -1,8 +1,9 @@
 //! The on-disk cache of compiled unwind tables, by build id and CFI.
 //!
 //! `$MEMTRAIL_CACHE_DIR`, else `$XDG_CACHE_HOME/memtrail`, else
-//! `~/.cache/memtrail`; tables go to `unwind/<build id>-<cfi hash>.v2`
-//! (v2: rows of C++ `operator new` wrappers flagged, issue 22).
+//! `~/.cache/memtrail`; tables go to `unwind/<build id>-<cfi hash>.v3`
+//! (v3: rows of C++ `operator new` wrappers flagged, issue 22, and rows
+//! that count their CFA offset in 8-byte words, issue 23).
 //! The build id alone is what the image says it is: any tracked user can
 //! craft an image with libc's build id and call frame information of their
 //! own, and its table, cached under that id, was then every later
@@ -23,7 +24,7 @@ use object::Object;
 
 use super::table::{Row, Table};
 
-const MAGIC: &[u8; 8] = b"MTUNWND1";
+const MAGIC: &[u8; 8] = b"MTUNWND2";
 const HEADER: usize = 8 + 8 + 4 + 4;
 const SOURCES: [&str; 2] = [".eh_frame", ".debug_frame"];
 
@@ -135,7 +136,7 @@ impl Cache {
     }
 
     fn path(&self, build_id: &str) -> PathBuf {
-        self.dir.join(format!("{build_id}.v2"))
+        self.dir.join(format!("{build_id}.v3"))
     }
 
     /// The cached table of the image with [`key`] `build_id`.

@@ -3,24 +3,31 @@
 //! Most programs are built without frame pointers, so the BPF program
 //! unwinds from tables: for every executable image the attach pipeline
 //! examines, [`table::compile`] reduces its `.eh_frame` (or `.debug_frame`)
-//! to rows the walker evaluates, and [`Tables`] loads them into the BPF maps
-//! `unwind_rows` (one array shared by all images, written through its
-//! mapping) and `unwind_images` (file identity -> first row, row count,
-//! bias). An image gets its table before its code runs: up front for the
-//! libraries every command loads, else while the attach hold keeps the
-//! process that mapped it stopped.
+//! to rows the walker evaluates, and [`Tables`] loads them into the BPF
+//! maps: an array of slots shared by all images, which grows in shards of
+//! [`SHARD_SLOTS`] (`unwind_rows` the first, the others made here and put
+//! in `unwind_shards` as tables need them; each written through its
+//! mapping), and `unwind_images` (file identity -> its slots, bias). An
+//! image's slots are its page index then its rows. An image gets its table
+//! before its code runs: up front for the libraries every command loads
+//! and the image cache's newest (within [`CACHED_ROWS`]), else while the
+//! attach hold keeps the process that mapped it stopped.
 //!
 //! Invariants:
-//! - Rows are written before the image's `unwind_images` entry (a syscall,
-//!   which orders them for BPF), and never change afterwards; rows are only
-//!   appended, so the walker never sees a half-written table.
+//! - Slots are written before the image's `unwind_images` entry (a
+//!   syscall, which orders them for BPF), and a shard is in `unwind_shards`
+//!   before any entry leads to it; slots are only appended and never change
+//!   afterwards, so the walker never sees a half-written table.
 //! - One table per image (device and inode), shared by every process that
 //!   maps it; compiled tables are cached on disk by build id, so the next
 //!   run of the same image only reads its rows.
-//! - Nothing here fails a capture: an image without CFI, a table too big
-//!   for the maps, or an unreadable one gets a warning naming the image, and
-//!   its frames take frame-pointer steps (or end the stack, with
-//!   `--unwind dwarf`).
+//! - No image's room depends on another's (issue 23): the slots grow by
+//!   whole shards as long as the kernel gives memory for them; the image
+//!   cache's tables loaded up front only save preparation time.
+//! - Nothing here fails a capture: an image without CFI, a table the
+//!   kernel gave no memory for, or an unreadable one gets a warning naming
+//!   the image, and its frames take frame-pointer steps (or end the stack,
+//!   with `--unwind dwarf`).
 
 pub mod cache;
 pub mod table;
@@ -33,14 +40,17 @@ use memmap2::MmapMut;
 
 pub use table::{Compiled, Row, Table};
 
-/// Rows the BPF rows map holds (`MT_UNWIND_ROWS`; a test checks it
-/// against the BPF object).
-pub const MAX_ROWS: u32 = 1 << 20;
+/// Slots of one shard of the tables' array (`MT_UNWIND_SHARD`; a test
+/// checks it against the BPF object): 8 MiB.
+pub const SHARD_SLOTS: u32 = 1 << 20;
 
-/// The share of the rows the image cache's tables may take at start-up:
-/// the rest stays for the images the tree maps that no capture examined
-/// yet (its own program often among them).
-pub const CACHED_ROWS: u32 = MAX_ROWS / 2;
+/// Shards past the first (`MT_UNWIND_SHARDS`).
+pub const MORE_SHARDS: u32 = 1023;
+
+/// The most rows the image cache's tables take up front, counting the
+/// runtimes': a bound on start-up's memory and time, not on any image's
+/// room. An image past it gets its table (from the cache) when mapped.
+pub const CACHED_ROWS: u32 = SHARD_SLOTS / 2;
 
 use crate::bpf::skel::memtrail::types::mt_unwind_image;
 use crate::profile::unwind::{ImageTable, Mode, Outcome, StackEnd};
@@ -59,86 +69,112 @@ pub enum UnwindError {
     Parse(String),
     #[error("cannot map the BPF unwind rows")]
     Map(#[source] std::io::Error),
+    #[error("cannot add a shard of unwind rows")]
+    Shard(#[source] std::io::Error),
 }
 
 /// The unwind maps of the loaded BPF object, and what went into them.
 pub struct Tables {
-    /// `unwind_rows`, mapped writable.
-    rows: MmapMut,
-    capacity: u32,
-    next: u32,
-    /// `unwind_pages` (page index entries), mapped writable.
-    pages: MmapMut,
-    pages_capacity: u32,
-    pages_next: u32,
+    /// The shards' mappings, writable: `unwind_rows`, then those made here.
+    shards: Vec<MmapMut>,
+    /// `unwind_shards`.
+    more: OwnedFd,
+    /// Slots used.
+    next: u64,
     images: OwnedFd,
     cache: Option<cache::Cache>,
     /// Every image seen, in order.
     pub images_seen: Vec<ImageTable>,
 }
 
-// The kernel lays array map elements out 8 bytes apart: the rows map's
-// mapping is an array of rows only if a row takes a multiple of 8 bytes.
-const _: () = assert!(Row::SIZE % 8 == 0);
+// The kernel lays array map elements out 8 bytes apart: a shard's mapping
+// is an array of slots only if a slot (a row) takes 8 bytes.
+const _: () = assert!(Row::SIZE == 8);
+
+/// Maps the shard of slots `map`, writable, not copied into memtrail's
+/// children (the command before its exec, the guardian: a fork copied the
+/// page table of every mapped page, and the exec dropped it again).
+fn map_shard(map: BorrowedFd<'_>) -> std::io::Result<MmapMut> {
+    // SAFETY: the map is a BPF_F_MMAPABLE array of exactly SHARD_SLOTS
+    // 8-byte slots (the BPF object's unwind_rows, or a shard made by
+    // `Tables::grow` like it); the mapping keeps the map alive by itself,
+    // and the BPF side only reads it.
+    let shard = unsafe {
+        memmap2::MmapOptions::new()
+            .len(SHARD_SLOTS as usize * Row::SIZE)
+            .map_mut(map.as_raw_fd())
+    }?;
+    if let Err(err) = shard.advise(memmap2::Advice::DontFork) {
+        tracing::debug!(%err, "unwind tables: MADV_DONTFORK not set");
+    }
+    Ok(shard)
+}
 
 impl Tables {
-    /// Maps `rows_map` (`unwind_rows`, `capacity` rows) and `pages_map`
-    /// (`unwind_pages`, `pages_capacity` entries), and keeps `images_map`
-    /// (`unwind_images`).
+    /// Maps `rows_map` (`unwind_rows`, the first shard), and keeps
+    /// `shards_map` (`unwind_shards`) and `images_map` (`unwind_images`).
     pub fn new(
-        (rows_map, capacity): (BorrowedFd<'_>, u32),
-        (pages_map, pages_capacity): (BorrowedFd<'_>, u32),
+        rows_map: BorrowedFd<'_>,
+        shards_map: BorrowedFd<'_>,
         images_map: BorrowedFd<'_>,
     ) -> Result<Self, UnwindError> {
-        let len = capacity as usize * Row::SIZE;
-        // SAFETY: the unwind_rows map is a BPF_F_MMAPABLE array of exactly
-        // `capacity` rows; the mapping keeps the map alive by itself, and
-        // the BPF side only reads it.
-        let rows = unsafe {
-            memmap2::MmapOptions::new()
-                .len(len)
-                .map_mut(rows_map.as_raw_fd())
-        }
-        .map_err(UnwindError::Map)?;
-        let len = pages_capacity as usize * 8;
-        // SAFETY: as above, unwind_pages is a BPF_F_MMAPABLE array of
-        // `pages_capacity` u64 entries.
-        let pages = unsafe {
-            memmap2::MmapOptions::new()
-                .len(len)
-                .map_mut(pages_map.as_raw_fd())
-        }
-        .map_err(UnwindError::Map)?;
-        // Not copied into memtrail's children (the command before its exec,
-        // the guardian): a fork copied the page table of every mapped page
-        // of a BPF map, and the exec dropped it again.
-        for map in [&rows, &pages] {
-            if let Err(err) = map.advise(memmap2::Advice::DontFork) {
-                tracing::debug!(%err, "unwind tables: MADV_DONTFORK not set");
-            }
-        }
-        let images = images_map.try_clone_to_owned().map_err(UnwindError::Map)?;
+        let first = map_shard(rows_map).map_err(UnwindError::Map)?;
         Ok(Self {
-            rows,
-            capacity,
+            shards: vec![first],
+            more: shards_map.try_clone_to_owned().map_err(UnwindError::Map)?,
             next: 0,
-            pages,
-            pages_capacity,
-            pages_next: 0,
-            images,
+            images: images_map.try_clone_to_owned().map_err(UnwindError::Map)?,
             cache: cache::Cache::open(),
             images_seen: Vec::new(),
         })
     }
 
-    /// Rows loaded so far.
-    pub fn rows_used(&self) -> u32 {
+    /// Slots loaded so far (rows and page index entries).
+    pub fn rows_used(&self) -> u64 {
         self.next
     }
 
-    /// Rows the map holds.
-    pub fn capacity(&self) -> u32 {
-        self.capacity
+    /// Bytes of locked memory the shards take.
+    pub fn memory(&self) -> u64 {
+        self.shards.len() as u64 * u64::from(SHARD_SLOTS) * Row::SIZE as u64
+    }
+
+    /// Adds shards until the slots reach `end`; false when the BPF map of
+    /// shards is full.
+    fn grow(&mut self, end: u64) -> Result<bool, UnwindError> {
+        while (self.shards.len() as u64) * u64::from(SHARD_SLOTS) < end {
+            let index = self.shards.len() as u32 - 1;
+            if index >= MORE_SHARDS {
+                return Ok(false);
+            }
+            let opts = libbpf_sys::bpf_map_create_opts {
+                sz: size_of::<libbpf_sys::bpf_map_create_opts>() as libbpf_sys::size_t,
+                map_flags: libbpf_sys::BPF_F_MMAPABLE,
+                ..Default::default()
+            };
+            let shard = libbpf_rs::MapHandle::create(
+                libbpf_rs::MapType::Array,
+                Some("mt_unwind_shard"),
+                4,
+                Row::SIZE as u32,
+                SHARD_SLOTS,
+                &opts,
+            )
+            .map_err(|err| UnwindError::Shard(std::io::Error::other(err)))?;
+            let mapped = map_shard(shard.as_fd()).map_err(UnwindError::Shard)?;
+            let fd = shard.as_fd().as_raw_fd() as u32;
+            crate::sys::bpf_map_update(self.more.as_fd(), &index.to_ne_bytes(), &fd.to_ne_bytes())
+                .map_err(|err| UnwindError::Shard(err.source))?;
+            self.shards.push(mapped);
+        }
+        Ok(true)
+    }
+
+    /// Slot `at`, writable (within the shards made).
+    fn slot(&mut self, at: u64) -> &mut [u8] {
+        let shard = (at / u64::from(SHARD_SLOTS)) as usize;
+        let i = (at % u64::from(SHARD_SLOTS)) as usize * Row::SIZE;
+        &mut self.shards[shard][i..i + Row::SIZE]
     }
 
     /// Prepares and loads the table of the image at `path` (a file whose
@@ -210,46 +246,66 @@ impl Tables {
         prepare(path, self.cache.as_ref())
     }
 
-    /// Appends `table`'s rows to the rows map and makes them the image's.
+    /// Appends `table`'s page index and rows to the slots and makes them
+    /// the image's.
     fn install(&mut self, id: (u64, u64), table: &Table, cached: bool) -> Outcome {
-        let room = self.capacity - self.next;
-        let Ok(count) = u32::try_from(table.rows.len()) else {
-            return Outcome::TooBig {
-                rows: u32::MAX,
-                room,
-            };
+        let count = u32::try_from(table.rows.len()).unwrap_or(u32::MAX);
+        let start = self.next;
+        // The page index, then the rows it indexes.
+        let npages = match (table.rows.first(), table.rows.last()) {
+            (Some(lo), Some(hi)) => u64::from((hi.pc >> 12) - (lo.pc >> 12) + 1),
+            _ => 0,
         };
-        if count > room {
-            return Outcome::TooBig { rows: count, room };
+        let end = start + npages + 1 + table.rows.len() as u64;
+        let room = |this: &Self| {
+            let shards = u64::from(MORE_SHARDS) + 1;
+            (shards * u64::from(SHARD_SLOTS))
+                .saturating_sub(this.next)
+                .min(u64::from(u32::MAX)) as u32
+        };
+        if end > u64::from(u32::MAX) {
+            return Outcome::TooBig {
+                rows: count,
+                room: room(self),
+            };
         }
-        let index = table.page_index(self.next);
-        let pages_room = self.pages_capacity - self.pages_next;
-        if index.len() > pages_room as usize {
-            return Outcome::TooBig { rows: count, room };
+        match self.grow(end) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Outcome::TooBig {
+                    rows: count,
+                    room: room(self),
+                };
+            }
+            Err(err) => {
+                return Outcome::Failed {
+                    reason: error_chain(&err),
+                };
+            }
         }
-        let at = self.next as usize * Row::SIZE;
-        let dst = &mut self.rows[at..at + table.rows.len() * Row::SIZE];
-        for (row, bytes) in table.rows.iter().zip(dst.chunks_exact_mut(Row::SIZE)) {
-            row.encode(bytes);
+        let first_row = (start + npages + 1) as u32;
+        let index = table.page_index(first_row);
+        for (i, entry) in index.iter().enumerate() {
+            let slot = Row {
+                pc: *entry,
+                ..Row::default()
+            };
+            slot.encode(self.slot(start + i as u64));
         }
-        let at = self.pages_next as usize * 8;
-        let dst = &mut self.pages[at..at + index.len() * 8];
-        for (entry, bytes) in index.iter().zip(dst.chunks_exact_mut(8)) {
-            bytes.copy_from_slice(&u64::from(*entry).to_ne_bytes());
+        for (i, row) in table.rows.iter().enumerate() {
+            row.encode(self.slot(u64::from(first_row) + i as u64));
         }
         let base_page = table.rows.first().map_or(0, |r| r.pc >> 12);
-        let npages = index.len() as u32 - 1;
-        let value = image_value(self.pages_next, npages, base_page, table.bias);
+        let value = image_value(start as u32, npages as u32, base_page, table.bias);
         let key = crate::sys::image_key(id);
-        // The update is a syscall: the rows written above are visible to
+        // The update is a syscall: the slots written above are visible to
         // BPF before the entry that leads to them.
         if let Err(err) = crate::sys::bpf_map_update(self.images.as_fd(), &key, &value) {
             return Outcome::Failed {
                 reason: format!("recording the table in BPF: {err}"),
             };
         }
-        self.next += count;
-        self.pages_next += npages + 1;
+        self.next = end;
         Outcome::Loaded {
             rows: count,
             source: table.source.to_owned(),
@@ -352,14 +408,15 @@ mod tests {
 
     use crate::bpf::skel::memtrail::MemtrailSkelBuilder;
 
-    /// The rows budget the up-front thread reads the image cache by is the
-    /// BPF rows map's size.
+    /// The shards userspace makes are the BPF object's: as many slots as
+    /// its first, and as many as its map of shards holds.
     #[test]
-    fn max_rows_is_the_rows_map_size() {
+    fn shard_sizes_are_the_bpf_objects() {
         let mut storage = MaybeUninit::uninit();
         let open = MemtrailSkelBuilder::default()
             .open(&mut storage)
             .expect("open memtrail's BPF object");
-        assert_eq!(open.maps.unwind_rows.max_entries(), super::MAX_ROWS);
+        assert_eq!(open.maps.unwind_rows.max_entries(), super::SHARD_SLOTS);
+        assert_eq!(open.maps.unwind_shards.max_entries(), super::MORE_SHARDS);
     }
 }

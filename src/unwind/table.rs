@@ -39,8 +39,8 @@ pub struct Table {
 }
 
 impl Table {
-    /// The page index of the rows, once they start at row `first` of the
-    /// rows map: for each 4 KiB page from the first row's, the index of the
+    /// The page index of the rows, once they start at slot `first` of the
+    /// tables' slots: for each 4 KiB page from the first row's, the index of the
     /// first row at or above it; then the end of the rows.
     pub fn page_index(&self, first: u32) -> Vec<u32> {
         let (Some(lo), Some(hi)) = (self.rows.first(), self.rows.last()) else {
@@ -120,15 +120,20 @@ pub enum Compiled {
 
 const PF_X: u32 = 1;
 
+/// In a row's kind: `cfa_off` counts 8-byte words (`MT_CFA_OFF_X8`, for
+/// frames of more than 32 KiB).
+pub const CFA_OFF_X8: u8 = 0x40;
+
 /// The most CFI bytes evaluated for one image, counting each FDE with its
 /// CIE (whose initial instructions run again for each FDE): libc's
 /// `.eh_frame` takes ~0.3 MB of it, a crafted CIE of megabytes shared by
 /// thousands of FDEs would take hours without the bound.
 pub const CFI_BUDGET: u64 = 256 << 20;
 
-/// The most rows (before merging) compiled for one image: four times what
-/// the rows map holds ([`super::MAX_ROWS`]), 96 MiB of spans at most.
-pub const MAX_SPANS: usize = 4 * super::MAX_ROWS as usize;
+/// The most rows (before merging) compiled for one image: 4 Mi spans,
+/// 96 MiB while compiling (libclang-cpp, the largest image at hand, has
+/// 1.35 M rows once merged).
+pub const MAX_SPANS: usize = 1 << 22;
 
 /// Compiles the unwind table of the ELF image in `data` (an x86-64 ELF
 /// image, else an error).
@@ -352,11 +357,19 @@ where
         RegisterRule::Offset(-8) => {}
         _ => return unsupported,
     }
+    let mut x8_flag = 0;
     let (cfa, cfa_off, plt) = match row.cfa() {
         CfaRule::RegisterAndOffset { register, offset } => {
-            let Ok(off) = i16::try_from(*offset) else {
-                return unsupported;
+            // Past 32 KiB, in 8-byte words (MT_CFA_OFF_X8).
+            let (off, x8) = match i16::try_from(*offset) {
+                Ok(off) => (off, 0),
+                Err(_) if offset % 8 == 0 => match i16::try_from(offset / 8) {
+                    Ok(off) => (off, CFA_OFF_X8),
+                    Err(_) => return unsupported,
+                },
+                Err(_) => return unsupported,
             };
+            x8_flag = x8;
             match *register {
                 X86_64::RSP => (Cfa::MT_CFA_RSP, off, 0),
                 X86_64::RBP => (Cfa::MT_CFA_RBP, off, 0),
@@ -380,15 +393,23 @@ where
             }
         }
     };
-    let (rbp, rbp_off) = match row.register(X86_64::RBP) {
+    let (rbp, rbp_off) = rbp_rule(cfa, plt, row);
+    let mut out = Row::rule(cfa, cfa_off, rbp, rbp_off);
+    out.kind |= x8_flag;
+    out
+}
+
+/// Where the caller's rbp is, for a row whose CFA rule is `cfa` (`plt`: the
+/// PLT's threshold, kept in `rbp_off` where no rbp offset is).
+fn rbp_rule(cfa: Cfa, plt: i8, row: &gimli::UnwindTableRow<usize>) -> (Rbp, i8) {
+    match row.register(X86_64::RBP) {
         RegisterRule::Undefined | RegisterRule::SameValue => (Rbp::MT_RBP_SAME, plt),
         RegisterRule::Offset(off) => match i8::try_from(off) {
             Ok(off) if cfa != Cfa::MT_CFA_PLT => (Rbp::MT_RBP_AT, off),
             _ => (Rbp::MT_RBP_LOST, plt),
         },
         _ => (Rbp::MT_RBP_LOST, plt),
-    };
-    Row::rule(cfa, cfa_off, rbp, rbp_off)
+    }
 }
 
 #[cfg(test)]

@@ -259,7 +259,7 @@ fn report_output_replaces_file() {
     assert!(run.stdout.is_empty() && run.stderr.is_empty(), "{run:?}");
     assert_eq!(
         fs::read_to_string(&out).expect("read"),
-        "[libc.so.6];main;load_config 500000\n[libc.so.6];main;load_config;parse:token 100000\n"
+        "libc.so.6+0x29d8f;main;load_config 500000\nlibc.so.6+0x29d8f;main;load_config;parse:token 100000\n"
     );
     assert_eq!(dir_entries(dir.path()), ["profile.json", "sites.folded"]);
 }

@@ -28,7 +28,7 @@ memtrail report: ./shop --items <3> (exited with code 0 after 250.0 ms)
 /// first, each with its metrics (bytes first, with its share of the
 /// profile's total) and its symbolized frames innermost first: function,
 /// file:line and module, inlined frames marked, unknown frames as their
-/// address and module; stacks 20 and 60, which differ only in the address
+/// module and file offset; stacks 20 and 60, which differ only in the address
 /// of `main`, are one site.
 #[test]
 fn report_text_top_sites_by_bytes() {
@@ -40,18 +40,18 @@ fn report_text_top_sites_by_bytes() {
     std::vector<int>::push_back (inlined) at /usr/include/c++/12/bits/stl_vector.h:1281 in shop
     make_buffer at src/buffer.cc:42 in shop
     main at src/main.cc:12 in shop
-    0x7f0000029d90 in libc.so.6
+    libc.so.6+0x29d8f
 
 #2  2.9 MiB allocated (28.6%), 300 allocations, 488.3 KiB live at peak, 488.3 KiB leaked (5 blocks); 2 stacks
     load_config at src/config.cc:88 in shop
     main at src/main.cc:13 in shop
-    0x7f0000029d90 in libc.so.6
+    libc.so.6+0x29d8f
 
 #3  1.4 MiB allocated (14.3%), 299 allocations, 488.3 KiB live at peak, 97.7 KiB leaked (2 blocks)
     parse;token at src/config.cc:120 in shop
     load_config at src/config.cc:90 in shop
     main at src/main.cc:13 in shop
-    0x7f0000029d90 in libc.so.6
+    libc.so.6+0x29d8f
 "
     );
     assert_eq!(out, expected);
@@ -70,13 +70,13 @@ fn report_text_by_leaked_and_count() {
 #1  488.3 KiB leaked (83.3%, 5 blocks), 2.9 MiB allocated, 300 allocations, 488.3 KiB live at peak; 2 stacks
     load_config at src/config.cc:88 in shop
     main at src/main.cc:13 in shop
-    0x7f0000029d90 in libc.so.6
+    libc.so.6+0x29d8f
 
 #2  97.7 KiB leaked (16.7%, 2 blocks), 1.4 MiB allocated, 299 allocations, 488.3 KiB live at peak
     parse;token at src/config.cc:120 in shop
     load_config at src/config.cc:90 in shop
     main at src/main.cc:13 in shop
-    0x7f0000029d90 in libc.so.6
+    libc.so.6+0x29d8f
 "
     );
     assert_eq!(out, expected);
@@ -217,7 +217,7 @@ fn report_json_ranks_stacks() {
 }
 
 /// Check the folded stacks exactly: outermost frame first, function names
-/// only, `[module]` for unknown frames, `;` in a name turned into `:`,
+/// only, `module+0xOFFSET` for unknown frames (the file offset), `;` in a name turned into `:`,
 /// stacks that fold alike summed, lines sorted, zero values left out.
 #[test]
 fn report_folded_lines() {
@@ -225,25 +225,25 @@ fn report_folded_lines() {
     assert_eq!(
         report(&doc, &["--format", "folded"]),
         "\
-[libc.so.6];main;load_config 3000000
-[libc.so.6];main;load_config;parse:token 1499999
-[libc.so.6];main;make_buffer;std::vector<int>::push_back 6000000
 free_list_grow 1
+libc.so.6+0x29d8f;main;load_config 3000000
+libc.so.6+0x29d8f;main;load_config;parse:token 1499999
+libc.so.6+0x29d8f;main;make_buffer;std::vector<int>::push_back 6000000
 main;[unknown] 1
 "
     );
     assert_eq!(
         report(&doc, &["-f", "folded", "--by", "leaked"]),
         "\
-[libc.so.6];main;load_config 500000
-[libc.so.6];main;load_config;parse:token 100000
+libc.so.6+0x29d8f;main;load_config 500000
+libc.so.6+0x29d8f;main;load_config;parse:token 100000
 "
     );
     assert_eq!(
         report(&doc, &["-f", "folded", "--by", "count", "--top", "2"]),
         "\
-[libc.so.6];main;load_config;parse:token 299
-[libc.so.6];main;make_buffer;std::vector<int>::push_back 1000
+libc.so.6+0x29d8f;main;load_config;parse:token 299
+libc.so.6+0x29d8f;main;make_buffer;std::vector<int>::push_back 1000
 "
     );
     assert_eq!(
@@ -287,8 +287,8 @@ fn report_flamegraph_svg() {
     assert_eq!(
         flame_titles(&svg),
         [
-            "[libc.so.6] (10,499,999 bytes, 100.00%)",
             "all (10,500,001 bytes, 100%)",
+            "libc.so.6+0x29d8f (10,499,999 bytes, 100.00%)",
             "load_config (4,499,999 bytes, 42.86%)",
             "main (10,499,999 bytes, 100.00%)",
             "make_buffer (6,000,000 bytes, 57.14%)",
@@ -311,8 +311,8 @@ fn report_flamegraph_svg() {
     assert_eq!(
         flame_titles(&svg),
         [
-            "[libc.so.6] (600,000 bytes, 100.00%)",
             "all (600,000 bytes, 100%)",
+            "libc.so.6+0x29d8f (600,000 bytes, 100.00%)",
             "load_config (600,000 bytes, 100.00%)",
             "main (600,000 bytes, 100.00%)",
             "parse:token (100,000 bytes, 16.67%)",
@@ -346,4 +346,69 @@ fn report_flamegraph_empty() {
         ]
     );
     assert_eq!(report(&doc, &["-f", "folded", "--by", "leaked"]), "");
+}
+
+/// The fixture with stack 10 (make_buffer's) ended early, in libc, whose
+/// table the profile says was too big for the maps.
+fn truncated_sites() -> serde_json::Value {
+    let mut doc = sites();
+    let stack = doc["stacks"]
+        .as_array_mut()
+        .expect("stacks")
+        .iter_mut()
+        .find(|s| s["id"] == "10")
+        .expect("stack 10");
+    stack["end"] = "no_table".into();
+    doc["unwind"] = serde_json::json!({
+        "mode": "auto",
+        "images": [{
+            "image": "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            "status": "too_big",
+            "rows": 28274,
+            "room": 0,
+            "micros": 1,
+        }],
+        "ended_early": [],
+        "stacks": 5,
+        "bytes": 10500001,
+    });
+    doc
+}
+
+/// Check that a stack whose walk stopped early ends honestly (issue 23):
+/// `[truncated: no unwind table for libc.so.6]` past its last frame in the
+/// text report, whose header counts such stacks, and as its outermost frame
+/// in folded stacks and the flame graph.
+#[test]
+fn report_truncated_stacks_say_why() {
+    let doc = truncated_sites();
+    let out = report(&doc, &["--top", "1"]);
+    assert!(
+        out.contains(
+            "  1 of 6 stacks (5.7 MiB of 10.0 MiB allocated) truncated: their walk stopped \
+             before the program's entry\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("    libc.so.6+0x29d8f\n    [truncated: no unwind table for libc.so.6]\n"),
+        "{out}"
+    );
+    let folded = report(&doc, &["--format", "folded"]);
+    assert!(
+        folded.contains(
+            "[truncated: no unwind table for libc.so.6];libc.so.6+0x29d8f;main;make_buffer;\
+             std::vector<int>::push_back 6000000\n"
+        ),
+        "{folded}"
+    );
+    // The other stacks are complete.
+    assert_eq!(folded.matches("[truncated").count(), 1, "{folded}");
+    let svg = report(&doc, &["--format", "flamegraph"]);
+    assert!(
+        flame_titles(&svg).contains(
+            &"[truncated: no unwind table for libc.so.6] (6,000,000 bytes, 57.14%)".to_owned()
+        ),
+        "{svg}"
+    );
 }

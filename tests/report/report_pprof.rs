@@ -439,3 +439,41 @@ fn report_pprof_go_tool_inuse_objects_tags_mappings() {
         "{out}"
     );
 }
+
+/// Check that a stack whose walk stopped early (issue 23) ends, outermost,
+/// with a location of no address and no mapping whose function says why:
+/// `[truncated: no unwind table for libc.so.6]`; complete stacks do not.
+#[test]
+fn report_pprof_truncated_stack_says_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut doc = sites();
+    for stack in doc["stacks"].as_array_mut().expect("stacks") {
+        if stack["id"] == "10" {
+            stack["end"] = "no_table".into();
+        }
+    }
+    let profile = write_profile(dir.path(), &doc);
+    let out = dir.path().join("heap.pb.gz");
+    let run = memtrail(&[
+        "report".to_owned(),
+        profile.display().to_string(),
+        "--format".to_owned(),
+        "pprof".to_owned(),
+        "--output".to_owned(),
+        out.display().to_string(),
+    ]);
+    run.expect_code(0);
+    let p = decode(&out);
+    let stacks: Vec<Vec<String>> = p.sample.iter().map(|x| stack(&p, x)).collect();
+    // The first sample is stack 10's (the most bytes).
+    assert_eq!(
+        stacks[0].last().map(String::as_str),
+        Some("0x0 -: [truncated: no unwind table for libc.so.6] :0"),
+        "{stacks:#?}"
+    );
+    let truncated = stacks
+        .iter()
+        .filter(|s| s.iter().any(|l| l.contains("[truncated")))
+        .count();
+    assert_eq!(truncated, 1, "{stacks:#?}");
+}

@@ -233,6 +233,8 @@ fn report_process_stacks_name_their_process() {
 /// debug file at `DIR/.build-id/xx/rest.debug` (issue 16).
 #[test]
 fn report_debuginfo_dir_symbolizes_stripped_frames() {
+    // Not while the fixture's debug file is installed system-wide.
+    let _system_debug = SYSTEM_DEBUG.lock().unwrap_or_else(|e| e.into_inner());
     // Built with -g.
     let built = fixture("stacks");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -407,4 +409,154 @@ fn pprof_symbolizes_from_mappings(profile: &Path, built: &Path, stripped: &Path)
             "{name} not in:\n{text}\n{stderr}"
         );
     }
+}
+
+/// Held by the tests that need to know whether the `stacks` fixture's
+/// debug file is installed under /usr/lib/debug.
+static SYSTEM_DEBUG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Removes a file when dropped (a debug file installed for a test).
+struct Installed(std::path::PathBuf);
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// A stripped copy of the `stacks` fixture in `dir` and its split debug
+/// file (the build's DWARF), and the stripped image's build id.
+fn stripped_with_debug(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let built = fixture("stacks");
+    let stripped = dir.join("stacks-stripped");
+    let debug = dir.join("stacks.debug");
+    for args in [
+        [
+            OsString::from("--only-keep-debug"),
+            built.clone().into(),
+            debug.clone().into(),
+        ],
+        [
+            OsString::from("--strip-all"),
+            built.clone().into(),
+            stripped.clone().into(),
+        ],
+    ] {
+        let out = Command::new("objcopy")
+            .args(&args)
+            .output()
+            .expect("objcopy");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = Command::new("readelf")
+        .args(["-n"])
+        .arg(&stripped)
+        .output()
+        .expect("readelf");
+    let notes = String::from_utf8_lossy(&out.stdout);
+    let build_id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("a build id")
+        .to_owned();
+    (stripped, debug, build_id)
+}
+
+/// A frame's function, file name and line.
+type SourceFrame = (String, String, u64);
+
+/// The (function, file name, line) of the frames of `module` in the
+/// stacks of `p`, site by site, largest bytes first.
+fn module_lines(p: &Value, module: &str) -> Vec<(u64, Vec<SourceFrame>)> {
+    let mut sites: Vec<(u64, Vec<SourceFrame>)> = p["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .map(|s| {
+            let frames = s["frames"]
+                .as_array()
+                .expect("frames")
+                .iter()
+                .filter(|f| f["module"] == module)
+                .map(|f| {
+                    let file = f["file"].as_str().unwrap_or("?");
+                    let file = file.rsplit('/').next().unwrap_or(file).to_owned();
+                    (
+                        f["function"].as_str().unwrap_or("?").to_owned(),
+                        file,
+                        f["line"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect();
+            (num(s, "bytes"), frames)
+        })
+        .filter(|(_, frames): &(u64, Vec<_>)| !frames.is_empty())
+        .collect();
+    sites.sort();
+    sites
+}
+
+/// Check that a capture of a stripped image finds its debug file as gdb
+/// does (issue 23): by build id under /usr/lib/debug/.build-id, with no
+/// flag, and under `memtrail run --debuginfo-dir DIR`: the image's frames
+/// get functions, files and lines (the file installed under /usr/lib/debug
+/// is removed afterwards).
+#[test]
+fn capture_finds_debug_files_by_build_id() {
+    let _system_debug = SYSTEM_DEBUG.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (stripped, debug, build_id) = stripped_with_debug(dir.path());
+    let module = stripped.to_str().expect("UTF-8").to_owned();
+    let (head, rest) = build_id.split_at(2);
+    let slot = Path::new("/usr/lib/debug/.build-id").join(head);
+    fs::create_dir_all(&slot).expect("mkdir under /usr/lib/debug");
+    let installed = Installed(slot.join(format!("{rest}.debug")));
+    fs::copy(&debug, &installed.0).expect("install the debug file");
+
+    let check = |p: &Value| {
+        let sites = module_lines(p, &module);
+        let named: Vec<(u64, Vec<String>)> = sites
+            .iter()
+            .map(|(b, f)| (*b, f.iter().map(|f| f.0.clone()).collect()))
+            .collect();
+        let names = |n: &[&str]| n.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            named,
+            [
+                (22222, names(&["site_shared", "path_two", "main", "_start"])),
+                (33333, names(&["site_small", "main", "_start"])),
+                (44444, names(&["site_shared", "path_one", "main", "_start"])),
+                (100000, names(&["site_big", "main", "_start"])),
+            ]
+        );
+        // Every frame but _start's (assembly) has its line in stacks.c.
+        for (_, frames) in &sites {
+            for (function, file, line) in frames.iter().filter(|f| f.0 != "_start") {
+                assert_eq!(file, "stacks.c", "{function}");
+                assert!(*line > 0, "{function}");
+            }
+        }
+    };
+    let run = capture(&[stripped.clone().into_os_string()]);
+    run.expect_code(0);
+    check(run.profile());
+    drop(installed);
+
+    // Elsewhere, named by --debuginfo-dir.
+    let debuginfo = dir.path().join("debuginfo");
+    let slot = debuginfo.join(".build-id").join(head);
+    fs::create_dir_all(&slot).expect("mkdir");
+    fs::copy(&debug, slot.join(format!("{rest}.debug"))).expect("place debug file");
+    let run = support::capture_flags(
+        &["--debuginfo-dir", debuginfo.to_str().expect("UTF-8")],
+        &[stripped.into_os_string()],
+        b"",
+        &[],
+    );
+    run.expect_code(0);
+    check(run.profile());
 }
