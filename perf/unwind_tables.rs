@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use memtrail::internals::unwind::{prepare, cache::Cache};
+use memtrail::internals::unwind::{cache::Cache, prepare};
 
 /// Counts live and peak heap bytes.
 struct Counting;

@@ -69,7 +69,10 @@ static ALLOC: reuse::Reuse = reuse::Reuse;
 /// addresses, and the stale one reached the new session).
 #[test]
 fn ffi_handles_stale_after_memory_reuse() {
-    use memtrail::internals::ffi::{memtrail_session, memtrail_session_free, memtrail_snapshot, memtrail_totals, memtrail_track_self, memtrail_error::*};
+    use memtrail::internals::ffi::{
+        memtrail_error::*, memtrail_session, memtrail_session_free, memtrail_snapshot,
+        memtrail_totals, memtrail_track_self,
+    };
     use std::sync::atomic::Ordering;
     let start = || {
         let mut s = std::ptr::null_mut();

@@ -123,7 +123,9 @@ fn session_self_end_leaves_no_child_held() {
         }
     }
     for round in 0..ROUNDS {
-        use memtrail::internals::ffi::{memtrail_session_free, memtrail_track_self, memtrail_error::MEMTRAIL_OK};
+        use memtrail::internals::ffi::{
+            memtrail_error::MEMTRAIL_OK, memtrail_session_free, memtrail_track_self,
+        };
         let mut s = std::ptr::null_mut();
         // SAFETY: NULL options, `s` writable.
         let code = unsafe { memtrail_track_self(std::ptr::null(), &mut s) };

@@ -216,24 +216,15 @@ pub fn mimalloc() -> Vec<Entry> {
 /// C++ `operator new` variants (libstdc++ and libc++ share the Itanium
 /// names), probed at entry only; see [`Role::New`].
 pub fn cxx_new() -> Vec<Entry> {
-    [
-        "_Znwm",
-        "_Znam",
-        "_ZnwmRKSt9nothrow_t",
-        "_ZnamRKSt9nothrow_t",
-        "_ZnwmSt11align_val_t",
-        "_ZnamSt11align_val_t",
-        "_ZnwmSt11align_val_tRKSt9nothrow_t",
-        "_ZnamSt11align_val_tRKSt9nothrow_t",
-    ]
-    .iter()
-    .map(|name| Entry {
-        name: (*name).to_owned(),
-        role: Role::New,
-        kind: Kind::Malloc,
-        abi: SIZE0,
-    })
-    .collect()
+    crate::unwind::table::OPERATOR_NEW
+        .iter()
+        .map(|name| Entry {
+            name: (*name).to_owned(),
+            role: Role::New,
+            kind: Kind::Malloc,
+            abi: SIZE0,
+        })
+        .collect()
 }
 
 /// The libc wrappers of the memory syscalls whose callers are sites

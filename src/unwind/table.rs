@@ -206,6 +206,19 @@ fn compile_image(data: &[u8]) -> Result<Compiled, UnwindError> {
     }))
 }
 
+/// The C++ `operator new` variants (libstdc++ and libc++ share the Itanium
+/// names): their rows are flagged here, and `attach` probes the same names.
+pub const OPERATOR_NEW: [&str; 8] = [
+    "_Znwm",
+    "_Znam",
+    "_ZnwmRKSt9nothrow_t",
+    "_ZnamRKSt9nothrow_t",
+    "_ZnwmSt11align_val_t",
+    "_ZnamSt11align_val_t",
+    "_ZnwmSt11align_val_tRKSt9nothrow_t",
+    "_ZnamSt11align_val_tRKSt9nothrow_t",
+];
+
 /// Flags the spans of C++ `operator new` (`MT_ROW_ALLOC_WRAPPER`) in an
 /// image that has no allocator of its own (no `malloc`: libstdc++,
 /// libc++), whose `operator new` only calls malloc and gets no probe
@@ -213,10 +226,7 @@ fn compile_image(data: &[u8]) -> Result<Compiled, UnwindError> {
 /// caller, as a probe on new did.
 fn mark_alloc_wrappers(file: &object::File<'_>, spans: &mut [(u64, u64, Row)]) {
     use object::ObjectSymbol;
-    let news: Vec<String> = crate::attach::api::cxx_new()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
+    let news: Vec<String> = OPERATOR_NEW.iter().map(|n| (*n).to_owned()).collect();
     let mut ranges = Vec::new();
     for sym in file.dynamic_symbols().chain(file.symbols()) {
         if !sym.is_definition() || sym.kind() != object::SymbolKind::Text {

@@ -527,6 +527,8 @@ fn check_changing_stacks(p: &Value) {
         };
         assert_at(&f[d as usize + 1], via, src, line_of(src, mark));
         assert_at(&f[main], "main", src, line_of(src, "MAIN"));
+    }
+}
 
 /// A C file of `n` functions, each calling the one before it, for
 /// `clang-19 -O2 -c` to chew on.
