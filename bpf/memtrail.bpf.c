@@ -957,7 +957,9 @@ struct {
 } unwind_shards SEC(".maps");
 
 /* Slot idx of the unwind tables' array, NULL past its shards. */
-static __always_inline struct mt_unwind_row *unwind_slot(__u32 idx)
+/* Not inlined: its temporaries would sit in find_row's frame three times
+ * over, past the stack budget (scripts/check-bpf-stack.sh). */
+static __noinline struct mt_unwind_row *unwind_slot(__u32 idx)
 {
 	__u32 shard = idx >> MT_UNWIND_SHARD_SHIFT;
 	__u32 at = idx & (MT_UNWIND_SHARD - 1);
@@ -1090,6 +1092,8 @@ struct unwind_search {
 	__u32 lo;
 	__u32 hi;
 	__u32 key;
+	/* The page's first row (lo before the search), in the padding. */
+	__u32 first;
 };
 
 /* One step of the search for the first row above key in [lo, hi). */
@@ -1258,13 +1262,22 @@ static __always_inline bool fp_step(struct unwind_walk *w, __u16 why,
 }
 
 /* The row covering the walk's pc, if its image has a table. */
+/* The row cache's slot for key in the image whose page index starts at
+ * pages. */
+static __always_inline __u64 *row_cache_entry(__u64 key, __u32 pages)
+{
+	__u32 slot = (__u32)(((key << 16 ^ pages) * 0x9e3779b97f4a7c15ULL) >> 48) & row_cache_mask;
+
+	return bpf_map_lookup_elem(&row_cache, &slot);
+}
+
 static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row *out)
 {
 	__u64 key = w->pc - (w->exact ? 0 : 1) - w->map.shift;
 	struct unwind_search s;
-	struct mt_unwind_row *row, *from, *to;
+	struct mt_unwind_row *row;
 	__u64 *cached;
-	__u32 idx, page, slot;
+	__u32 idx, page;
 
 	if (key > 0xffffffffULL || (key >> 12) < w->map.base_page)
 		return false; /* below the first row */
@@ -1272,18 +1285,21 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	if (page >= w->map.npages)
 		page = w->map.npages - 1; /* past the last row's page: the last row */
 	idx = w->map.pages + page;
-	from = unwind_slot(idx);
-	to = unwind_slot(idx + 1);
-	if (!from || !to)
+	row = unwind_slot(idx);
+	if (!row)
 		return false;
-	slot = (__u32)(((key << 16 ^ w->map.pages) * 0x9e3779b97f4a7c15ULL) >> 48) & row_cache_mask;
-	cached = bpf_map_lookup_elem(&row_cache, &slot);
+	s.first = row->pc;
+	row = unwind_slot(idx + 1);
+	if (!row)
+		return false;
+	s.hi = row->pc;
+	cached = row_cache_entry(key, w->map.pages);
 	if (cached) {
 		__u64 c = *cached;
 
 		idx = (__u32)c;
-		/* Rows [from - 1, to), from on page 0 (see below). */
-		if ((c >> 32) == key && idx + (page != 0) >= from->pc && idx < to->pc) {
+		/* Rows [first - 1, hi), first on page 0 (see below). */
+		if ((c >> 32) == key && idx + (page != 0) >= s.first && idx < s.hi) {
 			row = unwind_slot(idx);
 			if (!row)
 				return false;
@@ -1295,16 +1311,17 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	 * the one before the page's first (never another image's: page 0
 	 * starts with the image's first row, which is below nothing). */
 	s.key = key;
-	s.lo = from->pc;
-	s.hi = to->pc;
+	s.lo = s.first;
 	bpf_loop(MT_UNWIND_SEARCH, search_step, &s, 0);
-	if (s.lo == from->pc && page == 0)
+	if (s.lo == s.first && page == 0)
 		return false; /* below the first row */
 	idx = s.lo - 1;
 	row = unwind_slot(idx);
 	if (!row)
 		return false;
 	*out = *row;
+	/* Looked up again: a pointer kept across the search costs stack. */
+	cached = row_cache_entry(key, w->map.pages);
 	if (cached)
 		*cached = key << 32 | idx;
 	return true;
