@@ -54,7 +54,7 @@ impl Stamp {
         }
         let dev = md.dev();
         Some(Self {
-            dev: u64::from(libc::major(dev)) << 20 | u64::from(libc::minor(dev)),
+            dev: crate::sys::kernel_dev(dev),
             ino: md.ino(),
             size: md.size(),
             mtime_ns: i128::from(md.mtime()) * 1_000_000_000 + i128::from(md.mtime_nsec()),

@@ -83,12 +83,8 @@ pub fn resolve_paths(mappings: &mut HashMap<u32, Vec<Mapping>>, hints: &[PathBuf
     dirs.sort();
     dirs.dedup();
     let same_file = |path: &Path, (dev, ino): (u64, u64)| {
-        std::fs::metadata(path).is_ok_and(|md| {
-            let st_dev = md.dev();
-            md.ino() == ino
-                && u64::from(libc::major(st_dev)) == dev >> 20
-                && u64::from(libc::minor(st_dev)) == dev & 0xfffff
-        })
+        std::fs::metadata(path)
+            .is_ok_and(|md| md.ino() == ino && crate::sys::kernel_dev(md.dev()) == dev)
     };
     for m in mappings.values_mut().flatten() {
         if m.path.is_absolute() {

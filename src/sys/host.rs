@@ -49,11 +49,13 @@ pub fn monotonic_ns() -> u64 {
 pub fn kernel_file_id(path: &Path) -> io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let md = std::fs::metadata(path)?;
-    let dev = md.dev();
-    Ok((
-        u64::from(libc::major(dev)) << 20 | u64::from(libc::minor(dev)),
-        md.ino(),
-    ))
+    Ok((kernel_dev(md.dev()), md.ino()))
+}
+
+/// A device number (`st_dev`) in the kernel's own encoding, which BPF
+/// programs see in `s_dev`: major << 20 | minor.
+pub fn kernel_dev(st_dev: u64) -> u64 {
+    u64::from(libc::major(st_dev)) << 20 | u64::from(libc::minor(st_dev))
 }
 
 /// The running kernel's major and minor release (uname), (0, 0) if unread.

@@ -41,7 +41,9 @@ pub use fd::{
     eventfd_signal, map_file, open_regular, pipe, poll_readable, read, write_all,
 };
 pub use guardian::{GUARDIAN_NAME, Guardian, GuardianCgroup, GuardianMaps};
-pub use host::{has_capability, kernel_file_id, kernel_log_tail, kernel_release, monotonic_ns};
+pub use host::{
+    has_capability, kernel_dev, kernel_file_id, kernel_log_tail, kernel_release, monotonic_ns,
+};
 pub use process::{
     INIT_PID_NS_INO, Pid, ThreadStates, gettid, kill, pid_namespace, pidfd_check_alive, pidfd_open,
     pidfd_open_thread, pidfd_send_signal, set_child_subreaper, set_thread_nice,
