@@ -3,24 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::support::{self, capture, cmd, id, num};
+use crate::support::{self, capture, cmd, fixture_source, id, line_of, num};
 use serde_json::Value;
-
-fn fixture_source(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
-/// The 1-based line of `marker` in a fixture's source.
-fn line_of(file: &str, marker: &str) -> u64 {
-    let text = std::fs::read_to_string(fixture_source(file)).unwrap();
-    let idx = text
-        .lines()
-        .position(|l| l.contains(marker))
-        .unwrap_or_else(|| panic!("{marker} not in {file}"));
-    idx as u64 + 1
-}
 
 /// The allocation sites.
 fn stacks(profile: &Value) -> Vec<&Value> {

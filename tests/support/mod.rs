@@ -718,3 +718,20 @@ pub fn late_pipelines(stderr: &str) -> Option<Vec<&str>> {
         .and_then(|(before, _)| before.rsplit_once(": the "))
         .map(|(_, names)| names.split(", ").collect())
 }
+
+/// The source of fixture `name` (`tests/fixtures/NAME`).
+pub fn fixture_source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// The 1-based line of `marker` in the source of fixture `file`.
+pub fn line_of(file: &str, marker: &str) -> u64 {
+    let text = std::fs::read_to_string(fixture_source(file)).unwrap();
+    let idx = text
+        .lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("{marker} not in {file}"));
+    idx as u64 + 1
+}
