@@ -601,6 +601,7 @@ struct mt_exit_event _mt_exit_event = {};
 struct mt_stack_record _mt_stack_record = {};
 struct mt_unwind_row _mt_unwind_row = {};
 struct mt_unwind_image _mt_unwind_image = {};
+struct mt_py_image _mt_py_image = {};
 enum mt_unwind_cfa _mt_unwind_cfa = MT_CFA_NONE;
 enum mt_unwind_rbp _mt_unwind_rbp = MT_RBP_SAME;
 enum mt_unwind_flags _mt_unwind_flags = MT_ROW_ALLOC_WRAPPER;
@@ -1026,7 +1027,7 @@ struct code_map {
 	__u32 pages;
 	__u32 npages; /* 0: no table */
 	__u32 base_page;
-	__u32 _pad; /* only executable mappings are kept */
+	__u32 py; /* the image is a Python interpreter (py_images) */
 };
 
 struct code_maps {
@@ -1072,6 +1073,7 @@ struct unwind_walk {
 	__u32 n;
 	__u16 end;   /* enum mt_stack_end */
 	__u8 exact;  /* pc is an interrupted instruction, not a return address */
+	__u8 py;     /* a frame was in a Python interpreter's code */
 };
 
 /*
@@ -1117,6 +1119,32 @@ static long search_step(__u64 i, void *data)
 }
 
 /* mt_find_code's look-up, on its stack (bpf_find_vma's data must be). */
+/*
+ * Python interpreters (issue 25). Userspace names the images that are
+ * CPython interpreters (3.11+: the python executable or libpython) with
+ * _PyRuntime's place and the offsets the walk reads, by file identity in
+ * py_images; the mapping look-up below flags its code in code_maps. A
+ * walk that went through such code then walks the thread's Python frames
+ * (mt_py_walk), and the first one of a process gives it its entry in
+ * py_procs, with _PyRuntime's address there.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, struct image_id);
+	__type(value, struct mt_py_image);
+} py_images SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_MAX_PROCS);
+	__type(key, __u32);
+	__type(value, struct mt_py_image);
+} py_procs SEC(".maps");
+
+/* Python frames in stacks; --native-only clears it before load. */
+const volatile __u32 python_frames = 1;
+
 struct code_find {
 	__u32 tgid; /* the process: its key in code_maps */
 	__u32 end;  /* MT_END_COMPLETE: the mapping is code, and cached */
@@ -1160,6 +1188,9 @@ static long cache_code_vma(struct task_struct *task, struct vm_area_struct *vma,
 	slot->npages = 0;
 	slot->base_page = 0;
 	slot->shift = 0;
+	/* A Python interpreter's code: walks through it look for Python
+	 * frames (mt_py_walk). */
+	slot->py = file && python_frames && bpf_map_lookup_elem(&py_images, &id);
 	if (img) {
 		slot->pages = img->pages;
 		slot->npages = img->npages;
@@ -1456,6 +1487,7 @@ static long unwind_step(__u64 i, void *data)
 	}
 	if (!in_code(w))
 		return 1;
+	w->py |= w->map.py;
 	if (n >= stack_depth || n >= MT_MAX_STACK) {
 		walk_end(w, MT_END_DEPTH);
 		return 1;
@@ -1490,6 +1522,7 @@ __u32 walk_first_frame = 0;
 struct walk_out {
 	__u32 nr;
 	__u16 end;
+	__u8 py; /* the walk went through a Python interpreter's code */
 };
 
 /*
@@ -1524,7 +1557,192 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp,
 	bpf_loop(MT_MAX_STACK + 1, unwind_step, &w, 0);
 	out->nr = w.n;
 	out->end = w.end;
+	out->py = w.py;
 	return w.h ? w.h : 1;
+}
+
+/*
+ * The Python frames of the current thread (issue 25), appended to a stack
+ * after its native frames (MT_PY_FRAME in memtrail.h), hashed with them.
+ * The thread's state is the one of the interpreter's threads whose
+ * thread_id (its pthread_self(), which glibc makes the thread's fs base)
+ * is the current task's fsbase; its current frame leads the chain of
+ * _PyInterpreterFrame through `previous`. An interpreter loop's run ends at
+ * its entry frame: 3.11 flags its first frame (is_entry), 3.12+ pushes a
+ * shim frame owned by the C stack before it. Frames not started yet
+ * (their instruction pointer before the code) are left out.
+ */
+#define MT_PY_THREADS 256
+#define MT_PY_OWNED_BY_CSTACK 3
+
+struct py_walk {
+	struct mt_py_offsets off;
+	struct mt_stack_record *rec;
+	__u64 at;   /* the thread state, then the frame to look at */
+	__u64 want; /* the thread's pthread_self() */
+	__u64 h;
+	__u32 n;
+	__u32 found;
+};
+
+/* The 8-byte word at a user address, 0 if unreadable. */
+static __always_inline __u64 py_read(__u64 addr)
+{
+	__u64 v = 0;
+
+	if (bpf_probe_read_user(&v, sizeof(v), (void *)addr))
+		return 0;
+	return v;
+}
+
+static __always_inline void py_emit(struct py_walk *p, __u64 ip)
+{
+	if (p->n >= MT_MAX_STACK)
+		return;
+	if (p->rec)
+		mt_store_frame(p->rec, p->n, ip);
+	p->h = mix(p->h, ip);
+	p->n++;
+}
+
+/* One thread state of the interpreter's list: the thread's, or the next. */
+static long py_thread_step(__u64 i, void *data)
+{
+	struct py_walk *p = data;
+
+	if (!p->at)
+		return 1;
+	if (py_read(p->at + p->off.tstate_thread_id) == p->want) {
+		p->found = 1;
+		return 1;
+	}
+	p->at = py_read(p->at + p->off.tstate_next);
+	return 0;
+}
+
+/* One _PyInterpreterFrame: its code and instruction, then the previous. */
+static long py_frame_step(__u64 i, void *data)
+{
+	struct py_walk *p = data;
+	__u64 frame = p->at, code, instr, start, off;
+	__u8 owner = 0, entry = 0;
+
+	if (!frame || p->n >= MT_MAX_STACK)
+		return 1;
+	p->at = py_read(frame + p->off.frame_previous);
+	if (bpf_probe_read_user(&owner, 1, (void *)(frame + p->off.frame_owner))) {
+		p->at = 0;
+		return 1;
+	}
+	if (owner == MT_PY_OWNED_BY_CSTACK) {
+		py_emit(p, MT_PY_FRAME);
+		return 0;
+	}
+	code = py_read(frame + p->off.frame_code);
+	instr = py_read(frame + p->off.frame_instr);
+	start = code + p->off.code_adaptive;
+	if (code && instr >= start) {
+		off = (instr - start) / 2;
+		if (off > MT_PY_OFF_MAX)
+			off = MT_PY_OFF_MAX;
+		py_emit(p, MT_PY_FRAME | off << MT_PY_OFF_SHIFT | (code & MT_PY_CODE_MASK));
+	}
+	if (p->off.frame_is_entry != MT_PY_NONE &&
+	    !bpf_probe_read_user(&entry, 1, (void *)(frame + p->off.frame_is_entry)) && entry)
+		py_emit(p, MT_PY_FRAME);
+	return 0;
+}
+
+/* What py_note_vma needs and finds. */
+struct py_find {
+	__u32 tgid;
+	__u32 found;
+};
+
+/* Records the interpreter mapped at vma as the process's (py_procs). */
+static long py_note_vma(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct py_find *f = data;
+	struct mt_py_image *img, *proc;
+	struct image_id id = {};
+	struct file *file = vma->vm_file;
+
+	if (!file)
+		return 0;
+	id.ino = file->f_inode->i_ino;
+	id.dev = file->f_inode->i_sb->s_dev;
+	img = bpf_map_lookup_elem(&py_images, &id);
+	if (!img || bpf_map_update_elem(&py_procs, &f->tgid, img, BPF_ANY))
+		return 0;
+	proc = bpf_map_lookup_elem(&py_procs, &f->tgid);
+	if (!proc)
+		return 0;
+	/* runtime is relative to the address of the file's offset 0. A walk
+	 * of another thread in between reads where no interpreter is, and
+	 * finds no thread. */
+	proc->runtime = img->runtime + vma->vm_start - (vma->vm_pgoff << PAGE_SHIFT);
+	f->found = 1;
+	return 0;
+}
+
+/* The process's interpreter: its entry, or one made from the flagged code
+ * mapping a walk of it just went through. */
+static __noinline struct mt_py_image *py_proc(__u32 tgid)
+{
+	struct py_find f = { .tgid = tgid };
+	struct mt_py_image *py = bpf_map_lookup_elem(&py_procs, &tgid);
+	struct code_maps *cm;
+	__u64 at = 0;
+
+	if (py)
+		return py;
+	cm = bpf_map_lookup_elem(&code_maps, &tgid);
+	for (int i = 0; cm && i < MT_CODE_MAPS; i++) {
+		if (cm->m[i].py && cm->m[i].end)
+			at = cm->m[i].start;
+	}
+	if (!at || bpf_find_vma(bpf_get_current_task_btf(), at, py_note_vma, &f, 0) || !f.found)
+		return NULL;
+	return bpf_map_lookup_elem(&py_procs, &tgid);
+}
+
+/*
+ * Appends the current thread's Python frames to a stack of out->nr frames
+ * (into rec's ips when rec is set), mixing them into its hash h; returns
+ * the hash, never 0, and moves out->nr past them. A global function,
+ * verified once, outside the native walk's call chain (the stack budget).
+ */
+__noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk_out *out,
+			    __u64 h)
+{
+	struct py_walk p = { .rec = rec, .h = h };
+	const struct mt_py_image *py;
+	struct task_struct *task;
+	__u64 at;
+
+	if (!out)
+		return h ? h : 1;
+	py = py_proc(tgid);
+	if (!py)
+		return h ? h : 1;
+	p.off = py->off;
+	p.n = out->nr;
+	task = bpf_get_current_task_btf();
+	p.want = BPF_CORE_READ(task, thread.fsbase);
+	at = py_read(py->runtime + p.off.runtime_interp_head);
+	if (!at)
+		return h ? h : 1;
+	p.at = py_read(at + p.off.interp_threads_head);
+	bpf_loop(MT_PY_THREADS, py_thread_step, &p, 0);
+	if (!p.found)
+		return h ? h : 1;
+	at = py_read(p.at + p.off.tstate_frame);
+	if (at && p.off.cframe_frame != MT_PY_NONE)
+		at = py_read(at + p.off.cframe_frame);
+	p.at = at;
+	bpf_loop(MT_MAX_STACK, py_frame_step, &p, 0);
+	out->nr = p.n;
+	return p.h ? p.h : 1;
 }
 
 /*
@@ -1548,6 +1766,8 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u6
 	if (!stack_depth)
 		return 0;
 	h = walk_stack(ctx, tgid, sp, NULL, &out);
+	if (out.py)
+		h = mt_py_walk(tgid, NULL, &out, h);
 	if (bpf_map_lookup_elem(&known_stacks, &h))
 		return h;
 	rec = bpf_ringbuf_reserve(&stacks, sizeof(*rec), 0);
@@ -1559,6 +1779,8 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u6
 	 * the thread is here, so it gives the same frames and hash (but the
 	 * record carries what this walk saw, whatever happens). */
 	h = walk_stack(ctx, tgid, sp, rec, &out);
+	if (out.py)
+		h = mt_py_walk(tgid, rec, &out, h);
 	rec->id = h;
 	rec->pid = tgid;
 	rec->nr = out.nr;
@@ -2385,6 +2607,7 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 		__u32 tgid = pid_tgid >> 32;
 
 		bpf_map_delete_elem(&code_maps, &tgid); /* a new image */
+		bpf_map_delete_elem(&py_procs, &tgid);
 	}
 	track_task(bpf_get_current_task_btf());
 	ring = events_ring();
@@ -2449,6 +2672,7 @@ static __always_inline void process_exit(struct task_struct *p, __u64 pid_tgid)
 
 	bpf_map_delete_elem(&tracked, &tgid);
 	bpf_map_delete_elem(&code_maps, &tgid);
+	bpf_map_delete_elem(&py_procs, &tgid);
 	bpf_map_delete_elem(&foreign_stops, &tgid);
 	if (per_process) {
 		bpf_map_delete_elem(&held_for_probes, &tgid);

@@ -277,6 +277,51 @@ struct mt_unwind_image {
 };
 
 /*
+ * Python frames (issue 25). A stack walked through a CPython interpreter
+ * (3.11 and later) carries, after its native frames, the thread's Python
+ * frames innermost first: MT_PY_FRAME | instruction offset (code units,
+ * clamped to MT_PY_OFF_MAX) << MT_PY_OFF_SHIFT | the code object's address.
+ * MT_PY_FRAME alone ends the frames one run of the interpreter loop
+ * (`_PyEval_EvalFrameDefault`) executed: the n-th such group stands for the
+ * n-th interpreter-loop frame among the native ones.
+ */
+#define MT_PY_FRAME (1ULL << 63)
+#define MT_PY_OFF_SHIFT 47
+#define MT_PY_OFF_MAX 0xffffULL
+#define MT_PY_CODE_MASK ((1ULL << MT_PY_OFF_SHIFT) - 1)
+/* An offset that does not apply to this version. */
+#define MT_PY_NONE 0xffff
+
+/* Where an interpreter keeps what the walk reads: byte offsets into
+ * _PyRuntime, PyInterpreterState, PyThreadState, _PyCFrame,
+ * _PyInterpreterFrame and PyCodeObject (per-version tables in src/python,
+ * or the interpreter's own _Py_DebugOffsets). */
+struct mt_py_offsets {
+	__u16 runtime_interp_head; /* _PyRuntime.interpreters.head */
+	__u16 interp_threads_head; /* PyInterpreterState.threads.head */
+	__u16 tstate_next;
+	__u16 tstate_thread_id;    /* pthread_self() of the thread */
+	/* tstate->cframe (3.11, 3.12) or tstate->current_frame (3.13+) */
+	__u16 tstate_frame;
+	/* _PyCFrame.current_frame; MT_PY_NONE: tstate_frame is the frame */
+	__u16 cframe_frame;
+	__u16 frame_code;     /* f_code / f_executable */
+	__u16 frame_instr;    /* prev_instr / instr_ptr */
+	__u16 frame_previous;
+	__u16 frame_owner;    /* FRAME_OWNED_BY_CSTACK (3): an entry shim, 3.12+ */
+	__u16 frame_is_entry; /* 3.11; MT_PY_NONE later */
+	__u16 code_adaptive;  /* co_code_adaptive: the first code unit */
+};
+
+/* An interpreter image (py_images, by file identity: runtime is
+ * _PyRuntime's address minus the image's load address) or a process
+ * running it (py_procs, by tgid: runtime is the address). */
+struct mt_py_image {
+	__u64 runtime;
+	struct mt_py_offsets off;
+};
+
+/*
  * An executable file mapping of a tracked process, on the mappings ring:
  * enough to turn its addresses into file offsets after the process exited.
  */

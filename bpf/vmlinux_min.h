@@ -206,6 +206,11 @@ struct css_set {
 	struct cgroup *dfl_cgrp;
 } __attribute__((preserve_access_index));
 
+/* x86_64: the thread's fs base, which glibc makes its pthread_self(). */
+struct thread_struct {
+	unsigned long fsbase;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
@@ -218,6 +223,7 @@ struct task_struct {
 	struct signal_struct *signal;
 	struct sighand_struct *sighand;
 	struct css_set *cgroups;
+	struct thread_struct thread;
 } __attribute__((preserve_access_index));
 
 struct linux_binprm {

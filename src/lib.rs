@@ -33,6 +33,7 @@ mod profile;
 mod sys;
 
 mod engine;
+mod python;
 mod report;
 mod ring;
 mod symbolize;

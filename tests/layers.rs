@@ -13,7 +13,7 @@ const FLOORS: &[&[&str]] = &[
     &["sys"],
     &["profile", "output"],
     &["bpf"],
-    &["ring", "engine", "symbolize", "report"],
+    &["ring", "engine", "python", "symbolize", "report"],
     &["proctree", "events", "unwind"],
     &["attach", "pressure", "aggregate"],
     &["session"],

@@ -40,6 +40,8 @@ pub(crate) struct Config<'a> {
     /// process tracking itself, which is never stopped.
     pub signal_generate: bool,
     pub stack_depth: u32,
+    /// Walk the Python frames of stacks through CPython interpreters.
+    pub python_frames: bool,
     /// `enum mt_unwind_mode` ([`super::record::unwind_mode`]).
     pub unwind_mode: u32,
     pub pressure: bool,
@@ -96,6 +98,7 @@ impl Config<'_> {
             .as_deref_mut()
             .expect("the BPF object has .rodata tunables");
         ro.stack_depth = self.stack_depth;
+        ro.python_frames = u32::from(self.python_frames);
         ro.unwind_mode = self.unwind_mode;
         ro.pressure_enabled = self.pressure;
         if let Some(ino) = self.pidns {

@@ -365,6 +365,12 @@ pub struct CaptureArgs {
     #[arg(long)]
     pub no_timeline: bool,
 
+    /// Stacks through a Python interpreter (CPython 3.11 to 3.13) show the
+    /// interpreter's own native frames (`_PyEval_EvalFrameDefault`), not
+    /// the Python functions they ran (`qualname at file.py:LINE`).
+    #[arg(long)]
+    pub native_only: bool,
+
     /// Print no summary, no status line and no notes about the capture
     /// (an image without unwind tables, USDT markers skipped: the profile
     /// or the summary records them). Errors, warnings about memtrail's own
@@ -674,6 +680,7 @@ impl CaptureArgs {
                 ring_size: self.ring_size,
                 stack_ring_size: self.stack_ring_size,
                 stack_depth: self.stack_depth,
+                python_frames: !self.native_only,
                 unwind: self.unwind,
                 probes: self.probes,
                 event_rings: self.event_rings,

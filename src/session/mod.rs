@@ -106,6 +106,9 @@ pub struct SessionOptions {
     pub stack_depth: u32,
     /// How stacks are walked: unwind tables, frame pointers, or both.
     pub unwind: crate::profile::unwind::Mode,
+    /// Python functions in stacks through CPython 3.11 to 3.13 interpreters
+    /// (false: `--native-only`, the interpreter's own frames).
+    pub python_frames: bool,
     /// Where allocator probes go: per process or system-wide.
     pub probes: crate::attach::per_process::Probes,
     /// One events ring, or one per CPU.
@@ -136,6 +139,7 @@ impl Default for SessionOptions {
             stack_ring_size: crate::session::DEFAULT_STACK_RING_SIZE,
             stack_depth: crate::session::DEFAULT_STACK_DEPTH,
             unwind: crate::profile::unwind::Mode::default(),
+            python_frames: true,
             probes: crate::attach::per_process::Probes::default(),
             event_rings: merge::EventRings::default(),
             pressure_timeout: PressureTimeout::Off,

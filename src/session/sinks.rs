@@ -106,6 +106,10 @@ pub struct Stack {
     pub ips: Vec<u64>,
     /// Why the walk stopped after these frames.
     pub end: crate::profile::unwind::StackEnd,
+    /// The Python frames of each run of the interpreter loop among the
+    /// native frames, innermost first (issue 25), named when the stack
+    /// arrived: the process may be gone by the end.
+    pub python: Vec<Vec<crate::profile::Frame>>,
 }
 
 /// Whether `ip` can be an x86_64 user-space code address: above the
@@ -119,6 +123,7 @@ fn is_user_code(ip: u64) -> bool {
 pub struct StackSink {
     pub stacks: HashMap<u64, Stack>,
     pub malformed: u64,
+    python: crate::python::Resolver,
 }
 
 impl Sink for StackSink {
@@ -127,14 +132,30 @@ impl Sink for StackSink {
             // A stack written twice (the known-stacks map was full) is
             // the same stack.
             Ok(rec) => {
-                self.stacks.entry(rec.id).or_insert_with(|| Stack {
-                    pid: rec.pid,
-                    // A frame-pointer walk through code built without frame
-                    // pointers reads arbitrary stack words: stop at the
-                    // first that cannot be a user code address.
-                    ips: rec.ips().take_while(|&ip| is_user_code(ip)).collect(),
-                    end: record::stack_end(rec.end),
-                });
+                if self.stacks.contains_key(&rec.id) {
+                    return;
+                }
+                let words: Vec<u64> = rec.ips().collect();
+                let (native, groups) = crate::python::split(&words);
+                let python = groups
+                    .iter()
+                    .map(|group| self.python.frames(rec.pid, group))
+                    .collect();
+                self.stacks.insert(
+                    rec.id,
+                    Stack {
+                        pid: rec.pid,
+                        // A frame-pointer walk through code built without
+                        // frame pointers reads arbitrary stack words: stop
+                        // at the first that cannot be a user code address.
+                        ips: native
+                            .into_iter()
+                            .take_while(|&ip| is_user_code(ip))
+                            .collect(),
+                        end: record::stack_end(rec.end),
+                        python,
+                    },
+                );
             }
             Err(_) => self.malformed += 1,
         }

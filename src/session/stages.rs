@@ -114,7 +114,7 @@ pub(crate) fn symbolize_stacks(
                     // What ran when the stack was made: a stack from
                     // before an exec keeps the executable of then.
                     exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
-                    frames,
+                    frames: crate::python::splice(frames, &stack.python),
                     end: stack.end,
                     metrics,
                 }),
@@ -128,10 +128,9 @@ pub(crate) fn symbolize_stacks(
 /// them (the maps cannot be mapped) stacks take frame-pointer steps.
 pub(crate) fn unwind_tables(
     skel: &MemtrailSkel<'_>,
-    mode: crate::profile::unwind::Mode,
-    stack_depth: u32,
+    opts: &super::SessionOptions,
 ) -> Option<crate::unwind::Tables> {
-    if !mode.uses_tables() || stack_depth == 0 {
+    if !opts.unwind.uses_tables() || opts.stack_depth == 0 {
         return None;
     }
     use std::os::fd::AsFd;
@@ -140,6 +139,7 @@ pub(crate) fn unwind_tables(
         maps.unwind_rows.as_fd(),
         maps.unwind_shards.as_fd(),
         maps.unwind_images.as_fd(),
+        opts.python_frames.then(|| maps.py_images.as_fd()),
     )
     .inspect_err(|err| tracing::warn!(%err, "no unwind tables: stacks take frame-pointer steps"))
     .ok()

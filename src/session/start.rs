@@ -138,6 +138,7 @@ impl Plan {
             // itself is never stopped.
             signal_generate: !self.is_self,
             stack_depth: opts.stack_depth,
+            python_frames: opts.python_frames,
             unwind_mode: crate::bpf::record::unwind_mode(opts.unwind),
             pressure: opts.pressure_timeout.enabled(),
             // In a PID namespace of its own (a container), BPF reports ids
@@ -576,7 +577,7 @@ impl Session {
         phases.done("up-front images prepared");
         let mut installed = Install::new(
             progs,
-            super::stages::unwind_tables(&loaded.skel, opts.unwind, opts.stack_depth),
+            super::stages::unwind_tables(&loaded.skel, opts),
             plan.per_process,
             // Not in a session on its own process, which is not held
             // while the worker links.

@@ -82,6 +82,9 @@ pub struct Tables {
     /// Slots used.
     next: u64,
     images: OwnedFd,
+    /// `py_images`: the Python interpreters among the images (issue 25),
+    /// none with `--native-only`.
+    python: Option<OwnedFd>,
     cache: Option<cache::Cache>,
     /// Every image seen, in order.
     pub images_seen: Vec<ImageTable>,
@@ -117,6 +120,7 @@ impl Tables {
         rows_map: BorrowedFd<'_>,
         shards_map: BorrowedFd<'_>,
         images_map: BorrowedFd<'_>,
+        python_map: Option<BorrowedFd<'_>>,
     ) -> Result<Self, UnwindError> {
         let first = map_shard(rows_map).map_err(UnwindError::Map)?;
         Ok(Self {
@@ -124,6 +128,9 @@ impl Tables {
             more: shards_map.try_clone_to_owned().map_err(UnwindError::Map)?,
             next: 0,
             images: images_map.try_clone_to_owned().map_err(UnwindError::Map)?,
+            python: python_map
+                .map(|m| m.try_clone_to_owned().map_err(UnwindError::Map))
+                .transpose()?,
             cache: cache::Cache::open(),
             images_seen: Vec::new(),
         })
@@ -204,6 +211,9 @@ impl Tables {
         prepared: PreparedTable,
         started: Instant,
     ) -> &ImageTable {
+        if self.python.is_some() {
+            self.note_python(name, id);
+        }
         let outcome = match prepared.table {
             Ok((Some(table), cached)) => self.install(id, &table, cached),
             Ok((None, _)) => Outcome::NoCfi,
@@ -240,6 +250,24 @@ impl Tables {
             micros: prepared.micros + started.elapsed().as_micros() as u64,
         });
         self.images_seen.last().expect("just pushed")
+    }
+
+    /// Records the image in `py_images` if it is a Python interpreter,
+    /// before its table: walks through its code then find its frames.
+    fn note_python(&self, path: &Path, id: (u64, u64)) {
+        let (Some(map), Some(interp)) = (&self.python, crate::python::interpreter(path)) else {
+            return;
+        };
+        let key = crate::sys::image_key(id);
+        let value = crate::python::image_value(&interp);
+        match crate::sys::bpf_map_update(map.as_fd(), &key, &value) {
+            Ok(()) => {
+                tracing::debug!(image = %path.display(), minor = interp.minor, "Python interpreter")
+            }
+            Err(err) => {
+                tracing::warn!(image = %path.display(), %err, "no Python frames through this interpreter")
+            }
+        }
     }
 
     fn table_of(&self, path: &Path) -> Result<(Option<Table>, bool), UnwindError> {

@@ -1,0 +1,189 @@
+//! Naming code objects from a live process's memory.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use super::{CodeOffsets, Interpreter, MODULE, decode, linetable};
+use crate::profile::Frame;
+
+/// Longest string and location table read (a longer one is cut).
+const MAX_STRING: u64 = 4096;
+const MAX_TABLE: u64 = 1 << 20;
+
+/// What identifies a code object's contents at an address: the
+/// pointers to its name, file and location table and its first line. A
+/// freed code object's address reused by another gives another key (its
+/// strings and table are other objects), so a cached name is never taken
+/// for it.
+type Key = [u64; 4];
+
+/// A code object read once.
+struct Code {
+    key: Key,
+    qualname: String,
+    filename: String,
+    first: i32,
+    table: Vec<u8>,
+}
+
+/// A process running an interpreter.
+struct Proc {
+    mem: File,
+    off: CodeOffsets,
+    codes: HashMap<u64, Code>,
+}
+
+/// Names the Python frames of stacks, by process; see the module's docs.
+#[derive(Default)]
+pub struct Resolver {
+    procs: HashMap<u32, Option<Proc>>,
+    /// Interpreter images looked at, by path.
+    images: HashMap<PathBuf, Option<Interpreter>>,
+}
+
+impl Resolver {
+    /// The frames of one group of a stack of process `pid` (raw words,
+    /// innermost first): named where the process and its code objects can
+    /// still be read, else `<code 0x…>`.
+    pub fn frames(&mut self, pid: u32, group: &[u64]) -> Vec<Frame> {
+        if !self.procs.contains_key(&pid) {
+            let proc = self.open(pid);
+            self.procs.insert(pid, proc);
+        }
+        let mut proc = self.procs.get_mut(&pid).and_then(Option::as_mut);
+        group
+            .iter()
+            .filter_map(|&w| decode(w))
+            .map(|(code, offset)| {
+                let named = proc.as_mut().and_then(|p| p.frame(code, offset));
+                named.unwrap_or_else(|| Frame {
+                    function: Some(format!("<code {code:#x}>")),
+                    module: Some(MODULE.to_owned()),
+                    ..Frame::unknown(code)
+                })
+            })
+            .collect()
+    }
+
+    /// The process's memory and its interpreter's layouts, found among its
+    /// mappings.
+    fn open(&mut self, pid: u32) -> Option<Proc> {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        let interp = maps
+            .lines()
+            .filter_map(|line| line.split_whitespace().nth(5))
+            .filter(|path| path.starts_with('/') && path.contains("python"))
+            .find_map(|path| {
+                let path = PathBuf::from(path);
+                *self
+                    .images
+                    .entry(path.clone())
+                    .or_insert_with(|| super::interpreter(&path))
+            })?;
+        let mem = File::open(format!("/proc/{pid}/mem")).ok()?;
+        Some(Proc {
+            mem,
+            off: interp.code,
+            codes: HashMap::new(),
+        })
+    }
+}
+
+impl Proc {
+    fn read(&self, addr: u64, len: u64) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; usize::try_from(len).ok()?];
+        self.mem.read_exact_at(&mut buf, addr).ok()?;
+        Some(buf)
+    }
+
+    fn word(&self, addr: u64) -> Option<u64> {
+        let b = self.read(addr, 8)?;
+        Some(u64::from_ne_bytes(b.try_into().ok()?))
+    }
+
+    fn frame(&mut self, code: u64, offset: u32) -> Option<Frame> {
+        let o = self.off;
+        let header = self.read(
+            code,
+            u64::from(o.linetable.max(o.qualname).max(o.filename)) + 8,
+        )?;
+        let at = |off: u16| {
+            let i = usize::from(off);
+            u64::from_ne_bytes(header[i..i + 8].try_into().unwrap_or_default())
+        };
+        let first = i32::from_ne_bytes(
+            header[usize::from(o.firstlineno)..usize::from(o.firstlineno) + 4]
+                .try_into()
+                .unwrap_or_default(),
+        );
+        let key = [
+            at(o.qualname),
+            at(o.filename),
+            at(o.linetable),
+            first as u64,
+        ];
+        if self.codes.get(&code).is_none_or(|c| c.key != key) {
+            let read = Code {
+                key,
+                qualname: self.string(key[0])?,
+                filename: self.string(key[1])?,
+                first,
+                table: self.bytes(key[2])?,
+            };
+            self.codes.insert(code, read);
+        }
+        let c = self.codes.get(&code)?;
+        Some(Frame {
+            function: Some(c.qualname.clone()),
+            file: Some(c.filename.clone()),
+            line: linetable::line_of(&c.table, c.first, offset),
+            module: Some(MODULE.to_owned()),
+            ..Frame::unknown(code)
+        })
+    }
+
+    /// A `str` object's text: compact strings (what code objects hold).
+    fn string(&self, obj: u64) -> Option<String> {
+        let len = self.word(obj + 16)?.min(MAX_STRING);
+        let state = self.read(obj + 32, 4)?;
+        let state = u32::from_ne_bytes(state.try_into().ok()?);
+        let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
+        if compact == 0 {
+            return None;
+        }
+        if ascii == 1 {
+            let b = self.read(obj + u64::from(self.off.ascii_data), len)?;
+            return Some(String::from_utf8_lossy(&b).into_owned());
+        }
+        let b = self.read(
+            obj + u64::from(self.off.compact_data),
+            len * u64::from(kind),
+        )?;
+        let chars: Vec<u32> = match kind {
+            1 => b.iter().map(|&c| u32::from(c)).collect(),
+            2 => b
+                .chunks_exact(2)
+                .map(|c| u32::from(u16::from_ne_bytes([c[0], c[1]])))
+                .collect(),
+            4 => b
+                .chunks_exact(4)
+                .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            _ => return None,
+        };
+        Some(
+            chars
+                .into_iter()
+                .map(|c| char::from_u32(c).unwrap_or(char::REPLACEMENT_CHARACTER))
+                .collect(),
+        )
+    }
+
+    /// A `bytes` object's contents.
+    fn bytes(&self, obj: u64) -> Option<Vec<u8>> {
+        let len = self.word(obj + 16)?.min(MAX_TABLE);
+        self.read(obj + 32, len)
+    }
+}

@@ -1,0 +1,407 @@
+//! Python functions in stacks (issue 25): CPython 3.11 to 3.13.
+//!
+//! The BPF walk appends a thread's Python frames to a stack that went
+//! through an interpreter's code (`mt_py_walk`): each a code object's
+//! address and an instruction offset, in groups, one per run of the
+//! interpreter loop (`_PyEval_EvalFrameDefault`), innermost first
+//! (`MT_PY_FRAME` in `bpf/memtrail.h`). This module:
+//!
+//! - recognizes interpreter images (the python executable or libpython:
+//!   the one exporting `_PyRuntime`) and gives BPF where `_PyRuntime` is and
+//!   the offsets its walk reads ([`Interpreter`], `py_images`): per-version
+//!   tables for 3.11 and 3.12, the interpreter's own `_Py_DebugOffsets` for
+//!   3.13;
+//! - names code objects while their process lives ([`Resolver`]: qualified
+//!   name, file, and line from the location table), cached by (process,
+//!   address) and checked against a reused address on every use;
+//! - splices each group in place of the interpreter-loop frame it stands
+//!   for ([`splice`]), native frames above and below kept.
+//!
+//! What it reads of a process are plain memory reads of /proc/PID/mem: a
+//! process that changed or lost its code objects gives unnamed frames,
+//! never wrong ones (each name is read with the object it belongs to).
+
+use std::path::Path;
+
+use crate::bpf::skel::memtrail::types::mt_py_image;
+use crate::profile::Frame;
+
+mod code;
+mod linetable;
+pub use code::Resolver;
+
+/// `MT_PY_FRAME`: a word of a stack record that is a Python frame.
+pub const PY_FRAME: u64 = 1 << 63;
+const OFF_SHIFT: u32 = 47;
+const CODE_MASK: u64 = (1 << OFF_SHIFT) - 1;
+/// `MT_PY_NONE`.
+const NONE: u16 = 0xffff;
+
+/// The module Python frames name (in place of a file).
+pub const MODULE: &str = "[python]";
+
+/// The native function whose frames the Python groups stand for (its
+/// `.cold` part included).
+const EVAL_LOOP: &str = "_PyEval_EvalFrameDefault";
+
+/// Offsets the BPF walk reads (`struct mt_py_offsets`), in its order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WalkOffsets {
+    pub runtime_interp_head: u16,
+    pub interp_threads_head: u16,
+    pub tstate_next: u16,
+    pub tstate_thread_id: u16,
+    pub tstate_frame: u16,
+    pub cframe_frame: u16,
+    pub frame_code: u16,
+    pub frame_instr: u16,
+    pub frame_previous: u16,
+    pub frame_owner: u16,
+    pub frame_is_entry: u16,
+    pub code_adaptive: u16,
+}
+
+/// Offsets userspace reads in code and string objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CodeOffsets {
+    pub filename: u16,
+    pub qualname: u16,
+    pub firstlineno: u16,
+    pub linetable: u16,
+    /// `sizeof(PyASCIIObject)`: where a compact ASCII string's characters
+    /// start.
+    pub ascii_data: u16,
+    /// `sizeof(PyCompactUnicodeObject)`.
+    pub compact_data: u16,
+}
+
+/// A CPython interpreter image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Interpreter {
+    /// 3.`minor`.
+    pub minor: u8,
+    /// `_PyRuntime`'s address minus the address of the image's file
+    /// offset 0 in a process (the value BPF adds a mapping's to).
+    pub runtime: u64,
+    pub walk: WalkOffsets,
+    pub code: CodeOffsets,
+}
+
+/// 3.11's layouts (CPython's `Include/internal` headers, x86_64, the
+/// default build: offsetof of each field).
+const WALK_3_11: WalkOffsets = WalkOffsets {
+    runtime_interp_head: 40,
+    interp_threads_head: 16,
+    tstate_next: 8,
+    tstate_thread_id: 152,
+    tstate_frame: 56,
+    cframe_frame: 8,
+    frame_code: 32,
+    frame_instr: 56,
+    frame_previous: 48,
+    frame_owner: 69,
+    frame_is_entry: 68,
+    code_adaptive: 184,
+};
+const CODE_3_11: CodeOffsets = CodeOffsets {
+    filename: 112,
+    qualname: 128,
+    firstlineno: 72,
+    linetable: 136,
+    ascii_data: 48,
+    compact_data: 72,
+};
+const WALK_3_12: WalkOffsets = WalkOffsets {
+    runtime_interp_head: 40,
+    interp_threads_head: 72,
+    tstate_next: 8,
+    tstate_thread_id: 136,
+    tstate_frame: 56,
+    cframe_frame: 0,
+    frame_code: 0,
+    frame_instr: 56,
+    frame_previous: 8,
+    frame_owner: 70,
+    frame_is_entry: NONE,
+    code_adaptive: 192,
+};
+const CODE_3_12: CodeOffsets = CodeOffsets {
+    filename: 112,
+    qualname: 128,
+    firstlineno: 68,
+    linetable: 136,
+    ascii_data: 40,
+    compact_data: 56,
+};
+
+/// What the interpreter image at `path` is, if it is one this module
+/// walks: None for other images, and (with a note) for interpreters it
+/// does not know.
+pub fn interpreter(path: &Path) -> Option<Interpreter> {
+    let name = path.file_name()?.to_str()?;
+    if !name.contains("python") {
+        return None; // only python executables and libpython export it
+    }
+    let data = crate::sys::map_file(path).ok()?;
+    match std::panic::catch_unwind(|| parse_interpreter(&data)) {
+        Ok(Ok(found)) => found,
+        Ok(Err(why)) => {
+            tracing::warn!(
+                target: crate::profile::NOTE,
+                image = %path.display(),
+                why,
+                "no Python frames in stacks through this interpreter"
+            );
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// The interpreter an ELF image is: Ok(None) when it exports no
+/// `_PyRuntime`, Err(why) for one this module cannot walk.
+fn parse_interpreter(data: &[u8]) -> Result<Option<Interpreter>, String> {
+    use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SegmentFlags};
+    let Ok(file) = object::File::parse(data) else {
+        return Ok(None);
+    };
+    let symbol = |name: &str| {
+        file.dynamic_symbols()
+            .find(|s| s.is_definition() && s.name() == Ok(name))
+    };
+    let Some(runtime) = symbol("_PyRuntime") else {
+        return Ok(None);
+    };
+    // The bytes of a symbol's initial value in the file.
+    let bytes_of = |sym: &object::Symbol<'_, '_>, len: u64| -> Option<&[u8]> {
+        let section = file.section_by_index(sym.section_index()?).ok()?;
+        section.data_range(sym.address(), len).ok().flatten()
+    };
+    let version = symbol("Py_Version")
+        .and_then(|s| bytes_of(&s, 4))
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap_or_default()))
+        .ok_or("no Py_Version: CPython before 3.11")?;
+    let (major, minor) = (version >> 24, (version >> 16) & 0xff);
+    // The executable segment: BPF knows the mapping of its code.
+    let exec = file
+        .segments()
+        .find(|seg| matches!(seg.flags(), SegmentFlags::Elf { p_flags } if p_flags & 1 != 0))
+        .ok_or("no executable segment")?;
+    let page = |a: u64| a & !0xfff;
+    let (offset, _) = exec.file_range();
+    let load_delta = page(exec.address()).wrapping_sub(page(offset));
+    let (walk, code) = match (major, minor) {
+        (3, 11) => (WALK_3_11, CODE_3_11),
+        (3, 12) => (WALK_3_12, CODE_3_12),
+        (3, 13) => debug_offsets(bytes_of(&runtime, 44 * 8).ok_or("no _Py_DebugOffsets")?)?,
+        _ => return Err(format!("CPython {major}.{minor} (3.11 to 3.13 are walked)")),
+    };
+    Ok(Some(Interpreter {
+        minor: minor as u8,
+        runtime: runtime.address().wrapping_sub(load_delta),
+        walk,
+        code,
+    }))
+}
+
+/// 3.13's offsets, from the `_Py_DebugOffsets` that starts `_PyRuntime`
+/// (its layout in 3.13: 8-byte words, cookie "xdebugpy" first).
+fn debug_offsets(bytes: &[u8]) -> Result<(WalkOffsets, CodeOffsets), String> {
+    let word =
+        |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+    if &bytes[..8] != b"xdebugpy" {
+        return Err("_PyRuntime does not start with _Py_DebugOffsets".to_owned());
+    }
+    if word(2) != 0 {
+        return Err("a free-threaded build".to_owned());
+    }
+    let at = |i: usize| -> Result<u16, String> {
+        u16::try_from(word(i)).map_err(|_| format!("offset {i} out of range"))
+    };
+    let walk = WalkOffsets {
+        runtime_interp_head: at(5)?,
+        interp_threads_head: at(9)?,
+        tstate_next: at(21)?,
+        tstate_thread_id: at(24)?,
+        tstate_frame: at(23)?,
+        cframe_frame: NONE,
+        frame_code: at(30)?,
+        frame_instr: at(31)?,
+        frame_previous: at(29)?,
+        frame_owner: at(33)?,
+        frame_is_entry: NONE,
+        code_adaptive: at(43)?,
+    };
+    let code = CodeOffsets {
+        filename: at(35)?,
+        qualname: at(37)?,
+        firstlineno: at(39)?,
+        linetable: at(38)?,
+        ..CODE_3_12
+    };
+    Ok((walk, code))
+}
+
+/// `struct mt_py_image` for BPF's `py_images`.
+pub fn image_value(interp: &Interpreter) -> [u8; size_of::<mt_py_image>()] {
+    use std::mem::offset_of;
+    let w = &interp.walk;
+    let fields = [
+        w.runtime_interp_head,
+        w.interp_threads_head,
+        w.tstate_next,
+        w.tstate_thread_id,
+        w.tstate_frame,
+        w.cframe_frame,
+        w.frame_code,
+        w.frame_instr,
+        w.frame_previous,
+        w.frame_owner,
+        w.frame_is_entry,
+        w.code_adaptive,
+    ];
+    let mut value = [0u8; size_of::<mt_py_image>()];
+    let at = offset_of!(mt_py_image, runtime);
+    value[at..at + 8].copy_from_slice(&interp.runtime.to_ne_bytes());
+    let mut at = offset_of!(mt_py_image, off);
+    for f in fields {
+        value[at..at + 2].copy_from_slice(&f.to_ne_bytes());
+        at += 2;
+    }
+    value
+}
+
+/// A Python frame's code object address and instruction offset (in code
+/// units), if `word` of a stack record is one; a group's end is
+/// `Some((0, 0))`.
+pub fn decode(word: u64) -> Option<(u64, u32)> {
+    (word & PY_FRAME != 0).then_some((word & CODE_MASK, ((word & !PY_FRAME) >> OFF_SHIFT) as u32))
+}
+
+/// Splits a stack record's words into its native frames and its Python
+/// groups (raw words, innermost first).
+pub fn split(words: &[u64]) -> (Vec<u64>, Vec<Vec<u64>>) {
+    let native = words
+        .iter()
+        .copied()
+        .take_while(|w| w & PY_FRAME == 0)
+        .collect::<Vec<_>>();
+    let mut groups = Vec::new();
+    let mut group = Vec::new();
+    for &w in &words[native.len()..] {
+        match decode(w) {
+            Some((0, _)) => groups.push(std::mem::take(&mut group)),
+            Some(_) => group.push(w),
+            None => break,
+        }
+    }
+    if !group.is_empty() {
+        groups.push(group); // cut by the depth: the rest of a run
+    }
+    (native, groups)
+}
+
+/// Whether a symbolized native frame is a run of the interpreter loop.
+fn is_eval_loop(f: &Frame) -> bool {
+    !f.inlined
+        && f.function.as_deref().is_some_and(|name| {
+            name.strip_prefix(EVAL_LOOP)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+        })
+}
+
+/// `frames` with the n-th interpreter-loop frame replaced by the n-th of
+/// `groups` (with the frames inlined into it at that address); a loop
+/// frame without a group, or with an empty one (it had not started a
+/// Python function yet), stays.
+pub fn splice(frames: Vec<Frame>, groups: &[Vec<Frame>]) -> Vec<Frame> {
+    if groups.is_empty() {
+        return frames;
+    }
+    let mut out: Vec<Frame> =
+        Vec::with_capacity(frames.len() + groups.iter().map(Vec::len).sum::<usize>());
+    let mut next = groups.iter();
+    for f in frames {
+        if is_eval_loop(&f)
+            && let Some(group) = next.next()
+            && !group.is_empty()
+        {
+            while out.last().is_some_and(|g| g.inlined && g.addr == f.addr) {
+                out.pop();
+            }
+            out.extend(group.iter().cloned());
+            continue;
+        }
+        out.push(f);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(name: &str, addr: u64, inlined: bool) -> Frame {
+        Frame {
+            function: Some(name.to_owned()),
+            inlined,
+            ..Frame::unknown(addr)
+        }
+    }
+
+    #[test]
+    fn python_split_groups() {
+        let f = |code: u64, off: u64| PY_FRAME | off << OFF_SHIFT | code;
+        let words = [
+            1,
+            2,
+            3,
+            f(0x1000, 4),
+            f(0x2000, 0),
+            PY_FRAME,
+            f(0x3000, 9),
+            PY_FRAME,
+        ];
+        let (native, groups) = split(&words);
+        assert_eq!(native, vec![1, 2, 3]);
+        assert_eq!(
+            groups,
+            vec![vec![f(0x1000, 4), f(0x2000, 0)], vec![f(0x3000, 9)]]
+        );
+        assert_eq!(decode(f(0x1000, 4)), Some((0x1000, 4)));
+        assert_eq!(decode(7), None);
+    }
+
+    #[test]
+    fn python_splice_replaces_loop_frames_in_order() {
+        let frames = vec![
+            named("malloc_caller", 1, false),
+            named("inl", 2, true),
+            named("_PyEval_EvalFrameDefault", 2, false),
+            named("middle", 3, false),
+            named("_PyEval_EvalFrameDefault.cold", 4, false),
+            named("_PyEval_EvalFrameDefault", 5, false),
+            named("main", 6, false),
+        ];
+        let groups = vec![
+            vec![named("g", 0, false), named("f", 0, false)],
+            vec![named("m", 0, false)],
+        ];
+        let names: Vec<_> = splice(frames, &groups)
+            .into_iter()
+            .map(|f| f.function.unwrap_or_default())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "malloc_caller",
+                "g",
+                "f",
+                "middle",
+                "m",
+                "_PyEval_EvalFrameDefault",
+                "main"
+            ]
+        );
+    }
+}
