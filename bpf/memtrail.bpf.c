@@ -602,6 +602,7 @@ struct mt_stack_record _mt_stack_record = {};
 struct mt_unwind_row _mt_unwind_row = {};
 struct mt_unwind_image _mt_unwind_image = {};
 struct mt_py_image _mt_py_image = {};
+struct mt_py_code_record _mt_py_code_record = {};
 enum mt_unwind_cfa _mt_unwind_cfa = MT_CFA_NONE;
 enum mt_unwind_rbp _mt_unwind_rbp = MT_RBP_SAME;
 enum mt_unwind_flags _mt_unwind_flags = MT_ROW_ALLOC_WRAPPER;
@@ -1577,12 +1578,13 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp,
 
 struct py_walk {
 	struct mt_py_offsets off;
+	__u32 tgid;
 	struct mt_stack_record *rec;
 	__u64 at;   /* the thread state, then the frame to look at */
-	__u64 want; /* the thread's pthread_self() */
 	__u64 h;
 	__u32 n;
-	__u32 found;
+	__u16 found;
+	__u16 codes; /* send the records of code objects (py_code_record) */
 };
 
 /* The 8-byte word at a user address, 0 if unreadable. */
@@ -1605,6 +1607,96 @@ static __always_inline void py_emit(struct py_walk *p, __u64 ip)
 	p->n++;
 }
 
+/* The code objects whose record went out, by process and address: the
+ * value tells the object at that address from an earlier one. */
+struct py_code_key {
+	__u64 code;
+	__u32 tgid;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1 << 16);
+	__type(key, struct py_code_key);
+	__type(value, __u64);
+} py_codes SEC(".maps");
+
+/* Copies a compact str object's characters; returns the bytes copied. */
+static __always_inline __u32 py_copy_str(const struct mt_py_offsets *off, __u64 obj, __u8 *dst,
+					 __u32 *state)
+{
+	__u64 len = 0, at;
+	__u32 st = 0, kind;
+
+	if (bpf_probe_read_user(&len, 8, (void *)(obj + 16)) ||
+	    bpf_probe_read_user(&st, 4, (void *)(obj + 32)))
+		return 0;
+	*state = st;
+	kind = (st >> 2) & 7;
+	if (!((st >> 5) & 1))
+		return 0; /* not compact: no characters in the object */
+	if ((st >> 6) & 1) {
+		at = obj + off->str_ascii_data;
+	} else {
+		at = obj + off->str_compact_data;
+		len *= kind;
+	}
+	if (len > MT_PY_NAME)
+		len = MT_PY_NAME;
+	if (bpf_probe_read_user(dst, len, (void *)at))
+		return 0;
+	return len;
+}
+
+/*
+ * Sends code's record on the stack ring unless it went out already (see
+ * struct mt_py_code_record). Only when a stack is recorded, before it: the
+ * ring is ordered, so the stack's reader has the names first.
+ */
+static __noinline void py_code_record(struct py_walk *p, __u64 code)
+{
+	struct py_code_key key = { .code = code };
+	struct mt_py_code_record *r;
+	__u64 name = 0, file = 0, table = 0, id, *seen;
+	__u32 len;
+
+	if (!p)
+		return;
+	key.tgid = p->tgid;
+	name = py_read(code + p->off.code_qualname);
+	file = py_read(code + p->off.code_filename);
+	table = py_read(code + p->off.code_linetable);
+	id = name ^ file << 1 ^ table << 2;
+	seen = bpf_map_lookup_elem(&py_codes, &key);
+	if (seen && *seen == id)
+		return;
+	r = bpf_ringbuf_reserve(&stacks, sizeof(*r), 0);
+	if (!r) {
+		__sync_fetch_and_add(&drops_stacks, 1);
+		return;
+	}
+	r->zero = 0;
+	r->code = code;
+	r->pid = p->tgid;
+	r->first = 0;
+	bpf_probe_read_user(&r->first, 4, (void *)(code + p->off.code_firstlineno));
+	r->name_state = 0;
+	r->file_state = 0;
+	r->name_len = py_copy_str(&p->off, name, r->name, &r->name_state);
+	r->file_len = py_copy_str(&p->off, file, r->file, &r->file_state);
+	/* ob_size's low half: a table is far below 4 GiB. */
+	if (bpf_probe_read_user(&r->table_len, 4, (void *)(table + 16)))
+		r->table_len = 0;
+	len = r->table_len;
+	if (len > MT_PY_TABLE)
+		len = MT_PY_TABLE;
+	if (bpf_probe_read_user(r->table, len, (void *)(table + 32)))
+		r->table_len = 0;
+	bpf_ringbuf_submit(r, submit_flags(MT_RING_STACKS));
+	bpf_map_update_elem(&py_codes, &key, &id, BPF_ANY);
+}
+
 /* One thread state of the interpreter's list: the thread's, or the next. */
 static long py_thread_step(__u64 i, void *data)
 {
@@ -1612,7 +1704,10 @@ static long py_thread_step(__u64 i, void *data)
 
 	if (!p->at)
 		return 1;
-	if (py_read(p->at + p->off.tstate_thread_id) == p->want) {
+	/* The thread's pthread_self(), read again each step: a word less on
+	 * the stack. */
+	if (py_read(p->at + p->off.tstate_thread_id) ==
+	    BPF_CORE_READ(bpf_get_current_task_btf(), thread.fsbase)) {
 		p->found = 1;
 		return 1;
 	}
@@ -1642,6 +1737,8 @@ static long py_frame_step(__u64 i, void *data)
 	instr = py_read(frame + p->off.frame_instr);
 	start = code + p->off.code_adaptive;
 	if (code && instr >= start) {
+		if (p->codes)
+			py_code_record(p, code);
 		off = (instr - start) / 2;
 		if (off > MT_PY_OFF_MAX)
 			off = MT_PY_OFF_MAX;
@@ -1713,11 +1810,10 @@ static __noinline struct mt_py_image *py_proc(__u32 tgid)
  * verified once, outside the native walk's call chain (the stack budget).
  */
 __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk_out *out,
-			    __u64 h)
+			    __u64 h, __u32 codes)
 {
-	struct py_walk p = { .rec = rec, .h = h };
+	struct py_walk p = { .rec = rec, .h = h, .tgid = tgid, .codes = !!codes };
 	const struct mt_py_image *py;
-	struct task_struct *task;
 	__u64 at;
 
 	if (!out)
@@ -1727,8 +1823,6 @@ __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk
 		return h ? h : 1;
 	p.off = py->off;
 	p.n = out->nr;
-	task = bpf_get_current_task_btf();
-	p.want = BPF_CORE_READ(task, thread.fsbase);
 	at = py_read(py->runtime + p.off.runtime_interp_head);
 	if (!at)
 		return h ? h : 1;
@@ -1741,6 +1835,8 @@ __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk
 		at = py_read(at + p.off.cframe_frame);
 	p.at = at;
 	bpf_loop(MT_MAX_STACK, py_frame_step, &p, 0);
+	if (codes)
+		return h ? h : 1;
 	out->nr = p.n;
 	return p.h ? p.h : 1;
 }
@@ -1767,9 +1863,14 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u6
 		return 0;
 	h = walk_stack(ctx, tgid, sp, NULL, &out);
 	if (out.py)
-		h = mt_py_walk(tgid, NULL, &out, h);
+		h = mt_py_walk(tgid, NULL, &out, h, 0);
 	if (bpf_map_lookup_elem(&known_stacks, &h))
 		return h;
+	/* A new stack: the records of its code objects first, for its reader
+	 * to have them when it reads it (the ring is read in the order records
+	 * are reserved). */
+	if (out.py)
+		mt_py_walk(tgid, NULL, &out, h, 1);
 	rec = bpf_ringbuf_reserve(&stacks, sizeof(*rec), 0);
 	if (!rec) {
 		__sync_fetch_and_add(&drops_stacks, 1);
@@ -1780,7 +1881,7 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u6
 	 * record carries what this walk saw, whatever happens). */
 	h = walk_stack(ctx, tgid, sp, rec, &out);
 	if (out.py)
-		h = mt_py_walk(tgid, rec, &out, h);
+		h = mt_py_walk(tgid, rec, &out, h, 0);
 	rec->id = h;
 	rec->pid = tgid;
 	rec->nr = out.nr;

@@ -311,6 +311,13 @@ struct mt_py_offsets {
 	__u16 frame_owner;    /* FRAME_OWNED_BY_CSTACK (3): an entry shim, 3.12+ */
 	__u16 frame_is_entry; /* 3.11; MT_PY_NONE later */
 	__u16 code_adaptive;  /* co_code_adaptive: the first code unit */
+	/* What a code record copies (struct mt_py_code_record). */
+	__u16 code_qualname;
+	__u16 code_filename;
+	__u16 code_firstlineno;
+	__u16 code_linetable;
+	__u16 str_ascii_data;   /* sizeof(PyASCIIObject) */
+	__u16 str_compact_data; /* sizeof(PyCompactUnicodeObject) */
 };
 
 /* An interpreter image (py_images, by file identity: runtime is
@@ -319,6 +326,36 @@ struct mt_py_offsets {
 struct mt_py_image {
 	__u64 runtime;
 	struct mt_py_offsets off;
+};
+
+/* Bytes of a name and of a location table a code record holds (longer
+ * ones are cut: userspace reads the rest while the process lives). */
+#define MT_PY_NAME 256
+#define MT_PY_TABLE 1024
+
+/*
+ * A code object, on the stack ring, before the first stack that names it
+ * in its process: what names its frames, copied while the process runs
+ * (it may be gone when the stack is read). `zero` tells it from a stack
+ * record, whose id is never 0. A code object freed and another made at its
+ * address gets a record of its own (the pointers to its strings and table
+ * differ). Strings are CPython's compact ones: `*_state` their state word
+ * (kind, compact, ascii), `*_len` the bytes copied.
+ */
+struct mt_py_code_record {
+	__u64 zero;
+	__u64 code;
+	__u32 pid;
+	__s32 first; /* co_firstlineno */
+	__u32 name_state;
+	__u32 name_len;
+	__u32 file_state;
+	__u32 file_len;
+	__u32 table_len; /* co_linetable's size; table holds at most MT_PY_TABLE */
+	__u32 _pad;
+	__u8 name[MT_PY_NAME]; /* co_qualname */
+	__u8 file[MT_PY_NAME]; /* co_filename */
+	__u8 table[MT_PY_TABLE];
 };
 
 /*

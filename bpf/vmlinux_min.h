@@ -31,6 +31,7 @@ typedef _Bool bool;
 
 enum bpf_map_type {
 	BPF_MAP_TYPE_HASH = 1,
+	BPF_MAP_TYPE_LRU_HASH = 9,
 	BPF_MAP_TYPE_ARRAY = 2,
 	BPF_MAP_TYPE_ARRAY_OF_MAPS = 12,
 	BPF_MAP_TYPE_RINGBUF = 27,

@@ -202,6 +202,8 @@ unsafe impl Pod for t::mt_alloc_event {}
 unsafe impl Pod for t::mt_stack_record {}
 // SAFETY: as `mt_header`.
 unsafe impl Pod for t::mt_mapping_record {}
+// SAFETY: as `mt_header`.
+unsafe impl Pod for t::mt_py_code_record {}
 
 fn read<T: Pod>(bytes: &[u8]) -> Result<T, DecodeError> {
     if bytes.len() < size_of::<T>() {
@@ -287,6 +289,13 @@ impl StackRecord<'_> {
 }
 
 /// Decodes a stack-ring record.
+/// A Python code object's record (`struct mt_py_code_record`), if the
+/// stack ring's record `bytes` is one (its first word is 0, never a stack's
+/// id).
+pub fn decode_py_code(bytes: &[u8]) -> Option<Result<t::mt_py_code_record, DecodeError>> {
+    (bytes.len() >= 8 && bytes[..8] == [0; 8]).then(|| read(bytes))
+}
+
 pub fn decode_stack(bytes: &[u8]) -> Result<StackRecord<'_>, DecodeError> {
     let rec: t::mt_stack_record = read(bytes)?;
     let ips_at = std::mem::offset_of!(t::mt_stack_record, ips);

@@ -1,4 +1,5 @@
-//! Naming code objects from a live process's memory.
+//! Naming code objects: from the copies BPF makes while their process runs
+//! (`struct mt_py_code_record`), else from the live process's memory.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -6,6 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use super::{CodeOffsets, Interpreter, MODULE, decode, linetable};
+use crate::bpf::skel::memtrail::types::mt_py_code_record;
 use crate::profile::Frame;
 
 /// Longest string and location table read (a longer one is cut).
@@ -19,36 +21,59 @@ const MAX_TABLE: u64 = 1 << 20;
 /// for it.
 type Key = [u64; 4];
 
-/// A code object read once.
+/// A code object's names and location table.
 struct Code {
-    key: Key,
     qualname: String,
     filename: String,
     first: i32,
     table: Vec<u8>,
 }
 
-/// A process running an interpreter.
+/// A process running an interpreter, read through /proc/PID/mem.
 struct Proc {
     mem: File,
     off: CodeOffsets,
-    codes: HashMap<u64, Code>,
+    codes: HashMap<u64, (Key, Code)>,
 }
 
 /// Names the Python frames of stacks, by process; see the module's docs.
 #[derive(Default)]
 pub struct Resolver {
+    /// Code objects BPF copied, by (process, address): a record precedes
+    /// the first stack naming its object on the ring, and the newest
+    /// record of an address is its current object's.
+    learned: HashMap<(u32, u64), Code>,
     procs: HashMap<u32, Option<Proc>>,
     /// Interpreter images looked at, by path.
     images: HashMap<PathBuf, Option<Interpreter>>,
 }
 
 impl Resolver {
+    /// Takes a code object BPF copied.
+    pub fn learn(&mut self, rec: &mt_py_code_record) {
+        let text = |state: u32, bytes: &[u8], len: u32| {
+            let len = (len as usize).min(bytes.len());
+            decode_str(state, &bytes[..len]).unwrap_or_default()
+        };
+        let table = (rec.table_len as usize).min(rec.table.len());
+        let code = Code {
+            qualname: text(rec.name_state, &rec.name, rec.name_len),
+            filename: text(rec.file_state, &rec.file, rec.file_len),
+            first: rec.first,
+            table: rec.table[..table].to_vec(),
+        };
+        self.learned.insert((rec.pid, rec.code), code);
+    }
+
     /// The frames of one group of a stack of process `pid` (raw words,
-    /// innermost first): named where the process and its code objects can
-    /// still be read, else `<code 0x…>`.
+    /// innermost first): named from BPF's copies, else from the process
+    /// while it can still be read, else `<code 0x…>`.
     pub fn frames(&mut self, pid: u32, group: &[u64]) -> Vec<Frame> {
-        if !self.procs.contains_key(&pid) {
+        let learned = group
+            .iter()
+            .filter_map(|&w| decode(w))
+            .all(|(code, _)| self.learned.contains_key(&(pid, code)));
+        if !learned && !self.procs.contains_key(&pid) {
             let proc = self.open(pid);
             self.procs.insert(pid, proc);
         }
@@ -57,7 +82,10 @@ impl Resolver {
             .iter()
             .filter_map(|&w| decode(w))
             .map(|(code, offset)| {
-                let named = proc.as_mut().and_then(|p| p.frame(code, offset));
+                let named = match self.learned.get(&(pid, code)) {
+                    Some(c) => Some(c.frame(code, offset)),
+                    None => proc.as_mut().and_then(|p| p.frame(code, offset)),
+                };
                 named.unwrap_or_else(|| Frame {
                     function: Some(format!("<code {code:#x}>")),
                     module: Some(MODULE.to_owned()),
@@ -113,35 +141,24 @@ impl Proc {
             let i = usize::from(off);
             u64::from_ne_bytes(header[i..i + 8].try_into().unwrap_or_default())
         };
-        let first = i32::from_ne_bytes(
-            header[usize::from(o.firstlineno)..usize::from(o.firstlineno) + 4]
-                .try_into()
-                .unwrap_or_default(),
-        );
+        let i = usize::from(o.firstlineno);
+        let first = i32::from_ne_bytes(header[i..i + 4].try_into().unwrap_or_default());
         let key = [
             at(o.qualname),
             at(o.filename),
             at(o.linetable),
             first as u64,
         ];
-        if self.codes.get(&code).is_none_or(|c| c.key != key) {
+        if self.codes.get(&code).is_none_or(|(k, _)| *k != key) {
             let read = Code {
-                key,
                 qualname: self.string(key[0])?,
                 filename: self.string(key[1])?,
                 first,
                 table: self.bytes(key[2])?,
             };
-            self.codes.insert(code, read);
+            self.codes.insert(code, (key, read));
         }
-        let c = self.codes.get(&code)?;
-        Some(Frame {
-            function: Some(c.qualname.clone()),
-            file: Some(c.filename.clone()),
-            line: linetable::line_of(&c.table, c.first, offset),
-            module: Some(MODULE.to_owned()),
-            ..Frame::unknown(code)
-        })
+        Some(self.codes.get(&code)?.1.frame(code, offset))
     }
 
     /// A `str` object's text: compact strings (what code objects hold).
@@ -149,41 +166,79 @@ impl Proc {
         let len = self.word(obj + 16)?.min(MAX_STRING);
         let state = self.read(obj + 32, 4)?;
         let state = u32::from_ne_bytes(state.try_into().ok()?);
-        let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
-        if compact == 0 {
-            return None;
-        }
-        if ascii == 1 {
-            let b = self.read(obj + u64::from(self.off.ascii_data), len)?;
-            return Some(String::from_utf8_lossy(&b).into_owned());
-        }
-        let b = self.read(
-            obj + u64::from(self.off.compact_data),
-            len * u64::from(kind),
-        )?;
-        let chars: Vec<u32> = match kind {
-            1 => b.iter().map(|&c| u32::from(c)).collect(),
-            2 => b
-                .chunks_exact(2)
-                .map(|c| u32::from(u16::from_ne_bytes([c[0], c[1]])))
-                .collect(),
-            4 => b
-                .chunks_exact(4)
-                .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            _ => return None,
+        let (kind, ascii) = ((state >> 2) & 7, (state >> 6) & 1);
+        let b = if ascii == 1 {
+            self.read(obj + u64::from(self.off.ascii_data), len)?
+        } else {
+            self.read(
+                obj + u64::from(self.off.compact_data),
+                len * u64::from(kind),
+            )?
         };
-        Some(
-            chars
-                .into_iter()
-                .map(|c| char::from_u32(c).unwrap_or(char::REPLACEMENT_CHARACTER))
-                .collect(),
-        )
+        decode_str(state, &b)
     }
 
     /// A `bytes` object's contents.
     fn bytes(&self, obj: u64) -> Option<Vec<u8>> {
         let len = self.word(obj + 16)?.min(MAX_TABLE);
         self.read(obj + 32, len)
+    }
+}
+
+impl Code {
+    fn frame(&self, code: u64, offset: u32) -> Frame {
+        Frame {
+            function: Some(self.qualname.clone()),
+            file: Some(self.filename.clone()),
+            line: linetable::line_of(&self.table, self.first, offset),
+            module: Some(MODULE.to_owned()),
+            ..Frame::unknown(code)
+        }
+    }
+}
+
+/// The text of a compact `str` object of state word `state` (CPython's
+/// `PyASCIIObject.state`: kind, compact and ascii bits) from its
+/// characters; None for a string that is not compact.
+fn decode_str(state: u32, b: &[u8]) -> Option<String> {
+    let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
+    if compact == 0 {
+        return None;
+    }
+    if ascii == 1 {
+        return Some(String::from_utf8_lossy(b).into_owned());
+    }
+    let chars: Vec<u32> = match kind {
+        1 => b.iter().map(|&c| u32::from(c)).collect(),
+        2 => b
+            .chunks_exact(2)
+            .map(|c| u32::from(u16::from_ne_bytes([c[0], c[1]])))
+            .collect(),
+        4 => b
+            .chunks_exact(4)
+            .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        _ => return None,
+    };
+    Some(
+        chars
+            .into_iter()
+            .map(|c| char::from_u32(c).unwrap_or(char::REPLACEMENT_CHARACTER))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_str;
+
+    #[test]
+    fn python_compact_strings() {
+        let ascii = 1 << 2 | 1 << 5 | 1 << 6;
+        assert_eq!(decode_str(ascii, b"run").as_deref(), Some("run"));
+        let ucs2 = 2 << 2 | 1 << 5;
+        let text: Vec<u8> = "λx".encode_utf16().flat_map(u16::to_ne_bytes).collect();
+        assert_eq!(decode_str(ucs2, &text).as_deref(), Some("λx"));
+        assert_eq!(decode_str(1 << 2, b"legacy"), None);
     }
 }

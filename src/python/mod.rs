@@ -260,6 +260,15 @@ pub fn image_value(interp: &Interpreter) -> [u8; size_of::<mt_py_image>()] {
         w.frame_is_entry,
         w.code_adaptive,
     ];
+    let c = &interp.code;
+    let fields = fields.into_iter().chain([
+        c.qualname,
+        c.filename,
+        c.firstlineno,
+        c.linetable,
+        c.ascii_data,
+        c.compact_data,
+    ]);
     let mut value = [0u8; size_of::<mt_py_image>()];
     let at = offset_of!(mt_py_image, runtime);
     value[at..at + 8].copy_from_slice(&interp.runtime.to_ne_bytes());

@@ -128,6 +128,14 @@ pub struct StackSink {
 
 impl Sink for StackSink {
     fn record(&mut self, bytes: &[u8]) {
+        match record::decode_py_code(bytes) {
+            Some(Ok(code)) => return self.python.learn(&code),
+            Some(Err(_)) => {
+                self.malformed += 1;
+                return;
+            }
+            None => {}
+        }
         match record::decode_stack(bytes) {
             // A stack written twice (the known-stacks map was full) is
             // the same stack.
