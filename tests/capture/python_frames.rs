@@ -1,0 +1,218 @@
+//! Python functions in allocation stacks (issue 25): on each CPython this
+//! machine has of 3.11 (the distribution's, stripped, no frame pointers),
+//! 3.12 and 3.13 (pyenv's), a method that calls two functions allocating
+//! known sizes gets each size attributed to its function, file and line,
+//! the method above; in the main thread, another thread and a child
+//! process. `--native-only` gives the interpreter's own frames.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::support::{self, num};
+use serde_json::Value;
+
+/// The script: `SCRIPT MODE SMALL BIG`; its line numbers are asserted.
+const SCRIPT: &str = "\
+import subprocess, sys, threading
+
+def small():
+    return bytearray(SMALL)
+
+def big():
+    return bytearray(BIG)
+
+class Worker:
+    def run(self):
+        keep = [small()]
+        keep.append(big())
+        return keep
+
+mode, SMALL, BIG = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if mode == 'main':
+    Worker().run()
+elif mode == 'thread':
+    t = threading.Thread(target=Worker().run)
+    t.start()
+    t.join()
+else:
+    subprocess.run([sys.executable, __file__, 'main', sys.argv[2], sys.argv[3]], check=True)
+";
+const SMALL_LINE: u64 = 4;
+const BIG_LINE: u64 = 7;
+const RUN_SMALL_LINE: u64 = 11;
+const RUN_BIG_LINE: u64 = 12;
+
+/// The interpreters present, by version: the distribution's 3.11, pyenv's
+/// 3.12 and 3.13 (any patch release).
+fn interpreters() -> Vec<(&'static str, PathBuf)> {
+    let pyenv = |minor: &str| -> Option<PathBuf> {
+        let dir = std::fs::read_dir("/root/.pyenv/versions").ok()?;
+        let mut found: Vec<PathBuf> = dir
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{minor}."))
+            })
+            .map(|e| e.path().join("bin").join(format!("python{minor}")))
+            .filter(|p| p.exists())
+            .collect();
+        found.sort();
+        found.pop()
+    };
+    let mut all = Vec::new();
+    let distro = PathBuf::from("/usr/bin/python3.11");
+    for (version, path) in [
+        ("3.11", distro.exists().then_some(distro)),
+        ("3.12", pyenv("3.12")),
+        ("3.13", pyenv("3.13")),
+    ] {
+        match path {
+            Some(p) => all.push((version, p)),
+            None => skip(version),
+        }
+    }
+    all
+}
+
+#[expect(
+    clippy::print_stderr,
+    reason = "a test says which interpreter it could not test"
+)]
+fn skip(version: &str) {
+    eprintln!(
+        "python_frames: no Python {version} here (/usr/bin/python3.11, /root/.pyenv/versions/{version}.*): skipped"
+    );
+}
+
+/// `memtrail run -q -o PROFILE ARGS -- PYTHON SCRIPT MODE SMALL BIG`.
+fn run(python: &Path, script: &Path, mode: &str, sizes: (u64, u64), args: &[&str]) -> Value {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("profile.json");
+    let mut argv: Vec<OsString> = vec!["run".into(), "-q".into(), "-o".into(), out.clone().into()];
+    argv.extend(args.iter().map(Into::into));
+    argv.push("--".into());
+    argv.push(python.into());
+    argv.push(script.into());
+    argv.extend([mode.to_owned(), sizes.0.to_string(), sizes.1.to_string()].map(Into::into));
+    let (_, status, _, stderr) = support::memtrail_env(&argv, b"", &[]);
+    assert!(status.success(), "{stderr}");
+    support::read_profile(&out).expect("profile written")
+}
+
+/// The one site of `bytes` bytes: one allocation (bytearray(n) takes n + 1).
+fn site(profile: &Value, bytes: u64) -> &Value {
+    let found: Vec<&Value> = support::allocation_sites(profile)
+        .into_iter()
+        .filter(|s| num(s, "bytes") == bytes)
+        .collect();
+    assert_eq!(found.len(), 1, "{bytes}-byte sites: {found:#?}");
+    assert_eq!(num(found[0], "allocations"), 1, "{:#}", found[0]);
+    found[0]
+}
+
+/// The site's Python frames, innermost first: (function, file, line).
+fn python_frames(site: &Value) -> Vec<(String, String, u64)> {
+    let frames = site["frames"].as_array().expect("frames");
+    for f in frames {
+        assert_ne!(
+            f["function"].as_str(),
+            Some("_PyEval_EvalFrameDefault"),
+            "an interpreter-loop frame left: {site:#}"
+        );
+    }
+    frames
+        .iter()
+        .filter(|f| f["module"] == "[python]")
+        .map(|f| {
+            let s = |k: &str| f[k].as_str().unwrap_or_default().to_owned();
+            (s("function"), s("file"), f["line"].as_u64().unwrap_or(0))
+        })
+        .collect()
+}
+
+/// The site of `bytes` bytes: `function` at its line, called by the method
+/// at its line, in the script.
+fn assert_site(profile: &Value, bytes: u64, script: &Path, expect: [(&str, u64); 2], what: &str) {
+    let frames = python_frames(site(profile, bytes));
+    let file = script.to_str().expect("utf-8 path").to_owned();
+    let got: Vec<(String, String, u64)> = frames.into_iter().take(2).collect();
+    let want: Vec<(String, String, u64)> = expect
+        .iter()
+        .map(|&(f, line)| (f.to_owned(), file.clone(), line))
+        .collect();
+    assert_eq!(got, want, "{what}");
+}
+
+fn script(dir: &Path) -> PathBuf {
+    let path = dir.join("alloc_sites.py");
+    std::fs::write(&path, SCRIPT).expect("script written");
+    path
+}
+
+/// Check that each function's bytes go to it, with file and line, under the
+/// method, in the main thread, another thread and a child process, on each
+/// interpreter present.
+#[test]
+fn python_frames_name_functions_and_lines() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = script(dir.path());
+    for (i, (version, python)) in interpreters().into_iter().enumerate() {
+        for (j, mode) in ["main", "thread", "subprocess"].into_iter().enumerate() {
+            // Sizes no other allocation of the interpreter has.
+            let small = 300_000 + 1_000 * (3 * i + j) as u64 + 17;
+            let big = 700_000 + 1_000 * (3 * i + j) as u64 + 23;
+            let profile = run(&python, &script, mode, (small, big), &[]);
+            let what = format!("python {version}, {mode}");
+            assert_site(
+                &profile,
+                small + 1,
+                &script,
+                [("small", SMALL_LINE), ("Worker.run", RUN_SMALL_LINE)],
+                &what,
+            );
+            assert_site(
+                &profile,
+                big + 1,
+                &script,
+                [("big", BIG_LINE), ("Worker.run", RUN_BIG_LINE)],
+                &what,
+            );
+        }
+    }
+}
+
+/// Check that `--native-only` keeps the interpreter's frames and names no
+/// Python function: both sizes then come from one site, the interpreter's.
+#[test]
+fn python_frames_native_only() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = script(dir.path());
+    for (version, python) in interpreters() {
+        let (small, big) = (311_017, 711_023);
+        let profile = run(&python, &script, "main", (small, big), &["--native-only"]);
+        let bytes = small + 1 + big + 1;
+        let found: Vec<&Value> = support::allocation_sites(&profile)
+            .into_iter()
+            .filter(|s| num(s, "bytes") == bytes)
+            .collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "python {version}: {bytes}-byte sites: {found:#?}"
+        );
+        let site = found[0];
+        assert_eq!(num(site, "allocations"), 2, "python {version}: {site:#}");
+        let frames = site["frames"].as_array().expect("frames");
+        assert!(
+            frames.iter().all(|f| f["module"] != "[python]"),
+            "python {version}: {site:#}"
+        );
+        assert!(
+            frames
+                .iter()
+                .any(|f| f["function"] == "_PyEval_EvalFrameDefault"),
+            "python {version}: {site:#}"
+        );
+    }
+}
