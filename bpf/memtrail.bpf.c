@@ -1715,37 +1715,82 @@ static long py_thread_step(__u64 i, void *data)
 	return 0;
 }
 
-/* One _PyInterpreterFrame: its code and instruction, then the previous. */
-static long py_frame_step(__u64 i, void *data)
+/* One _PyInterpreterFrame of the codes pass: its code object's record
+ * (py_code_record), then the previous frame. */
+static long py_code_step(__u64 i, void *data)
 {
 	struct py_walk *p = data;
-	__u64 frame = p->at, code, instr, start, off;
-	__u8 owner = 0, entry = 0;
+	__u64 frame = p->at, code, instr;
+	__u8 owner = 0;
 
-	if (!frame || p->n >= MT_MAX_STACK)
+	if (!frame)
 		return 1;
 	p->at = py_read(frame + p->off.frame_previous);
 	if (bpf_probe_read_user(&owner, 1, (void *)(frame + p->off.frame_owner))) {
 		p->at = 0;
 		return 1;
 	}
-	if (owner == MT_PY_OWNED_BY_CSTACK) {
+	if (owner == MT_PY_OWNED_BY_CSTACK)
+		return 0;
+	code = py_read(frame + p->off.frame_code);
+	instr = py_read(frame + p->off.frame_instr);
+	if (code && instr >= code + p->off.code_adaptive)
+		py_code_record(p, code);
+	return 0;
+}
+
+/* Word rel of a window (a constant index per branch: the verifier takes
+ * no variable offset into the stack). */
+static __always_inline __u64 py_word(const __u64 *w, __u32 rel)
+{
+	if (rel == 0)
+		return w[0];
+	if (rel == 1)
+		return w[1];
+	return w[2];
+}
+
+/* Byte rel of a window. */
+static __always_inline __u8 py_byte(const __u64 *w, __u32 rel)
+{
+	return py_word(w, rel / 8) >> (8 * (rel & 7));
+}
+
+/*
+ * One _PyInterpreterFrame: its code and instruction, then the previous.
+ * Two reads of 24 bytes (the frame's code and previous pointers, then its
+ * instruction pointer, owner and entry flag) rather than one per field:
+ * each user read costs, and a walk reads every frame of the thread at
+ * every allocation (perf/python_frames.sh).
+ */
+static long py_frame_step(__u64 i, void *data)
+{
+	struct py_walk *p = data;
+	__u64 a[3] = {}, b[3] = {};
+	__u64 frame = p->at, code, instr, start, off;
+
+	if (!frame || p->n >= MT_MAX_STACK)
+		return 1;
+	p->at = 0;
+	if (bpf_probe_read_user(a, sizeof(a), (void *)(frame + p->off.frame_win_a)) ||
+	    bpf_probe_read_user(b, sizeof(b), (void *)(frame + p->off.frame_win_b)))
+		return 1;
+	p->at = py_word(a, (__u32)(p->off.frame_previous - p->off.frame_win_a) / 8);
+	if (py_byte(b, p->off.frame_owner - p->off.frame_win_b) == MT_PY_OWNED_BY_CSTACK) {
 		py_emit(p, MT_PY_FRAME);
 		return 0;
 	}
-	code = py_read(frame + p->off.frame_code);
-	instr = py_read(frame + p->off.frame_instr);
+	code = py_word(a, (__u32)(p->off.frame_code - p->off.frame_win_a) / 8);
+	instr = py_word(b, (__u32)(p->off.frame_instr - p->off.frame_win_b) / 8);
 	start = code + p->off.code_adaptive;
 	if (code && instr >= start) {
-		if (p->codes)
-			py_code_record(p, code);
 		off = (instr - start) / 2;
 		if (off > MT_PY_OFF_MAX)
 			off = MT_PY_OFF_MAX;
 		py_emit(p, MT_PY_FRAME | off << MT_PY_OFF_SHIFT | (code & MT_PY_CODE_MASK));
 	}
 	if (p->off.frame_is_entry != MT_PY_NONE &&
-	    !bpf_probe_read_user(&entry, 1, (void *)(frame + p->off.frame_is_entry)) && entry)
+	    py_byte(b, p->off.frame_is_entry - p->off.frame_win_b))
 		py_emit(p, MT_PY_FRAME);
 	return 0;
 }
@@ -1834,9 +1879,11 @@ __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk
 	if (at && p.off.cframe_frame != MT_PY_NONE)
 		at = py_read(at + p.off.cframe_frame);
 	p.at = at;
-	bpf_loop(MT_MAX_STACK, py_frame_step, &p, 0);
-	if (codes)
+	if (codes) {
+		bpf_loop(MT_MAX_STACK, py_code_step, &p, 0);
 		return h ? h : 1;
+	}
+	bpf_loop(MT_MAX_STACK, py_frame_step, &p, 0);
 	out->nr = p.n;
 	return p.h ? p.h : 1;
 }

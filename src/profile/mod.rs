@@ -174,6 +174,10 @@ pub struct Frame {
 /// probes (the dynamic loader's own mmap calls, static binaries, Go).
 pub const DIRECT_SYSCALL_FRAME: &str = "[no stack: direct syscall]";
 
+/// The module of a Python function's frame (issue 25): its function is the
+/// code object's qualified name, its file and line the source's.
+pub const PYTHON_MODULE: &str = "[python]";
+
 impl Frame {
     /// The frame of the direct-syscall site ([`DIRECT_SYSCALL_FRAME`]).
     pub fn direct_syscall() -> Self {

@@ -38,7 +38,7 @@ const CODE_MASK: u64 = (1 << OFF_SHIFT) - 1;
 const NONE: u16 = 0xffff;
 
 /// The module Python frames name (in place of a file).
-pub const MODULE: &str = "[python]";
+pub const MODULE: &str = crate::profile::PYTHON_MODULE;
 
 /// The native function whose frames the Python groups stand for (its
 /// `.cold` part included).
@@ -196,6 +196,11 @@ fn parse_interpreter(data: &[u8]) -> Result<Option<Interpreter>, String> {
         (3, 13) => debug_offsets(bytes_of(&runtime, 44 * 8).ok_or("no _Py_DebugOffsets")?)?,
         _ => return Err(format!("CPython {major}.{minor} (3.11 to 3.13 are walked)")),
     };
+    if !windows_fit(&walk) {
+        return Err(format!(
+            "CPython {major}.{minor}: a frame layout the walk does not read"
+        ));
+    }
     Ok(Some(Interpreter {
         minor: minor as u8,
         runtime: runtime.address().wrapping_sub(load_delta),
@@ -269,6 +274,7 @@ pub fn image_value(interp: &Interpreter) -> [u8; size_of::<mt_py_image>()] {
         c.ascii_data,
         c.compact_data,
     ]);
+    let fields = fields.chain(windows(w));
     let mut value = [0u8; size_of::<mt_py_image>()];
     let at = offset_of!(mt_py_image, runtime);
     value[at..at + 8].copy_from_slice(&interp.runtime.to_ne_bytes());
@@ -278,6 +284,27 @@ pub fn image_value(interp: &Interpreter) -> [u8; size_of::<mt_py_image>()] {
         at += 2;
     }
     value
+}
+
+/// The two windows of a frame BPF reads (`frame_win_a`, `frame_win_b` in
+/// `struct mt_py_offsets`): from the first of code and previous, from the
+/// instruction pointer.
+fn windows(w: &WalkOffsets) -> [u16; 2] {
+    [w.frame_code.min(w.frame_previous), w.frame_instr]
+}
+
+/// Whether the frame's fields fit the windows BPF reads them through
+/// (pointers 8-aligned within 24 bytes of their window's start, the flags
+/// within its 24 bytes).
+fn windows_fit(w: &WalkOffsets) -> bool {
+    let [a, b] = windows(w);
+    let word = |at: u16, base: u16| at >= base && (at - base) % 8 == 0 && at - base <= 16;
+    let byte = |at: u16| at == NONE || (at >= b && at - b < 24);
+    word(w.frame_code, a)
+        && word(w.frame_previous, a)
+        && word(w.frame_instr, b)
+        && byte(w.frame_owner)
+        && byte(w.frame_is_entry)
 }
 
 /// A Python frame's code object address and instruction offset (in code

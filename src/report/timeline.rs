@@ -71,14 +71,18 @@ struct Layer<'a> {
     peak: u64,
 }
 
-/// A site's label: its innermost frame's function (or module), with its
-/// file and line when known, or its id when the profile has no such stack.
+/// A site's label: its innermost Python function if it has one (the C code
+/// of the interpreter below it says little), else its innermost frame's
+/// function (or module), with its file and line when known, or its id when
+/// the profile has no such stack.
 fn site_label(profile: &Profile, stack: u64) -> String {
+    let python =
+        |f: &&crate::profile::Frame| f.module.as_deref() == Some(crate::profile::PYTHON_MODULE);
     let Some(frame) = profile
         .stacks
         .iter()
         .find(|s| s.id == stack)
-        .and_then(|s| s.frames.first())
+        .and_then(|s| s.frames.iter().find(python).or(s.frames.first()))
     else {
         return format!("stack {stack}");
     };
