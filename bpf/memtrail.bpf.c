@@ -1739,18 +1739,27 @@ static long py_code_step(__u64 i, void *data)
 	return 0;
 }
 
-/* Word rel of a window (a constant index per branch: the verifier takes
- * no variable offset into the stack). */
+/* Bytes of a frame the walk reads at once, from frame_win. */
+#define MT_PY_FRAME_READ 72
+
+/* Word rel of the frame's bytes read (a constant index per case: the
+ * verifier takes no variable offset into the stack). */
 static __always_inline __u64 py_word(const __u64 *w, __u32 rel)
 {
-	if (rel == 0)
-		return w[0];
-	if (rel == 1)
-		return w[1];
-	return w[2];
+	switch (rel) {
+	case 0: return w[0];
+	case 1: return w[1];
+	case 2: return w[2];
+	case 3: return w[3];
+	case 4: return w[4];
+	case 5: return w[5];
+	case 6: return w[6];
+	case 7: return w[7];
+	default: return w[8];
+	}
 }
 
-/* Byte rel of a window. */
+/* Byte rel of the frame's bytes read. */
 static __always_inline __u8 py_byte(const __u64 *w, __u32 rel)
 {
 	return py_word(w, rel / 8) >> (8 * (rel & 7));
@@ -1758,30 +1767,31 @@ static __always_inline __u8 py_byte(const __u64 *w, __u32 rel)
 
 /*
  * One _PyInterpreterFrame: its code and instruction, then the previous.
- * Two reads of 24 bytes (the frame's code and previous pointers, then its
- * instruction pointer, owner and entry flag) rather than one per field:
- * each user read costs, and a walk reads every frame of the thread at
- * every allocation (perf/python_frames.sh).
+ * One read of the bytes holding them all (frame_win, frame_span) rather
+ * than one per field: each user read costs, and a walk reads every frame
+ * of the thread at every allocation (perf/python_frames.sh).
  */
 static long py_frame_step(__u64 i, void *data)
 {
 	struct py_walk *p = data;
-	__u64 a[3] = {}, b[3] = {};
+	__u64 w[MT_PY_FRAME_READ / 8] = {};
 	__u64 frame = p->at, code, instr, start, off;
+	__u32 span = p->off.frame_span, base = p->off.frame_win;
 
 	if (!frame || p->n >= MT_MAX_STACK)
 		return 1;
 	p->at = 0;
-	if (bpf_probe_read_user(a, sizeof(a), (void *)(frame + p->off.frame_win_a)) ||
-	    bpf_probe_read_user(b, sizeof(b), (void *)(frame + p->off.frame_win_b)))
+	if (span > MT_PY_FRAME_READ)
+		span = MT_PY_FRAME_READ;
+	if (bpf_probe_read_user(w, span, (void *)(frame + base)))
 		return 1;
-	p->at = py_word(a, (__u32)(p->off.frame_previous - p->off.frame_win_a) / 8);
-	if (py_byte(b, p->off.frame_owner - p->off.frame_win_b) == MT_PY_OWNED_BY_CSTACK) {
+	p->at = py_word(w, (p->off.frame_previous - base) / 8);
+	if (py_byte(w, p->off.frame_owner - base) == MT_PY_OWNED_BY_CSTACK) {
 		py_emit(p, MT_PY_FRAME);
 		return 0;
 	}
-	code = py_word(a, (__u32)(p->off.frame_code - p->off.frame_win_a) / 8);
-	instr = py_word(b, (__u32)(p->off.frame_instr - p->off.frame_win_b) / 8);
+	code = py_word(w, (p->off.frame_code - base) / 8);
+	instr = py_word(w, (p->off.frame_instr - base) / 8);
 	start = code + p->off.code_adaptive;
 	if (code && instr >= start) {
 		off = (instr - start) / 2;
@@ -1789,8 +1799,7 @@ static long py_frame_step(__u64 i, void *data)
 			off = MT_PY_OFF_MAX;
 		py_emit(p, MT_PY_FRAME | off << MT_PY_OFF_SHIFT | (code & MT_PY_CODE_MASK));
 	}
-	if (p->off.frame_is_entry != MT_PY_NONE &&
-	    py_byte(b, p->off.frame_is_entry - p->off.frame_win_b))
+	if (p->off.frame_is_entry != MT_PY_NONE && py_byte(w, p->off.frame_is_entry - base))
 		py_emit(p, MT_PY_FRAME);
 	return 0;
 }

@@ -318,11 +318,11 @@ struct mt_py_offsets {
 	__u16 code_linetable;
 	__u16 str_ascii_data;   /* sizeof(PyASCIIObject) */
 	__u16 str_compact_data; /* sizeof(PyCompactUnicodeObject) */
-	/* Two 24-byte windows of a frame the walk reads: the first holds
-	 * frame_code and frame_previous, the second frame_instr, frame_owner
-	 * and frame_is_entry (each pointer 8-aligned in its window). */
-	__u16 frame_win_a;
-	__u16 frame_win_b;
+	/* The bytes of a frame the walk reads at once: frame_span (at most
+	 * 72) from frame_win, holding the frame_* fields above (each pointer
+	 * 8-aligned from frame_win). */
+	__u16 frame_win;
+	__u16 frame_span;
 };
 
 /* An interpreter image (py_images, by file identity: runtime is

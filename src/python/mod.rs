@@ -196,7 +196,7 @@ fn parse_interpreter(data: &[u8]) -> Result<Option<Interpreter>, String> {
         (3, 13) => debug_offsets(bytes_of(&runtime, 44 * 8).ok_or("no _Py_DebugOffsets")?)?,
         _ => return Err(format!("CPython {major}.{minor} (3.11 to 3.13 are walked)")),
     };
-    if !windows_fit(&walk) {
+    if !window_fits(&walk) {
         return Err(format!(
             "CPython {major}.{minor}: a frame layout the walk does not read"
         ));
@@ -274,7 +274,7 @@ pub fn image_value(interp: &Interpreter) -> [u8; size_of::<mt_py_image>()] {
         c.ascii_data,
         c.compact_data,
     ]);
-    let fields = fields.chain(windows(w));
+    let fields = fields.chain(window(w));
     let mut value = [0u8; size_of::<mt_py_image>()];
     let at = offset_of!(mt_py_image, runtime);
     value[at..at + 8].copy_from_slice(&interp.runtime.to_ne_bytes());
@@ -286,25 +286,29 @@ pub fn image_value(interp: &Interpreter) -> [u8; size_of::<mt_py_image>()] {
     value
 }
 
-/// The two windows of a frame BPF reads (`frame_win_a`, `frame_win_b` in
-/// `struct mt_py_offsets`): from the first of code and previous, from the
-/// instruction pointer.
-fn windows(w: &WalkOffsets) -> [u16; 2] {
-    [w.frame_code.min(w.frame_previous), w.frame_instr]
+/// The bytes of a frame BPF reads at once (`frame_win`, `frame_span` in
+/// `struct mt_py_offsets`): from the first field it reads past the last.
+fn window(w: &WalkOffsets) -> [u16; 2] {
+    // (offset, size): three pointers, two flag bytes.
+    let fields = [
+        (w.frame_code, 8),
+        (w.frame_previous, 8),
+        (w.frame_instr, 8),
+        (w.frame_owner, 1),
+        (w.frame_is_entry, 1),
+    ];
+    let fields = fields.into_iter().filter(|&(f, _)| f != NONE);
+    let start = fields.clone().map(|(f, _)| f).min().unwrap_or(0);
+    let end = fields.map(|(f, size)| f + size).max().unwrap_or(0);
+    [start, (end - start).next_multiple_of(8)]
 }
 
-/// Whether the frame's fields fit the windows BPF reads them through
-/// (pointers 8-aligned within 24 bytes of their window's start, the flags
-/// within its 24 bytes).
-fn windows_fit(w: &WalkOffsets) -> bool {
-    let [a, b] = windows(w);
-    let word = |at: u16, base: u16| at >= base && (at - base) % 8 == 0 && at - base <= 16;
-    let byte = |at: u16| at == NONE || (at >= b && at - b < 24);
-    word(w.frame_code, a)
-        && word(w.frame_previous, a)
-        && word(w.frame_instr, b)
-        && byte(w.frame_owner)
-        && byte(w.frame_is_entry)
+/// Whether the frame's fields fit the bytes BPF reads (72 at most, the
+/// pointers 8-aligned from their start).
+fn window_fits(w: &WalkOffsets) -> bool {
+    let [start, span] = window(w);
+    let aligned = |at: u16| (at - start) % 8 == 0;
+    span <= 72 && aligned(w.frame_code) && aligned(w.frame_previous) && aligned(w.frame_instr)
 }
 
 /// A Python frame's code object address and instruction offset (in code
