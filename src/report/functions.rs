@@ -281,11 +281,9 @@ pub(super) fn write_text(
     let (a, b) = (by.name(), other.name());
     writeln!(
         w,
-        "{:>10} {:>6} {:>10} {:>6} {:>10} {:>10}  function",
+        "{:>17} {:>17} {:>10} {:>10}  function",
         format!("self {a}"),
-        "",
-        format!("incl {a}"),
-        "",
+        format!("inclusive {a}"),
         format!("self {b}"),
         format!("incl {b}")
     )?;

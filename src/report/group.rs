@@ -113,13 +113,24 @@ impl Grouping {
     }
 
     /// The index of the frame that names a stack's group: its first frame
-    /// outside wrappers; None without grouping or when every frame is a
-    /// wrapper's.
+    /// outside wrappers, past frames without a name that lie between
+    /// wrappers (a wrapper's static helper, e.g. SQLite's
+    /// `sqlite3MemMalloc` without symbols under `sqlite3Malloc`); None
+    /// without grouping or when every frame is a wrapper's.
     pub fn caller(&self, frames: &[Frame]) -> Option<usize> {
         if !self.enabled() {
             return None;
         }
-        frames.iter().position(|f| !self.is_wrapper(f))
+        let mut last_wrapper = None;
+        for (i, f) in frames.iter().enumerate() {
+            if self.is_wrapper(f) {
+                last_wrapper = Some(i);
+            } else if f.function.is_some() {
+                break;
+            }
+        }
+        let caller = last_wrapper.map_or(0, |j| j + 1);
+        (caller < frames.len()).then_some(caller)
     }
 }
 

@@ -27,8 +27,10 @@ pub struct RuntimePool {
     /// frame without a name matches when it is in such a module and the
     /// stack went through `also` (a library constructor run at load).
     module: &'static str,
-    /// With `module`: a frame of the stack matching this marks a frame
-    /// without a name in `module` as the pool's.
+    /// With `module`: a frame of the stack matching this (or, when the
+    /// loader's frames have no name, a stack whose other frames are all
+    /// the loader's or outside any file) marks a first frame without a
+    /// name in `module` as the pool's.
     also: &'static str,
 }
 
@@ -45,6 +47,12 @@ pub const RUNTIME_POOLS: &[RuntimePool] = &[
         function: "",
         module: "libstdc++.so",
         also: r"^(_dl_init|call_init)$",
+    },
+    RuntimePool {
+        name: "CPython obmalloc arena map",
+        function: r"^arena_map_(get|mark_used)$",
+        module: "",
+        also: "",
     },
     RuntimePool {
         name: "glibc locale data",
@@ -117,12 +125,21 @@ impl Pools {
                         && f.function.as_deref().is_some_and(|n| function.is_match(n))
                 }),
                 (None, Some(also)) => {
+                    let loader = |f: &Frame| {
+                        f.module.as_deref().is_none_or(|m| {
+                            let base = super::sites::module_base(m);
+                            base.starts_with("ld-linux") || base.starts_with("ld.so")
+                        })
+                    };
                     frames
                         .first()
                         .is_some_and(|f| f.function.is_none() && in_module(f, pool.module))
-                        && frames
+                        && (frames
                             .iter()
                             .any(|f| f.function.as_deref().is_some_and(|n| also.is_match(n)))
+                            // The loader's frames, when they could not be
+                            // named (code outside any known file).
+                            || (frames.len() > 1 && frames[1..].iter().all(loader)))
                 }
                 (None, None) => false,
             })
