@@ -481,8 +481,9 @@ pub struct ReportArgs {
     /// stack through `xmalloc` from one function is one site. Built in:
     /// the allocator functions, xmalloc/xcalloc/xrealloc/xstrdup,
     /// g_malloc*/g_new*, sqlite3Malloc*/sqlite3Realloc*, PyMem_*,
-    /// PyObject_Malloc*, operator new/new[], std::allocator,
-    /// std::__new_allocator and Rust's __rust_alloc (docs/reports.md).
+    /// PyObject_Malloc*, C++'s operator new (single and array) and the
+    /// standard allocators' allocate, and Rust's __rust_alloc
+    /// (docs/reports.md lists them).
     #[arg(long = "wrapper", value_name = "REGEX", value_parser = parse_regex)]
     pub wrappers: Vec<regex::Regex>,
 
@@ -498,8 +499,9 @@ pub struct ReportArgs {
     pub focus: Option<regex::Regex>,
 
     /// Drop the frames whose function matches REGEX from every stack
-    /// (repeatable; pprof's -hide), in every format: e.g. `--hide
-    /// '^std::'` attributes to the code that called the library.
+    /// (repeatable; pprof's -hide), in every format, before grouping: e.g.
+    /// `--hide '^std.'` attributes to the code that called the C++
+    /// library.
     #[arg(long, value_name = "REGEX", value_parser = parse_regex)]
     pub hide: Vec<regex::Regex>,
 
