@@ -414,6 +414,12 @@ impl<'a> Prepared<'a> {
     }
 }
 
+/// The bytes and blocks of `profile` live at exit in known runtime pools
+/// ([`RUNTIME_POOLS`]): still reachable, not leaked.
+pub fn runtime_at_exit(profile: &Profile) -> (u64, u64) {
+    reachable::Reachable::classify(profile, |i| &profile.stacks[i].frames, &[]).runtime_total()
+}
+
 /// Renders the report of `profile` into `w`.
 pub fn write_report(profile: &Profile, opts: &ReportOptions, w: &mut dyn Write) -> io::Result<()> {
     let p = Prepared::new(profile, opts);

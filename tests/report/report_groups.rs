@@ -265,7 +265,8 @@ fn report_groups_suppressions() {
 
 /// Check that a C++ program that throws nothing leaks nothing: libstdc++'s
 /// emergency exception pool (its one block live at exit) is shown as
-/// "still reachable at exit: runtime", in text and JSON, not as a leak.
+/// "still reachable at exit: runtime", in text and JSON, not as a leak,
+/// and the run's summary says so under its leaked line.
 #[test]
 fn report_groups_runtime_pool_is_no_leak() {
     let run = capture(&cmd("cxx_baseline", &[]));
@@ -288,6 +289,12 @@ fn report_groups_runtime_pool_is_no_leak() {
         "{text}"
     );
     assert!(!text.contains("#1"), "{text}");
+    // The summary says so under its leaked line.
+    let summary = format!(
+        "\n   of which   {:>10}  {kib:>12}   still reachable at exit: runtime pools, not leaks",
+        1
+    );
+    assert!(run.stderr.contains(&summary), "{}", run.stderr);
     let doc: Value =
         serde_json::from_str(&report(&run, &["--by", "leaked", "--format", "json"])).expect("JSON");
     let r = &doc["still_reachable"]["runtime"];
