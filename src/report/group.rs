@@ -59,6 +59,16 @@ pub const BUILTIN_WRAPPERS: &[&str] = &[
     "std::allocator<.*>::allocate",
     "std::(__new_allocator|allocator_traits)<.*>::allocate",
     "__gnu_cxx::new_allocator<.*>::allocate",
+    // The standard containers' allocation primitives (inlined under
+    // them): the site is then the container operation that allocated
+    // (`std::vector<…>::_M_realloc_insert`), its caller in the stack.
+    "std::_Vector_base<.*>::_M_allocate",
+    "std::_Rb_tree<.*>::_M_get_node",
+    "std::__detail::_Hashtable_alloc<.*>::_M_allocate_(node|buckets)",
+    "std::_Deque_base<.*>::_M_allocate_(node|map)",
+    "std::(__cxx11::)?basic_string<.*>::_M_create",
+    // obstacks (glibc, libiberty): the chunk's user called them.
+    "_obstack_(newchunk|begin|begin_1)",
     // Rust.
     "__rust_(alloc|alloc_zeroed|realloc)|__rdl_\\w+",
     "alloc::alloc::(alloc|alloc_zeroed|realloc|exchange_malloc|Global::\\w+)",

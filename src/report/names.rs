@@ -48,7 +48,34 @@ pub(super) fn short(name: &str) -> Cow<'_, str> {
             }
         }
     }
-    Cow::Owned(out)
+    Cow::Owned(drop_return_type(out))
+}
+
+/// `name` without the return type a demangled template function starts
+/// with (`void std::vector<…>::_M_realloc_insert<…>` →
+/// `std::vector<…>::_M_realloc_insert<…>`): what follows its last space
+/// outside parentheses that does not follow `operator` (`operator new`,
+/// `std::operator<< <…>`).
+fn drop_return_type(name: String) -> String {
+    let mut depth = 0i32;
+    let mut cut = None;
+    for (i, c) in name.char_indices() {
+        match c {
+            '(' | '{' => depth += 1,
+            ')' | '}' => depth -= 1,
+            ' ' if depth == 0 => {
+                let token = name[..i].rsplit([' ', ':']).next().unwrap_or("");
+                if !token.starts_with("operator") && !name[..i].ends_with("(anonymous") {
+                    cut = Some(i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    match cut {
+        Some(at) if at < name.len() => name[at..].to_owned(),
+        _ => name,
+    }
 }
 
 fn starts_with(chars: &[char], s: &str) -> bool {
@@ -128,6 +155,20 @@ mod tests {
                 "(anonymous namespace)::pool::pool",
             ),
             ("xmalloc", "xmalloc"),
+            (
+                "void std::vector<int, std::allocator<int> >::_M_realloc_insert<int>(int&&)",
+                "std::vector<…>::_M_realloc_insert<…>",
+            ),
+            (
+                "std::_Rb_tree_node<int>* std::_Rb_tree<int>::_M_create_node<int const&>(int const&)",
+                "std::_Rb_tree<…>::_M_create_node<…>",
+            ),
+            ("unsigned long foo::bar(int)", "foo::bar"),
+            ("operator delete(void*)", "operator delete"),
+            (
+                "{lambda(int)#1}::operator()(int) const",
+                "{lambda#1}::operator()",
+            ),
             ("parse;token", "parse;token"),
         ];
         for (name, want) in cases {
