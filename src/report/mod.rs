@@ -13,6 +13,13 @@
 //! it; files go through [`OutputFile`], so a report file appears whole or
 //! not at all (a FIFO or a device gets it as a stream).
 //!
+//! Before rendering, [`Prepared`] applies the report's [`Shaping`]: frames
+//! `--hide` drops, stacks `--focus` keeps, and which blocks live at exit
+//! are leaks (not runtime pools nor suppressed: `reachable`). Text and
+//! JSON group sites by their first caller outside allocator wrappers
+//! (`group`) and have the functions and calls views (`functions`); text
+//! shortens C++ names (`names`).
+//!
 //! Site frames are innermost first (as in the profile's `stacks`);
 //! folded stacks and flamegraphs reverse them (outermost caller first),
 //! pprof keeps them (its leaf is `location_id[0]`).

@@ -6,8 +6,9 @@
 //! the sites of one caller outside allocator wrappers are one layer, named
 //! by it), or as one area for a profile without them, on the left axis;
 //! anonymous-mmap bytes as a line on their own right axis (a large
-//! reservation does not flatten a small heap); time ticks below; marks the exact peak instant (linked to the list below it), and
-//! lists the sites that made up the heap at its peak (`--by peak`, the
+//! reservation does not flatten a small heap); time ticks below; marks
+//! the exact peak instant (linked to the list below it), and lists the
+//! sites that made up the heap at its peak (`--by peak`, the
 //! "stack at peak" view) under the legend. Colours go by rank in the
 //! legend, from a fixed palette. Hand-written SVG: every text is escaped;
 //! the same profile gives the same bytes.
