@@ -73,6 +73,12 @@ pub const RUNTIME_POOLS: &[RuntimePool] = &[
         also: "",
     },
     RuntimePool {
+        name: "glibc environment strings",
+        function: r"^(__add_to_environ|__setenv|setenv|putenv)$",
+        module: "libc.so",
+        also: "",
+    },
+    RuntimePool {
         name: "glibc time zone data",
         function: r"^(__tzfile_read|tzset_internal|__tzstring\w*|__tzset)$",
         module: "libc.so",
