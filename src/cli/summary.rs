@@ -141,6 +141,15 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
             t.live_allocations_at_exit,
             human_bytes(t.live_bytes_at_exit)
         )?;
+        let (bytes, blocks) = crate::report::runtime_at_exit(p);
+        if blocks > 0 {
+            writeln!(
+                w,
+                "   of which   {blocks:>10}  {:>12}   still reachable at exit: runtime pools, not \
+                 leaks (memtrail report shows them apart)",
+                human_bytes(bytes)
+            )?;
+        }
     }
     if temporary_is_large(t) {
         writeln!(

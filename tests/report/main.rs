@@ -10,6 +10,7 @@ mod bench_compare;
 mod bench_runs;
 mod report_errors;
 mod report_formats;
+mod report_groups;
 mod report_pprof;
 mod report_process;
 mod report_run;
