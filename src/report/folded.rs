@@ -23,7 +23,7 @@ pub(super) fn lines(profile: &Profile, by: Metric, limit: Option<usize>) -> Vec<
         let stack = truncation(profile, &site)
             .map(|t| {
                 folded_name(&crate::profile::Frame {
-                    function: Some(t),
+                    function: Some(t.into()),
                     ..crate::profile::Frame::unknown(0)
                 })
                 .into_owned()

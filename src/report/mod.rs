@@ -60,6 +60,11 @@ pub enum Format {
     /// stacked by its top allocation sites, with the peak instant and the
     /// sites at the peak; `--by` and `--top` do not apply.
     Timeline,
+    /// The profile itself, as this memtrail writes it (version 3, compact;
+    /// zstd-compressed to a `.zst` name): converts a version 2 profile,
+    /// keeps only `--pid`/`--exe`'s stacks and `--debuginfo-dir`'s names;
+    /// `--by` and `--top` do not apply.
+    Profile,
 }
 
 /// What sites are ranked (and flame graphs sized) by.
@@ -192,8 +197,8 @@ pub enum ReportError {
     )]
     Format { path: PathBuf, found: String },
     #[error(
-        "{} is a profile of version {found}; this memtrail reads version {}{}",
-        path.display(), crate::profile::PROFILE_VERSION,
+        "{} is a profile of version {found}; this memtrail reads versions {} to {}{}",
+        path.display(), crate::profile::OLDEST_PROFILE_VERSION, crate::profile::PROFILE_VERSION,
         if found == "1" {
             " (version 1 profiles lack each stack's process and image build ids: capture again)"
         } else {
@@ -292,6 +297,10 @@ pub fn write_report(profile: &Profile, opts: &ReportOptions, w: &mut dyn Write) 
         Format::Flamegraph => flamegraph::write(profile, opts.by, opts.limit(), w),
         Format::Pprof => pprof::write(profile, opts.by, opts.limit(), w),
         Format::Timeline => timeline::write(profile, w),
+        Format::Profile => {
+            serde_json::to_writer(&mut *w, profile)?;
+            w.write_all(b"\n")
+        }
     }
 }
 
@@ -312,6 +321,9 @@ pub fn stage_report(
     opts: &ReportOptions,
     out: &OutputFile,
 ) -> Result<(), OutputError> {
+    if opts.format == Format::Profile {
+        return crate::output::stage_profile(profile, out);
+    }
     let err = |source| OutputError {
         path: out.path().to_owned(),
         source,
