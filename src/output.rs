@@ -787,10 +787,11 @@ pub fn stage_profile(profile: &Profile, out: &OutputFile) -> Result<(), OutputEr
     w.finish().and_then(|mut w| w.flush()).map_err(err)
 }
 
-/// zstd level of a profile written to a `.zst` name: level 19 takes the
-/// gcc run's 4 MB document (issue 24) to under 1 MB in ~1 s; level 3 gives
-/// about 1.4 times more in 20 ms.
-const PROFILE_ZSTD_LEVEL: i32 = 19;
+/// zstd level of a profile written to a `.zst` name. On the gcc run of
+/// issue 24 (a 3.0 MB document; `zstd` 1.5, this machine busy) level 9
+/// makes 319 KB in 0.2 s with 19 MB of memory; level 3 382 KB in 0.1 s;
+/// level 19 263 KB, but in 15 s with 57 MB.
+const PROFILE_ZSTD_LEVEL: i32 = 9;
 
 /// Whether a profile written to `path` is zstd-compressed: its name ends
 /// in `.zst` (`p.json.zst`).
