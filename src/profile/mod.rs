@@ -1,10 +1,12 @@
 //! The profile document (`--output`), versioned; schema in docs/profile.md.
 
+pub mod compact;
 pub mod regions;
 pub mod timeline;
 pub mod unwind;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,8 +23,20 @@ where
 
 /// Bumped on any incompatible change of the document. 2: stack ids are
 /// strings; stacks carry `pid` and `exe`, frames `build_id` and `offset`,
-/// stacks `live_allocations_at_peak`.
-pub const PROFILE_VERSION: u32 = 2;
+/// stacks `live_allocations_at_peak`. 3: `stacks` is compact (issue 24):
+/// string, module, function and frame tables, each stack a list of frame
+/// ids ([`compact`]).
+pub const PROFILE_VERSION: u32 = 3;
+
+/// The oldest version memtrail still reads: a version 2 document's stacks
+/// (each with its frames written out) read into the same [`Profile`].
+pub const OLDEST_PROFILE_VERSION: u32 = 2;
+
+/// A profile is written as this version, whatever it was read from (its
+/// `stacks` are written compact).
+fn current_version<S: serde::Serializer>(_: &u32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u32(PROFILE_VERSION)
+}
 
 /// A 64-bit id as a decimal string.
 pub mod id_string {
@@ -45,6 +59,8 @@ pub const PROFILE_FORMAT: &str = "memtrail-profile";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Profile {
     pub format: String,
+    /// The version read (2 or 3); written as [`PROFILE_VERSION`].
+    #[serde(serialize_with = "current_version")]
     pub version: u32,
     pub command: Vec<String>,
     pub exit: ExitInfo,
@@ -75,7 +91,10 @@ pub struct Profile {
     #[serde(default)]
     pub skipped_images: Vec<SkippedImage>,
     /// Allocation sites: one entry per distinct call stack, with what was
-    /// allocated from it. Empty when stacks were not captured.
+    /// allocated from it. Empty when stacks were not captured. Written
+    /// compact (tables and frame ids, [`compact`]); read from that or from a
+    /// version 2 list of stacks with their frames.
+    #[serde(with = "compact")]
     pub stacks: Vec<StackEntry>,
     /// Backpressure episodes and ring fill.
     pub pressure: crate::profile::PressureStats,
@@ -144,25 +163,28 @@ pub struct StackEntry {
     pub metrics: StackMetrics,
 }
 
-/// One symbolized frame.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One symbolized frame. Its strings are shared (`Arc<str>`): a profile
+/// read holds each module, build id, function and file name once, however
+/// many frames name it (issue 24: a gcc run's 220,000 frames name 1,500
+/// functions).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Frame {
     /// The instruction address in the process.
     pub addr: u64,
     /// The file the address belongs to.
     #[serde(deserialize_with = "required")]
-    pub module: Option<String>,
+    pub module: Option<Arc<str>>,
     /// Demangled function name.
     #[serde(deserialize_with = "required")]
-    pub function: Option<String>,
+    pub function: Option<Arc<str>>,
     #[serde(deserialize_with = "required")]
-    pub file: Option<String>,
+    pub file: Option<Arc<str>>,
     #[serde(deserialize_with = "required")]
     pub line: Option<u32>,
     pub inlined: bool,
     /// The GNU build id of `module`, in hex, when it has one.
     #[serde(deserialize_with = "required")]
-    pub build_id: Option<String>,
+    pub build_id: Option<Arc<str>>,
     /// The offset in `module` of `addr - 1`, the byte symbolized (the call
     /// instruction), when the address is in a known file.
     #[serde(deserialize_with = "required")]
@@ -178,7 +200,7 @@ impl Frame {
     /// The frame of the direct-syscall site ([`DIRECT_SYSCALL_FRAME`]).
     pub fn direct_syscall() -> Self {
         Self {
-            function: Some(DIRECT_SYSCALL_FRAME.to_owned()),
+            function: Some(DIRECT_SYSCALL_FRAME.into()),
             ..Self::unknown(0)
         }
     }

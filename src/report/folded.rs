@@ -23,7 +23,7 @@ pub(super) fn lines(p: &Prepared<'_>, by: Metric, limit: Option<usize>) -> Vec<S
         let stack = truncation(p.profile, &site)
             .map(|t| {
                 folded_name(&crate::profile::Frame {
-                    function: Some(t),
+                    function: Some(t.into()),
                     ..crate::profile::Frame::unknown(0)
                 })
                 .into_owned()

@@ -56,7 +56,7 @@ fn functions(p: &Prepared<'_>, sites: &[Site<'_>], by: Metric) -> Vec<Function> 
             out.push(Function {
                 key: k,
                 name: whole_name(f),
-                module: f.module.clone(),
+                module: f.module.as_deref().map(str::to_owned),
                 ..Function::default()
             });
             out.len() - 1
@@ -109,7 +109,7 @@ fn edge_key(f: Option<&Frame>, none: &str) -> (Key, Edge) {
             key(f),
             Edge {
                 function: whole_name(f),
-                module: f.module.clone(),
+                module: f.module.as_deref().map(str::to_owned),
                 metrics: StackMetrics::default(),
             },
         ),

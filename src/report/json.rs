@@ -104,7 +104,7 @@ pub(super) fn write(
                 let caller = g.caller.map(|c| &g.site.frames[c]);
                 GroupDoc {
                     function: caller.map(whole_name),
-                    module: caller.and_then(|f| f.module.clone()),
+                    module: caller.and_then(|f| f.module.as_deref().map(str::to_owned)),
                     metrics: g.site.metrics,
                     stacks: g.stacks,
                 }

@@ -74,6 +74,11 @@ pub enum Format {
     /// stacked by its top allocation sites, with the peak instant and the
     /// sites at the peak; `--by` and `--top` do not apply.
     Timeline,
+    /// The profile itself, as this memtrail writes it (version 3, compact;
+    /// zstd-compressed to a `.zst` name): converts a version 2 profile,
+    /// keeps only `--pid`/`--exe`'s stacks and `--debuginfo-dir`'s names;
+    /// `--by` and `--top` do not apply.
+    Profile,
 }
 
 /// What sites are ranked (and flame graphs sized) by.
@@ -249,8 +254,8 @@ pub enum ReportError {
     )]
     Format { path: PathBuf, found: String },
     #[error(
-        "{} is a profile of version {found}; this memtrail reads version {}{}",
-        path.display(), crate::profile::PROFILE_VERSION,
+        "{} is a profile of version {found}; this memtrail reads versions {} to {}{}",
+        path.display(), crate::profile::OLDEST_PROFILE_VERSION, crate::profile::PROFILE_VERSION,
         if found == "1" {
             " (version 1 profiles lack each stack's process and image build ids: capture again)"
         } else {
@@ -440,6 +445,10 @@ pub fn write_report(profile: &Profile, opts: &ReportOptions, w: &mut dyn Write) 
         (Format::Flamegraph, _) => flamegraph::write(&p, by, limit, w),
         (Format::Pprof, _) => pprof::write(&p, by, limit, w),
         (Format::Timeline, _) => timeline::write(&p, w),
+        (Format::Profile, _) => {
+            serde_json::to_writer(&mut *w, profile)?;
+            w.write_all(b"\n")
+        }
     }
 }
 
@@ -479,6 +488,9 @@ pub fn stage_report(
     opts: &ReportOptions,
     out: &OutputFile,
 ) -> Result<(), OutputError> {
+    if opts.format == Format::Profile {
+        return crate::output::stage_profile(profile, out);
+    }
     let err = |source| OutputError {
         path: out.path().to_owned(),
         source,

@@ -304,7 +304,7 @@ pub(super) fn build(p: &Prepared<'_>, by: Metric, limit: Option<usize>) -> proto
         // location, a function of that name at no address.
         if let Some(truncated) = truncation(profile, &site) {
             let marker = Frame {
-                function: Some(truncated),
+                function: Some(truncated.into()),
                 ..Frame::unknown(0)
             };
             location_id.push(b.location(std::slice::from_ref(&marker)));

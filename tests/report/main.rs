@@ -8,6 +8,7 @@ mod support;
 
 mod bench_compare;
 mod bench_runs;
+mod report_compact;
 mod report_errors;
 mod report_formats;
 mod report_groups;
