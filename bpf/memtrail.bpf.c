@@ -1639,6 +1639,14 @@ static __always_inline int new_enter(struct pt_regs *ctx)
 	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_CK_SP_SHIFT) & 0xf);
 	if (cur->depth > 0 && nested_in(cur, sp))
 		return 0; /* called from inside an allocator: no site */
+	/* An operator new called by another one whose malloc has not come yet
+	 * (libstdc++'s nothrow and array forms call the plain one): the outer
+	 * new's stack, whose first frame is the user's, stands (issue 22:
+	 * with --unwind fp this walk started inside libstdc++'s nothrow new,
+	 * which keeps no frame pointer, and skipped the user's frame). */
+	if (!((cookie >> MT_CK_FLAGS_SHIFT) & MT_CK_SYSCALL) && cur->new_sp &&
+	    sp < cur->new_sp && cur->new_sp - sp < NEW_FRAME_MAX)
+		return 0;
 	id = capture_stack(ctx, pid_tgid >> 32, sp);
 	/* Read again rather than kept across the walk: alloc_enter's stack
 	 * is at its budget. */
