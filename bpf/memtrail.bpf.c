@@ -356,6 +356,7 @@ struct inflight {
 	 * allocator call it makes (see alloc_enter). */
 	__u64 new_stack_id;
 	__u64 new_sp;
+	__u64 new_ip; /* that new's probe address */
 	/* Stack of a libc mmap or sbrk wrapper entered on this thread, for
 	 * the syscall it makes (see syscall_stack); sys_sp is the entry's
 	 * stack pointer (8-aligned) | 1 for sbrk, 0 when none is pending. */
@@ -1630,6 +1631,30 @@ static __always_inline void count_hit(__u64 cookie)
 	__sync_fetch_and_add(&site_hits[bpf_get_smp_processor_id() % MT_HIT_ROWS][site - 1], 1);
 }
 
+/* How far past the pending operator new's probe the call of a nested one
+ * may be (libstdc++'s nothrow new makes it a few instructions in). */
+#define NEW_CALL_MAX 256
+
+/*
+ * Whether an operator new entered with stack pointer sp is called by the
+ * operator new pending on this thread (entered, its malloc not come yet):
+ * below it on the stack, and its return address just past the pending
+ * new's probe. Not the stack alone: an operator new that calls no probed
+ * allocator (one of an allocator's own) leaves its state pending, and a
+ * later new below it is no call of it. A subprogram: its read stays out of
+ * the allocator programs' frames (the stack budget).
+ */
+static __noinline bool called_by_pending_new(struct inflight *cur, __u64 sp)
+{
+	__u64 ra;
+
+	if (!cur || !cur->new_sp || sp >= cur->new_sp || cur->new_sp - sp >= NEW_FRAME_MAX)
+		return false;
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)sp))
+		return false;
+	return ra - cur->new_ip < NEW_CALL_MAX;
+}
+
 /*
  * C++ operator new's part of alloc_enter, and a libc syscall wrapper's
  * (MT_CK_SYSCALL: mmap, sbrk). No uretprobe on new: its return address
@@ -1662,8 +1687,7 @@ static __always_inline int new_enter(struct pt_regs *ctx)
 	 * new's stack, whose first frame is the user's, stands (issue 22:
 	 * with --unwind fp this walk started inside libstdc++'s nothrow new,
 	 * which keeps no frame pointer, and skipped the user's frame). */
-	if (!((cookie >> MT_CK_FLAGS_SHIFT) & MT_CK_SYSCALL) && cur->new_sp &&
-	    sp < cur->new_sp && cur->new_sp - sp < NEW_FRAME_MAX)
+	if (!((cookie >> MT_CK_FLAGS_SHIFT) & MT_CK_SYSCALL) && called_by_pending_new(cur, sp))
 		return 0;
 	id = capture_stack(ctx, cur, pid_tgid >> 32, sp);
 	/* Read again rather than kept across the walk: alloc_enter's stack
@@ -1677,6 +1701,7 @@ static __always_inline int new_enter(struct pt_regs *ctx)
 	}
 	cur->new_stack_id = id;
 	cur->new_sp = sp;
+	cur->new_ip = PT_REGS_IP(ctx);
 	return 0;
 }
 
