@@ -356,12 +356,17 @@ struct inflight {
 	 * allocator call it makes (see alloc_enter). */
 	__u64 new_stack_id;
 	__u64 new_sp;
+	__u64 new_ip; /* that new's probe address */
 	/* Stack of a libc mmap or sbrk wrapper entered on this thread, for
 	 * the syscall it makes (see syscall_stack); sys_sp is the entry's
 	 * stack pointer (8-aligned) | 1 for sbrk, 0 when none is pending. */
 	__u64 sys_stack_id;
 	__u64 sys_sp;
 	__u64 cookie; /* attach cookie of the outermost call */
+	/* The id of the stack this thread's last walk found known or wrote
+	 * (capture_stack): the same stack again needs no known_stacks look-up
+	 * (issue 22). 0: none. */
+	__u64 last_stack;
 	__u32 depth;  /* nested allocator calls, outermost included; 0: none */
 	/* The thread's allocator events in the current kernel tick (see
 	 * event_clock). */
@@ -1537,19 +1542,29 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp,
  * is walked again into a record reserved on the stack ring. A record is thus
  * reserved only for new stacks, and the ring's space is not taken and
  * given back a kilobyte at a time for every allocation.
+ *
+ * A thread often allocates from the same stack again and again: the id
+ * its last walk found known (or wrote) is kept in its state (cur), and the
+ * same id needs no look-up (ids are never taken out of known_stacks).
  */
-static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp)
+static __always_inline __u64 capture_stack(struct pt_regs *ctx, struct inflight *cur,
+					   __u32 tgid, __u64 sp)
 {
 	struct mt_stack_record *rec;
 	struct walk_out out = {};
 	__u8 one = 1;
 	__u64 h;
+	long err;
 
 	if (!stack_depth)
 		return 0;
 	h = walk_stack(ctx, tgid, sp, NULL, &out);
-	if (bpf_map_lookup_elem(&known_stacks, &h))
+	if (h == cur->last_stack)
 		return h;
+	if (bpf_map_lookup_elem(&known_stacks, &h)) {
+		cur->last_stack = h;
+		return h;
+	}
 	rec = bpf_ringbuf_reserve(&stacks, sizeof(*rec), 0);
 	if (!rec) {
 		__sync_fetch_and_add(&drops_stacks, 1);
@@ -1563,10 +1578,14 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u6
 	rec->pid = tgid;
 	rec->nr = out.nr;
 	rec->end = out.end;
-	if (bpf_map_update_elem(&known_stacks, &h, &one, BPF_NOEXIST) == -EEXIST)
+	err = bpf_map_update_elem(&known_stacks, &h, &one, BPF_NOEXIST);
+	if (err == -EEXIST)
 		bpf_ringbuf_discard(rec, BPF_RB_NO_WAKEUP);
 	else
 		bpf_ringbuf_submit(rec, submit_flags(MT_RING_STACKS));
+	/* Not when the map is full: the stack is then written every time. */
+	if (!err || err == -EEXIST)
+		cur->last_stack = h;
 	check_pressure(&stacks, MT_RING_STACKS, watermark_stacks, &hwm_stacks);
 	return h;
 }
@@ -1612,6 +1631,30 @@ static __always_inline void count_hit(__u64 cookie)
 	__sync_fetch_and_add(&site_hits[bpf_get_smp_processor_id() % MT_HIT_ROWS][site - 1], 1);
 }
 
+/* How far past the pending operator new's probe the call of a nested one
+ * may be (libstdc++'s nothrow new makes it a few instructions in). */
+#define NEW_CALL_MAX 256
+
+/*
+ * Whether an operator new entered with stack pointer sp is called by the
+ * operator new pending on this thread (entered, its malloc not come yet):
+ * below it on the stack, and its return address just past the pending
+ * new's probe. Not the stack alone: an operator new that calls no probed
+ * allocator (one of an allocator's own) leaves its state pending, and a
+ * later new below it is no call of it. A subprogram: its read stays out of
+ * the allocator programs' frames (the stack budget).
+ */
+static __noinline bool called_by_pending_new(struct inflight *cur, __u64 sp)
+{
+	__u64 ra;
+
+	if (!cur || !cur->new_sp || sp >= cur->new_sp || cur->new_sp - sp >= NEW_FRAME_MAX)
+		return false;
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)sp))
+		return false;
+	return ra - cur->new_ip < NEW_CALL_MAX;
+}
+
 /*
  * C++ operator new's part of alloc_enter, and a libc syscall wrapper's
  * (MT_CK_SYSCALL: mmap, sbrk). No uretprobe on new: its return address
@@ -1639,7 +1682,14 @@ static __always_inline int new_enter(struct pt_regs *ctx)
 	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_CK_SP_SHIFT) & 0xf);
 	if (cur->depth > 0 && nested_in(cur, sp))
 		return 0; /* called from inside an allocator: no site */
-	id = capture_stack(ctx, pid_tgid >> 32, sp);
+	/* An operator new called by another one whose malloc has not come yet
+	 * (libstdc++'s nothrow and array forms call the plain one): the outer
+	 * new's stack, whose first frame is the user's, stands (issue 22:
+	 * with --unwind fp this walk started inside libstdc++'s nothrow new,
+	 * which keeps no frame pointer, and skipped the user's frame). */
+	if (!((cookie >> MT_CK_FLAGS_SHIFT) & MT_CK_SYSCALL) && called_by_pending_new(cur, sp))
+		return 0;
+	id = capture_stack(ctx, cur, pid_tgid >> 32, sp);
 	/* Read again rather than kept across the walk: alloc_enter's stack
 	 * is at its budget. */
 	cookie = bpf_get_attach_cookie(ctx);
@@ -1651,12 +1701,14 @@ static __always_inline int new_enter(struct pt_regs *ctx)
 	}
 	cur->new_stack_id = id;
 	cur->new_sp = sp;
+	cur->new_ip = PT_REGS_IP(ctx);
 	return 0;
 }
 
-/* Entry of an allocating call; returns whether its return must be seen
- * (the thread is tracked), which a session's entry turns into its verdict. */
-static __always_inline bool alloc_entry(struct pt_regs *ctx)
+/* Entry of an allocating call (its attach cookie: one helper call a probe
+ * hit, read by the caller); returns whether its return must be seen (the
+ * thread is tracked), which a session's entry turns into its verdict. */
+static __always_inline bool alloc_entry(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 pid_tgid = 0;
 	struct inflight *cur;
@@ -1665,7 +1717,7 @@ static __always_inline bool alloc_entry(struct pt_regs *ctx)
 	cur = current_call_ids(&pid_tgid);
 	if (!cur)
 		return false;
-	count_hit(bpf_get_attach_cookie(ctx));
+	count_hit(cookie);
 	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx))) {
 		cur->depth++;
 		return true; /* nested: the outermost call makes the record */
@@ -1677,7 +1729,7 @@ static __always_inline bool alloc_entry(struct pt_regs *ctx)
 	cur->args[2] = PT_REGS_PARM3(ctx);
 	cur->args[3] = PT_REGS_PARM4(ctx);
 	cur->args[4] = PT_REGS_RC(ctx);
-	cur->cookie = bpf_get_attach_cookie(ctx);
+	cur->cookie = cookie;
 	/* The probe sits on the `jo` after a count × size multiply: OF says
 	 * it overflowed. */
 	if ((cur->cookie >> MT_CK_SIZE_OF_BIT) & 1 && (ctx->flags & X86_EFLAGS_OF))
@@ -1685,7 +1737,7 @@ static __always_inline bool alloc_entry(struct pt_regs *ctx)
 	if (cur->new_sp && cur->sp < cur->new_sp && cur->new_sp - cur->sp < NEW_FRAME_MAX)
 		cur->stack_id = cur->new_stack_id; /* called by operator new */
 	else
-		cur->stack_id = capture_stack(ctx, pid_tgid >> 32, cur->sp);
+		cur->stack_id = capture_stack(ctx, cur, pid_tgid >> 32, cur->sp);
 	cur->new_sp = 0;
 	old = old_ptr(cur);
 	if (old)
@@ -1748,15 +1800,16 @@ static __noinline int alloc_exit(struct pt_regs *ctx)
 	return 0;
 }
 
-/* Entry of a free (not inlined either, for the same reason). */
-static __noinline int free_entry(struct pt_regs *ctx)
+/* Entry of a free (not inlined either, for the same reason); cookie is
+ * its attach cookie. */
+static __noinline int free_entry(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 ptr = PT_REGS_PARM1(ctx), pid_tgid = 0;
 	struct inflight *cur = current_call_ids(&pid_tgid);
 
 	if (!cur)
 		return 0; /* untracked */
-	count_hit(bpf_get_attach_cookie(ctx));
+	count_hit(cookie);
 	/* free(NULL), or free() inside realloc(p, 0) or another allocator. */
 	if (!ptr || cur->depth > 0)
 		return 0;
@@ -1781,9 +1834,9 @@ static __noinline int free_entry(struct pt_regs *ctx)
  * walk_stack, a global function and most of the load time, once per
  * program.
  */
-static __always_inline bool entry_only(struct pt_regs *ctx)
+static __always_inline bool entry_only(__u64 cookie)
 {
-	return (bpf_get_attach_cookie(ctx) >> MT_CK_FLAGS_SHIFT) & (MT_CK_NEW | MT_CK_SYSCALL);
+	return (cookie >> MT_CK_FLAGS_SHIFT) & (MT_CK_NEW | MT_CK_SYSCALL);
 }
 
 /* The kfunc takes no argument up to Linux 6.18 at least; the fentry/fexit
@@ -1804,25 +1857,31 @@ static __always_inline bool session_is_return(struct pt_regs *ctx)
 SEC("uprobe.session")
 int alloc_session(struct pt_regs *ctx)
 {
+	__u64 cookie;
+
 	if (session_is_return(ctx))
 		return alloc_exit(ctx);
-	if ((bpf_get_attach_cookie(ctx) & 0xffff) == MT_FREE) {
-		free_entry(ctx);
+	/* Read once: each read is a helper call (issue 22). */
+	cookie = bpf_get_attach_cookie(ctx);
+	if ((cookie & 0xffff) == MT_FREE) {
+		free_entry(ctx, cookie);
 		return 1;
 	}
-	if (entry_only(ctx)) {
+	if (entry_only(cookie)) {
 		new_enter(ctx);
 		return 1;
 	}
-	return alloc_entry(ctx) ? 0 : 1;
+	return alloc_entry(ctx, cookie) ? 0 : 1;
 }
 
 SEC("uprobe.multi")
 int alloc_enter(struct pt_regs *ctx)
 {
-	if (entry_only(ctx))
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+
+	if (entry_only(cookie))
 		return new_enter(ctx);
-	alloc_entry(ctx);
+	alloc_entry(ctx, cookie);
 	return 0;
 }
 
@@ -1835,7 +1894,7 @@ int alloc_return(struct pt_regs *ctx)
 SEC("uprobe.multi")
 int free_enter(struct pt_regs *ctx)
 {
-	return free_entry(ctx);
+	return free_entry(ctx, bpf_get_attach_cookie(ctx));
 }
 
 /* Where the register `reg` (enum mt_usdt_reg) is in struct pt_regs. */

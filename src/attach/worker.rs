@@ -75,6 +75,9 @@ pub struct AttachWorker {
     /// Unwind tables, loaded for each image before its hold is released
     /// (None with `--unwind fp`).
     pub tables: Option<crate::unwind::Tables>,
+    /// Whether operator new in the C++ runtimes is probed (see
+    /// [`capture_sites`]): by default when there are no tables.
+    pub probe_new: bool,
     /// Per-process probes (shared with the session, which makes the
     /// command's first ones); None when they are system-wide.
     pub per_process: Option<Shared>,
@@ -112,6 +115,7 @@ impl AttachWorker {
             malformed: 0,
             hold: true,
             examined: Vec::new(),
+            probe_new: tables.is_none(),
             tables,
             per_process,
             held_for_probes: None,
@@ -151,7 +155,7 @@ impl AttachWorker {
         // Stamped before reading: a file changed meanwhile gets a stamp
         // that no longer matches it, and is examined again next time.
         let stamp = Stamp::of(&real).filter(|s| s.id() == (req.dev, req.ino));
-        let mut sites = match capture_sites(&link, self.tables.is_some()) {
+        let mut sites = match capture_sites(&link, self.probe_new) {
             Ok(sites) => sites,
             Err(err) => return skipped_or(real, err),
         };
