@@ -402,7 +402,9 @@ impl Tables {
                 return Ok(start);
             }
         }
-        let end = self.next + len;
+        // A released table's slots at the end, and new ones past them.
+        let start = self.free.take_ending_at(self.next).unwrap_or(self.next);
+        let end = start + len;
         let room = |this: &Self| {
             let shards = u64::from(MORE_SHARDS) + 1;
             (shards * u64::from(SHARD_SLOTS))
@@ -410,29 +412,25 @@ impl Tables {
                 .saturating_add(this.free.total())
                 .min(u64::from(u32::MAX)) as u32
         };
-        if end > u64::from(u32::MAX) {
-            return Err(Outcome::TooBig {
+        let grown = if end > u64::from(u32::MAX) {
+            Ok(false)
+        } else {
+            self.grow(end)
+        };
+        if let Ok(true) = grown {
+            self.next = self.next.max(end);
+            return Ok(start);
+        }
+        self.free.give(start, self.next - start);
+        Err(match grown {
+            Err(err) => Outcome::Failed {
+                reason: error_chain(&err),
+            },
+            _ => Outcome::TooBig {
                 rows: count,
                 room: room(self),
-            });
-        }
-        match self.grow(end) {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(Outcome::TooBig {
-                    rows: count,
-                    room: room(self),
-                });
-            }
-            Err(err) => {
-                return Err(Outcome::Failed {
-                    reason: error_chain(&err),
-                });
-            }
-        }
-        let start = self.next;
-        self.next = end;
-        Ok(start)
+            },
+        })
     }
 }
 

@@ -27,6 +27,18 @@ impl Free {
         Some(start)
     }
 
+    /// Takes the range that ends at `end` (the slots allocated so far): a
+    /// table too large for any range starts there, and the slots grow only
+    /// by what it needs past it. Its first slot.
+    pub fn take_ending_at(&mut self, end: u64) -> Option<u64> {
+        let (&start, &len) = self.ranges.iter().next_back()?;
+        if start + len != end {
+            return None;
+        }
+        self.ranges.remove(&start);
+        Some(start)
+    }
+
     /// Gives back `len` slots from `start` (not free already).
     pub fn give(&mut self, start: u64, len: u64) {
         if len == 0 {
@@ -82,5 +94,19 @@ mod tests {
         assert_eq!(free.total(), 0);
         free.give(0, 0);
         assert_eq!(free.take(1), None);
+    }
+
+    /// Check that only the range ending at the slots' end is taken to
+    /// grow from.
+    #[test]
+    fn unwind_free_slots_grow_from_the_last_range() {
+        let mut free = Free::default();
+        assert_eq!(free.take_ending_at(50), None);
+        free.give(10, 5);
+        free.give(40, 10);
+        assert_eq!(free.take_ending_at(60), None);
+        assert_eq!(free.take_ending_at(50), Some(40));
+        assert_eq!(free.take_ending_at(15), Some(10));
+        assert_eq!(free.total(), 0);
     }
 }
