@@ -1026,7 +1026,8 @@ const volatile __u32 row_cache_mask = MT_ROW_CACHE - 1;
  * frames need no bpf_find_vma (which costs 0.3-0.6 us, and fails while
  * another thread of the process holds its mmap lock to map or unmap, as
  * starting threads do: their stacks would end early). A process's entry is
- * dropped when it unmaps part of a cached mapping, maps code or execs.
+ * dropped when it unmaps part of a cached mapping, maps code or execs, and
+ * every entry when userspace releases an unwind table (see `row_cache`).
  * Threads of a process share the entry without a lock; a slot is emptied
  * (end = 0) before it is rewritten, and a reader that raced the rewrite
  * may take a half-written mapping (only while new mappings are met).

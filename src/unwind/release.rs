@@ -129,10 +129,15 @@ impl Kept {
     }
 }
 
-/// The files (kernel device, inode) some process maps, from every
-/// `/proc/PID/maps`; None when /proc cannot be listed.
-fn mapped_files() -> Option<HashSet<(u64, u64)>> {
-    let mut files = HashSet::new();
+/// The files some process maps, from every `/proc/PID/maps`: their
+/// (kernel device, inode), and their paths; None when /proc cannot be
+/// listed.
+///
+/// Both, because the two can differ from what BPF read: on overlayfs,
+/// maps shows the overlay's inode where BPF reads the mapped backing
+/// file's; a table whose image matches either stays.
+fn mapped_files() -> Option<Mapped> {
+    let mut files = Mapped::default();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let name = entry.file_name();
         if !name
@@ -145,9 +150,32 @@ fn mapped_files() -> Option<HashSet<(u64, u64)>> {
         let Ok(maps) = std::fs::read_to_string(entry.path().join("maps")) else {
             continue;
         };
-        files.extend(maps.lines().filter_map(file_of_line));
+        for line in maps.lines() {
+            if let Some(id) = file_of_line(line) {
+                files.ids.insert(id);
+                if let Some(at) = line.find(" /") {
+                    let path = line[at + 1..].trim_end();
+                    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+                    files.paths.insert(std::path::PathBuf::from(path));
+                }
+            }
+        }
     }
     Some(files)
+}
+
+/// What [`mapped_files`] found.
+#[derive(Default)]
+struct Mapped {
+    ids: HashSet<(u64, u64)>,
+    paths: HashSet<std::path::PathBuf>,
+}
+
+impl Mapped {
+    /// Whether image `id`, at `path`, is mapped.
+    fn has(&self, id: &(u64, u64), path: &std::path::Path) -> bool {
+        self.ids.contains(id) || self.paths.contains(path)
+    }
 }
 
 /// The file a `/proc/PID/maps` line maps: `start-end perms offset
@@ -184,10 +212,15 @@ impl Tables {
     /// false when the kernel could not wait for a grace period.
     fn release_with(&mut self, kept: &Kept) -> bool {
         let started = Instant::now();
-        let unpinned = |this: &Self, mapped: &HashSet<(u64, u64)>| -> Vec<(u64, u64)> {
+        let unmapped = |this: &Self, id: &(u64, u64), mapped: &Mapped| {
+            let l = &this.loaded[id];
+            let path = this.images_seen.get(l.entry).map(|i| i.image.as_path());
+            !mapped.has(id, path.unwrap_or(std::path::Path::new("")))
+        };
+        let unpinned = |this: &Self, mapped: &Mapped| -> Vec<(u64, u64)> {
             let loaded = this.loaded.iter();
             loaded
-                .filter(|(id, l)| !l.pinned && !mapped.contains(id))
+                .filter(|(id, l)| !l.pinned && unmapped(this, id, mapped))
                 .map(|(id, _)| *id)
                 .collect()
         };
@@ -210,8 +243,10 @@ impl Tables {
             }
         }
         // 2. Mapped before 1 without asking: seen now.
-        let mapped = mapped_files().unwrap_or_else(|| gone.iter().copied().collect());
-        gone.retain(|id| !mapped.contains(id));
+        match mapped_files() {
+            Some(mapped) => gone.retain(|id| unmapped(self, id, &mapped)),
+            None => gone.clear(),
+        }
         for (id, key) in &unknown {
             if !gone.contains(id)
                 && let Err(err) = crate::sys::bpf_map_update(known, key, &[1])
