@@ -705,3 +705,91 @@ fn stacks_unwind_tables_released_and_reused() {
     assert!(one > 0);
     assert_eq!(num(tables, "extent_slots"), loaded(b[0]) + one, "{tables}");
 }
+
+/// Check that two builds of a library (different code, different tables)
+/// taking turns in the same slots, each released while the other loads,
+/// never serve each other's rows (issue 23: the PC -> row cache's entries
+/// for released slots are cleared before the slots are written again):
+/// every stack through them is exact, and every load but the first
+/// released the other build's table.
+#[test]
+fn stacks_unwind_released_slots_never_serve_stale_rows() {
+    let flags = [support::NO_FP, &["-shared", "-fPIC"]].concat();
+    let plain = fixture_with_flags("unwind_release_lib", &flags);
+    let padded = fixture_with_flags("unwind_release_lib", &[&flags[..], &["-DPAD"]].concat());
+    assert_ne!(
+        std::fs::read(&plain).unwrap(),
+        std::fs::read(&padded).unwrap()
+    );
+    let exe = fixture_with_flags("unwind_release_churn", support::NO_FP);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    let out = dir.path().join("profile.json");
+    const ROUNDS: u64 = 8;
+    let argv: Vec<OsString> = vec![
+        "run".into(),
+        "-q".into(),
+        "-o".into(),
+        out.clone().into(),
+        "--".into(),
+        exe.into(),
+        plain.clone().into(),
+        padded.clone().into(),
+        ROUNDS.to_string().into(),
+    ];
+    let env = [
+        ("MEMTRAIL_CACHE_DIR", cache.to_str().expect("utf-8")),
+        ("MEMTRAIL_FAULT", "sweep-unwind-tables"),
+    ];
+    let (_, status, _, stderr) = support::memtrail_env(&argv, b"", &env);
+    assert!(status.success(), "{stderr}");
+    let p = support::read_profile(&out).expect("profile written");
+    assert_no_allocator_callers(&p);
+    // Both builds are mapped at the same address in turn, so the
+    // symbolizer names every frame after one of them: the frames are
+    // checked by file offset against each build's own symbols instead
+    // (even rounds allocate through the plain build, odd through the
+    // padded one).
+    let src = "unwind_release_churn.c";
+    let in_symbol = |lib: &Path, name: &str, frame: &Value| {
+        let nm = std::process::Command::new("nm")
+            .args(["-S", "--defined-only"])
+            .arg(lib)
+            .output()
+            .expect("nm runs");
+        let text = String::from_utf8_lossy(&nm.stdout).into_owned();
+        let (at, size) = text
+            .lines()
+            .find_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+                [at, size, _, n] if n == name => Some((
+                    u64::from_str_radix(at, 16).unwrap(),
+                    u64::from_str_radix(size, 16).unwrap(),
+                )),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{name} in {}", lib.display()));
+        let offset = num(frame, "offset");
+        assert!(
+            (at..at + size).contains(&(offset - 1)),
+            "{name} of {}: [{at:#x}, +{size:#x}), frame at {offset:#x}",
+            lib.display()
+        );
+    };
+    let even: u64 = (0..ROUNDS).step_by(2).map(|r| 1000 + r).sum();
+    let odd: u64 = (1..ROUNDS).step_by(2).map(|r| 1000 + r).sum();
+    for (bytes, lib) in [(even, &plain), (odd, &padded)] {
+        let s = stack_of(&p, bytes);
+        assert_eq!(num(s, "allocations"), ROUNDS / 2);
+        assert_eq!(assert_reaches_start(s), 2, "{:?}", functions(s));
+        let f = frames(s);
+        in_symbol(lib, "lib_inner", &f[0]);
+        in_symbol(lib, "lib_alloc", &f[1]);
+        assert_at(&f[2], "main", src, line_of(src, "/* at churn */"));
+    }
+    assert_eq!(
+        p["unwind"]["tables"]["released"],
+        ROUNDS - 1,
+        "{:#}",
+        p["unwind"]
+    );
+}
