@@ -996,13 +996,27 @@ const volatile __u32 unwind_mode = MT_UNWIND_AUTO;
  * are written and read whole (8 bytes, aligned: never torn), and an entry
  * is taken only when its address is the frame's and its row lies among the
  * rows the search would look at (this page's and the one before it, of
- * this image: images' rows never overlap, and a table never changes once
- * installed), so a cached row is always the row the search finds.
+ * this image: images' rows never overlap, and a table's slots never
+ * change while any walk can reach them), so a cached row is always the row
+ * the search finds.
+ *
+ * Slots are reused (issue 23): userspace releases the table of an image no
+ * process maps any more, and only then, in this order: it deletes the
+ * image's `unwind_images` entry; waits for an RCU grace period (every
+ * program that could have copied the entry has returned); empties
+ * `code_maps` (copies made before the delete); waits again (no program
+ * still holds such a copy, so none reads or writes the slots or cache
+ * entries naming them); clears the cache entries whose row lies in the
+ * released slots (through this map's mapping); and only then writes the
+ * slots again for another image. A walk that raced the release lost its
+ * table before its slots changed: it ends, or takes frame-pointer steps,
+ * as in an image without a table, never reading another image's rows.
  */
 #define MT_ROW_CACHE (1 << 16)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, MT_ROW_CACHE);
 	__type(key, __u32);
 	__type(value, __u64);
@@ -1017,7 +1031,8 @@ const volatile __u32 row_cache_mask = MT_ROW_CACHE - 1;
  * frames need no bpf_find_vma (which costs 0.3-0.6 us, and fails while
  * another thread of the process holds its mmap lock to map or unmap, as
  * starting threads do: their stacks would end early). A process's entry is
- * dropped when it unmaps part of a cached mapping, maps code or execs.
+ * dropped when it unmaps part of a cached mapping, maps code or execs, and
+ * every entry when userspace releases an unwind table (see `row_cache`).
  * Threads of a process share the entry without a lock; a slot is emptied
  * (end = 0) before it is rewritten, and a reader that raced the rewrite
  * may take a half-written mapping (only while new mappings are met).

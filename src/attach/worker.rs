@@ -184,9 +184,15 @@ impl AttachWorker {
             Ok(_) => {}
             Err(err) => return skipped_or(real, err),
         }
+        let per_image = per_process.as_ref().is_some_and(|p| p.has_image(id));
         drop(per_process);
         if let Some(tables) = &mut self.tables {
             tables.load(&link, &real, id);
+            // Its per-process entries in `known_images` stay with each
+            // process: a release could not make them ask again.
+            if per_image {
+                tables.pin(id);
+            }
         }
         // An image whose only sites are region markers (a benchmark's
         // executable) is not cached: the cache would probe it up front in
@@ -372,6 +378,7 @@ impl AttachWorker {
     fn examine_request(&mut self, req: &MappingRecord) {
         let pid = req.pid;
         let id = (req.dev, req.ino);
+        self.reload_released(req, id);
         if self.has_image(id) {
             self.per_process_request(pid, |p, progs, known| p.link(progs, known, pid, id));
             return;
@@ -406,6 +413,28 @@ impl AttachWorker {
                 // Asking again would only fail again.
                 self.mark_known(id);
             }
+        }
+    }
+
+    /// Loads the table of image `id` again if it was released (no process
+    /// mapped it; its `known_images` entry went with it, so this process
+    /// asked, held: issue 23), and records the image known again.
+    fn reload_released(&mut self, req: &MappingRecord, id: (u64, u64)) {
+        let Some(tables) = self.tables.as_mut().filter(|t| t.was_released(id)) else {
+            return;
+        };
+        let link = PathBuf::from(format!(
+            "/proc/{}/map_files/{:x}-{:x}",
+            req.pid, req.start, req.end
+        ));
+        // Gone meanwhile: the next process that maps it asks again.
+        let Ok(real) = std::fs::read_link(&link).map(strip_deleted) else {
+            return;
+        };
+        tables.load(&link, &real, id);
+        tracing::debug!(image = %real.display(), "unwind table loaded again");
+        if self.known.contains(&id) {
+            self.mark_known(id);
         }
     }
 

@@ -268,6 +268,17 @@ fn write_unwind_notes(w: &mut impl Write, p: &Profile) -> io::Result<()> {
             without.join(", ")
         )?;
     }
+    let t = &u.tables;
+    if t.released > 0 {
+        writeln!(
+            w,
+            "  unwind tables: {} released (no process mapped their images) and their slots reused; \
+             at most {} slots in use at once, {} locked",
+            t.released,
+            t.peak_slots,
+            human_bytes(t.locked_bytes)
+        )?;
+    }
     Ok(())
 }
 

@@ -118,6 +118,9 @@ pub struct UnwindReport {
     pub mode: crate::profile::unwind::Mode,
     /// Images examined for unwind tables, in order (empty with `fp`).
     pub images: Vec<crate::profile::unwind::ImageTable>,
+    /// The tables' memory (zero with `fp`).
+    #[serde(default)]
+    pub tables: crate::profile::unwind::TableMemory,
     /// Distinct stacks (and the bytes allocated from them) that ended
     /// before their outermost frame, by reason.
     pub ended_early: Vec<EndedEarly>,

@@ -31,7 +31,11 @@ struct Drained {
     attacher: AttachWorker,
     /// The rings' high-water marks the pollers saw.
     seen: HighWater,
-    images_seen: Vec<crate::profile::unwind::ImageTable>,
+    /// The images' unwind tables, and the tables' memory.
+    images_seen: (
+        Vec<crate::profile::unwind::ImageTable>,
+        crate::profile::unwind::TableMemory,
+    ),
     /// Every site probed, up front and by the worker.
     sites: Vec<Site>,
     /// Whether every ring drained in time.
@@ -185,7 +189,7 @@ impl Session {
             },
             event_rings: self.event_ring_maps.len() as u32,
             skipped_images,
-            unwind: crate::unwind::report(self.unwind, images_seen, &stacks),
+            unwind: crate::unwind::report(self.unwind, images_seen.0, images_seen.1, &stacks),
             stacks,
             pressure,
             regions: markers.finish(),
@@ -265,12 +269,16 @@ impl Session {
             .tables
             .take()
             .map(|t| {
+                let memory = t.memory_report();
                 tracing::debug!(
-                    slots = t.rows_used(),
-                    mib = t.memory() >> 20,
-                    "unwind tables: slots used, locked memory of their shards"
+                    slots = memory.extent_slots,
+                    peak = memory.peak_slots,
+                    released = memory.released,
+                    mib = memory.locked_bytes >> 20,
+                    "unwind tables: slots made, most in use at once, tables released, \
+                     locked memory of their shards"
                 );
-                t.images_seen
+                (t.images_seen, memory)
             })
             .unwrap_or_default();
         let mut sites = std::mem::take(&mut self.sites);

@@ -130,6 +130,7 @@ pub(crate) fn unwind_tables(
     skel: &MemtrailSkel<'_>,
     mode: crate::profile::unwind::Mode,
     stack_depth: u32,
+    sweep_every_load: bool,
 ) -> Option<crate::unwind::Tables> {
     if !mode.uses_tables() || stack_depth == 0 {
         return None;
@@ -140,9 +141,18 @@ pub(crate) fn unwind_tables(
         maps.unwind_rows.as_fd(),
         maps.unwind_shards.as_fd(),
         maps.unwind_images.as_fd(),
+        crate::unwind::ReleaseMaps {
+            known_images: maps.known_images.as_fd(),
+            code_maps: maps.code_maps.as_fd(),
+            row_cache: maps.row_cache.as_fd(),
+        },
     )
     .inspect_err(|err| tracing::warn!(%err, "no unwind tables: stacks take frame-pointer steps"))
     .ok()
+    .map(|mut tables| {
+        tables.sweep_every_load = sweep_every_load;
+        tables
+    })
 }
 
 /// Attaches the syscall and sched tracepoint programs, and `signal_generate`

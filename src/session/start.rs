@@ -581,7 +581,12 @@ impl Session {
         phases.done("up-front images prepared");
         let mut installed = Install::new(
             progs,
-            super::stages::unwind_tables(&loaded.skel, opts.unwind, opts.stack_depth),
+            super::stages::unwind_tables(
+                &loaded.skel,
+                opts.unwind,
+                opts.stack_depth,
+                opts.faults.sweep_unwind_tables,
+            ),
             opts.stack_depth > 0,
             plan.per_process,
             // Not in a session on its own process, which is not held

@@ -362,6 +362,9 @@ impl<'a> Install<'a> {
             let Some(id) = image.id else { continue };
             if let (Some(tables), Some(table)) = (&mut self.out.tables, image.table) {
                 tables.load_prepared(&image.path, id, table);
+                // Mapped without asking (the loader at exec, the runtimes
+                // known to BPF): never released (issue 23).
+                tables.pin(id);
             }
             if image.why == Why::Runtime && placed != Some(Placed::Deferred) {
                 self.mark_known(id)?;
@@ -439,8 +442,13 @@ impl<'a> Install<'a> {
 
     /// Loads an image's unwind table.
     fn load_table(&mut self, image: &Path, id: ImageId) {
+        let per_image = self.out.registry.as_ref().is_some_and(|r| r.has_image(id));
         if let Some(tables) = &mut self.out.tables {
             tables.load(image, image, id);
+            // Known per process: never released (see `unwind`).
+            if per_image {
+                tables.pin(id);
+            }
         }
     }
 
