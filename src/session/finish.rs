@@ -163,8 +163,15 @@ impl Session {
             agg.set_parent(root.pid, std::process::id());
         }
         let root_exit = self.root_exit(&agg);
-        let mut stacks =
-            super::stages::symbolize_stacks(&agg, &stacks.stacks, mappings.mappings, &self.symbols);
+        let images: Vec<std::path::PathBuf> =
+            images_seen.0.iter().map(|t| t.image.clone()).collect();
+        let mut stacks = super::stages::symbolize_stacks(
+            &agg,
+            &stacks.stacks,
+            mappings.mappings,
+            &images,
+            &self.symbols,
+        );
         // Frames without source lines, from debug files by build id, as
         // gdb finds them.
         let dirs = crate::symbolize::debug_dirs(&self.debuginfo_dirs);

@@ -50,17 +50,21 @@ pub(crate) fn loss_advice(
 }
 
 /// Builds the allocation sites: every stack that allocated, symbolized,
-/// largest allocated bytes first.
+/// largest allocated bytes first. `images`: the files the capture read
+/// (unwind tables), by full path: a mapping recorded by name only, its
+/// process gone before /proc could be asked, is found among them.
 pub(crate) fn symbolize_stacks(
     agg: &Aggregator,
     stacks: &HashMap<u64, Stack>,
     mut mappings: HashMap<u32, Vec<crate::symbolize::Mapping>>,
+    images: &[PathBuf],
     symbolizer: &crate::symbolize::Background,
 ) -> Vec<StackEntry> {
     let hints: Vec<PathBuf> = agg
         .processes()
         .filter_map(|p| std::fs::canonicalize(&p.exe).ok())
         .chain(attach::libc_path().ok())
+        .chain(images.iter().cloned())
         .collect();
     crate::symbolize::resolve_paths(&mut mappings, &hints);
     let spaces = AddressSpaces {
