@@ -89,6 +89,7 @@ fn assemble(parts: Parts<'_>) -> Profile {
                     ..p.heap
                 },
                 mappings: p.maps,
+                resident: p.resident,
             })
             .collect(),
         lost_events: parts.lost,
@@ -101,6 +102,7 @@ fn assemble(parts: Parts<'_>) -> Profile {
         unwind: parts.unwind,
         timeline: agg.timeline(start_ns).unwrap_or_default(),
         regions: parts.regions,
+        resident: agg.resident(),
     }
 }
 
