@@ -132,7 +132,7 @@ pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
     let n = points.len().max(1) as f64;
     let max = points
         .iter()
-        .map(|p| p.live_bytes.max(p.mapped_bytes))
+        .map(|p| p.live_bytes.max(p.mapped_bytes).max(p.rss_bytes))
         .max()
         .unwrap_or(0)
         .max(1) as f64;
@@ -229,6 +229,15 @@ pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
             total.trim_start(),
             mapped.trim_start()
         );
+        // Resident memory, when the profile has it.
+        if points.iter().any(|p| p.rss_bytes > 0) {
+            let rss = steps(&mut points.iter().map(|p| p.rss_bytes));
+            let _ = writeln!(
+                s,
+                r##"<polyline id="rss" points="{}" fill="none" stroke="#2a9d3a" stroke-width="1.5" stroke-dasharray="6,2"><title>resident memory (RSS, interval maximum)</title></polyline>"##,
+                rss.trim_start()
+            );
+        }
     }
     // The exact peak instant, linked to the sites that made it up.
     let peak_i = t.interval_of(t.peak_live_at_ns).saturating_sub(first) as f64;
@@ -244,7 +253,7 @@ pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
         r##"<a href="#stack-at-peak"><line id="peak" x1="{px:.1}" y1="{PLOT_TOP}" x2="{px:.1}" y2="{:.1}" stroke="#000000" stroke-width="1.5" stroke-dasharray="4,3"><title>peak: {} live at {} (the sites then: below, and memtrail report PROFILE --by peak)</title></line></a>
 <text x="{PLOT_LEFT}" y="{:.1}">0</text>
 <text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>
-<text x="{PLOT_LEFT}" y="{:.1}">━ live heap  <tspan fill="#3b6ee8">━</tspan> anonymous mmap  ┆ peak (memtrail report PROFILE --by peak shows the stacks at the peak)</text>"##,
+<text x="{PLOT_LEFT}" y="{:.1}">━ live heap  <tspan fill="#3b6ee8">━</tspan> anonymous mmap  <tspan fill="#2a9d3a">╍</tspan> resident (RSS)  ┆ peak (memtrail report PROFILE --by peak shows the stacks at the peak)</text>"##,
         PLOT_TOP + PLOT_HEIGHT,
         human_bytes(t.peak_live_bytes),
         seconds(t.peak_live_at_ns),

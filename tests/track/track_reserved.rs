@@ -75,7 +75,11 @@ fn track_reserved_then_committed() {
     };
     let mmap = of("mmap", 256 * MIB);
     let mprotect = of("mprotect", 8 * MIB);
-    assert_eq!((mmap.len(), mprotect.len()), (1, 1), "{mmap:?} {mprotect:?}");
+    assert_eq!(
+        (mmap.len(), mprotect.len()),
+        (1, 1),
+        "{mmap:?} {mprotect:?}"
+    );
     assert_eq!(num(mmap[0], "prot"), 0);
     assert_eq!(num(mprotect[0], "prot"), 3);
     assert_eq!(num(mprotect[0], "addr"), num(mmap[0], "addr") + 64 * MIB);
