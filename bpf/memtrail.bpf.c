@@ -2342,12 +2342,15 @@ static __always_inline __u64 positive(__s64 pages)
 	return pages > 0 ? pages : 0;
 }
 
-/* get_mm_rss(): file, anonymous and shared-memory pages, in bytes. */
+/* get_mm_rss(): file, anonymous and shared-memory pages, in bytes. Direct
+ * loads (mm is a BTF pointer), each index a constant in its expression: a
+ * CO-RE relocation then scales it by the kernel's element size (a variable
+ * index would be scaled by this file's 8-byte percpu_counter). */
 static __always_inline __u64 mm_rss(struct mm_struct *mm)
 {
-	return (positive(BPF_CORE_READ(mm, rss_stat[MM_FILEPAGES].count)) +
-		positive(BPF_CORE_READ(mm, rss_stat[MM_ANONPAGES].count)) +
-		positive(BPF_CORE_READ(mm, rss_stat[MM_SHMEMPAGES].count)))
+	return (positive(mm->rss_stat[MM_FILEPAGES].count) +
+		positive(mm->rss_stat[MM_ANONPAGES].count) +
+		positive(mm->rss_stat[MM_SHMEMPAGES].count))
 	       << PAGE_SHIFT;
 }
 
