@@ -83,6 +83,13 @@ fn track_reserved_then_committed() {
     assert_eq!(num(mmap[0], "prot"), 0);
     assert_eq!(num(mprotect[0], "prot"), 3);
     assert_eq!(num(mprotect[0], "addr"), num(mmap[0], "addr") + 64 * MIB);
+    // The summary says it apart from the committed mappings.
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.trim_start().starts_with("reserved "))
+        .unwrap_or_else(|| panic!("no reserved line: {}", run.stderr));
+    assert!(line.contains("256.0 MiB   peak of PROT_NONE"), "{line}");
 }
 
 /// Check that glibc's arenas are the allocator's: the one a thread's first

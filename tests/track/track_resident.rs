@@ -82,4 +82,20 @@ fn track_resident_touched_not_allocated() {
     // The last record (at exit) carries the exact peak.
     assert_eq!(records.last().copied(), Some(peak));
     assert_eq!(num(resident, "samples"), records.len() as u64);
+
+    // The summary's line, and the chart's RSS line.
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.trim_start().starts_with("resident (RSS)"))
+        .unwrap_or_else(|| panic!("no resident line: {}", run.stderr));
+    assert!(line.contains("at the heap's peak"), "{line}");
+    let chart = crate::support::report::memtrail(&[
+        "report".as_ref(),
+        "--format".as_ref(),
+        "timeline".as_ref(),
+        run.dir.path().join("profile.json").as_os_str(),
+    ]);
+    chart.expect_code(0);
+    assert_eq!(chart.stdout().matches(r#"<polyline id="rss""#).count(), 1);
 }
