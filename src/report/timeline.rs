@@ -3,8 +3,8 @@
 //!
 //! The chart draws, per interval, the live heap's maximum stacked by the
 //! top sites (the timeline's `sites`, largest at the bottom, then `other`),
-//! or as one area for a profile without them, anonymous-mmap bytes as a
-//! line, marks the exact peak instant (linked to the list below it), and
+//! or as one area for a profile without them, anonymous-mmap bytes and
+//! resident memory (RSS, when recorded) as lines, marks the exact peak instant (linked to the list below it), and
 //! lists the sites that made up the heap at its peak (`--by peak`, the
 //! "stack at peak" view) under the legend. Colours go by rank in the
 //! legend, from a fixed palette. Hand-written SVG: every text is escaped;
