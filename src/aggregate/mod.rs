@@ -1194,3 +1194,129 @@ fn stack_allocated(tree: &mut TreeLive, block: Block, exe_id: u32) {
         s.metrics.bytes += block.size;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A memory record of process 7 at `ts`; `old_addr` is mmap's and
+    /// mprotect's protection.
+    fn mem(
+        ts: u64,
+        kind: Kind,
+        in_allocator: bool,
+        addr: u64,
+        size: u64,
+        prot: u64,
+    ) -> Record<'static> {
+        Record {
+            hdr: Header {
+                ts_ns: ts,
+                pid: 7,
+                tid: 7,
+                kind,
+                in_allocator,
+            },
+            body: Body::Mem(Mem {
+                addr,
+                size,
+                old_addr: prot,
+                old_size: 0,
+                stack_id: 5,
+            }),
+        }
+    }
+
+    fn rss(ts: u64, rss: u64, peak: u64) -> Record<'static> {
+        Record {
+            hdr: Header {
+                ts_ns: ts,
+                pid: 7,
+                tid: 7,
+                kind: Kind::Rss,
+                in_allocator: false,
+            },
+            body: Body::Rss { rss, peak },
+        }
+    }
+
+    /// Check that a reservation committed in part counts reserved and
+    /// committed bytes apart (in the process, the tree and at its stack),
+    /// that an allocator's reservation is an arena at the arena site, and
+    /// that RSS records give the peak and the RSS at the heap peak.
+    #[test]
+    fn aggregate_reserved_committed_arena_rss() {
+        let mut agg = Aggregator::new();
+        agg.set_direct_syscall_sites(true);
+        let base = 0x7f00_0000_0000;
+        agg.apply(&rss(1, MIB, MIB));
+        agg.apply(&mem(2, Kind::Mmap, false, base, 256 * MIB, 0));
+        agg.apply(&mem(3, Kind::Mprotect, false, base + 64 * MIB, 8 * MIB, 3));
+        agg.apply(&mem(4, Kind::Malloc, false, 0x1000, 100, 0));
+        agg.apply(&rss(5, 9 * MIB, 9 * MIB));
+        // An arena: 128 MiB reserved, trimmed to 64, 132 KiB committed.
+        let arena = 0x7e00_0000_0000;
+        agg.apply(&mem(6, Kind::Mmap, true, arena, 128 * MIB, 0));
+        agg.apply(&mem(7, Kind::Munmap, true, arena + 64 * MIB, 64 * MIB, 0));
+        agg.apply(&mem(8, Kind::Mprotect, true, arena, 132 << 10, 3));
+        // The allocator's large block: the heap's, not a mapping.
+        agg.apply(&mem(9, Kind::Mmap, true, 0x7d00_0000_0000, 4 * MIB, 3));
+        agg.apply(&rss(10, 2 * MIB, 10 * MIB));
+        agg.finish(11);
+        let m = agg.mapping_totals();
+        assert_eq!(
+            (
+                m.mmaps,
+                m.mapped_bytes,
+                m.peak_mapped_bytes,
+                m.mapped_bytes_at_exit
+            ),
+            (1, 8 * MIB, 8 * MIB, 8 * MIB)
+        );
+        assert_eq!(
+            (
+                m.reserved_bytes,
+                m.peak_reserved_bytes,
+                m.reserved_bytes_at_exit,
+                m.mprotects
+            ),
+            (256 * MIB, 256 * MIB, 248 * MIB, 1)
+        );
+        assert_eq!(
+            (m.arena_mmaps, m.peak_arena_bytes, m.arena_bytes_at_exit),
+            (1, 128 * MIB, 64 * MIB)
+        );
+        assert_eq!(m.arena_committed_bytes_at_exit, 132 << 10);
+        let stack = agg
+            .stack_metrics()
+            .find(|&(id, _)| id == 5)
+            .expect("stack")
+            .1;
+        assert_eq!(
+            (stack.mmaps, stack.mapped_bytes, stack.reserved_bytes),
+            (1, 8 * MIB, 256 * MIB)
+        );
+        assert_eq!(
+            (stack.mapped_bytes_at_exit, stack.reserved_bytes_at_exit),
+            (8 * MIB, 248 * MIB)
+        );
+        let arena_site: Vec<(u64, StackMetrics)> = agg
+            .stack_metrics()
+            .filter(|&(id, _)| agg.pseudo_site(id) == Some((7, PseudoSite::AllocatorArena)))
+            .collect();
+        assert_eq!(arena_site.len(), 1);
+        let a = arena_site[0].1;
+        assert_eq!(
+            (a.mmaps, a.reserved_bytes, a.mapped_bytes),
+            (1, 128 * MIB, 132 << 10)
+        );
+        assert_eq!(a.reserved_bytes_at_exit + a.mapped_bytes_at_exit, 64 * MIB);
+        let r = agg.resident();
+        assert_eq!(
+            (r.peak_rss_bytes, r.rss_at_heap_peak_bytes, r.samples),
+            (10 * MIB, MIB, 3)
+        );
+    }
+}
