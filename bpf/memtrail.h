@@ -326,9 +326,10 @@ struct mt_mapping_record {
  * A tracked process's resident set size (the kernel's rss_stat tracepoint):
  * file + anonymous + shared-memory pages, in bytes, as get_mm_counter()
  * reads them (per-CPU counters: within a batch of pages a CPU of the exact
- * value). Written when it moved by rss_step bytes or 1/64 of itself since
- * the process's last record, and as its last thread exits (then `rss` is
- * the last value written, and `peak` final).
+ * value). Written at the process's first change, then when it moved by
+ * rss_step bytes (256 KiB) or 1/64 of the value last written since that
+ * record, and as its last thread exits (then `rss` is the last value
+ * written, and `peak` final).
  */
 struct mt_rss_event {
 	struct mt_header hdr;
