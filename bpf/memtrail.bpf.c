@@ -35,6 +35,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define MT_THREAD_SLOTS 16384
 #define MAP_ANONYMOUS 0x20
 #define PROT_EXEC 0x4
+#define MT_PROT_BITS 0x7
 #define EEXIST 17
 #define PAGE_SHIFT 12
 #define SIGKILL 9
@@ -362,6 +363,12 @@ struct inflight {
 	 * stack pointer (8-aligned) | 1 for sbrk, 0 when none is pending. */
 	__u64 sys_stack_id;
 	__u64 sys_sp;
+	/* The stack pointer at the entry of this thread's last free made
+	 * outside other allocator calls, and the return address it held then:
+	 * while that word still holds it and the thread runs below it, the
+	 * free has not returned (see in_free). */
+	__u64 free_sp;
+	__u64 free_ret;
 	__u64 cookie; /* attach cookie of the outermost call */
 	/* The id of the stack this thread's last walk found known or wrote
 	 * (capture_stack): the same stack again needs no known_stacks look-up
@@ -577,12 +584,48 @@ static __always_inline void track_task(struct task_struct *task)
 		__sync_fetch_and_add(&drops_tracking, 1);
 }
 
+/* How far below a free's entry its own calls may run the stack (glibc's
+ * free -> tcache_init -> arena_get2 -> _int_new_arena -> new_heap -> mmap
+ * takes a few hundred bytes). */
+#define MT_FREE_FRAMES_MAX 16384
+
+/*
+ * Whether the current thread is inside the free its state remembers (free
+ * has no return probe: it makes no record at return). It is while the
+ * thread runs below the free's entry and the free's return address is
+ * still where the entry found it: once free returns, the caller's next
+ * call writes its own return address there. glibc makes a thread's arena
+ * inside free when free is the thread's first malloc-family call (its
+ * tcache_init), and trims heaps there: the allocator's own mappings.
+ */
+static __always_inline bool in_free(struct inflight *cur)
+{
+	__u64 usp, word = 0;
+
+	if (!cur->free_sp)
+		return false;
+	usp = ((struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf()))->sp;
+	if (usp >= cur->free_sp || cur->free_sp - usp >= MT_FREE_FRAMES_MAX ||
+	    bpf_probe_read_user(&word, sizeof(word), (void *)cur->free_sp) ||
+	    word != cur->free_ret) {
+		if (usp >= cur->free_sp)
+			cur->free_sp = 0; /* returned */
+		return false;
+	}
+	return true;
+}
+
+/* Whether a syscall of the thread in cur is the allocator's own: made
+ * inside an allocator call (or a free). */
+static __always_inline bool allocator_owns(struct inflight *cur)
+{
+	return cur && (cur->depth > 0 || in_free(cur));
+}
+
 /* Whether the current thread is inside an allocator call. */
 static __always_inline bool in_allocator(void)
 {
-	struct inflight *cur = current_call();
-
-	return cur && cur->depth > 0;
+	return allocator_owns(current_call());
 }
 
 /* Syscall arguments carried from sys_enter to sys_exit. */
@@ -614,6 +657,8 @@ enum mt_request _mt_request = MT_REQ_IMAGE;
 enum mt_unwind_mode _mt_unwind_mode = MT_UNWIND_AUTO;
 struct mt_mapping_record _mt_mapping_record = {};
 struct mt_region_event _mt_region_event = {};
+struct mt_rss_event _mt_rss_event = {};
+enum mt_prot _mt_prot = 0;
 enum mt_kind _mt_kind = 0;
 enum mt_flags _mt_flags = 0;
 enum mt_cookie_layout _mt_cookie_layout = 0;
@@ -1828,6 +1873,11 @@ static __noinline int free_entry(struct pt_regs *ctx, __u64 cookie)
 	/* free(NULL), or free() inside realloc(p, 0) or another allocator. */
 	if (!ptr || cur->depth > 0)
 		return 0;
+	/* For in_free: where the return address is (the probe may sit past a
+	 * `sub $n,%rsp`, MT_CK_SP_SHIFT), and what it is. */
+	cur->free_sp = PT_REGS_SP(ctx) + 8 * ((bpf_get_attach_cookie(ctx) >> MT_CK_SP_SHIFT) & 0xf);
+	if (bpf_probe_read_user(&cur->free_ret, sizeof(cur->free_ret), (void *)cur->free_sp))
+		cur->free_sp = 0;
 	emit_event(event_clock(cur), pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);
 	return 0;
 }
@@ -2204,8 +2254,8 @@ static __always_inline int exit_mmap(long ret, __u64 regs_fd, __u64 regs_off)
 	if (!stashed || IS_ERR_VALUE(ret))
 		return 0;
 	if (args.args[1] & MAP_ANONYMOUS)
-		emit_alloc(pid_tgid, MT_MMAP, cur && cur->depth > 0 ? MT_F_IN_ALLOCATOR : 0,
-			   ret, args.args[0], 0, stack);
+		emit_alloc(pid_tgid, MT_MMAP, allocator_owns(cur) ? MT_F_IN_ALLOCATOR : 0,
+			   ret, args.args[0], args.args[2] & MT_PROT_BITS, stack);
 	else
 		emit_mapping(pid_tgid, ret, (long)regs_fd, args.args[0], regs_off);
 	/* A new mapping may replace cached ones (MAP_FIXED). */
@@ -2253,21 +2303,36 @@ static __always_inline int exit_brk(long ret)
 	 * it does not know, then moves it. */
 	if (args.args[0])
 		stack = syscall_stack(cur, MT_BRK);
-	emit_alloc(pid_tgid, MT_BRK, cur && cur->depth > 0 ? MT_F_IN_ALLOCATOR : 0,
+	emit_alloc(pid_tgid, MT_BRK, allocator_owns(cur) ? MT_F_IN_ALLOCATOR : 0,
 		   ret, args.args[0], 0, stack);
+	return 0;
+}
+
+/* mprotect(addr, len, prot), recorded when it succeeded: what turns a
+ * reservation (PROT_NONE) into committed memory and back. */
+static __always_inline int exit_mprotect(long ret)
+{
+	__u64 pid_tgid = current_ids();
+	struct sysargs args;
+
+	if (!take_args((__u32)pid_tgid, &args) || ret != 0)
+		return 0;
+	emit_alloc(pid_tgid, MT_MPROTECT, syscall_flags(), args.args[0], args.args[1],
+		   args.args[2] & MT_PROT_BITS, 0);
 	return 0;
 }
 
 /*
  * The syscalls, through the raw syscall tracepoints: one program at entry
  * and one at exit for every syscall of every process, which leaves at once
- * for any other than these four. (The per-syscall tracepoints of
+ * for any other than these five. (The per-syscall tracepoints of
  * syscalls/ attach through perf events, and the kernel detaches those one
  * at a time, two RCU grace periods each under a global mutex: ~30 ms a
  * tracepoint, 200 ms at the end of every capture for seven of them.)
  * x86-64 numbers and argument registers.
  */
 #define NR_MMAP 9
+#define NR_MPROTECT 10
 #define NR_MUNMAP 11
 #define NR_BRK 12
 #define NR_MREMAP 25
@@ -2280,6 +2345,9 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 		return enter_mmap(regs->si, regs->dx, regs->r10);
 	case NR_MUNMAP:
 		return enter_munmap(regs->di, regs->si);
+	case NR_MPROTECT:
+		/* mprotect(addr, len, prot) */
+		return stash_args(regs->di, regs->si, regs->dx);
 	case NR_MREMAP:
 		/* mremap(old_addr, old_len, new_len, flags, new_addr) */
 		return stash_args(regs->di, regs->si, regs->dx);
@@ -2298,9 +2366,146 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 		return exit_mmap(ret, regs->r8, regs->r9);
 	case NR_MREMAP:
 		return exit_mremap(ret);
+	case NR_MPROTECT:
+		return exit_mprotect(ret);
 	case NR_BRK:
 		return exit_brk(ret);
 	}
+	return 0;
+}
+
+/*
+ * Resident memory. The kernel's rss_stat tracepoint fires at every change
+ * of a process's page counters (each page fault, each zap), so most
+ * changes are only compared: a process's highest RSS is kept exactly in
+ * rss_states, and a record is written at its first change and then when
+ * its RSS moved by rss_step bytes, or by 1/64 of the value last written if
+ * that is more, since that value (so a process growing to 1 GiB writes a
+ * few hundred records, not 262,144). The last thread's exit writes the final peak (process_exit).
+ *
+ * A record gives way to the tree's own events: none is written while the
+ * events ring is past half its size or past its watermark (the change is
+ * written at the next one that finds room, as `last` is not moved), so
+ * these records never make a pressure episode nor lose an event. A zap of
+ * many pages in one syscall may fire the tracepoint many times before the
+ * thread returns to user space and any stop takes it: the hard-mark rule
+ * (MT_RECORDS_PER_THREAD) counts on records that check.
+ */
+#define MM_FILEPAGES 0
+#define MM_ANONPAGES 1
+#define MM_SHMEMPAGES 3
+
+/* The smallest move of a process's RSS that is written (bytes). */
+const volatile __u64 rss_step = 256 << 10;
+
+struct rss_state {
+	__u64 last; /* the rss last written */
+	__u64 peak;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_MAX_PROCS);
+	__type(key, __u32); /* tgid */
+	__type(value, struct rss_state);
+} rss_states SEC(".maps");
+
+/* A counter's pages, as percpu_counter_read_positive() reads them. */
+static __always_inline __u64 positive(__s64 pages)
+{
+	return pages > 0 ? pages : 0;
+}
+
+/* get_mm_rss(): file, anonymous and shared-memory pages, in bytes. Direct
+ * loads (mm is a BTF pointer), each index a constant in its expression: a
+ * CO-RE relocation then scales it by the kernel's element size (a variable
+ * index would be scaled by this file's 8-byte percpu_counter). */
+static __always_inline __u64 mm_rss(struct mm_struct *mm)
+{
+	return (positive(mm->rss_stat[MM_FILEPAGES].count) +
+		positive(mm->rss_stat[MM_ANONPAGES].count) +
+		positive(mm->rss_stat[MM_SHMEMPAGES].count))
+	       << PAGE_SHIFT;
+}
+
+/* Writes process pid_tgid's RSS record; false when the ring had no room
+ * to spare (nothing written, nothing lost). */
+static __always_inline bool emit_rss(__u64 pid_tgid, __u64 rss, __u64 peak, bool spare)
+{
+	void *ring = events_ring();
+	struct mt_rss_event *e;
+	__u64 avail, cap = ring_capacity[MT_RING_EVENTS];
+
+	if (!ring)
+		return false;
+	if (spare) {
+		avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
+		if (avail > watermark_events || (cap && avail > cap / 2))
+			return false;
+	}
+	e = bpf_ringbuf_reserve(ring, sizeof(*e), 0);
+	if (!e) {
+		if (!spare)
+			__sync_fetch_and_add(&drops_events, 1);
+		return false;
+	}
+	fill_header(&e->hdr, pid_tgid, MT_RSS, 0);
+	e->rss = rss;
+	e->peak = peak;
+	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
+	return true;
+}
+
+SEC("tp_btf/rss_stat")
+int BPF_PROG(rss_stat, struct mm_struct *mm, int member)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct rss_state *st, zero = {};
+	__u64 pid_tgid, rss, last, step;
+	__u32 tgid;
+
+	if (member != MM_FILEPAGES && member != MM_ANONPAGES && member != MM_SHMEMPAGES)
+		return 0;
+	if (task->mm == mm) {
+		/* A thread of the tree: the root from its exec on (before it,
+		 * its pages are memtrail's, copied at fork). */
+		if (!task_call(task, task->pid))
+			return 0;
+		pid_tgid = task_ids(task);
+		tgid = pid_tgid >> 32;
+	} else {
+		/* Another task's mm (reclaim, a fork copying the parent's
+		 * pages): its owner's, if still its owner's own (not the mm an
+		 * exec left, torn down after the new one is in place). */
+		if (!bpf_core_field_exists(mm->owner))
+			return 0;
+		task = mm->owner;
+		if (!task || task->mm != mm)
+			return 0;
+		pid_tgid = task_ids(task);
+		tgid = pid_tgid >> 32;
+		if (!is_tracked(tgid))
+			return 0;
+	}
+	rss = mm_rss(mm);
+	st = bpf_map_lookup_elem(&rss_states, &tgid);
+	if (!st) {
+		/* ~0: the process's first change is written whatever it is. */
+		zero.last = ~0ULL;
+		bpf_map_update_elem(&rss_states, &tgid, &zero, BPF_NOEXIST);
+		st = bpf_map_lookup_elem(&rss_states, &tgid);
+		if (!st)
+			return 0;
+	}
+	/* Threads of a process race here: a peak may be a page short. */
+	if (rss > st->peak)
+		st->peak = rss;
+	last = st->last;
+	step = last >> 6 > rss_step ? last >> 6 : rss_step;
+	if (last != ~0ULL && rss < last + step && rss + step > last)
+		return 0;
+	if (emit_rss(pid_tgid, rss, st->peak, true))
+		st->last = rss;
 	return 0;
 }
 
@@ -2519,6 +2724,7 @@ static __always_inline void process_exit(struct task_struct *p, __u64 pid_tgid)
 {
 	__u32 tgid = pid_tgid >> 32;
 	struct mt_exit_event *e;
+	struct rss_state *rss;
 	void *ring;
 
 	bpf_map_delete_elem(&tracked, &tgid);
@@ -2527,6 +2733,12 @@ static __always_inline void process_exit(struct task_struct *p, __u64 pid_tgid)
 	if (per_process) {
 		bpf_map_delete_elem(&held_for_probes, &tgid);
 		request(tgid, MT_REQ_EXIT, 0);
+	}
+	rss = bpf_map_lookup_elem(&rss_states, &tgid);
+	if (rss) {
+		/* Its final peak, before the exit that ends the process. */
+		emit_rss(pid_tgid, rss->last == ~0ULL ? 0 : rss->last, rss->peak, false);
+		bpf_map_delete_elem(&rss_states, &tgid);
 	}
 	ring = events_ring();
 	e = reserve(ring, sizeof(*e));

@@ -110,7 +110,34 @@ pub struct Profile {
     /// when the programs have none.
     #[serde(default)]
     pub regions: Vec<regions::RegionEntry>,
+    /// The tree's resident memory (docs/profile.md, "Resident memory");
+    /// zeros in a profile written before memtrail recorded it.
+    #[serde(default)]
+    pub resident: Resident,
 }
+
+/// Resident memory (RSS: the kernel's file, anonymous and shared-memory
+/// pages of a process) of a process or of the tree, from the kernel's
+/// `rss_stat` tracepoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resident {
+    /// The highest RSS. A process's is exact (as the kernel's per-CPU
+    /// counters read); the tree's is the highest sum of its processes'
+    /// recorded RSS (each within its recording step), and never below a
+    /// process's own peak.
+    pub peak_rss_bytes: u64,
+    /// RSS (recorded) when the live heap peaked: the process's at its own
+    /// heap peak, the tree's at the tree's.
+    pub rss_at_heap_peak_bytes: u64,
+    /// RSS records folded (a process's RSS is recorded when it moved by
+    /// 1 MiB or 1/64 of itself, and as it exits).
+    pub samples: u64,
+}
+
+/// The one frame of the site of a process's allocator arenas: the
+/// reservations an allocator maps inside its own calls (glibc's per-thread
+/// arenas, made by a thread's first malloc or free), whoever called it.
+pub const ALLOCATOR_ARENA_FRAME: &str = "[allocator arena]";
 
 /// How stacks were walked (`--unwind`) and how far they got.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -208,6 +235,14 @@ impl Frame {
         }
     }
 
+    /// The frame of the allocator-arena site ([`ALLOCATOR_ARENA_FRAME`]).
+    pub fn allocator_arena() -> Self {
+        Self {
+            function: Some(ALLOCATOR_ARENA_FRAME.into()),
+            ..Self::unknown(0)
+        }
+    }
+
     /// A frame of `addr` in no known file.
     pub fn unknown(addr: u64) -> Self {
         Self {
@@ -245,10 +280,18 @@ pub struct StackMetrics {
     /// (docs/profile.md, "Mappings by site").
     #[serde(default)]
     pub mmaps: u64,
-    /// Bytes (whole pages) those calls mapped, mremap's new lengths
+    /// Bytes (whole pages) those calls committed (mapped with access
+    /// rights, or given them later by mprotect), mremap's new lengths
     /// included, as the process's `mappings.mapped_bytes` counts them.
     #[serde(default)]
     pub mapped_bytes: u64,
+    /// Bytes those calls mapped reserved: `PROT_NONE`, address space
+    /// without access rights (docs/profile.md, "Reserved and committed").
+    #[serde(default)]
+    pub reserved_bytes: u64,
+    /// Of them, bytes still reserved when their process exited.
+    #[serde(default)]
+    pub reserved_bytes_at_exit: u64,
     /// Of them, bytes still mapped when the tree's anonymous mappings
     /// peaked (`mappings.peak_mapped_bytes`).
     #[serde(default)]
@@ -292,6 +335,9 @@ pub struct ProcessEntry {
     #[serde(flatten)]
     pub heap: HeapCounters,
     pub mappings: MapCounters,
+    /// Its resident memory; zeros in a profile written before.
+    #[serde(default)]
+    pub resident: Resident,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
@@ -425,6 +471,32 @@ pub struct MapCounters {
     /// increases (what the stacks' `brk_bytes` add up to).
     #[serde(default)]
     pub brk_grown_bytes: u64,
+    /// mprotect calls that changed the access of anonymous mappings made
+    /// outside allocator calls (docs/profile.md, "Reserved and committed").
+    #[serde(default)]
+    pub mprotects: u64,
+    /// Bytes those mappings reserved: mapped `PROT_NONE`, or made so by
+    /// mprotect. The `mapped_bytes` family counts committed bytes only.
+    #[serde(default)]
+    pub reserved_bytes: u64,
+    /// The most bytes reserved at once.
+    #[serde(default)]
+    pub peak_reserved_bytes: u64,
+    #[serde(default)]
+    pub reserved_bytes_at_exit: u64,
+    /// Allocator arenas: reservations an allocator mapped inside its own
+    /// calls (a free's included), their address space at its highest, and
+    /// what was left at exit, in all and committed (made accessible by the
+    /// allocator's mprotect: where its blocks live, which the heap
+    /// counters count).
+    #[serde(default)]
+    pub arena_mmaps: u64,
+    #[serde(default)]
+    pub peak_arena_bytes: u64,
+    #[serde(default)]
+    pub arena_bytes_at_exit: u64,
+    #[serde(default)]
+    pub arena_committed_bytes_at_exit: u64,
 }
 
 /// The `tracing` target of notes about a capture: what the capture's

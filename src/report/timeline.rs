@@ -6,7 +6,8 @@
 //! the sites of one caller outside allocator wrappers are one layer, named
 //! by it), or as one area for a profile without them, on the left axis;
 //! anonymous-mmap bytes as a line on their own right axis (a large
-//! reservation does not flatten a small heap); time ticks below; marks
+//! reservation does not flatten a small heap); resident memory (RSS, when
+//! recorded) as a dashed line on the heap's axis; time ticks below; marks
 //! the exact peak instant (linked to the list below it), and lists the
 //! sites that made up the heap at its peak (`--by peak`, the
 //! "stack at peak" view) under the legend. Colours go by rank in the
@@ -220,7 +221,11 @@ pub(super) fn write(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
     let n = points.len().max(1) as f64;
     // The heap and the mappings each on their own axis (left and right):
     // a large reservation does not flatten a small heap.
-    let heap_max = points.iter().map(|p| p.live_bytes).max().unwrap_or(0);
+    let heap_max = points
+        .iter()
+        .map(|p| p.live_bytes.max(p.rss_bytes))
+        .max()
+        .unwrap_or(0);
     let mapped_max = points.iter().map(|p| p.mapped_bytes).max().unwrap_or(0);
     let (heap_step, heap_top) = ticks(heap_max);
     let (mapped_step, mapped_top) = ticks(mapped_max);
@@ -331,6 +336,15 @@ pub(super) fn write(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
             total.trim_start(),
             mapped.trim_start()
         );
+        // Resident memory, when the profile has it.
+        if points.iter().any(|p| p.rss_bytes > 0) {
+            let rss = steps(&mut points.iter().map(|p| p.rss_bytes));
+            let _ = writeln!(
+                s,
+                r##"<polyline id="rss" points="{}" fill="none" stroke="#2a9d3a" stroke-width="1.5" stroke-dasharray="6,2"><title>resident memory (RSS, interval maximum)</title></polyline>"##,
+                rss.trim_start()
+            );
+        }
     }
     // The exact peak instant, linked to the sites that made it up.
     let peak_i = t.interval_of(t.peak_live_at_ns).saturating_sub(first) as f64;
@@ -344,7 +358,7 @@ pub(super) fn write(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
     let _ = writeln!(
         s,
         r##"<a href="#stack-at-peak"><line id="peak" x1="{px:.1}" y1="{PLOT_TOP}" x2="{px:.1}" y2="{:.1}" stroke="#000000" stroke-width="1.5" stroke-dasharray="4,3"><title>peak: {} live at {} (the sites then: below, and memtrail report PROFILE --by peak)</title></line></a>
-<text x="{PLOT_LEFT}" y="{:.1}">━ live heap (left axis)  <tspan fill="#3b6ee8">━</tspan> anonymous mmap (right axis)  ┆ peak (report --by peak: the stacks then)</text>"##,
+<text x="{PLOT_LEFT}" y="{:.1}">━ live heap (left axis)  <tspan fill="#3b6ee8">━</tspan> anonymous mmap (right axis)  <tspan fill="#2a9d3a">╍</tspan> resident (RSS, left axis)  ┆ peak (report --by peak: the stacks then)</text>"##,
         PLOT_TOP + PLOT_HEIGHT,
         human_bytes(t.peak_live_bytes),
         seconds(t.peak_live_at_ns),

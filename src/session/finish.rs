@@ -93,6 +93,7 @@ fn assemble(parts: Parts<'_>) -> Profile {
                     ..p.heap
                 },
                 mappings: p.maps,
+                resident: p.resident,
             })
             .collect(),
         lost_events: parts.lost,
@@ -105,6 +106,7 @@ fn assemble(parts: Parts<'_>) -> Profile {
         unwind: parts.unwind,
         timeline: agg.timeline(start_ns).unwrap_or_default(),
         regions: parts.regions,
+        resident: agg.resident(),
     }
 }
 

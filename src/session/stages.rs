@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::aggregate::Aggregator;
+use crate::aggregate::{Aggregator, PseudoSite};
 use crate::attach::{self, Links};
 use crate::bpf::skel::memtrail::MemtrailSkel;
 use crate::pressure::RingRoom;
@@ -81,15 +81,18 @@ pub(crate) fn symbolize_stacks(
         if metrics.is_empty() {
             continue;
         }
-        match (stacks.get(&id), agg.direct_syscall_pid(id)) {
+        match (stacks.get(&id), agg.pseudo_site(id)) {
             (Some(stack), _) => by_pid
                 .entry(stack.pid)
                 .or_default()
                 .push((id, metrics, stack)),
-            (None, Some(pid)) => entries.push(StackEntry {
+            (None, Some((pid, pseudo))) => entries.push(StackEntry {
                 id,
                 pid,
-                frames: vec![crate::profile::Frame::direct_syscall()],
+                frames: vec![match pseudo {
+                    PseudoSite::DirectSyscall => crate::profile::Frame::direct_syscall(),
+                    PseudoSite::AllocatorArena => crate::profile::Frame::allocator_arena(),
+                }],
                 exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
                 end: crate::profile::unwind::StackEnd::Complete,
                 metrics,
@@ -184,9 +187,11 @@ pub(crate) fn attach_tracepoints(
         })?;
     links.push(exit);
     let held = signals.then_some(&p.signal_generate);
+    let rss = crate::bpf::object::rss_supported().then_some(&p.rss_stat);
     for prog in [&p.sched_fork, &p.sched_exec, &p.sys_enter, &p.sys_exit]
         .into_iter()
         .chain(held)
+        .chain(rss)
     {
         links.push(attach(prog)?);
     }

@@ -344,7 +344,7 @@ pub fn read_profile(path: &Path) -> Option<Value> {
 }
 
 /// The metrics of a stack, which version 3 writes only when not 0.
-const STACK_METRICS: [&str; 12] = [
+const STACK_METRICS: [&str; 14] = [
     "allocations",
     "bytes",
     "live_bytes_at_peak",
@@ -356,6 +356,8 @@ const STACK_METRICS: [&str; 12] = [
     "mapped_bytes",
     "mapped_bytes_at_peak",
     "mapped_bytes_at_exit",
+    "reserved_bytes",
+    "reserved_bytes_at_exit",
     "brk_bytes",
 ];
 
