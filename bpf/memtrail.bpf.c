@@ -35,6 +35,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define MT_THREAD_SLOTS 16384
 #define MAP_ANONYMOUS 0x20
 #define PROT_EXEC 0x4
+#define MT_PROT_BITS 0x7
 #define EEXIST 17
 #define PAGE_SHIFT 12
 #define SIGKILL 9
@@ -356,11 +357,18 @@ struct inflight {
 	 * allocator call it makes (see alloc_enter). */
 	__u64 new_stack_id;
 	__u64 new_sp;
+	__u64 new_ip; /* that new's probe address */
 	/* Stack of a libc mmap or sbrk wrapper entered on this thread, for
 	 * the syscall it makes (see syscall_stack); sys_sp is the entry's
 	 * stack pointer (8-aligned) | 1 for sbrk, 0 when none is pending. */
 	__u64 sys_stack_id;
 	__u64 sys_sp;
+	/* The stack pointer at the entry of this thread's last free made
+	 * outside other allocator calls, and the return address it held then:
+	 * while that word still holds it and the thread runs below it, the
+	 * free has not returned (see in_free). */
+	__u64 free_sp;
+	__u64 free_ret;
 	__u64 cookie; /* attach cookie of the outermost call */
 	__u32 depth;  /* nested allocator calls, outermost included; 0: none */
 	/* The thread's allocator events in the current kernel tick (see
@@ -572,12 +580,48 @@ static __always_inline void track_task(struct task_struct *task)
 		__sync_fetch_and_add(&drops_tracking, 1);
 }
 
+/* How far below a free's entry its own calls may run the stack (glibc's
+ * free -> tcache_init -> arena_get2 -> _int_new_arena -> new_heap -> mmap
+ * takes a few hundred bytes). */
+#define MT_FREE_FRAMES_MAX 16384
+
+/*
+ * Whether the current thread is inside the free its state remembers (free
+ * has no return probe: it makes no record at return). It is while the
+ * thread runs below the free's entry and the free's return address is
+ * still where the entry found it: once free returns, the caller's next
+ * call writes its own return address there. glibc makes a thread's arena
+ * inside free when free is the thread's first malloc-family call (its
+ * tcache_init), and trims heaps there: the allocator's own mappings.
+ */
+static __always_inline bool in_free(struct inflight *cur)
+{
+	__u64 usp, word = 0;
+
+	if (!cur->free_sp)
+		return false;
+	usp = ((struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf()))->sp;
+	if (usp >= cur->free_sp || cur->free_sp - usp >= MT_FREE_FRAMES_MAX ||
+	    bpf_probe_read_user(&word, sizeof(word), (void *)cur->free_sp) ||
+	    word != cur->free_ret) {
+		if (usp >= cur->free_sp)
+			cur->free_sp = 0; /* returned */
+		return false;
+	}
+	return true;
+}
+
+/* Whether a syscall of the thread in cur is the allocator's own: made
+ * inside an allocator call (or a free). */
+static __always_inline bool allocator_owns(struct inflight *cur)
+{
+	return cur && (cur->depth > 0 || in_free(cur));
+}
+
 /* Whether the current thread is inside an allocator call. */
 static __always_inline bool in_allocator(void)
 {
-	struct inflight *cur = current_call();
-
-	return cur && cur->depth > 0;
+	return allocator_owns(current_call());
 }
 
 /* Syscall arguments carried from sys_enter to sys_exit. */
@@ -611,6 +655,8 @@ enum mt_request _mt_request = MT_REQ_IMAGE;
 enum mt_unwind_mode _mt_unwind_mode = MT_UNWIND_AUTO;
 struct mt_mapping_record _mt_mapping_record = {};
 struct mt_region_event _mt_region_event = {};
+struct mt_rss_event _mt_rss_event = {};
+enum mt_prot _mt_prot = 0;
 enum mt_kind _mt_kind = 0;
 enum mt_flags _mt_flags = 0;
 enum mt_cookie_layout _mt_cookie_layout = 0;
@@ -993,13 +1039,27 @@ const volatile __u32 unwind_mode = MT_UNWIND_AUTO;
  * are written and read whole (8 bytes, aligned: never torn), and an entry
  * is taken only when its address is the frame's and its row lies among the
  * rows the search would look at (this page's and the one before it, of
- * this image: images' rows never overlap, and a table never changes once
- * installed), so a cached row is always the row the search finds.
+ * this image: images' rows never overlap, and a table's slots never
+ * change while any walk can reach them), so a cached row is always the row
+ * the search finds.
+ *
+ * Slots are reused (issue 23): userspace releases the table of an image no
+ * process maps any more, and only then, in this order: it deletes the
+ * image's `unwind_images` entry; waits for an RCU grace period (every
+ * program that could have copied the entry has returned); empties
+ * `code_maps` (copies made before the delete); waits again (no program
+ * still holds such a copy, so none reads or writes the slots or cache
+ * entries naming them); clears the cache entries whose row lies in the
+ * released slots (through this map's mapping); and only then writes the
+ * slots again for another image. A walk that raced the release lost its
+ * table before its slots changed: it ends, or takes frame-pointer steps,
+ * as in an image without a table, never reading another image's rows.
  */
 #define MT_ROW_CACHE (1 << 16)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, MT_ROW_CACHE);
 	__type(key, __u32);
 	__type(value, __u64);
@@ -1014,7 +1074,8 @@ const volatile __u32 row_cache_mask = MT_ROW_CACHE - 1;
  * frames need no bpf_find_vma (which costs 0.3-0.6 us, and fails while
  * another thread of the process holds its mmap lock to map or unmap, as
  * starting threads do: their stacks would end early). A process's entry is
- * dropped when it unmaps part of a cached mapping, maps code or execs.
+ * dropped when it unmaps part of a cached mapping, maps code or execs, and
+ * every entry when userspace releases an unwind table (see `row_cache`).
  * Threads of a process share the entry without a lock; a slot is emptied
  * (end = 0) before it is rewritten, and a reader that raced the rewrite
  * may take a half-written mapping (only while new mappings are met).
@@ -1577,7 +1638,9 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp,
 #define MT_PY_OWNED_BY_CSTACK 3
 
 struct py_walk {
-	struct mt_py_offsets off;
+	/* In the process's py_procs entry (not copied: the walk's frames are
+	 * at the stack budget). */
+	const struct mt_py_offsets *off;
 	__u32 tgid;
 	struct mt_stack_record *rec;
 	__u64 at;   /* the thread state, then the frame to look at */
@@ -1664,9 +1727,9 @@ static __noinline void py_code_record(struct py_walk *p, __u64 code)
 	if (!p)
 		return;
 	key.tgid = p->tgid;
-	name = py_read(code + p->off.code_qualname);
-	file = py_read(code + p->off.code_filename);
-	table = py_read(code + p->off.code_linetable);
+	name = py_read(code + p->off->code_qualname);
+	file = py_read(code + p->off->code_filename);
+	table = py_read(code + p->off->code_linetable);
 	id = name ^ file << 1 ^ table << 2;
 	seen = bpf_map_lookup_elem(&py_codes, &key);
 	if (seen && *seen == id)
@@ -1680,11 +1743,11 @@ static __noinline void py_code_record(struct py_walk *p, __u64 code)
 	r->code = code;
 	r->pid = p->tgid;
 	r->first = 0;
-	bpf_probe_read_user(&r->first, 4, (void *)(code + p->off.code_firstlineno));
+	bpf_probe_read_user(&r->first, 4, (void *)(code + p->off->code_firstlineno));
 	r->name_state = 0;
 	r->file_state = 0;
-	r->name_len = py_copy_str(&p->off, name, r->name, &r->name_state);
-	r->file_len = py_copy_str(&p->off, file, r->file, &r->file_state);
+	r->name_len = py_copy_str(p->off, name, r->name, &r->name_state);
+	r->file_len = py_copy_str(p->off, file, r->file, &r->file_state);
 	/* ob_size's low half: a table is far below 4 GiB. */
 	if (bpf_probe_read_user(&r->table_len, 4, (void *)(table + 16)))
 		r->table_len = 0;
@@ -1706,12 +1769,12 @@ static long py_thread_step(__u64 i, void *data)
 		return 1;
 	/* The thread's pthread_self(), read again each step: a word less on
 	 * the stack. */
-	if (py_read(p->at + p->off.tstate_thread_id) ==
+	if (py_read(p->at + p->off->tstate_thread_id) ==
 	    BPF_CORE_READ(bpf_get_current_task_btf(), thread.fsbase)) {
 		p->found = 1;
 		return 1;
 	}
-	p->at = py_read(p->at + p->off.tstate_next);
+	p->at = py_read(p->at + p->off->tstate_next);
 	return 0;
 }
 
@@ -1725,16 +1788,16 @@ static long py_code_step(__u64 i, void *data)
 
 	if (!frame)
 		return 1;
-	p->at = py_read(frame + p->off.frame_previous);
-	if (bpf_probe_read_user(&owner, 1, (void *)(frame + p->off.frame_owner))) {
+	p->at = py_read(frame + p->off->frame_previous);
+	if (bpf_probe_read_user(&owner, 1, (void *)(frame + p->off->frame_owner))) {
 		p->at = 0;
 		return 1;
 	}
 	if (owner == MT_PY_OWNED_BY_CSTACK)
 		return 0;
-	code = py_read(frame + p->off.frame_code);
-	instr = py_read(frame + p->off.frame_instr);
-	if (code && instr >= code + p->off.code_adaptive)
+	code = py_read(frame + p->off->frame_code);
+	instr = py_read(frame + p->off->frame_instr);
+	if (code && instr >= code + p->off->code_adaptive)
 		py_code_record(p, code);
 	return 0;
 }
@@ -1776,7 +1839,7 @@ static long py_frame_step(__u64 i, void *data)
 	struct py_walk *p = data;
 	__u64 w[MT_PY_FRAME_READ / 8] = {};
 	__u64 frame = p->at, code, instr, start, off;
-	__u32 span = p->off.frame_span, base = p->off.frame_win;
+	__u32 span = p->off->frame_span, base = p->off->frame_win;
 
 	if (!frame || p->n >= MT_MAX_STACK)
 		return 1;
@@ -1785,21 +1848,21 @@ static long py_frame_step(__u64 i, void *data)
 		span = MT_PY_FRAME_READ;
 	if (bpf_probe_read_user(w, span, (void *)(frame + base)))
 		return 1;
-	p->at = py_word(w, (p->off.frame_previous - base) / 8);
-	if (py_byte(w, p->off.frame_owner - base) == MT_PY_OWNED_BY_CSTACK) {
+	p->at = py_word(w, (p->off->frame_previous - base) / 8);
+	if (py_byte(w, p->off->frame_owner - base) == MT_PY_OWNED_BY_CSTACK) {
 		py_emit(p, MT_PY_FRAME);
 		return 0;
 	}
-	code = py_word(w, (p->off.frame_code - base) / 8);
-	instr = py_word(w, (p->off.frame_instr - base) / 8);
-	start = code + p->off.code_adaptive;
+	code = py_word(w, (p->off->frame_code - base) / 8);
+	instr = py_word(w, (p->off->frame_instr - base) / 8);
+	start = code + p->off->code_adaptive;
 	if (code && instr >= start) {
 		off = (instr - start) / 2;
 		if (off > MT_PY_OFF_MAX)
 			off = MT_PY_OFF_MAX;
 		py_emit(p, MT_PY_FRAME | off << MT_PY_OFF_SHIFT | (code & MT_PY_CODE_MASK));
 	}
-	if (p->off.frame_is_entry != MT_PY_NONE && py_byte(w, p->off.frame_is_entry - base))
+	if (p->off->frame_is_entry != MT_PY_NONE && py_byte(w, p->off->frame_is_entry - base))
 		py_emit(p, MT_PY_FRAME);
 	return 0;
 }
@@ -1875,18 +1938,18 @@ __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk
 	py = py_proc(tgid);
 	if (!py)
 		return h ? h : 1;
-	p.off = py->off;
+	p.off = &py->off;
 	p.n = out->nr;
-	at = py_read(py->runtime + p.off.runtime_interp_head);
+	at = py_read(py->runtime + p.off->runtime_interp_head);
 	if (!at)
 		return h ? h : 1;
-	p.at = py_read(at + p.off.interp_threads_head);
+	p.at = py_read(at + p.off->interp_threads_head);
 	bpf_loop(MT_PY_THREADS, py_thread_step, &p, 0);
 	if (!p.found)
 		return h ? h : 1;
-	at = py_read(p.at + p.off.tstate_frame);
-	if (at && p.off.cframe_frame != MT_PY_NONE)
-		at = py_read(at + p.off.cframe_frame);
+	at = py_read(p.at + p.off->tstate_frame);
+	if (at && p.off->cframe_frame != MT_PY_NONE)
+		at = py_read(at + p.off->cframe_frame);
 	p.at = at;
 	if (codes) {
 		bpf_loop(MT_MAX_STACK, py_code_step, &p, 0);
@@ -1908,12 +1971,14 @@ __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk
  * reserved only for new stacks, and the ring's space is not taken and
  * given back a kilobyte at a time for every allocation.
  */
-static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp)
+static __always_inline __u64 capture_stack(struct pt_regs *ctx, struct inflight *cur,
+					   __u32 tgid, __u64 sp)
 {
 	struct mt_stack_record *rec;
 	struct walk_out out = {};
 	__u8 one = 1;
 	__u64 h;
+	long err;
 
 	if (!stack_depth)
 		return 0;
@@ -1942,7 +2007,8 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, __u32 tgid, __u6
 	rec->pid = tgid;
 	rec->nr = out.nr;
 	rec->end = out.end;
-	if (bpf_map_update_elem(&known_stacks, &h, &one, BPF_NOEXIST) == -EEXIST)
+	err = bpf_map_update_elem(&known_stacks, &h, &one, BPF_NOEXIST);
+	if (err == -EEXIST)
 		bpf_ringbuf_discard(rec, BPF_RB_NO_WAKEUP);
 	else
 		bpf_ringbuf_submit(rec, submit_flags(MT_RING_STACKS));
@@ -1991,6 +2057,30 @@ static __always_inline void count_hit(__u64 cookie)
 	__sync_fetch_and_add(&site_hits[bpf_get_smp_processor_id() % MT_HIT_ROWS][site - 1], 1);
 }
 
+/* How far past the pending operator new's probe the call of a nested one
+ * may be (libstdc++'s nothrow new makes it a few instructions in). */
+#define NEW_CALL_MAX 256
+
+/*
+ * Whether an operator new entered with stack pointer sp is called by the
+ * operator new pending on this thread (entered, its malloc not come yet):
+ * below it on the stack, and its return address just past the pending
+ * new's probe. Not the stack alone: an operator new that calls no probed
+ * allocator (one of an allocator's own) leaves its state pending, and a
+ * later new below it is no call of it. A subprogram: its read stays out of
+ * the allocator programs' frames (the stack budget).
+ */
+static __noinline bool called_by_pending_new(struct inflight *cur, __u64 sp)
+{
+	__u64 ra;
+
+	if (!cur || !cur->new_sp || sp >= cur->new_sp || cur->new_sp - sp >= NEW_FRAME_MAX)
+		return false;
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)sp))
+		return false;
+	return ra - cur->new_ip < NEW_CALL_MAX;
+}
+
 /*
  * C++ operator new's part of alloc_enter, and a libc syscall wrapper's
  * (MT_CK_SYSCALL: mmap, sbrk). No uretprobe on new: its return address
@@ -2018,7 +2108,14 @@ static __always_inline int new_enter(struct pt_regs *ctx)
 	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_CK_SP_SHIFT) & 0xf);
 	if (cur->depth > 0 && nested_in(cur, sp))
 		return 0; /* called from inside an allocator: no site */
-	id = capture_stack(ctx, pid_tgid >> 32, sp);
+	/* An operator new called by another one whose malloc has not come yet
+	 * (libstdc++'s nothrow and array forms call the plain one): the outer
+	 * new's stack, whose first frame is the user's, stands (issue 22:
+	 * with --unwind fp this walk started inside libstdc++'s nothrow new,
+	 * which keeps no frame pointer, and skipped the user's frame). */
+	if (!((cookie >> MT_CK_FLAGS_SHIFT) & MT_CK_SYSCALL) && called_by_pending_new(cur, sp))
+		return 0;
+	id = capture_stack(ctx, cur, pid_tgid >> 32, sp);
 	/* Read again rather than kept across the walk: alloc_enter's stack
 	 * is at its budget. */
 	cookie = bpf_get_attach_cookie(ctx);
@@ -2030,12 +2127,14 @@ static __always_inline int new_enter(struct pt_regs *ctx)
 	}
 	cur->new_stack_id = id;
 	cur->new_sp = sp;
+	cur->new_ip = PT_REGS_IP(ctx);
 	return 0;
 }
 
-/* Entry of an allocating call; returns whether its return must be seen
- * (the thread is tracked), which a session's entry turns into its verdict. */
-static __always_inline bool alloc_entry(struct pt_regs *ctx)
+/* Entry of an allocating call (its attach cookie: one helper call a probe
+ * hit, read by the caller); returns whether its return must be seen (the
+ * thread is tracked), which a session's entry turns into its verdict. */
+static __always_inline bool alloc_entry(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 pid_tgid = 0;
 	struct inflight *cur;
@@ -2044,7 +2143,7 @@ static __always_inline bool alloc_entry(struct pt_regs *ctx)
 	cur = current_call_ids(&pid_tgid);
 	if (!cur)
 		return false;
-	count_hit(bpf_get_attach_cookie(ctx));
+	count_hit(cookie);
 	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx))) {
 		cur->depth++;
 		return true; /* nested: the outermost call makes the record */
@@ -2056,7 +2155,7 @@ static __always_inline bool alloc_entry(struct pt_regs *ctx)
 	cur->args[2] = PT_REGS_PARM3(ctx);
 	cur->args[3] = PT_REGS_PARM4(ctx);
 	cur->args[4] = PT_REGS_RC(ctx);
-	cur->cookie = bpf_get_attach_cookie(ctx);
+	cur->cookie = cookie;
 	/* The probe sits on the `jo` after a count × size multiply: OF says
 	 * it overflowed. */
 	if ((cur->cookie >> MT_CK_SIZE_OF_BIT) & 1 && (ctx->flags & X86_EFLAGS_OF))
@@ -2064,7 +2163,7 @@ static __always_inline bool alloc_entry(struct pt_regs *ctx)
 	if (cur->new_sp && cur->sp < cur->new_sp && cur->new_sp - cur->sp < NEW_FRAME_MAX)
 		cur->stack_id = cur->new_stack_id; /* called by operator new */
 	else
-		cur->stack_id = capture_stack(ctx, pid_tgid >> 32, cur->sp);
+		cur->stack_id = capture_stack(ctx, cur, pid_tgid >> 32, cur->sp);
 	cur->new_sp = 0;
 	old = old_ptr(cur);
 	if (old)
@@ -2127,18 +2226,24 @@ static __noinline int alloc_exit(struct pt_regs *ctx)
 	return 0;
 }
 
-/* Entry of a free (not inlined either, for the same reason). */
-static __noinline int free_entry(struct pt_regs *ctx)
+/* Entry of a free (not inlined either, for the same reason); cookie is
+ * its attach cookie. */
+static __noinline int free_entry(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 ptr = PT_REGS_PARM1(ctx), pid_tgid = 0;
 	struct inflight *cur = current_call_ids(&pid_tgid);
 
 	if (!cur)
 		return 0; /* untracked */
-	count_hit(bpf_get_attach_cookie(ctx));
+	count_hit(cookie);
 	/* free(NULL), or free() inside realloc(p, 0) or another allocator. */
 	if (!ptr || cur->depth > 0)
 		return 0;
+	/* For in_free: where the return address is (the probe may sit past a
+	 * `sub $n,%rsp`, MT_CK_SP_SHIFT), and what it is. */
+	cur->free_sp = PT_REGS_SP(ctx) + 8 * ((bpf_get_attach_cookie(ctx) >> MT_CK_SP_SHIFT) & 0xf);
+	if (bpf_probe_read_user(&cur->free_ret, sizeof(cur->free_ret), (void *)cur->free_sp))
+		cur->free_sp = 0;
 	emit_event(event_clock(cur), pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);
 	return 0;
 }
@@ -2160,9 +2265,9 @@ static __noinline int free_entry(struct pt_regs *ctx)
  * walk_stack, a global function and most of the load time, once per
  * program.
  */
-static __always_inline bool entry_only(struct pt_regs *ctx)
+static __always_inline bool entry_only(__u64 cookie)
 {
-	return (bpf_get_attach_cookie(ctx) >> MT_CK_FLAGS_SHIFT) & (MT_CK_NEW | MT_CK_SYSCALL);
+	return (cookie >> MT_CK_FLAGS_SHIFT) & (MT_CK_NEW | MT_CK_SYSCALL);
 }
 
 /* The kfunc takes no argument up to Linux 6.18 at least; the fentry/fexit
@@ -2183,25 +2288,31 @@ static __always_inline bool session_is_return(struct pt_regs *ctx)
 SEC("uprobe.session")
 int alloc_session(struct pt_regs *ctx)
 {
+	__u64 cookie;
+
 	if (session_is_return(ctx))
 		return alloc_exit(ctx);
-	if ((bpf_get_attach_cookie(ctx) & 0xffff) == MT_FREE) {
-		free_entry(ctx);
+	/* Read once: each read is a helper call (issue 22). */
+	cookie = bpf_get_attach_cookie(ctx);
+	if ((cookie & 0xffff) == MT_FREE) {
+		free_entry(ctx, cookie);
 		return 1;
 	}
-	if (entry_only(ctx)) {
+	if (entry_only(cookie)) {
 		new_enter(ctx);
 		return 1;
 	}
-	return alloc_entry(ctx) ? 0 : 1;
+	return alloc_entry(ctx, cookie) ? 0 : 1;
 }
 
 SEC("uprobe.multi")
 int alloc_enter(struct pt_regs *ctx)
 {
-	if (entry_only(ctx))
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+
+	if (entry_only(cookie))
 		return new_enter(ctx);
-	alloc_entry(ctx);
+	alloc_entry(ctx, cookie);
 	return 0;
 }
 
@@ -2214,7 +2325,7 @@ int alloc_return(struct pt_regs *ctx)
 SEC("uprobe.multi")
 int free_enter(struct pt_regs *ctx)
 {
-	return free_entry(ctx);
+	return free_entry(ctx, bpf_get_attach_cookie(ctx));
 }
 
 /* Where the register `reg` (enum mt_usdt_reg) is in struct pt_regs. */
@@ -2509,8 +2620,8 @@ static __always_inline int exit_mmap(long ret, __u64 regs_fd, __u64 regs_off)
 	if (!stashed || IS_ERR_VALUE(ret))
 		return 0;
 	if (args.args[1] & MAP_ANONYMOUS)
-		emit_alloc(pid_tgid, MT_MMAP, cur && cur->depth > 0 ? MT_F_IN_ALLOCATOR : 0,
-			   ret, args.args[0], 0, stack);
+		emit_alloc(pid_tgid, MT_MMAP, allocator_owns(cur) ? MT_F_IN_ALLOCATOR : 0,
+			   ret, args.args[0], args.args[2] & MT_PROT_BITS, stack);
 	else
 		emit_mapping(pid_tgid, ret, (long)regs_fd, args.args[0], regs_off);
 	/* A new mapping may replace cached ones (MAP_FIXED). */
@@ -2558,21 +2669,36 @@ static __always_inline int exit_brk(long ret)
 	 * it does not know, then moves it. */
 	if (args.args[0])
 		stack = syscall_stack(cur, MT_BRK);
-	emit_alloc(pid_tgid, MT_BRK, cur && cur->depth > 0 ? MT_F_IN_ALLOCATOR : 0,
+	emit_alloc(pid_tgid, MT_BRK, allocator_owns(cur) ? MT_F_IN_ALLOCATOR : 0,
 		   ret, args.args[0], 0, stack);
+	return 0;
+}
+
+/* mprotect(addr, len, prot), recorded when it succeeded: what turns a
+ * reservation (PROT_NONE) into committed memory and back. */
+static __always_inline int exit_mprotect(long ret)
+{
+	__u64 pid_tgid = current_ids();
+	struct sysargs args;
+
+	if (!take_args((__u32)pid_tgid, &args) || ret != 0)
+		return 0;
+	emit_alloc(pid_tgid, MT_MPROTECT, syscall_flags(), args.args[0], args.args[1],
+		   args.args[2] & MT_PROT_BITS, 0);
 	return 0;
 }
 
 /*
  * The syscalls, through the raw syscall tracepoints: one program at entry
  * and one at exit for every syscall of every process, which leaves at once
- * for any other than these four. (The per-syscall tracepoints of
+ * for any other than these five. (The per-syscall tracepoints of
  * syscalls/ attach through perf events, and the kernel detaches those one
  * at a time, two RCU grace periods each under a global mutex: ~30 ms a
  * tracepoint, 200 ms at the end of every capture for seven of them.)
  * x86-64 numbers and argument registers.
  */
 #define NR_MMAP 9
+#define NR_MPROTECT 10
 #define NR_MUNMAP 11
 #define NR_BRK 12
 #define NR_MREMAP 25
@@ -2585,6 +2711,9 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 		return enter_mmap(regs->si, regs->dx, regs->r10);
 	case NR_MUNMAP:
 		return enter_munmap(regs->di, regs->si);
+	case NR_MPROTECT:
+		/* mprotect(addr, len, prot) */
+		return stash_args(regs->di, regs->si, regs->dx);
 	case NR_MREMAP:
 		/* mremap(old_addr, old_len, new_len, flags, new_addr) */
 		return stash_args(regs->di, regs->si, regs->dx);
@@ -2603,9 +2732,146 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 		return exit_mmap(ret, regs->r8, regs->r9);
 	case NR_MREMAP:
 		return exit_mremap(ret);
+	case NR_MPROTECT:
+		return exit_mprotect(ret);
 	case NR_BRK:
 		return exit_brk(ret);
 	}
+	return 0;
+}
+
+/*
+ * Resident memory. The kernel's rss_stat tracepoint fires at every change
+ * of a process's page counters (each page fault, each zap), so most
+ * changes are only compared: a process's highest RSS is kept exactly in
+ * rss_states, and a record is written at its first change and then when
+ * its RSS moved by rss_step bytes, or by 1/64 of the value last written if
+ * that is more, since that value (so a process growing to 1 GiB writes a
+ * few hundred records, not 262,144). The last thread's exit writes the final peak (process_exit).
+ *
+ * A record gives way to the tree's own events: none is written while the
+ * events ring is past half its size or past its watermark (the change is
+ * written at the next one that finds room, as `last` is not moved), so
+ * these records never make a pressure episode nor lose an event. A zap of
+ * many pages in one syscall may fire the tracepoint many times before the
+ * thread returns to user space and any stop takes it: the hard-mark rule
+ * (MT_RECORDS_PER_THREAD) counts on records that check.
+ */
+#define MM_FILEPAGES 0
+#define MM_ANONPAGES 1
+#define MM_SHMEMPAGES 3
+
+/* The smallest move of a process's RSS that is written (bytes). */
+const volatile __u64 rss_step = 256 << 10;
+
+struct rss_state {
+	__u64 last; /* the rss last written */
+	__u64 peak;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_MAX_PROCS);
+	__type(key, __u32); /* tgid */
+	__type(value, struct rss_state);
+} rss_states SEC(".maps");
+
+/* A counter's pages, as percpu_counter_read_positive() reads them. */
+static __always_inline __u64 positive(__s64 pages)
+{
+	return pages > 0 ? pages : 0;
+}
+
+/* get_mm_rss(): file, anonymous and shared-memory pages, in bytes. Direct
+ * loads (mm is a BTF pointer), each index a constant in its expression: a
+ * CO-RE relocation then scales it by the kernel's element size (a variable
+ * index would be scaled by this file's 8-byte percpu_counter). */
+static __always_inline __u64 mm_rss(struct mm_struct *mm)
+{
+	return (positive(mm->rss_stat[MM_FILEPAGES].count) +
+		positive(mm->rss_stat[MM_ANONPAGES].count) +
+		positive(mm->rss_stat[MM_SHMEMPAGES].count))
+	       << PAGE_SHIFT;
+}
+
+/* Writes process pid_tgid's RSS record; false when the ring had no room
+ * to spare (nothing written, nothing lost). */
+static __always_inline bool emit_rss(__u64 pid_tgid, __u64 rss, __u64 peak, bool spare)
+{
+	void *ring = events_ring();
+	struct mt_rss_event *e;
+	__u64 avail, cap = ring_capacity[MT_RING_EVENTS];
+
+	if (!ring)
+		return false;
+	if (spare) {
+		avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
+		if (avail > watermark_events || (cap && avail > cap / 2))
+			return false;
+	}
+	e = bpf_ringbuf_reserve(ring, sizeof(*e), 0);
+	if (!e) {
+		if (!spare)
+			__sync_fetch_and_add(&drops_events, 1);
+		return false;
+	}
+	fill_header(&e->hdr, pid_tgid, MT_RSS, 0);
+	e->rss = rss;
+	e->peak = peak;
+	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
+	return true;
+}
+
+SEC("tp_btf/rss_stat")
+int BPF_PROG(rss_stat, struct mm_struct *mm, int member)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct rss_state *st, zero = {};
+	__u64 pid_tgid, rss, last, step;
+	__u32 tgid;
+
+	if (member != MM_FILEPAGES && member != MM_ANONPAGES && member != MM_SHMEMPAGES)
+		return 0;
+	if (task->mm == mm) {
+		/* A thread of the tree: the root from its exec on (before it,
+		 * its pages are memtrail's, copied at fork). */
+		if (!task_call(task, task->pid))
+			return 0;
+		pid_tgid = task_ids(task);
+		tgid = pid_tgid >> 32;
+	} else {
+		/* Another task's mm (reclaim, a fork copying the parent's
+		 * pages): its owner's, if still its owner's own (not the mm an
+		 * exec left, torn down after the new one is in place). */
+		if (!bpf_core_field_exists(mm->owner))
+			return 0;
+		task = mm->owner;
+		if (!task || task->mm != mm)
+			return 0;
+		pid_tgid = task_ids(task);
+		tgid = pid_tgid >> 32;
+		if (!is_tracked(tgid))
+			return 0;
+	}
+	rss = mm_rss(mm);
+	st = bpf_map_lookup_elem(&rss_states, &tgid);
+	if (!st) {
+		/* ~0: the process's first change is written whatever it is. */
+		zero.last = ~0ULL;
+		bpf_map_update_elem(&rss_states, &tgid, &zero, BPF_NOEXIST);
+		st = bpf_map_lookup_elem(&rss_states, &tgid);
+		if (!st)
+			return 0;
+	}
+	/* Threads of a process race here: a peak may be a page short. */
+	if (rss > st->peak)
+		st->peak = rss;
+	last = st->last;
+	step = last >> 6 > rss_step ? last >> 6 : rss_step;
+	if (last != ~0ULL && rss < last + step && rss + step > last)
+		return 0;
+	if (emit_rss(pid_tgid, rss, st->peak, true))
+		st->last = rss;
 	return 0;
 }
 
@@ -2825,6 +3091,7 @@ static __always_inline void process_exit(struct task_struct *p, __u64 pid_tgid)
 {
 	__u32 tgid = pid_tgid >> 32;
 	struct mt_exit_event *e;
+	struct rss_state *rss;
 	void *ring;
 
 	bpf_map_delete_elem(&tracked, &tgid);
@@ -2834,6 +3101,12 @@ static __always_inline void process_exit(struct task_struct *p, __u64 pid_tgid)
 	if (per_process) {
 		bpf_map_delete_elem(&held_for_probes, &tgid);
 		request(tgid, MT_REQ_EXIT, 0);
+	}
+	rss = bpf_map_lookup_elem(&rss_states, &tgid);
+	if (rss) {
+		/* Its final peak, before the exit that ends the process. */
+		emit_rss(pid_tgid, rss->last == ~0ULL ? 0 : rss->last, rss->peak, false);
+		bpf_map_delete_elem(&rss_states, &tgid);
 	}
 	ring = events_ring();
 	e = reserve(ring, sizeof(*e));

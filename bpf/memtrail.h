@@ -30,6 +30,10 @@ enum mt_kind {
 	MT_MUNMAP = 17,
 	MT_MREMAP = 18,
 	MT_BRK = 19,
+	/* mprotect(addr, len, prot) of a tracked thread that succeeded. */
+	MT_MPROTECT = 20,
+	/* A process's resident set size moved (struct mt_rss_event). */
+	MT_RSS = 21,
 	MT_FORK = 32,
 	MT_EXEC = 33,
 	MT_EXIT = 34,
@@ -118,6 +122,13 @@ enum mt_flags {
 	MT_F_IN_ALLOCATOR = 1,
 };
 
+/* PROT_* bits of mmap and mprotect records (mt_alloc_event.old_addr). */
+enum mt_prot {
+	MT_PROT_READ = 1,
+	MT_PROT_WRITE = 2,
+	MT_PROT_EXEC = 4,
+};
+
 /* Bounded copy of an exec'd file name. */
 #define MT_PATH_MAX 256
 
@@ -145,8 +156,10 @@ struct mt_header {
  *   malloc & co: addr = result, size = bytes asked (calloc n*m, saturating)
  *   realloc:     addr = result, size = new size, old_addr = argument
  *   free:        addr = argument
- *   mmap:        addr = result, size = length, aux = the stack of the
- *                libc wrapper that made it (0: none, see exit_mmap)
+ *   mmap:        addr = result, size = length, old_addr = prot (enum
+ *                mt_prot; 0: PROT_NONE, a reservation), aux = the stack of
+ *                the libc wrapper that made it (0: none, see exit_mmap)
+ *   mprotect:    addr, size = arguments, old_addr = the new prot
  *   munmap:      addr, size = arguments
  *   mremap:      addr = result, size = new length, old_addr/aux = the old
  *                address and length
@@ -394,6 +407,23 @@ struct mt_mapping_record {
 	__u64 dev;
 	__u64 ino;
 	char name[MT_NAME_MAX];
+};
+
+/*
+ * A tracked process's resident set size (the kernel's rss_stat tracepoint):
+ * file + anonymous + shared-memory pages, in bytes, as get_mm_counter()
+ * reads them (per-CPU counters: within a batch of pages a CPU of the exact
+ * value). Written at the process's first change, then when it moved by
+ * rss_step bytes (256 KiB) or 1/64 of the value last written since that
+ * record, and as its last thread exits (then `rss` is the last value
+ * written, and `peak` final).
+ */
+struct mt_rss_event {
+	struct mt_header hdr;
+	__u64 rss;
+	/* The process's highest rss at any rss_stat so far (exact: every
+	 * change is compared, written or not). */
+	__u64 peak;
 };
 
 /* fork: a new process (not a thread) in the tracked tree. */

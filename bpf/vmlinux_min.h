@@ -132,8 +132,17 @@ struct vm_area_struct {
 	struct file *vm_file;
 } __attribute__((preserve_access_index));
 
+/* Linux 6.2 and later: one per-CPU counter per enum mt_mm_counter. */
+struct percpu_counter {
+	__s64 count;
+} __attribute__((preserve_access_index));
+
+struct task_struct;
+
 struct mm_struct {
 	unsigned long start_code;
+	struct percpu_counter rss_stat[4];
+	struct task_struct *owner; /* CONFIG_MEMCG */
 } __attribute__((preserve_access_index));
 
 struct ns_common {

@@ -26,6 +26,8 @@ trap 'rm -rf "$work"' EXIT
 cc -O2 -g -o "$work/mmap_loop" perf/fixtures/mmap_loop.c
 python3 - "$rounds" "$work" "$MEMTRAIL" <<'PY'
 import json, os, statistics, subprocess, sys
+sys.path.insert(0, "perf")
+from profile_stacks import stacks
 
 rounds, work, memtrail = int(sys.argv[1]), sys.argv[2], os.path.abspath(sys.argv[3])
 N = 20000
@@ -41,6 +43,7 @@ def run(mode, how):
     ns = float(subprocess.check_output(cmd))
     if how == "stacks":
         prof = json.load(open(out))
+        prof["stacks"] = stacks(prof)
         loop = [s for s in prof["stacks"] if s["frames"][0]["function"] == "map_pair"]
         mmaps = sum(s["mmaps"] for s in loop)
         assert mmaps == (N if mode == "mmap" else 0), (mode, mmaps)

@@ -24,6 +24,8 @@ cc -O2 -fomit-frame-pointer -o "$work/chain_nofp" perf/fixtures/unwind_chain.c
 sysctl -qw kernel.bpf_stats_enabled=1
 python3 - "$rounds" "$work" <<'PY'
 import json, os, statistics, subprocess, sys, time
+sys.path.insert(0, "perf")
+from profile_stacks import stacks
 
 rounds, work = int(sys.argv[1]), sys.argv[2]
 memtrail = os.path.abspath("target/release/memtrail")
@@ -56,6 +58,7 @@ def chain_run(exe, args):
     p.stdin.write(b"\n"); p.stdin.close(); p.wait()
     assert p.returncode == 0
     prof = json.load(open(out))
+    prof["stacks"] = stacks(prof)
     assert cnt >= N, cnt
     top = max(prof["stacks"], key=lambda s: s["allocations"],
               default={"allocations": N if "0" in args else 0, "frames": []})

@@ -29,15 +29,29 @@
 //!   mremap moves it to the new range. Per stack, bytes mapped at the
 //!   tree's mapping peak are kept lazily like live bytes at the heap peak.
 //!   Program break growth outside allocator calls goes to the stack of the
-//!   `sbrk` that made it likewise.
+//!   `sbrk` that made it likewise;
+//! - a region is *reserved* while it has no access rights (mapped
+//!   `PROT_NONE`, or made so by mprotect) and *committed* otherwise: the
+//!   `mapped_bytes` counters and the timeline count committed bytes, the
+//!   `reserved_bytes` ones the rest; mprotect moves a range between the
+//!   two, at the stack that mapped it;
+//! - a reservation mapped inside an allocator call (a free's included) is
+//!   an *allocator arena*, counted apart from the program's regions (the
+//!   heap counters count the blocks in it) and given to its process's
+//!   allocator-arena site; the allocator's mprotect and munmap calls apply
+//!   to its arenas; its other mappings (a large block's) are the heap's;
+//! - resident memory: each process's latest recorded RSS, its exact peak
+//!   from BPF, and the tree's sum of the latest values.
 
+mod mapping;
 pub mod timeline;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use crate::bpf::record::{Body, Header, Kind, Mem, Record};
 use crate::profile::timeline::{Point, Timeline};
-use crate::profile::{HeapCounters, MapCounters, StackMetrics};
+use crate::profile::{HeapCounters, MapCounters, Resident, StackMetrics};
+use mapping::{Region, Regions};
 
 /// A process of the tree.
 #[derive(Clone, Debug, Default)]
@@ -51,6 +65,7 @@ pub struct Process {
     pub exit_status: Option<i32>,
     pub heap: HeapCounters,
     pub maps: MapCounters,
+    pub resident: Resident,
     /// `exe` interned (`Aggregator::exe_names`), for the stacks it makes.
     exe_id: u32,
     state: Option<Box<LiveState>>,
@@ -82,8 +97,16 @@ struct LiveState {
     /// Old block of a realloc in flight, by thread.
     reallocs: HashMap<u32, PendingRealloc>,
     /// Anonymous regions made outside allocator calls, by start.
-    regions: BTreeMap<u64, Region>,
+    regions: Regions,
+    /// Their committed and reserved bytes.
     mapped_bytes: u64,
+    reserved_bytes: u64,
+    /// Allocator arenas, by start, their bytes and committed bytes.
+    arenas: Regions,
+    arena_bytes: u64,
+    arena_committed: u64,
+    /// The latest recorded RSS.
+    rss: u64,
     brk_start: Option<u64>,
     brk_now: u64,
     /// The address of each thread's last allocation, until that thread
@@ -105,42 +128,18 @@ impl LiveState {
         }
     }
 
-    /// Removes [start, end) from the regions, and their bytes from their
-    /// stacks' mapped bytes; returns the bytes removed and the stack of the
-    /// lowest piece removed (0 if none).
-    fn unmap(&mut self, start: u64, end: u64, tree: &mut TreeLive) -> (u64, u64) {
-        let overlapping: Vec<(u64, Region)> = self
-            .regions
-            .range(..end)
-            .rev()
-            .take_while(|&(_, r)| r.end > start)
-            .map(|(&s, &r)| (s, r))
-            .collect();
-        let (mut removed, mut stack) = (0, 0);
-        // Highest first: the last one is the lowest.
-        for (s, r) in overlapping {
-            self.regions.remove(&s);
-            if s < start {
-                self.regions.insert(s, Region { end: start, ..r });
+    /// Removes [start, end) from the regions, and their committed bytes
+    /// from their stacks' mapped bytes; returns the pieces removed, the
+    /// lowest last.
+    fn unmap(&mut self, start: u64, end: u64, tree: &mut TreeLive) -> Vec<mapping::Piece> {
+        let pieces = mapping::cut(&mut self.regions, start, end);
+        for &(s, e, r) in &pieces {
+            if !r.reserved {
+                tree.unmapped(r.stack, e - s);
             }
-            if r.end > end {
-                self.regions.insert(end, r);
-            }
-            let bytes = r.end.min(end) - s.max(start);
-            removed += bytes;
-            tree.unmapped(r.stack, bytes);
-            stack = r.stack;
         }
-        (removed, stack)
+        pieces
     }
-}
-
-/// An anonymous region made outside allocator calls: its end, and the
-/// stack (or direct-syscall site) that mapped it, 0 if none.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Region {
-    end: u64,
-    stack: u64,
 }
 
 /// The id of the direct-syscall site of process `pid` running executable
@@ -148,6 +147,21 @@ struct Region {
 /// reserved pattern no stack hash is expected to take.
 fn direct_syscall_id(pid: u32, exe_id: u32) -> u64 {
     0xd1ec_0000_0000_0000 ^ u64::from(exe_id & 0xffff) << 32 ^ u64::from(pid)
+}
+
+/// The id of the allocator-arena site of process `pid` running executable
+/// `exe_id` ([`crate::profile::ALLOCATOR_ARENA_FRAME`]), likewise.
+fn arena_site_id(pid: u32, exe_id: u32) -> u64 {
+    0xa7e0_0000_0000_0000 ^ u64::from(exe_id & 0xffff) << 32 ^ u64::from(pid)
+}
+
+/// A pseudo-site: a site with one made-up frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PseudoSite {
+    /// Mappings and break growth made by direct syscalls.
+    DirectSyscall,
+    /// The allocator's arenas.
+    AllocatorArena,
 }
 
 fn page_end(addr: u64, len: u64) -> u64 {
@@ -238,6 +252,19 @@ impl TreeLive {
         }
     }
 
+    /// A region of `bytes` reserved (no access rights) from `stack`; `new`
+    /// for an mmap.
+    fn reserved(&mut self, stack: u64, bytes: u64, new: bool, exe_id: u32) {
+        if stack != 0 {
+            let s = self.map_stack(stack);
+            if s.metrics.is_empty() {
+                s.exe_id = exe_id;
+            }
+            s.metrics.reserved_bytes += bytes;
+            s.metrics.mmaps += u64::from(new);
+        }
+    }
+
     fn unmapped(&mut self, stack: u64, bytes: u64) {
         if stack != 0 {
             self.map_stack(stack).mapped -= bytes;
@@ -284,11 +311,19 @@ pub struct Aggregator {
     tree: TreeLive,
     mapped_bytes: u64,
     peak_mapped_bytes: u64,
+    reserved_bytes: u64,
+    peak_reserved_bytes: u64,
+    arena_bytes: u64,
+    peak_arena_bytes: u64,
+    /// The sum of the running processes' latest RSS, and the tree's
+    /// resident memory.
+    rss_total: u64,
+    resident: Resident,
     /// Whether mappings and break growth without a stack go to their
     /// process's direct-syscall site (when stacks are captured).
     direct_syscall_sites: bool,
-    /// Direct-syscall sites seen: id -> pid.
-    direct_sites: HashMap<u64, u32>,
+    /// Direct-syscall and allocator-arena sites seen: id -> pid.
+    direct_sites: HashMap<u64, (u32, PseudoSite)>,
     /// Records this version does not understand.
     pub malformed: u64,
     /// The heap over time; `None` when not kept.
@@ -327,9 +362,21 @@ impl Aggregator {
         self.direct_syscall_sites = on;
     }
 
-    /// The process of a direct-syscall site, if `id` is one.
-    pub fn direct_syscall_pid(&self, id: u64) -> Option<u32> {
+    /// The process of a direct-syscall or allocator-arena site, if `id` is
+    /// one, and which.
+    pub fn pseudo_site(&self, id: u64) -> Option<(u32, PseudoSite)> {
         self.direct_sites.get(&id).copied()
+    }
+
+    /// The tree's resident memory.
+    pub fn resident(&self) -> Resident {
+        let mut r = self.resident;
+        // Never below a process's exact peak (the sum is of recorded
+        // values).
+        for p in &self.procs {
+            r.peak_rss_bytes = r.peak_rss_bytes.max(p.resident.peak_rss_bytes);
+        }
+        r
     }
 
     /// An aggregator without the timeline (to measure what it costs).
@@ -359,6 +406,7 @@ impl Aggregator {
             live_bytes: self.tree.live_bytes,
             live_blocks: self.tree.live_blocks,
             mapped_bytes: self.mapped_bytes,
+            rss_bytes: self.rss_total,
         };
         let proc = self.procs[idx]
             .state
@@ -367,6 +415,7 @@ impl Aggregator {
                 live_bytes: s.live_bytes,
                 live_blocks: s.blocks.len() as u64,
                 mapped_bytes: s.mapped_bytes,
+                rss_bytes: s.rss,
             });
         b.record(tree, idx, proc);
         self.tree.sites.sampled(self.tree.seq, self.tree.live_bytes);
@@ -462,8 +511,16 @@ impl Aggregator {
             t.brk_peak_bytes = t.brk_peak_bytes.max(m.brk_peak_bytes);
             t.brk_bytes_at_exit += m.brk_bytes_at_exit;
             t.brk_grown_bytes += m.brk_grown_bytes;
+            t.mprotects += m.mprotects;
+            t.reserved_bytes += m.reserved_bytes;
+            t.reserved_bytes_at_exit += m.reserved_bytes_at_exit;
+            t.arena_mmaps += m.arena_mmaps;
+            t.arena_bytes_at_exit += m.arena_bytes_at_exit;
+            t.arena_committed_bytes_at_exit += m.arena_committed_bytes_at_exit;
         }
         t.peak_mapped_bytes = self.peak_mapped_bytes;
+        t.peak_reserved_bytes = self.peak_reserved_bytes;
+        t.peak_arena_bytes = self.peak_arena_bytes;
         t
     }
 
@@ -521,9 +578,17 @@ impl Aggregator {
                         self.tree.shrink(*block);
                     }
                     for (start, r) in &old.regions {
-                        self.tree.unmapped(r.stack, r.end - start);
+                        if !r.reserved {
+                            self.tree.unmapped(r.stack, r.end - start);
+                        }
                     }
                     self.mapped_bytes -= old.mapped_bytes;
+                    self.reserved_bytes -= old.reserved_bytes;
+                    self.arena_bytes -= old.arena_bytes;
+                    // Its RSS goes on in the new image's records.
+                    if let Some(new) = self.procs[idx].state.as_deref_mut() {
+                        new.rss = old.rss;
+                    }
                 }
                 self.sample(idx);
             }
@@ -534,6 +599,11 @@ impl Aggregator {
             }
             Body::Mem(mem) => {
                 let idx = self.mem(&rec.hdr, mem);
+                self.sample(idx);
+            }
+            Body::Rss { rss, peak } => {
+                let idx = self.index(pid, ts);
+                self.rss(idx, rss, peak);
                 self.sample(idx);
             }
             // Folded by the region markers (the session's region markers).
@@ -588,6 +658,12 @@ impl Aggregator {
         p.heap.live_bytes_at_exit = state.live_bytes;
         p.heap.live_allocations_at_exit = state.blocks.len() as u64;
         p.maps.mapped_bytes_at_exit = state.mapped_bytes;
+        p.maps.reserved_bytes_at_exit = state.reserved_bytes;
+        p.maps.arena_bytes_at_exit = state.arena_bytes;
+        p.maps.arena_committed_bytes_at_exit = state.arena_committed;
+        self.rss_total -= state.rss;
+        self.arena_bytes -= state.arena_bytes;
+        self.reserved_bytes -= state.reserved_bytes;
         if let Some(start) = state.brk_start {
             p.maps.brk_bytes_at_exit = state.brk_now.saturating_sub(start);
         }
@@ -600,9 +676,24 @@ impl Aggregator {
             }
         }
         for (start, r) in &state.regions {
-            if r.stack != 0 {
-                self.tree.unmapped(r.stack, r.end - start);
-                self.tree.map_stack(r.stack).metrics.mapped_bytes_at_exit += r.end - start;
+            let bytes = r.end - start;
+            if r.stack == 0 {
+                continue;
+            }
+            if r.reserved {
+                self.tree.map_stack(r.stack).metrics.reserved_bytes_at_exit += bytes;
+            } else {
+                self.tree.unmapped(r.stack, bytes);
+                self.tree.map_stack(r.stack).metrics.mapped_bytes_at_exit += bytes;
+            }
+        }
+        // An arena site's bytes are apart from the mapping peak's.
+        for (start, r) in state.arenas.iter().filter(|(_, r)| r.stack != 0) {
+            let m = &mut self.tree.stacks.entry(r.stack).or_default().metrics;
+            if r.reserved {
+                m.reserved_bytes_at_exit += r.end - start;
+            } else {
+                m.mapped_bytes_at_exit += r.end - start;
             }
         }
         self.mapped_bytes -= state.mapped_bytes;
@@ -614,25 +705,13 @@ impl Aggregator {
     fn mem(&mut self, hdr: &Header, mem: Mem) -> usize {
         let idx = self.index(hdr.pid, hdr.ts_ns);
         // The site of a mapping or break growth made outside allocators.
-        let site = match hdr.kind {
-            Kind::Mmap | Kind::Brk if !hdr.in_allocator => {
-                if mem.stack_id != 0 {
-                    mem.stack_id
-                } else if self.direct_syscall_sites {
-                    let id = direct_syscall_id(hdr.pid, self.procs[idx].exe_id);
-                    self.direct_sites.insert(id, hdr.pid);
-                    id
-                } else {
-                    0
-                }
-            }
-            _ => 0,
-        };
+        let site = self.site_of(hdr, mem, idx);
         let p = &mut self.procs[idx];
         let exe_id = p.exe_id;
         let Some(state) = p.state.as_deref_mut() else {
             return idx;
         };
+        let resident = &mut p.resident;
         let live_before = state.live_bytes;
         let mut f = Fold {
             state,
@@ -641,8 +720,9 @@ impl Aggregator {
             tree: &mut self.tree,
             exe_id,
             tid: hdr.tid,
-            mapped_grew: 0,
-            mapped_shrank: 0,
+            mapped: Moved::default(),
+            reserved: Moved::default(),
+            arena: Moved::default(),
         };
         match hdr.kind {
             Kind::ReallocBegin => f.realloc_begin(mem.addr),
@@ -650,8 +730,12 @@ impl Aggregator {
             k if k.is_allocation() => f.allocation(mem),
             Kind::Free => f.free(mem.addr),
             Kind::Mmap if !hdr.in_allocator => f.mmap(mem, site),
+            Kind::Mmap if mem.prot() == 0 => f.arena_mmap(mem, site),
             Kind::Munmap if !hdr.in_allocator => f.munmap(mem),
+            Kind::Munmap => f.arena_munmap(mem),
             Kind::Mremap if !hdr.in_allocator => f.mremap(mem),
+            Kind::Mprotect if !hdr.in_allocator => f.mprotect(mem),
+            Kind::Mprotect => f.arena_mprotect(mem),
             Kind::Brk => f.brk(mem.addr, site, hdr.in_allocator),
             _ => {}
         }
@@ -660,25 +744,78 @@ impl Aggregator {
             heap,
             maps,
             tree,
-            mapped_grew,
-            mapped_shrank,
+            mapped,
+            reserved,
+            arena,
             ..
         } = f;
         if state.live_bytes > heap.peak_live_bytes {
             heap.peak_live_bytes = state.live_bytes;
             heap.peak_live_at_ns = hdr.ts_ns;
+            resident.rss_at_heap_peak_bytes = state.rss;
         }
         if state.live_bytes > live_before {
             tree.check_peak(hdr.ts_ns);
+            if tree.peak_seq == tree.seq {
+                self.resident.rss_at_heap_peak_bytes = self.rss_total;
+            }
         }
-        state.mapped_bytes = state.mapped_bytes + mapped_grew - mapped_shrank;
+        state.mapped_bytes = mapped.apply(state.mapped_bytes);
         maps.peak_mapped_bytes = maps.peak_mapped_bytes.max(state.mapped_bytes);
-        self.mapped_bytes = self.mapped_bytes + mapped_grew - mapped_shrank;
+        state.reserved_bytes = reserved.apply(state.reserved_bytes);
+        maps.peak_reserved_bytes = maps.peak_reserved_bytes.max(state.reserved_bytes);
+        state.arena_bytes = arena.apply(state.arena_bytes);
+        maps.peak_arena_bytes = maps.peak_arena_bytes.max(state.arena_bytes);
+        self.mapped_bytes = mapped.apply(self.mapped_bytes);
         if self.mapped_bytes > self.peak_mapped_bytes {
             self.peak_mapped_bytes = self.mapped_bytes;
             self.tree.mapped_peak_seq = self.tree.seq;
         }
+        self.reserved_bytes = reserved.apply(self.reserved_bytes);
+        self.peak_reserved_bytes = self.peak_reserved_bytes.max(self.reserved_bytes);
+        self.arena_bytes = arena.apply(self.arena_bytes);
+        self.peak_arena_bytes = self.peak_arena_bytes.max(self.arena_bytes);
         idx
+    }
+
+    /// The site of a mapping or break growth made outside allocators (its
+    /// stack, else the direct-syscall site), or of an allocator's arena
+    /// (its arena site); 0 for none.
+    fn site_of(&mut self, hdr: &Header, mem: Mem, idx: usize) -> u64 {
+        let pseudo = match hdr.kind {
+            Kind::Mmap | Kind::Brk if !hdr.in_allocator => {
+                if mem.stack_id != 0 {
+                    return mem.stack_id;
+                }
+                PseudoSite::DirectSyscall
+            }
+            Kind::Mmap if mem.prot() == 0 => PseudoSite::AllocatorArena,
+            _ => return 0,
+        };
+        if !self.direct_syscall_sites {
+            return 0;
+        }
+        let exe_id = self.procs[idx].exe_id;
+        let id = match pseudo {
+            PseudoSite::DirectSyscall => direct_syscall_id(hdr.pid, exe_id),
+            PseudoSite::AllocatorArena => arena_site_id(hdr.pid, exe_id),
+        };
+        self.direct_sites.insert(id, (hdr.pid, pseudo));
+        id
+    }
+
+    /// Folds an RSS record of process `idx`.
+    fn rss(&mut self, idx: usize, rss: u64, peak: u64) {
+        let p = &mut self.procs[idx];
+        p.resident.samples += 1;
+        p.resident.peak_rss_bytes = p.resident.peak_rss_bytes.max(peak).max(rss);
+        self.resident.samples += 1;
+        let Some(state) = p.state.as_deref_mut() else {
+            return;
+        };
+        self.rss_total = self.rss_total - state.rss + rss;
+        state.rss = rss;
+        self.resident.peak_rss_bytes = self.resident.peak_rss_bytes.max(self.rss_total);
     }
 
     /// Ends processes that never reported an exit (the capture ended
@@ -718,9 +855,23 @@ struct Fold<'a> {
     tree: &'a mut TreeLive,
     exe_id: u32,
     tid: u32,
-    /// Anonymous-mapping bytes the record added and removed.
-    mapped_grew: u64,
-    mapped_shrank: u64,
+    /// Committed, reserved and arena bytes the record added and removed.
+    mapped: Moved,
+    reserved: Moved,
+    arena: Moved,
+}
+
+/// Bytes a record added to a count and removed from it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Moved {
+    grew: u64,
+    shrank: u64,
+}
+
+impl Moved {
+    fn apply(self, count: u64) -> u64 {
+        count + self.grew - self.shrank
+    }
 }
 
 impl Fold<'_> {
@@ -851,26 +1002,115 @@ impl Fold<'_> {
         }
     }
 
-    /// An anonymous mapping made outside allocator calls, at `site`.
+    /// An anonymous mapping made outside allocator calls, at `site`:
+    /// committed, or reserved when mapped without access rights.
     fn mmap(&mut self, mem: Mem, site: u64) {
         let (addr, end) = (mem.addr, page_end(mem.addr, mem.size));
+        let reserved = mem.prot() == 0;
         // MAP_FIXED may replace regions we hold.
-        self.mapped_shrank = self.state.unmap(addr, end, self.tree).0;
-        self.state.regions.insert(addr, Region { end, stack: site });
-        self.tree.mapped(site, end - addr, true, self.exe_id);
+        let (c, r) = mapping::bytes(&self.state.unmap(addr, end, self.tree));
+        (self.mapped.shrank, self.reserved.shrank) = (c, r);
+        let region = Region {
+            end,
+            stack: site,
+            reserved,
+        };
+        self.state.regions.insert(addr, region);
         self.maps.mmaps += 1;
-        self.maps.mapped_bytes += end - addr;
-        self.mapped_grew = end - addr;
+        if reserved {
+            self.tree.reserved(site, end - addr, true, self.exe_id);
+            self.maps.reserved_bytes += end - addr;
+            self.reserved.grew = end - addr;
+        } else {
+            self.tree.mapped(site, end - addr, true, self.exe_id);
+            self.maps.mapped_bytes += end - addr;
+            self.mapped.grew = end - addr;
+        }
     }
 
     fn munmap(&mut self, mem: Mem) {
-        let (removed, _) = self
+        let pieces = self
             .state
             .unmap(mem.addr, page_end(mem.addr, mem.size), self.tree);
-        if removed > 0 {
+        let (c, r) = mapping::bytes(&pieces);
+        if c + r > 0 {
             self.maps.munmaps += 1;
-            self.maps.unmapped_bytes += removed;
-            self.mapped_shrank = removed;
+            self.maps.unmapped_bytes += c;
+            (self.mapped.shrank, self.reserved.shrank) = (c, r);
+        }
+    }
+
+    /// mprotect gives a range of our regions access rights (committed) or
+    /// takes them (reserved), at the stacks that mapped them.
+    fn mprotect(&mut self, mem: Mem) {
+        let reserved = mem.prot() == 0;
+        let end = page_end(mem.addr, mem.size);
+        let changed = mapping::protect(&mut self.state.regions, mem.addr, end, reserved);
+        if changed.is_empty() {
+            return;
+        }
+        self.maps.mprotects += 1;
+        for (s, e, r) in changed {
+            let len = e - s;
+            if reserved {
+                self.tree.unmapped(r.stack, len);
+                self.tree.reserved(r.stack, len, false, self.exe_id);
+                self.maps.unmapped_bytes += len;
+                self.maps.reserved_bytes += len;
+                self.mapped.shrank += len;
+                self.reserved.grew += len;
+            } else {
+                self.tree.mapped(r.stack, len, false, self.exe_id);
+                self.maps.mapped_bytes += len;
+                self.reserved.shrank += len;
+                self.mapped.grew += len;
+            }
+        }
+    }
+
+    /// A reservation an allocator mapped in its own call: an arena of its
+    /// process, at its arena site.
+    fn arena_mmap(&mut self, mem: Mem, site: u64) {
+        let (addr, end) = (mem.addr, page_end(mem.addr, mem.size));
+        let (c, r) = mapping::bytes(&mapping::cut(&mut self.state.arenas, addr, end));
+        self.state.arena_committed -= c;
+        self.arena.shrank = c + r;
+        let region = Region {
+            end,
+            stack: site,
+            reserved: true,
+        };
+        self.state.arenas.insert(addr, region);
+        self.arena.grew = end - addr;
+        self.maps.arena_mmaps += 1;
+        if site != 0 {
+            let s = self.tree.stacks.entry(site).or_default();
+            s.exe_id = self.exe_id;
+            s.metrics.mmaps += 1;
+            s.metrics.reserved_bytes += end - addr;
+        }
+    }
+
+    fn arena_munmap(&mut self, mem: Mem) {
+        let end = page_end(mem.addr, mem.size);
+        let (c, r) = mapping::bytes(&mapping::cut(&mut self.state.arenas, mem.addr, end));
+        self.state.arena_committed -= c;
+        self.arena.shrank = c + r;
+    }
+
+    /// The allocator commits part of an arena (or decommits it).
+    fn arena_mprotect(&mut self, mem: Mem) {
+        let reserved = mem.prot() == 0;
+        let end = page_end(mem.addr, mem.size);
+        for (s, e, r) in mapping::protect(&mut self.state.arenas, mem.addr, end, reserved) {
+            if reserved {
+                self.state.arena_committed -= e - s;
+            } else {
+                self.state.arena_committed += e - s;
+                if let Some(site) = self.tree.stacks.get_mut(&r.stack) {
+                    site.metrics.mapped_bytes += e - s;
+                }
+            }
         }
     }
 
@@ -884,15 +1124,31 @@ impl Fold<'_> {
             ..
         } = mem;
         let (state, tree) = (&mut *self.state, &mut *self.tree);
-        let (removed, stack) = state.unmap(old_addr, page_end(old_addr, old_size), tree);
-        if removed > 0 {
+        let old = state.unmap(old_addr, page_end(old_addr, old_size), tree);
+        let (c, r) = mapping::bytes(&old);
+        if c + r > 0 {
+            let stack = old.last().map_or(0, |&(_, _, r)| r.stack);
+            // Reserved if all it moved was.
+            let reserved = c == 0;
             let end = page_end(addr, size);
-            self.mapped_shrank = removed + state.unmap(addr, end, tree).0;
-            state.regions.insert(addr, Region { end, stack });
-            tree.mapped(stack, end - addr, false, self.exe_id);
-            self.maps.unmapped_bytes += removed;
-            self.maps.mapped_bytes += end - addr;
-            self.mapped_grew = end - addr;
+            let (c2, r2) = mapping::bytes(&state.unmap(addr, end, tree));
+            (self.mapped.shrank, self.reserved.shrank) = (c + c2, r + r2);
+            let region = Region {
+                end,
+                stack,
+                reserved,
+            };
+            state.regions.insert(addr, region);
+            if reserved {
+                tree.reserved(stack, end - addr, false, self.exe_id);
+                self.maps.reserved_bytes += end - addr;
+                self.reserved.grew = end - addr;
+            } else {
+                tree.mapped(stack, end - addr, false, self.exe_id);
+                self.maps.unmapped_bytes += c;
+                self.maps.mapped_bytes += end - addr;
+                self.mapped.grew = end - addr;
+            }
         }
     }
 
@@ -936,5 +1192,131 @@ fn stack_allocated(tree: &mut TreeLive, block: Block, exe_id: u32) {
         }
         s.metrics.allocations += 1;
         s.metrics.bytes += block.size;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A memory record of process 7 at `ts`; `old_addr` is mmap's and
+    /// mprotect's protection.
+    fn mem(
+        ts: u64,
+        kind: Kind,
+        in_allocator: bool,
+        addr: u64,
+        size: u64,
+        prot: u64,
+    ) -> Record<'static> {
+        Record {
+            hdr: Header {
+                ts_ns: ts,
+                pid: 7,
+                tid: 7,
+                kind,
+                in_allocator,
+            },
+            body: Body::Mem(Mem {
+                addr,
+                size,
+                old_addr: prot,
+                old_size: 0,
+                stack_id: 5,
+            }),
+        }
+    }
+
+    fn rss(ts: u64, rss: u64, peak: u64) -> Record<'static> {
+        Record {
+            hdr: Header {
+                ts_ns: ts,
+                pid: 7,
+                tid: 7,
+                kind: Kind::Rss,
+                in_allocator: false,
+            },
+            body: Body::Rss { rss, peak },
+        }
+    }
+
+    /// Check that a reservation committed in part counts reserved and
+    /// committed bytes apart (in the process, the tree and at its stack),
+    /// that an allocator's reservation is an arena at the arena site, and
+    /// that RSS records give the peak and the RSS at the heap peak.
+    #[test]
+    fn aggregate_reserved_committed_arena_rss() {
+        let mut agg = Aggregator::new();
+        agg.set_direct_syscall_sites(true);
+        let base = 0x7f00_0000_0000;
+        agg.apply(&rss(1, MIB, MIB));
+        agg.apply(&mem(2, Kind::Mmap, false, base, 256 * MIB, 0));
+        agg.apply(&mem(3, Kind::Mprotect, false, base + 64 * MIB, 8 * MIB, 3));
+        agg.apply(&mem(4, Kind::Malloc, false, 0x1000, 100, 0));
+        agg.apply(&rss(5, 9 * MIB, 9 * MIB));
+        // An arena: 128 MiB reserved, trimmed to 64, 132 KiB committed.
+        let arena = 0x7e00_0000_0000;
+        agg.apply(&mem(6, Kind::Mmap, true, arena, 128 * MIB, 0));
+        agg.apply(&mem(7, Kind::Munmap, true, arena + 64 * MIB, 64 * MIB, 0));
+        agg.apply(&mem(8, Kind::Mprotect, true, arena, 132 << 10, 3));
+        // The allocator's large block: the heap's, not a mapping.
+        agg.apply(&mem(9, Kind::Mmap, true, 0x7d00_0000_0000, 4 * MIB, 3));
+        agg.apply(&rss(10, 2 * MIB, 10 * MIB));
+        agg.finish(11);
+        let m = agg.mapping_totals();
+        assert_eq!(
+            (
+                m.mmaps,
+                m.mapped_bytes,
+                m.peak_mapped_bytes,
+                m.mapped_bytes_at_exit
+            ),
+            (1, 8 * MIB, 8 * MIB, 8 * MIB)
+        );
+        assert_eq!(
+            (
+                m.reserved_bytes,
+                m.peak_reserved_bytes,
+                m.reserved_bytes_at_exit,
+                m.mprotects
+            ),
+            (256 * MIB, 256 * MIB, 248 * MIB, 1)
+        );
+        assert_eq!(
+            (m.arena_mmaps, m.peak_arena_bytes, m.arena_bytes_at_exit),
+            (1, 128 * MIB, 64 * MIB)
+        );
+        assert_eq!(m.arena_committed_bytes_at_exit, 132 << 10);
+        let stack = agg
+            .stack_metrics()
+            .find(|&(id, _)| id == 5)
+            .expect("stack")
+            .1;
+        assert_eq!(
+            (stack.mmaps, stack.mapped_bytes, stack.reserved_bytes),
+            (1, 8 * MIB, 256 * MIB)
+        );
+        assert_eq!(
+            (stack.mapped_bytes_at_exit, stack.reserved_bytes_at_exit),
+            (8 * MIB, 248 * MIB)
+        );
+        let arena_site: Vec<(u64, StackMetrics)> = agg
+            .stack_metrics()
+            .filter(|&(id, _)| agg.pseudo_site(id) == Some((7, PseudoSite::AllocatorArena)))
+            .collect();
+        assert_eq!(arena_site.len(), 1);
+        let a = arena_site[0].1;
+        assert_eq!(
+            (a.mmaps, a.reserved_bytes, a.mapped_bytes),
+            (1, 128 * MIB, 132 << 10)
+        );
+        assert_eq!(a.reserved_bytes_at_exit + a.mapped_bytes_at_exit, 64 * MIB);
+        let r = agg.resident();
+        assert_eq!(
+            (r.peak_rss_bytes, r.rss_at_heap_peak_bytes, r.samples),
+            (10 * MIB, MIB, 3)
+        );
     }
 }

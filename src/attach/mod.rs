@@ -342,16 +342,17 @@ pub fn find_sites(image: &Path, api: &[Entry]) -> Result<Vec<Site>, AttachError>
 
 /// The allocator sites of `image` a capture probes: [`find_sites`] over
 /// every API, less the `operator new` sites of an image without an
-/// allocator of its own (libstdc++, libc++) when the capture walks stacks
-/// from unwind tables (`tables`). That operator new only calls malloc,
-/// which is probed anyway, and its unwind rows are flagged
-/// (`MT_ROW_ALLOC_WRAPPER`, `unwind/table.rs`) so that a stack walked from
-/// malloc's entry starts at new's caller, as one captured at new's entry
-/// did: one trap less per C++ allocation (issue 22). Without tables (no
-/// stacks, `--unwind fp`), new keeps its probe.
-pub fn capture_sites(image: &Path, tables: bool) -> Result<Vec<Site>, AttachError> {
+/// allocator of its own (libstdc++, libc++) unless `probe_new`. That
+/// operator new only calls malloc, which is probed anyway: one trap less
+/// per C++ allocation (issue 22). Its probe is wanted only when stacks are
+/// walked by frame pointers (`--unwind fp`, or tables that failed to
+/// load): it captures the stack at new's entry for the malloc to take.
+/// Stacks from unwind tables start at new's caller without it (its rows
+/// are flagged `MT_ROW_ALLOC_WRAPPER`, `unwind/table.rs`), and without
+/// stacks (`--stack-depth 0`) it only counted its own hits.
+pub fn capture_sites(image: &Path, probe_new: bool) -> Result<Vec<Site>, AttachError> {
     let mut sites = find_sites(image, &api::all())?;
-    if tables && !sites.iter().any(|s| s.role == Role::Alloc) {
+    if !probe_new && !sites.iter().any(|s| s.role == Role::Alloc) {
         sites.retain(|s| s.role != Role::New);
     }
     Ok(sites)

@@ -75,6 +75,9 @@ pub struct AttachWorker {
     /// Unwind tables, loaded for each image before its hold is released
     /// (None with `--unwind fp`).
     pub tables: Option<crate::unwind::Tables>,
+    /// Whether operator new in the C++ runtimes is probed (see
+    /// [`capture_sites`]): by default when there are no tables.
+    pub probe_new: bool,
     /// Per-process probes (shared with the session, which makes the
     /// command's first ones); None when they are system-wide.
     pub per_process: Option<Shared>,
@@ -112,6 +115,7 @@ impl AttachWorker {
             malformed: 0,
             hold: true,
             examined: Vec::new(),
+            probe_new: tables.is_none(),
             tables,
             per_process,
             held_for_probes: None,
@@ -151,7 +155,7 @@ impl AttachWorker {
         // Stamped before reading: a file changed meanwhile gets a stamp
         // that no longer matches it, and is examined again next time.
         let stamp = Stamp::of(&real).filter(|s| s.id() == (req.dev, req.ino));
-        let mut sites = match capture_sites(&link, self.tables.is_some()) {
+        let mut sites = match capture_sites(&link, self.probe_new) {
             Ok(sites) => sites,
             Err(err) => return skipped_or(real, err),
         };
@@ -180,9 +184,15 @@ impl AttachWorker {
             Ok(_) => {}
             Err(err) => return skipped_or(real, err),
         }
+        let per_image = per_process.as_ref().is_some_and(|p| p.has_image(id));
         drop(per_process);
         if let Some(tables) = &mut self.tables {
             tables.load(&link, &real, id);
+            // Its per-process entries in `known_images` stay with each
+            // process: a release could not make them ask again.
+            if per_image {
+                tables.pin(id);
+            }
         }
         // An image whose only sites are region markers (a benchmark's
         // executable) is not cached: the cache would probe it up front in
@@ -368,6 +378,7 @@ impl AttachWorker {
     fn examine_request(&mut self, req: &MappingRecord) {
         let pid = req.pid;
         let id = (req.dev, req.ino);
+        self.reload_released(req, id);
         if self.has_image(id) {
             self.per_process_request(pid, |p, progs, known| p.link(progs, known, pid, id));
             return;
@@ -402,6 +413,28 @@ impl AttachWorker {
                 // Asking again would only fail again.
                 self.mark_known(id);
             }
+        }
+    }
+
+    /// Loads the table of image `id` again if it was released (no process
+    /// mapped it; its `known_images` entry went with it, so this process
+    /// asked, held: issue 23), and records the image known again.
+    fn reload_released(&mut self, req: &MappingRecord, id: (u64, u64)) {
+        let Some(tables) = self.tables.as_mut().filter(|t| t.was_released(id)) else {
+            return;
+        };
+        let link = PathBuf::from(format!(
+            "/proc/{}/map_files/{:x}-{:x}",
+            req.pid, req.start, req.end
+        ));
+        // Gone meanwhile: the next process that maps it asks again.
+        let Ok(real) = std::fs::read_link(&link).map(strip_deleted) else {
+            return;
+        };
+        tables.load(&link, &real, id);
+        tracing::debug!(image = %real.display(), "unwind table loaded again");
+        if self.known.contains(&id) {
+            self.mark_known(id);
         }
     }
 

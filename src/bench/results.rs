@@ -323,10 +323,13 @@ pub fn site_name(stack: &StackEntry) -> String {
     let Some(f) = stack.frames.first() else {
         return "[no frames]".to_owned();
     };
-    let func = f.function.clone().unwrap_or_else(|| match &f.module {
-        Some(m) => format!("[{}]", m.rsplit('/').next().unwrap_or(m)),
-        None => format!("{:#x}", f.addr),
-    });
+    let func = f.function.as_deref().map_or_else(
+        || match &f.module {
+            Some(m) => format!("[{}]", m.rsplit('/').next().unwrap_or(m)),
+            None => format!("{:#x}", f.addr),
+        },
+        str::to_owned,
+    );
     match (&f.file, f.line) {
         (Some(file), Some(line)) => format!("{func} ({file}:{line})"),
         (Some(file), None) => format!("{func} ({file})"),
@@ -347,7 +350,7 @@ pub fn site_key(stack: &StackEntry) -> String {
         .rev()
         .map(|f| {
             let name = match (&f.function, &f.module) {
-                (Some(func), _) => func.clone(),
+                (Some(func), _) => func.to_string(),
                 (None, Some(m)) => format!("[{}]", m.rsplit('/').next().unwrap_or(m)),
                 (None, None) => "[unknown]".to_owned(),
             };

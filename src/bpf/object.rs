@@ -77,6 +77,7 @@ impl Config<'_> {
         // One set of allocator programs: the session program or the
         // split ones.
         open.progs.alloc_session.set_autoload(self.sessions);
+        open.progs.rss_stat.set_autoload(rss_supported());
         for prog in [
             &mut open.progs.alloc_enter,
             &mut open.progs.alloc_return,
@@ -129,6 +130,12 @@ impl Config<'_> {
         ro.watermark_attach = self.rings[3].watermark;
         Ok(())
     }
+}
+
+/// Whether the kernel's mm counters are the per-CPU counters `rss_stat`
+/// reads (Linux 6.2 and later): else resident memory is not recorded.
+pub(crate) fn rss_supported() -> bool {
+    sys::kernel_release() >= (6, 2)
 }
 
 /// The loaded BPF object: the skeleton and the storage it borrows.

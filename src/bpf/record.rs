@@ -28,6 +28,8 @@ pub enum Kind {
     Munmap = t::mt_kind::MT_MUNMAP.0 as u16,
     Mremap = t::mt_kind::MT_MREMAP.0 as u16,
     Brk = t::mt_kind::MT_BRK.0 as u16,
+    Mprotect = t::mt_kind::MT_MPROTECT.0 as u16,
+    Rss = t::mt_kind::MT_RSS.0 as u16,
     Fork = t::mt_kind::MT_FORK.0 as u16,
     Exec = t::mt_kind::MT_EXEC.0 as u16,
     Exit = t::mt_kind::MT_EXIT.0 as u16,
@@ -35,7 +37,7 @@ pub enum Kind {
     RegionEnd = t::mt_kind::MT_REGION_END.0 as u16,
 }
 
-const ALL_KINDS: [Kind; 20] = [
+const ALL_KINDS: [Kind; 22] = [
     Kind::Malloc,
     Kind::Calloc,
     Kind::Realloc,
@@ -51,6 +53,8 @@ const ALL_KINDS: [Kind; 20] = [
     Kind::Munmap,
     Kind::Mremap,
     Kind::Brk,
+    Kind::Mprotect,
+    Kind::Rss,
     Kind::Fork,
     Kind::Exec,
     Kind::Exit,
@@ -81,6 +85,8 @@ impl Kind {
             Self::Munmap => "munmap",
             Self::Mremap => "mremap",
             Self::Brk => "brk",
+            Self::Mprotect => "mprotect",
+            Self::Rss => "rss",
             Self::Fork => "fork",
             Self::Exec => "exec",
             Self::Exit => "exit",
@@ -127,6 +133,12 @@ pub enum Body<'a> {
     Exit {
         exit_code: i32,
     },
+    /// A process's resident set size moved (`struct mt_rss_event`): bytes
+    /// now, and its highest so far.
+    Rss {
+        rss: u64,
+        peak: u64,
+    },
     /// A USDT region marker (`struct mt_region_event`): the name of a
     /// begin, without its NUL (empty for an end, or a name BPF could not
     /// read).
@@ -140,10 +152,24 @@ pub enum Body<'a> {
 pub struct Mem {
     pub addr: u64,
     pub size: u64,
+    /// realloc and mremap: the old address; mmap and mprotect: the
+    /// protection (`PROT_*` bits, 0 for `PROT_NONE`; see [`Mem::prot`]).
     pub old_addr: u64,
     pub old_size: u64,
     /// The allocation's call stack (see [`StackRecord`]), 0 if none.
     pub stack_id: u64,
+}
+
+impl Mem {
+    /// An mmap's or mprotect's protection bits (`enum mt_prot`).
+    pub fn prot(&self) -> u32 {
+        (self.old_addr
+            & u64::from(
+                t::mt_prot::MT_PROT_READ.0
+                    | t::mt_prot::MT_PROT_WRITE.0
+                    | t::mt_prot::MT_PROT_EXEC.0,
+            )) as u32
+    }
 }
 
 /// One decoded record.
@@ -201,6 +227,8 @@ unsafe impl Pod for t::mt_alloc_event {}
 // SAFETY: as `mt_header`.
 unsafe impl Pod for t::mt_stack_record {}
 // SAFETY: as `mt_header`.
+unsafe impl Pod for t::mt_rss_event {}
+// SAFETY: as `mt_header`.
 unsafe impl Pod for t::mt_mapping_record {}
 // SAFETY: as `mt_header`.
 unsafe impl Pod for t::mt_py_code_record {}
@@ -248,6 +276,13 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
         Kind::RegionBegin | Kind::RegionEnd => Body::Region {
             name: name_after_header(bytes, size_of::<t::mt_region_event>())?,
         },
+        Kind::Rss => {
+            let e: t::mt_rss_event = read(bytes)?;
+            Body::Rss {
+                rss: e.rss,
+                peak: e.peak,
+            }
+        }
         _ => {
             let e: t::mt_alloc_event = read(bytes)?;
             // One field carries mremap's old length or an allocation's stack.

@@ -473,6 +473,58 @@ pub struct ReportArgs {
     /// capture (repeatable; /usr/lib/debug is always looked in).
     #[arg(long = "debuginfo-dir", value_name = "DIR")]
     pub debuginfo_dirs: Vec<PathBuf>,
+
+    /// What a text or JSON report lists: allocation sites (grouped by
+    /// caller unless --no-group), functions with their self and inclusive
+    /// values, or the callers and callees of the functions --focus
+    /// matches. Other formats show sites.
+    #[arg(long, value_enum, value_name = "VIEW", default_value_t = report::View::Sites)]
+    pub view: report::View,
+
+    /// Also treat functions matching REGEX as allocator wrappers
+    /// (repeatable; matched anywhere in the demangled name). A site is
+    /// named by its stack's first frame outside the wrappers, so every
+    /// stack through `xmalloc` from one function is one site. Built in:
+    /// the allocator functions, xmalloc/xcalloc/xrealloc/xstrdup,
+    /// g_malloc*/g_new*, sqlite3Malloc*/sqlite3Realloc*, PyMem_*,
+    /// PyObject_Malloc*, C++'s operator new (single and array) and the
+    /// standard allocators' allocate, and Rust's __rust_alloc
+    /// (docs/reports.md lists them).
+    #[arg(long = "wrapper", value_name = "REGEX", value_parser = parse_regex)]
+    pub wrappers: Vec<regex::Regex>,
+
+    /// Sites are whole stacks, not grouped by their caller outside
+    /// allocator wrappers (stacks that show the same frames still merge).
+    #[arg(long, conflicts_with = "wrappers")]
+    pub no_group: bool,
+
+    /// With --view calls: the functions whose callers and callees are
+    /// listed. Otherwise: report only the stacks with a frame whose
+    /// function matches REGEX (pprof's -focus), in every format.
+    #[arg(long, value_name = "REGEX", value_parser = parse_regex)]
+    pub focus: Option<regex::Regex>,
+
+    /// Drop the frames whose function matches REGEX from every stack
+    /// (repeatable; pprof's -hide), in every format, before grouping: e.g.
+    /// `--hide '^std.'` attributes to the code that called the C++
+    /// library.
+    #[arg(long, value_name = "REGEX", value_parser = parse_regex)]
+    pub hide: Vec<regex::Regex>,
+
+    /// Read leak suppressions from FILE: a `leak:PATTERN` a line (LSan's
+    /// and heaptrack's format; `#` starts a comment). A stack with a frame
+    /// whose function, module or source file contains PATTERN (`*` any
+    /// characters, `^` and `$` anchor it) is not counted as a leak: its
+    /// blocks are shown apart, as suppressed. Known runtime pools (such
+    /// as libstdc++'s emergency exception pool) are always shown apart,
+    /// as "still reachable at exit: runtime" (repeatable).
+    #[arg(long = "suppressions", value_name = "FILE")]
+    pub suppressions: Vec<PathBuf>,
+}
+
+/// A `--wrapper`, `--focus` or `--hide` pattern.
+fn parse_regex(s: &str) -> Result<regex::Regex, String> {
+    regex::Regex::new(s).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, clap::Args)]
@@ -603,7 +655,7 @@ impl Tail {
     ) -> Result<(), CaptureError> {
         // Only text gets here without --report-output (clap requires it
         // otherwise).
-        let to_stderr = self.report.filter(|_| self.report_output.is_none());
+        let to_stderr = self.report.clone().filter(|_| self.report_output.is_none());
         let written = commit_outputs(
             outputs,
             profile,
@@ -699,6 +751,7 @@ impl CaptureArgs {
             format,
             by: self.report_by.unwrap_or_default(),
             top: None,
+            shaping: Default::default(),
         });
         Ok(Prepared {
             tail: Tail {
@@ -858,7 +911,11 @@ pub fn report_exit_code(err: &ReportError) -> i32 {
         ReportError::Invalid { .. } | ReportError::Format { .. } | ReportError::Version { .. } => {
             exit::PROFILE_INVALID
         }
-        ReportError::NoSuchProcess { .. } | ReportError::DebuginfoDir { .. } => exit::USAGE,
+        ReportError::NoSuchProcess { .. }
+        | ReportError::DebuginfoDir { .. }
+        | ReportError::Suppressions(_)
+        | ReportError::ViewFormat { .. }
+        | ReportError::CallsWithoutFocus => exit::USAGE,
         ReportError::Output(_) | ReportError::Stdout(_) => exit::OUTPUT,
     }
 }
@@ -882,11 +939,28 @@ pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportErr
     if found > 0 {
         tracing::info!(frames = found, "symbolized again from debug files");
     }
+    let mut suppressions = Vec::new();
+    for path in &args.suppressions {
+        suppressions.extend(report::read_suppressions(path)?);
+    }
+    let grouping = if args.no_group {
+        report::Grouping::none()
+    } else {
+        report::Grouping::new(args.wrappers)
+    };
     let opts = ReportOptions {
         format: args.format,
         by: args.by,
         top: args.top,
+        shaping: report::Shaping {
+            grouping,
+            view: args.view,
+            focus: args.focus,
+            hide: args.hide,
+            suppressions,
+        },
     };
+    opts.check()?;
     match args.output.filter(|p| p.as_os_str() != "-") {
         Some(path) => {
             let out = OutputFile::create_with(&path, args.force)?;

@@ -19,6 +19,8 @@ struct ExeGroup<'a> {
     /// The highest peak of any one of them.
     peak: u64,
     leaked: u64,
+    /// The highest RSS of any one of them.
+    rss: u64,
 }
 
 /// One line per executable, largest first (highest peak, then most bytes
@@ -42,6 +44,7 @@ fn write_executables(w: &mut impl Write, p: &Profile) -> io::Result<()> {
         g.frees += proc.heap.frees;
         g.peak = g.peak.max(proc.heap.peak_live_bytes);
         g.leaked += proc.heap.live_bytes_at_exit;
+        g.rss = g.rss.max(proc.resident.peak_rss_bytes);
     }
     groups.sort_by(|a, b| {
         (b.peak, b.allocated_bytes, b.processes)
@@ -50,22 +53,24 @@ fn write_executables(w: &mut impl Write, p: &Profile) -> io::Result<()> {
     });
     writeln!(
         w,
-        "  {:>9} {:>10} {:>10} {:>12} {:>12}  exe (peak: the highest of one process)",
+        "  {:>9} {:>10} {:>10} {:>12} {:>12} {:>12}  exe (peaks: the highest of one process)",
         "processes",
         "allocs",
         "frees",
         "peak",
-        if p.attached { "at detach" } else { "leaked" }
+        if p.attached { "at detach" } else { "leaked" },
+        "peak RSS"
     )?;
     for g in groups.iter().take(EXECUTABLES_SHOWN) {
         writeln!(
             w,
-            "  {:>9} {:>10} {:>10} {:>12} {:>12}  {}",
+            "  {:>9} {:>10} {:>10} {:>12} {:>12} {:>12}  {}",
             g.processes,
             g.allocations,
             g.frees,
             human_bytes(g.peak),
             human_bytes(g.leaked),
+            human_bytes(g.rss),
             g.exe
         )?;
     }
@@ -141,6 +146,15 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
             t.live_allocations_at_exit,
             human_bytes(t.live_bytes_at_exit)
         )?;
+        let (bytes, blocks) = crate::report::runtime_at_exit(p);
+        if blocks > 0 {
+            writeln!(
+                w,
+                "   of which   {blocks:>10}  {:>12}   still reachable at exit: runtime pools, not \
+                 leaks (memtrail report shows them apart)",
+                human_bytes(bytes)
+            )?;
+        }
     }
     if temporary_is_large(t) {
         writeln!(
@@ -162,6 +176,7 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
             human_bytes(m.brk_peak_bytes)
         )?;
     }
+    write_system_view(w, p)?;
     let pr = &p.pressure;
     if pr.episodes > 0 {
         writeln!(
@@ -203,6 +218,46 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
             } else {
                 String::new()
             }
+        )?;
+    }
+    Ok(())
+}
+
+/// Memory as the system sees it: reservations (address space without
+/// access rights, apart from the anon mmap line's committed bytes), the
+/// allocator's arenas, and resident memory.
+fn write_system_view(w: &mut impl Write, p: &Profile) -> io::Result<()> {
+    let m = &p.mappings;
+    if m.peak_reserved_bytes > 0 {
+        writeln!(
+            w,
+            "  {:<24}{:>12}   peak of PROT_NONE address space (not in anon mmap); {} mprotect{} \
+             committed or reserved part of it",
+            "reserved",
+            human_bytes(m.peak_reserved_bytes),
+            m.mprotects,
+            if m.mprotects == 1 { "" } else { "s" }
+        )?;
+    }
+    if m.arena_mmaps > 0 {
+        writeln!(
+            w,
+            "  arenas      {:>10}  {:>12}   peak address space; {} at exit, {} committed (the \
+             allocator's own: the heap counts its blocks)",
+            m.arena_mmaps,
+            human_bytes(m.peak_arena_bytes),
+            human_bytes(m.arena_bytes_at_exit),
+            human_bytes(m.arena_committed_bytes_at_exit)
+        )?;
+    }
+    let r = &p.resident;
+    if r.samples > 0 {
+        writeln!(
+            w,
+            "  {:<24}{:>12}   peak; {} at the heap's peak",
+            "resident (RSS)",
+            human_bytes(r.peak_rss_bytes),
+            human_bytes(r.rss_at_heap_peak_bytes)
         )?;
     }
     Ok(())
@@ -257,6 +312,17 @@ fn write_unwind_notes(w: &mut impl Write, p: &Profile) -> io::Result<()> {
             w,
             "  note: no unwind table for {}: stacks through them use frame pointers",
             without.join(", ")
+        )?;
+    }
+    let t = &u.tables;
+    if t.released > 0 {
+        writeln!(
+            w,
+            "  unwind tables: {} released (no process mapped their images) and their slots reused; \
+             at most {} slots in use at once, {} locked",
+            t.released,
+            t.peak_slots,
+            human_bytes(t.locked_bytes)
         )?;
     }
     Ok(())

@@ -45,6 +45,17 @@ value_enum!(crate::report::Format {
         "Collapsed stacks, `outer;...;inner VALUE` a line, for any flame graph tool",
     Timeline => "timeline":
         "An SVG chart of the heap over time (the profile's timeline), stacked by its top allocation sites, with the peak instant and the sites at the peak; `--by` and `--top` do not apply",
+    Profile => "profile":
+        "The profile in this memtrail's version (compact; zstd to a .zst name): converts an older one, keeps --pid/--exe's stacks; `--by` and `--top` do not apply",
+});
+
+value_enum!(crate::report::View {
+    Sites => "sites":
+        "Allocation sites, grouped by the first caller outside allocator wrappers (--no-group: whole stacks)",
+    Functions => "functions":
+        "Functions with their self and inclusive values (text and json)",
+    Calls => "calls":
+        "The callers and callees of the functions --focus matches (text and json)",
 });
 
 value_enum!(crate::report::Metric {

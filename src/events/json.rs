@@ -28,6 +28,9 @@ pub(crate) fn write_json(w: &mut impl Write, rec: &Record<'_>) -> io::Result<()>
             if h.kind != Kind::Free {
                 write!(w, r#","size":{size}"#)?;
             }
+            if matches!(h.kind, Kind::Mmap | Kind::Mprotect) {
+                write!(w, r#","prot":{old_addr}"#)?;
+            }
             if h.kind.is_realloc() || h.kind == Kind::Mremap {
                 write!(w, r#","old_addr":{old_addr}"#)?;
             }
@@ -37,7 +40,10 @@ pub(crate) fn write_json(w: &mut impl Write, rec: &Record<'_>) -> io::Result<()>
             if stack_id != 0 {
                 write!(w, r#","stack_id":"{stack_id}""#)?;
             }
-            if matches!(h.kind, Kind::Mmap | Kind::Munmap | Kind::Mremap | Kind::Brk) {
+            if matches!(
+                h.kind,
+                Kind::Mmap | Kind::Munmap | Kind::Mremap | Kind::Brk | Kind::Mprotect
+            ) {
                 write!(w, r#","in_allocator":{}"#, h.in_allocator)?;
             }
         }
@@ -47,6 +53,7 @@ pub(crate) fn write_json(w: &mut impl Write, rec: &Record<'_>) -> io::Result<()>
             serde_json::to_writer(&mut *w, &String::from_utf8_lossy(filename))?;
         }
         Body::Exit { exit_code } => write!(w, r#","exit_code":{exit_code}"#)?,
+        Body::Rss { rss, peak } => write!(w, r#","rss_bytes":{rss},"peak_rss_bytes":{peak}"#)?,
         Body::Region { name } => {
             if h.kind == Kind::RegionBegin {
                 w.write_all(br#","name":"#)?;

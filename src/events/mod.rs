@@ -23,9 +23,9 @@ use crate::bpf::record::{Body, Header, Kind, Mem, Record};
 
 /// The header that opens the decompressed stream.
 pub const MAGIC: [u8; 4] = *b"MTEV";
-/// The format version this code writes: 2, whose zstd frame has its
-/// content checksum.
-pub const VERSION: u8 = 2;
+/// The format version this code writes: 3, version 2 (whose zstd frame
+/// has its content checksum) with the mprotect and rss kinds.
+pub const VERSION: u8 = 3;
 /// The oldest version this code reads: 1, the same records in a frame
 /// without a checksum.
 pub const OLDEST_VERSION: u8 = 1;
@@ -196,6 +196,10 @@ impl Encoder {
             Body::Exec { filename } => b.extend_from_slice(filename),
             Body::Exit { exit_code } => put(b, zigzag(i64::from(exit_code))),
             Body::Region { name } => b.extend_from_slice(name),
+            Body::Rss { rss, peak } => {
+                put(b, rss);
+                put(b, peak);
+            }
         }
         b[1] = flags;
         let mut len = [0u8; 10];
@@ -468,6 +472,10 @@ fn decode<'a>(
         }
         Kind::Exec => Body::Exec { filename: c.rest() },
         Kind::RegionBegin | Kind::RegionEnd => Body::Region { name: c.rest() },
+        Kind::Rss => Body::Rss {
+            rss: c.varint()?,
+            peak: c.varint()?,
+        },
         Kind::Exit => Body::Exit {
             exit_code: i32::try_from(c.signed()?)
                 .map_err(|_| c.malformed("an exit code out of range"))?,

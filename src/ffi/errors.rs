@@ -93,8 +93,13 @@ fn report_code_of(err: &ReportError) -> memtrail_error {
         | ReportError::Invalid { .. }
         | ReportError::Format { .. }
         | ReportError::Version { .. } => MEMTRAIL_E_INVALID,
-        // Filters and debuginfo directories: the C ABI passes none.
-        ReportError::NoSuchProcess { .. } | ReportError::DebuginfoDir { .. } => MEMTRAIL_E_INVALID,
+        // Filters, debuginfo directories, views and suppressions: the C
+        // ABI passes none.
+        ReportError::NoSuchProcess { .. }
+        | ReportError::DebuginfoDir { .. }
+        | ReportError::Suppressions(_)
+        | ReportError::ViewFormat { .. }
+        | ReportError::CallsWithoutFocus => MEMTRAIL_E_INVALID,
         ReportError::Output(_) | ReportError::Stdout(_) => MEMTRAIL_E_OUTPUT,
     }
 }

@@ -786,6 +786,7 @@ pub unsafe extern "C" fn memtrail_write_report(
             format,
             by,
             top: Some(top as usize),
+            shaping: Default::default(),
         };
         // Never over the profile itself (issue 28).
         crate::output::check_not_input(out_path, &[("the profile", profile_path, id)])

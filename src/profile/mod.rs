@@ -1,10 +1,12 @@
 //! The profile document (`--output`), versioned; schema in docs/profile.md.
 
+pub mod compact;
 pub mod regions;
 pub mod timeline;
 pub mod unwind;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,8 +23,20 @@ where
 
 /// Bumped on any incompatible change of the document. 2: stack ids are
 /// strings; stacks carry `pid` and `exe`, frames `build_id` and `offset`,
-/// stacks `live_allocations_at_peak`.
-pub const PROFILE_VERSION: u32 = 2;
+/// stacks `live_allocations_at_peak`. 3: `stacks` is compact (issue 24):
+/// string, module, function and frame tables, each stack a list of frame
+/// ids ([`compact`]).
+pub const PROFILE_VERSION: u32 = 3;
+
+/// The oldest version memtrail still reads: a version 2 document's stacks
+/// (each with its frames written out) read into the same [`Profile`].
+pub const OLDEST_PROFILE_VERSION: u32 = 2;
+
+/// A profile is written as this version, whatever it was read from (its
+/// `stacks` are written compact).
+fn current_version<S: serde::Serializer>(_: &u32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u32(PROFILE_VERSION)
+}
 
 /// A 64-bit id as a decimal string.
 pub mod id_string {
@@ -45,6 +59,8 @@ pub const PROFILE_FORMAT: &str = "memtrail-profile";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Profile {
     pub format: String,
+    /// The version read (2 or 3); written as [`PROFILE_VERSION`].
+    #[serde(serialize_with = "current_version")]
     pub version: u32,
     pub command: Vec<String>,
     pub exit: ExitInfo,
@@ -75,7 +91,10 @@ pub struct Profile {
     #[serde(default)]
     pub skipped_images: Vec<SkippedImage>,
     /// Allocation sites: one entry per distinct call stack, with what was
-    /// allocated from it. Empty when stacks were not captured.
+    /// allocated from it. Empty when stacks were not captured. Written
+    /// compact (tables and frame ids, [`compact`]); read from that or from a
+    /// version 2 list of stacks with their frames.
+    #[serde(with = "compact")]
     pub stacks: Vec<StackEntry>,
     /// Backpressure episodes and ring fill.
     pub pressure: crate::profile::PressureStats,
@@ -91,7 +110,34 @@ pub struct Profile {
     /// when the programs have none.
     #[serde(default)]
     pub regions: Vec<regions::RegionEntry>,
+    /// The tree's resident memory (docs/profile.md, "Resident memory");
+    /// zeros in a profile written before memtrail recorded it.
+    #[serde(default)]
+    pub resident: Resident,
 }
+
+/// Resident memory (RSS: the kernel's file, anonymous and shared-memory
+/// pages of a process) of a process or of the tree, from the kernel's
+/// `rss_stat` tracepoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resident {
+    /// The highest RSS. A process's is exact (as the kernel's per-CPU
+    /// counters read); the tree's is the highest sum of its processes'
+    /// recorded RSS (each within its recording step), and never below a
+    /// process's own peak.
+    pub peak_rss_bytes: u64,
+    /// RSS (recorded) when the live heap peaked: the process's at its own
+    /// heap peak, the tree's at the tree's.
+    pub rss_at_heap_peak_bytes: u64,
+    /// RSS records folded (a process's RSS is recorded when it moved by
+    /// 1 MiB or 1/64 of itself, and as it exits).
+    pub samples: u64,
+}
+
+/// The one frame of the site of a process's allocator arenas: the
+/// reservations an allocator maps inside its own calls (glibc's per-thread
+/// arenas, made by a thread's first malloc or free), whoever called it.
+pub const ALLOCATOR_ARENA_FRAME: &str = "[allocator arena]";
 
 /// How stacks were walked (`--unwind`) and how far they got.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -99,6 +145,9 @@ pub struct UnwindReport {
     pub mode: crate::profile::unwind::Mode,
     /// Images examined for unwind tables, in order (empty with `fp`).
     pub images: Vec<crate::profile::unwind::ImageTable>,
+    /// The tables' memory (zero with `fp`).
+    #[serde(default)]
+    pub tables: crate::profile::unwind::TableMemory,
     /// Distinct stacks (and the bytes allocated from them) that ended
     /// before their outermost frame, by reason.
     pub ended_early: Vec<EndedEarly>,
@@ -144,25 +193,28 @@ pub struct StackEntry {
     pub metrics: StackMetrics,
 }
 
-/// One symbolized frame.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One symbolized frame. Its strings are shared (`Arc<str>`): a profile
+/// read holds each module, build id, function and file name once, however
+/// many frames name it (issue 24: a gcc run's 220,000 frames name 1,500
+/// functions).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Frame {
     /// The instruction address in the process.
     pub addr: u64,
     /// The file the address belongs to.
     #[serde(deserialize_with = "required")]
-    pub module: Option<String>,
+    pub module: Option<Arc<str>>,
     /// Demangled function name.
     #[serde(deserialize_with = "required")]
-    pub function: Option<String>,
+    pub function: Option<Arc<str>>,
     #[serde(deserialize_with = "required")]
-    pub file: Option<String>,
+    pub file: Option<Arc<str>>,
     #[serde(deserialize_with = "required")]
     pub line: Option<u32>,
     pub inlined: bool,
     /// The GNU build id of `module`, in hex, when it has one.
     #[serde(deserialize_with = "required")]
-    pub build_id: Option<String>,
+    pub build_id: Option<Arc<str>>,
     /// The offset in `module` of `addr - 1`, the byte symbolized (the call
     /// instruction), when the address is in a known file.
     #[serde(deserialize_with = "required")]
@@ -182,7 +234,15 @@ impl Frame {
     /// The frame of the direct-syscall site ([`DIRECT_SYSCALL_FRAME`]).
     pub fn direct_syscall() -> Self {
         Self {
-            function: Some(DIRECT_SYSCALL_FRAME.to_owned()),
+            function: Some(DIRECT_SYSCALL_FRAME.into()),
+            ..Self::unknown(0)
+        }
+    }
+
+    /// The frame of the allocator-arena site ([`ALLOCATOR_ARENA_FRAME`]).
+    pub fn allocator_arena() -> Self {
+        Self {
+            function: Some(ALLOCATOR_ARENA_FRAME.into()),
             ..Self::unknown(0)
         }
     }
@@ -224,10 +284,18 @@ pub struct StackMetrics {
     /// (docs/profile.md, "Mappings by site").
     #[serde(default)]
     pub mmaps: u64,
-    /// Bytes (whole pages) those calls mapped, mremap's new lengths
+    /// Bytes (whole pages) those calls committed (mapped with access
+    /// rights, or given them later by mprotect), mremap's new lengths
     /// included, as the process's `mappings.mapped_bytes` counts them.
     #[serde(default)]
     pub mapped_bytes: u64,
+    /// Bytes those calls mapped reserved: `PROT_NONE`, address space
+    /// without access rights (docs/profile.md, "Reserved and committed").
+    #[serde(default)]
+    pub reserved_bytes: u64,
+    /// Of them, bytes still reserved when their process exited.
+    #[serde(default)]
+    pub reserved_bytes_at_exit: u64,
     /// Of them, bytes still mapped when the tree's anonymous mappings
     /// peaked (`mappings.peak_mapped_bytes`).
     #[serde(default)]
@@ -271,6 +339,9 @@ pub struct ProcessEntry {
     #[serde(flatten)]
     pub heap: HeapCounters,
     pub mappings: MapCounters,
+    /// Its resident memory; zeros in a profile written before.
+    #[serde(default)]
+    pub resident: Resident,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
@@ -404,6 +475,32 @@ pub struct MapCounters {
     /// increases (what the stacks' `brk_bytes` add up to).
     #[serde(default)]
     pub brk_grown_bytes: u64,
+    /// mprotect calls that changed the access of anonymous mappings made
+    /// outside allocator calls (docs/profile.md, "Reserved and committed").
+    #[serde(default)]
+    pub mprotects: u64,
+    /// Bytes those mappings reserved: mapped `PROT_NONE`, or made so by
+    /// mprotect. The `mapped_bytes` family counts committed bytes only.
+    #[serde(default)]
+    pub reserved_bytes: u64,
+    /// The most bytes reserved at once.
+    #[serde(default)]
+    pub peak_reserved_bytes: u64,
+    #[serde(default)]
+    pub reserved_bytes_at_exit: u64,
+    /// Allocator arenas: reservations an allocator mapped inside its own
+    /// calls (a free's included), their address space at its highest, and
+    /// what was left at exit, in all and committed (made accessible by the
+    /// allocator's mprotect: where its blocks live, which the heap
+    /// counters count).
+    #[serde(default)]
+    pub arena_mmaps: u64,
+    #[serde(default)]
+    pub peak_arena_bytes: u64,
+    #[serde(default)]
+    pub arena_bytes_at_exit: u64,
+    #[serde(default)]
+    pub arena_committed_bytes_at_exit: u64,
 }
 
 /// The `tracing` target of notes about a capture: what the capture's

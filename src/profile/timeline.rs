@@ -12,8 +12,11 @@ pub const TOP_SITES: usize = 10;
 pub struct Point {
     pub live_bytes: u64,
     pub live_blocks: u64,
-    /// Anonymous mappings made outside allocator calls.
+    /// Anonymous mappings made outside allocator calls (committed).
     pub mapped_bytes: u64,
+    /// Resident memory (RSS) as recorded; 0 in a profile written before.
+    #[serde(default)]
+    pub rss_bytes: u64,
 }
 
 impl Point {
@@ -21,6 +24,7 @@ impl Point {
         self.live_bytes = self.live_bytes.max(o.live_bytes);
         self.live_blocks = self.live_blocks.max(o.live_blocks);
         self.mapped_bytes = self.mapped_bytes.max(o.mapped_bytes);
+        self.rss_bytes = self.rss_bytes.max(o.rss_bytes);
     }
 }
 

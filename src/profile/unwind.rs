@@ -115,4 +115,28 @@ pub struct ImageTable {
     pub outcome: Outcome,
     /// Time to compile (or read from the cache) and load, in microseconds.
     pub micros: u64,
+    /// Where its table starts in the tables' shared array of slots (a
+    /// loaded table): a later image may get the slots of a released one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u64>,
+    /// Whether the table was released during the capture, no process
+    /// mapping the image any more (issue 23); an image mapped again later
+    /// has a new entry.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub released: bool,
+}
+
+/// The unwind tables' memory over a capture (issue 23): slots are rows and
+/// page index entries, 8 bytes each, in shards of locked memory that stay
+/// allocated until the capture ends; released tables' slots are reused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TableMemory {
+    /// The most slots in use at once.
+    pub peak_slots: u64,
+    /// Slots ever allocated (the highest slot used, plus one).
+    pub extent_slots: u64,
+    /// Locked memory of the shards, in bytes.
+    pub locked_bytes: u64,
+    /// Tables released because no process mapped their image any more.
+    pub released: u64,
 }

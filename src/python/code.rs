@@ -23,8 +23,8 @@ type Key = [u64; 4];
 
 /// A code object's names and location table.
 struct Code {
-    qualname: String,
-    filename: String,
+    qualname: std::sync::Arc<str>,
+    filename: std::sync::Arc<str>,
     first: i32,
     table: Vec<u8>,
 }
@@ -57,8 +57,8 @@ impl Resolver {
         };
         let table = (rec.table_len as usize).min(rec.table.len());
         let code = Code {
-            qualname: text(rec.name_state, &rec.name, rec.name_len),
-            filename: text(rec.file_state, &rec.file, rec.file_len),
+            qualname: text(rec.name_state, &rec.name, rec.name_len).into(),
+            filename: text(rec.file_state, &rec.file, rec.file_len).into(),
             first: rec.first,
             table: rec.table[..table].to_vec(),
         };
@@ -87,8 +87,8 @@ impl Resolver {
                     None => proc.as_mut().and_then(|p| p.frame(code, offset)),
                 };
                 named.unwrap_or_else(|| Frame {
-                    function: Some(format!("<code {code:#x}>")),
-                    module: Some(MODULE.to_owned()),
+                    function: Some(format!("<code {code:#x}>").into()),
+                    module: Some(MODULE.into()),
                     ..Frame::unknown(code)
                 })
             })
@@ -151,8 +151,8 @@ impl Proc {
         ];
         if self.codes.get(&code).is_none_or(|(k, _)| *k != key) {
             let read = Code {
-                qualname: self.string(key[0])?,
-                filename: self.string(key[1])?,
+                qualname: self.string(key[0])?.into(),
+                filename: self.string(key[1])?.into(),
                 first,
                 table: self.bytes(key[2])?,
             };
@@ -191,7 +191,7 @@ impl Code {
             function: Some(self.qualname.clone()),
             file: Some(self.filename.clone()),
             line: linetable::line_of(&self.table, self.first, offset),
-            module: Some(MODULE.to_owned()),
+            module: Some(MODULE.into()),
             ..Frame::unknown(code)
         }
     }

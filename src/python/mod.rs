@@ -383,7 +383,7 @@ mod tests {
 
     fn named(name: &str, addr: u64, inlined: bool) -> Frame {
         Frame {
-            function: Some(name.to_owned()),
+            function: Some(name.into()),
             inlined,
             ..Frame::unknown(addr)
         }
@@ -429,7 +429,7 @@ mod tests {
         ];
         let names: Vec<_> = splice(frames, &groups)
             .into_iter()
-            .map(|f| f.function.unwrap_or_default())
+            .map(|f| f.function.as_deref().unwrap_or_default().to_owned())
             .collect();
         assert_eq!(
             names,

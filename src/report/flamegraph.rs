@@ -12,16 +12,17 @@ use inferno::flamegraph::color::{BasicPalette, Palette};
 use inferno::flamegraph::{self as inferno_fg, Options};
 
 use super::Metric;
+use super::Prepared;
 use super::folded;
-use crate::profile::Profile;
 
 pub(super) fn write(
-    profile: &Profile,
+    p: &Prepared<'_>,
     by: Metric,
     limit: Option<usize>,
     w: &mut dyn Write,
 ) -> io::Result<()> {
-    let lines = folded::lines(profile, by, limit);
+    let lines = folded::lines(p, by, limit);
+    let profile = p.profile;
     let title = format!("memtrail: {}", by.describe(profile.attached));
     if lines.is_empty() {
         return write_empty(&title, by.describe(profile.attached), w);

@@ -11,19 +11,19 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use super::Metric;
+use super::Prepared;
 use super::sites::{folded_name, ranked, truncation};
-use crate::profile::Profile;
 
 /// The folded stacks of the ranked sites, each with its summed value, in
 /// sorted order.
-pub(super) fn lines(profile: &Profile, by: Metric, limit: Option<usize>) -> Vec<String> {
+pub(super) fn lines(p: &Prepared<'_>, by: Metric, limit: Option<usize>) -> Vec<String> {
     let mut folded: BTreeMap<String, u64> = BTreeMap::new();
-    for site in ranked(profile, by, limit, false) {
+    for site in ranked(p, by, limit, false) {
         // A walk that stopped early shows why as the outermost frame.
-        let stack = truncation(profile, &site)
+        let stack = truncation(p.profile, &site)
             .map(|t| {
                 folded_name(&crate::profile::Frame {
-                    function: Some(t),
+                    function: Some(t.into()),
                     ..crate::profile::Frame::unknown(0)
                 })
                 .into_owned()
@@ -52,12 +52,12 @@ pub(super) fn lines(profile: &Profile, by: Metric, limit: Option<usize>) -> Vec<
 }
 
 pub(super) fn write(
-    profile: &Profile,
+    p: &Prepared<'_>,
     by: Metric,
     limit: Option<usize>,
     w: &mut dyn Write,
 ) -> io::Result<()> {
-    for line in lines(profile, by, limit) {
+    for line in lines(p, by, limit) {
         writeln!(w, "{line}")?;
     }
     Ok(())

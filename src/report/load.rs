@@ -20,7 +20,13 @@
 //! A profile's `format` and `version` are checked before its fields, so a
 //! file of another kind or version gets an error that says so rather than a
 //! complaint about a missing field. Every field of the profile must then be
-//! present (`null` where the schema allows it).
+//! present (`null` where the schema allows it). Versions 2 and 3 are read
+//! (the profile module reads either form of `stacks`).
+//!
+//! A JSON document compressed with zstd (a profile written to a `.zst`
+//! name, or any file compressed by `zstd`) is recognized by zstd's magic
+//! and read decompressed, the cap applying to both the file and what it
+//! inflates to; corrupt or cut-short compressed data is an invalid document.
 
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read, Seek};
@@ -33,7 +39,7 @@ use serde_json::Value;
 
 use super::ReportError;
 pub use crate::output::FileId;
-use crate::profile::{PROFILE_FORMAT, PROFILE_VERSION, Profile};
+use crate::profile::{OLDEST_PROFILE_VERSION, PROFILE_FORMAT, PROFILE_VERSION, Profile};
 
 /// The fields that say what a document is.
 #[derive(Deserialize)]
@@ -55,6 +61,13 @@ pub const IN_MEMORY_BYTES: u64 = 64 << 20;
 /// The largest bench suite file memtrail reads: 16 MiB (a suite of ten
 /// thousand benchmarks is about 1 MiB).
 pub const MAX_SUITE_BYTES: u64 = 16 << 20;
+
+/// zstd's frame magic: a file that starts with it is read decompressed.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// The largest zstd window read (2^27 bytes, `zstd --long`'s): the window
+/// is the decoder's memory; memtrail writes with a far smaller one.
+const ZSTD_WINDOW_LOG_MAX: u32 = 27;
 
 /// What a file that is not a regular file is, for messages.
 fn kind_of(ft: fs::FileType) -> &'static str {
@@ -197,6 +210,13 @@ impl InputFile {
     pub fn json<T: DeserializeOwned>(&mut self, cap: u64, what: &str) -> Result<T, JsonError> {
         let len = self.len;
         let mut reader = self.reader(cap, what).map_err(JsonError::Read)?;
+        if reader
+            .fill_buf()
+            .map_err(JsonError::Read)?
+            .starts_with(&ZSTD_MAGIC)
+        {
+            return zstd_json(reader, cap, what);
+        }
         let parsed = if len <= IN_MEMORY_BYTES {
             let mut bytes = Vec::with_capacity(len as usize);
             reader.read_to_end(&mut bytes).map_err(JsonError::Read)?;
@@ -223,15 +243,102 @@ fn shown_size(bytes: u64) -> String {
     }
 }
 
+/// Parses zstd-compressed JSON from `reader`, its decompressed bytes capped
+/// at `cap` too. The decoder's own errors (corrupt or cut-short data) make
+/// an invalid document; errors reading the file stay read errors.
+fn zstd_json<T: DeserializeOwned>(
+    reader: impl BufRead,
+    cap: u64,
+    what: &str,
+) -> Result<T, JsonError> {
+    let mut decoder =
+        zstd::stream::read::Decoder::with_buffer(Source(reader)).map_err(JsonError::Read)?;
+    decoder
+        .window_log_max(ZSTD_WINDOW_LOG_MAX)
+        .map_err(JsonError::Read)?;
+    let inflated = Capped {
+        inner: Inflate(decoder),
+        left: cap,
+        too_large: format!(
+            "decompressed, larger than the {} {what} may have",
+            shown_size(cap)
+        ),
+    };
+    serde_json::from_reader(BufReader::with_capacity(1 << 16, inflated)).map_err(|e| {
+        match e.io_error_kind() {
+            Some(io::ErrorKind::InvalidData) | None => JsonError::Invalid(e),
+            Some(_) => JsonError::Read(e.into()),
+        }
+    })
+}
+
+/// An error of the file under a zstd decoder, told from the decoder's own.
+#[derive(Debug)]
+struct SourceError(io::Error);
+
+impl std::fmt::Display for SourceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SourceError {}
+
+/// The compressed file, its errors marked as [`SourceError`].
+struct Source<R>(R);
+
+impl<R: Read> Read for Source<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0
+            .read(buf)
+            .map_err(|e| io::Error::new(e.kind(), SourceError(e)))
+    }
+}
+
+impl<R: BufRead> BufRead for Source<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        self.0
+            .fill_buf()
+            .map_err(|e| io::Error::new(e.kind(), SourceError(e)))
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.0.consume(n);
+    }
+}
+
+/// A zstd decoder whose own errors become `InvalidData` with a message
+/// that says the compressed data is bad; the file's errors pass unchanged.
+struct Inflate<R>(R);
+
+impl<R: Read> Read for Inflate<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf).map_err(|e| {
+            if e.get_ref().is_some_and(|inner| inner.is::<SourceError>()) {
+                let kind = e.kind();
+                match e.into_inner().map(|inner| inner.downcast::<SourceError>()) {
+                    Some(Ok(source)) => source.0,
+                    _ => io::Error::from(kind),
+                }
+            } else {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("its zstd compression is corrupt or cut short ({e})"),
+                )
+            }
+        })
+    }
+}
+
 /// A reader that fails once more than `left` bytes were asked of it.
-struct Capped<'a> {
-    inner: &'a mut File,
+struct Capped<R> {
+    inner: R,
     left: u64,
     /// The message of that failure.
     too_large: String,
 }
 
-impl Read for Capped<'_> {
+impl<R: Read> Read for Capped<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         // One byte more than the cap tells a file that grew past it from
         // one that ends there.
@@ -311,7 +418,12 @@ fn check_header(
             found: shown(format),
         });
     }
-    if version.as_ref().and_then(Value::as_u64) != Some(u64::from(PROFILE_VERSION)) {
+    let known = u64::from(OLDEST_PROFILE_VERSION)..=u64::from(PROFILE_VERSION);
+    if !version
+        .as_ref()
+        .and_then(Value::as_u64)
+        .is_some_and(|v| known.contains(&v))
+    {
         return Err(ReportError::Version {
             path: path.to_owned(),
             found: shown(version),

@@ -13,15 +13,26 @@
 //! it; files go through [`OutputFile`], so a report file appears whole or
 //! not at all (a FIFO or a device gets it as a stream).
 //!
+//! Before rendering, [`Prepared`] applies the report's [`Shaping`]: frames
+//! `--hide` drops, stacks `--focus` keeps, and which blocks live at exit
+//! are leaks (not runtime pools nor suppressed: `reachable`). Text and
+//! JSON group sites by their first caller outside allocator wrappers
+//! (`group`) and have the functions and calls views (`functions`); text
+//! shortens C++ names (`names`).
+//!
 //! Site frames are innermost first (as in the profile's `stacks`);
 //! folded stacks and flamegraphs reverse them (outermost caller first),
 //! pprof keeps them (its leaf is `location_id[0]`).
 
 mod flamegraph;
 mod folded;
+mod functions;
+mod group;
 mod json;
 mod load;
+mod names;
 pub mod pprof;
+mod reachable;
 mod sites;
 mod text;
 mod timeline;
@@ -34,9 +45,12 @@ pub use load::{
     load_profile_with_id, open_input, read_profile, read_text,
 };
 
+pub use group::{BUILTIN_WRAPPERS, Grouping};
+pub use reachable::{RUNTIME_POOLS, RuntimePool, Suppression, SuppressionError, read_suppressions};
+
 use crate::output::{OutputError, OutputFile};
 
-use crate::profile::Profile;
+use crate::profile::{Frame, Profile};
 
 /// The sites a text report shows when `--top` is not given.
 pub const DEFAULT_TEXT_TOP: usize = 10;
@@ -60,6 +74,11 @@ pub enum Format {
     /// stacked by its top allocation sites, with the peak instant and the
     /// sites at the peak; `--by` and `--top` do not apply.
     Timeline,
+    /// The profile itself, as this memtrail writes it (version 3, compact;
+    /// zstd-compressed to a `.zst` name): converts a version 2 profile,
+    /// keeps only `--pid`/`--exe`'s stacks and `--debuginfo-dir`'s names;
+    /// `--by` and `--top` do not apply.
+    Profile,
 }
 
 /// What sites are ranked (and flame graphs sized) by.
@@ -147,8 +166,50 @@ impl Metric {
     }
 }
 
+/// What a text or JSON report lists (`--view`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum View {
+    /// Allocation sites, grouped by the caller of allocator wrappers
+    /// unless `--no-group`.
+    #[default]
+    Sites,
+    /// Functions with their self and inclusive metrics.
+    Functions,
+    /// The callers and callees of the functions `--focus` matches.
+    Calls,
+}
+
+impl View {
+    /// The name `--view` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sites => "sites",
+            Self::Functions => "functions",
+            Self::Calls => "calls",
+        }
+    }
+}
+
+/// How stacks are shaped before they are rendered: grouping, views,
+/// frames hidden, stacks focused on, leaks suppressed.
+#[derive(Clone, Debug, Default)]
+pub struct Shaping {
+    /// `--wrapper`, `--no-group`.
+    pub grouping: Grouping,
+    pub view: View,
+    /// `--focus`: in the sites and functions views (and every format but
+    /// text and JSON's calls view), keep only the stacks with a frame
+    /// whose function matches; in the calls view, the functions shown.
+    pub focus: Option<regex::Regex>,
+    /// `--hide`: frames whose function matches are dropped from every
+    /// stack.
+    pub hide: Vec<regex::Regex>,
+    /// `--suppressions`: leaks matching one are shown apart.
+    pub suppressions: Vec<Suppression>,
+}
+
 /// What to render.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ReportOptions {
     pub format: Format,
     /// Sites are ranked by this metric, highest first.
@@ -156,6 +217,7 @@ pub struct ReportOptions {
     /// Keep only the first N ranked sites; 0 keeps all. `None`:
     /// [`DEFAULT_TEXT_TOP`] for text, all sites for the other formats.
     pub top: Option<usize>,
+    pub shaping: Shaping,
 }
 
 impl ReportOptions {
@@ -192,8 +254,8 @@ pub enum ReportError {
     )]
     Format { path: PathBuf, found: String },
     #[error(
-        "{} is a profile of version {found}; this memtrail reads version {}{}",
-        path.display(), crate::profile::PROFILE_VERSION,
+        "{} is a profile of version {found}; this memtrail reads versions {} to {}{}",
+        path.display(), crate::profile::OLDEST_PROFILE_VERSION, crate::profile::PROFILE_VERSION,
         if found == "1" {
             " (version 1 profiles lack each stack's process and image build ids: capture again)"
         } else {
@@ -209,6 +271,14 @@ pub enum ReportError {
     },
     #[error("--debuginfo-dir {}: not a directory", path.display())]
     DebuginfoDir { path: PathBuf },
+    #[error(transparent)]
+    Suppressions(#[from] SuppressionError),
+    #[error("--view {view} is a text or JSON view: --format {format} shows sites")]
+    ViewFormat { view: &'static str, format: String },
+    #[error(
+        "--view calls lists the callers and callees of the functions --focus REGEX matches: give --focus"
+    )]
+    CallsWithoutFocus,
     #[error(transparent)]
     Output(#[from] OutputError),
     #[error("writing the report to standard output failed")]
@@ -283,15 +353,121 @@ impl StackFilter {
     }
 }
 
+/// A profile with the report's shaping applied: frames hidden, stacks
+/// focused on, blocks live at exit classified. Renderers read stacks'
+/// frames and metrics through it.
+struct Prepared<'a> {
+    pub profile: &'a Profile,
+    pub opts: &'a ReportOptions,
+    /// Each stack's frames without the hidden ones (`--hide`).
+    hidden: Option<Vec<Vec<Frame>>>,
+    /// The stacks `--focus` keeps (sites and functions views).
+    focused: Option<Vec<bool>>,
+    pub reachable: reachable::Reachable,
+}
+
+impl<'a> Prepared<'a> {
+    pub fn new(profile: &'a Profile, opts: &'a ReportOptions) -> Self {
+        let shaping = &opts.shaping;
+        let hidden = (!shaping.hide.is_empty()).then(|| {
+            profile
+                .stacks
+                .iter()
+                .map(|s| {
+                    s.frames
+                        .iter()
+                        .filter(|f| {
+                            let name = sites::folded_name(f);
+                            !shaping.hide.iter().any(|r| r.is_match(&name))
+                        })
+                        .cloned()
+                        .collect()
+                })
+                .collect()
+        });
+        let mut prepared = Self {
+            profile,
+            opts,
+            hidden,
+            focused: None,
+            reachable: reachable::Reachable::default(),
+        };
+        if let Some(focus) = shaping
+            .focus
+            .as_ref()
+            .filter(|_| shaping.view != View::Calls)
+        {
+            let keep = (0..profile.stacks.len())
+                .map(|i| {
+                    prepared
+                        .frames(i)
+                        .iter()
+                        .any(|f| focus.is_match(&sites::folded_name(f)))
+                })
+                .collect();
+            prepared.focused = Some(keep);
+        }
+        prepared.reachable =
+            reachable::Reachable::classify(profile, |i| prepared.frames(i), &shaping.suppressions);
+        prepared
+    }
+
+    /// Stack `i`'s frames as the report shows them.
+    pub fn frames(&self, i: usize) -> &[Frame] {
+        match &self.hidden {
+            Some(hidden) => &hidden[i],
+            None => &self.profile.stacks[i].frames,
+        }
+    }
+
+    /// Whether stack `i` is reported (`--focus`).
+    pub fn keeps(&self, i: usize) -> bool {
+        self.focused.as_ref().is_none_or(|keep| keep[i])
+    }
+}
+
+/// The bytes and blocks of `profile` live at exit in known runtime pools
+/// ([`RUNTIME_POOLS`]): still reachable, not leaked.
+pub fn runtime_at_exit(profile: &Profile) -> (u64, u64) {
+    reachable::Reachable::classify(profile, |i| &profile.stacks[i].frames, &[]).runtime_total()
+}
+
 /// Renders the report of `profile` into `w`.
 pub fn write_report(profile: &Profile, opts: &ReportOptions, w: &mut dyn Write) -> io::Result<()> {
-    match opts.format {
-        Format::Text => text::write(profile, opts.by, opts.limit(), w),
-        Format::Json => json::write(profile, opts.by, opts.limit(), w),
-        Format::Folded => folded::write(profile, opts.by, opts.limit(), w),
-        Format::Flamegraph => flamegraph::write(profile, opts.by, opts.limit(), w),
-        Format::Pprof => pprof::write(profile, opts.by, opts.limit(), w),
-        Format::Timeline => timeline::write(profile, w),
+    let p = Prepared::new(profile, opts);
+    let (by, limit) = (opts.by, opts.limit());
+    match (opts.format, opts.shaping.view) {
+        (Format::Text, View::Sites) => text::write(&p, by, limit, w),
+        (Format::Text, _) => functions::write_text(&p, by, limit, w),
+        (Format::Json, View::Sites) => json::write(&p, by, limit, w),
+        (Format::Json, _) => functions::write_json(&p, by, limit, w),
+        (Format::Folded, _) => folded::write(&p, by, limit, w),
+        (Format::Flamegraph, _) => flamegraph::write(&p, by, limit, w),
+        (Format::Pprof, _) => pprof::write(&p, by, limit, w),
+        (Format::Timeline, _) => timeline::write(&p, w),
+        (Format::Profile, _) => {
+            serde_json::to_writer(&mut *w, profile)?;
+            w.write_all(b"\n")
+        }
+    }
+}
+
+impl ReportOptions {
+    /// Refuses combinations that cannot be rendered: a functions or calls
+    /// view in a format that shows sites, the calls view without
+    /// `--focus`.
+    pub fn check(&self) -> Result<(), ReportError> {
+        let view = self.shaping.view;
+        if view != View::Sites && !matches!(self.format, Format::Text | Format::Json) {
+            return Err(ReportError::ViewFormat {
+                view: view.name(),
+                format: format!("{:?}", self.format).to_lowercase(),
+            });
+        }
+        if view == View::Calls && self.shaping.focus.is_none() {
+            return Err(ReportError::CallsWithoutFocus);
+        }
+        Ok(())
     }
 }
 
@@ -312,6 +488,9 @@ pub fn stage_report(
     opts: &ReportOptions,
     out: &OutputFile,
 ) -> Result<(), OutputError> {
+    if opts.format == Format::Profile {
+        return crate::output::stage_profile(profile, out);
+    }
     let err = |source| OutputError {
         path: out.path().to_owned(),
         source,

@@ -47,8 +47,9 @@ use flate2::write::GzEncoder;
 use prost::Message;
 
 use super::Metric;
+use super::Prepared;
 use super::sites::{ranked, truncation};
-use crate::profile::{Frame, Profile, StackMetrics};
+use crate::profile::{Frame, StackMetrics};
 
 /// The pprof messages (`perftools.profiles`), generated from
 /// `proto/profile.proto`.
@@ -284,7 +285,8 @@ fn by_address(frames: &[Frame]) -> Vec<&[Frame]> {
 }
 
 /// Builds the pprof message of `profile`.
-pub fn build(profile: &Profile, by: Metric, limit: Option<usize>) -> proto::Profile {
+pub(super) fn build(p: &Prepared<'_>, by: Metric, limit: Option<usize>) -> proto::Profile {
+    let profile = p.profile;
     let mut b = Builder::new();
     for (ty, unit) in SAMPLE_TYPES {
         let sample_type = proto::ValueType {
@@ -293,7 +295,7 @@ pub fn build(profile: &Profile, by: Metric, limit: Option<usize>) -> proto::Prof
         };
         b.out.sample_type.push(sample_type);
     }
-    for site in ranked(profile, by, limit, true) {
+    for site in ranked(p, by, limit, true) {
         let mut location_id: Vec<u64> = by_address(site.frames)
             .into_iter()
             .map(|frames| b.location(frames))
@@ -302,7 +304,7 @@ pub fn build(profile: &Profile, by: Metric, limit: Option<usize>) -> proto::Prof
         // location, a function of that name at no address.
         if let Some(truncated) = truncation(profile, &site) {
             let marker = Frame {
-                function: Some(truncated),
+                function: Some(truncated.into()),
                 ..Frame::unknown(0)
             };
             location_id.push(b.location(std::slice::from_ref(&marker)));
@@ -330,12 +332,12 @@ pub fn build(profile: &Profile, by: Metric, limit: Option<usize>) -> proto::Prof
 }
 
 pub(super) fn write(
-    profile: &Profile,
+    p: &Prepared<'_>,
     by: Metric,
     limit: Option<usize>,
     w: &mut dyn Write,
 ) -> io::Result<()> {
-    let bytes = build(profile, by, limit).encode_to_vec();
+    let bytes = build(p, by, limit).encode_to_vec();
     let mut gz = GzEncoder::new(w, Compression::default());
     gz.write_all(&bytes)?;
     gz.finish()?;

@@ -2,10 +2,9 @@
 //! from the profile, and the frame names every format shares.
 
 use std::borrow::Cow;
-use std::cmp::Reverse;
-use std::collections::HashMap;
 
-use super::Metric;
+use super::reachable::Reach;
+use super::{Metric, Prepared};
 use crate::profile::unwind::{Outcome, StackEnd};
 use crate::profile::{Frame, Profile, StackMetrics};
 
@@ -17,9 +16,13 @@ pub(super) struct Site<'a> {
     pub id: u64,
     /// Innermost first, as in the profile.
     pub frames: &'a [Frame],
+    /// Its metrics, without the blocks live at exit when they are not a
+    /// leak (a runtime pool's, suppressed).
     pub metrics: StackMetrics,
     /// Why the walk stopped after the frames.
     pub end: StackEnd,
+    /// What its blocks live at exit are.
+    pub reach: Reach,
 }
 
 impl Metric {
@@ -40,24 +43,28 @@ impl Metric {
 }
 
 /// The profile's sites ranked by `by`, highest first, ties by stack id
-/// then position. `keep_zero` keeps sites whose value is 0; `limit` keeps
-/// the first N.
-pub(super) fn ranked(
-    profile: &Profile,
+/// then position: the stacks `--focus` keeps, with the frames `--hide`
+/// leaves. `keep_zero` keeps sites whose value is 0; `limit` keeps the
+/// first N.
+pub(super) fn ranked<'a>(
+    p: &'a Prepared<'_>,
     by: Metric,
     limit: Option<usize>,
     keep_zero: bool,
-) -> Vec<Site<'_>> {
-    let mut sites: Vec<Site<'_>> = profile
+) -> Vec<Site<'a>> {
+    let mut sites: Vec<Site<'a>> = p
+        .profile
         .stacks
         .iter()
         .enumerate()
+        .filter(|&(index, _)| p.keeps(index))
         .map(|(index, s)| Site {
             index,
             id: s.id,
-            frames: &s.frames,
-            metrics: s.metrics,
+            frames: p.frames(index),
+            metrics: p.reachable.as_leak(index, &s.metrics),
             end: s.end,
+            reach: p.reachable.reach.get(index).copied().unwrap_or_default(),
         })
         .filter(|s| keep_zero || by.of(&s.metrics) > 0)
         .collect();
@@ -144,7 +151,7 @@ pub(super) fn unnamed(module: &str, offset: Option<u64>) -> String {
     }
 }
 
-fn add(sum: &mut StackMetrics, m: &StackMetrics) {
+pub(super) fn add(sum: &mut StackMetrics, m: &StackMetrics) {
     sum.allocations = sum.allocations.saturating_add(m.allocations);
     sum.bytes = sum.bytes.saturating_add(m.bytes);
     sum.live_bytes_at_peak = sum.live_bytes_at_peak.saturating_add(m.live_bytes_at_peak);
@@ -169,54 +176,11 @@ fn add(sum: &mut StackMetrics, m: &StackMetrics) {
     sum.brk_bytes = sum.brk_bytes.saturating_add(m.brk_bytes);
 }
 
-/// What a frame shows once symbolized: its address only when it has no
-/// function.
-type ShownFrame<'a> = (
-    Option<&'a str>,
-    Option<&'a str>,
-    Option<u32>,
-    Option<&'a str>,
-    bool,
-    Option<u64>,
-);
-
-/// Merges sites whose frames show the same (function, file, line, module,
-/// inlined; the address only for frames without a function) and that end
-/// the same way: e.g. the calls
-/// of an unrolled loop. Metrics are summed; the merged site keeps the
-/// frames and id of its first site and counts its stacks. The result is
-/// ranked by `by` again (stable, so ties keep the input's order).
-pub(super) fn merge_same_frames(sites: Vec<Site<'_>>, by: Metric) -> Vec<(Site<'_>, usize)> {
-    let mut merged: Vec<(Site<'_>, usize)> = Vec::with_capacity(sites.len());
-    let mut index: HashMap<(Vec<ShownFrame<'_>>, StackEnd), usize> = HashMap::new();
-    for site in sites {
-        let key = site
-            .frames
-            .iter()
-            .map(|f| {
-                let addr = f.function.is_none().then_some(f.addr);
-                (
-                    f.function.as_deref(),
-                    f.file.as_deref(),
-                    f.line,
-                    f.module.as_deref(),
-                    f.inlined,
-                    addr,
-                )
-            })
-            .collect();
-        let key = (key, site.end);
-        match index.get(&key) {
-            Some(&i) => {
-                add(&mut merged[i].0.metrics, &site.metrics);
-                merged[i].1 += 1;
-            }
-            None => {
-                index.insert(key, merged.len());
-                merged.push((site, 1));
-            }
-        }
+/// A frame's name as JSON shows it: the whole function name, else what
+/// [`folded_name`] shows.
+pub(super) fn whole_name(f: &Frame) -> String {
+    match f.function.as_deref() {
+        Some(func) if !func.trim().is_empty() => func.to_owned(),
+        _ => folded_name(f).into_owned(),
     }
-    merged.sort_by_key(|(site, _)| Reverse(by.of(&site.metrics)));
-    merged
 }

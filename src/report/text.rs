@@ -1,44 +1,31 @@
 //! The text report: a header with the profile's totals, then the top sites
 //! by the chosen metric, each with its metrics and its stack, innermost
-//! frame first. Stacks that show the same frames (they differ only in the
-//! addresses of symbolized frames, e.g. the calls of an unrolled loop) are
-//! one site, with their metrics summed and their number of stacks.
+//! frame first. Sites are grouped by the first frame outside allocator
+//! wrappers (see `group`): the stacks through `xmalloc` from one function
+//! are one site, with their metrics summed, their number of stacks, and
+//! the frames of the largest; with `--no-group`, stacks that show the same
+//! frames (they differ only in the addresses of symbolized frames, e.g.
+//! the calls of an unrolled loop) are one site. Function names are
+//! shortened (`names`). Blocks live at exit that are not leaks (runtime
+//! pools, suppressed) are counted apart (`reachable`).
 
 use std::io::{self, Write};
 
-use super::Metric;
-use super::sites::{merge_same_frames, module_base, ranked, truncation, unnamed};
+use super::group::group;
+use super::names::short;
+use super::reachable::Reach;
+use super::sites::{folded_name, module_base, ranked, truncation, unnamed};
+use super::{Metric, Prepared};
 use crate::profile::{Frame, Profile, StackMetrics, human_bytes};
 
 pub(super) fn write(
-    profile: &Profile,
+    p: &Prepared<'_>,
     by: Metric,
     limit: Option<usize>,
     w: &mut dyn Write,
 ) -> io::Result<()> {
-    let t = &profile.totals;
-    writeln!(
-        w,
-        "memtrail report: {} ({})",
-        profile.command.join(" "),
-        crate::profile::ending(profile)
-    )?;
-    writeln!(
-        w,
-        "  {} ({}), peak live {}, {} {} ({})",
-        plural(t.allocations, "allocation"),
-        human_bytes(t.allocated_bytes),
-        human_bytes(t.peak_live_bytes),
-        leaked_word(profile),
-        plural(t.live_allocations_at_exit, "block"),
-        human_bytes(t.live_bytes_at_exit)
-    )?;
-    if let Some(spark) = super::timeline::sparkline(profile) {
-        writeln!(
-            w,
-            "  heap over time  {spark}  (--format timeline for the chart)"
-        )?;
-    }
+    let profile = p.profile;
+    write_header(p, w)?;
     if profile.stacks.is_empty() {
         writeln!(w, "  no allocation sites: the profile has no stacks")?;
         return Ok(());
@@ -46,13 +33,14 @@ pub(super) fn write(
     if let Some(line) = truncated_line(profile) {
         writeln!(w, "{line}")?;
     }
-    let merged = merge_same_frames(ranked(profile, by, None, true), by);
+    let grouping = &p.opts.shaping.grouping;
+    let merged = group(ranked(p, by, None, true), grouping, by);
     let all = merged.len();
-    let sites: Vec<_> = merged
+    let groups: Vec<_> = merged
         .into_iter()
-        .filter(|(site, _)| by.of(&site.metrics) > 0)
+        .filter(|g| by.of(&g.site.metrics) > 0)
         .collect();
-    let with_value = sites.len();
+    let with_value = groups.len();
     if with_value == 0 {
         writeln!(
             w,
@@ -73,8 +61,25 @@ pub(super) fn write(
         write!(w, " ({} more with none)", all - with_value)?;
     }
     writeln!(w)?;
+    if groups
+        .iter()
+        .any(|g| g.caller.is_some_and(|c| c > 0) || !g.same_frames)
+    {
+        writeln!(
+            w,
+            "  (sites grouped by their first caller outside allocator wrappers; --no-group for \
+             whole stacks)"
+        )?;
+    }
     let total = by.total(profile);
-    for (rank, (site, stacks)) in sites.iter().take(shown).enumerate() {
+    let leaked = p.reachable.leaked(profile);
+    let total = if by == Metric::Leaked {
+        leaked.0
+    } else {
+        total
+    };
+    for (rank, g) in groups.iter().take(shown).enumerate() {
+        let site = &g.site;
         writeln!(w)?;
         write!(
             w,
@@ -82,8 +87,18 @@ pub(super) fn write(
             rank + 1,
             metrics_line(&site.metrics, by, total, leaked_word(profile))
         )?;
-        if *stacks > 1 {
-            write!(w, "; {stacks} stacks")?;
+        let stacks = g.stacks.len();
+        match g.caller {
+            Some(c) if !g.same_frames => write!(
+                w,
+                "; {stacks} stacks through {} (the largest shown)",
+                short(&folded_name(&site.frames[c]))
+            )?,
+            _ if stacks > 1 => write!(w, "; {stacks} stacks")?,
+            _ => {}
+        }
+        if let Some(note) = reach_note(p, site.reach) {
+            write!(w, "; {note}")?;
         }
         writeln!(w)?;
         for frame in site.frames {
@@ -92,6 +107,74 @@ pub(super) fn write(
         if let Some(truncated) = truncation(profile, site) {
             writeln!(w, "    {truncated}")?;
         }
+    }
+    Ok(())
+}
+
+/// What a site's blocks live at exit are when they are not a leak.
+fn reach_note(p: &Prepared<'_>, reach: Reach) -> Option<String> {
+    match reach {
+        Reach::Leak => None,
+        Reach::Runtime(i) => Some(format!(
+            "still reachable at exit: runtime ({})",
+            super::reachable::RUNTIME_POOLS[i].name
+        )),
+        Reach::Suppressed(i) => Some(format!(
+            "suppressed (leak:{})",
+            p.opts.shaping.suppressions[i].pattern
+        )),
+    }
+}
+
+/// The header: the command, its totals, the heap's sparkline, and the
+/// blocks live at exit that are not leaks.
+pub(super) fn write_header(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
+    let profile = p.profile;
+    let t = &profile.totals;
+    let (leaked_bytes, leaked_blocks) = p.reachable.leaked(profile);
+    writeln!(
+        w,
+        "memtrail report: {} ({})",
+        profile.command.join(" "),
+        crate::profile::ending(profile)
+    )?;
+    writeln!(
+        w,
+        "  {} ({}), peak live {}, {} {} ({})",
+        plural(t.allocations, "allocation"),
+        human_bytes(t.allocated_bytes),
+        human_bytes(t.peak_live_bytes),
+        leaked_word(profile),
+        plural(leaked_blocks, "block"),
+        human_bytes(leaked_bytes)
+    )?;
+    for (what, held) in [
+        ("still reachable at exit: runtime", &p.reachable.runtime),
+        ("suppressed leaks", &p.reachable.suppressed),
+    ] {
+        if held.is_empty() {
+            continue;
+        }
+        let (bytes, blocks) = held
+            .iter()
+            .fold((0, 0), |(b, n), h| (b + h.bytes, n + h.blocks));
+        let parts: Vec<String> = held
+            .iter()
+            .map(|h| format!("{} {}", h.name, human_bytes(h.bytes)))
+            .collect();
+        writeln!(
+            w,
+            "  {what} {} ({}): {}",
+            plural(blocks, "block"),
+            human_bytes(bytes),
+            parts.join(", ")
+        )?;
+    }
+    if let Some(spark) = super::timeline::sparkline(profile) {
+        writeln!(
+            w,
+            "  heap over time  {spark}  (--format timeline for the chart)"
+        )?;
     }
     Ok(())
 }
@@ -123,7 +206,7 @@ fn truncated_line(profile: &Profile) -> Option<String> {
 /// How blocks still live at the end are named: "leaked" (live at exit),
 /// or "live at detach" in an attach window, where the program may still
 /// free them.
-fn leaked_word(profile: &Profile) -> &'static str {
+pub(super) fn leaked_word(profile: &Profile) -> &'static str {
     if profile.attached {
         "live at detach"
     } else {
@@ -206,9 +289,9 @@ fn metrics_line(m: &StackMetrics, by: Metric, total: u64, leaked: &str) -> Strin
 
 /// `function (inlined) at file:line in module`; an unknown function shows
 /// as `module+0xOFFSET` (the file offset), or its address outside any file.
-fn frame_line(f: &Frame) -> String {
+pub(super) fn frame_line(f: &Frame) -> String {
     let mut s = match (f.function.as_deref(), f.module.as_deref()) {
-        (Some(func), _) if !func.is_empty() => func.to_owned(),
+        (Some(func), _) if !func.is_empty() => short(func).into_owned(),
         (_, Some(module)) if f.offset.is_some() => return unnamed(module, f.offset),
         _ => format!("{:#x}", f.addr),
     };
@@ -227,7 +310,7 @@ fn frame_line(f: &Frame) -> String {
 }
 
 /// `1 allocation`, `2 allocations`.
-fn plural(n: u64, noun: &str) -> String {
+pub(super) fn plural(n: u64, noun: &str) -> String {
     if n == 1 {
         format!("1 {noun}")
     } else {

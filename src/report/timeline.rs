@@ -2,10 +2,14 @@
 //! profile's `timeline`), and the text report's sparkline.
 //!
 //! The chart draws, per interval, the live heap's maximum stacked by the
-//! top sites (the timeline's `sites`, largest at the bottom, then `other`),
-//! or as one area for a profile without them, anonymous-mmap bytes as a
-//! line, marks the exact peak instant (linked to the list below it), and
-//! lists the sites that made up the heap at its peak (`--by peak`, the
+//! top sites (the timeline's `sites`, largest at the bottom, then `other`;
+//! the sites of one caller outside allocator wrappers are one layer, named
+//! by it), or as one area for a profile without them, on the left axis;
+//! anonymous-mmap bytes as a line on their own right axis (a large
+//! reservation does not flatten a small heap); resident memory (RSS, when
+//! recorded) as a dashed line on the heap's axis; time ticks below; marks
+//! the exact peak instant (linked to the list below it), and lists the
+//! sites that made up the heap at its peak (`--by peak`, the
 //! "stack at peak" view) under the legend. Colours go by rank in the
 //! legend, from a fixed palette. Hand-written SVG: every text is escaped;
 //! the same profile gives the same bytes.
@@ -13,11 +17,14 @@
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
-use super::Metric;
-use super::sites::{Site, folded_name, merge_same_frames, module_base, ranked};
-use crate::profile::{Profile, human_bytes};
+use super::group::{Group, Grouping, frame_key, group};
+use super::names::short;
+use super::sites::{folded_name, module_base, ranked};
+use super::{Metric, Prepared};
+use crate::profile::{Frame, Profile, human_bytes};
 
-const WIDTH: f64 = 960.0;
+/// Room right of the plot for the mappings' axis.
+const WIDTH: f64 = 1040.0;
 const PLOT_LEFT: f64 = 80.0;
 const PLOT_TOP: f64 = 60.0;
 const PLOT_WIDTH: f64 = 860.0;
@@ -61,90 +68,174 @@ fn seconds(ns: u64) -> String {
     }
 }
 
-/// A layer of the chart: a site or `other`, a value per point.
+/// The longest legend or list label, in characters (longer ones end in
+/// `…`): what fits right of the value in the chart's width.
+const LABEL_CHARS: usize = 100;
+/// The longest title, in characters, at its 16-pixel font.
+const TITLE_CHARS: usize = 86;
+
+/// A layer of the chart: a site (or the sites of one caller) or `other`,
+/// a value per point.
 struct Layer<'a> {
-    /// `None` for `other`.
-    stack: Option<u64>,
+    /// The stacks' ids; empty for `other`.
+    stacks: Vec<u64>,
     label: String,
     colour: &'a str,
-    values: &'a [u64],
+    values: Vec<u64>,
     peak: u64,
 }
 
-/// A site's label: its innermost Python function if it has one (the C code
-/// of the interpreter below it says little), else its innermost frame's
-/// function (or module), with its file and line when known, or its id when
-/// the profile has no such stack.
-fn site_label(profile: &Profile, stack: u64) -> String {
-    let python =
-        |f: &&crate::profile::Frame| f.module.as_deref() == Some(crate::profile::PYTHON_MODULE);
-    let Some(frame) = profile
-        .stacks
-        .iter()
-        .find(|s| s.id == stack)
-        .and_then(|s| s.frames.iter().find(python).or(s.frames.first()))
-    else {
-        return format!("stack {stack}");
-    };
-    let name = folded_name(frame);
-    match (&frame.file, frame.line) {
-        (Some(file), Some(line)) => format!("{name} ({}:{line})", module_base(file)),
-        (Some(file), None) => format!("{name} ({})", module_base(file)),
-        _ => name.into_owned(),
+/// `s` cut to `max` characters, ending in `…` when cut.
+fn fit(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_owned()
+    } else {
+        let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+        out.push('…');
+        out
     }
 }
 
-/// The layers to stack, bottom first: the sites, then `other` when it is
-/// ever above 0. None when the timeline has no site series (a profile
-/// written before memtrail kept them, or one that does not match its
-/// points).
-fn layers<'a>(profile: &'a Profile) -> Vec<Layer<'a>> {
-    let t = &profile.timeline;
+/// A frame's label: its function (shortened) or module, with its file
+/// and line when known.
+fn frame_label(frame: &Frame) -> String {
+    let name = short(&folded_name(frame)).into_owned();
+    match (&frame.file, frame.line) {
+        (Some(file), Some(line)) => format!("{name} ({}:{line})", module_base(file)),
+        (Some(file), None) => format!("{name} ({})", module_base(file)),
+        _ => name,
+    }
+}
+
+/// A stack's layer key and label: its first frame outside allocator
+/// wrappers (its innermost frame with `--no-group`), or its id when the
+/// profile has no such stack.
+fn site_label(p: &Prepared<'_>, grouping: &Grouping, stack: u64) -> (String, String) {
+    let frames = p
+        .profile
+        .stacks
+        .iter()
+        .position(|s| s.id == stack)
+        .map(|i| p.frames(i));
+    let Some(frames) = frames.filter(|f| !f.is_empty()) else {
+        return (format!("stack {stack}"), format!("stack {stack}"));
+    };
+    let frame = &frames[grouping.caller(frames).unwrap_or(0)];
+    let key = match grouping.enabled() {
+        true => {
+            let (name, module) = frame_key(frame);
+            format!("{name} in {module}")
+        }
+        false => format!("stack {stack}"),
+    };
+    let label = if grouping.enabled() {
+        // The sites of one caller are one layer, whatever their lines.
+        let name = short(&folded_name(frame)).into_owned();
+        match &frame.file {
+            Some(file) => format!("{name} ({})", module_base(file)),
+            None => name,
+        }
+    } else {
+        frame_label(frame)
+    };
+    (key, fit(&label, LABEL_CHARS))
+}
+
+/// The layers to stack, bottom first: the sites (those of one caller
+/// summed into one layer), then `other` when it is ever above 0. None
+/// when the timeline has no site series (a profile written before
+/// memtrail kept them, or one that does not match its points).
+fn layers<'a>(p: &Prepared<'_>) -> Vec<Layer<'a>> {
+    let t = &p.profile.timeline;
     let n = t.tree.points.len();
     if t.other_bytes.len() != n || t.sites.iter().any(|s| s.live_bytes.len() != n) {
         return Vec::new();
     }
-    let mut out: Vec<Layer<'a>> = t
-        .sites
-        .iter()
-        .zip(PALETTE.iter().cycle())
-        .map(|(s, colour)| Layer {
-            stack: Some(s.stack),
-            label: site_label(profile, s.stack),
-            colour,
-            values: &s.live_bytes,
-            peak: s.peak_bytes,
-        })
-        .collect();
+    let grouping = &p.opts.shaping.grouping;
+    let mut keys: Vec<String> = Vec::new();
+    let mut out: Vec<Layer<'a>> = Vec::new();
+    for s in &t.sites {
+        let (key, label) = site_label(p, grouping, s.stack);
+        match keys.iter().position(|k| *k == key) {
+            Some(i) => {
+                let layer = &mut out[i];
+                layer.stacks.push(s.stack);
+                for (sum, v) in layer.values.iter_mut().zip(&s.live_bytes) {
+                    *sum += v;
+                }
+                layer.peak = layer.values.iter().copied().max().unwrap_or(0);
+            }
+            None => {
+                keys.push(key);
+                out.push(Layer {
+                    stacks: vec![s.stack],
+                    label,
+                    colour: PALETTE[out.len() % PALETTE.len()],
+                    values: s.live_bytes.clone(),
+                    peak: s.peak_bytes,
+                });
+            }
+        }
+    }
     let other_peak = t.other_bytes.iter().copied().max().unwrap_or(0);
     if other_peak > 0 {
         out.push(Layer {
-            stack: None,
+            stacks: Vec::new(),
             label: "other sites and blocks without a stack".to_owned(),
             colour: OTHER,
-            values: &t.other_bytes,
+            values: t.other_bytes.clone(),
             peak: other_peak,
         });
     }
     out
 }
 
+/// A layer's `data-stack`: its stacks' ids, or `other`.
+fn layer_id(layer: &Layer<'_>) -> String {
+    if layer.stacks.is_empty() {
+        "other".to_owned()
+    } else {
+        let ids: Vec<String> = layer.stacks.iter().map(u64::to_string).collect();
+        ids.join(" ")
+    }
+}
+
+/// At most six round values from 0 to at least `max`: the step is a power
+/// of two, so byte ticks read `256.0 KiB`, `512.0 KiB`, `4.0 MiB`.
+/// Returns the step and the axis's top (a whole number of steps).
+fn ticks(max: u64) -> (u64, u64) {
+    let max = max.max(1);
+    let mut step = 1u64;
+    while step.saturating_mul(5) < max {
+        step = step.saturating_mul(2);
+    }
+    let top = max.div_ceil(step) * step;
+    (step, top)
+}
+
 /// Writes the SVG chart of `profile`'s timeline.
-pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
+pub(super) fn write(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
+    let profile = p.profile;
     let t = &profile.timeline;
     let points = &t.tree.points;
     let n = points.len().max(1) as f64;
-    let max = points
+    // The heap and the mappings each on their own axis (left and right):
+    // a large reservation does not flatten a small heap.
+    let heap_max = points
         .iter()
-        .map(|p| p.live_bytes.max(p.mapped_bytes))
+        .map(|p| p.live_bytes.max(p.rss_bytes))
         .max()
-        .unwrap_or(0)
-        .max(1) as f64;
+        .unwrap_or(0);
+    let mapped_max = points.iter().map(|p| p.mapped_bytes).max().unwrap_or(0);
+    let (heap_step, heap_top) = ticks(heap_max);
+    let (mapped_step, mapped_top) = ticks(mapped_max);
     let first = t.tree.first;
     let x = |i: f64| PLOT_LEFT + i / n * PLOT_WIDTH;
-    let y = |v: u64| PLOT_TOP + PLOT_HEIGHT - v as f64 / max * PLOT_HEIGHT;
-    let layers = layers(profile);
-    let peak_sites = merge_same_frames(ranked(profile, Metric::Peak, None, false), Metric::Peak);
+    let y = |v: u64| PLOT_TOP + PLOT_HEIGHT - v as f64 / heap_top as f64 * PLOT_HEIGHT;
+    let y_mapped = |v: u64| PLOT_TOP + PLOT_HEIGHT - v as f64 / mapped_top as f64 * PLOT_HEIGHT;
+    let layers = layers(p);
+    let grouping = &p.opts.shaping.grouping;
+    let peak_sites = group(ranked(p, Metric::Peak, None, false), grouping, Metric::Peak);
     let legend_top = PLOT_TOP + PLOT_HEIGHT + 56.0;
     let legend_rows = layers.len() as f64 + if layers.is_empty() { 0.0 } else { 1.5 };
     let peak_top = legend_top + ROW * legend_rows;
@@ -155,9 +246,12 @@ pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
         r##"<?xml version="1.0" encoding="UTF-8" standalone="no"?>
 <svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="monospace" font-size="12">
 <rect x="0" y="0" width="{WIDTH}" height="{height}" fill="#ffffff"/>
-<text x="{PLOT_LEFT}" y="24" font-size="16">memtrail: heap over time — {}</text>
+<text x="{PLOT_LEFT}" y="24" font-size="16">{}</text>
 <text x="{PLOT_LEFT}" y="44">peak live {} at {}; interval {}; {} processes</text>"##,
-        escape(&profile.command.join(" ")),
+        escape(&fit(
+            &format!("memtrail: heap over time — {}", profile.command.join(" ")),
+            TITLE_CHARS
+        )),
         human_bytes(t.peak_live_bytes),
         seconds(t.peak_live_at_ns),
         seconds(t.interval_ns),
@@ -165,14 +259,16 @@ pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
     );
     let _ = writeln!(
         s,
-        r##"<rect x="{PLOT_LEFT}" y="{PLOT_TOP}" width="{PLOT_WIDTH}" height="{PLOT_HEIGHT}" fill="none" stroke="#999999"/>
-<text x="{}" y="{}" text-anchor="end">{}</text>
-<text x="{}" y="{}" text-anchor="end">0</text>"##,
-        PLOT_LEFT - 4.0,
-        PLOT_TOP + 10.0,
-        human_bytes(max as u64),
-        PLOT_LEFT - 4.0,
-        PLOT_TOP + PLOT_HEIGHT
+        r##"<rect x="{PLOT_LEFT}" y="{PLOT_TOP}" width="{PLOT_WIDTH}" height="{PLOT_HEIGHT}" fill="none" stroke="#999999"/>"##
+    );
+    write_axes(
+        &mut s,
+        (heap_step, heap_top),
+        (mapped_max > 0).then_some((mapped_step, mapped_top)),
+        (
+            t.start_ns + first * t.interval_ns,
+            points.len() as u64 * t.interval_ns,
+        ),
     );
     // Each interval a step: flat over its width at its value.
     let steps = |values: &mut dyn Iterator<Item = u64>| {
@@ -188,7 +284,11 @@ pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
         // plus its own.
         let mut below = vec![0u64; points.len()];
         for layer in &layers {
-            let top: Vec<u64> = below.iter().zip(layer.values).map(|(b, v)| b + v).collect();
+            let top: Vec<u64> = below
+                .iter()
+                .zip(&layer.values)
+                .map(|(b, v)| b + v)
+                .collect();
             let upper = steps(&mut top.iter().copied());
             let mut lower: Vec<(f64, f64)> = Vec::with_capacity(2 * below.len());
             for (i, &b) in below.iter().enumerate().rev() {
@@ -199,9 +299,7 @@ pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
             for (lx, ly) in lower {
                 let _ = write!(poly, " {lx:.1},{ly:.1}");
             }
-            let stack = layer
-                .stack
-                .map_or_else(|| "other".to_owned(), |id| id.to_string());
+            let stack = layer_id(layer);
             let _ = writeln!(
                 s,
                 r##"<polygon class="layer" data-stack="{stack}" points="{poly}" fill="{}" fill-opacity="0.85" stroke="{}" stroke-width="0.5"><title>{}: peak {}</title></polygon>"##,
@@ -225,14 +323,28 @@ pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
     }
     if !points.is_empty() {
         let total = steps(&mut points.iter().map(|p| p.live_bytes));
-        let mapped = steps(&mut points.iter().map(|p| p.mapped_bytes));
+        let mut mapped = String::new();
+        for (i, p) in points.iter().enumerate() {
+            let (x0, x1) = (x(i as f64), x(i as f64 + 1.0));
+            let v = y_mapped(p.mapped_bytes);
+            let _ = write!(mapped, " {x0:.1},{v:.1} {x1:.1},{v:.1}");
+        }
         let _ = writeln!(
             s,
             r##"<polyline points="{}" fill="none" stroke="#333333" stroke-width="1"><title>live heap bytes (interval maximum)</title></polyline>
-<polyline points="{}" fill="none" stroke="#3b6ee8" stroke-width="1.5"><title>anonymous mmap bytes (interval maximum)</title></polyline>"##,
+<polyline points="{}" fill="none" stroke="#3b6ee8" stroke-width="1.5"><title>anonymous mmap bytes (interval maximum; right axis)</title></polyline>"##,
             total.trim_start(),
             mapped.trim_start()
         );
+        // Resident memory, when the profile has it.
+        if points.iter().any(|p| p.rss_bytes > 0) {
+            let rss = steps(&mut points.iter().map(|p| p.rss_bytes));
+            let _ = writeln!(
+                s,
+                r##"<polyline id="rss" points="{}" fill="none" stroke="#2a9d3a" stroke-width="1.5" stroke-dasharray="6,2"><title>resident memory (RSS, interval maximum)</title></polyline>"##,
+                rss.trim_start()
+            );
+        }
     }
     // The exact peak instant, linked to the sites that made it up.
     let peak_i = t.interval_of(t.peak_live_at_ns).saturating_sub(first) as f64;
@@ -246,16 +358,10 @@ pub(super) fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
     let _ = writeln!(
         s,
         r##"<a href="#stack-at-peak"><line id="peak" x1="{px:.1}" y1="{PLOT_TOP}" x2="{px:.1}" y2="{:.1}" stroke="#000000" stroke-width="1.5" stroke-dasharray="4,3"><title>peak: {} live at {} (the sites then: below, and memtrail report PROFILE --by peak)</title></line></a>
-<text x="{PLOT_LEFT}" y="{:.1}">0</text>
-<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>
-<text x="{PLOT_LEFT}" y="{:.1}">━ live heap  <tspan fill="#3b6ee8">━</tspan> anonymous mmap  ┆ peak (memtrail report PROFILE --by peak shows the stacks at the peak)</text>"##,
+<text x="{PLOT_LEFT}" y="{:.1}">━ live heap (left axis)  <tspan fill="#3b6ee8">━</tspan> anonymous mmap (right axis)  <tspan fill="#2a9d3a">╍</tspan> resident (RSS, left axis)  ┆ peak (report --by peak: the stacks then)</text>"##,
         PLOT_TOP + PLOT_HEIGHT,
         human_bytes(t.peak_live_bytes),
         seconds(t.peak_live_at_ns),
-        PLOT_TOP + PLOT_HEIGHT + 16.0,
-        PLOT_LEFT + PLOT_WIDTH,
-        PLOT_TOP + PLOT_HEIGHT + 16.0,
-        seconds(t.start_ns + (first + points.len() as u64) * t.interval_ns),
         PLOT_TOP + PLOT_HEIGHT + 34.0
     );
     write_legend(&mut s, &layers, legend_top);
@@ -278,9 +384,7 @@ fn write_legend(s: &mut String, layers: &[Layer<'_>], legend_top: f64) {
         // Top of the stack first, as the layers appear.
         for (k, layer) in layers.iter().rev().enumerate() {
             let row = legend_top + ROW * (k as f64 + 1.0);
-            let stack = layer
-                .stack
-                .map_or_else(|| "other".to_owned(), |id| id.to_string());
+            let stack = layer_id(layer);
             let _ = writeln!(
                 s,
                 r#"<g class="legend-entry" data-stack="{stack}"><rect x="{}" y="{:.1}" width="10" height="10" fill="{}"/><text x="{}" y="{row:.1}">{:>10}  {}</text></g>"#,
@@ -298,17 +402,19 @@ fn write_legend(s: &mut String, layers: &[Layer<'_>], legend_top: f64) {
 
 /// The heap at its peak by site: the view `memtrail report --by peak`
 /// shows.
-fn write_peak_sites(s: &mut String, peak_sites: &[(Site<'_>, usize)], peak_top: f64) {
+fn write_peak_sites(s: &mut String, peak_sites: &[Group<'_>], peak_top: f64) {
     // The stack at peak: the view `memtrail report --by peak` shows.
     let _ = writeln!(
         s,
         r#"<g id="stack-at-peak"><text x="{PLOT_LEFT}" y="{peak_top:.1}">heap at its peak by site (memtrail report PROFILE --by peak):</text>"#
     );
-    for (k, (site, _)) in peak_sites.iter().take(PEAK_SITES).enumerate() {
-        let name = site
-            .frames
-            .first()
-            .map_or_else(|| "[no frames]".into(), folded_name);
+    for (k, g) in peak_sites.iter().take(PEAK_SITES).enumerate() {
+        let site = &g.site;
+        let name = site.frames.get(g.caller.unwrap_or(0)).map_or_else(
+            || "[no frames]".into(),
+            |f| short(&folded_name(f)).into_owned(),
+        );
+        let name = fit(&name, LABEL_CHARS);
         let _ = writeln!(
             s,
             r#"<text x="{}" y="{:.1}">{:>10}  {}</text>"#,
@@ -318,6 +424,63 @@ fn write_peak_sites(s: &mut String, peak_sites: &[(Site<'_>, usize)], peak_top: 
             escape(&name)
         );
     }
+}
+
+/// The axes' ticks: the heap's on the left, the mappings' (when there
+/// are any) on the right, and time below (`span`: the first interval's
+/// start and the plotted duration, ns since the command started).
+fn write_axes(s: &mut String, heap: (u64, u64), mapped: Option<(u64, u64)>, span: (u64, u64)) {
+    let y = |v: u64, top: u64| PLOT_TOP + PLOT_HEIGHT - v as f64 / top as f64 * PLOT_HEIGHT;
+    s.push_str("<g id=\"axes\" font-size=\"11\">\n");
+    let (step, top) = heap;
+    let mut v = 0;
+    while v <= top {
+        let yy = y(v, top);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{:.1}" y1="{yy:.1}" x2="{PLOT_LEFT}" y2="{yy:.1}" stroke="#999999"/><line x1="{PLOT_LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#eeeeee"/><text class="tick-heap" x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            PLOT_LEFT - 4.0,
+            PLOT_LEFT + PLOT_WIDTH,
+            PLOT_LEFT - 6.0,
+            yy + 4.0,
+            human_bytes(v)
+        );
+        v += step;
+    }
+    if let Some((step, top)) = mapped {
+        let right = PLOT_LEFT + PLOT_WIDTH;
+        let mut v = 0;
+        while v <= top {
+            let yy = y(v, top);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{right:.1}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#3b6ee8"/><text class="tick-mapped" x="{:.1}" y="{:.1}" fill="#3b6ee8">{}</text>"##,
+                right + 4.0,
+                right + 6.0,
+                yy + 4.0,
+                human_bytes(v)
+            );
+            v += step;
+        }
+    }
+    let (start, duration) = span;
+    for k in 0..=5u64 {
+        let xx = PLOT_LEFT + k as f64 / 5.0 * PLOT_WIDTH;
+        let anchor = match k {
+            0 => "start",
+            5 => "end",
+            _ => "middle",
+        };
+        let _ = writeln!(
+            s,
+            r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#999999"/><text class="tick-time" x="{xx:.1}" y="{:.1}" text-anchor="{anchor}">{}</text>"##,
+            PLOT_TOP + PLOT_HEIGHT,
+            PLOT_TOP + PLOT_HEIGHT + 4.0,
+            PLOT_TOP + PLOT_HEIGHT + 16.0,
+            seconds(start + duration * k / 5)
+        );
+    }
+    s.push_str("</g>\n");
 }
 
 /// The tree's live heap as a sparkline of at most [`SPARK_WIDTH`]

@@ -95,6 +95,8 @@ pub enum CaptureError {
     Sys(#[from] SysError),
     #[error("invalid options: {0}")]
     InvalidOptions(&'static str),
+    #[error("--debuginfo-dir {}: not a directory", .0.display())]
+    DebuginfoDir(std::path::PathBuf),
     #[error("no process has pid {0}")]
     NoProcess(u32),
     #[error("cannot attach to process {pid}: {why}")]
@@ -167,6 +169,7 @@ impl CaptureError {
             Self::SameOutput(_)
             | Self::Room(_)
             | Self::InvalidOptions(_)
+            | Self::DebuginfoDir(_)
             | Self::StackDepth(_)
             | Self::Ring(RingError::BadSize(_)) => ErrorKind::InvalidArgument,
             Self::State(_) => ErrorKind::State,

@@ -31,7 +31,11 @@ struct Drained {
     attacher: AttachWorker,
     /// The rings' high-water marks the pollers saw.
     seen: HighWater,
-    images_seen: Vec<crate::profile::unwind::ImageTable>,
+    /// The images' unwind tables, and the tables' memory.
+    images_seen: (
+        Vec<crate::profile::unwind::ImageTable>,
+        crate::profile::unwind::TableMemory,
+    ),
     /// Every site probed, up front and by the worker.
     sites: Vec<Site>,
     /// Whether every ring drained in time.
@@ -89,6 +93,7 @@ fn assemble(parts: Parts<'_>) -> Profile {
                     ..p.heap
                 },
                 mappings: p.maps,
+                resident: p.resident,
             })
             .collect(),
         lost_events: parts.lost,
@@ -101,6 +106,7 @@ fn assemble(parts: Parts<'_>) -> Profile {
         unwind: parts.unwind,
         timeline: agg.timeline(start_ns).unwrap_or_default(),
         regions: parts.regions,
+        resident: agg.resident(),
     }
 }
 
@@ -159,8 +165,15 @@ impl Session {
             agg.set_parent(root.pid, std::process::id());
         }
         let root_exit = self.root_exit(&agg);
-        let mut stacks =
-            super::stages::symbolize_stacks(&agg, &stacks.stacks, mappings.mappings, &self.symbols);
+        let images: Vec<std::path::PathBuf> =
+            images_seen.0.iter().map(|t| t.image.clone()).collect();
+        let mut stacks = super::stages::symbolize_stacks(
+            &agg,
+            &stacks.stacks,
+            mappings.mappings,
+            &images,
+            &self.symbols,
+        );
         // Frames without source lines, from debug files by build id, as
         // gdb finds them.
         let dirs = crate::symbolize::debug_dirs(&self.debuginfo_dirs);
@@ -185,7 +198,7 @@ impl Session {
             },
             event_rings: self.event_ring_maps.len() as u32,
             skipped_images,
-            unwind: crate::unwind::report(self.unwind, images_seen, &stacks),
+            unwind: crate::unwind::report(self.unwind, images_seen.0, images_seen.1, &stacks),
             stacks,
             pressure,
             regions: markers.finish(),
@@ -265,12 +278,16 @@ impl Session {
             .tables
             .take()
             .map(|t| {
+                let memory = t.memory_report();
                 tracing::debug!(
-                    slots = t.rows_used(),
-                    mib = t.memory() >> 20,
-                    "unwind tables: slots used, locked memory of their shards"
+                    slots = memory.extent_slots,
+                    peak = memory.peak_slots,
+                    released = memory.released,
+                    mib = memory.locked_bytes >> 20,
+                    "unwind tables: slots made, most in use at once, tables released, \
+                     locked memory of their shards"
                 );
-                t.images_seen
+                (t.images_seen, memory)
             })
             .unwrap_or_default();
         let mut sites = std::mem::take(&mut self.sites);

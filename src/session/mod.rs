@@ -169,6 +169,11 @@ impl SessionOptions {
                 "the watermark must be 1 to 99 percent",
             ));
         }
+        // Checked before the capture starts: found missing only when the
+        // capture ends, the run would be lost.
+        if let Some(dir) = self.debuginfo_dirs.iter().find(|d| !d.is_dir()) {
+            return Err(CaptureError::DebuginfoDir(dir.clone()));
+        }
         match target {
             Target::SelfProcess if self.pressure_timeout.enabled() => {
                 Err(CaptureError::InvalidOptions(

@@ -17,7 +17,7 @@ pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
 /// wedge-events,stall-stacks,one-thread-slot,one-row-cache-slot,no-cgroup,fail-after-start,
-/// late-pause,late-release,stop-after-cgroup` in
+/// late-pause,late-release,stop-after-cgroup,sweep-unwind-tables` in
 /// the CLI; see
 /// [`crate::engine::Fault`]).
 #[derive(Debug, Clone, Copy, Default)]
@@ -52,6 +52,10 @@ pub struct Faults {
     /// memtrail stops itself (SIGSTOP) right after making the tree's
     /// cgroup (`stop-after-cgroup`): a test can kill it at that point.
     pub stop_after_cgroup: bool,
+    /// Unwind tables of images no process maps are released at every
+    /// table load (`sweep-unwind-tables`), not only when the tables would
+    /// grow by a shard: a test sees slots reused without loading gigabytes.
+    pub sweep_unwind_tables: bool,
 }
 
 impl Faults {
@@ -81,6 +85,10 @@ impl Faults {
             }
             if name == "find-vma-busy" {
                 faults.find_vma_busy = true;
+                continue;
+            }
+            if name == "sweep-unwind-tables" {
+                faults.sweep_unwind_tables = true;
                 continue;
             }
             if name == "stop-after-cgroup" {

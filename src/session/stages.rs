@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::aggregate::Aggregator;
+use crate::aggregate::{Aggregator, PseudoSite};
 use crate::attach::{self, Links};
 use crate::bpf::skel::memtrail::MemtrailSkel;
 use crate::pressure::RingRoom;
@@ -50,17 +50,21 @@ pub(crate) fn loss_advice(
 }
 
 /// Builds the allocation sites: every stack that allocated, symbolized,
-/// largest allocated bytes first.
+/// largest allocated bytes first. `images`: the files the capture read
+/// (unwind tables), by full path: a mapping recorded by name only, its
+/// process gone before /proc could be asked, is found among them.
 pub(crate) fn symbolize_stacks(
     agg: &Aggregator,
     stacks: &HashMap<u64, Stack>,
     mut mappings: HashMap<u32, Vec<crate::symbolize::Mapping>>,
+    images: &[PathBuf],
     symbolizer: &crate::symbolize::Background,
 ) -> Vec<StackEntry> {
     let hints: Vec<PathBuf> = agg
         .processes()
         .filter_map(|p| std::fs::canonicalize(&p.exe).ok())
         .chain(attach::libc_path().ok())
+        .chain(images.iter().cloned())
         .collect();
     crate::symbolize::resolve_paths(&mut mappings, &hints);
     let spaces = AddressSpaces {
@@ -77,15 +81,18 @@ pub(crate) fn symbolize_stacks(
         if metrics.is_empty() {
             continue;
         }
-        match (stacks.get(&id), agg.direct_syscall_pid(id)) {
+        match (stacks.get(&id), agg.pseudo_site(id)) {
             (Some(stack), _) => by_pid
                 .entry(stack.pid)
                 .or_default()
                 .push((id, metrics, stack)),
-            (None, Some(pid)) => entries.push(StackEntry {
+            (None, Some((pid, pseudo))) => entries.push(StackEntry {
                 id,
                 pid,
-                frames: vec![crate::profile::Frame::direct_syscall()],
+                frames: vec![match pseudo {
+                    PseudoSite::DirectSyscall => crate::profile::Frame::direct_syscall(),
+                    PseudoSite::AllocatorArena => crate::profile::Frame::allocator_arena(),
+                }],
                 exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
                 end: crate::profile::unwind::StackEnd::Complete,
                 metrics,
@@ -140,9 +147,18 @@ pub(crate) fn unwind_tables(
         maps.unwind_shards.as_fd(),
         maps.unwind_images.as_fd(),
         opts.python_frames.then(|| maps.py_images.as_fd()),
+        crate::unwind::ReleaseMaps {
+            known_images: maps.known_images.as_fd(),
+            code_maps: maps.code_maps.as_fd(),
+            row_cache: maps.row_cache.as_fd(),
+        },
     )
     .inspect_err(|err| tracing::warn!(%err, "no unwind tables: stacks take frame-pointer steps"))
     .ok()
+    .map(|mut tables| {
+        tables.sweep_every_load = opts.faults.sweep_unwind_tables;
+        tables
+    })
 }
 
 /// Attaches the syscall and sched tracepoint programs, and `signal_generate`
@@ -170,9 +186,11 @@ pub(crate) fn attach_tracepoints(
         })?;
     links.push(exit);
     let held = signals.then_some(&p.signal_generate);
+    let rss = crate::bpf::object::rss_supported().then_some(&p.rss_stat);
     for prog in [&p.sched_fork, &p.sched_exec, &p.sys_enter, &p.sys_exit]
         .into_iter()
         .chain(held)
+        .chain(rss)
     {
         links.push(attach(prog)?);
     }

@@ -54,6 +54,9 @@ struct Plan {
     pidfd: Option<OwnedFd>,
     /// Whether unwind tables are loaded.
     with_tables: bool,
+    /// Whether operator new in the C++ runtimes is probed (stacks by frame
+    /// pointers only: `attach::capture_sites`).
+    probe_new: bool,
 }
 
 impl Plan {
@@ -113,6 +116,7 @@ impl Plan {
             place,
             pidfd,
             with_tables: opts.unwind.uses_tables() && opts.stack_depth > 0,
+            probe_new: !opts.unwind.uses_tables() && opts.stack_depth > 0,
         })
     }
 
@@ -540,6 +544,7 @@ fn attach_worker(
     );
     worker.held_for_probes = Some(dup(maps.held_for_probes.as_fd())?);
     worker.deferred = installed.deferred;
+    worker.probe_new = installed.probe_new;
     worker.hold = !plan.is_self;
     Ok((worker, first_probes))
 }
@@ -556,7 +561,7 @@ impl Session {
         // While the kernel verifies the programs: the up-front images'
         // entry points and tables are prepared, the files every capture
         // symbolizes loaded, the events rings made.
-        let preparing = upfront::Preparing::start(plan.with_tables);
+        let preparing = upfront::Preparing::start(plan.with_tables, plan.probe_new);
         let symbols = start_symbols(opts, &target, plan.spec.as_ref());
         let making_rings = MakingRings::start(&plan.rings.sizes)?;
         let config = plan.config(opts, making_rings.array.as_fd(), attach::uprobe_sessions());
@@ -573,11 +578,12 @@ impl Session {
             source,
         })?;
         let progs = alloc_programs(&loaded)?;
-        let prepared = preparing.finish(plan.with_tables)?;
+        let prepared = preparing.finish(plan.with_tables, plan.probe_new)?;
         phases.done("up-front images prepared");
         let mut installed = Install::new(
             progs,
             super::stages::unwind_tables(&loaded.skel, opts),
+            opts.stack_depth > 0,
             plan.per_process,
             // Not in a session on its own process, which is not held
             // while the worker links.

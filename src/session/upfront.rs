@@ -67,8 +67,9 @@ pub(super) struct Preparing {
 
 impl Preparing {
     /// Starts preparing; `tables` says whether the session loads unwind
-    /// tables.
-    pub fn start(tables: bool) -> Self {
+    /// tables, `probe_new` whether it probes operator new in the C++
+    /// runtimes (see [`attach::capture_sites`]).
+    pub fn start(tables: bool, probe_new: bool) -> Self {
         let enough = Arc::new(AtomicBool::new(false));
         let stop = enough.clone();
         let thread = super::Background::spawn("memtrail-upfront", move || {
@@ -77,7 +78,7 @@ impl Preparing {
             if let Err(err) = crate::sys::signals::block_forwarded() {
                 tracing::debug!(%err, "up-front thread: signals not blocked");
             }
-            prepare(tables, &stop)
+            prepare(tables, probe_new, &stop)
         });
         Self { thread, enough }
     }
@@ -86,11 +87,11 @@ impl Preparing {
     /// The runtimes are always prepared whole; of the image cache, its
     /// [`ALWAYS_CACHED`] newest entries and whatever more the thread got
     /// to while the BPF object loaded.
-    pub fn finish(self, tables: bool) -> Result<Prepared, AttachError> {
+    pub fn finish(self, tables: bool, probe_new: bool) -> Result<Prepared, AttachError> {
         self.enough.store(true, Ordering::Relaxed);
         self.thread
             .join()
-            .unwrap_or_else(|| prepare(tables, &AtomicBool::new(true)))
+            .unwrap_or_else(|| prepare(tables, probe_new, &AtomicBool::new(true)))
     }
 }
 
@@ -113,7 +114,7 @@ const ALWAYS_CACHED: usize = 32;
 /// unchanged entries until `enough` is raised (past the newest
 /// [`ALWAYS_CACHED`]). An entry left out is examined, held, if a process
 /// maps it.
-fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
+fn prepare(tables: bool, probe_new: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
     let started = Instant::now();
     let cache = if tables {
         unwind::cache::Cache::open()
@@ -125,7 +126,7 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
     let mut runtimes = vec![attach::libc_path()?];
     runtimes.extend(attach::cxx_runtimes());
     for path in runtimes {
-        let sites = attach::capture_sites(&path, tables)?;
+        let sites = attach::capture_sites(&path, probe_new)?;
         let id = id_of(&path);
         images.push(Image {
             table: (tables && id.is_some()).then(|| table_of(&path, cache.as_ref())),
@@ -176,7 +177,7 @@ fn prepare(tables: bool, enough: &AtomicBool) -> Result<Prepared, AttachError> {
         }
         let sites = entry
             .has_sites
-            .then(|| attach::capture_sites(&entry.path, tables));
+            .then(|| attach::capture_sites(&entry.path, probe_new));
         let failed = matches!(sites, Some(Err(_)));
         let image = Image {
             table: (tables && !failed).then(|| table_of(&entry.path, cache.as_ref())),
@@ -237,6 +238,9 @@ pub(super) struct Install<'a> {
 pub(super) struct Installed {
     pub progs: AllocPrograms,
     pub tables: Option<unwind::Tables>,
+    /// Whether operator new in the C++ runtimes is probed: only when
+    /// stacks are walked by frame pointers (see [`attach::capture_sites`]).
+    pub probe_new: bool,
     pub sites: Vec<Site>,
     pub slots: HitSlots,
     /// Images examined, recorded known in BPF.
@@ -253,9 +257,11 @@ pub(super) struct Installed {
 }
 
 impl<'a> Install<'a> {
+    /// `stacks`: whether the capture walks stacks (`--stack-depth` above 0).
     pub fn new(
         progs: AllocPrograms,
         tables: Option<unwind::Tables>,
+        stacks: bool,
         per_process: bool,
         defer: bool,
         links: &'a mut Links,
@@ -264,6 +270,7 @@ impl<'a> Install<'a> {
         Self {
             out: Installed {
                 progs,
+                probe_new: stacks && tables.is_none(),
                 tables,
                 sites: Vec::new(),
                 slots: HitSlots::default(),
@@ -355,6 +362,9 @@ impl<'a> Install<'a> {
             let Some(id) = image.id else { continue };
             if let (Some(tables), Some(table)) = (&mut self.out.tables, image.table) {
                 tables.load_prepared(&image.path, id, table);
+                // Mapped without asking (the loader at exec, the runtimes
+                // known to BPF): never released (issue 23).
+                tables.pin(id);
             }
             if image.why == Why::Runtime && placed != Some(Placed::Deferred) {
                 self.mark_known(id)?;
@@ -382,21 +392,20 @@ impl<'a> Install<'a> {
                 self.mark_known(id)?;
                 continue;
             }
-            let probed =
-                attach::capture_sites(&image, self.out.tables.is_some()).and_then(|mut found| {
-                    let at = place::Image {
-                        id: Some(id),
-                        path: &image,
-                        name: None,
-                        may_defer: false,
-                    };
-                    if self.placer().place(&at, &mut found)? == Placed::PerProcess {
-                        if let Some(registry) = &mut self.out.registry {
-                            registry.link(&self.out.progs, self.known_fd, pid, id)?;
-                        }
+            let probed = attach::capture_sites(&image, self.out.probe_new).and_then(|mut found| {
+                let at = place::Image {
+                    id: Some(id),
+                    path: &image,
+                    name: None,
+                    may_defer: false,
+                };
+                if self.placer().place(&at, &mut found)? == Placed::PerProcess {
+                    if let Some(registry) = &mut self.out.registry {
+                        registry.link(&self.out.progs, self.known_fd, pid, id)?;
                     }
-                    Ok(found)
-                });
+                }
+                Ok(found)
+            });
             match probed {
                 Ok(found) => {
                     self.out.sites.extend(found);
@@ -433,8 +442,13 @@ impl<'a> Install<'a> {
 
     /// Loads an image's unwind table.
     fn load_table(&mut self, image: &Path, id: ImageId) {
+        let per_image = self.out.registry.as_ref().is_some_and(|r| r.has_image(id));
         if let Some(tables) = &mut self.out.tables {
             tables.load(image, image, id);
+            // Known per process: never released (see `unwind`).
+            if per_image {
+                tables.pin(id);
+            }
         }
     }
 

@@ -218,8 +218,12 @@ impl StackSymbolizer {
         }
         let mut resolved: HashMap<(usize, usize), Vec<Frame>> = HashMap::new();
         for (path, items) in by_file {
-            let module = path.display().to_string();
-            let build_id = path.is_absolute().then(|| self.build_id(path)).flatten();
+            let module: std::sync::Arc<str> = path.display().to_string().into();
+            let build_id: Option<std::sync::Arc<str>> = path
+                .is_absolute()
+                .then(|| self.build_id(path))
+                .flatten()
+                .map(Into::into);
             // Stacks share most of their frames (main and what leads to
             // the allocating code): each distinct offset is symbolized once.
             let mut offsets: Vec<u64> = items.iter().map(|&(_, _, o)| o).collect();
@@ -441,9 +445,9 @@ fn frames_of(base: Frame, sym: Option<Symbolized<'_>>) -> Vec<Frame> {
         info.map(|c| (c.to_path().display().to_string(), c.line))
     };
     let frame = |name: &str, loc: Option<(String, Option<u32>)>, inlined: bool| Frame {
-        function: Some(demangle(name).into_owned()),
+        function: Some(demangle(name).into()),
         line: loc.as_ref().and_then(|l| l.1),
-        file: loc.map(|l| l.0),
+        file: loc.map(|l| l.0.into()),
         inlined,
         ..base.clone()
     };

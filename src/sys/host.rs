@@ -67,3 +67,26 @@ pub fn kernel_release() -> (u32, u32) {
         .map(|p| p.parse::<u32>().unwrap_or(0));
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
+
+/// Waits for an RCU grace period (`membarrier(MEMBARRIER_CMD_GLOBAL)`, which
+/// is `synchronize_rcu()` in the kernel): every BPF program running when it
+/// was called (uprobes and tracepoints run under `rcu_read_lock`) has
+/// returned when it returns. False when this kernel cannot promise that:
+/// the command is missing (nohz_full CPUs refuse it), or one CPU is online
+/// (the kernel then skips the wait, and a preemptible kernel may have
+/// preempted a program inside its read-side section).
+pub fn rcu_grace_period() -> bool {
+    const MEMBARRIER_CMD_QUERY: libc::c_long = 0;
+    const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
+    // SAFETY: membarrier takes two integers and touches no memory of ours.
+    let supported = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0) };
+    if supported < 0 || supported & MEMBARRIER_CMD_GLOBAL == 0 {
+        return false;
+    }
+    // SAFETY: sysconf reads a system value.
+    if unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } < 2 {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) == 0 }
+}

@@ -43,6 +43,7 @@ pub use fd::{
 pub use guardian::{GUARDIAN_NAME, Guardian, GuardianCgroup, GuardianMaps};
 pub use host::{
     has_capability, kernel_dev, kernel_file_id, kernel_log_tail, kernel_release, monotonic_ns,
+    rcu_grace_period,
 };
 pub use process::{
     INIT_PID_NS_INO, Pid, ThreadStates, gettid, kill, pid_namespace, pidfd_check_alive, pidfd_open,

@@ -16,28 +16,41 @@
 //! Invariants:
 //! - Slots are written before the image's `unwind_images` entry (a
 //!   syscall, which orders them for BPF), and a shard is in `unwind_shards`
-//!   before any entry leads to it; slots are only appended and never change
-//!   afterwards, so the walker never sees a half-written table.
+//!   before any entry leads to it; a table's slots never change while a
+//!   walk can reach them, so the walker never sees a half-written table.
 //! - One table per image (device and inode), shared by every process that
 //!   maps it; compiled tables are cached on disk by build id, so the next
 //!   run of the same image only reads its rows.
+//! - A table lives while some process maps its image (issue 23): before
+//!   the slots grow by a shard, the tables of images no process maps any
+//!   more are released ([`release`]: the kernel's mappings decide, so
+//!   forks, exec, exit, munmap and dlclose all count as the kernel counts
+//!   them) and their slots ([`slots::Free`]) taken first. The tables of
+//!   the runtimes loaded up front (libc, the dynamic loader, the C++
+//!   runtimes, which a process may map without asking) and of images
+//!   probed per process stay.
 //! - No image's room depends on another's (issue 23): the slots grow by
 //!   whole shards as long as the kernel gives memory for them; the image
-//!   cache's tables loaded up front only save preparation time.
+//!   cache's tables loaded up front only save preparation time (they are
+//!   the first released when room is needed).
 //! - Nothing here fails a capture: an image without CFI, a table the
 //!   kernel gave no memory for, or an unreadable one gets a warning naming
 //!   the image, and its frames take frame-pointer steps (or end the stack,
 //!   with `--unwind dwarf`).
 
 pub mod cache;
+mod release;
+pub mod slots;
 pub mod table;
 
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use memmap2::MmapMut;
 
+pub use release::ReleaseMaps;
 pub use table::{Compiled, Row, Table};
 
 /// Slots of one shard of the tables' array (`MT_UNWIND_SHARD`; a test
@@ -53,7 +66,7 @@ pub const MORE_SHARDS: u32 = 1023;
 pub const CACHED_ROWS: u32 = SHARD_SLOTS / 2;
 
 use crate::bpf::skel::memtrail::types::mt_unwind_image;
-use crate::profile::unwind::{ImageTable, Mode, Outcome, StackEnd};
+use crate::profile::unwind::{ImageTable, Mode, Outcome, StackEnd, TableMemory};
 use crate::sys::error_chain;
 
 /// Errors preparing unwind tables.
@@ -79,7 +92,7 @@ pub struct Tables {
     shards: Vec<MmapMut>,
     /// `unwind_shards`.
     more: OwnedFd,
-    /// Slots used.
+    /// Slots allocated: those below are in a table or free.
     next: u64,
     images: OwnedFd,
     /// `py_images`: the Python interpreters among the images (issue 25),
@@ -88,6 +101,32 @@ pub struct Tables {
     cache: Option<cache::Cache>,
     /// Every image seen, in order.
     pub images_seen: Vec<ImageTable>,
+    /// Slots of released tables, taken before the array grows.
+    free: slots::Free,
+    /// The loaded tables, by image.
+    loaded: HashMap<(u64, u64), Loaded>,
+    /// Images whose table was released and that were not loaded since.
+    released: HashSet<(u64, u64)>,
+    /// Slots in tables now, the most at once, tables released.
+    in_use: u64,
+    peak: u64,
+    released_count: u64,
+    /// What a release needs: see [`release`].
+    release: release::Maps,
+    /// Test fault (`MEMTRAIL_FAULT=sweep-unwind-tables`): look for tables
+    /// to release at every load, not only before the slots grow.
+    pub sweep_every_load: bool,
+}
+
+/// A loaded table's slots.
+#[derive(Debug, Clone, Copy)]
+struct Loaded {
+    start: u64,
+    len: u64,
+    /// Its entry in `images_seen`.
+    entry: usize,
+    /// Never released (see the module's invariants).
+    pinned: bool,
 }
 
 // The kernel lays array map elements out 8 bytes apart: a shard's mapping
@@ -115,12 +154,14 @@ fn map_shard(map: BorrowedFd<'_>) -> std::io::Result<MmapMut> {
 
 impl Tables {
     /// Maps `rows_map` (`unwind_rows`, the first shard), and keeps
-    /// `shards_map` (`unwind_shards`) and `images_map` (`unwind_images`).
+    /// `shards_map` (`unwind_shards`) and `images_map` (`unwind_images`);
+    /// `release` are the maps a table's release touches.
     pub fn new(
         rows_map: BorrowedFd<'_>,
         shards_map: BorrowedFd<'_>,
         images_map: BorrowedFd<'_>,
         python_map: Option<BorrowedFd<'_>>,
+        release: ReleaseMaps<'_>,
     ) -> Result<Self, UnwindError> {
         let first = map_shard(rows_map).map_err(UnwindError::Map)?;
         Ok(Self {
@@ -133,10 +174,42 @@ impl Tables {
                 .transpose()?,
             cache: cache::Cache::open(),
             images_seen: Vec::new(),
+            free: slots::Free::default(),
+            loaded: HashMap::new(),
+            released: HashSet::new(),
+            in_use: 0,
+            peak: 0,
+            released_count: 0,
+            release: release::Maps::new(release),
+            sweep_every_load: false,
         })
     }
 
-    /// Slots loaded so far (rows and page index entries).
+    /// Keeps image `id`'s table (loaded) for the whole capture.
+    pub fn pin(&mut self, id: (u64, u64)) {
+        if let Some(loaded) = self.loaded.get_mut(&id) {
+            loaded.pinned = true;
+        }
+    }
+
+    /// Whether image `id`'s table was released and not loaded since: a
+    /// process maps the image again.
+    pub fn was_released(&self, id: (u64, u64)) -> bool {
+        self.released.contains(&id)
+    }
+
+    /// The tables' memory so far.
+    pub fn memory_report(&self) -> TableMemory {
+        TableMemory {
+            peak_slots: self.peak,
+            extent_slots: self.next,
+            locked_bytes: self.memory(),
+            released: self.released_count,
+        }
+    }
+
+    /// Slots allocated so far (rows and page index entries, in tables or
+    /// released).
     pub fn rows_used(&self) -> u64 {
         self.next
     }
@@ -214,12 +287,15 @@ impl Tables {
         if self.python.is_some() {
             self.note_python(name, id);
         }
-        let outcome = match prepared.table {
+        let (outcome, slot) = match prepared.table {
             Ok((Some(table), cached)) => self.install(id, &table, cached),
-            Ok((None, _)) => Outcome::NoCfi,
-            Err(err) => Outcome::Failed {
-                reason: error_chain(&err),
-            },
+            Ok((None, _)) => (Outcome::NoCfi, None),
+            Err(err) => (
+                Outcome::Failed {
+                    reason: error_chain(&err),
+                },
+                None,
+            ),
         };
         match &outcome {
             Outcome::Loaded { .. } => {}
@@ -248,6 +324,8 @@ impl Tables {
             image: name.to_owned(),
             outcome,
             micros: prepared.micros + started.elapsed().as_micros() as u64,
+            slot,
+            released: false,
         });
         self.images_seen.last().expect("just pushed")
     }
@@ -274,43 +352,21 @@ impl Tables {
         prepare(path, self.cache.as_ref())
     }
 
-    /// Appends `table`'s page index and rows to the slots and makes them
-    /// the image's.
-    fn install(&mut self, id: (u64, u64), table: &Table, cached: bool) -> Outcome {
+    /// Writes `table`'s page index and rows into free slots (released
+    /// tables', else new ones) and makes them the image's; the outcome and
+    /// the table's first slot.
+    fn install(&mut self, id: (u64, u64), table: &Table, cached: bool) -> (Outcome, Option<u64>) {
         let count = u32::try_from(table.rows.len()).unwrap_or(u32::MAX);
-        let start = self.next;
         // The page index, then the rows it indexes.
         let npages = match (table.rows.first(), table.rows.last()) {
             (Some(lo), Some(hi)) => u64::from((hi.pc >> 12) - (lo.pc >> 12) + 1),
             _ => 0,
         };
-        let end = start + npages + 1 + table.rows.len() as u64;
-        let room = |this: &Self| {
-            let shards = u64::from(MORE_SHARDS) + 1;
-            (shards * u64::from(SHARD_SLOTS))
-                .saturating_sub(this.next)
-                .min(u64::from(u32::MAX)) as u32
+        let len = npages + 1 + table.rows.len() as u64;
+        let start = match self.place(len, count) {
+            Ok(start) => start,
+            Err(outcome) => return (outcome, None),
         };
-        if end > u64::from(u32::MAX) {
-            return Outcome::TooBig {
-                rows: count,
-                room: room(self),
-            };
-        }
-        match self.grow(end) {
-            Ok(true) => {}
-            Ok(false) => {
-                return Outcome::TooBig {
-                    rows: count,
-                    room: room(self),
-                };
-            }
-            Err(err) => {
-                return Outcome::Failed {
-                    reason: error_chain(&err),
-                };
-            }
-        }
         let first_row = (start + npages + 1) as u32;
         let index = table.page_index(first_row);
         for (i, entry) in index.iter().enumerate() {
@@ -326,19 +382,83 @@ impl Tables {
         let base_page = table.rows.first().map_or(0, |r| r.pc >> 12);
         let value = image_value(start as u32, npages as u32, base_page, table.bias);
         let key = crate::sys::image_key(id);
-        // The update is a syscall: the slots written above are visible to
-        // BPF before the entry that leads to them.
+        // The update is a syscall: the slots written above (and the row
+        // cache entries a release cleared) are visible to BPF before the
+        // entry that leads to them.
         if let Err(err) = crate::sys::bpf_map_update(self.images.as_fd(), &key, &value) {
-            return Outcome::Failed {
-                reason: format!("recording the table in BPF: {err}"),
-            };
+            self.free.give(start, len);
+            return (
+                Outcome::Failed {
+                    reason: format!("recording the table in BPF: {err}"),
+                },
+                None,
+            );
         }
-        self.next = end;
-        Outcome::Loaded {
+        // An image loaded twice (not expected) keeps its first slots out
+        // of use: a walk may still read them.
+        self.loaded.insert(
+            id,
+            Loaded {
+                start,
+                len,
+                entry: self.images_seen.len(),
+                pinned: false,
+            },
+        );
+        self.released.remove(&id);
+        self.in_use += len;
+        self.peak = self.peak.max(self.in_use);
+        let outcome = Outcome::Loaded {
             rows: count,
             source: table.source.to_owned(),
             cached,
+        };
+        (outcome, Some(start))
+    }
+
+    /// `len` slots for a table of `count` rows: released tables' if they
+    /// hold it, else new ones, after releasing the tables no process needs
+    /// where the slots would otherwise grow by a shard.
+    fn place(&mut self, len: u64, count: u32) -> Result<u64, Outcome> {
+        if let Some(start) = self.free.take(len) {
+            return Ok(start);
         }
+        let made = self.shards.len() as u64 * u64::from(SHARD_SLOTS);
+        if self.sweep_every_load || self.next + len > made {
+            self.release_unmapped();
+            if let Some(start) = self.free.take(len) {
+                return Ok(start);
+            }
+        }
+        // A released table's slots at the end, and new ones past them.
+        let start = self.free.take_ending_at(self.next).unwrap_or(self.next);
+        let end = start + len;
+        let room = |this: &Self| {
+            let shards = u64::from(MORE_SHARDS) + 1;
+            (shards * u64::from(SHARD_SLOTS))
+                .saturating_sub(this.next)
+                .saturating_add(this.free.total())
+                .min(u64::from(u32::MAX)) as u32
+        };
+        let grown = if end > u64::from(u32::MAX) {
+            Ok(false)
+        } else {
+            self.grow(end)
+        };
+        if let Ok(true) = grown {
+            self.next = self.next.max(end);
+            return Ok(start);
+        }
+        self.free.give(start, self.next - start);
+        Err(match grown {
+            Err(err) => Outcome::Failed {
+                reason: error_chain(&err),
+            },
+            _ => Outcome::TooBig {
+                rows: count,
+                room: room(self),
+            },
+        })
     }
 }
 
@@ -403,6 +523,7 @@ fn image_value(
 pub fn report(
     mode: Mode,
     images: Vec<ImageTable>,
+    tables: TableMemory,
     stacks: &[crate::profile::StackEntry],
 ) -> crate::profile::UnwindReport {
     let mut early: std::collections::BTreeMap<StackEnd, (u64, u64)> = Default::default();
@@ -414,6 +535,7 @@ pub fn report(
     crate::profile::UnwindReport {
         mode,
         images,
+        tables,
         ended_early: early
             .into_iter()
             .map(|(reason, (stacks, bytes))| crate::profile::EndedEarly {

@@ -64,7 +64,8 @@ fn record_of(v: &Value) -> (Header, Option<Mem>, Value) {
     let mem = v.get("addr").map(|_| Mem {
         addr: get("addr"),
         size: get("size"),
-        old_addr: get("old_addr"),
+        // mmap and mprotect: the protection (`prot` in the JSON lines).
+        old_addr: get("old_addr") | get("prot"),
         old_size: get("old_size"),
         // A decimal string in the JSON lines (profile version 2).
         stack_id: v.get("stack_id").map_or(0, |_| support::id(v, "stack_id")),
@@ -118,6 +119,10 @@ fn events_binary_round_trip_exact() {
             }
             (Kind::Exit, None) => Body::Exit {
                 exit_code: support::int(&v, "exit_code") as i32,
+            },
+            (Kind::Rss, None) => Body::Rss {
+                rss: num(&v, "rss_bytes"),
+                peak: num(&v, "peak_rss_bytes"),
             },
             _ => panic!("unexpected line {v}"),
         };

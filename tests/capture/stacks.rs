@@ -168,7 +168,22 @@ fn stacks_deduplicated_across_threads() {
 fn stacks_cxx_new_shows_user_function() {
     let run = capture(&cmd("stack_cxx", &[]));
     run.expect_code(0);
-    let p = run.profile();
+    cxx_sites_are_user_functions(run.profile());
+}
+
+/// The same with `--unwind fp`, where operator new keeps its probe and
+/// captures the stack for its malloc (issue 22: the plain operator new that
+/// the nothrow one calls captured it again, from inside libstdc++'s nothrow
+/// new, which keeps no frame pointer: the site was libstdc++'s, and
+/// make_spare was skipped).
+#[test]
+fn stacks_cxx_new_shows_user_function_fp() {
+    let run = support::capture_flags(&["--unwind", "fp"], &cmd("stack_cxx", &[]), b"", &[]);
+    run.expect_code(0);
+    cxx_sites_are_user_functions(run.profile());
+}
+
+fn cxx_sites_are_user_functions(p: &Value) {
     let site = with_frame(p, 0, "make_widget");
     assert_eq!(site.len(), 1, "{:#?}", stacks(p));
     let f = frames(site[0]);

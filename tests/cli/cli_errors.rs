@@ -192,3 +192,29 @@ fn cli_pressure_timeout_below_minimum_exits_2() {
         assert_eq!(dir_entries(dir.path()), ["marker"], "{zero}");
     }
 }
+
+/// Check that a `--debuginfo-dir` that is not a directory is bad usage
+/// found before the command runs (exit 2, naming it), not when the capture
+/// ends and its profile is symbolized.
+#[test]
+fn cli_debuginfo_dir_missing_exits_2_before_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("no-such-dir");
+    let mut flags = run_flags(dir.path());
+    flags.pop();
+    flags.extend(["--debuginfo-dir".into(), missing.clone().into()]);
+    let args = with_marker(&flags, dir.path());
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--debuginfo-dir {}: not a directory",
+            missing.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        dir_entries(dir.path()).is_empty(),
+        "the command ran or an output was left"
+    );
+}

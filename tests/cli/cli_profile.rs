@@ -31,8 +31,9 @@ fn memtrail_in(cwd: &Path, args: &[OsString]) -> (u32, Option<i32>, String) {
 }
 
 fn profile_at(path: &Path) -> Value {
-    let v: Value = serde_json::from_slice(&fs::read(path).expect("read profile"))
+    let mut v: Value = serde_json::from_slice(&fs::read(path).expect("read profile"))
         .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+    crate::support::expand_stacks(&mut v);
     assert_eq!(v["format"], "memtrail-profile");
     v
 }

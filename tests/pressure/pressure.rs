@@ -50,9 +50,7 @@ fn storm_on(mode: &str, timeout: &str, fault: &str, ring: &str) -> Run {
     Run {
         code: out.status.code(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        profile: std::fs::read_to_string(&profile)
-            .ok()
-            .map(|t| serde_json::from_str(&t).unwrap()),
+        profile: crate::support::read_profile(&profile),
     }
 }
 
@@ -270,7 +268,7 @@ fn pressure_fork_past_hard_mark_is_lossless() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let p: Value = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+    let p: Value = crate::support::read_profile(&profile).unwrap();
     counted_lossless(&p);
     assert_eq!(allocations_of(&p, 45678), 1100 + 32);
     assert_eq!(p["processes"].as_array().unwrap().len(), 34);

@@ -8,8 +8,10 @@ mod support;
 
 mod bench_compare;
 mod bench_runs;
+mod report_compact;
 mod report_errors;
 mod report_formats;
+mod report_groups;
 mod report_pprof;
 mod report_process;
 mod report_run;

@@ -56,8 +56,8 @@ fn report_invalid_profile_exits_65() {
     no_format.as_object_mut().expect("object").remove("format");
     let mut version_1 = sites();
     version_1["version"] = json!(1);
-    let mut version_3 = sites();
-    version_3["version"] = json!(3);
+    let mut version_4 = sites();
+    version_4["version"] = json!(4);
     let mut version_string = sites();
     version_string["version"] = json!("2");
     let mut numeric_id = sites();
@@ -99,19 +99,19 @@ fn report_invalid_profile_exits_65() {
         (
             "version 1 (issue 16: ids became strings)",
             serde_json::to_vec(&version_1).expect("json"),
-            "is a profile of version 1; this memtrail reads version 2 (version 1 profiles \
+            "is a profile of version 1; this memtrail reads versions 2 to 3 (version 1 profiles \
              lack each stack's process and image build ids: capture again)"
                 .into(),
         ),
         (
-            "version 3",
-            serde_json::to_vec(&version_3).expect("json"),
-            "is a profile of version 3; this memtrail reads version 2".into(),
+            "version 4",
+            serde_json::to_vec(&version_4).expect("json"),
+            "is a profile of version 4; this memtrail reads versions 2 to 3".into(),
         ),
         (
             "version as a string",
             serde_json::to_vec(&version_string).expect("json"),
-            "is a profile of version \"2\"; this memtrail reads version 2".into(),
+            "is a profile of version \"2\"; this memtrail reads versions 2 to 3".into(),
         ),
         (
             "a stack id as a number (issue 16)",
@@ -168,7 +168,7 @@ fn report_bad_flags_exit_2() {
     for (args, needle) in [
         (
             vec!["report", p, "--format", "svg"],
-            "[possible values: text, json, flamegraph, pprof, folded, timeline]",
+            "[possible values: text, json, flamegraph, pprof, folded, timeline, profile]",
         ),
         (
             vec!["report", p, "--by", "time"],

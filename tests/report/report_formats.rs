@@ -37,7 +37,7 @@ fn report_text_top_sites_by_bytes() {
         "{HEADER}  top 3 of 5 allocation sites by bytes allocated
 
 #1  5.7 MiB allocated (57.1%), 1000 allocations, 2.9 MiB live at peak, 0 B leaked (0 blocks)
-    std::vector<int>::push_back (inlined) at /usr/include/c++/12/bits/stl_vector.h:1281 in shop
+    std::vector<…>::push_back (inlined) at /usr/include/c++/12/bits/stl_vector.h:1281 in shop
     make_buffer at src/buffer.cc:42 in shop
     main at src/main.cc:12 in shop
     libc.so.6+0x29d8f

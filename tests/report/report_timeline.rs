@@ -62,7 +62,8 @@ fn report_timeline_exact_peak() {
 
 /// Check that `--format timeline` writes a well-formed SVG (parsed) with
 /// the peak marker and the sites at the peak (B and C, both allocated in
-/// `main`), and that the text report prints the sparkline.
+/// `main`: one site of `main`'s, grouped by caller), and that the text
+/// report prints the sparkline.
 #[test]
 fn report_timeline_svg_well_formed() {
     let run = capture(&cmd("peak", &[]));
@@ -98,7 +99,7 @@ fn report_timeline_svg_well_formed() {
         .filter_map(|n| n.text())
         .map(str::trim)
         .collect();
-    assert_eq!(rows, ["1.9 MiB  main", "1.4 MiB  main"], "{svg}");
+    assert_eq!(rows, ["3.3 MiB  main"], "{svg}");
     assert!(doc.descendants().any(|n| n.has_tag_name("polygon")));
 
     let text = report(&[]);
@@ -356,13 +357,13 @@ fn report_timeline_sites_exact() {
     assert!(
         legend
             .iter()
-            .any(|l| l.starts_with("976.6 KiB site_a (timeline_sites.c:")),
+            .any(|l| l == "976.6 KiB site_a (timeline_sites.c)"),
         "{legend:?}"
     );
     assert!(
         legend
             .iter()
-            .any(|l| l.starts_with("1.9 MiB site_b (timeline_sites.c:")),
+            .any(|l| l == "1.9 MiB site_b (timeline_sites.c)"),
         "{legend:?}"
     );
     let link = doc
@@ -372,4 +373,11 @@ fn report_timeline_sites_exact() {
         .expect("the peak marker's parent");
     assert_eq!(link.tag_name().name(), "a");
     assert_eq!(link.attribute("href"), Some("#stack-at-peak"));
+    // The heap's axis: power-of-two steps up to the first past the peak.
+    let ticks: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("tick-heap"))
+        .filter_map(|n| n.text())
+        .collect();
+    assert_eq!(ticks, ["0 B", "1.0 MiB", "2.0 MiB", "3.0 MiB"], "{svg}");
 }

@@ -333,13 +333,102 @@ pub fn capture_flags(
     }
 }
 
-/// The profile at `path`, if one was written.
+/// The profile at `path`, if one was written, its `stacks` in version 2's
+/// form ([`expand_stacks`]).
 pub fn read_profile(path: &Path) -> Option<Value> {
     let text = fs::read_to_string(path).ok()?;
-    Some(
-        serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("profile is not JSON ({e}):\n{text}")),
-    )
+    let mut doc: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("profile is not JSON ({e}):\n{text}"));
+    expand_stacks(&mut doc);
+    Some(doc)
+}
+
+/// The metrics of a stack, which version 3 writes only when not 0.
+const STACK_METRICS: [&str; 14] = [
+    "allocations",
+    "bytes",
+    "live_bytes_at_peak",
+    "live_allocations_at_peak",
+    "live_bytes_at_exit",
+    "live_allocations_at_exit",
+    "temporary_allocations",
+    "mmaps",
+    "mapped_bytes",
+    "mapped_bytes_at_peak",
+    "mapped_bytes_at_exit",
+    "reserved_bytes",
+    "reserved_bytes_at_exit",
+    "brk_bytes",
+];
+
+/// Writes a version 3 profile's compact `stacks` (docs/profile.md,
+/// "Allocation stacks") out as version 2's list, which tests read: each
+/// stack with its frames whole, its `exe` a string and every metric there
+/// (those [`STACK_METRICS`] and any other a stack of the profile has, 0
+/// where absent). A version 2 document is left as it is. Panics on an id
+/// outside its table.
+pub fn expand_stacks(doc: &mut Value) {
+    let Some(tables) = doc.get("stacks").filter(|s| s.is_object()).cloned() else {
+        return;
+    };
+    let row = |table: &str, id: &Value| -> Value {
+        match id.as_u64() {
+            None => Value::Null,
+            Some(i) => tables[table]
+                .get(i as usize)
+                .cloned()
+                .unwrap_or_else(|| panic!("{table} {i} is not in the table")),
+        }
+    };
+    let frames: Vec<Value> = tables["frames"]
+        .as_array()
+        .expect("frames table")
+        .iter()
+        .map(|f| {
+            let (module, function) = (
+                row("modules", &f["module"]),
+                row("functions", &f["function"]),
+            );
+            serde_json::json!({
+                "addr": f["addr"], "module": row("strings", &module["path"]),
+                "function": row("strings", &function["name"]),
+                "file": row("strings", &function["file"]), "line": f["line"],
+                "inlined": f["inlined"], "build_id": row("strings", &module["build_id"]),
+                "offset": f["offset"],
+            })
+        })
+        .collect();
+    let entries = tables["entries"].as_array().expect("entries").clone();
+    let mut metrics: Vec<String> = STACK_METRICS.iter().map(|m| m.to_string()).collect();
+    for e in &entries {
+        for (k, v) in e.as_object().expect("an entry") {
+            if v.is_u64() && !metrics.contains(k) && !["pid", "exe"].contains(&k.as_str()) {
+                metrics.push(k.clone());
+            }
+        }
+    }
+    let stacks = entries
+        .into_iter()
+        .map(|mut e| {
+            e["exe"] = row("strings", &e["exe"]);
+            let ids = e["frames"].as_array().expect("frame ids").clone();
+            e["frames"] = ids.iter().map(|id| row_of(&frames, id)).collect();
+            let o = e.as_object_mut().expect("an entry");
+            for m in &metrics {
+                o.entry(m.clone()).or_insert(Value::from(0));
+            }
+            e
+        })
+        .collect();
+    doc["stacks"] = Value::Array(stacks);
+}
+
+fn row_of(frames: &[Value], id: &Value) -> Value {
+    let i = id.as_u64().expect("a frame id") as usize;
+    frames
+        .get(i)
+        .cloned()
+        .unwrap_or_else(|| panic!("frame {i} is not in the table"))
 }
 
 /// The events at `path`, one JSON object a line, if the file was written.

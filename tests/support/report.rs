@@ -3,7 +3,9 @@
 //! - Profiles: `tests/fixtures/report/sites.json` is a hand-written profile
 //!   with six stacks of known frames and metrics; tests read it as a
 //!   `serde_json::Value`, change what they need, and write it into a fresh
-//!   temporary directory.
+//!   temporary directory. It stays a version 2 profile (stacks with their
+//!   frames written out), so every report test also proves that version 2
+//!   files still read; `report_compact` converts it to version 3.
 //! - Runs: [`memtrail`] runs the binary under test ([`super::memtrail_bin`]:
 //!   `MEMTRAIL_BIN` runs another build) and collects its exit code and
 //!   output.

@@ -15,6 +15,8 @@ mod track_leaks;
 mod track_mapping_sites;
 mod track_mappings;
 mod track_processes;
+mod track_reserved;
+mod track_resident;
 mod track_startup;
 mod track_temporary;
 mod track_threads;

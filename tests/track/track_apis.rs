@@ -280,7 +280,7 @@ fn track_api_profile_header() {
     let profile = run.profile();
     let exe = support::fixture("apis");
     assert_eq!(support::string(profile, "format"), "memtrail-profile");
-    assert_eq!(num(profile, "version"), 2);
+    assert_eq!(num(profile, "version"), 3);
     assert_eq!(
         support::field(profile, "command"),
         &serde_json::json!([support::path_str(&exe)])

@@ -20,7 +20,31 @@ fn runtime_counters() -> Counters {
 fn track_cxx_new_delete_are_malloc_free() {
     let run = capture(&cmd("cxx", &[]));
     run.expect_code(0);
-    let events = run.events();
+    main_calls_are_malloc_free(run.events());
+}
+
+/// The same without stacks (`--stack-depth 0`), where libstdc++'s operator
+/// new gets no probe (issue 22: it only counted its own hits; the malloc it
+/// calls makes the record): every call still one malloc or free, and the
+/// profile lists no libstdc++ probe.
+#[test]
+fn track_cxx_no_stacks_new_unprobed() {
+    let run = support::capture_flags(&["--stack-depth", "0"], &cmd("cxx", &[]), b"", &[]);
+    run.expect_code(0);
+    main_calls_are_malloc_free(run.events());
+    let probes = field(run.profile(), "probes").as_array().expect("probes");
+    let cxx: Vec<_> = probes
+        .iter()
+        .filter(|p| p["image"].as_str().is_some_and(|i| i.contains("libstdc++")))
+        .collect();
+    assert!(cxx.is_empty(), "libstdc++ probed: {cxx:?}");
+    assert!(
+        probes.iter().any(|p| p["symbol"] == "malloc"),
+        "malloc unprobed: {probes:?}"
+    );
+}
+
+fn main_calls_are_malloc_free(events: &[serde_json::Value]) {
     let seq = allocator_events(events, stream_root(events));
     // Skip what the C++ runtime allocated before main (see
     // runtime_counters); main's calls come last.

@@ -1,0 +1,361 @@
+//! The profile's `stacks` as written since version 3 (issue 24), and as
+//! read from both versions; schema in docs/profile.md ("Allocation
+//! stacks").
+//!
+//! Version 2 wrote every stack with its frames in full: a gcc run's 10,700
+//! stacks held 220,000 frames, but only 6,500 distinct ones, naming 1,500
+//! functions in 7 modules; the frames were 92 % of its 52 MB. Version 3
+//! writes, as pprof's profile.proto does, each string once (`strings`),
+//! each module (path and build id: pprof's mapping) and each function (name
+//! and source file) once as rows of string ids, each distinct frame once as
+//! a row of those ids (`frames`: pprof's location), and each stack
+//! (`entries`) as a list of frame ids, its process's executable a string
+//! id and only its metrics that are not 0.
+//!
+//! In memory a stack keeps its frames whole ([`StackEntry::frames`]), their
+//! strings shared: a profile read from either version holds each string
+//! once.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use serde::de::{self, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+
+use super::unwind::StackEnd;
+use super::{Frame, StackEntry, StackMetrics, id_string, required};
+
+/// A module: pprof's mapping. `null` ids are unknown (no file, no build id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+struct ModuleRow {
+    #[serde(deserialize_with = "required")]
+    path: Option<u32>,
+    #[serde(deserialize_with = "required")]
+    build_id: Option<u32>,
+}
+
+/// A function: its name and source file, as string ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+struct FunctionRow {
+    #[serde(deserialize_with = "required")]
+    name: Option<u32>,
+    #[serde(deserialize_with = "required")]
+    file: Option<u32>,
+}
+
+/// A frame: [`Frame`] with its module and function as row ids (`null` when
+/// every field of that row would be).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+struct FrameRow {
+    addr: u64,
+    #[serde(deserialize_with = "required")]
+    module: Option<u32>,
+    #[serde(deserialize_with = "required")]
+    function: Option<u32>,
+    #[serde(deserialize_with = "required")]
+    line: Option<u32>,
+    inlined: bool,
+    #[serde(deserialize_with = "required")]
+    offset: Option<u64>,
+}
+
+/// One stack as written.
+#[derive(Serialize)]
+struct EntryOut {
+    #[serde(serialize_with = "id_string::serialize")]
+    id: u64,
+    pid: u32,
+    /// A string id.
+    exe: u32,
+    /// Frame ids, innermost first.
+    frames: Vec<u32>,
+    #[serde(skip_serializing_if = "StackEnd::is_complete")]
+    end: StackEnd,
+    /// The metrics that are not 0 (not their default).
+    #[serde(flatten)]
+    metrics: Map<String, Value>,
+}
+
+/// The compact `stacks`, as written.
+#[derive(Serialize)]
+struct TablesOut<'a> {
+    strings: Vec<&'a str>,
+    modules: Vec<ModuleRow>,
+    functions: Vec<FunctionRow>,
+    frames: Vec<FrameRow>,
+    entries: Vec<EntryOut>,
+}
+
+/// Rows numbered in order of first use.
+struct Interner<K> {
+    ids: HashMap<K, u32>,
+    rows: Vec<K>,
+}
+
+impl<K: Copy + Eq + Hash> Interner<K> {
+    fn new() -> Self {
+        Self {
+            ids: HashMap::new(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn id(&mut self, key: K) -> u32 {
+        let next = self.rows.len() as u32;
+        *self.ids.entry(key).or_insert_with(|| {
+            self.rows.push(key);
+            next
+        })
+    }
+}
+
+/// The tables being built, and the frame ids of stacks.
+struct Builder<'a> {
+    strings: Interner<&'a str>,
+    modules: Interner<ModuleRow>,
+    functions: Interner<FunctionRow>,
+    frames: Interner<FrameRow>,
+}
+
+impl<'a> Builder<'a> {
+    fn string(&mut self, s: &'a Option<Arc<str>>) -> Option<u32> {
+        s.as_deref().map(|s| self.strings.id(s))
+    }
+
+    fn frame(&mut self, f: &'a Frame) -> u32 {
+        let module = ModuleRow {
+            path: self.string(&f.module),
+            build_id: self.string(&f.build_id),
+        };
+        let function = FunctionRow {
+            name: self.string(&f.function),
+            file: self.string(&f.file),
+        };
+        let row = FrameRow {
+            addr: f.addr,
+            module: (module.path.is_some() || module.build_id.is_some())
+                .then(|| self.modules.id(module)),
+            function: (function.name.is_some() || function.file.is_some())
+                .then(|| self.functions.id(function)),
+            line: f.line,
+            inlined: f.inlined,
+            offset: f.offset,
+        };
+        self.frames.id(row)
+    }
+}
+
+/// The metrics as a JSON object, without those at their default (0).
+fn nonzero(
+    metrics: &StackMetrics,
+    defaults: &Map<String, Value>,
+) -> Result<Map<String, Value>, serde_json::Error> {
+    let Value::Object(mut m) = serde_json::to_value(metrics)? else {
+        return Ok(Map::new());
+    };
+    m.retain(|k, v| defaults.get(k) != Some(v));
+    Ok(m)
+}
+
+/// Every metric at its default, as a JSON object.
+fn default_metrics() -> Map<String, Value> {
+    match serde_json::to_value(StackMetrics::default()) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
+}
+
+/// Writes `stacks` compact (see the module docs).
+pub fn serialize<S: Serializer>(stacks: &[StackEntry], s: S) -> Result<S::Ok, S::Error> {
+    let mut b = Builder {
+        strings: Interner::new(),
+        modules: Interner::new(),
+        functions: Interner::new(),
+        frames: Interner::new(),
+    };
+    let defaults = default_metrics();
+    let mut entries = Vec::with_capacity(stacks.len());
+    for st in stacks {
+        entries.push(EntryOut {
+            id: st.id,
+            pid: st.pid,
+            exe: b.strings.id(&st.exe),
+            frames: st.frames.iter().map(|f| b.frame(f)).collect(),
+            end: st.end,
+            metrics: nonzero(&st.metrics, &defaults).map_err(serde::ser::Error::custom)?,
+        });
+    }
+    TablesOut {
+        strings: b.strings.rows,
+        modules: b.modules.rows,
+        functions: b.functions.rows,
+        frames: b.frames.rows,
+        entries,
+    }
+    .serialize(s)
+}
+
+/// One stack as read from the compact form.
+#[derive(Deserialize)]
+struct EntryIn {
+    #[serde(with = "id_string")]
+    id: u64,
+    pid: u32,
+    exe: u32,
+    frames: Vec<u32>,
+    #[serde(default)]
+    end: StackEnd,
+    #[serde(flatten)]
+    metrics: Map<String, Value>,
+}
+
+/// The compact `stacks`, as read.
+#[derive(Deserialize)]
+struct TablesIn {
+    strings: Vec<Arc<str>>,
+    modules: Vec<ModuleRow>,
+    functions: Vec<FunctionRow>,
+    frames: Vec<FrameRow>,
+    entries: Vec<EntryIn>,
+}
+
+/// Row `id` of the table `what`, or the error naming it.
+fn row<'t, T>(table: &'t [T], id: u32, what: &str) -> Result<&'t T, String> {
+    table.get(id as usize).ok_or_else(|| {
+        format!(
+            "stacks: {what} {id} is not in the table (it has {} rows)",
+            table.len()
+        )
+    })
+}
+
+impl TablesIn {
+    fn string(&self, id: Option<u32>) -> Result<Option<Arc<str>>, String> {
+        id.map(|id| row(&self.strings, id, "string").cloned())
+            .transpose()
+    }
+
+    /// Every frame row as a [`Frame`].
+    fn frames(&self) -> Result<Vec<Frame>, String> {
+        self.frames
+            .iter()
+            .map(|f| {
+                let module = match f.module {
+                    Some(id) => *row(&self.modules, id, "module")?,
+                    None => ModuleRow {
+                        path: None,
+                        build_id: None,
+                    },
+                };
+                let function = match f.function {
+                    Some(id) => *row(&self.functions, id, "function")?,
+                    None => FunctionRow {
+                        name: None,
+                        file: None,
+                    },
+                };
+                Ok(Frame {
+                    addr: f.addr,
+                    module: self.string(module.path)?,
+                    function: self.string(function.name)?,
+                    file: self.string(function.file)?,
+                    line: f.line,
+                    inlined: f.inlined,
+                    build_id: self.string(module.build_id)?,
+                    offset: f.offset,
+                })
+            })
+            .collect()
+    }
+
+    /// The stacks, their frames resolved.
+    fn resolve(mut self) -> Result<Vec<StackEntry>, String> {
+        let frames = self.frames()?;
+        let defaults = default_metrics();
+        let entries = std::mem::take(&mut self.entries);
+        let mut stacks = Vec::with_capacity(entries.len());
+        for e in entries {
+            let mut m = defaults.clone();
+            m.extend(e.metrics);
+            let metrics: StackMetrics = serde_json::from_value(Value::Object(m))
+                .map_err(|err| format!("stacks: stack {}: {err}", e.id))?;
+            stacks.push(StackEntry {
+                id: e.id,
+                pid: e.pid,
+                exe: row(&self.strings, e.exe, "string")?.to_string(),
+                frames: e
+                    .frames
+                    .iter()
+                    .map(|&id| row(&frames, id, "frame").cloned())
+                    .collect::<Result<_, _>>()?,
+                end: e.end,
+                metrics,
+            });
+        }
+        Ok(stacks)
+    }
+}
+
+/// Shares equal strings of the frames read from a version 2 document.
+#[derive(Default)]
+struct Strings(HashSet<Arc<str>>);
+
+impl Strings {
+    fn share(&mut self, s: &mut Option<Arc<str>>) {
+        if let Some(new) = s.take() {
+            *s = Some(match self.0.get(&*new) {
+                Some(known) => Arc::clone(known),
+                None => {
+                    self.0.insert(Arc::clone(&new));
+                    new
+                }
+            });
+        }
+    }
+
+    fn share_frames(&mut self, frames: &mut [Frame]) {
+        for f in frames {
+            self.share(&mut f.module);
+            self.share(&mut f.function);
+            self.share(&mut f.file);
+            self.share(&mut f.build_id);
+        }
+    }
+}
+
+/// Reads either form of `stacks`.
+struct StacksVisitor;
+
+impl<'de> Visitor<'de> for StacksVisitor {
+    type Value = Vec<StackEntry>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the stacks: their tables (version 3) or a list of stacks (version 2)")
+    }
+
+    /// Version 2: every stack with its frames; their strings are shared
+    /// as each stack is read, so memory follows the distinct strings.
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut strings = Strings::default();
+        let mut stacks = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(mut stack) = seq.next_element::<StackEntry>()? {
+            strings.share_frames(&mut stack.frames);
+            stacks.push(stack);
+        }
+        Ok(stacks)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        TablesIn::deserialize(de::value::MapAccessDeserializer::new(map))?
+            .resolve()
+            .map_err(de::Error::custom)
+    }
+}
+
+/// Reads `stacks` in either form (see the module docs).
+pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<StackEntry>, D::Error> {
+    d.deserialize_any(StacksVisitor)
+}
