@@ -277,6 +277,20 @@ fn fuzz_iters() -> u64 {
 /// hang reaches it.
 const HANG: Duration = Duration::from_secs(120);
 
+/// Held by every test of this binary: the fuzzing test checks this
+/// process's peak memory, and the others, run at once on the test
+/// harness's threads (huge images read in this process), raised the peak
+/// it measured.
+static MEMORY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Holds [`MEMORY`] (a test that panicked holding it does not poison it
+/// for the others).
+fn memory_alone() -> std::sync::MutexGuard<'static, ()> {
+    MEMORY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The peak resident memory of this process, in KiB.
 fn max_rss_kib() -> i64 {
     // SAFETY: getrusage writes the struct it is given.
@@ -346,6 +360,7 @@ fn symbolize_all(path: &Path, data: &[u8], nobody: bool) {
 /// reader, and symbolization (issue 28).
 #[test]
 fn attach_images_fuzz_parsers() {
+    let _alone = memory_alone();
     let seed = Seed::new(std::fs::read(seed_image()).expect("read the seed image"));
     let first = std::env::var("MEMTRAIL_FUZZ_SEED")
         .ok()
@@ -464,6 +479,7 @@ fn assert_map_images_counts(run: &support::Capture) -> u32 {
 /// writable by others: memtrail reads it rather than mapping it.
 #[test]
 fn attach_non_elf_images_skipped() {
+    let _alone = memory_alone();
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("temp dir");
     let blob = dir
@@ -525,6 +541,7 @@ fn with_trap_at_malloc(seed: &[u8]) -> Vec<u8> {
 /// a real image; the unmutated image is probed.
 #[test]
 fn attach_malformed_images_skipped() {
+    let _alone = memory_alone();
     for probes in ["system-wide", "per-process"] {
         malformed_images_skipped(probes);
     }
@@ -624,6 +641,7 @@ fn capture_run(args: &[OsString]) -> support::Capture {
 /// `no_table` (issue 28).
 #[test]
 fn attach_stack_through_blob_ends_there() {
+    let _alone = memory_alone();
     let dir = tempfile::tempdir().expect("temp dir");
     let blob = dir
         .path()
@@ -667,6 +685,7 @@ fn attach_stack_through_blob_ends_there() {
 /// with SIGBUS (issue 28).
 #[test]
 fn attach_image_truncated_while_examined() {
+    let _alone = memory_alone();
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("user.so");
     std::fs::copy(seed_image(), &path).expect("copy the seed image");
@@ -692,6 +711,7 @@ fn attach_image_truncated_while_examined() {
 /// waited forever for a writer (issue 28).
 #[test]
 fn attach_image_path_not_a_file_refused() {
+    let _alone = memory_alone();
     let dir = tempfile::tempdir().expect("temp dir");
     let fifo = dir.path().join("image.so");
     let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("C path");
@@ -744,6 +764,7 @@ fn malloc_frame(path: &Path) -> Option<Value> {
 /// opened it and waited forever for a writer (issue 28).
 #[test]
 fn symbolize_debug_link_to_fifo_not_opened() {
+    let _alone = memory_alone();
     let dir = tempfile::tempdir().expect("temp dir");
     let image = dir.path().join("lib.so");
     std::fs::copy(seed_image(), &image).expect("copy the seed image");
@@ -794,6 +815,7 @@ fn compressed_seed(dir: &Path, claim: impl Fn(u64) -> u64) -> PathBuf {
 /// as objcopy wrote it is symbolized.
 #[test]
 fn symbolize_compressed_section_bounded() {
+    let _alone = memory_alone();
     let dir = tempfile::tempdir().expect("temp dir");
     let honest = compressed_seed(dir.path(), |size| size);
     let frame = malloc_frame(&honest).expect("symbolized");
@@ -813,6 +835,7 @@ fn symbolize_compressed_section_bounded() {
 /// every later capture's for the real image (issue 28).
 #[test]
 fn unwind_cache_not_poisoned_by_build_id() {
+    let _alone = memory_alone();
     let dir = tempfile::tempdir().expect("temp dir");
     let cache =
         memtrail::internals::unwind::cache::Cache::at(&dir.path().join("unwind")).expect("cache");
@@ -861,6 +884,7 @@ fn unwind_cache_not_poisoned_by_build_id() {
 /// again failed the capture).
 #[test]
 fn attach_running_process_skips_mapped_images() {
+    let _alone = memory_alone();
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().expect("temp dir");
     let dir = dir.path().canonicalize().expect("canonical");
@@ -919,6 +943,7 @@ fn attach_running_process_skips_mapped_images() {
 /// 28: it was refused as too large, its allocators unprobed).
 #[test]
 fn attach_huge_user_image_read_without_its_dwarf() {
+    let _alone = memory_alone();
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("huge.so");
     let mut data = std::fs::read(seed_image()).expect("read the seed image");
@@ -963,6 +988,7 @@ fn attach_huge_user_image_read_without_its_dwarf() {
 /// file) (issue 28).
 #[test]
 fn symbolize_huge_user_image_with_compressed_dwarf() {
+    let _alone = memory_alone();
     let dir = tempfile::tempdir().expect("temp dir");
     let compressed = compressed_seed(dir.path(), |size| size);
     // An uncompressed DWARF section to stretch over a 1.25 GiB hole.

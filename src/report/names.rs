@@ -9,7 +9,8 @@ use std::borrow::Cow;
 /// `name` shortened for text: every outermost `<…>` becomes `<…>`, and a
 /// parameter list (with its trailing `const`, `&`, `&&`) is dropped. The
 /// operator names (`operator<<`, `operator()`, `operator->`) and
-/// `(anonymous namespace)` are kept. A name without `<` or `(` is
+/// `(anonymous namespace)` are kept, and so are Python's `<module>` and
+/// `.<locals>` (a `<` that follows no name). A name without `<` or `(` is
 /// returned as is.
 pub(super) fn short(name: &str) -> Cow<'_, str> {
     if !name.contains(['<', '(']) {
@@ -25,6 +26,13 @@ pub(super) fn short(name: &str) -> Cow<'_, str> {
             continue;
         }
         match c {
+            // Python's `<module>`, `f.<locals>.<listcomp>`: a template's
+            // `<` always follows its name.
+            '<' if out.is_empty() || out.ends_with('.') => {
+                let end = past_group(&chars, i, '<', '>');
+                out.extend(&chars[i..end]);
+                i = end;
+            }
             '<' => {
                 out.push_str("<…>");
                 i = past_group(&chars, i, '<', '>');
@@ -170,6 +178,11 @@ mod tests {
                 "{lambda#1}::operator()",
             ),
             ("parse;token", "parse;token"),
+            (
+                "make_big.<locals>.<listcomp>",
+                "make_big.<locals>.<listcomp>",
+            ),
+            ("<module>", "<module>"),
         ];
         for (name, want) in cases {
             assert_eq!(short(name), want, "{name}");

@@ -329,22 +329,12 @@ pub(super) fn write(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
             let v = y_mapped(p.mapped_bytes);
             let _ = write!(mapped, " {x0:.1},{v:.1} {x1:.1},{v:.1}");
         }
-        let _ = writeln!(
-            s,
-            r##"<polyline points="{}" fill="none" stroke="#333333" stroke-width="1"><title>live heap bytes (interval maximum)</title></polyline>
-<polyline points="{}" fill="none" stroke="#3b6ee8" stroke-width="1.5"><title>anonymous mmap bytes (interval maximum; right axis)</title></polyline>"##,
-            total.trim_start(),
-            mapped.trim_start()
-        );
         // Resident memory, when the profile has it.
-        if points.iter().any(|p| p.rss_bytes > 0) {
-            let rss = steps(&mut points.iter().map(|p| p.rss_bytes));
-            let _ = writeln!(
-                s,
-                r##"<polyline id="rss" points="{}" fill="none" stroke="#2a9d3a" stroke-width="1.5" stroke-dasharray="6,2"><title>resident memory (RSS, interval maximum)</title></polyline>"##,
-                rss.trim_start()
-            );
-        }
+        let rss = points
+            .iter()
+            .any(|p| p.rss_bytes > 0)
+            .then(|| steps(&mut points.iter().map(|p| p.rss_bytes)));
+        write_lines(&mut s, &total, &mapped, rss.as_deref());
     }
     // The exact peak instant, linked to the sites that made it up.
     let peak_i = t.interval_of(t.peak_live_at_ns).saturating_sub(first) as f64;
@@ -368,6 +358,25 @@ pub(super) fn write(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
     write_peak_sites(&mut s, &peak_sites, peak_top);
     s.push_str("</g>\n</svg>\n");
     w.write_all(s.as_bytes())
+}
+
+/// The chart's lines: the heap's total, the anonymous mappings (right
+/// axis) and resident memory (when recorded), as SVG points.
+fn write_lines(s: &mut String, total: &str, mapped: &str, rss: Option<&str>) {
+    let _ = writeln!(
+        s,
+        r##"<polyline points="{}" fill="none" stroke="#333333" stroke-width="1"><title>live heap bytes (interval maximum)</title></polyline>
+<polyline points="{}" fill="none" stroke="#3b6ee8" stroke-width="1.5"><title>anonymous mmap bytes (interval maximum; right axis)</title></polyline>"##,
+        total.trim_start(),
+        mapped.trim_start()
+    );
+    if let Some(rss) = rss {
+        let _ = writeln!(
+            s,
+            r##"<polyline id="rss" points="{}" fill="none" stroke="#2a9d3a" stroke-width="1.5" stroke-dasharray="6,2"><title>resident memory (RSS, interval maximum)</title></polyline>"##,
+            rss.trim_start()
+        );
+    }
 }
 
 /// The legend of the layers: each site's colour, peak and name, top
