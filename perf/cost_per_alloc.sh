@@ -19,12 +19,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
 shift || true
-if [ $# -eq 0 ]; then
-  cargo build --release --quiet
-  set -- "$PWD/target/release/memtrail"
-fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+. perf/lib.sh
+builds_from_args "$@"
+set -- "${builds[@]}"
+scratch_dir work
 g++ -O2 -o "$work/cxx_map" perf/fixtures/cxx_map.cc
 cc -O2 -pthread -o "$work/thread_pairs" perf/fixtures/thread_pairs.c
 cc -O2 -o "$work/cpu_of" perf/fixtures/cpu_of.c

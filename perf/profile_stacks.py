@@ -5,7 +5,7 @@ every metric), from either version: version 3 keeps them compact
 METRICS = ["allocations", "bytes", "live_bytes_at_peak", "live_allocations_at_peak",
            "live_bytes_at_exit", "live_allocations_at_exit", "temporary_allocations",
            "mmaps", "mapped_bytes", "mapped_bytes_at_peak", "mapped_bytes_at_exit",
-           "brk_bytes"]
+           "reserved_bytes", "reserved_bytes_at_exit", "brk_bytes"]
 
 
 def stacks(prof):

@@ -19,24 +19,21 @@ python=${1:-/usr/bin/python3.11}
 ops=${2:-200000}
 depth=${3:-10}
 runs=${4:-5}
-if [ -z "${MEMTRAIL:-}" ]; then
-	cargo build --release --quiet
-	MEMTRAIL=target/release/memtrail
-fi
-mt=$(realpath "$MEMTRAIL")
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+. perf/lib.sh
+memtrail_from_env
+scratch_dir out
 if [ -z "${PYMALLOC:-}" ]; then
 	export PYTHONMALLOC=malloc
 fi
 work=("$python" perf/fixtures/python_churn.py "$ops" "$depth")
 "$mt" run -q --force -o "$out/py.json" -- "${work[@]}"
 "$mt" run -q --force -o "$out/native.json" --native-only -- "${work[@]}"
-python3 - "$out" <<'PY'
+PYTHONPATH=perf python3 - "$out" <<'PY'
 import json, sys
+from profile_stacks import stacks
 out = sys.argv[1]
 def leaf_sites(p):
-    return [s for s in p["stacks"] if any(f["function"] == "leaf" and f["module"] == "[python]" for f in s["frames"])]
+    return [s for s in stacks(p) if any(f["function"] == "leaf" and f["module"] == "[python]" for f in s["frames"])]
 py = json.load(open(f"{out}/py.json"))
 native = json.load(open(f"{out}/native.json"))
 sites = leaf_sites(py)
@@ -45,8 +42,8 @@ top = max(sites, key=lambda s: s["allocations"])
 frames = [f for f in top["frames"] if f["module"] == "[python]"]
 assert [f["function"] for f in frames[:3]] == ["leaf", "site", "site"], frames[:3]
 assert not leaf_sites(native), "Python frames with --native-only"
-print(f'checked: {py["totals"]["allocations"]} allocations; {len(py["stacks"])} stacks with Python '
-      f'frames, {len(native["stacks"])} without; leaf at line {frames[0]["line"]}: '
+print(f'checked: {py["totals"]["allocations"]} allocations; {len(stacks(py))} stacks with Python '
+      f'frames, {len(stacks(native))} without; leaf at line {frames[0]["line"]}: '
       f'{top["allocations"]} allocations')
 PY
 hyperfine -N --warmup 1 --runs "$runs" --export-json "$out/times.json" \

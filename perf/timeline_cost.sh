@@ -19,13 +19,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-10}
 ops=${2:-1000000}
-if [ -z "${MEMTRAIL:-}" ]; then
-	cargo build --release --quiet
-	MEMTRAIL=target/release/memtrail
-fi
-mt=$(realpath "$MEMTRAIL")
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+. perf/lib.sh
+memtrail_from_env
+scratch_dir out
 cc -O2 -o "$out/churn" perf/fixtures/timeline_churn.c
 with=("$mt" run -q --force -o "$out/with.json" --pressure-timeout inf -- "$out/churn" "$ops")
 without=("$mt" run -q --force -o "$out/without.json" --pressure-timeout inf --no-timeline -- "$out/churn" "$ops")

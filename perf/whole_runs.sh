@@ -10,12 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-10}
 shift || true
-if [ $# -eq 0 ]; then
-  cargo build --release --quiet
-  set -- "$PWD/target/release/memtrail"
-fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+. perf/lib.sh
+builds_from_args "$@"
+set -- "${builds[@]}"
+scratch_dir work
 python3 - "$rounds" "$work" "$@" <<'PY'
 import statistics, subprocess, sys, time
 
