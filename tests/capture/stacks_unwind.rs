@@ -402,18 +402,7 @@ fn stacks_unwind_image_without_cfi_warns() {
     );
     let dir = tempfile::tempdir().expect("temp dir");
     let exe = dir.path().join("no_cfi");
-    let status = std::process::Command::new("objcopy")
-        .args([
-            "--remove-section",
-            ".eh_frame",
-            "--remove-section",
-            ".eh_frame_hdr",
-        ])
-        .arg(&built)
-        .arg(&exe)
-        .status()
-        .expect("objcopy runs");
-    assert!(status.success());
+    support::strip_unwind_tables(&built, &exe);
     let out = dir.path().join("profile.json");
     let argv: Vec<OsString> = vec![
         "run".into(),

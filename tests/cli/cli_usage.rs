@@ -228,18 +228,7 @@ fn cli_usage_quiet_silences_capture_notes() {
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = dir.path().join("no_cfi");
-    let status = Command::new("objcopy")
-        .args([
-            "--remove-section",
-            ".eh_frame",
-            "--remove-section",
-            ".eh_frame_hdr",
-        ])
-        .arg(&built)
-        .arg(&exe)
-        .status()
-        .expect("objcopy runs");
-    assert!(status.success());
+    support::strip_unwind_tables(&built, &exe);
     let profile = dir.path().join("p.json");
     let run = |extra: &[&str]| {
         let mut args = os(&["run", "-q", "--force", "-o"]);

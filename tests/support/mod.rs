@@ -824,3 +824,20 @@ pub fn line_of(file: &str, marker: &str) -> u64 {
         .unwrap_or_else(|| panic!("{marker} not in {file}"));
     idx as u64 + 1
 }
+
+/// Copies the executable `built` to `exe` without its unwind tables
+/// (`.eh_frame`, `.eh_frame_hdr`), as a stripped-down build would ship.
+pub fn strip_unwind_tables(built: &Path, exe: &Path) {
+    let status = std::process::Command::new("objcopy")
+        .args([
+            "--remove-section",
+            ".eh_frame",
+            "--remove-section",
+            ".eh_frame_hdr",
+        ])
+        .arg(built)
+        .arg(exe)
+        .status()
+        .expect("objcopy runs");
+    assert!(status.success(), "objcopy {}", built.display());
+}
