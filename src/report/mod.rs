@@ -434,6 +434,11 @@ pub fn runtime_at_exit(profile: &Profile) -> (u64, u64) {
 
 /// Renders the report of `profile` into `w`.
 pub fn write_report(profile: &Profile, opts: &ReportOptions, w: &mut dyn Write) -> io::Result<()> {
+    if opts.format == Format::Profile {
+        // The profile itself: no shaping to prepare.
+        serde_json::to_writer(&mut *w, profile)?;
+        return w.write_all(b"\n");
+    }
     let p = Prepared::new(profile, opts);
     let (by, limit) = (opts.by, opts.limit());
     match (opts.format, opts.shaping.view) {
@@ -445,10 +450,7 @@ pub fn write_report(profile: &Profile, opts: &ReportOptions, w: &mut dyn Write) 
         (Format::Flamegraph, _) => flamegraph::write(&p, by, limit, w),
         (Format::Pprof, _) => pprof::write(&p, by, limit, w),
         (Format::Timeline, _) => timeline::write(&p, w),
-        (Format::Profile, _) => {
-            serde_json::to_writer(&mut *w, profile)?;
-            w.write_all(b"\n")
-        }
+        (Format::Profile, _) => unreachable!("written above"),
     }
 }
 
