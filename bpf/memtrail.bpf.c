@@ -1006,15 +1006,24 @@ struct {
 
 /* Slot idx of the unwind tables' array, NULL past its shards. */
 /* Not inlined: its temporaries would sit in find_row's frame three times
- * over, past the stack budget (scripts/check-bpf-stack.sh). */
+ * over, past the stack budget (scripts/check-bpf-stack.sh). The two
+ * look-ups stay two calls (the barrier): merged into one call of either
+ * map, as clang made them, the verifier inlined neither, and every row read
+ * was a helper call (issue 22: array_map_lookup_elem was 5 % of a node
+ * program's time under memtrail). Apart, both are inlined (a shard's too:
+ * one inner map type per call). */
 static __noinline struct mt_unwind_row *unwind_slot(__u32 idx)
 {
 	__u32 shard = idx >> MT_UNWIND_SHARD_SHIFT;
 	__u32 at = idx & (MT_UNWIND_SHARD - 1);
+	struct mt_unwind_row *row;
 	void *inner;
 
-	if (!shard)
-		return bpf_map_lookup_elem(&unwind_rows, &at);
+	if (!shard) {
+		row = bpf_map_lookup_elem(&unwind_rows, &at);
+		barrier_var(row);
+		return row;
+	}
 	shard--;
 	inner = bpf_map_lookup_elem(&unwind_shards, &shard);
 	return inner ? bpf_map_lookup_elem(inner, &at) : NULL;
