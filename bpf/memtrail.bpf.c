@@ -1132,6 +1132,106 @@ static __always_inline void forget_code_maps(__u32 tgid, __u64 addr, __u64 len)
 	}
 }
 
+/*
+ * The walking thread's stack, read a window at a time (issue 22): a user
+ * memory read costs ~0.1 us whatever its size (most of it the helper's
+ * fixed cost), and a walk made one or two for each of its frames, each a
+ * word or two just above the previous frame's. A walk's reads of the saved
+ * rbp and return address now come from a window of up to MT_STACK_WINDOW
+ * bytes read at the first of them that falls outside it, never past the
+ * end of that address's page (so a window read fails only where a read of
+ * the word itself would: same page, same protection and presence). The
+ * window is the walk's own: emptied when the walk starts (mt_stack_window),
+ * so a word is never taken from another walk's reads, whatever the stack
+ * held then. One window per thread slot: a thread uses its slot's window
+ * only while it holds the slot (no other thread can then), and a thread
+ * without a slot reads each word directly.
+ */
+#define MT_STACK_WINDOW 1024
+#define MT_NO_WINDOW 0xffff
+
+struct stack_window {
+	__u64 lo;  /* user address of bytes[0] */
+	__u64 len; /* bytes of the window read, 0: none */
+	__u8 bytes[MT_STACK_WINDOW];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MT_THREAD_SLOTS);
+	__type(key, __u32);
+	__type(value, struct stack_window);
+} stack_windows SEC(".maps");
+
+/* The current thread's window, emptied for a new walk; MT_NO_WINDOW if the
+ * thread holds no thread slot. A global function: its frame stays off the
+ * walk's deepest chain. */
+__noinline __u32 mt_stack_window(void)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u32 idx = tid & thread_slot_mask;
+	struct thread_slot *slot = bpf_map_lookup_elem(&thread_slots, &idx);
+	struct stack_window *sw;
+
+	if (!slot || slot->tid != tid)
+		return MT_NO_WINDOW;
+	sw = bpf_map_lookup_elem(&stack_windows, &idx);
+	if (!sw)
+		return MT_NO_WINDOW;
+	sw->len = 0;
+	return idx;
+}
+
+/* A frame of the frame-pointer chain: the caller's saved frame pointer,
+ * then the return address into the caller's caller. */
+struct user_frame {
+	__u64 next;
+	__u64 ret;
+};
+
+/*
+ * Reads the user word at addr into out->next (pair: the two words at addr
+ * into out->next and out->ret) through window win of the walk; 0 on
+ * success, else the read's error (as bpf_probe_read_user of the words
+ * themselves). A global function, verified once.
+ */
+__noinline int mt_stack_read(__u32 win, __u64 addr, __u32 pair, struct user_frame *out)
+{
+	__u64 size = pair ? 16 : 8;
+	struct stack_window *sw = NULL;
+	__u64 off, room;
+
+	if (!out)
+		return -1;
+	if (win < MT_THREAD_SLOTS && !(addr & 7))
+		sw = bpf_map_lookup_elem(&stack_windows, &win);
+	if (!sw)
+		return bpf_probe_read_user(out, size, (void *)addr);
+	off = addr - sw->lo;
+	if (addr < sw->lo || off + size > sw->len) {
+		/* A new window at addr, to the end of its page. */
+		room = (1 << PAGE_SHIFT) - (addr & ((1 << PAGE_SHIFT) - 1));
+		if (room > MT_STACK_WINDOW)
+			room = MT_STACK_WINDOW;
+		sw->len = 0;
+		if (room < size || bpf_probe_read_user(sw->bytes, room, (void *)addr))
+			return bpf_probe_read_user(out, size, (void *)addr);
+		sw->lo = addr;
+		sw->len = room;
+		off = 0;
+	}
+	if (off > MT_STACK_WINDOW - 16) { /* never, once the above held */
+		if (pair || off > MT_STACK_WINDOW - 8)
+			return bpf_probe_read_user(out, size, (void *)addr);
+		out->next = *(__u64 *)(sw->bytes + off);
+		return 0;
+	}
+	out->next = *(__u64 *)(sw->bytes + off);
+	if (pair)
+		out->ret = *(__u64 *)(sw->bytes + off + 8);
+	return 0;
+}
+
 struct unwind_walk {
 	__u64 pc; /* the frame's address */
 	__u64 sp; /* rsp in that frame (the CFA of the frame below) */
@@ -1141,7 +1241,8 @@ struct unwind_walk {
 	/* The executable mapping of the last frame looked up, and its image's
 	 * table. */
 	struct code_map map;
-	__u32 n;
+	__u16 n;
+	__u16 win;   /* the thread's stack window (stack_windows), MT_NO_WINDOW */
 	__u16 end;   /* enum mt_stack_end */
 	__u8 exact;  /* pc is an interrupted instruction, not a return address */
 	__u8 py;     /* a frame was in a Python interpreter's code */
@@ -1336,13 +1437,6 @@ static __always_inline bool in_code(struct unwind_walk *w)
 	return true;
 }
 
-/* A frame of the frame-pointer chain: the caller's saved frame pointer,
- * then the return address into the caller's caller. */
-struct user_frame {
-	__u64 next;
-	__u64 ret;
-};
-
 /* A frame-pointer step: the frame's rbp points at the caller's saved rbp,
  * then the return address. False (with end set) when the chain ends. */
 static __always_inline bool fp_step(struct unwind_walk *w, __u16 why,
@@ -1352,7 +1446,7 @@ static __always_inline bool fp_step(struct unwind_walk *w, __u16 why,
 		walk_end(w, why);
 		return false;
 	}
-	if (bpf_probe_read_user(frame, sizeof(*frame), (void *)w->bp)) {
+	if (mt_stack_read(w->win, w->bp, 1, frame)) {
 		walk_end(w, MT_END_UNREADABLE);
 		return false;
 	}
@@ -1502,7 +1596,7 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 		if (row->rbp_off == -16) {
 			/* The usual frame: saved rbp right below the return
 			 * address, one read for both. */
-			if (bpf_probe_read_user(&saved, sizeof(saved), (void *)(cfa - 16))) {
+			if (mt_stack_read(w->win, cfa - 16, 1, &saved)) {
 				walk_end(w, MT_END_UNREADABLE);
 				return false;
 			}
@@ -1510,19 +1604,21 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 			ra = saved.ret;
 			goto done;
 		}
-		if (bpf_probe_read_user(&w->bp, 8, (void *)(cfa + row->rbp_off))) {
+		if (mt_stack_read(w->win, cfa + row->rbp_off, 0, &saved)) {
 			walk_end(w, MT_END_UNREADABLE);
 			return false;
 		}
+		w->bp = saved.next;
 		break;
 	case MT_RBP_LOST:
 		w->bp = 0;
 		break;
 	}
-	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8))) {
+	if (mt_stack_read(w->win, cfa - 8, 0, &saved)) {
 		walk_end(w, MT_END_UNREADABLE);
 		return false;
 	}
+	ra = saved.next;
 done:
 	w->sp = cfa;
 	w->pc = ra;
@@ -1623,6 +1719,7 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp,
 
 	if (!ctx || !out)
 		return 1;
+	w.win = mt_stack_window();
 	if (bpf_probe_read_user(&w.pc, sizeof(w.pc), (void *)sp))
 		w.pc = 0;
 	bpf_loop(MT_MAX_STACK + 1, unwind_step, &w, 0);
