@@ -1720,7 +1720,10 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp,
 	if (!ctx || !out)
 		return 1;
 	w.win = mt_stack_window();
-	if (bpf_probe_read_user(&w.pc, sizeof(w.pc), (void *)sp))
+	/* The return address at sp (the window's first word: the walk reads
+	 * upwards from there). pc and sp are the 16 bytes the read may
+	 * write, of which it writes pc. */
+	if (mt_stack_read(w.win, sp, 0, (struct user_frame *)&w.pc))
 		w.pc = 0;
 	bpf_loop(MT_MAX_STACK + 1, unwind_step, &w, 0);
 	out->nr = w.n;
