@@ -1041,16 +1041,22 @@ struct {
 const volatile __u32 unwind_mode = MT_UNWIND_AUTO;
 
 /*
- * The rows binary searches found lately, so that a frame seen before takes
+ * The rules binary searches found lately, so that a frame seen before takes
  * one look-up instead of a search (issue 22: the search was most of a
- * frame's cost): a direct-mapped cache of (table address << 32 | row
- * index), slotted by the address and the image's first page index. Words
- * are written and read whole (8 bytes, aligned: never torn), and an entry
- * is taken only when its address is the frame's and its row lies among the
- * rows the search would look at (this page's and the one before it, of
- * this image: images' rows never overlap, and a table's slots never
- * change while any walk can reach them), so a cached row is always the row
- * the search finds.
+ * frame's cost): a direct-mapped cache from a frame's place in the tables
+ * to its row's rule. The place is the slot of the frame's page in its
+ * image's page index and the address's offset in that page (a page's slot
+ * is its image's alone: 30 + 12 bits that name one address of one image);
+ * a bijection of those 42 bits gives the entry's slot (its low 16 bits) and
+ * its tag (the other 26), so an entry whose tag is the frame's was made
+ * for the frame's own address and image, and holds the rule the search
+ * found for it (the row's CFA offset, kind and rbp offset: its upper 32
+ * bits): MT_ROW_CACHE_VALID | tag << 32 | rule. Words are written and read
+ * whole (8 bytes, aligned: never torn), and a table's slots never change
+ * while any walk can reach them. Addresses past the last page of their
+ * image (the search's last row) are not cached. (Before, an entry was an
+ * address and a row index, checked against the page's rows: three reads
+ * of the tables a frame, the page index's two and the row's.)
  *
  * Slots are reused (issue 23): userspace releases the table of an image no
  * process maps any more, and only then, in this order: it deletes the
@@ -1058,13 +1064,15 @@ const volatile __u32 unwind_mode = MT_UNWIND_AUTO;
  * program that could have copied the entry has returned); empties
  * `code_maps` (copies made before the delete); waits again (no program
  * still holds such a copy, so none reads or writes the slots or cache
- * entries naming them); clears the cache entries whose row lies in the
- * released slots (through this map's mapping); and only then writes the
- * slots again for another image. A walk that raced the release lost its
- * table before its slots changed: it ends, or takes frame-pointer steps,
- * as in an image without a table, never reading another image's rows.
+ * entries naming them); clears the cache (through this map's mapping);
+ * and only then writes the slots again for another image. A walk that
+ * raced the release lost its table before its slots changed: it ends, or
+ * takes frame-pointer steps, as in an image without a table, never reading
+ * another image's rows.
  */
 #define MT_ROW_CACHE (1 << 16)
+#define MT_ROW_CACHE_VALID (1ULL << 63)
+#define MT_ROW_CACHE_PLACE ((1ULL << 42) - 1)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -1074,9 +1082,22 @@ struct {
 	__type(value, __u64);
 } row_cache SEC(".maps");
 
-/* Slot index mask; tests set 0 (MEMTRAIL_FAULT=one-row-cache-slot) so that
- * every frame contends for one slot. */
-const volatile __u32 row_cache_mask = MT_ROW_CACHE - 1;
+/* Tests set 1 (MEMTRAIL_FAULT=one-row-cache-slot): the bijection becomes a
+ * rotation that slots a place by its page slot's high bits, so that every
+ * frame of an image (16k pages of tables) contends for one entry, and the
+ * tag (the rest of the place) must tell them apart. */
+const volatile __u32 row_cache_crowd = 0;
+
+/* The bijection of a place (< 2^42): its entry's slot in the low 16 bits,
+ * its tag above. */
+static __always_inline __u64 row_cache_spread(__u64 x)
+{
+	if (row_cache_crowd)
+		return (x >> 26 | x << 16) & MT_ROW_CACHE_PLACE;
+	x ^= x >> 21;
+	x = (x * 0x9e3779b97f4a7c15ULL) & MT_ROW_CACHE_PLACE;
+	return x ^ (x >> 21);
+}
 
 /*
  * The executable mappings walks of a process found lately, so that most
@@ -1457,29 +1478,36 @@ static __always_inline bool fp_step(struct unwind_walk *w, __u16 why,
 	return true;
 }
 
-/* The row covering the walk's pc, if its image has a table. */
-/* The row cache's slot for key in the image whose page index starts at
- * pages. */
-static __always_inline __u64 *row_cache_entry(__u64 key, __u32 pages)
-{
-	__u32 slot = (__u32)(((key << 16 ^ pages) * 0x9e3779b97f4a7c15ULL) >> 48) & row_cache_mask;
-
-	return bpf_map_lookup_elem(&row_cache, &slot);
-}
-
+/* The row covering the walk's pc, if its image has a table: its rule (the
+ * row's pc is not set). */
 static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row *out)
 {
 	__u64 key = w->pc - (w->exact ? 0 : 1) - w->map.shift;
 	struct unwind_search s;
 	struct mt_unwind_row *row;
-	__u64 *cached;
-	__u32 idx, page;
+	__u64 *cached, h = 0, c;
+	__u32 idx, page, slot;
 
 	if (key > 0xffffffffULL || (key >> 12) < w->map.base_page)
 		return false; /* below the first row */
 	page = (key >> 12) - w->map.base_page;
-	if (page >= w->map.npages)
+	if (page < w->map.npages) {
+		/* The place: the page's slot in the page index, the offset. */
+		h = row_cache_spread(((__u64)(w->map.pages + page) << 12 | (key & 0xfff)) &
+				     MT_ROW_CACHE_PLACE);
+		slot = h & (MT_ROW_CACHE - 1);
+		cached = bpf_map_lookup_elem(&row_cache, &slot);
+		if (cached) {
+			c = *cached;
+			if (c >> 32 == (MT_ROW_CACHE_VALID | h >> 16 << 32) >> 32) {
+				*(__u64 *)out = c << 32;
+				return true;
+			}
+		}
+		h |= MT_ROW_CACHE_VALID; /* cache what the search finds */
+	} else {
 		page = w->map.npages - 1; /* past the last row's page: the last row */
+	}
 	idx = w->map.pages + page;
 	row = unwind_slot(idx);
 	if (!row)
@@ -1489,20 +1517,6 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	if (!row)
 		return false;
 	s.hi = row->pc;
-	cached = row_cache_entry(key, w->map.pages);
-	if (cached) {
-		__u64 c = *cached;
-
-		idx = (__u32)c;
-		/* Rows [first - 1, hi), first on page 0 (see below). */
-		if ((c >> 32) == key && idx + (page != 0) >= s.first && idx < s.hi) {
-			row = unwind_slot(idx);
-			if (!row)
-				return false;
-			*out = *row;
-			return true;
-		}
-	}
 	/* The row holding key is the last one at or below it: in this page, or
 	 * the one before the page's first (never another image's: page 0
 	 * starts with the image's first row, which is below nothing). */
@@ -1511,15 +1525,19 @@ static __always_inline bool find_row(struct unwind_walk *w, struct mt_unwind_row
 	bpf_loop(MT_UNWIND_SEARCH, search_step, &s, 0);
 	if (s.lo == s.first && page == 0)
 		return false; /* below the first row */
-	idx = s.lo - 1;
-	row = unwind_slot(idx);
+	row = unwind_slot(s.lo - 1);
 	if (!row)
 		return false;
 	*out = *row;
-	/* Looked up again: a pointer kept across the search costs stack. */
-	cached = row_cache_entry(key, w->map.pages);
-	if (cached)
-		*cached = key << 32 | idx;
+	if (h & MT_ROW_CACHE_VALID) {
+		/* Looked up again: a pointer kept across the search costs
+		 * stack. */
+		slot = h & (MT_ROW_CACHE - 1);
+		cached = bpf_map_lookup_elem(&row_cache, &slot);
+		if (cached)
+			*cached = MT_ROW_CACHE_VALID | (h & ~MT_ROW_CACHE_VALID) >> 16 << 32 |
+				  *(__u64 *)out >> 32;
+	}
 	return true;
 }
 
@@ -1644,7 +1662,7 @@ __noinline int mt_store_frame(struct mt_stack_record *rec, __u32 n, __u64 ip)
 static long unwind_step(__u64 i, void *data)
 {
 	struct unwind_walk *w = data;
-	struct mt_unwind_row row = {};
+	struct mt_unwind_row row __attribute__((aligned(8))) = {};
 	__u32 n = w->n;
 	__u64 ip;
 

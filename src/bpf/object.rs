@@ -60,7 +60,8 @@ pub(crate) struct Config<'a> {
     pub event_ring_count: u32,
     /// Fault injection: every thread shares one slot.
     pub one_thread_slot: bool,
-    /// Fault injection: BPF's cache of unwind rows has one slot.
+    /// Fault injection: BPF's cache of unwind rules gives every frame of
+    /// an image one slot.
     pub one_row_cache_slot: bool,
     /// Fault injection: `bpf_find_vma` reports busy.
     pub find_vma_busy: bool,
@@ -119,7 +120,7 @@ impl Config<'_> {
             ro.thread_slot_mask = 0;
         }
         if self.one_row_cache_slot {
-            ro.row_cache_mask = 0;
+            ro.row_cache_crowd = 1;
         }
         ro.fault_find_vma_busy = self.find_vma_busy;
         ro.cpu_rings = self.cpu_rings;

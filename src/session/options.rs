@@ -28,9 +28,10 @@ pub struct Faults {
     /// bpf/memtrail.bpf.c): the other threads keep their state in task
     /// storage, the path a thread takes when its slot is held.
     pub one_thread_slot: bool,
-    /// One slot in BPF's cache of unwind rows (`row_cache`): every frame
-    /// contends for it, so an entry is mostly another frame's (the path
-    /// whose checks make a cached row the searched one).
+    /// One slot per image in BPF's cache of unwind rules (`row_cache`):
+    /// every frame of an image contends for it, so an entry is mostly
+    /// another frame's (the path whose tag check makes a cached rule the
+    /// searched one).
     pub one_row_cache_slot: bool,
     /// Fail a session right after its threads started
     /// (`fail-after-start`): the path every later error takes.

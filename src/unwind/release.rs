@@ -22,8 +22,8 @@
 //!    `code_maps` entry goes (the copies made before the delete); a second
 //!    grace period (no program holds such a copy any more: none reads the
 //!    slots or writes a row cache entry naming them).
-//! 4. The row cache entries naming its slots are cleared, and the slots
-//!    are free; the next table written into them is published by its
+//! 4. The row cache is cleared (its entries name slots only through a
+//!    hash), and the slots are free; the next table written into them is published by its
 //!    `unwind_images` update, a syscall, after all of this.
 //!
 //! A walk that raced the release lost the table before its slots changed:
@@ -106,21 +106,18 @@ impl Kept {
         unsafe { std::slice::from_raw_parts(words, ROW_CACHE_SLOTS) }
     }
 
-    /// Clears the row cache entries whose row lies in one of `ranges`
-    /// (first slot, length).
-    fn clear_rows(&self, ranges: &[(u64, u64)]) -> u64 {
+    /// Clears the row cache: its entries name a place in the tables only
+    /// through a hash (bpf/memtrail.bpf.c, `row_cache`), so every entry
+    /// goes, those of the tables kept too (a frame of theirs searches its
+    /// row again once).
+    fn clear_rows(&self) -> u64 {
         let mut cleared = 0;
         for word in self.row_cache() {
-            // Relaxed: no BPF program writes an entry naming these slots
-            // any more (the grace periods before); the stores are ordered
-            // before the next table's entry by its update syscall.
+            // Relaxed: no BPF program writes an entry naming the released
+            // slots any more (the grace periods before); the stores are
+            // ordered before the next table's entry by its update syscall.
             let entry = word.load(Ordering::Relaxed);
-            let row = u64::from(entry as u32);
-            if entry != 0
-                && ranges
-                    .iter()
-                    .any(|&(at, len)| (at..at + len).contains(&row))
-            {
+            if entry != 0 {
                 let _ = word.compare_exchange(entry, 0, Ordering::Relaxed, Ordering::Relaxed);
                 cleared += 1;
             }
@@ -272,11 +269,7 @@ impl Tables {
             .iter()
             .map(|id| (self.loaded[id].start, self.loaded[id].len))
             .collect();
-        let cleared = if forgotten {
-            kept.clear_rows(&ranges)
-        } else {
-            0
-        };
+        let cleared = if forgotten { kept.clear_rows() } else { 0 };
         for id in &gone {
             let l = self.loaded.remove(id).expect("a loaded table");
             if forgotten {

@@ -455,9 +455,10 @@ fn stacks_unwind_changing_stacks_exact() {
     check_changing_stacks(&run_profile(&[exe.into()], &[]));
 }
 
-/// Check the same with one slot in the row cache (`MEMTRAIL_FAULT=
+/// Check the same with one row cache slot per image (`MEMTRAIL_FAULT=
 /// one-row-cache-slot`): the entry a frame finds is mostly another
-/// frame's, which must never be taken for its own.
+/// frame's, which must never be taken for its own (without the entry's tag
+/// check, this fails).
 #[test]
 fn stacks_unwind_changing_stacks_exact_one_cache_slot() {
     let exe = fixture_with_flags("stack_change", support::NO_FP);
