@@ -1157,50 +1157,66 @@ static __always_inline void forget_code_maps(__u32 tgid, __u64 addr, __u64 len)
  * The walking thread's stack, read a window at a time (issue 22): a user
  * memory read costs ~0.1 us whatever its size (most of it the helper's
  * fixed cost), and a walk made one or two for each of its frames, each a
- * word or two just above the previous frame's. A walk's reads of the saved
- * rbp and return address now come from a window of up to MT_STACK_WINDOW
- * bytes read at the first of them that falls outside it, never past the
- * end of that address's page (so a window read fails only where a read of
- * the word itself would: same page, same protection and presence). The
- * window is the walk's own: emptied when the walk starts (mt_stack_window),
+ * word or two just above the previous frame's. A walk's reads of the
+ * return address at its start and of each frame's saved rbp and return
+ * address now come from a window read at the first of them that falls
+ * outside it, up to the end of that address's page and never past it (so
+ * a window read fails only where a read of the word itself would: same
+ * page, same protection and presence). The window is the walk's own: the
+ * walk claims one when it starts (mt_stack_window: a free one, the thread
+ * id's, taken by compare-and-swap, emptied) and gives it back when it ends,
  * so a word is never taken from another walk's reads, whatever the stack
- * held then. One window per thread slot: a thread uses its slot's window
- * only while it holds the slot (no other thread can then), and a thread
- * without a slot reads each word directly.
+ * held then, nor from a window another thread is filling. A walk that
+ * finds its window taken (another thread of the same id modulo
+ * MT_STACK_WINDOWS is walking) reads each word directly.
  */
-#define MT_STACK_WINDOW 1024
+#define MT_STACK_WINDOW (1 << PAGE_SHIFT)
+#define MT_STACK_WINDOWS 1024
 #define MT_NO_WINDOW 0xffff
 
 struct stack_window {
-	__u64 lo;  /* user address of bytes[0] */
-	__u64 len; /* bytes of the window read, 0: none */
+	__u64 owner; /* the walking thread's id, 0: free */
+	__u64 lo;    /* user address of bytes[0] */
+	__u64 len;   /* bytes of the window read, 0: none */
 	__u8 bytes[MT_STACK_WINDOW];
 };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MT_THREAD_SLOTS);
+	__uint(max_entries, MT_STACK_WINDOWS);
 	__type(key, __u32);
 	__type(value, struct stack_window);
 } stack_windows SEC(".maps");
 
-/* The current thread's window, emptied for a new walk; MT_NO_WINDOW if the
- * thread holds no thread slot. A global function: its frame stays off the
- * walk's deepest chain. */
+/* Window index mask; tests set 0 (MEMTRAIL_FAULT=one-stack-window) so that
+ * every thread contends for one window. */
+const volatile __u32 stack_window_mask = MT_STACK_WINDOWS - 1;
+
+/* A window for the current thread's walk, claimed and emptied;
+ * MT_NO_WINDOW if its window is taken. A global function: its frame stays
+ * off the walk's deepest chain. */
 __noinline __u32 mt_stack_window(void)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	__u32 idx = tid & thread_slot_mask;
-	struct thread_slot *slot = bpf_map_lookup_elem(&thread_slots, &idx);
-	struct stack_window *sw;
+	__u64 tid = (__u32)bpf_get_current_pid_tgid();
+	__u32 idx = tid & stack_window_mask;
+	struct stack_window *sw = bpf_map_lookup_elem(&stack_windows, &idx);
 
-	if (!slot || slot->tid != tid)
-		return MT_NO_WINDOW;
-	sw = bpf_map_lookup_elem(&stack_windows, &idx);
-	if (!sw)
+	if (!sw || __sync_val_compare_and_swap(&sw->owner, 0, tid) != 0)
 		return MT_NO_WINDOW;
 	sw->len = 0;
 	return idx;
+}
+
+/* Gives window win back (the walk that claimed it ends). */
+__noinline int mt_stack_window_done(__u32 win)
+{
+	struct stack_window *sw = NULL;
+
+	if (win < MT_STACK_WINDOWS)
+		sw = bpf_map_lookup_elem(&stack_windows, &win);
+	if (sw)
+		sw->owner = 0; /* only its owner writes a claimed window */
+	return 0;
 }
 
 /* A frame of the frame-pointer chain: the caller's saved frame pointer,
@@ -1224,7 +1240,7 @@ __noinline int mt_stack_read(__u32 win, __u64 addr, __u32 pair, struct user_fram
 
 	if (!out)
 		return -1;
-	if (win < MT_THREAD_SLOTS && !(addr & 7))
+	if (win < MT_STACK_WINDOWS && !(addr & 7))
 		sw = bpf_map_lookup_elem(&stack_windows, &win);
 	if (!sw)
 		return bpf_probe_read_user(out, size, (void *)addr);
@@ -1263,7 +1279,7 @@ struct unwind_walk {
 	 * table. */
 	struct code_map map;
 	__u16 n;
-	__u16 win;   /* the thread's stack window (stack_windows), MT_NO_WINDOW */
+	__u16 win;   /* the walk's stack window (stack_windows), MT_NO_WINDOW */
 	__u16 end;   /* enum mt_stack_end */
 	__u8 exact;  /* pc is an interrupted instruction, not a return address */
 	__u8 py;     /* a frame was in a Python interpreter's code */
@@ -1744,6 +1760,7 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp,
 	if (mt_stack_read(w.win, sp, 0, (struct user_frame *)&w.pc))
 		w.pc = 0;
 	bpf_loop(MT_MAX_STACK + 1, unwind_step, &w, 0);
+	mt_stack_window_done(w.win);
 	out->nr = w.n;
 	out->end = w.end;
 	out->py = w.py;

@@ -63,6 +63,8 @@ pub(crate) struct Config<'a> {
     /// Fault injection: BPF's cache of unwind rules gives every frame of
     /// an image one slot.
     pub one_row_cache_slot: bool,
+    /// Fault injection: every walk contends for one stack window.
+    pub one_stack_window: bool,
     /// Fault injection: `bpf_find_vma` reports busy.
     pub find_vma_busy: bool,
 }
@@ -118,6 +120,9 @@ impl Config<'_> {
         }
         if self.one_thread_slot {
             ro.thread_slot_mask = 0;
+        }
+        if self.one_stack_window {
+            ro.stack_window_mask = 0;
         }
         if self.one_row_cache_slot {
             ro.row_cache_crowd = 1;

@@ -16,7 +16,7 @@ pub const MAX_STACK_DEPTH: u32 = 128;
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
-/// wedge-events,stall-stacks,one-thread-slot,one-row-cache-slot,no-cgroup,fail-after-start,
+/// wedge-events,stall-stacks,one-thread-slot,one-row-cache-slot,one-stack-window,no-cgroup,fail-after-start,
 /// late-pause,late-release,stop-after-cgroup,sweep-unwind-tables` in
 /// the CLI; see
 /// [`crate::engine::Fault`]).
@@ -33,6 +33,10 @@ pub struct Faults {
     /// another frame's (the path whose tag check makes a cached rule the
     /// searched one).
     pub one_row_cache_slot: bool,
+    /// One stack window in BPF (`stack_windows`): concurrent walks contend
+    /// for it, so a walk often finds it claimed and reads words directly
+    /// (the path whose claim keeps a walk from another's window).
+    pub one_stack_window: bool,
     /// Fail a session right after its threads started
     /// (`fail-after-start`): the path every later error takes.
     pub fail_after_start: bool,
@@ -70,6 +74,10 @@ impl Faults {
             }
             if name == "one-row-cache-slot" {
                 faults.one_row_cache_slot = true;
+                continue;
+            }
+            if name == "one-stack-window" {
+                faults.one_stack_window = true;
                 continue;
             }
             if name == "no-cgroup" {

@@ -157,6 +157,7 @@ impl Plan {
             event_ring_count: self.rings.sizes.len() as u32,
             one_thread_slot: opts.faults.one_thread_slot,
             one_row_cache_slot: opts.faults.one_row_cache_slot,
+            one_stack_window: opts.faults.one_stack_window,
             find_vma_busy: opts.faults.find_vma_busy,
         }
     }

@@ -478,6 +478,68 @@ fn stacks_unwind_changing_stacks_exact_one_cache_slot() {
     check_changing_stacks(&support::read_profile(&out).expect("profile written"));
 }
 
+/// Check that four processes whose stacks sit at the same addresses
+/// (forks), changing them at the same time, each get exactly their own
+/// stacks when all walks contend for one stack window (`MEMTRAIL_FAULT=
+/// one-stack-window`): a walk that finds the window claimed by another
+/// reads its words itself (without the claim, a walk takes the other
+/// process's words at its own addresses, and this fails).
+#[test]
+fn stacks_unwind_twins_one_stack_window_exact() {
+    let exe = fixture_with_flags("stack_twins", support::NO_FP);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("profile.json");
+    let argv: Vec<OsString> = vec![
+        "run".into(),
+        "-q".into(),
+        "-o".into(),
+        out.clone().into(),
+        "--".into(),
+        exe.into(),
+    ];
+    let (_, status, _, stderr) =
+        support::memtrail_env(&argv, b"", &[("MEMTRAIL_FAULT", "one-stack-window")]);
+    assert!(status.success(), "{stderr}");
+    let p = support::read_profile(&out).expect("profile written");
+    let src = "stack_twins.c";
+    for k in 0..4u64 {
+        let (via, mark) = if k % 2 == 1 {
+            ("via_b", "VIA_B")
+        } else {
+            ("via_a", "VIA_A")
+        };
+        let base = 1000 * (k + 1);
+        for d in 1..=12u64 {
+            let sites: Vec<&Value> = stacks(&p)
+                .into_iter()
+                .filter(|s| s["bytes"].as_u64() == Some(10_000 * (base + d)))
+                .collect();
+            assert_eq!(sites.len(), 1, "process {k}, depth {d}: {sites:#?}");
+            let s = sites[0];
+            assert_eq!(num(s, "allocations"), 10_000, "process {k}, depth {d}");
+            let main = assert_reaches_start(s);
+            let f = frames(s);
+            assert_eq!(
+                main,
+                d as usize + 2,
+                "process {k}, depth {d}: {:?}",
+                functions(s)
+            );
+            assert_at(&f[0], "leaf", src, line_of(src, "LEAF"));
+            for frame in &f[1..=d as usize] {
+                assert_at(frame, "rec", src, line_of(src, "REC"));
+            }
+            assert_at(&f[d as usize + 1], via, src, line_of(src, mark));
+            assert_at(&f[main], "main", src, line_of(src, "MAIN"));
+        }
+    }
+    let sized = stacks(&p)
+        .into_iter()
+        .filter(|s| (1000..5000).contains(&(s["bytes"].as_u64().unwrap_or(0) / 10_000)))
+        .count();
+    assert_eq!(sized, 48, "one stack per process and depth, no other");
+}
+
 /// The stacks of `stack_change.c`: for each depth one stack of 3
 /// allocations with exactly its frames.
 fn check_changing_stacks(p: &Value) {
