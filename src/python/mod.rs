@@ -27,8 +27,10 @@ use crate::bpf::skel::memtrail::types::mt_py_image;
 use crate::profile::Frame;
 
 mod code;
+mod cold;
 mod linetable;
 pub use code::Resolver;
+pub use cold::ColdParts;
 
 /// `MT_PY_FRAME`: a word of a stack record that is a Python frame.
 pub const PY_FRAME: u64 = 1 << 63;
@@ -353,8 +355,14 @@ fn is_eval_loop(f: &Frame) -> bool {
 /// `frames` with the n-th interpreter-loop frame replaced by the n-th of
 /// `groups` (with the frames inlined into it at that address); a loop
 /// frame without a group, or with an empty one (it had not started a
-/// Python function yet), stays.
-pub fn splice(frames: Vec<Frame>, groups: &[Vec<Frame>]) -> Vec<Frame> {
+/// Python function yet), stays. Groups left over (the native walk ended
+/// before their loop frames: frame-pointer steps through an interpreter
+/// built without frame pointers, or the depth) follow the native frames.
+/// A frame in the loop's cold part that the image's symbols do not name
+/// (a stripped interpreter: [`ColdParts`]) is named
+/// `_PyEval_EvalFrameDefault.cold`, and replaced like the loop's.
+pub fn splice(mut frames: Vec<Frame>, groups: &[Vec<Frame>], cold: &mut ColdParts) -> Vec<Frame> {
+    name_cold_parts(&mut frames, cold);
     if groups.is_empty() {
         return frames;
     }
@@ -374,7 +382,29 @@ pub fn splice(frames: Vec<Frame>, groups: &[Vec<Frame>]) -> Vec<Frame> {
         }
         out.push(f);
     }
+    out.extend(next.flatten().cloned());
     out
+}
+
+/// Names the frames in an interpreter loop's unnamed cold part.
+fn name_cold_parts(frames: &mut [Frame], cold: &mut ColdParts) {
+    for f in frames.iter_mut().filter(|f| !f.inlined && !is_eval_loop(f)) {
+        let (Some(module), Some(offset)) = (&f.module, f.offset) else {
+            continue;
+        };
+        if !module.contains("python") {
+            continue;
+        }
+        if cold
+            .of(module)
+            .iter()
+            .any(|&(lo, hi)| offset >= lo && offset < hi)
+        {
+            f.function = Some(format!("{EVAL_LOOP}.cold").into());
+            f.file = None;
+            f.line = None;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -427,7 +457,7 @@ mod tests {
             vec![named("g", 0, false), named("f", 0, false)],
             vec![named("m", 0, false)],
         ];
-        let names: Vec<_> = splice(frames, &groups)
+        let names: Vec<_> = splice(frames, &groups, &mut ColdParts::default())
             .into_iter()
             .map(|f| f.function.as_deref().unwrap_or_default().to_owned())
             .collect();
@@ -443,5 +473,18 @@ mod tests {
                 "main"
             ]
         );
+    }
+
+    #[test]
+    fn python_splice_appends_groups_without_loop_frames() {
+        // A frame-pointer walk that ended in the interpreter: its groups
+        // follow the native frames it found.
+        let frames = vec![named("malloc_caller", 1, false), named("other", 2, false)];
+        let groups = vec![vec![named("g", 0, false)], vec![named("m", 0, false)]];
+        let names: Vec<_> = splice(frames, &groups, &mut ColdParts::default())
+            .into_iter()
+            .map(|f| f.function.as_deref().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(names, ["malloc_caller", "other", "g", "m"]);
     }
 }
