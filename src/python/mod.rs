@@ -249,6 +249,26 @@ fn debug_offsets(bytes: &[u8]) -> Result<(WalkOffsets, CodeOffsets), String> {
     Ok((walk, code))
 }
 
+/// Records the image at `path` (device and inode `id`) in BPF's
+/// `py_images` (`map`) if it is a Python interpreter: walks through its
+/// code then find its frames. Before the image's code runs (its process
+/// is held), with or without unwind tables.
+pub fn note_image(map: std::os::fd::BorrowedFd<'_>, path: &Path, id: (u64, u64)) {
+    let Some(interp) = interpreter(path) else {
+        return;
+    };
+    let key = crate::sys::image_key(id);
+    let value = image_value(&interp);
+    match crate::sys::bpf_map_update(map, &key, &value) {
+        Ok(()) => {
+            tracing::debug!(image = %path.display(), minor = interp.minor, "Python interpreter")
+        }
+        Err(err) => {
+            tracing::warn!(image = %path.display(), %err, "no Python frames through this interpreter")
+        }
+    }
+}
+
 /// `struct mt_py_image` for BPF's `py_images`.
 pub fn image_value(interp: &Interpreter) -> [u8; size_of::<mt_py_image>()] {
     use std::mem::offset_of;
