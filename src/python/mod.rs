@@ -29,6 +29,7 @@ use crate::profile::Frame;
 mod code;
 mod cold;
 mod linetable;
+mod tls;
 pub use code::Resolver;
 pub use cold::ColdParts;
 
@@ -61,6 +62,8 @@ pub struct WalkOffsets {
     pub frame_owner: u16,
     pub frame_is_entry: u16,
     pub code_adaptive: u16,
+    /// `_PyRuntime.gilstate.tstate_current` (3.11; `NONE` later).
+    pub runtime_tstate: u16,
 }
 
 /// Offsets userspace reads in code and string objects.
@@ -87,6 +90,10 @@ pub struct Interpreter {
     pub runtime: u64,
     pub walk: WalkOffsets,
     pub code: CodeOffsets,
+    /// 3.12+: the `tls_index` of `_Py_tss_tstate` (the thread-local
+    /// current thread state), as `runtime`; 0 when not found (the walk
+    /// then searches the interpreter's list of threads).
+    pub tls_index: u64,
 }
 
 /// 3.11's layouts (CPython's `Include/internal` headers, x86_64, the
@@ -104,6 +111,7 @@ const WALK_3_11: WalkOffsets = WalkOffsets {
     frame_owner: 69,
     frame_is_entry: 68,
     code_adaptive: 184,
+    runtime_tstate: 576,
 };
 const CODE_3_11: CodeOffsets = CodeOffsets {
     filename: 112,
@@ -126,6 +134,7 @@ const WALK_3_12: WalkOffsets = WalkOffsets {
     frame_owner: 70,
     frame_is_entry: NONE,
     code_adaptive: 192,
+    runtime_tstate: NONE,
 };
 const CODE_3_12: CodeOffsets = CodeOffsets {
     filename: 112,
@@ -203,11 +212,17 @@ fn parse_interpreter(data: &[u8]) -> Result<Option<Interpreter>, String> {
             "CPython {major}.{minor}: a frame layout the walk does not read"
         ));
     }
+    let tls_index = if minor >= 12 {
+        tls::index(&file).map_or(0, |at| at.wrapping_sub(load_delta))
+    } else {
+        0 // 3.11 finds the thread state as the GIL's holder
+    };
     Ok(Some(Interpreter {
         minor: minor as u8,
         runtime: runtime.address().wrapping_sub(load_delta),
         walk,
         code,
+        tls_index,
     }))
 }
 
@@ -238,6 +253,7 @@ fn debug_offsets(bytes: &[u8]) -> Result<(WalkOffsets, CodeOffsets), String> {
         frame_owner: at(33)?,
         frame_is_entry: NONE,
         code_adaptive: at(43)?,
+        runtime_tstate: NONE,
     };
     let code = CodeOffsets {
         filename: at(35)?,
@@ -296,10 +312,12 @@ pub fn image_value(interp: &Interpreter) -> [u8; size_of::<mt_py_image>()] {
         c.ascii_data,
         c.compact_data,
     ]);
-    let fields = fields.chain(window(w));
+    let fields = fields.chain(window(w)).chain([w.runtime_tstate]);
     let mut value = [0u8; size_of::<mt_py_image>()];
     let at = offset_of!(mt_py_image, runtime);
     value[at..at + 8].copy_from_slice(&interp.runtime.to_ne_bytes());
+    let at = offset_of!(mt_py_image, tls_index);
+    value[at..at + 8].copy_from_slice(&interp.tls_index.to_ne_bytes());
     let mut at = offset_of!(mt_py_image, off);
     for f in fields {
         value[at..at + 2].copy_from_slice(&f.to_ne_bytes());
