@@ -1769,10 +1769,10 @@ static long py_thread_step(__u64 i, void *data)
 
 	if (!p->at)
 		return 1;
-	/* The thread's pthread_self(), read again each step: a word less on
-	 * the stack. */
+	/* The thread's pthread_self(), loaded from the task again each step
+	 * (a load, no helper call): a word less on the stack. */
 	if (py_read(p->at + p->off->tstate_thread_id) ==
-	    BPF_CORE_READ(bpf_get_current_task_btf(), thread.fsbase)) {
+	    bpf_get_current_task_btf()->thread.fsbase) {
 		p->found = 1;
 		return 1;
 	}
@@ -1925,7 +1925,7 @@ static __noinline __u64 py_tls_state(struct mt_py_image *py)
 
 	if (!py)
 		return 0;
-	fs = BPF_CORE_READ(bpf_get_current_task_btf(), thread.fsbase);
+	fs = bpf_get_current_task_btf()->thread.fsbase;
 	tp = py->tls_tpoff;
 	if (!tp) {
 		tp = MT_PY_NO_TLS;
