@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# What Python frames cost the traced program itself (issue 25), measured
+# so that other load on the machine weighs little: the CPU time
+# (task-clock, perf stat) of the Python process only, under
+# `memtrail run --native-only` and under `memtrail run` (Python frames),
+# in interleaved rounds. The BPF programs run in the process's context at
+# each allocation, so its CPU time holds their whole cost; waiting for a
+# CPU (other captures, builds) and memtrail's own threads are left out.
+# Same workload as perf/python_frames.sh (perf/fixtures/python_churn.py,
+# PYTHONMALLOC=malloc unless PYMALLOC=1).
+#
+# Usage: perf/python_frames_cpu.sh [PYTHON=/usr/bin/python3.11] [OPS=200000] [DEPTH=10] [ROUNDS=5]
+#        (MEMTRAIL=path picks a memtrail build; default: cargo build --release)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${1:-/usr/bin/python3.11}
+ops=${2:-200000}
+depth=${3:-10}
+rounds=${4:-5}
+. perf/lib.sh
+memtrail_from_env
+scratch_dir out
+if [ -z "${PYMALLOC:-}" ]; then
+	export PYTHONMALLOC=malloc
+fi
+work=("$python" perf/fixtures/python_churn.py "$ops" "$depth")
+# msec of task-clock of the workload under memtrail with the given flags.
+cpu() {
+	"$mt" run -q --force -o "$out/p.json" "$@" -- \
+		perf stat -x, -e task-clock -o "$out/stat" -- "${work[@]}"
+	awk -F, '/task-clock/ { print $1 }' "$out/stat"
+}
+for r in $(seq "$rounds"); do
+	echo "native-only $(cpu --native-only)"
+	echo "python-frames $(cpu)"
+done | python3 -c '
+import statistics, sys
+t = {}
+for line in sys.stdin:
+    name, ms = line.split()
+    t.setdefault(name, []).append(float(ms) / 1000)
+for name, v in t.items():
+    runs = " ".join("%.2f" % x for x in v)
+    print(f"{name:14} task-clock median {statistics.median(v):7.3f} s  ({runs})")
+n, p = statistics.median(t["native-only"]), statistics.median(t["python-frames"])
+print(f"python frames / native-only: task-clock {p / n:.2f}x")
+'
