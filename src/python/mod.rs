@@ -395,11 +395,17 @@ fn is_eval_loop(f: &Frame) -> bool {
 /// frame without a group, or with an empty one (it had not started a
 /// Python function yet), stays. Groups left over (the native walk ended
 /// before their loop frames: frame-pointer steps through an interpreter
-/// built without frame pointers, or the depth) follow the native frames.
+/// built without frame pointers) follow the native frames, unless
+/// `cut` (the walk stopped at `--stack-depth`, which they would pass).
 /// A frame in the loop's cold part that the image's symbols do not name
 /// (a stripped interpreter: [`ColdParts`]) is named
 /// `_PyEval_EvalFrameDefault.cold`, and replaced like the loop's.
-pub fn splice(mut frames: Vec<Frame>, groups: &[Vec<Frame>], cold: &mut ColdParts) -> Vec<Frame> {
+pub fn splice(
+    mut frames: Vec<Frame>,
+    groups: &[Vec<Frame>],
+    cut: bool,
+    cold: &mut ColdParts,
+) -> Vec<Frame> {
     name_cold_parts(&mut frames, cold);
     if groups.is_empty() {
         return frames;
@@ -420,7 +426,9 @@ pub fn splice(mut frames: Vec<Frame>, groups: &[Vec<Frame>], cold: &mut ColdPart
         }
         out.push(f);
     }
-    out.extend(next.flatten().cloned());
+    if !cut {
+        out.extend(next.flatten().cloned());
+    }
     out
 }
 
@@ -495,7 +503,7 @@ mod tests {
             vec![named("g", 0, false), named("f", 0, false)],
             vec![named("m", 0, false)],
         ];
-        let names: Vec<_> = splice(frames, &groups, &mut ColdParts::default())
+        let names: Vec<_> = splice(frames, &groups, false, &mut ColdParts::default())
             .into_iter()
             .map(|f| f.function.as_deref().unwrap_or_default().to_owned())
             .collect();
@@ -519,10 +527,14 @@ mod tests {
         // follow the native frames it found.
         let frames = vec![named("malloc_caller", 1, false), named("other", 2, false)];
         let groups = vec![vec![named("g", 0, false)], vec![named("m", 0, false)]];
-        let names: Vec<_> = splice(frames, &groups, &mut ColdParts::default())
+        let names: Vec<_> = splice(frames, &groups, false, &mut ColdParts::default())
             .into_iter()
             .map(|f| f.function.as_deref().unwrap_or_default().to_owned())
             .collect();
         assert_eq!(names, ["malloc_caller", "other", "g", "m"]);
+        // Cut by --stack-depth: none past it.
+        let frames = vec![named("malloc_caller", 1, false)];
+        let kept = splice(frames, &groups, true, &mut ColdParts::default());
+        assert_eq!(kept.len(), 1);
     }
 }
