@@ -37,8 +37,15 @@ done | python3 -c '
 import statistics, sys
 t = {}
 for line in sys.stdin:
-    name, ms = line.split()
-    t.setdefault(name, []).append(float(ms) / 1000)
+    name, *ms = line.split()
+    try:
+        sec = float(ms[0]) / 1000
+    except (IndexError, ValueError):
+        sec = 0
+    if sec > 0:
+        t.setdefault(name, []).append(sec)
+    else:
+        print(f"{name}: a round without a task-clock count, left out")
 for name, v in t.items():
     runs = " ".join("%.2f" % x for x in v)
     print(f"{name:14} task-clock median {statistics.median(v):7.3f} s  ({runs})")
