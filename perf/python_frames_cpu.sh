@@ -25,10 +25,16 @@ if [ -z "${PYMALLOC:-}" ]; then
 fi
 work=("$python" perf/fixtures/python_churn.py "$ops" "$depth")
 # msec of task-clock of the workload under memtrail with the given flags.
+# A round that failed (memtrail's or the workload's exit status) prints
+# nothing after the name, and its stderr on ours.
 cpu() {
-	"$mt" run -q --force -o "$out/p.json" "$@" -- \
-		perf stat -x, -e task-clock -o "$out/stat" -- "${work[@]}"
-	awk -F, '/task-clock/ { print $1 }' "$out/stat"
+	rm -f "$out/stat"
+	if "$mt" run -q --force -o "$out/p.json" "$@" -- \
+		perf stat -x, -e task-clock -o "$out/stat" -- "${work[@]}" 2>"$out/err"; then
+		awk -F, '/task-clock/ { print $1 }' "$out/stat"
+	else
+		echo "round failed (exit $?): $(tail -3 "$out/err")" >&2
+	fi
 }
 for r in $(seq "$rounds"); do
 	echo "native-only $(cpu --native-only)"
