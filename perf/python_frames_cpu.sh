@@ -49,7 +49,7 @@ for line in sys.stdin:
     except (IndexError, ValueError):
         sec = 0
     # Some rounds, of either mode, get a count of a few ms for a run of
-    # seconds (perf stat under memtrail's hold of new images; not
+    # seconds (perf stat under memtrail, the hold of new images perhaps; not
     # understood): left out, and said.
     if sec > 0.05:
         t.setdefault(name, []).append(sec)
