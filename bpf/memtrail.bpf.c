@@ -1772,8 +1772,10 @@ __noinline __u64 walk_stack(struct pt_regs *ctx, __u32 tgid, __u64 sp,
  * after its native frames (MT_PY_FRAME in memtrail.h), hashed with them.
  * The thread's state is the one of the interpreter's threads whose
  * thread_id (its pthread_self(), which glibc makes the thread's fs base)
- * is the current task's fsbase; its current frame leads the chain of
- * _PyInterpreterFrame through `previous`. An interpreter loop's run ends at
+ * is the current task's fsbase (first looked for as 3.11's GIL holder or
+ * 3.12+'s thread-local current state: one read instead of the list's
+ * three); its current frame leads the chain of _PyInterpreterFrame
+ * through `previous`. An interpreter loop's run ends at
  * its entry frame: 3.11 flags its first frame (is_entry), 3.12+ pushes a
  * shim frame owned by the C stack before it. Frames not started yet
  * (their instruction pointer before the code) are left out.
@@ -1911,10 +1913,10 @@ static long py_thread_step(__u64 i, void *data)
 
 	if (!p->at)
 		return 1;
-	/* The thread's pthread_self(), read again each step: a word less on
-	 * the stack. */
+	/* The thread's pthread_self(), loaded from the task again each step
+	 * (a load, no helper call): a word less on the stack. */
 	if (py_read(p->at + p->off->tstate_thread_id) ==
-	    BPF_CORE_READ(bpf_get_current_task_btf(), thread.fsbase)) {
+	    bpf_get_current_task_btf()->thread.fsbase) {
 		p->found = 1;
 		return 1;
 	}
@@ -2039,8 +2041,51 @@ static long py_note_vma(struct task_struct *task, struct vm_area_struct *vma, vo
 	 * of another thread in between reads where no interpreter is, and
 	 * finds no thread. */
 	proc->runtime = img->runtime + vma->vm_start - (vma->vm_pgoff << PAGE_SHIFT);
+	if (img->tls_index)
+		proc->tls_index = img->tls_index + vma->vm_start - (vma->vm_pgoff << PAGE_SHIFT);
+	proc->tls_tpoff = 0;
 	f->found = 1;
 	return 0;
+}
+
+/* How far below a thread's fs base its static TLS blocks may be. */
+#define MT_PY_STATIC_TLS (1 << 20)
+
+/*
+ * The current thread's _Py_tss_tstate (3.12+): its thread state while it
+ * holds the GIL, else 0. The first walk of a process finds where the
+ * variable is from the thread's fs base: the module id and offset of its
+ * tls_index (in the interpreter's GOT, set by the dynamic loader), the
+ * module's block in the thread's DTV. A block in static TLS (an
+ * interpreter loaded at start, not dlopen()ed) lies just below the fs
+ * base, at the same distance in every thread: that distance is kept. Any
+ * other (a dynamic block, not found) gives MT_PY_NO_TLS, and walks search
+ * the list.
+ */
+static __noinline __u64 py_tls_state(struct mt_py_image *py)
+{
+	__u64 fs, index[2] = {}, dtv, block;
+	__s64 tp;
+
+	if (!py)
+		return 0;
+	fs = bpf_get_current_task_btf()->thread.fsbase;
+	tp = py->tls_tpoff;
+	if (!tp) {
+		tp = MT_PY_NO_TLS;
+		/* tcbhead_t's dtv, at 8; dtv[module] is 16 bytes, the
+		 * block's address first. */
+		if (!bpf_probe_read_user(index, sizeof(index), (void *)py->tls_index) &&
+		    index[0] && index[0] < 4096 && (dtv = py_read(fs + 8))) {
+			block = py_read(dtv + index[0] * 16);
+			if (block && block < fs && fs - block < MT_PY_STATIC_TLS)
+				tp = (__s64)(block + index[1] - fs);
+		}
+		py->tls_tpoff = tp;
+	}
+	if (tp == MT_PY_NO_TLS)
+		return 0;
+	return py_read(fs + tp);
 }
 
 /* The process's interpreter: its entry, or one made from the flagged code
@@ -2074,7 +2119,7 @@ __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk
 			    __u64 h, __u32 codes)
 {
 	struct py_walk p = { .rec = rec, .h = h, .tgid = tgid, .codes = !!codes };
-	const struct mt_py_image *py;
+	struct mt_py_image *py;
 	__u64 at;
 
 	if (!out)
@@ -2084,13 +2129,26 @@ __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk
 		return h ? h : 1;
 	p.off = &py->off;
 	p.n = out->nr;
-	at = py_read(py->runtime + p.off->runtime_interp_head);
-	if (!at)
-		return h ? h : 1;
-	p.at = py_read(at + p.off->interp_threads_head);
-	bpf_loop(MT_PY_THREADS, py_thread_step, &p, 0);
-	if (!p.found)
-		return h ? h : 1;
+	/* The thread's own state while it holds the GIL (runs Python code:
+	 * most allocations), at one read: 3.11's GIL holder (cleared before a
+	 * thread state is freed, so one with this thread's id is live), 3.12's
+	 * thread-local one. Checked by its thread id like the list's; without
+	 * the GIL (0, or another thread's), the list. */
+	if (p.off->runtime_tstate != MT_PY_NONE)
+		p.at = py_read(py->runtime + p.off->runtime_tstate);
+	else if (py->tls_index)
+		p.at = py_tls_state(py);
+	if (p.at)
+		py_thread_step(0, &p);
+	if (!p.found) {
+		at = py_read(py->runtime + p.off->runtime_interp_head);
+		if (!at)
+			return h ? h : 1;
+		p.at = py_read(at + p.off->interp_threads_head);
+		bpf_loop(MT_PY_THREADS, py_thread_step, &p, 0);
+		if (!p.found)
+			return h ? h : 1;
+	}
 	at = py_read(p.at + p.off->tstate_frame);
 	if (at && p.off->cframe_frame != MT_PY_NONE)
 		at = py_read(at + p.off->cframe_frame);

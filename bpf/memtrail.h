@@ -336,6 +336,9 @@ struct mt_py_offsets {
 	 * 8-aligned from frame_win). */
 	__u16 frame_win;
 	__u16 frame_span;
+	/* _PyRuntime.gilstate.tstate_current (3.11: the thread state holding
+	 * the GIL); MT_PY_NONE later */
+	__u16 runtime_tstate;
 };
 
 /* An interpreter image (py_images, by file identity: runtime is
@@ -344,7 +347,17 @@ struct mt_py_offsets {
 struct mt_py_image {
 	__u64 runtime;
 	struct mt_py_offsets off;
+	/* 3.12+: the tls_index ({module id, offset}) of _Py_tss_tstate, the
+	 * thread-local current thread state (NULL while the thread does not
+	 * hold the GIL), as runtime; 0 when not found. */
+	__u64 tls_index;
+	/* py_procs: where the thread's _Py_tss_tstate is, from its fs base
+	 * (the same for every thread of a process when the module's block is
+	 * in static TLS); 0 until a walk found it, MT_PY_NO_TLS if not found. */
+	__s64 tls_tpoff;
 };
+
+#define MT_PY_NO_TLS 1
 
 /* Bytes of a name and of a location table a code record holds (longer
  * ones are cut: userspace reads the rest while the process lives). */

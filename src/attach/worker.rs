@@ -75,6 +75,9 @@ pub struct AttachWorker {
     /// Unwind tables, loaded for each image before its hold is released
     /// (None with `--unwind fp`).
     pub tables: Option<crate::unwind::Tables>,
+    /// BPF's `py_images` when there are no tables (`--unwind fp`) and
+    /// Python frames are on: interpreters are recorded there as examined.
+    pub python: Option<OwnedFd>,
     /// Whether operator new in the C++ runtimes is probed (see
     /// [`capture_sites`]): by default when there are no tables.
     pub probe_new: bool,
@@ -117,6 +120,7 @@ impl AttachWorker {
             examined: Vec::new(),
             probe_new: tables.is_none(),
             tables,
+            python: None,
             per_process,
             held_for_probes: None,
             deferred: Deferred::new(),
@@ -193,6 +197,8 @@ impl AttachWorker {
             if per_image {
                 tables.pin(id);
             }
+        } else if let Some(python) = &self.python {
+            crate::python::note_image(python.as_fd(), &real, id);
         }
         // An image whose only sites are region markers (a benchmark's
         // executable) is not cached: the cache would probe it up front in

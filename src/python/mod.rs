@@ -27,8 +27,11 @@ use crate::bpf::skel::memtrail::types::mt_py_image;
 use crate::profile::Frame;
 
 mod code;
+mod cold;
 mod linetable;
+mod tls;
 pub use code::Resolver;
+pub use cold::ColdParts;
 
 /// `MT_PY_FRAME`: a word of a stack record that is a Python frame.
 pub const PY_FRAME: u64 = 1 << 63;
@@ -59,6 +62,8 @@ pub struct WalkOffsets {
     pub frame_owner: u16,
     pub frame_is_entry: u16,
     pub code_adaptive: u16,
+    /// `_PyRuntime.gilstate.tstate_current` (3.11; `NONE` later).
+    pub runtime_tstate: u16,
 }
 
 /// Offsets userspace reads in code and string objects.
@@ -85,6 +90,10 @@ pub struct Interpreter {
     pub runtime: u64,
     pub walk: WalkOffsets,
     pub code: CodeOffsets,
+    /// 3.12+: the `tls_index` of `_Py_tss_tstate` (the thread-local
+    /// current thread state), as `runtime`; 0 when not found (the walk
+    /// then searches the interpreter's list of threads).
+    pub tls_index: u64,
 }
 
 /// 3.11's layouts (CPython's `Include/internal` headers, x86_64, the
@@ -102,6 +111,7 @@ const WALK_3_11: WalkOffsets = WalkOffsets {
     frame_owner: 69,
     frame_is_entry: 68,
     code_adaptive: 184,
+    runtime_tstate: 576,
 };
 const CODE_3_11: CodeOffsets = CodeOffsets {
     filename: 112,
@@ -124,6 +134,7 @@ const WALK_3_12: WalkOffsets = WalkOffsets {
     frame_owner: 70,
     frame_is_entry: NONE,
     code_adaptive: 192,
+    runtime_tstate: NONE,
 };
 const CODE_3_12: CodeOffsets = CodeOffsets {
     filename: 112,
@@ -201,11 +212,17 @@ fn parse_interpreter(data: &[u8]) -> Result<Option<Interpreter>, String> {
             "CPython {major}.{minor}: a frame layout the walk does not read"
         ));
     }
+    let tls_index = if minor >= 12 {
+        tls::index(&file).map_or(0, |at| at.wrapping_sub(load_delta))
+    } else {
+        0 // 3.11 finds the thread state as the GIL's holder
+    };
     Ok(Some(Interpreter {
         minor: minor as u8,
         runtime: runtime.address().wrapping_sub(load_delta),
         walk,
         code,
+        tls_index,
     }))
 }
 
@@ -236,6 +253,7 @@ fn debug_offsets(bytes: &[u8]) -> Result<(WalkOffsets, CodeOffsets), String> {
         frame_owner: at(33)?,
         frame_is_entry: NONE,
         code_adaptive: at(43)?,
+        runtime_tstate: NONE,
     };
     let code = CodeOffsets {
         filename: at(35)?,
@@ -245,6 +263,26 @@ fn debug_offsets(bytes: &[u8]) -> Result<(WalkOffsets, CodeOffsets), String> {
         ..CODE_3_12
     };
     Ok((walk, code))
+}
+
+/// Records the image at `path` (device and inode `id`) in BPF's
+/// `py_images` (`map`) if it is a Python interpreter: walks through its
+/// code then find its frames. Before the image's code runs (its process
+/// is held), with or without unwind tables.
+pub fn note_image(map: std::os::fd::BorrowedFd<'_>, path: &Path, id: (u64, u64)) {
+    let Some(interp) = interpreter(path) else {
+        return;
+    };
+    let key = crate::sys::image_key(id);
+    let value = image_value(&interp);
+    match crate::sys::bpf_map_update(map, &key, &value) {
+        Ok(()) => {
+            tracing::debug!(image = %path.display(), minor = interp.minor, "Python interpreter")
+        }
+        Err(err) => {
+            tracing::warn!(image = %path.display(), %err, "no Python frames through this interpreter")
+        }
+    }
 }
 
 /// `struct mt_py_image` for BPF's `py_images`.
@@ -274,10 +312,12 @@ pub fn image_value(interp: &Interpreter) -> [u8; size_of::<mt_py_image>()] {
         c.ascii_data,
         c.compact_data,
     ]);
-    let fields = fields.chain(window(w));
+    let fields = fields.chain(window(w)).chain([w.runtime_tstate]);
     let mut value = [0u8; size_of::<mt_py_image>()];
     let at = offset_of!(mt_py_image, runtime);
     value[at..at + 8].copy_from_slice(&interp.runtime.to_ne_bytes());
+    let at = offset_of!(mt_py_image, tls_index);
+    value[at..at + 8].copy_from_slice(&interp.tls_index.to_ne_bytes());
     let mut at = offset_of!(mt_py_image, off);
     for f in fields {
         value[at..at + 2].copy_from_slice(&f.to_ne_bytes());
@@ -353,8 +393,20 @@ fn is_eval_loop(f: &Frame) -> bool {
 /// `frames` with the n-th interpreter-loop frame replaced by the n-th of
 /// `groups` (with the frames inlined into it at that address); a loop
 /// frame without a group, or with an empty one (it had not started a
-/// Python function yet), stays.
-pub fn splice(frames: Vec<Frame>, groups: &[Vec<Frame>]) -> Vec<Frame> {
+/// Python function yet), stays. Groups left over (the native walk ended
+/// before their loop frames: frame-pointer steps through an interpreter
+/// built without frame pointers) follow the native frames, unless
+/// `cut` (the walk stopped at `--stack-depth`, which they would pass).
+/// A frame in the loop's cold part that the image's symbols do not name
+/// (a stripped interpreter: [`ColdParts`]) is named
+/// `_PyEval_EvalFrameDefault.cold`, and replaced like the loop's.
+pub fn splice(
+    mut frames: Vec<Frame>,
+    groups: &[Vec<Frame>],
+    cut: bool,
+    cold: &mut ColdParts,
+) -> Vec<Frame> {
+    name_cold_parts(&mut frames, cold);
     if groups.is_empty() {
         return frames;
     }
@@ -374,7 +426,31 @@ pub fn splice(frames: Vec<Frame>, groups: &[Vec<Frame>]) -> Vec<Frame> {
         }
         out.push(f);
     }
+    if !cut {
+        out.extend(next.flatten().cloned());
+    }
     out
+}
+
+/// Names the frames in an interpreter loop's unnamed cold part.
+fn name_cold_parts(frames: &mut [Frame], cold: &mut ColdParts) {
+    for f in frames.iter_mut().filter(|f| !f.inlined && !is_eval_loop(f)) {
+        let (Some(module), Some(offset)) = (&f.module, f.offset) else {
+            continue;
+        };
+        if !module.contains("python") {
+            continue;
+        }
+        if cold
+            .of(module)
+            .iter()
+            .any(|&(lo, hi)| offset >= lo && offset < hi)
+        {
+            f.function = Some(format!("{EVAL_LOOP}.cold").into());
+            f.file = None;
+            f.line = None;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -427,7 +503,7 @@ mod tests {
             vec![named("g", 0, false), named("f", 0, false)],
             vec![named("m", 0, false)],
         ];
-        let names: Vec<_> = splice(frames, &groups)
+        let names: Vec<_> = splice(frames, &groups, false, &mut ColdParts::default())
             .into_iter()
             .map(|f| f.function.as_deref().unwrap_or_default().to_owned())
             .collect();
@@ -443,5 +519,22 @@ mod tests {
                 "main"
             ]
         );
+    }
+
+    #[test]
+    fn python_splice_appends_groups_without_loop_frames() {
+        // A frame-pointer walk that ended in the interpreter: its groups
+        // follow the native frames it found.
+        let frames = vec![named("malloc_caller", 1, false), named("other", 2, false)];
+        let groups = vec![vec![named("g", 0, false)], vec![named("m", 0, false)]];
+        let names: Vec<_> = splice(frames, &groups, false, &mut ColdParts::default())
+            .into_iter()
+            .map(|f| f.function.as_deref().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(names, ["malloc_caller", "other", "g", "m"]);
+        // Cut by --stack-depth: none past it.
+        let frames = vec![named("malloc_caller", 1, false)];
+        let kept = splice(frames, &groups, true, &mut ColdParts::default());
+        assert_eq!(kept.len(), 1);
     }
 }

@@ -111,6 +111,7 @@ pub(crate) fn symbolize_stacks(
         })
         .collect();
     let frames = symbolizer.symbolize(spaces, request);
+    let mut cold = crate::python::ColdParts::default();
     for ((pid, list), frames) in by_pid.into_iter().zip(frames) {
         entries.extend(
             list.into_iter()
@@ -121,7 +122,12 @@ pub(crate) fn symbolize_stacks(
                     // What ran when the stack was made: a stack from
                     // before an exec keeps the executable of then.
                     exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
-                    frames: crate::python::splice(frames, &stack.python),
+                    frames: crate::python::splice(
+                        frames,
+                        &stack.python,
+                        stack.end == crate::profile::unwind::StackEnd::DepthLimit,
+                        &mut cold,
+                    ),
                     end: stack.end,
                     metrics,
                 }),

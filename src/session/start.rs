@@ -546,8 +546,19 @@ fn attach_worker(
     worker.held_for_probes = Some(dup(maps.held_for_probes.as_fd())?);
     worker.deferred = installed.deferred;
     worker.probe_new = installed.probe_new;
+    worker.python = installed.python;
     worker.hold = !plan.is_self;
     Ok((worker, first_probes))
+}
+
+/// BPF's `py_images` for the attach worker when stacks are walked by frame
+/// pointers with Python frames (with tables, the tables record
+/// interpreters there).
+fn python_images(loaded: &Loaded, opts: &SessionOptions) -> Result<Option<OwnedFd>, CaptureError> {
+    let wanted = opts.python_frames && opts.stack_depth > 0 && !opts.unwind.uses_tables();
+    wanted
+        .then(|| dup(loaded.skel.maps.py_images.as_fd()))
+        .transpose()
 }
 
 impl Session {
@@ -592,6 +603,7 @@ impl Session {
             &mut links,
             loaded.skel.maps.known_images.as_fd(),
         )
+        .with_python(python_images(&loaded, opts)?)
         .run(prepared.images, plan.running, &mut phases)?;
 
         // From here on every thread started is in `threads`, declared

@@ -10,7 +10,7 @@
 //! loaded, only attaches and installs what the thread found ([`Install`]).
 
 use std::collections::HashSet;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -238,6 +238,10 @@ pub(super) struct Install<'a> {
 pub(super) struct Installed {
     pub progs: AllocPrograms,
     pub tables: Option<unwind::Tables>,
+    /// BPF's `py_images`, when stacks are walked without tables and with
+    /// Python frames: interpreters are recorded there directly (with
+    /// tables, their load does it).
+    pub python: Option<OwnedFd>,
     /// Whether operator new in the C++ runtimes is probed: only when
     /// stacks are walked by frame pointers (see [`attach::capture_sites`]).
     pub probe_new: bool,
@@ -272,6 +276,7 @@ impl<'a> Install<'a> {
                 progs,
                 probe_new: stacks && tables.is_none(),
                 tables,
+                python: None,
                 sites: Vec::new(),
                 slots: HitSlots::default(),
                 known: HashSet::new(),
@@ -284,6 +289,13 @@ impl<'a> Install<'a> {
             links,
             known_fd,
         }
+    }
+
+    /// Records Python interpreters in `py_images` (`python`: BPF's map,
+    /// when stacks are walked without tables and with Python frames).
+    pub fn with_python(mut self, python: Option<OwnedFd>) -> Self {
+        self.out.python = python;
+        self
     }
 
     /// Installs `images` and, for a running target, its mapped images.
@@ -360,6 +372,7 @@ impl<'a> Install<'a> {
                 placed = Some(how);
             }
             let Some(id) = image.id else { continue };
+            self.note_python(&image.path, id);
             if let (Some(tables), Some(table)) = (&mut self.out.tables, image.table) {
                 tables.load_prepared(&image.path, id, table);
                 // Mapped without asking (the loader at exec, the runtimes
@@ -440,8 +453,17 @@ impl<'a> Install<'a> {
         });
     }
 
+    /// Records a Python interpreter in `py_images` when there are no
+    /// tables (a table's load does it).
+    fn note_python(&self, image: &Path, id: ImageId) {
+        if let (None, Some(py)) = (&self.out.tables, &self.out.python) {
+            crate::python::note_image(py.as_fd(), image, id);
+        }
+    }
+
     /// Loads an image's unwind table.
     fn load_table(&mut self, image: &Path, id: ImageId) {
+        self.note_python(image, id);
         let per_image = self.out.registry.as_ref().is_some_and(|r| r.has_image(id));
         if let Some(tables) = &mut self.out.tables {
             tables.load(image, image, id);
@@ -494,6 +516,7 @@ impl<'a> Install<'a> {
                     }
                 }
             }
+            self.note_python(&image.path, id);
             if let (Some(tables), Some(table)) = (&mut self.out.tables, image.table) {
                 tables.load_prepared(&image.path, id, table);
             }

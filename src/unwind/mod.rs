@@ -333,18 +333,8 @@ impl Tables {
     /// Records the image in `py_images` if it is a Python interpreter,
     /// before its table: walks through its code then find its frames.
     fn note_python(&self, path: &Path, id: (u64, u64)) {
-        let (Some(map), Some(interp)) = (&self.python, crate::python::interpreter(path)) else {
-            return;
-        };
-        let key = crate::sys::image_key(id);
-        let value = crate::python::image_value(&interp);
-        match crate::sys::bpf_map_update(map.as_fd(), &key, &value) {
-            Ok(()) => {
-                tracing::debug!(image = %path.display(), minor = interp.minor, "Python interpreter")
-            }
-            Err(err) => {
-                tracing::warn!(image = %path.display(), %err, "no Python frames through this interpreter")
-            }
+        if let Some(map) = &self.python {
+            crate::python::note_image(map.as_fd(), path, id);
         }
     }
 

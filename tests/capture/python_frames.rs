@@ -87,6 +87,12 @@ fn skip(version: &str) {
 
 /// `memtrail run -q -o PROFILE ARGS -- PYTHON SCRIPT MODE SMALL BIG`.
 fn run(python: &Path, script: &Path, mode: &str, sizes: (u64, u64), args: &[&str]) -> Value {
+    let script_args = [mode.to_owned(), sizes.0.to_string(), sizes.1.to_string()];
+    run_script(python, script, &script_args, args)
+}
+
+/// `memtrail run -q -o PROFILE ARGS -- PYTHON SCRIPT SCRIPT_ARGS`.
+fn run_script(python: &Path, script: &Path, script_args: &[String], args: &[&str]) -> Value {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("profile.json");
     let mut argv: Vec<OsString> = vec!["run".into(), "-q".into(), "-o".into(), out.clone().into()];
@@ -94,7 +100,7 @@ fn run(python: &Path, script: &Path, mode: &str, sizes: (u64, u64), args: &[&str
     argv.push("--".into());
     argv.push(python.into());
     argv.push(script.into());
-    argv.extend([mode.to_owned(), sizes.0.to_string(), sizes.1.to_string()].map(Into::into));
+    argv.extend(script_args.iter().map(Into::into));
     let (_, status, _, stderr) = support::memtrail_env(&argv, b"", &[]);
     assert!(status.success(), "{stderr}");
     support::read_profile(&out).expect("profile written")
@@ -115,9 +121,10 @@ fn site(profile: &Value, bytes: u64) -> &Value {
 fn python_frames(site: &Value) -> Vec<(String, String, u64)> {
     let frames = site["frames"].as_array().expect("frames");
     for f in frames {
-        assert_ne!(
-            f["function"].as_str(),
-            Some("_PyEval_EvalFrameDefault"),
+        assert!(
+            !f["function"]
+                .as_str()
+                .is_some_and(|name| name.starts_with("_PyEval_EvalFrameDefault")),
             "an interpreter-loop frame left: {site:#}"
         );
     }
@@ -214,5 +221,165 @@ fn python_frames_native_only() {
                 .any(|f| f["function"] == "_PyEval_EvalFrameDefault"),
             "python {version}: {site:#}"
         );
+    }
+}
+
+/// Check that stacks walked by frame pointers (`--unwind fp`) get their
+/// Python frames too: the interpreters here are built without frame
+/// pointers, so the native walk stops early in the interpreter, and the
+/// Python frames follow the native frames it found.
+#[test]
+fn python_frames_with_frame_pointer_walks() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = script(dir.path());
+    for (i, (version, python)) in interpreters().into_iter().enumerate() {
+        let small = 320_000 + 1_000 * i as u64 + 17;
+        let big = 720_000 + 1_000 * i as u64 + 23;
+        let profile = run(&python, &script, "main", (small, big), &["--unwind", "fp"]);
+        let what = format!("python {version}, --unwind fp");
+        assert_site(
+            &profile,
+            small + 1,
+            &script,
+            [("small", SMALL_LINE), ("Worker.run", RUN_SMALL_LINE)],
+            &what,
+        );
+        assert_site(
+            &profile,
+            big + 1,
+            &script,
+            [("big", BIG_LINE), ("Worker.run", RUN_BIG_LINE)],
+            &what,
+        );
+    }
+}
+
+/// A mapping pattern calls the subject's `get` from the interpreter loop's
+/// cold part (`match_keys`, split off into `_PyEval_EvalFrameDefault.cold`
+/// by GCC): the Python function it calls allocates `SIZE` bytes.
+const COLD_SCRIPT: &str = "\
+import sys
+
+class Lookup(dict):
+    def get(self, key, default=None):
+        return bytearray(int(sys.argv[1]))
+
+def matched(m):
+    match m:
+        case {'k': v}:
+            return v
+
+keep = matched(Lookup(k=1))
+";
+const COLD_GET_LINE: u64 = 5;
+const COLD_CASE_LINE: u64 = 9;
+const COLD_MODULE_LINE: u64 = 12;
+
+/// Check that a stack through the interpreter loop's cold part gets the
+/// Python frames of that run of the loop in its place (on the
+/// distribution's stripped python3.11 no symbol names the cold part: it is
+/// found by the loop's jumps into it), not after the native frames.
+#[test]
+fn python_frames_through_the_loops_cold_part() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("cold_part.py");
+    std::fs::write(&script, COLD_SCRIPT).expect("script written");
+    let file = script.to_str().expect("utf-8 path").to_owned();
+    for (i, (version, python)) in interpreters().into_iter().enumerate() {
+        let size = 330_000 + 1_000 * i as u64 + 29;
+        let profile = run_script(&python, &script, &[size.to_string()], &[]);
+        let site = site(&profile, size + 1);
+        let got: Vec<(String, String, u64)> = python_frames(site).into_iter().take(3).collect();
+        let want: Vec<(String, String, u64)> = [
+            ("Lookup.get", COLD_GET_LINE),
+            ("matched", COLD_CASE_LINE),
+            ("<module>", COLD_MODULE_LINE),
+        ]
+        .iter()
+        .map(|&(f, line)| (f.to_owned(), file.clone(), line))
+        .collect();
+        assert_eq!(got, want, "python {version}: {site:#}");
+        // In place of the loop frame that ran them: before the
+        // interpreter's main, not after it.
+        let frames = site["frames"].as_array().expect("frames");
+        let at = |name: &str| frames.iter().position(|f| f["function"] == name);
+        let module = at("<module>").expect("<module>");
+        let main = at("Py_BytesMain").expect("Py_BytesMain in the stack");
+        assert!(module < main, "python {version}: {site:#}");
+    }
+}
+
+/// Coroutines run as asyncio tasks: each allocates from a function it
+/// calls, or from a coroutine it awaits.
+const ASYNC_SCRIPT: &str = "\
+import asyncio, sys
+
+keep = []
+
+def fill(n):
+    return bytearray(n)
+
+async def first(n):
+    await asyncio.sleep(0)
+    keep.append(fill(n))
+
+async def inner(n):
+    await asyncio.sleep(0)
+    return bytearray(n)
+
+async def second(n):
+    keep.append(await inner(n))
+
+async def main(a, b):
+    await asyncio.gather(asyncio.create_task(first(a)), asyncio.create_task(second(b)))
+
+asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+";
+
+/// Check that coroutines running as asyncio tasks carry their bytes: the
+/// running task's coroutine chain (the coroutine awaited innermost), with
+/// files and lines, then the event loop's frames that resumed it.
+#[test]
+fn python_frames_in_asyncio_tasks() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("tasks.py");
+    std::fs::write(&script, ASYNC_SCRIPT).expect("script written");
+    let file = script.to_str().expect("utf-8 path").to_owned();
+    for (i, (version, python)) in interpreters().into_iter().enumerate() {
+        let a = 340_000 + 1_000 * i as u64 + 31;
+        let b = 740_000 + 1_000 * i as u64 + 37;
+        let profile = run_script(&python, &script, &[a.to_string(), b.to_string()], &[]);
+        for (bytes, expect) in [
+            (a + 1, [("fill", 6), ("first", 10)]),
+            (b + 1, [("inner", 14), ("second", 17)]),
+        ] {
+            let site = site(&profile, bytes);
+            let frames = python_frames(site);
+            let got: Vec<(String, String, u64)> = frames.iter().take(2).cloned().collect();
+            let want: Vec<(String, String, u64)> = expect
+                .iter()
+                .map(|&(f, line)| (f.to_owned(), file.clone(), line))
+                .collect();
+            assert_eq!(got, want, "python {version}: {site:#}");
+            // Then the event loop: the handle that stepped the task, and
+            // asyncio.run at the bottom, under the script's <module>.
+            assert_eq!(frames[2].0, "Handle._run", "python {version}: {site:#}");
+            assert!(
+                frames[2].1.ends_with("asyncio/events.py"),
+                "python {version}: {site:#}"
+            );
+            let last = frames.last().expect("frames");
+            assert_eq!(
+                (&last.0[..], last.2),
+                ("<module>", 22),
+                "python {version}: {site:#}"
+            );
+            assert!(
+                frames
+                    .iter()
+                    .any(|f| f.0 == "run" && f.1.ends_with("asyncio/runners.py")),
+                "python {version}: {site:#}"
+            );
+        }
     }
 }
