@@ -48,6 +48,7 @@ pub mod api;
 pub mod cache;
 pub mod per_process;
 pub mod place;
+pub mod shim;
 pub mod usdt;
 pub mod worker;
 
@@ -983,6 +984,8 @@ impl Drop for Links {
 pub struct AllocPrograms {
     pub sites: SitePrograms,
     pub marker: OwnedFd,
+    /// `shim_hook`, on the preload shim's hook ([`shim`]).
+    pub shim: OwnedFd,
 }
 
 /// The programs of allocator sites: one set of `bpf/memtrail.bpf.c`'s two
@@ -1032,6 +1035,7 @@ impl AllocPrograms {
         Ok(Self {
             sites,
             marker: dup(p.region_marker.as_fd())?,
+            shim: dup(p.shim_hook.as_fd())?,
         })
     }
 }

@@ -53,6 +53,9 @@ pub struct CommandSpec {
     /// Set when memtrail runs under sudo: the command runs as the invoking
     /// user.
     pub creds: Option<Credentials>,
+    /// An object put first in the command's `LD_PRELOAD` (memtrail's
+    /// preload shim, `--preload`).
+    pub preload: Option<PathBuf>,
 }
 
 impl CommandSpec {
@@ -66,6 +69,7 @@ impl CommandSpec {
             path,
             argv,
             creds: sudo_credentials(),
+            preload: None,
         })
     }
 
@@ -79,9 +83,47 @@ impl CommandSpec {
                 .map(|a| cstr(a))
                 .collect::<Result<_, _>>()?,
             creds: self.creds.clone(),
-            env: self.creds.as_ref().and_then(user_env),
+            env: self.env(),
         })
     }
+
+    /// The command's environment when it is not memtrail's own: the
+    /// invoking user's under sudo, with the preload object first in
+    /// `LD_PRELOAD`.
+    fn env(&self) -> Option<Vec<CString>> {
+        let env = self.creds.as_ref().and_then(user_env);
+        let Some(preload) = &self.preload else {
+            return env;
+        };
+        let mut env = env.unwrap_or_else(|| {
+            std::env::vars_os()
+                .filter_map(|(name, value)| env_entry(&name, &value))
+                .collect()
+        });
+        const NAME: &[u8] = b"LD_PRELOAD=";
+        let mut value = preload.as_os_str().as_bytes().to_vec();
+        if let Some(at) = env.iter().position(|e| e.as_bytes().starts_with(NAME)) {
+            let old = env.remove(at);
+            let rest = &old.as_bytes()[NAME.len()..];
+            if !rest.is_empty() {
+                value.push(b':');
+                value.extend_from_slice(rest);
+            }
+        }
+        env.extend(env_entry(
+            OsStr::new("LD_PRELOAD"),
+            OsStr::from_bytes(&value),
+        ));
+        Some(env)
+    }
+}
+
+/// `NAME=value`, if neither has a NUL.
+fn env_entry(name: &OsStr, value: &OsStr) -> Option<CString> {
+    let mut bytes = name.as_bytes().to_vec();
+    bytes.push(b'=');
+    bytes.extend_from_slice(value.as_bytes());
+    CString::new(bytes).ok()
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -189,13 +231,8 @@ fn user_env(creds: &Credentials) -> Option<Vec<CString>> {
         ("LOGNAME", &user.name),
         ("SHELL", shell),
     ];
-    let entry = |name: &OsStr, value: &OsStr| {
-        let mut bytes = name.as_bytes().to_vec();
-        bytes.push(b'=');
-        bytes.extend_from_slice(value.as_bytes());
-        // A name or value from the environment or passwd has no NUL.
-        CString::new(bytes).ok()
-    };
+    // A name or value from the environment or passwd has no NUL.
+    let entry = env_entry;
     let mut env: Vec<CString> = std::env::vars_os()
         .filter(|(name, _)| !set.iter().any(|(n, _)| name == n))
         .filter_map(|(name, value)| entry(&name, &value))
