@@ -101,7 +101,6 @@ static void *(*next_malloc)(size_t);
 static void (*next_free)(void *);
 static void *(*next_calloc)(size_t, size_t);
 static void *(*next_realloc)(void *, size_t);
-static void *(*next_reallocarray)(void *, size_t, size_t);
 static int (*next_posix_memalign)(void **, size_t, size_t);
 static void *(*next_aligned_alloc)(size_t, size_t);
 static void *(*next_memalign)(size_t, size_t);
@@ -119,6 +118,7 @@ static __thread volatile int mt_in_alloc __attribute__((tls_model("initial-exec"
 static char boot[4096] __attribute__((aligned(64), section(".data")));
 static size_t boot_used;
 static int resolving;
+static int aligned_alloc_kind = MT_ALIGNED_ALLOC;
 
 static int in_boot(const void *p)
 {
@@ -143,10 +143,12 @@ static void resolve(void)
 	next_free = dlsym(RTLD_NEXT, "free");
 	next_calloc = dlsym(RTLD_NEXT, "calloc");
 	next_realloc = dlsym(RTLD_NEXT, "realloc");
-	next_reallocarray = dlsym(RTLD_NEXT, "reallocarray");
 	next_posix_memalign = dlsym(RTLD_NEXT, "posix_memalign");
 	next_aligned_alloc = dlsym(RTLD_NEXT, "aligned_alloc");
 	next_memalign = dlsym(RTLD_NEXT, "memalign");
+	/* glibc's aligned_alloc is memalign (one address): the uprobe mode
+	 * names the site memalign, and so does the shim. */
+	aligned_alloc_kind = next_aligned_alloc == next_memalign ? MT_MEMALIGN : MT_ALIGNED_ALLOC;
 	next_valloc = dlsym(RTLD_NEXT, "valloc");
 	next_pvalloc = dlsym(RTLD_NEXT, "pvalloc");
 	/* Last: its being set says every other one is. */
@@ -243,13 +245,17 @@ EXPORT void *realloc(void *old, size_t size)
 	return p;
 }
 
+/*
+ * glibc's reallocarray calls realloc through the PLT, which is the shim's:
+ * it is done here (the product checked, then the real realloc), one call
+ * and one record, as the uprobe mode sees it.
+ */
 EXPORT void *reallocarray(void *old, size_t n, size_t m)
 {
+	uint64_t size = product(n, m);
 	void *p;
 
 	if (in_boot(old) || !ready()) {
-		uint64_t size = product(n, m);
-
 		if (size == ~0ULL) {
 			errno = ENOMEM;
 			return NULL;
@@ -258,11 +264,16 @@ EXPORT void *reallocarray(void *old, size_t n, size_t m)
 	}
 	if (old)
 		HOOK(MT_REALLOC_BEGIN, old, 0, 0);
-	mt_in_alloc = 1;
-	p = next_reallocarray(old, n, m);
-	mt_in_alloc = 0;
+	if (size == ~0ULL) {
+		errno = ENOMEM;
+		p = NULL;
+	} else {
+		mt_in_alloc = 1;
+		p = next_realloc(old, size);
+		mt_in_alloc = 0;
+	}
 	if (p || old)
-		HOOK(MT_REALLOCARRAY, p, product(n, m), old);
+		HOOK(MT_REALLOCARRAY, p, size, old);
 	return p;
 }
 
@@ -292,7 +303,7 @@ EXPORT void *aligned_alloc(size_t align, size_t size)
 	p = next_aligned_alloc(align, size);
 	mt_in_alloc = 0;
 	if (p)
-		HOOK(MT_ALIGNED_ALLOC, p, size, 0);
+		HOOK(aligned_alloc_kind, p, size, 0);
 	return p;
 }
 

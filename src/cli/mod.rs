@@ -425,7 +425,7 @@ pub struct RunArgs {
     /// jemalloc's own operator new are not seen in a process with the
     /// shim. Probes are per process (Linux 6.13). See the README, "when
     /// to pick --preload".
-    #[arg(long, env = "MEMTRAIL_PRELOAD")]
+    #[arg(long, env = "MEMTRAIL_PRELOAD", value_parser = clap::builder::FalseyValueParser::new())]
     pub preload: bool,
 
     /// The command and its arguments. memtrail's own flags come before it;
