@@ -65,7 +65,8 @@ pub struct PerProcess {
     /// The preload shim (`--preload`): a process that maps it gets the
     /// hook's probe, and no allocator probe on any other image.
     shim: Option<Shim>,
-    /// The processes that got the shim's hook.
+    /// The processes whose program loaded the shim (the last one they
+    /// exec'd, as far as its images' probes tell).
     pub preloaded: std::collections::BTreeSet<u32>,
 }
 
@@ -163,6 +164,10 @@ impl PerProcess {
         }
         self.made += links.len() as u64;
         linked.push((id, links, filtered));
+        if !filtered {
+            // Its program now is one without the shim (after an exec).
+            self.preloaded.remove(&pid);
+        }
         // Not known with the shim: after an exec into a program without
         // it, the image is asked for again and probed whole.
         if !filtered && let Err(err) = crate::sys::bpf_map_update(known, &known_key(id, pid), &[1])
