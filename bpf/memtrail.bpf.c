@@ -642,6 +642,14 @@ static __noinline bool in_shim_allocator(void)
 	return flag != 0;
 }
 
+/* Whether a probe with attach cookie `cookie` fired inside a real allocator
+ * call the preload shim made (the shim recorded that call: nested). Looked
+ * at only in processes that map the shim (MT_CK_SHIM_BIT). */
+static __always_inline bool in_shim_call(__u64 cookie)
+{
+	return (cookie >> MT_CK_SHIM_BIT) & 1 && in_shim_allocator();
+}
+
 /* Whether a syscall of the thread in cur is the allocator's own: made
  * inside an allocator call (or a free), the shim's included. */
 static __always_inline bool allocator_owns(struct inflight *cur)
@@ -2137,7 +2145,7 @@ static __always_inline int new_enter(struct pt_regs *ctx)
 	/* The entry's stack pointer: the probe may sit past a `sub $n,%rsp`
 	 * (MT_CK_SP_SHIFT). */
 	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_CK_SP_SHIFT) & 0xf);
-	if ((cur->depth > 0 && nested_in(cur, sp)) || in_shim_allocator())
+	if ((cur->depth > 0 && nested_in(cur, sp)) || in_shim_call(cookie))
 		return 0; /* called from inside an allocator: no site */
 	/* An operator new called by another one whose malloc has not come yet
 	 * (libstdc++'s nothrow and array forms call the plain one): the outer
@@ -2179,6 +2187,8 @@ static __always_inline bool alloc_entry(struct pt_regs *ctx, __u64 cookie)
 		cur->depth++;
 		return true; /* nested: the outermost call makes the record */
 	}
+	if (in_shim_call(cookie))
+		return false; /* the shim's call makes the record */
 	cur->depth = 1;
 	cur->sp = PT_REGS_SP(ctx);
 	cur->args[0] = PT_REGS_PARM1(ctx);
@@ -2268,7 +2278,7 @@ static __noinline int free_entry(struct pt_regs *ctx, __u64 cookie)
 		return 0; /* untracked */
 	count_hit(cookie);
 	/* free(NULL), or free() inside realloc(p, 0) or another allocator. */
-	if (!ptr || cur->depth > 0)
+	if (!ptr || cur->depth > 0 || in_shim_call(cookie))
 		return 0;
 	/* For in_free: where the return address is (the probe may sit past a
 	 * `sub $n,%rsp`, MT_CK_SP_SHIFT), and what it is. */

@@ -1067,6 +1067,19 @@ pub fn link_sites(
     pid: u32,
     links: &mut Links,
 ) -> Result<(), AttachError> {
+    link_sites_with(progs, sites, path, pid, links, 0)
+}
+
+/// [`link_sites`], with `bits` or'ed into every site's cookie (the
+/// preload shim's, [`shim::SHIM_COOKIE`]).
+pub fn link_sites_with(
+    progs: &AllocPrograms,
+    sites: &[Site],
+    path: &Path,
+    pid: u32,
+    links: &mut Links,
+    bits: u64,
+) -> Result<(), AttachError> {
     let of_role = |role: Role| {
         sites
             .iter()
@@ -1101,7 +1114,7 @@ pub fn link_sites(
             continue;
         }
         let offsets: Vec<u64> = group.iter().map(|s| s.offset).collect();
-        let cookies: Vec<u64> = group.iter().map(|s| s.cookie()).collect();
+        let cookies: Vec<u64> = group.iter().map(|s| s.cookie() | bits).collect();
         let link = crate::sys::uprobe_multi(prog, path, &offsets, &cookies, kind, pid)
             .map_err(|err| uprobe_error(&group, err))?;
         links.push_fd(link);

@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use super::shim::Shim;
-use super::{AllocPrograms, AttachError, Links, Role, Site, known_key, link_sites};
+use super::shim::{INTERPOSED, SHIM_COOKIE, Shim};
+use super::{AllocPrograms, AttachError, Links, Role, Site, known_key, link_sites_with};
 
 pub type ImageId = (u64, u64);
 
@@ -148,14 +148,17 @@ impl PerProcess {
             let (_, old, _) = linked.remove(at);
             self.detacher.close(old);
         }
-        let sites: Vec<Site> = if filtered {
+        // The executable comes before the shim in symbol lookup: its own
+        // allocator, if it has one, is called without it.
+        let sites: Vec<Site> = if filtered && !Shim::is_executable(pid, id) {
             kept_with_shim(&probed.sites)
         } else {
             probed.sites.clone()
         };
+        let bits = if filtered { SHIM_COOKIE } else { 0 };
         let path = PathBuf::from(format!("/proc/self/fd/{}", probed.file.as_raw_fd()));
         let mut links = Links::default();
-        match link_sites(progs, &sites, &path, pid, &mut links) {
+        match link_sites_with(progs, &sites, &path, pid, &mut links, bits) {
             Ok(()) => {}
             Err(AttachError::Uprobe { source, .. }) if source.errno() == Some(libc::ESRCH) => {
                 return Ok(false);
@@ -309,19 +312,29 @@ impl PerProcess {
     }
 }
 
-/// The sites of an image kept in a process that maps the preload shim:
-/// region markers, the libc syscall wrappers (mappings' sites), and operator
-/// new where it only calls an allocator the shim interposes (probed for
-/// `--unwind fp` stacks; an image with an allocator of its own loses it,
-/// the shim sees none of its calls).
+/// The sites of an image (not the executable) kept in a process that maps
+/// the preload shim: in libc, all but the allocator functions the shim
+/// interposes, whose calls by name all go through it to libc's; in other
+/// images, all. The probes kept (an allocator library's own API, as
+/// `mi_malloc`, and its standard names, which the shim's calls reach when
+/// it is the allocator; operator new, the syscall wrappers, the region
+/// markers) make no record while the shim's real call runs (`SHIM_COOKIE`),
+/// so nothing is counted twice, and a direct call (`mi_malloc`, or
+/// `malloc` through `dlsym` on the library's handle) is counted by them.
+/// (A site has one name per address: mimalloc's `malloc` is its
+/// `mi_malloc`, named `malloc`.)
 fn kept_with_shim(sites: &[Site]) -> Vec<Site> {
-    let own_allocator = sites.iter().any(|s| s.role == Role::Alloc);
+    let libc = sites.iter().any(|s| {
+        s.image
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("libc.so"))
+    });
     sites
         .iter()
-        .filter(|s| match s.role {
-            Role::Marker | Role::Syscall => true,
-            Role::New => !own_allocator,
-            Role::Alloc | Role::Free => false,
+        .filter(|s| {
+            !(libc
+                && matches!(s.role, Role::Alloc | Role::Free)
+                && INTERPOSED.contains(&s.symbol.as_str()))
         })
         .cloned()
         .collect()

@@ -30,6 +30,27 @@ const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/memtrail_preload.s
 /// The hook's symbol in the shim.
 const HOOK: &str = "memtrail_hook";
 
+/// What the shim interposes (`preload/memtrail_preload.c`): in a process
+/// with the shim, every call of these by name goes through it.
+pub const INTERPOSED: [&str; 10] = [
+    "malloc",
+    "free",
+    "calloc",
+    "realloc",
+    "reallocarray",
+    "posix_memalign",
+    "aligned_alloc",
+    "memalign",
+    "valloc",
+    "pvalloc",
+];
+
+/// The cookie bit of the probes of a process with the shim
+/// (`MT_CK_SHIM_BIT`): a probed call made inside the shim's real allocator
+/// call is that call's own, and makes no record.
+pub const SHIM_COOKIE: u64 =
+    1 << crate::bpf::skel::memtrail::types::mt_cookie_layout::MT_CK_SHIM_BIT.0;
+
 /// The shim, in a sealed memfd of memtrail's for the capture.
 #[derive(Debug)]
 pub struct Shim {
@@ -82,6 +103,13 @@ impl Shim {
             .join(std::process::id().to_string())
             .join("fd")
             .join(self.file.as_raw_fd().to_string())
+    }
+
+    /// Whether image `id` is process `pid`'s executable (`/proc/PID/exe`).
+    pub fn is_executable(pid: u32, id: ImageId) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(format!("/proc/{pid}/exe"))
+            .is_ok_and(|md| (crate::sys::kernel_dev(md.dev()), md.ino()) == id)
     }
 
     /// Whether process `pid` maps the shim now (false if its mappings

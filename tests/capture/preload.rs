@@ -145,9 +145,12 @@ fn preload_children_without_the_shim_keep_probes() {
     );
 }
 
-/// Every allocation site of a profile: its frames (function, file, line),
-/// allocations and bytes, sorted.
-fn sites(profile: &Value) -> Vec<(Vec<(String, String, u64)>, u64, u64)> {
+/// A frame: function, file, line.
+type Frame = (String, String, u64);
+
+/// Every allocation site of a profile: its frames, allocations and bytes,
+/// sorted.
+fn sites(profile: &Value) -> Vec<(Vec<Frame>, u64, u64)> {
     let mut sites: Vec<_> = support::allocation_sites(profile)
         .into_iter()
         .map(|s| {
