@@ -95,27 +95,33 @@ impl CommandSpec {
         let Some(preload) = &self.preload else {
             return env;
         };
-        let mut env = env.unwrap_or_else(|| {
+        let env = env.unwrap_or_else(|| {
             std::env::vars_os()
                 .filter_map(|(name, value)| env_entry(&name, &value))
                 .collect()
         });
-        const NAME: &[u8] = b"LD_PRELOAD=";
-        let mut value = preload.as_os_str().as_bytes().to_vec();
-        if let Some(at) = env.iter().position(|e| e.as_bytes().starts_with(NAME)) {
-            let old = env.remove(at);
-            let rest = &old.as_bytes()[NAME.len()..];
-            if !rest.is_empty() {
-                value.push(b':');
-                value.extend_from_slice(rest);
-            }
-        }
-        env.extend(env_entry(
-            OsStr::new("LD_PRELOAD"),
-            OsStr::from_bytes(&value),
-        ));
-        Some(env)
+        Some(with_preload(env, preload))
     }
+}
+
+/// `env` with `preload` first in its `LD_PRELOAD` (the objects it named
+/// after it, in their order).
+fn with_preload(mut env: Vec<CString>, preload: &Path) -> Vec<CString> {
+    const NAME: &[u8] = b"LD_PRELOAD=";
+    let mut value = preload.as_os_str().as_bytes().to_vec();
+    if let Some(at) = env.iter().position(|e| e.as_bytes().starts_with(NAME)) {
+        let old = env.remove(at);
+        let rest = &old.as_bytes()[NAME.len()..];
+        if !rest.is_empty() {
+            value.push(b':');
+            value.extend_from_slice(rest);
+        }
+    }
+    env.extend(env_entry(
+        OsStr::new("LD_PRELOAD"),
+        OsStr::from_bytes(&value),
+    ));
+    env
 }
 
 /// `NAME=value`, if neither has a NUL.
@@ -292,4 +298,35 @@ pub fn wait_tree(root: u32) -> Result<Option<ChildExit>, SysError> {
         }
     }
     Ok(root_exit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_preload;
+    use std::ffi::CString;
+    use std::path::Path;
+
+    fn env(entries: &[&str]) -> Vec<CString> {
+        entries.iter().map(|e| CString::new(*e).unwrap()).collect()
+    }
+
+    /// Check that the preload shim goes first in `LD_PRELOAD`, before the
+    /// objects the user preloads, and that the rest of the environment
+    /// stays.
+    #[test]
+    fn preload_goes_first_in_ld_preload() {
+        let shim = Path::new("/proc/1/fd/7");
+        assert_eq!(
+            with_preload(env(&["A=1", "LD_PRELOAD=libjemalloc.so.2 x.so"]), shim),
+            env(&["A=1", "LD_PRELOAD=/proc/1/fd/7:libjemalloc.so.2 x.so"])
+        );
+        assert_eq!(
+            with_preload(env(&["A=1"]), shim),
+            env(&["A=1", "LD_PRELOAD=/proc/1/fd/7"])
+        );
+        assert_eq!(
+            with_preload(env(&["LD_PRELOAD="]), shim),
+            env(&["LD_PRELOAD=/proc/1/fd/7"])
+        );
+    }
 }
