@@ -68,7 +68,12 @@ impl Plan {
     fn new(opts: &SessionOptions, target: &Target) -> Result<Self, CaptureError> {
         opts.validate(target)?;
         let per_process = if opts.preload {
-            crate::attach::per_process::Probes::PerProcess.per_process(false)?
+            crate::attach::per_process::Probes::PerProcess
+                .per_process(false)
+                .map_err(|u| crate::attach::per_process::Unsupported {
+                    hint: "run without --preload on this kernel",
+                    ..u
+                })?
         } else {
             opts.probes
                 .per_process(!matches!(target, Target::Command(_)))?
