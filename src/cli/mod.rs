@@ -423,8 +423,9 @@ pub struct RunArgs {
     /// who cannot open memtrail's /proc/PID/fd) keeps the probes. Calls to
     /// an allocator's own API (mi_malloc, je_mallocx, tc_*) and
     /// jemalloc's own operator new are not seen in a process with the
-    /// shim. Probes are per process (Linux 6.13). See the README, "when
-    /// to pick --preload".
+    /// shim. Probes are per process (Linux 6.13). Whether it is cheaper
+    /// depends on the kernel and machine (perf/RESULTS.md): see the
+    /// README, "When to pick --preload".
     #[arg(long, env = "MEMTRAIL_PRELOAD", value_parser = clap::builder::FalseyValueParser::new())]
     pub preload: bool,
 
