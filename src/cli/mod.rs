@@ -420,10 +420,11 @@ pub struct RunArgs {
     /// enters by a syscall, one entry a call where the default probes take
     /// three a malloc/free pair. A process that does not load the shim (a
     /// static binary, a set-user-ID program, an environment cleared, a user
-    /// who cannot open memtrail's /proc/PID/fd) keeps the probes. Calls to
-    /// an allocator's own API (mi_malloc, je_mallocx, tc_*) and
-    /// jemalloc's own operator new are not seen in a process with the
-    /// shim. Probes are per process (Linux 6.13). Whether it is cheaper
+    /// who cannot open memtrail's /proc/PID/fd) keeps the probes. In a
+    /// process with the shim libc's allocator is not probed (a call of it
+    /// through a handle, dlsym on libc or __libc_malloc, is not seen);
+    /// other allocators keep their probes. Probes are per process (Linux
+    /// 6.13). Whether it is cheaper
     /// depends on the kernel and machine (perf/RESULTS.md): see the
     /// README, "When to pick --preload".
     #[arg(long, env = "MEMTRAIL_PRELOAD", value_parser = clap::builder::FalseyValueParser::new())]
