@@ -9,10 +9,13 @@
 //! 5-byte nop the kernel optimizes a uprobe on) with each record; BPF's
 //! `shim_hook` makes the uprobe mode's records from it.
 //!
-//! Exactness: a process that maps the shim gets the hook and no allocator
-//! probe on any other image ([`super::per_process`] decides per image
-//! request, from the process's mappings: ld.so maps `LD_PRELOAD` objects
-//! before the program's libraries). A process that does not map it (a
+//! Exactness: a process that maps the shim gets the hook, and no probe on
+//! libc's functions the shim interposes ([`super::per_process`] decides per
+//! image request, from the process's mappings: ld.so maps `LD_PRELOAD`
+//! objects before the program's libraries, and the probes made before it
+//! did, on the executable, are made again). Other allocators keep their
+//! probes, which make no record while the shim's real call runs
+//! (`SHIM_COOKIE`). A process that does not map it (a
 //! static binary, a set-user-ID program, which ignores `LD_PRELOAD`, an
 //! environment cleared, a preload refused because `/proc/<memtrail>/fd` is
 //! not openable after a privilege drop) keeps the uprobes.
