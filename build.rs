@@ -84,12 +84,38 @@ fn pprof_types() {
         .unwrap_or_else(|err| panic!("compiling {SCHEMA}: {err}"));
 }
 
+/// Builds the preload shim (`preload/memtrail_preload.c`, `memtrail run
+/// --preload`) into `OUT_DIR/memtrail_preload.so`, which the binary embeds.
+fn preload_shim(clang: &Path, out: &Path) {
+    const SRC: &str = "preload/memtrail_preload.c";
+    println!("cargo:rerun-if-changed={SRC}");
+    let so = out.join("memtrail_preload.so");
+    let status = Command::new(clang)
+        .args([
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-fno-omit-frame-pointer",
+            "-mno-red-zone",
+            "-Wall",
+            "-Werror",
+            "-Wl,-z,now",
+            "-o",
+        ])
+        .arg(&so)
+        .arg(SRC)
+        .status()
+        .unwrap_or_else(|err| panic!("running {}: {err}", clang.display()));
+    assert!(status.success(), "building {SRC} failed");
+}
+
 fn main() {
     git_commit();
     pprof_types();
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let clang = find_clang();
     println!("cargo:rerun-if-env-changed=CLANG");
+    preload_shim(&clang, &out);
     for entry in std::fs::read_dir("bpf").expect("bpf/ exists") {
         let path = entry.expect("readable bpf/ entry").path();
         if matches!(path.extension().and_then(|e| e.to_str()), Some("c" | "h")) {

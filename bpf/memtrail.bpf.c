@@ -611,11 +611,50 @@ static __always_inline bool in_free(struct inflight *cur)
 	return true;
 }
 
+/*
+ * Processes that map memtrail's preload shim (`--preload`, issue 22), by
+ * tgid: the offset from the thread pointer (fs base) of the shim's
+ * thread-local flag, set while a real allocator call runs, plus one (0 is
+ * no entry). The shim's constructor gives it (MT_SHIM_HELLO); a fork
+ * copies it, an exec or the exit drops it.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MT_MAX_PROCS);
+	__type(key, __u32);
+	__type(value, __u64);
+} shim_procs SEC(".maps");
+
+/* Whether the current thread is inside a real allocator call made by the
+ * preload shim: the shim's flag, in the thread's TLS. */
+static __noinline bool in_shim_allocator(void)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u64 *off = bpf_map_lookup_elem(&shim_procs, &tgid);
+	__u32 flag = 0;
+
+	if (!off || !*off)
+		return false;
+	if (bpf_probe_read_user(&flag, sizeof(flag),
+				(void *)(BPF_CORE_READ(bpf_get_current_task_btf(), thread.fsbase) +
+					 *off - 1)))
+		return false;
+	return flag != 0;
+}
+
+/* Whether a probe with attach cookie `cookie` fired inside a real allocator
+ * call the preload shim made (the shim recorded that call: nested). Looked
+ * at only in processes that map the shim (MT_CK_SHIM_BIT). */
+static __always_inline bool in_shim_call(__u64 cookie)
+{
+	return (cookie >> MT_CK_SHIM_BIT) & 1 && in_shim_allocator();
+}
+
 /* Whether a syscall of the thread in cur is the allocator's own: made
- * inside an allocator call (or a free). */
+ * inside an allocator call (or a free), the shim's included. */
 static __always_inline bool allocator_owns(struct inflight *cur)
 {
-	return cur && (cur->depth > 0 || in_free(cur));
+	return cur && (cur->depth > 0 || in_free(cur) || in_shim_allocator());
 }
 
 /* Whether the current thread is inside an allocator call. */
@@ -2308,7 +2347,7 @@ static __always_inline int new_enter(struct pt_regs *ctx)
 	/* The entry's stack pointer: the probe may sit past a `sub $n,%rsp`
 	 * (MT_CK_SP_SHIFT). */
 	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_CK_SP_SHIFT) & 0xf);
-	if (cur->depth > 0 && nested_in(cur, sp))
+	if ((cur->depth > 0 && nested_in(cur, sp)) || in_shim_call(cookie))
 		return 0; /* called from inside an allocator: no site */
 	/* An operator new called by another one whose malloc has not come yet
 	 * (libstdc++'s nothrow and array forms call the plain one): the outer
@@ -2350,6 +2389,8 @@ static __always_inline bool alloc_entry(struct pt_regs *ctx, __u64 cookie)
 		cur->depth++;
 		return true; /* nested: the outermost call makes the record */
 	}
+	if (in_shim_call(cookie))
+		return false; /* the shim's call makes the record */
 	cur->depth = 1;
 	cur->sp = PT_REGS_SP(ctx);
 	cur->args[0] = PT_REGS_PARM1(ctx);
@@ -2439,7 +2480,7 @@ static __noinline int free_entry(struct pt_regs *ctx, __u64 cookie)
 		return 0; /* untracked */
 	count_hit(cookie);
 	/* free(NULL), or free() inside realloc(p, 0) or another allocator. */
-	if (!ptr || cur->depth > 0)
+	if (!ptr || cur->depth > 0 || in_shim_call(cookie))
 		return 0;
 	/* For in_free: where the return address is (the probe may sit past a
 	 * `sub $n,%rsp`, MT_CK_SP_SHIFT), and what it is. */
@@ -2528,6 +2569,79 @@ SEC("uprobe.multi")
 int free_enter(struct pt_regs *ctx)
 {
 	return free_entry(ctx, bpf_get_attach_cookie(ctx));
+}
+
+/*
+ * The preload shim's hook (`memtrail run --preload`, issue 22;
+ * preload/memtrail_preload.c): one program for every record the shim
+ * hands over, one kernel entry each, on a 5-byte nop the kernel optimizes
+ * (a syscall-entered trampoline instead of an int3 trap). Its registers:
+ * rdi the kind (enum mt_kind, or MT_SHIM_HELLO), rsi the block, rdx the
+ * size, rcx a realloc's old block, r9 the interposer's frame address (its
+ * caller's return address at r9 + 8: where a probe at the allocator's
+ * entry finds it at sp) and rbp the caller's frame pointer. So the walk
+ * starts at the interposer's caller as the uprobe mode's does at the
+ * allocator's entry, and never walks the shim's frames.
+ *
+ * The records are the uprobe mode's: a free's and a realloc's begin come
+ * before the real call releases the block, an allocation after it
+ * returned it (the shim calls the hook then); failed allocations make no
+ * record, a realloc of a live block always completes its begin.
+ */
+#define MT_SHIM_HELLO 64
+
+/* The record of a call the shim hands over (its stack in cur->stack_id
+ * for an allocation). Not inlined: its frame stays off the walk's. */
+static __noinline void shim_emit(struct pt_regs *ctx, struct inflight *cur)
+{
+	__u64 kind = PT_REGS_PARM1(ctx), ts = event_clock(cur);
+
+	if (kind == MT_FREE || kind == MT_REALLOC_BEGIN)
+		emit_event(ts, current_ids(), kind, 0, PT_REGS_PARM2(ctx), 0, 0, 0);
+	else
+		emit_event(ts, current_ids(), kind, 0, PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx),
+			   PT_REGS_PARM4(ctx), cur->stack_id);
+}
+
+/* An allocation the shim hands over: its stack (walked from r9 + 8), then
+ * its record. The walk's frames are at the stack budget: nothing but ctx
+ * and cur lives across it (the ids and arguments are read again). */
+static __always_inline void shim_alloc(struct pt_regs *ctx, struct inflight *cur, __u32 tgid)
+{
+	__u64 sp = ctx->r9 + 8;
+
+	/* Called by a probed operator new (--unwind fp): its stack, whose
+	 * first frame is the user's new expression, as alloc_entry takes it. */
+	if (cur->new_sp && sp < cur->new_sp && cur->new_sp - sp < NEW_FRAME_MAX)
+		cur->stack_id = cur->new_stack_id;
+	else
+		cur->stack_id = capture_stack(ctx, cur, tgid, sp);
+	cur->new_sp = 0;
+	shim_emit(ctx, cur);
+}
+
+SEC("uprobe.multi")
+int shim_hook(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = 0, kind = PT_REGS_PARM1(ctx);
+	struct inflight *cur;
+
+	if (kind == MT_SHIM_HELLO) {
+		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+		__u64 off = PT_REGS_PARM2(ctx) + 1;
+
+		if (is_tracked(tgid))
+			bpf_map_update_elem(&shim_procs, &tgid, &off, BPF_ANY);
+		return 0;
+	}
+	cur = current_call_ids(&pid_tgid);
+	if (!cur)
+		return 0;
+	if (kind == MT_FREE || kind == MT_REALLOC_BEGIN)
+		shim_emit(ctx, cur);
+	else if (kind >= MT_MALLOC && kind <= MT_PVALLOC)
+		shim_alloc(ctx, cur, pid_tgid >> 32);
+	return 0;
 }
 
 /* Where the register `reg` (enum mt_usdt_reg) is in struct pt_regs. */
@@ -3098,6 +3212,13 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 		__sync_fetch_and_add(&drops_tracking, 1);
 		return 0;
 	}
+	/* A child of a process with the preload shim has it too. */
+	{
+		__u64 *shim = bpf_map_lookup_elem(&shim_procs, &ptgid);
+
+		if (shim)
+			bpf_map_update_elem(&shim_procs, &ctgid, shim, BPF_ANY);
+	}
 	/* After the child is tracked: the coordinator finds it in the map. */
 	stopped = fork_check(child, ctgid);
 	ring = events_ring();
@@ -3233,6 +3354,7 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 
 		bpf_map_delete_elem(&code_maps, &tgid); /* a new image */
 		bpf_map_delete_elem(&py_procs, &tgid);
+		bpf_map_delete_elem(&shim_procs, &tgid);
 	}
 	track_task(bpf_get_current_task_btf());
 	ring = events_ring();
@@ -3299,6 +3421,7 @@ static __always_inline void process_exit(struct task_struct *p, __u64 pid_tgid)
 	bpf_map_delete_elem(&tracked, &tgid);
 	bpf_map_delete_elem(&code_maps, &tgid);
 	bpf_map_delete_elem(&py_procs, &tgid);
+	bpf_map_delete_elem(&shim_procs, &tgid);
 	bpf_map_delete_elem(&foreign_stops, &tgid);
 	if (per_process) {
 		bpf_map_delete_elem(&held_for_probes, &tgid);

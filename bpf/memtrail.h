@@ -60,6 +60,9 @@ enum mt_kind {
  *               the probe (MT_CK_SIZE_OF_BIT; the probe sits on the `jo`)
  *   bit  37     set in a call's saved cookie when OF was set: the size is
  *               ~0 (the call fails as for an overflowing count)
+ *   bit  38     the probe is in a process that maps memtrail's preload
+ *               shim (MT_CK_SHIM_BIT): a call made while the shim's real
+ *               allocator call runs is the shim's call's own (no record)
  * Argument indices: 0 rdi, 1 rsi, 2 rdx, 3 rcx, 4 rax (where code the
  * probe was moved past put an argument).
  *   bits 48-63  the probe site's hit counter, 1-based (0: not counted; see
@@ -75,6 +78,7 @@ enum mt_cookie_layout {
 	MT_CK_SP_SHIFT = 32,
 	MT_CK_SIZE_OF_BIT = 36,
 	MT_CK_SIZE_OVERFLOWED_BIT = 37,
+	MT_CK_SHIM_BIT = 38,
 	MT_CK_SITE_SHIFT = 48,
 };
 

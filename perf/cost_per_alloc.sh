@@ -15,6 +15,8 @@
 #
 # Usage: perf/cost_per_alloc.sh [ROUNDS [MEMTRAIL...]]   (default 5, this build)
 #   WORKLOADS=cxx,node,python,pairs picks the parts to run (default all).
+#   Each binary runs with the probes and with the preload shim (`--preload`,
+#   issue 22), each with and without stacks; PRELOAD=0 leaves the shim out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
@@ -33,6 +35,7 @@ import os, statistics, subprocess, sys, time
 rounds, work, bins = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 py = "/usr/bin/python3.11" if os.path.exists("/usr/bin/python3.11") else "python3.11"
 parts = os.environ.get("WORKLOADS", "cxx,node,python,pairs").split(",")
+preload = os.environ.get("PRELOAD", "1") != "0"
 workloads = {
     "C++ std::map<std::string, std::vector<int>>, 480k allocations": ("cxx", [f"{work}/cxx_map", "68500"]),
     "node (objects, JSON, Buffers)": ("node", ["node", f"{work}/node_work.js"]),
@@ -44,6 +47,9 @@ for i, b in enumerate(bins):
     tag = f" #{i + 1}" if len(bins) > 1 else ""
     configs[f"memtrail{tag} -S0"] = lambda c, b=b: [b, "run", "-q", "--force", "--stack-depth", "0", "-o", f"{work}/p.json", "--", *c]
     configs[f"memtrail{tag}"] = lambda c, b=b: [b, "run", "-q", "--force", "-o", f"{work}/p.json", "--", *c]
+    if preload:
+        configs[f"memtrail{tag} --preload -S0"] = lambda c, b=b: [b, "run", "-q", "--force", "--preload", "--stack-depth", "0", "-o", f"{work}/p.json", "--", *c]
+        configs[f"memtrail{tag} --preload"] = lambda c, b=b: [b, "run", "-q", "--force", "--preload", "-o", f"{work}/p.json", "--", *c]
 
 def wall(cmd):
     """Wall time of cmd, and the CPU time of the workload (cpu_of's line)."""

@@ -48,6 +48,7 @@ pub mod api;
 pub mod cache;
 pub mod per_process;
 pub mod place;
+pub mod shim;
 pub mod usdt;
 pub mod worker;
 
@@ -983,6 +984,8 @@ impl Drop for Links {
 pub struct AllocPrograms {
     pub sites: SitePrograms,
     pub marker: OwnedFd,
+    /// `shim_hook`, on the preload shim's hook ([`shim`]).
+    pub shim: OwnedFd,
 }
 
 /// The programs of allocator sites: one set of `bpf/memtrail.bpf.c`'s two
@@ -1032,6 +1035,7 @@ impl AllocPrograms {
         Ok(Self {
             sites,
             marker: dup(p.region_marker.as_fd())?,
+            shim: dup(p.shim_hook.as_fd())?,
         })
     }
 }
@@ -1062,6 +1066,19 @@ pub fn link_sites(
     path: &Path,
     pid: u32,
     links: &mut Links,
+) -> Result<(), AttachError> {
+    link_sites_with(progs, sites, path, pid, links, 0)
+}
+
+/// [`link_sites`], with `bits` or'ed into every site's cookie (the
+/// preload shim's, [`shim::SHIM_COOKIE`]).
+pub fn link_sites_with(
+    progs: &AllocPrograms,
+    sites: &[Site],
+    path: &Path,
+    pid: u32,
+    links: &mut Links,
+    bits: u64,
 ) -> Result<(), AttachError> {
     let of_role = |role: Role| {
         sites
@@ -1097,7 +1114,7 @@ pub fn link_sites(
             continue;
         }
         let offsets: Vec<u64> = group.iter().map(|s| s.offset).collect();
-        let cookies: Vec<u64> = group.iter().map(|s| s.cookie()).collect();
+        let cookies: Vec<u64> = group.iter().map(|s| s.cookie() | bits).collect();
         let link = crate::sys::uprobe_multi(prog, path, &offsets, &cookies, kind, pid)
             .map_err(|err| uprobe_error(&group, err))?;
         links.push_fd(link);

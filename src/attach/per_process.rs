@@ -20,12 +20,13 @@
 
 use crate::sys::kernel_release;
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use super::{AllocPrograms, AttachError, Links, Site, known_key, link_sites};
+use super::shim::{INTERPOSED, SHIM_COOKIE, Shim};
+use super::{AllocPrograms, AttachError, Links, Role, Site, known_key, link_sites_with};
 
 pub type ImageId = (u64, u64);
 
@@ -48,14 +49,25 @@ struct Probed {
     sites: Vec<Site>,
 }
 
+/// A process's links on one image: whether they were made for a process
+/// that maps the preload shim (without the allocator sites, see
+/// [`kept_with_shim`]).
+type Linked = (ImageId, Links, bool);
+
 /// The images with allocator sites met so far, and each live process's
 /// links on them.
 pub struct PerProcess {
     images: HashMap<ImageId, Probed>,
-    procs: HashMap<u32, Vec<(ImageId, Links)>>,
+    procs: HashMap<u32, Vec<Linked>>,
     detacher: Detacher,
     /// Links made over the capture, for the debug log at the end.
     pub made: u64,
+    /// The preload shim (`--preload`): a process that maps it gets the
+    /// hook's probe, and no allocator probe on any other image.
+    shim: Option<Shim>,
+    /// The processes whose program loaded the shim (the last one they
+    /// exec'd, as far as its images' probes tell).
+    pub preloaded: std::collections::BTreeSet<u32>,
 }
 
 impl PerProcess {
@@ -65,7 +77,14 @@ impl PerProcess {
             procs: HashMap::new(),
             detacher: Detacher::default(),
             made: 0,
+            shim: None,
+            preloaded: std::collections::BTreeSet::new(),
         }
+    }
+
+    /// Probes the preload shim's hook in the processes that map it.
+    pub fn set_shim(&mut self, shim: Shim) {
+        self.shim = Some(shim);
     }
 
     /// Records image `id`, reached through `path`, with its `sites` (hit
@@ -97,9 +116,10 @@ impl PerProcess {
         probed.sites.first().map(|s| s.image.clone())
     }
 
-    /// Whether image `id` has allocator sites (recorded by `add_image`).
+    /// Whether image `id` has allocator sites (recorded by `add_image`),
+    /// or is the preload shim.
     pub fn has_image(&self, id: ImageId) -> bool {
-        self.images.contains_key(&id)
+        self.images.contains_key(&id) || self.shim.as_ref().is_some_and(|s| s.id == id)
     }
 
     /// Makes process `pid`'s probes on image `id` (once), and records the
@@ -111,16 +131,34 @@ impl PerProcess {
         pid: u32,
         id: ImageId,
     ) -> Result<bool, AttachError> {
+        if self.shim.as_ref().is_some_and(|s| s.id == id) {
+            return self.link_shim(progs, known, pid);
+        }
         let Some(probed) = self.images.get(&id) else {
             return Ok(true);
         };
+        // A process that maps the shim now: no allocator probes.
+        let filtered = self.shim.as_ref().is_some_and(|s| s.mapped_by(pid));
         let linked = self.procs.entry(pid).or_default();
-        if linked.iter().any(|(i, _)| *i == id) {
-            return Ok(true);
+        if let Some(at) = linked.iter().position(|(i, _, _)| *i == id) {
+            if linked[at].2 == filtered {
+                return Ok(true);
+            }
+            // Made before an exec into a program with (or without) the shim.
+            let (_, old, _) = linked.remove(at);
+            self.detacher.close(old);
         }
+        // The executable comes before the shim in symbol lookup: its own
+        // allocator, if it has one, is called without it.
+        let sites: Vec<Site> = if filtered && !Shim::is_executable(pid, id) {
+            kept_with_shim(&probed.sites)
+        } else {
+            probed.sites.clone()
+        };
+        let bits = if filtered { SHIM_COOKIE } else { 0 };
         let path = PathBuf::from(format!("/proc/self/fd/{}", probed.file.as_raw_fd()));
         let mut links = Links::default();
-        match link_sites(progs, &probed.sites, &path, pid, &mut links) {
+        match link_sites_with(progs, &sites, &path, pid, &mut links, bits) {
             Ok(()) => {}
             Err(AttachError::Uprobe { source, .. }) if source.errno() == Some(libc::ESRCH) => {
                 return Ok(false);
@@ -128,10 +166,73 @@ impl PerProcess {
             Err(err) => return Err(err),
         }
         self.made += links.len() as u64;
-        linked.push((id, links));
-        if let Err(err) = crate::sys::bpf_map_update(known, &known_key(id, pid), &[1]) {
+        linked.push((id, links, filtered));
+        if !filtered {
+            // Its program now is one without the shim (after an exec).
+            self.preloaded.remove(&pid);
+        }
+        // Not known with the shim: after an exec into a program without
+        // it, the image is asked for again and probed whole.
+        if !filtered && let Err(err) = crate::sys::bpf_map_update(known, &known_key(id, pid), &[1])
+        {
             // Not fatal: BPF asks again, and `link` finds the links made.
             tracing::warn!(pid, %err, "could not record an image known for a process");
+        }
+        Ok(true)
+    }
+
+    /// Process `pid` maps the preload shim: probes its hook (once), and
+    /// makes the process's links on other images again without their
+    /// allocator sites (made before ld.so mapped the shim: the executable,
+    /// or images of the program before an exec). Never recorded known: a
+    /// later exec that maps it again asks again.
+    fn link_shim(
+        &mut self,
+        progs: &AllocPrograms,
+        known: BorrowedFd<'_>,
+        pid: u32,
+    ) -> Result<bool, AttachError> {
+        let Some(shim) = &self.shim else {
+            return Ok(true);
+        };
+        let linked = self.procs.entry(pid).or_default();
+        if !linked.iter().any(|(i, _, _)| *i == shim.id) {
+            let path = shim.probe_path();
+            let made = crate::sys::uprobe_multi(
+                progs.shim.as_fd(),
+                &path,
+                &[shim.hook_offset],
+                &[0],
+                crate::sys::UprobeKind::Entry,
+                pid,
+            );
+            let link = match made {
+                Ok(link) => link,
+                Err(source) if source.errno() == Some(libc::ESRCH) => return Ok(false),
+                Err(source) => {
+                    return Err(AttachError::Uprobe {
+                        path,
+                        symbol: "memtrail_hook".into(),
+                        source,
+                    });
+                }
+            };
+            let mut links = Links::default();
+            links.push_fd(link);
+            self.made += 1;
+            linked.push((shim.id, links, true));
+        }
+        self.preloaded.insert(pid);
+        let whole: Vec<ImageId> = linked
+            .iter()
+            .filter(|(i, _, filtered)| !filtered && *i != shim.id)
+            .map(|(i, _, _)| *i)
+            .collect();
+        for id in whole {
+            let _ = crate::sys::bpf_map_delete(known, &known_key(id, pid));
+            if !self.link(progs, known, pid, id)? {
+                return Ok(false);
+            }
         }
         Ok(true)
     }
@@ -148,7 +249,7 @@ impl PerProcess {
         let images: Vec<ImageId> = self
             .procs
             .get(&parent)
-            .map(|linked| linked.iter().map(|(id, _)| *id).collect())
+            .map(|linked| linked.iter().map(|(id, _, _)| *id).collect())
             .unwrap_or_default();
         for id in images {
             if !self.link(progs, known, child, id)? {
@@ -165,7 +266,7 @@ impl PerProcess {
             return;
         };
         let mut all = Links::default();
-        for (id, mut links) in linked {
+        for (id, mut links, _) in linked {
             let _ = crate::sys::bpf_map_delete(known, &known_key(id, pid));
             all.append(&mut links);
         }
@@ -185,7 +286,7 @@ impl PerProcess {
         };
         let mut old = Links::default();
         let mut images = Vec::new();
-        for (id, mut links) in linked {
+        for (id, mut links, _) in linked {
             images.push(id);
             old.append(&mut links);
         }
@@ -203,12 +304,40 @@ impl PerProcess {
     pub fn into_links(self) -> (Links, impl Send) {
         let mut all = Links::default();
         for (_, linked) in self.procs {
-            for (_, mut links) in linked {
+            for (_, mut links, _) in linked {
                 all.append(&mut links);
             }
         }
         (all, self.detacher)
     }
+}
+
+/// The sites of an image (not the executable) kept in a process that maps
+/// the preload shim: in libc, all but the allocator functions the shim
+/// interposes, whose calls by name all go through it to libc's; in other
+/// images, all. The probes kept (an allocator library's own API, as
+/// `mi_malloc`, and its standard names, which the shim's calls reach when
+/// it is the allocator; operator new, the syscall wrappers, the region
+/// markers) make no record while the shim's real call runs (`SHIM_COOKIE`),
+/// so nothing is counted twice, and a direct call (`mi_malloc`, or
+/// `malloc` through `dlsym` on the library's handle) is counted by them.
+/// (A site has one name per address: mimalloc's `malloc` is its
+/// `mi_malloc`, named `malloc`.)
+fn kept_with_shim(sites: &[Site]) -> Vec<Site> {
+    let libc = sites.iter().any(|s| {
+        s.image
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("libc.so"))
+    });
+    sites
+        .iter()
+        .filter(|s| {
+            !(libc
+                && matches!(s.role, Role::Alloc | Role::Free)
+                && INTERPOSED.contains(&s.symbol.as_str()))
+        })
+        .cloned()
+        .collect()
 }
 
 impl Default for PerProcess {

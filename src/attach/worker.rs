@@ -90,6 +90,8 @@ pub struct AttachWorker {
     /// Images examined up front (their sites found, their unwind tables
     /// loaded), probed system-wide when a tracked process first maps them.
     pub deferred: Deferred,
+    /// The processes that loaded the preload shim (filled at the end).
+    pub preloaded: std::collections::BTreeSet<u32>,
 }
 
 impl AttachWorker {
@@ -124,6 +126,7 @@ impl AttachWorker {
             per_process,
             held_for_probes: None,
             deferred: Deferred::new(),
+            preloaded: std::collections::BTreeSet::new(),
         }
     }
 

@@ -414,6 +414,22 @@ pub struct RunArgs {
     #[command(flatten)]
     pub capture: CaptureArgs,
 
+    /// Hand allocator calls to memtrail from inside the command's
+    /// processes: a shim put first in LD_PRELOAD interposes malloc, free
+    /// and the rest of glibc's allocator API and calls a hook the kernel
+    /// enters by a syscall, one entry a call where the default probes take
+    /// three a malloc/free pair. A process that does not load the shim (a
+    /// static binary, a set-user-ID program, an environment cleared, a user
+    /// who cannot open memtrail's /proc/PID/fd) keeps the probes. In a
+    /// process with the shim libc's allocator is not probed (a call of it
+    /// through a handle, dlsym on libc or __libc_malloc, is not seen);
+    /// other allocators keep their probes. Probes are per process (Linux
+    /// 6.13). Whether it is cheaper
+    /// depends on the kernel and machine (perf/RESULTS.md): see the
+    /// README, "When to pick --preload".
+    #[arg(long, env = "MEMTRAIL_PRELOAD", value_parser = clap::builder::FalseyValueParser::new())]
+    pub preload: bool,
+
     /// The command and its arguments. memtrail's own flags come before it;
     /// everything from the command's name on is the command's, so `--` is
     /// only needed when the command's name starts with `-`.
@@ -745,6 +761,7 @@ impl CaptureArgs {
                 live: None,
                 timeline: !self.no_timeline,
                 debuginfo_dirs: self.debuginfo_dirs,
+                preload: false,
             },
         };
         let report = self.report.map(|format| ReportOptions {
@@ -985,6 +1002,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     let quiet = args.capture.quiet;
     let named_after = args.command.clone();
     let Prepared { mut opts, tail } = args.capture.prepare(args.command, || named_after)?;
+    opts.session.preload = args.preload;
     let outcome = with_status(quiet, |live| {
         opts.session.live = live;
         run::run(&opts)

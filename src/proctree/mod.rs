@@ -53,6 +53,9 @@ pub struct CommandSpec {
     /// Set when memtrail runs under sudo: the command runs as the invoking
     /// user.
     pub creds: Option<Credentials>,
+    /// An object put first in the command's `LD_PRELOAD` (memtrail's
+    /// preload shim, `--preload`).
+    pub preload: Option<PathBuf>,
 }
 
 impl CommandSpec {
@@ -66,6 +69,7 @@ impl CommandSpec {
             path,
             argv,
             creds: sudo_credentials(),
+            preload: None,
         })
     }
 
@@ -79,9 +83,53 @@ impl CommandSpec {
                 .map(|a| cstr(a))
                 .collect::<Result<_, _>>()?,
             creds: self.creds.clone(),
-            env: self.creds.as_ref().and_then(user_env),
+            env: self.env(),
         })
     }
+
+    /// The command's environment when it is not memtrail's own: the
+    /// invoking user's under sudo, with the preload object first in
+    /// `LD_PRELOAD`.
+    fn env(&self) -> Option<Vec<CString>> {
+        let env = self.creds.as_ref().and_then(user_env);
+        let Some(preload) = &self.preload else {
+            return env;
+        };
+        let env = env.unwrap_or_else(|| {
+            std::env::vars_os()
+                .filter_map(|(name, value)| env_entry(&name, &value))
+                .collect()
+        });
+        Some(with_preload(env, preload))
+    }
+}
+
+/// `env` with `preload` first in its `LD_PRELOAD` (the objects it named
+/// after it, in their order).
+fn with_preload(mut env: Vec<CString>, preload: &Path) -> Vec<CString> {
+    const NAME: &[u8] = b"LD_PRELOAD=";
+    let mut value = preload.as_os_str().as_bytes().to_vec();
+    if let Some(at) = env.iter().position(|e| e.as_bytes().starts_with(NAME)) {
+        let old = env.remove(at);
+        let rest = &old.as_bytes()[NAME.len()..];
+        if !rest.is_empty() {
+            value.push(b':');
+            value.extend_from_slice(rest);
+        }
+    }
+    env.extend(env_entry(
+        OsStr::new("LD_PRELOAD"),
+        OsStr::from_bytes(&value),
+    ));
+    env
+}
+
+/// `NAME=value`, if neither has a NUL.
+fn env_entry(name: &OsStr, value: &OsStr) -> Option<CString> {
+    let mut bytes = name.as_bytes().to_vec();
+    bytes.push(b'=');
+    bytes.extend_from_slice(value.as_bytes());
+    CString::new(bytes).ok()
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -189,13 +237,8 @@ fn user_env(creds: &Credentials) -> Option<Vec<CString>> {
         ("LOGNAME", &user.name),
         ("SHELL", shell),
     ];
-    let entry = |name: &OsStr, value: &OsStr| {
-        let mut bytes = name.as_bytes().to_vec();
-        bytes.push(b'=');
-        bytes.extend_from_slice(value.as_bytes());
-        // A name or value from the environment or passwd has no NUL.
-        CString::new(bytes).ok()
-    };
+    // A name or value from the environment or passwd has no NUL.
+    let entry = env_entry;
     let mut env: Vec<CString> = std::env::vars_os()
         .filter(|(name, _)| !set.iter().any(|(n, _)| name == n))
         .filter_map(|(name, value)| entry(&name, &value))
@@ -255,4 +298,35 @@ pub fn wait_tree(root: u32) -> Result<Option<ChildExit>, SysError> {
         }
     }
     Ok(root_exit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_preload;
+    use std::ffi::CString;
+    use std::path::Path;
+
+    fn env(entries: &[&str]) -> Vec<CString> {
+        entries.iter().map(|e| CString::new(*e).unwrap()).collect()
+    }
+
+    /// Check that the preload shim goes first in `LD_PRELOAD`, before the
+    /// objects the user preloads, and that the rest of the environment
+    /// stays.
+    #[test]
+    fn preload_goes_first_in_ld_preload() {
+        let shim = Path::new("/proc/1/fd/7");
+        assert_eq!(
+            with_preload(env(&["A=1", "LD_PRELOAD=libjemalloc.so.2 x.so"]), shim),
+            env(&["A=1", "LD_PRELOAD=/proc/1/fd/7:libjemalloc.so.2 x.so"])
+        );
+        assert_eq!(
+            with_preload(env(&["A=1"]), shim),
+            env(&["A=1", "LD_PRELOAD=/proc/1/fd/7"])
+        );
+        assert_eq!(
+            with_preload(env(&["LD_PRELOAD="]), shim),
+            env(&["LD_PRELOAD=/proc/1/fd/7"])
+        );
+    }
 }

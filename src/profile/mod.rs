@@ -342,6 +342,11 @@ pub struct ProcessEntry {
     /// Its resident memory; zeros in a profile written before.
     #[serde(default)]
     pub resident: Resident,
+    /// Whether it loaded memtrail's preload shim (`run --preload`): its
+    /// allocator calls came through the shim, not through probes. Absent
+    /// (false) otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preloaded: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]

@@ -56,6 +56,8 @@ struct Parts<'a> {
     probe_scope: Scope,
     event_rings: u32,
     skipped_images: Vec<SkippedImage>,
+    /// The processes that loaded the preload shim.
+    preloaded: std::collections::BTreeSet<u32>,
     stacks: Vec<StackEntry>,
     pressure: PressureStats,
     unwind: UnwindReport,
@@ -94,6 +96,7 @@ fn assemble(parts: Parts<'_>) -> Profile {
                 },
                 mappings: p.maps,
                 resident: p.resident,
+                preloaded: parts.preloaded.contains(&p.pid),
             })
             .collect(),
         lost_events: parts.lost,
@@ -198,6 +201,7 @@ impl Session {
             },
             event_rings: self.event_ring_maps.len() as u32,
             skipped_images,
+            preloaded: std::mem::take(&mut attacher.preloaded),
             unwind: crate::unwind::report(self.unwind, images_seen.0, images_seen.1, &stacks),
             stacks,
             pressure,
@@ -301,7 +305,8 @@ impl Session {
         // tree still tracked, at once.
         let mut links = std::mem::take(&mut attacher.links);
         let unlinking = attacher.per_process.take().map(|shared| {
-            let per_process = std::mem::take(&mut *attach::per_process::lock(&shared));
+            let mut per_process = std::mem::take(&mut *attach::per_process::lock(&shared));
+            attacher.preloaded = std::mem::take(&mut per_process.preloaded);
             tracing::debug!(links = per_process.made, "per-process probes made");
             let (mut rest, unlinking) = per_process.into_links();
             links.append(&mut rest);

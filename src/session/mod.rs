@@ -130,6 +130,11 @@ pub struct SessionOptions {
     /// Directories of debug files by build id (`DIR/.build-id/xx/rest.debug`)
     /// looked in after `/usr/lib/debug` (`--debuginfo-dir`).
     pub debuginfo_dirs: Vec<std::path::PathBuf>,
+    /// The preload shim (`--preload`, issue 22): a command's processes that
+    /// load it hand their allocator calls to memtrail in-process (one
+    /// kernel entry a call); the others keep the allocator probes. Probes
+    /// are then per process. Only for a command memtrail starts.
+    pub preload: bool,
 }
 
 impl Default for SessionOptions {
@@ -149,6 +154,7 @@ impl Default for SessionOptions {
             live: None,
             timeline: true,
             debuginfo_dirs: Vec::new(),
+            preload: false,
         }
     }
 }
@@ -173,6 +179,16 @@ impl SessionOptions {
         // capture ends, the run would be lost.
         if let Some(dir) = self.debuginfo_dirs.iter().find(|d| !d.is_dir()) {
             return Err(CaptureError::DebuginfoDir(dir.clone()));
+        }
+        if self.preload && !matches!(target, Target::Command(_)) {
+            return Err(CaptureError::InvalidOptions(
+                "the preload shim is for a command memtrail starts",
+            ));
+        }
+        if self.preload && self.probes == crate::attach::per_process::Probes::SystemWide {
+            return Err(CaptureError::InvalidOptions(
+                "the preload shim needs per-process probes: not with --probes system-wide",
+            ));
         }
         match target {
             Target::SelfProcess if self.pressure_timeout.enabled() => {

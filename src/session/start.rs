@@ -42,6 +42,8 @@ use super::sinks::{EventSink, MappingSink, StackSink};
 /// What start-up settles before loading anything.
 struct Plan {
     per_process: bool,
+    /// The preload shim is given to the command (`--preload`).
+    preload: bool,
     spec: Option<CommandSpec>,
     is_self: bool,
     /// The running process tracked (the session's own, or a pid).
@@ -65,9 +67,17 @@ impl Plan {
     /// must still name it).
     fn new(opts: &SessionOptions, target: &Target) -> Result<Self, CaptureError> {
         opts.validate(target)?;
-        let per_process = opts
-            .probes
-            .per_process(!matches!(target, Target::Command(_)))?;
+        let per_process = if opts.preload {
+            crate::attach::per_process::Probes::PerProcess
+                .per_process(false)
+                .map_err(|u| crate::attach::per_process::Unsupported {
+                    hint: "run without --preload on this kernel",
+                    ..u
+                })?
+        } else {
+            opts.probes
+                .per_process(!matches!(target, Target::Command(_)))?
+        };
         let spec = match target {
             Target::Command(argv) => Some(CommandSpec::new(argv.clone())?),
             _ => None,
@@ -103,6 +113,7 @@ impl Plan {
         };
         Ok(Self {
             per_process,
+            preload: opts.preload,
             is_self: *target == Target::SelfProcess,
             running: match target {
                 Target::SelfProcess => Some(std::process::id()),
@@ -363,6 +374,23 @@ fn dup(fd: BorrowedFd<'_>) -> Result<OwnedFd, CaptureError> {
     })
 }
 
+/// Writes the preload shim into its memfd: named in the command's
+/// `LD_PRELOAD`, its hook probed in the processes that map it.
+fn preload_shim(plan: &mut Plan, installed: &mut Installed) -> Result<(), CaptureError> {
+    let shim = attach::shim::Shim::new().map_err(|err| CaptureError::Io {
+        what: "preparing the preload shim",
+        source: std::io::Error::other(err),
+    })?;
+    tracing::debug!(path = %shim.preload_path().display(), "preload shim ready");
+    if let Some(spec) = plan.spec.as_mut() {
+        spec.preload = Some(shim.preload_path());
+    }
+    if let Some(registry) = installed.registry.as_mut() {
+        registry.set_shim(shim);
+    }
+    Ok(())
+}
+
 /// The programs the allocator probes use, duplicated.
 fn alloc_programs(loaded: &Loaded) -> Result<attach::AllocPrograms, CaptureError> {
     attach::AllocPrograms::memtrail(&loaded.skel, loaded.sessions).map_err(|source| {
@@ -526,6 +554,9 @@ fn attach_worker(
 ) -> Result<(AttachWorker, Option<FirstProbes>), CaptureError> {
     let registry = installed.registry.map(|r| Arc::new(Mutex::new(r)));
     let first_probes = match (&registry, installed.libc_id, target) {
+        // With the shim the command's libc probes depend on whether it
+        // loads it: made when it maps libc.
+        _ if plan.preload => None,
         (Some(registry), Some(libc), Target::Command(_)) => Some(FirstProbes {
             registry: registry.clone(),
             progs: alloc_programs(loaded)?,
@@ -605,6 +636,9 @@ impl Session {
         )
         .with_python(python_images(&loaded, opts)?)
         .run(prepared.images, plan.running, &mut phases)?;
+        if plan.preload {
+            preload_shim(&mut plan, &mut installed)?;
+        }
 
         // From here on every thread started is in `threads`, declared
         // after `loaded`: any return joins them before the object goes.

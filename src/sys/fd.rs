@@ -349,3 +349,19 @@ fn dwarf_sections(file: &std::fs::File, size: u64) -> Option<Vec<std::ops::Range
     }
     Some(ranges)
 }
+
+/// A close-on-exec memfd named `name` holding `bytes`, sealed against any
+/// change (write, grow, shrink, new seals): what other processes map of it
+/// through `/proc/PID/fd/N` is exactly `bytes`, and nothing is on disk.
+pub fn sealed_memfd(name: &str, bytes: &[u8]) -> SysResult<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(SysError::rustix("memfd_create"))?;
+    write_all(&fd, bytes)?;
+    rustix::fs::fcntl_add_seals(
+        &fd,
+        SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+    )
+    .map_err(SysError::rustix("fcntl(F_ADD_SEALS)"))?;
+    Ok(fd)
+}

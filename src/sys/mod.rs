@@ -38,7 +38,7 @@ pub use bpf::{
 };
 pub use fd::{
     FileData, MAX_READ_IMAGE, contents, epoll_for, epoll_wait, epoll_wait_for, eventfd,
-    eventfd_signal, map_file, open_regular, pipe, poll_readable, read, write_all,
+    eventfd_signal, map_file, open_regular, pipe, poll_readable, read, sealed_memfd, write_all,
 };
 pub use guardian::{GUARDIAN_NAME, Guardian, GuardianCgroup, GuardianMaps};
 pub use host::{

@@ -77,7 +77,7 @@ fn attach_dlopen_concurrent_threads() {
     assert_eq!(frees_of(events, &mallocs).len(), 2);
 }
 
-fn static_fixture() -> PathBuf {
+pub(crate) fn static_fixture() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {

@@ -1,7 +1,7 @@
 //! The capture pipeline from probes to outputs: attaching to the images a
 //! program maps, allocation stacks and their unwinding, USDT regions, ring
-//! loss, the events rings and their consumer, the binary event stream, and
-//! Python functions in stacks
+//! loss, the events rings and their consumer, the binary event stream,
+//! Python functions in stacks, and the preload shim
 //! (`cargo test --test capture`).
 //!
 //! Not here, in binaries of their own: `attach_images` (its fuzz test
@@ -16,6 +16,7 @@ mod attach;
 mod capture_loss;
 mod event_rings;
 mod events_binary;
+mod preload;
 mod python_frames;
 mod ring_consumer;
 mod stacks;

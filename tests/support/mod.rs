@@ -42,6 +42,22 @@ pub mod ringtest;
 /// The memtrail binary under test.
 pub const MEMTRAIL: &str = env!("CARGO_BIN_EXE_memtrail");
 
+/// Whether the captures run with the preload shim (`MEMTRAIL_PRELOAD` set
+/// and not false, as `memtrail run` reads it: scripts/test.sh's preload
+/// stage). A process with the shim differs from one under the probes in
+/// what glibc does inside itself, where the shim sees no call: frees glibc
+/// makes internally (a thread's tcache at its exit) are not seen, and the
+/// shim's thread-local flag is one more TLS module (a thread's DTV one
+/// entry longer).
+pub fn preload() -> bool {
+    std::env::var("MEMTRAIL_PRELOAD").is_ok_and(|v| {
+        !matches!(
+            v.to_ascii_lowercase().as_str(),
+            "" | "0" | "n" | "no" | "f" | "false" | "off"
+        )
+    })
+}
+
 /// The memtrail binary the helpers run: `$MEMTRAIL_BIN` when set (to run a
 /// test against another build, e.g. the commit before a fix, and see it
 /// fail), else [`MEMTRAIL`].

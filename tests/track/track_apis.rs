@@ -307,12 +307,27 @@ fn track_api_profile_header() {
 }
 
 /// Check that the profile lists a libc probe for every allocator entry
-/// point.
+/// point (with the preload shim: none, and the process preloaded).
 #[test]
 fn track_profile_lists_libc_probes() {
-    let probes = support::field(apis().profile(), "probes")
+    let profile = apis().profile();
+    let probes = support::field(profile, "probes")
         .as_array()
         .expect("probes is an array");
+    if support::preload() {
+        let libc_hit = |p: &&serde_json::Value| {
+            p["image"].as_str().is_some_and(|i| i.contains("libc.so.6"))
+                && p["hits"].as_u64().is_some_and(|h| h > 0)
+                && ["malloc", "free"].contains(&p["symbol"].as_str().unwrap_or(""))
+        };
+        let hit: Vec<_> = probes.iter().filter(libc_hit).collect();
+        assert!(
+            hit.is_empty(),
+            "libc's allocator probed with the shim: {hit:?}"
+        );
+        assert_eq!(support::root_process(profile)["preloaded"], true);
+        return;
+    }
     for symbol in [
         "malloc",
         "calloc",

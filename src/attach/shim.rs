@@ -1,0 +1,176 @@
+//! The preload shim (`memtrail run --preload`, issue 22): an in-process
+//! path that cuts the kernel entries per allocation from three a pair
+//! (malloc's entry and return, free's entry) to one per call.
+//!
+//! `preload/memtrail_preload.c`, built by build.rs and embedded here, is
+//! written at start-up into a sealed memfd that memtrail keeps open; the
+//! command gets `LD_PRELOAD=/proc/<memtrail>/fd/<n>` (nothing on disk). The
+//! shim interposes glibc's allocator API and calls `memtrail_hook` (a
+//! 5-byte nop the kernel optimizes a uprobe on) with each record; BPF's
+//! `shim_hook` makes the uprobe mode's records from it.
+//!
+//! Exactness: a process that maps the shim gets the hook, and no probe on
+//! libc's functions the shim interposes ([`super::per_process`] decides per
+//! image request, from the process's mappings: ld.so maps `LD_PRELOAD`
+//! objects before the program's libraries, and the probes made before it
+//! did, on the executable, are made again). Other allocators keep their
+//! probes, which make no record while the shim's real call runs
+//! (`SHIM_COOKIE`). A process that does not map it (a
+//! static binary, a set-user-ID program, which ignores `LD_PRELOAD`, an
+//! environment cleared, a preload refused because `/proc/<memtrail>/fd` is
+//! not openable after a privilege drop) keeps the uprobes.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+use super::per_process::ImageId;
+
+/// The shim, as built for this binary.
+const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/memtrail_preload.so"));
+
+/// The hook's symbol in the shim.
+const HOOK: &str = "memtrail_hook";
+
+/// What the shim interposes (`preload/memtrail_preload.c`): in a process
+/// with the shim, every call of these by name goes through it.
+pub const INTERPOSED: [&str; 10] = [
+    "malloc",
+    "free",
+    "calloc",
+    "realloc",
+    "reallocarray",
+    "posix_memalign",
+    "aligned_alloc",
+    "memalign",
+    "valloc",
+    "pvalloc",
+];
+
+/// The cookie bit of the probes of a process with the shim
+/// (`MT_CK_SHIM_BIT`): a probed call made inside the shim's real allocator
+/// call is that call's own, and makes no record.
+pub const SHIM_COOKIE: u64 =
+    1 << crate::bpf::skel::memtrail::types::mt_cookie_layout::MT_CK_SHIM_BIT.0;
+
+/// The shim, in a sealed memfd of memtrail's for the capture.
+#[derive(Debug)]
+pub struct Shim {
+    file: OwnedFd,
+    /// Its kernel identity, as BPF's image requests name it.
+    pub id: ImageId,
+    /// The file offset of `memtrail_hook`.
+    pub hook_offset: u64,
+}
+
+/// The shim could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    #[error("writing the preload shim into a memfd")]
+    Memfd(#[source] crate::sys::SysError),
+    #[error("reading the preload shim's memfd")]
+    Stat(#[source] std::io::Error),
+    #[error("the preload shim has no {HOOK}")]
+    NoHook,
+}
+
+impl Shim {
+    /// Writes the shim into a sealed memfd.
+    pub fn new() -> Result<Self, ShimError> {
+        let hook_offset = hook_offset(SHIM).ok_or(ShimError::NoHook)?;
+        let file =
+            crate::sys::sealed_memfd("memtrail_preload.so", SHIM).map_err(ShimError::Memfd)?;
+        let md = std::fs::metadata(Self::fd_path(&file)).map_err(ShimError::Stat)?;
+        use std::os::unix::fs::MetadataExt;
+        Ok(Self {
+            id: (crate::sys::kernel_dev(md.dev()), md.ino()),
+            file,
+            hook_offset,
+        })
+    }
+
+    fn fd_path(file: &OwnedFd) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+    }
+
+    /// The path memtrail probes it through.
+    pub fn probe_path(&self) -> PathBuf {
+        Self::fd_path(&self.file)
+    }
+
+    /// The `LD_PRELOAD` entry that names it for other processes while
+    /// memtrail runs.
+    pub fn preload_path(&self) -> PathBuf {
+        Path::new("/proc")
+            .join(std::process::id().to_string())
+            .join("fd")
+            .join(self.file.as_raw_fd().to_string())
+    }
+
+    /// Whether image `id` is process `pid`'s executable (`/proc/PID/exe`).
+    pub fn is_executable(pid: u32, id: ImageId) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(format!("/proc/{pid}/exe"))
+            .is_ok_and(|md| (crate::sys::kernel_dev(md.dev()), md.ino()) == id)
+    }
+
+    /// Whether process `pid` maps the shim now (false if its mappings
+    /// cannot be read).
+    pub fn mapped_by(&self, pid: u32) -> bool {
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return false;
+        };
+        let ino = self.id.1.to_string();
+        maps.lines().any(|line| {
+            // start-end perms offset dev inode path
+            let mut fields = line.split_ascii_whitespace();
+            let dev = fields.nth(3);
+            let inode = fields.next();
+            inode == Some(ino.as_str()) && dev.is_some_and(|d| self.dev_matches(d))
+        })
+    }
+
+    /// Whether a `/proc/PID/maps` device (`major:minor` in hex) is the
+    /// shim's.
+    fn dev_matches(&self, dev: &str) -> bool {
+        let Some((major, minor)) = dev.split_once(':') else {
+            return false;
+        };
+        let (Ok(major), Ok(minor)) = (
+            u64::from_str_radix(major, 16),
+            u64::from_str_radix(minor, 16),
+        ) else {
+            return false;
+        };
+        major << 20 | minor == self.id.0
+    }
+}
+
+/// The file offset of the hook in the shim's image.
+fn hook_offset(data: &[u8]) -> Option<u64> {
+    let file = object::File::parse(data).ok()?;
+    let addr = file
+        .symbols()
+        .chain(file.dynamic_symbols())
+        .find(|s| s.name() == Ok(HOOK))?
+        .address();
+    file.segments().find_map(|seg| {
+        let (offset, size) = seg.file_range();
+        let start = seg.address();
+        (addr >= start && addr < start + size).then(|| addr - start + offset)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SHIM, hook_offset};
+
+    /// Check that the embedded shim's hook starts with the 5-byte nop the
+    /// kernel optimizes a uprobe on (`0f 1f 44 00 00`), then `ret`.
+    #[test]
+    fn shim_hook_is_a_five_byte_nop() {
+        let at = hook_offset(SHIM).expect("the hook's offset") as usize;
+        assert_eq!(&SHIM[at..at + 6], &[0x0f, 0x1f, 0x44, 0x00, 0x00, 0xc3]);
+    }
+}

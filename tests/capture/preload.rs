@@ -1,0 +1,222 @@
+//! The preload shim (`memtrail run --preload`, issue 22): a tree whose
+//! processes load it is counted exactly, processes that cannot load it (a
+//! static binary, an environment cleared) keep the probes inside the same
+//! capture, and stacks are the probes' frame for frame.
+
+use std::ffi::OsString;
+
+use crate::support::{
+    self, Counters, allocator_events, capture_flags, cmd, fixture, fixture_with_flags, num,
+    process, processes, sized, stream_root,
+};
+use serde_json::Value;
+
+/// The uprobe mode's capture, whatever `MEMTRAIL_PRELOAD` says.
+const PROBES: &[(&str, &str)] = &[("MEMTRAIL_PRELOAD", "0")];
+
+/// The uprobe mode's probes where the shim's are: per process. (System-wide,
+/// libstdc++'s constructor's allocation, made before main, has unnamed
+/// frames past its first: its table is not in BPF yet.)
+const PER_PROCESS: [&str; 2] = ["--probes", "per-process"];
+
+fn preloaded(profile: &Value, pid: u32) -> bool {
+    process(profile, pid)["preloaded"] == true
+}
+
+fn forked_children(events: &[Value], parent: u32) -> Vec<u32> {
+    events
+        .iter()
+        .filter(|e| e["kind"] == "fork" && num(e, "pid") == u64::from(parent))
+        .map(|e| u32::try_from(num(e, "child_pid")).expect("pid"))
+        .collect()
+}
+
+/// Check that a 3-level tree of fork + exec, every process with the shim,
+/// is counted exactly: each process its one leaked block, nothing twice,
+/// and each named preloaded in the profile.
+#[test]
+fn preload_tree_exact() {
+    let mid = fixture("tree_mid");
+    let leaf = fixture("tree_leaf");
+    let run = capture_flags(
+        &["--preload"],
+        &cmd("tree_root", &[mid.as_os_str(), leaf.as_os_str()]),
+        b"",
+        &[],
+    );
+    run.expect_code(0);
+    let events = run.events();
+    let root = stream_root(events);
+    let mid_pid = forked_children(events, root)[0];
+    let leaf_pid = forked_children(events, mid_pid)[0];
+    let profile = run.profile();
+    assert_eq!(processes(profile).len(), 3);
+    for (pid, leak) in [(root, 700001), (mid_pid, 700013), (leaf_pid, 700027)] {
+        assert!(preloaded(profile, pid), "{pid} not preloaded: {profile}");
+        assert_eq!(
+            Counters::of(process(profile, pid)),
+            Counters {
+                allocations: 1,
+                allocated_bytes: leak,
+                peak_live_bytes: leak,
+                live_bytes_at_exit: leak,
+                live_allocations_at_exit: 1,
+                ..Counters::default()
+            },
+            "process {pid}"
+        );
+    }
+}
+
+/// Check that inside a preload capture a static child (no ld.so) and a
+/// child exec'd with an empty environment (no LD_PRELOAD) are counted
+/// exactly by the probes, and the parent, with the shim, exactly by it:
+/// nothing missed, nothing twice.
+#[test]
+fn preload_children_without_the_shim_keep_probes() {
+    let static_exe = super::attach::static_fixture();
+    let leaf = fixture("tree_leaf");
+    let run = capture_flags(
+        &["--preload"],
+        &cmd(
+            "preload_children",
+            &[static_exe.as_os_str(), leaf.as_os_str()],
+        ),
+        b"",
+        &[],
+    );
+    run.expect_code(0);
+    let events = run.events();
+    let profile = run.profile();
+    let parent = stream_root(events);
+    let children = forked_children(events, parent);
+    assert_eq!(children.len(), 2, "{children:?}");
+    let (static_pid, bare_pid) = (children[0], children[1]);
+
+    assert!(preloaded(profile, parent));
+    assert!(
+        !preloaded(profile, static_pid),
+        "a static binary loads no shim"
+    );
+    assert!(!preloaded(profile, bare_pid), "no LD_PRELOAD, no shim");
+
+    let of = |pid: u32, kind: &str, size: u64| {
+        sized(events, kind, size)
+            .iter()
+            .filter(|e| support::pid(e) == pid)
+            .count()
+    };
+    assert_eq!(of(static_pid, "calloc", 7007), 1, "static constructor");
+    assert_eq!(of(static_pid, "malloc", 77777), 3, "static mallocs");
+    let blocks: Vec<u64> = sized(events, "malloc", 77777)
+        .iter()
+        .map(|e| num(e, "addr"))
+        .collect();
+    let static_frees = allocator_events(events, static_pid)
+        .iter()
+        .filter(|e| e["kind"] == "free" && blocks.contains(&num(e, "addr")))
+        .count();
+    assert_eq!(static_frees, 1, "frees of the static binary's blocks");
+    assert_eq!(
+        Counters::of(process(profile, bare_pid)),
+        Counters {
+            allocations: 1,
+            allocated_bytes: 700027,
+            peak_live_bytes: 700027,
+            live_bytes_at_exit: 700027,
+            live_allocations_at_exit: 1,
+            ..Counters::default()
+        },
+        "the child without an environment"
+    );
+    assert_eq!(
+        Counters::of(process(profile, parent)),
+        Counters {
+            allocations: 2,
+            frees: 1,
+            allocated_bytes: 600011 + 600023,
+            freed_bytes: 600023,
+            peak_live_bytes: 600011 + 600023,
+            live_bytes_at_exit: 600011,
+            live_allocations_at_exit: 1,
+            ..Counters::default()
+        },
+        "the parent, with the shim"
+    );
+}
+
+/// A frame: function, file, line.
+type Frame = (String, String, u64);
+
+/// Every allocation site of a profile: its frames, allocations and bytes,
+/// sorted.
+fn sites(profile: &Value) -> Vec<(Vec<Frame>, u64, u64)> {
+    let mut sites: Vec<_> = support::allocation_sites(profile)
+        .into_iter()
+        .map(|s| {
+            let frames = s["frames"]
+                .as_array()
+                .expect("frames")
+                .iter()
+                .map(|f| {
+                    (
+                        f["function"].as_str().unwrap_or("").to_owned(),
+                        f["file"].as_str().unwrap_or("").to_owned(),
+                        f["line"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect();
+            (frames, num(s, "allocations"), num(s, "bytes"))
+        })
+        .collect();
+    sites.sort();
+    sites
+}
+
+/// The profile of `command` with `flags`, with the shim or with the probes.
+fn profile_of(command: &[OsString], flags: &[&str], preload: bool) -> Value {
+    let mut all = flags.to_vec();
+    all.extend(if preload {
+        &["--preload"][..]
+    } else {
+        &PER_PROCESS[..]
+    });
+    let run = capture_flags(&all, command, b"", if preload { &[] } else { PROBES });
+    run.expect_code(0);
+    let root = stream_root(run.events());
+    let profile = run.profile().clone();
+    assert_eq!(preloaded(&profile, root), preload, "{flags:?}");
+    profile
+}
+
+/// Check that the shim's stacks are the probes', frame for frame (first
+/// frame the allocator's caller, up to main and _start), with the same
+/// counts per site: a C program with frame pointers, one without (stacks
+/// through qsort's callback and a signal handler), C++ new and nothrow new,
+/// with each `--unwind` mode; and without stacks the same totals.
+#[test]
+fn preload_stacks_same_as_probes() {
+    let no_fp = vec![fixture_with_flags("stack_unwind", support::NO_FP).into_os_string()];
+    let cases: [(Vec<OsString>, &[&str]); 6] = [
+        (cmd("stacks", &[]), &[]),
+        (cmd("stacks", &[]), &["--unwind", "fp"]),
+        (no_fp.clone(), &[]),
+        (no_fp, &["--unwind", "dwarf"]),
+        (cmd("stack_cxx", &[]), &[]),
+        (cmd("stack_cxx", &[]), &["--unwind", "fp"]),
+    ];
+    for (command, flags) in &cases {
+        let probes = profile_of(command, flags, false);
+        let shim = profile_of(command, flags, true);
+        let sites = sites(&probes);
+        assert!(!sites.is_empty(), "{command:?} {flags:?}: no sites");
+        assert_eq!(sites, self::sites(&shim), "{command:?} {flags:?}");
+    }
+    let command = cmd("stacks", &[]);
+    let flags = ["--stack-depth", "0"];
+    let totals = |p: &Value| Counters::of(&p["totals"]);
+    let probes = profile_of(&command, &flags, false);
+    let shim = profile_of(&command, &flags, true);
+    assert_eq!(totals(&probes), totals(&shim));
+    assert!(sites(&shim).is_empty(), "no stacks with --stack-depth 0");
+}
