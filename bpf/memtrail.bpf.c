@@ -1827,6 +1827,7 @@ struct py_walk {
 	 * at the stack budget). */
 	const struct mt_py_offsets *off;
 	__u32 tgid;
+	__u32 win;  /* the walk's stack window (stack_windows), MT_NO_WINDOW */
 	struct mt_stack_record *rec;
 	__u64 at;   /* the thread state, then the frame to look at */
 	__u64 h;
@@ -1945,21 +1946,27 @@ static __noinline void py_code_record(struct py_walk *p, __u64 code)
 	bpf_map_update_elem(&py_codes, &key, &id, BPF_ANY);
 }
 
-/* One thread state of the interpreter's list: the thread's, or the next. */
+struct py_word_out;
+__noinline int mt_py_word(__u32 win, __u64 addr, struct py_word_out *out);
+
+/* One thread state of the interpreter's list: the thread's, or the next
+ * (its words through the walk's window: the thread's state, then its
+ * frame pointer, come from one read). */
 static long py_thread_step(__u64 i, void *data)
 {
 	struct py_walk *p = data;
+	__u64 v = 0;
 
 	if (!p->at)
 		return 1;
 	/* The thread's pthread_self(), loaded from the task again each step
 	 * (a load, no helper call): a word less on the stack. */
-	if (py_read(p->at + p->off->tstate_thread_id) ==
-	    bpf_get_current_task_btf()->thread.fsbase) {
+	mt_py_word(p->win, p->at + p->off->tstate_thread_id, (struct py_word_out *)&v);
+	if (v == bpf_get_current_task_btf()->thread.fsbase) {
 		p->found = 1;
 		return 1;
 	}
-	p->at = py_read(p->at + p->off->tstate_next);
+	mt_py_word(p->win, p->at + p->off->tstate_next, (struct py_word_out *)&p->at);
 	return 0;
 }
 
@@ -2013,6 +2020,101 @@ static __always_inline __u8 py_byte(const __u64 *w, __u32 rel)
 	return py_word(w, rel / 8) >> (8 * (rel & 7));
 }
 
+/* Bytes below a frame's end a Python window reads (the frames of a
+ * thread's data stack lie one above the other, the previous one below). */
+#define MT_PY_WINDOW 1024
+
+/*
+ * The span bytes (a multiple of 8, at most MT_PY_FRAME_READ) at user
+ * address addr (8-aligned) into w,
+ * through the walk's window win: a window is read ending at the bytes'
+ * end, down to MT_PY_WINDOW bytes below it but never below its page's
+ * start (so it fails only where a read of the bytes would), and the
+ * previous frames, just below, come from it. 0 on success. A global
+ * function, verified once.
+ */
+struct py_frame_bytes {
+	__u64 w[MT_PY_FRAME_READ / 8];
+};
+
+/* The walk's window win when it holds [addr, end) (read now if it did
+ * not), else NULL: no window, bytes across a page, an unreadable page. */
+static __always_inline struct stack_window *py_window(__u32 win, __u64 addr, __u64 end)
+{
+	struct stack_window *sw = NULL;
+	__u64 n;
+
+	if (win < MT_STACK_WINDOWS && !(addr & 7) && end > addr &&
+	    (addr >> PAGE_SHIFT) == ((end - 1) >> PAGE_SHIFT))
+		sw = bpf_map_lookup_elem(&stack_windows, &win);
+	if (!sw)
+		return NULL;
+	if (addr >= sw->lo && end <= sw->lo + sw->len)
+		return sw;
+	/* The bytes of end's page below end, at most MT_PY_WINDOW. */
+	n = ((end - 1) & ((1 << PAGE_SHIFT) - 1)) + 1;
+	if (n > MT_PY_WINDOW)
+		n = MT_PY_WINDOW;
+	sw->len = 0;
+	if (bpf_probe_read_user(sw->bytes, n, (void *)(end - n)))
+		return NULL;
+	sw->lo = end - n;
+	sw->len = n;
+	return sw;
+}
+
+__noinline int mt_py_frame_read(__u32 win, __u64 addr, __u32 span, struct py_frame_bytes *fb)
+{
+	struct stack_window *sw;
+	__u64 off, *w;
+	__u32 i;
+
+	if (!fb)
+		return -1;
+	span &= 0x7f; /* bounded in every copy the compiler makes of it */
+	if (!span || span > MT_PY_FRAME_READ || (span & 7))
+		return -1;
+	w = fb->w;
+	sw = py_window(win, addr, addr + span);
+	if (!sw)
+		return bpf_probe_read_user(w, span, (void *)addr);
+	off = addr - sw->lo;
+	barrier_var(off);
+	if (off > MT_STACK_WINDOW - MT_PY_FRAME_READ) /* never, once the above held */
+		return bpf_probe_read_user(w, span, (void *)addr);
+	/* All MT_PY_FRAME_READ bytes, within the window's array (the walk
+	 * uses the span's only). */
+	for (i = 0; i < MT_PY_FRAME_READ / 8; i++)
+		w[i] = *(__u64 *)(sw->bytes + off + 8 * i);
+	return 0;
+}
+
+/* One user word, as mt_py_frame_read reads a frame's bytes. */
+struct py_word_out {
+	__u64 v;
+};
+
+/* The 8-byte word at user address addr through window win; 0 if
+ * unreadable (as py_read). A global function, verified once. */
+__noinline int mt_py_word(__u32 win, __u64 addr, struct py_word_out *out)
+{
+	struct stack_window *sw;
+	__u64 off;
+
+	if (!out)
+		return -1;
+	out->v = 0;
+	sw = py_window(win, addr, addr + 8);
+	if (!sw)
+		return bpf_probe_read_user(&out->v, 8, (void *)addr);
+	off = addr - sw->lo;
+	barrier_var(off);
+	if (off > MT_STACK_WINDOW - 8) /* never, once the above held */
+		return bpf_probe_read_user(&out->v, 8, (void *)addr);
+	out->v = *(__u64 *)(sw->bytes + off);
+	return 0;
+}
+
 /*
  * One _PyInterpreterFrame: its code and instruction, then the previous.
  * One read of the bytes holding them all (frame_win, frame_span) rather
@@ -2031,7 +2133,7 @@ static long py_frame_step(__u64 i, void *data)
 	p->at = 0;
 	if (span > MT_PY_FRAME_READ)
 		span = MT_PY_FRAME_READ;
-	if (bpf_probe_read_user(w, span, (void *)(frame + base)))
+	if (mt_py_frame_read(p->win, frame + base, span, (struct py_frame_bytes *)w))
 		return 1;
 	p->at = py_word(w, (p->off->frame_previous - base) / 8);
 	if (py_byte(w, p->off->frame_owner - base) == MT_PY_OWNED_BY_CSTACK) {
@@ -2166,6 +2268,7 @@ __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk
 	py = py_proc(tgid);
 	if (!py)
 		return h ? h : 1;
+	p.win = mt_stack_window();
 	p.off = &py->off;
 	p.n = out->nr;
 	/* The thread's own state while it holds the GIL (runs Python code:
@@ -2181,22 +2284,25 @@ __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk
 		py_thread_step(0, &p);
 	if (!p.found) {
 		at = py_read(py->runtime + p.off->runtime_interp_head);
-		if (!at)
-			return h ? h : 1;
-		p.at = py_read(at + p.off->interp_threads_head);
+		p.at = at ? py_read(at + p.off->interp_threads_head) : 0;
 		bpf_loop(MT_PY_THREADS, py_thread_step, &p, 0);
-		if (!p.found)
+		if (!p.found) {
+			mt_stack_window_done(p.win);
 			return h ? h : 1;
+		}
 	}
-	at = py_read(p.at + p.off->tstate_frame);
+	mt_py_word(p.win, p.at + p.off->tstate_frame, (struct py_word_out *)&p.at);
+	at = p.at;
 	if (at && p.off->cframe_frame != MT_PY_NONE)
 		at = py_read(at + p.off->cframe_frame);
 	p.at = at;
 	if (codes) {
 		bpf_loop(MT_MAX_STACK, py_code_step, &p, 0);
+		mt_stack_window_done(p.win);
 		return h ? h : 1;
 	}
 	bpf_loop(MT_MAX_STACK, py_frame_step, &p, 0);
+	mt_stack_window_done(p.win);
 	out->nr = p.n;
 	return p.h ? p.h : 1;
 }
