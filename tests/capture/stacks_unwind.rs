@@ -48,6 +48,11 @@ fn stack_of(profile: &Value, bytes: u64) -> &Value {
 
 /// `memtrail run -q -o PROFILE ARGS -- CMD`; the profile.
 fn run_profile(cmd: &[OsString], args: &[&str]) -> Value {
+    run_profile_env(cmd, args, &[])
+}
+
+/// [`run_profile`] with `env` set for memtrail (a `MEMTRAIL_FAULT`).
+fn run_profile_env(cmd: &[OsString], args: &[&str], env: &[(&str, &str)]) -> Value {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("profile.json");
     let mut argv: Vec<OsString> = vec!["run".into(), "-q".into(), "-o".into()];
@@ -55,7 +60,7 @@ fn run_profile(cmd: &[OsString], args: &[&str]) -> Value {
     argv.extend(args.iter().map(Into::into));
     argv.push("--".into());
     argv.extend(cmd.iter().cloned());
-    let (_, status, _, stderr) = support::memtrail_env(&argv, b"", &[]);
+    let (_, status, _, stderr) = support::memtrail_env(&argv, b"", env);
     assert!(status.success(), "{stderr}");
     let profile = support::read_profile(&out).expect("profile written");
     assert_no_allocator_callers(&profile);
@@ -462,20 +467,8 @@ fn stacks_unwind_changing_stacks_exact() {
 #[test]
 fn stacks_unwind_changing_stacks_exact_one_cache_slot() {
     let exe = fixture_with_flags("stack_change", support::NO_FP);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let out = dir.path().join("profile.json");
-    let argv: Vec<OsString> = vec![
-        "run".into(),
-        "-q".into(),
-        "-o".into(),
-        out.clone().into(),
-        "--".into(),
-        exe.into(),
-    ];
-    let (_, status, _, stderr) =
-        support::memtrail_env(&argv, b"", &[("MEMTRAIL_FAULT", "one-row-cache-slot")]);
-    assert!(status.success(), "{stderr}");
-    check_changing_stacks(&support::read_profile(&out).expect("profile written"));
+    let env = [("MEMTRAIL_FAULT", "one-row-cache-slot")];
+    check_changing_stacks(&run_profile_env(&[exe.into()], &[], &env));
 }
 
 /// Check that four processes whose stacks sit at the same addresses
@@ -487,20 +480,8 @@ fn stacks_unwind_changing_stacks_exact_one_cache_slot() {
 #[test]
 fn stacks_unwind_twins_one_stack_window_exact() {
     let exe = fixture_with_flags("stack_twins", support::NO_FP);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let out = dir.path().join("profile.json");
-    let argv: Vec<OsString> = vec![
-        "run".into(),
-        "-q".into(),
-        "-o".into(),
-        out.clone().into(),
-        "--".into(),
-        exe.into(),
-    ];
-    let (_, status, _, stderr) =
-        support::memtrail_env(&argv, b"", &[("MEMTRAIL_FAULT", "one-stack-window")]);
-    assert!(status.success(), "{stderr}");
-    let p = support::read_profile(&out).expect("profile written");
+    let env = [("MEMTRAIL_FAULT", "one-stack-window")];
+    let p = run_profile_env(&[exe.into()], &[], &env);
     let src = "stack_twins.c";
     for k in 0..4u64 {
         let (via, mark) = if k % 2 == 1 {
