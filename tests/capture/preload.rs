@@ -55,14 +55,7 @@ fn preload_tree_exact() {
         assert!(preloaded(profile, pid), "{pid} not preloaded: {profile}");
         assert_eq!(
             Counters::of(process(profile, pid)),
-            Counters {
-                allocations: 1,
-                allocated_bytes: leak,
-                peak_live_bytes: leak,
-                live_bytes_at_exit: leak,
-                live_allocations_at_exit: 1,
-                ..Counters::default()
-            },
+            Counters::one_leak(leak),
             "process {pid}"
         );
     }
@@ -119,14 +112,7 @@ fn preload_children_without_the_shim_keep_probes() {
     assert_eq!(static_frees, 1, "frees of the static binary's blocks");
     assert_eq!(
         Counters::of(process(profile, bare_pid)),
-        Counters {
-            allocations: 1,
-            allocated_bytes: 700027,
-            peak_live_bytes: 700027,
-            live_bytes_at_exit: 700027,
-            live_allocations_at_exit: 1,
-            ..Counters::default()
-        },
+        Counters::one_leak(700027),
         "the child without an environment"
     );
     assert_eq!(

@@ -621,6 +621,19 @@ impl Counters {
             unmatched_frees: num(v, "unmatched_frees"),
         }
     }
+
+    /// The counters of one block of `bytes` allocated and left live at
+    /// exit, nothing else.
+    pub fn one_leak(bytes: u64) -> Self {
+        Self {
+            allocations: 1,
+            allocated_bytes: bytes,
+            peak_live_bytes: bytes,
+            live_bytes_at_exit: bytes,
+            live_allocations_at_exit: 1,
+            ..Self::default()
+        }
+    }
 }
 
 /// Expected counters of a `mappings` object.
