@@ -157,6 +157,15 @@ fn script(dir: &Path) -> PathBuf {
     path
 }
 
+/// Check the script's two sites: `small` and `big` (the sizes asked, one
+/// byte more allocated) each under its function and `Worker.run`.
+fn assert_worker_sites(profile: &Value, script: &Path, (small, big): (u64, u64), what: &str) {
+    let small_at = [("small", SMALL_LINE), ("Worker.run", RUN_SMALL_LINE)];
+    assert_site(profile, small + 1, script, small_at, what);
+    let big_at = [("big", BIG_LINE), ("Worker.run", RUN_BIG_LINE)];
+    assert_site(profile, big + 1, script, big_at, what);
+}
+
 /// Check that each function's bytes go to it, with file and line, under the
 /// method, in the main thread, another thread and a child process, on each
 /// interpreter present.
@@ -171,20 +180,7 @@ fn python_frames_name_functions_and_lines() {
             let big = 700_000 + 1_000 * (3 * i + j) as u64 + 23;
             let profile = run(&python, &script, mode, (small, big), &[]);
             let what = format!("python {version}, {mode}");
-            assert_site(
-                &profile,
-                small + 1,
-                &script,
-                [("small", SMALL_LINE), ("Worker.run", RUN_SMALL_LINE)],
-                &what,
-            );
-            assert_site(
-                &profile,
-                big + 1,
-                &script,
-                [("big", BIG_LINE), ("Worker.run", RUN_BIG_LINE)],
-                &what,
-            );
+            assert_worker_sites(&profile, &script, (small, big), &what);
         }
     }
 }
@@ -237,20 +233,7 @@ fn python_frames_with_frame_pointer_walks() {
         let big = 720_000 + 1_000 * i as u64 + 23;
         let profile = run(&python, &script, "main", (small, big), &["--unwind", "fp"]);
         let what = format!("python {version}, --unwind fp");
-        assert_site(
-            &profile,
-            small + 1,
-            &script,
-            [("small", SMALL_LINE), ("Worker.run", RUN_SMALL_LINE)],
-            &what,
-        );
-        assert_site(
-            &profile,
-            big + 1,
-            &script,
-            [("big", BIG_LINE), ("Worker.run", RUN_BIG_LINE)],
-            &what,
-        );
+        assert_worker_sites(&profile, &script, (small, big), &what);
     }
 }
 
