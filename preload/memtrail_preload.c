@@ -97,6 +97,25 @@ __asm__(".text\n"
 				 : "r9", "memory");                                     \
 	} while (0)
 
+/*
+ * The body of an interposer that returns one block of `size`: the
+ * bootstrap buffer while the real functions are looked up, else the real
+ * call (the in-allocator flag set around it), then the hook with the block.
+ * A macro, so that HOOK stays in the interposer's own body.
+ */
+#define ALLOCATE(kind, size, real_call)                                                  \
+	do {                                                                             \
+		void *p_;                                                                \
+		if (!ready())                                                            \
+			return boot_alloc(size);                                         \
+		mt_in_alloc = 1;                                                         \
+		p_ = (real_call);                                                        \
+		mt_in_alloc = 0;                                                         \
+		if (p_)                                                                  \
+			HOOK(kind, p_, size, 0);                                         \
+		return p_;                                                               \
+	} while (0)
+
 static void *(*next_malloc)(size_t);
 static void (*next_free)(void *);
 static void *(*next_calloc)(size_t, size_t);
@@ -177,16 +196,7 @@ static uint64_t product(size_t n, size_t m)
 
 EXPORT void *malloc(size_t size)
 {
-	void *p;
-
-	if (!ready())
-		return boot_alloc(size);
-	mt_in_alloc = 1;
-	p = next_malloc(size);
-	mt_in_alloc = 0;
-	if (p)
-		HOOK(MT_MALLOC, p, size, 0);
-	return p;
+	ALLOCATE(MT_MALLOC, size, next_malloc(size));
 }
 
 EXPORT void free(void *p)
@@ -295,58 +305,22 @@ EXPORT int posix_memalign(void **out, size_t align, size_t size)
 
 EXPORT void *aligned_alloc(size_t align, size_t size)
 {
-	void *p;
-
-	if (!ready())
-		return boot_alloc(size);
-	mt_in_alloc = 1;
-	p = next_aligned_alloc(align, size);
-	mt_in_alloc = 0;
-	if (p)
-		HOOK(aligned_alloc_kind, p, size, 0);
-	return p;
+	ALLOCATE(aligned_alloc_kind, size, next_aligned_alloc(align, size));
 }
 
 EXPORT void *memalign(size_t align, size_t size)
 {
-	void *p;
-
-	if (!ready())
-		return boot_alloc(size);
-	mt_in_alloc = 1;
-	p = next_memalign(align, size);
-	mt_in_alloc = 0;
-	if (p)
-		HOOK(MT_MEMALIGN, p, size, 0);
-	return p;
+	ALLOCATE(MT_MEMALIGN, size, next_memalign(align, size));
 }
 
 EXPORT void *valloc(size_t size)
 {
-	void *p;
-
-	if (!ready())
-		return boot_alloc(size);
-	mt_in_alloc = 1;
-	p = next_valloc(size);
-	mt_in_alloc = 0;
-	if (p)
-		HOOK(MT_VALLOC, p, size, 0);
-	return p;
+	ALLOCATE(MT_VALLOC, size, next_valloc(size));
 }
 
 EXPORT void *pvalloc(size_t size)
 {
-	void *p;
-
-	if (!ready())
-		return boot_alloc(size);
-	mt_in_alloc = 1;
-	p = next_pvalloc(size);
-	mt_in_alloc = 0;
-	if (p)
-		HOOK(MT_PVALLOC, p, size, 0);
-	return p;
+	ALLOCATE(MT_PVALLOC, size, next_pvalloc(size));
 }
 
 /* Tells memtrail where the in-allocator flag is: its offset from the
