@@ -30,3 +30,15 @@ scratch_dir() {
   # shellcheck disable=SC2064 # the path is fixed now
   trap "rm -rf '$dir'" EXIT
 }
+
+# The Python churn workload of the python_frames scripts, from their
+# arguments [PYTHON [OPS [DEPTH [N]]]]: sets work (the command) and n (runs
+# or rounds, default 5); PYTHONMALLOC=malloc unless PYMALLOC=1.
+python_churn_from_args() {
+	local python=${1:-/usr/bin/python3.11} ops=${2:-200000} depth=${3:-10}
+	n=${4:-5}
+	if [ -z "${PYMALLOC:-}" ]; then
+		export PYTHONMALLOC=malloc
+	fi
+	work=("$python" perf/fixtures/python_churn.py "$ops" "$depth")
+}

@@ -15,17 +15,11 @@
 #        (MEMTRAIL=path picks a memtrail build; default: cargo build --release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python=${1:-/usr/bin/python3.11}
-ops=${2:-200000}
-depth=${3:-10}
-runs=${4:-5}
 . perf/lib.sh
+python_churn_from_args "$@"
+runs=$n
 memtrail_from_env
 scratch_dir out
-if [ -z "${PYMALLOC:-}" ]; then
-	export PYTHONMALLOC=malloc
-fi
-work=("$python" perf/fixtures/python_churn.py "$ops" "$depth")
 "$mt" run -q --force -o "$out/py.json" -- "${work[@]}"
 "$mt" run -q --force -o "$out/native.json" --native-only -- "${work[@]}"
 PYTHONPATH=perf python3 - "$out" <<'PY'

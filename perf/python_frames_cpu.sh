@@ -13,17 +13,11 @@
 #        (MEMTRAIL=path picks a memtrail build; default: cargo build --release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python=${1:-/usr/bin/python3.11}
-ops=${2:-200000}
-depth=${3:-10}
-rounds=${4:-5}
 . perf/lib.sh
+python_churn_from_args "$@"
+rounds=$n
 memtrail_from_env
 scratch_dir out
-if [ -z "${PYMALLOC:-}" ]; then
-	export PYTHONMALLOC=malloc
-fi
-work=("$python" perf/fixtures/python_churn.py "$ops" "$depth")
 # msec of task-clock of the workload under memtrail with the given flags.
 # A round that failed (memtrail's or the workload's exit status) prints
 # nothing after the name, and its stderr on ours.
