@@ -984,8 +984,9 @@ impl Drop for Links {
 pub struct AllocPrograms {
     pub sites: SitePrograms,
     pub marker: OwnedFd,
-    /// `shim_hook`, on the preload shim's hook ([`shim`]).
-    pub shim: OwnedFd,
+    /// `shim_hook`, on the preload shim's hook ([`shim`]): loaded with
+    /// `--preload` only.
+    pub shim: Option<OwnedFd>,
 }
 
 /// The programs of allocator sites: one set of `bpf/memtrail.bpf.c`'s two
@@ -1019,8 +1020,9 @@ pub fn uprobe_sessions() -> bool {
 
 impl AllocPrograms {
     /// memtrail's own allocator programs: the session program if
-    /// `session`, else the three split ones (whichever set was loaded).
-    pub fn memtrail(skel: &MemtrailSkel<'_>, session: bool) -> io::Result<Self> {
+    /// `session`, else the three split ones (whichever set was loaded),
+    /// and the preload shim's if `preload` (loaded then only).
+    pub fn memtrail(skel: &MemtrailSkel<'_>, session: bool, preload: bool) -> io::Result<Self> {
         let p = &skel.progs;
         let dup = |fd: BorrowedFd<'_>| fd.try_clone_to_owned();
         let sites = if session {
@@ -1035,7 +1037,7 @@ impl AllocPrograms {
         Ok(Self {
             sites,
             marker: dup(p.region_marker.as_fd())?,
-            shim: dup(p.shim_hook.as_fd())?,
+            shim: preload.then(|| dup(p.shim_hook.as_fd())).transpose()?,
         })
     }
 }

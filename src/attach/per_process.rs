@@ -192,14 +192,14 @@ impl PerProcess {
         known: BorrowedFd<'_>,
         pid: u32,
     ) -> Result<bool, AttachError> {
-        let Some(shim) = &self.shim else {
+        let (Some(shim), Some(prog)) = (&self.shim, &progs.shim) else {
             return Ok(true);
         };
         let linked = self.procs.entry(pid).or_default();
         if !linked.iter().any(|(i, _, _)| *i == shim.id) {
             let path = shim.probe_path();
             let made = crate::sys::uprobe_multi(
-                progs.shim.as_fd(),
+                prog.as_fd(),
                 &path,
                 &[shim.hook_offset],
                 &[0],

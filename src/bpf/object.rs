@@ -36,6 +36,9 @@ pub(crate) struct Config<'a> {
     pub stack_ring_size: u32,
     /// Load the uprobe session program (else the split programs).
     pub sessions: bool,
+    /// Load `shim_hook`, the preload shim's program (`--preload`): its
+    /// verification costs as much as the allocator program's.
+    pub preload: bool,
     /// Load `signal_generate` (stops and resumes by others): not in a
     /// process tracking itself, which is never stopped.
     pub signal_generate: bool,
@@ -80,6 +83,7 @@ impl Config<'_> {
         // One set of allocator programs: the session program or the
         // split ones.
         open.progs.alloc_session.set_autoload(self.sessions);
+        open.progs.shim_hook.set_autoload(self.preload);
         open.progs.rss_stat.set_autoload(rss_supported());
         for prog in [
             &mut open.progs.alloc_enter,
@@ -151,6 +155,8 @@ pub(crate) struct Loaded {
     /// Whether the uprobe session program was loaded (else the split
     /// programs).
     pub sessions: bool,
+    /// Whether `shim_hook` was loaded (`--preload`).
+    pub preload: bool,
 }
 
 // SAFETY: libbpf objects (the skeleton's object, programs, maps, links'
@@ -204,6 +210,7 @@ impl Loaded {
                 skel: ManuallyDrop::new(skel),
                 storage,
                 sessions: config.sessions,
+                preload: config.preload,
             }),
             Err(err) => {
                 free();

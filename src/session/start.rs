@@ -148,6 +148,7 @@ impl Plan {
             event_ring_array,
             stack_ring_size: opts.stack_ring_size as u32,
             sessions,
+            preload: self.preload,
             // Stops and resumes by others (and, with per-process probes,
             // resumes of processes held at fork); a process tracking
             // itself is never stopped.
@@ -393,12 +394,12 @@ fn preload_shim(plan: &mut Plan, installed: &mut Installed) -> Result<(), Captur
 
 /// The programs the allocator probes use, duplicated.
 fn alloc_programs(loaded: &Loaded) -> Result<attach::AllocPrograms, CaptureError> {
-    attach::AllocPrograms::memtrail(&loaded.skel, loaded.sessions).map_err(|source| {
-        CaptureError::Io {
+    attach::AllocPrograms::memtrail(&loaded.skel, loaded.sessions, loaded.preload).map_err(
+        |source| CaptureError::Io {
             what: "duplicating BPF program descriptors",
             source,
-        }
-    })
+        },
+    )
 }
 
 /// The events poller's sink: the aggregator (told of a running process,
