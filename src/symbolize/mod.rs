@@ -216,7 +216,10 @@ impl StackSymbolizer {
                 }
             }
         }
-        let mut resolved: HashMap<(usize, usize), Vec<Frame>> = HashMap::new();
+        // Each stack's frames by index: what its address gave, None when
+        // it is in no known file.
+        let mut resolved: Vec<Vec<Option<Vec<Frame>>>> =
+            stacks.iter().map(|ips| vec![None; ips.len()]).collect();
         for (path, items) in by_file {
             let module: std::sync::Arc<str> = path.display().to_string().into();
             let build_id: Option<std::sync::Arc<str>> = path
@@ -225,7 +228,9 @@ impl StackSymbolizer {
                 .flatten()
                 .map(Into::into);
             // Stacks share most of their frames (main and what leads to
-            // the allocating code): each distinct offset is symbolized once.
+            // the allocating code): each distinct offset is symbolized,
+            // demangled and made into frames once, then copied (the
+            // frames' strings are shared).
             let mut offsets: Vec<u64> = items.iter().map(|&(_, _, o)| o).collect();
             offsets.sort_unstable();
             offsets.dedup();
@@ -241,31 +246,44 @@ impl StackSymbolizer {
             } else {
                 None // recorded by name only and never found
             };
-            for &(s, f, offset) in &items {
-                let base = Frame {
-                    addr: stacks[s][f],
-                    module: Some(module.clone()),
-                    build_id: build_id.clone(),
-                    offset: Some(offset),
-                    ..Frame::unknown(0)
+            let mut results = results.map(Vec::into_iter);
+            let per_offset: Vec<Vec<Frame>> = offsets
+                .iter()
+                .map(|&offset| {
+                    let base = Frame {
+                        module: Some(module.clone()),
+                        build_id: build_id.clone(),
+                        offset: Some(offset),
+                        ..Frame::unknown(0)
+                    };
+                    frames_of(base, results.as_mut().and_then(Iterator::next))
+                })
+                .collect();
+            for (s, f, offset) in items {
+                let Ok(at) = offsets.binary_search(&offset) else {
+                    continue;
                 };
-                let sym = results.as_ref().and_then(|results| {
-                    let at = offsets.binary_search(&offset).ok()?;
-                    results.get(at).cloned()
-                });
-                resolved.insert((s, f), frames_of(base, sym));
+                let addr = stacks[s][f];
+                resolved[s][f] = Some(
+                    per_offset[at]
+                        .iter()
+                        .map(|frame| Frame {
+                            addr,
+                            ..frame.clone()
+                        })
+                        .collect(),
+                );
             }
         }
-        stacks
-            .iter()
-            .enumerate()
-            .map(|(s, ips)| {
-                ips.iter()
-                    .enumerate()
-                    .flat_map(|(f, &addr)| {
-                        resolved
-                            .remove(&(s, f))
-                            .unwrap_or_else(|| vec![Frame::unknown(addr)])
+        resolved
+            .into_iter()
+            .zip(stacks)
+            .map(|(frames, ips)| {
+                frames
+                    .into_iter()
+                    .zip(ips.iter())
+                    .flat_map(|(frames, &addr)| {
+                        frames.unwrap_or_else(|| vec![Frame::unknown(addr)])
                     })
                     .collect()
             })
