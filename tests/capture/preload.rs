@@ -294,6 +294,18 @@ fn preload_batched_frees_exact() {
                 "{what} (process {pid}, preload {preload})"
             );
         }
+        // The large block's munmap, made by its free (at once, with the
+        // waiting ones), is the allocator's own. (The probes record it as
+        // not the allocator's, as they did before batching: not checked.)
+        let munmaps: Vec<&Value> = events
+            .iter()
+            .filter(|e| support::pid(e) == children[0] && e["kind"] == "munmap")
+            .collect();
+        assert_eq!(munmaps.len(), 1, "{munmaps:?}");
+        assert!(
+            !preload || munmaps[0]["in_allocator"] == true,
+            "{munmaps:?}"
+        );
         // The killed thread's frees, recorded when the kill reached it,
         // are its own.
         let threads = children[2];
