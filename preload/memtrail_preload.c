@@ -376,10 +376,13 @@ static void free_carrying(struct mt_thread *t, void *p)
 }
 
 /* A thread's first buffered free: its key's destructor will flush what it
- * leaves at its end. */
+ * leaves at its end. Before the constructor made the key (a free in
+ * another library's constructor), frees are made at once, for now. */
 static int start_buffering(struct mt_thread *t)
 {
-	if (!mt_key_made || pthread_setspecific(mt_key, t) != 0) {
+	if (!__atomic_load_n(&mt_key_made, __ATOMIC_ACQUIRE))
+		return 0;
+	if (pthread_setspecific(mt_key, t) != 0) {
 		t->state = MT_DIRECT;
 		return 0;
 	}
@@ -666,7 +669,8 @@ __attribute__((constructor(101))) static void hello(void)
 
 	__asm__ volatile("mov %%fs:0, %0" : "=r"(tp));
 	resolve();
-	mt_key_made = pthread_key_create(&mt_key, thread_end) == 0;
+	__atomic_store_n(&mt_key_made, pthread_key_create(&mt_key, thread_end) == 0,
+			 __ATOMIC_RELEASE);
 	pthread_atfork(before_fork, NULL, after_fork_child);
 	HOOK(MT_SHIM_HELLO, (uint64_t)&mt_self - tp, 0, 0);
 }
