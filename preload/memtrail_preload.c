@@ -142,10 +142,12 @@ __asm__(".text\n"
 	do {                                                                             \
 		struct mt_thread *t_ = &mt_self;                                         \
 		if (__builtin_expect(t_->count != 0 && !t_->busy, 0)) {                  \
+			unsigned int n_;                                                 \
 			t_->busy = 1;                                                    \
 			barrier();                                                       \
-			HOOK_WITH(kind, a, b, c, t_->slots, t_->count);                  \
-			drain(t_);                                                       \
+			n_ = take(t_);                                                   \
+			HOOK_WITH(kind, a, b, c, t_->slots, n_);                         \
+			drain(t_, n_);                                                   \
 			barrier();                                                       \
 			t_->busy = 0;                                                    \
 		} else {                                                                 \
@@ -218,7 +220,8 @@ struct mt_thread {
 static __thread struct mt_thread mt_self __attribute__((tls_model("initial-exec")));
 #define mt_in_alloc (mt_self.in_alloc)
 
-static void drain(struct mt_thread *t);
+static unsigned int take(struct mt_thread *t);
+static void drain(struct mt_thread *t, unsigned int n);
 
 /* Its destructor flushes a thread's buffer at the thread's end. */
 static pthread_key_t mt_key;
@@ -307,20 +310,33 @@ EXPORT void *malloc(size_t size)
 	ALLOCATE(MT_MALLOC, size, next_malloc(size));
 }
 
-/* Really frees the buffered blocks, which the hook just recorded, and
- * empties the buffer; with busy held. Emptied first: a thread that ends
- * inside the real frees has nothing left for memtrail to read again. The
- * flag is restored, not cleared: the caller may be a signal handler's
- * call inside a real call. */
-static void drain(struct mt_thread *t)
+/*
+ * How many frees are buffered, the buffer emptied (its slots kept until
+ * drain); with busy held, just before the hook that carries them. Emptied
+ * before the hook, not after: a thread killed as the hook returns (where
+ * the kernel delivers the kill of another thread's exit_group) has nothing
+ * left for memtrail to read again at its end. (Killed in the few
+ * instructions before the hook, it loses them.)
+ */
+static unsigned int take(struct mt_thread *t)
 {
-	unsigned int n = t->count, i;
-	int was = t->in_alloc;
+	unsigned int n = t->count;
 
 	t->count = 0;
 	barrier();
+	return n < MT_BATCH ? n : MT_BATCH;
+}
+
+/* Really frees the n blocks taken, which the hook just recorded; with busy
+ * held. The flag is restored, not cleared: the caller may be a signal
+ * handler's call inside a real call. */
+static void drain(struct mt_thread *t, unsigned int n)
+{
+	unsigned int i;
+	int was = t->in_alloc;
+
 	t->in_alloc = 1;
-	for (i = 0; i < n && i < MT_BATCH; i++)
+	for (i = 0; i < n; i++)
 		next_free(t->slots[i]);
 	t->in_alloc = was;
 }
@@ -328,10 +344,12 @@ static void drain(struct mt_thread *t)
 /* Records and makes the buffered frees; with busy held. */
 static void flush(struct mt_thread *t)
 {
-	if (!t->count)
+	unsigned int n = take(t);
+
+	if (!n)
 		return;
-	HOOK_WITH(MT_SHIM_FLUSH, 0, 0, 0, t->slots, t->count);
-	drain(t);
+	HOOK_WITH(MT_SHIM_FLUSH, 0, 0, 0, t->slots, n);
+	drain(t, n);
 }
 
 /* Flushes this thread's buffer if it is free to take. */
@@ -364,11 +382,11 @@ static void free_now(void *p)
  * gave it. With busy held. */
 static void free_carrying(struct mt_thread *t, void *p)
 {
-	unsigned int n = t->count;
+	unsigned int n = take(t);
 	int was;
 
 	HOOK_WITH(MT_FREE, p, 0, 0, t->slots, n);
-	drain(t);
+	drain(t, n);
 	was = t->in_alloc;
 	t->in_alloc = 1;
 	next_free(p);
