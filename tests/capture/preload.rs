@@ -255,7 +255,7 @@ fn preload_batched_frees_exact() {
         let profile = run.profile();
         let root = stream_root(events);
         let children = forked_children(events, root);
-        assert_eq!(children.len(), 5, "{children:?}");
+        assert_eq!(children.len(), 6, "{children:?}");
         for pid in std::iter::once(root).chain(children.iter().copied()) {
             assert_eq!(preloaded(profile, pid), preload, "process {pid}");
         }
@@ -294,6 +294,22 @@ fn preload_batched_frees_exact() {
                 "{what} (process {pid}, preload {preload})"
             );
         }
+        // Threads killed wherever they were in their malloc/free loop:
+        // every free they made counted once (none twice: no unmatched
+        // free), at most one block each left live, and their two threads'
+        // DTV.
+        let busy = children[5];
+        let [allocations, frees, unmatched, live, _] = heap_of(profile, busy);
+        assert_eq!(
+            unmatched, 0,
+            "busy (preload {preload}): frees counted twice"
+        );
+        let pairs = allocations - 2;
+        assert!(pairs >= 4000, "busy: {pairs} pairs");
+        assert!(
+            (2..=4).contains(&live) && frees == 5 + allocations - live,
+            "busy: {allocations} allocations, {frees} frees, {live} live"
+        );
         // The large block's munmap, made by its free (at once, with the
         // waiting ones), is the allocator's own. (The probes record it as
         // not the allocator's, as they did before batching: not checked.)
