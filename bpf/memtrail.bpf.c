@@ -44,6 +44,12 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define SIGTSTP 20
 #define SIGTTIN 21
 #define SIGTTOU 22
+#define SIGCHLD 17
+#define SIGURG 23
+#define SIGWINCH 28
+/* signal_struct.flags: a pid namespace's init, which ignores fatal
+ * signals it has no handler for. */
+#define SIGNAL_UNKILLABLE 0x40
 #define SI_KERNEL 0x80
 /* The kernel's siginfo for a signal sent on its own account. */
 #define SEND_SIG_PRIV ((void *)1)
@@ -614,8 +620,8 @@ static __always_inline bool in_free(struct inflight *cur)
 /*
  * Processes that map memtrail's preload shim (`--preload`, issue 22), by
  * tgid: the offset from the thread pointer (fs base) of the shim's
- * thread-local flag, set while a real allocator call runs, plus one (0 is
- * no entry). The shim's constructor gives it (MT_SHIM_HELLO); a fork
+ * thread-local state, plus one (0 is no entry): first its flag, set while
+ * a real allocator call runs, then its buffered frees (MT_SHIM_COUNT_OFF). The shim's constructor gives it (MT_SHIM_HELLO); a fork
  * copies it, an exec or the exit drops it.
  */
 struct {
@@ -681,6 +687,8 @@ struct mt_alloc_event _mt_alloc_event = {};
 struct mt_fork_event _mt_fork_event = {};
 struct mt_exec_event _mt_exec_event = {};
 struct mt_exit_event _mt_exit_event = {};
+struct mt_free_batch _mt_free_batch = {};
+enum mt_free_batch_slots _mt_free_batch_slots = MT_FREE_BATCH_SMALL;
 struct mt_stack_record _mt_stack_record = {};
 struct mt_unwind_row _mt_unwind_row = {};
 struct mt_unwind_image _mt_unwind_image = {};
@@ -2707,8 +2715,124 @@ int free_enter(struct pt_regs *ctx)
  * before the real call releases the block, an allocation after it
  * returned it (the shim calls the hook then); failed allocations make no
  * record, a realloc of a live block always completes its begin.
+ *
+ * Frees come batched: the shim buffers a thread's frees (up to
+ * MT_FREE_BATCH_MAX, their real calls delayed) and the thread's next hook
+ * carries them (r8 the buffer, r10 how many; r10 0: none), recorded as one
+ * MT_FREE_BATCH before the hook's own record. MT_SHIM_FLUSH carries them
+ * alone (a full buffer, a fork, an exec, the thread's or the process's
+ * end). What a thread leaves buffered when it ends otherwise (_exit, a
+ * fatal signal, another thread's exit_group) shim_thread_ends reads from
+ * its TLS.
  */
 #define MT_SHIM_HELLO 64
+#define MT_SHIM_FLUSH 65
+
+/* The shim's thread-local state (struct mt_thread in
+ * preload/memtrail_preload.c), at the hello's offset from the thread
+ * pointer: the in-allocator flag, the count of buffered frees, the
+ * buffer. */
+#define MT_SHIM_COUNT_OFF 4
+#define MT_SHIM_SLOTS_OFF 8
+
+/* One MT_FREE_BATCH record of `slots` slots: n (1 to slots) blocks read
+ * from the shim's buffer at buf, the rest 0. */
+static __always_inline void emit_free_batch_in(__u64 ts, __u64 pid_tgid, __u64 buf, __u32 n,
+					       const __u32 slots)
+{
+	void *ring = events_ring();
+	struct mt_free_batch *e = reserve(ring, offsetof(struct mt_free_batch, addrs) + slots * 8);
+	__u64 size = (__u64)n * 8;
+	__u32 i;
+
+	if (!e)
+		return;
+	barrier_var(size);
+	if (size > slots * 8 || bpf_probe_read_user(e->addrs, size, (void *)buf)) {
+		bpf_ringbuf_discard(e, BPF_RB_NO_WAKEUP);
+		__sync_fetch_and_add(&drops_events, 1);
+		return;
+	}
+	for (i = 1; i < slots; i++)
+		if (i >= n)
+			e->addrs[i] = 0;
+	fill_header_at(&e->hdr, ts, pid_tgid, MT_FREE_BATCH, 0);
+	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
+	check_pressure(ring, MT_RING_EVENTS, watermark_events, &hwm_events);
+}
+
+/* The n frees buffered at buf (none if n is 0), as one record: a small
+ * one for a few (one cache line), else one with every slot. */
+static __always_inline void emit_free_batch(__u64 ts, __u64 pid_tgid, __u64 buf, __u32 n)
+{
+	if (n == 0 || n > MT_FREE_BATCH_MAX)
+		return;
+	if (n <= MT_FREE_BATCH_SMALL)
+		emit_free_batch_in(ts, pid_tgid, buf, n, MT_FREE_BATCH_SMALL);
+	else
+		emit_free_batch_in(ts, pid_tgid, buf, n, MT_FREE_BATCH_MAX);
+}
+
+/* The frees a hook carries (r8, r10). Not inlined: its frame stays off
+ * the walk's. */
+static __noinline void shim_frees(struct pt_regs *ctx, struct inflight *cur)
+{
+	emit_free_batch(event_clock(cur), current_ids(), ctx->r8, ctx->r10);
+}
+
+/*
+ * The current thread is about to end without its shim's destructors
+ * (exit or exit_group, a fatal signal: _exit, a crash, another thread's
+ * exit_group or exec, a kill): the frees its shim still holds, read from
+ * its TLS. Before the thread enters do_exit, so before it drops
+ * signal->live: before the last thread's sched_exit writes the process's
+ * exit.
+ */
+static __noinline void shim_thread_ends(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32, n = 0;
+	__u64 *off = bpf_map_lookup_elem(&shim_procs, &tgid), base;
+
+	if (!off || !*off)
+		return;
+	/* A vfork child (posix_spawn's, system's) runs on its parent's
+	 * thread's stack and TLS until it execs or exits: its parent's. */
+	if (BPF_CORE_READ(task, vfork_done))
+		return;
+	base = BPF_CORE_READ(task, thread.fsbase) + *off - 1;
+	if (bpf_probe_read_user(&n, sizeof(n), (void *)(base + MT_SHIM_COUNT_OFF)))
+		return;
+	emit_free_batch(clock_before(), current_ids(), base + MT_SHIM_SLOTS_OFF, n);
+}
+
+/* Whether signal sig, delivered with action ka, ends the process. */
+static __always_inline bool signal_ends(int sig, struct k_sigaction *ka)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+
+	if (sig == SIGKILL)
+		return true; /* a kill, or another thread's exit_group or exec */
+	if (BPF_CORE_READ(ka, sa.sa_handler) != NULL ||
+	    (BPF_CORE_READ(task, signal, flags) & SIGNAL_UNKILLABLE))
+		return false;
+	switch (sig) {
+	case SIGCHLD: case SIGCONT: case SIGURG: case SIGWINCH: /* ignored */
+	case SIGSTOP: case SIGTSTP: case SIGTTIN: case SIGTTOU: /* stop */
+		return false;
+	}
+	return true;
+}
+
+/* A signal being delivered to a thread of the tree: one that ends the
+ * process takes the thread's buffered frees first (the preload shim's). */
+SEC("tp_btf/signal_deliver")
+int BPF_PROG(shim_signal, int sig, struct kernel_siginfo *info, struct k_sigaction *ka)
+{
+	if (signal_ends(sig, ka))
+		shim_thread_ends();
+	return 0;
+}
 
 /* The record of a call the shim hands over (its stack in cur->stack_id
  * for an allocation). Not inlined: its frame stays off the walk's. */
@@ -2757,6 +2881,9 @@ int shim_hook(struct pt_regs *ctx)
 	cur = current_call_ids(&pid_tgid);
 	if (!cur)
 		return 0;
+	/* Before the hook's own record: the frees came first. */
+	if (ctx->r10)
+		shim_frees(ctx, cur);
 	if (kind == MT_FREE || kind == MT_REALLOC_BEGIN)
 		shim_emit(ctx, cur);
 	else if (kind >= MT_MALLOC && kind <= MT_PVALLOC)
@@ -3138,6 +3265,8 @@ static __always_inline int exit_mprotect(long ret)
 #define NR_MUNMAP 11
 #define NR_BRK 12
 #define NR_MREMAP 25
+#define NR_EXIT 60
+#define NR_EXIT_GROUP 231
 
 SEC("tp_btf/sys_enter")
 int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
@@ -3155,6 +3284,11 @@ int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
 		return stash_args(regs->di, regs->si, regs->dx);
 	case NR_BRK:
 		return stash_args(regs->di, 0, 0);
+	case NR_EXIT:
+	case NR_EXIT_GROUP:
+		/* The preload shim's buffered frees of the thread. */
+		shim_thread_ends();
+		return 0;
 	}
 	return 0;
 }

@@ -26,6 +26,9 @@ enum mt_kind {
 	/* Start of an outermost realloc of a non-NULL pointer: the old block
 	 * leaves the caller's hands here, before another thread can reuse it. */
 	MT_REALLOC_BEGIN = 11,
+	/* Frees the preload shim batched (struct mt_free_batch, issue 22):
+	 * on the events ring only, each block an MT_FREE to userspace. */
+	MT_FREE_BATCH = 12,
 	MT_MMAP = 16,
 	MT_MUNMAP = 17,
 	MT_MREMAP = 18,
@@ -453,6 +456,25 @@ struct mt_fork_event {
 struct mt_exec_event {
 	struct mt_header hdr;
 	char filename[MT_PATH_MAX];
+};
+
+/*
+ * The preload shim's batched frees (issue 22): the blocks one thread freed
+ * since its last hook, in the order it freed them, each an MT_FREE (the
+ * header's kind is MT_FREE_BATCH); the first 0 or the record's end ends
+ * them. Reserved with MT_FREE_BATCH_SMALL slots (56 bytes, 64 in the ring,
+ * as an allocation's) or MT_FREE_BATCH_MAX (280 bytes: an exec's record,
+ * so the events ring's largest record stays what it was). The shim's
+ * buffer holds MT_FREE_BATCH_MAX blocks.
+ */
+enum mt_free_batch_slots {
+	MT_FREE_BATCH_SMALL = 4,
+	MT_FREE_BATCH_MAX = 32,
+};
+
+struct mt_free_batch {
+	struct mt_header hdr;
+	__u64 addrs[MT_FREE_BATCH_MAX];
 };
 
 /* exit: the last thread of a process exits. */

@@ -96,6 +96,7 @@ typedef struct {
 
 struct signal_struct {
 	atomic_t live;
+	unsigned int flags;
 } __attribute__((preserve_access_index));
 
 struct qstr {
@@ -234,6 +235,8 @@ struct task_struct {
 	struct sighand_struct *sighand;
 	struct css_set *cgroups;
 	struct thread_struct thread;
+	/* Set in a vfork child until it execs or exits. */
+	struct completion *vfork_done;
 } __attribute__((preserve_access_index));
 
 struct linux_binprm {

@@ -7,9 +7,11 @@
 # favour the probes. A round starts when `bpftool link list` shows no
 # uprobe_multi link, and is dropped if one appeared by its end.
 # CPU time of the traced program per pair (perf/fixtures/cpu_of.c), medians
-# of the rounds kept. Run as root from the repository.
+# of the rounds kept. Give several memtrail builds to compare them side by
+# side: each round runs every build's configurations. Run as root from the
+# repository.
 #
-# Usage: perf/preload_pairs.sh [ROUNDS [MEMTRAIL]]   (default 5, this build)
+# Usage: perf/preload_pairs.sh [ROUNDS [MEMTRAIL...]]   (default 5, this build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
@@ -19,10 +21,10 @@ builds_from_args "$@"
 scratch_dir work
 cc -O2 -pthread -o "$work/thread_pairs" perf/fixtures/thread_pairs.c
 cc -O2 -o "$work/cpu_of" perf/fixtures/cpu_of.c
-python3 - "$rounds" "$work" "${builds[0]}" <<'PY'
+python3 - "$rounds" "$work" "${builds[@]}" <<'PY'
 import statistics, subprocess, sys, time
 
-rounds, work, mt = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+rounds, work, bins = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 PAIRS = 400000
 
 def uprobe_links():
@@ -33,15 +35,17 @@ def cpu(cmd):
     out = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True)
     return [float(l.split()[1]) for l in out.stderr.splitlines() if l.startswith("cpu_of ")][-1]
 
-run = [mt, "run", "-q", "--force", "-o", f"{work}/p.json"]
-configs = {
-    "bare": [],
-    "probes -S0": [*run, "--stack-depth", "0", "--"],
-    "probes": [*run, "--"],
-    "preload -S0": [*run, "--preload", "--stack-depth", "0", "--"],
-    "preload": [*run, "--preload", "--"],
-}
-print(f"load before: {open('/proc/loadavg').read().split()[:3]}")
+configs = {"bare": []}
+for i, mt in enumerate(bins):
+    tag = f" #{i + 1}" if len(bins) > 1 else ""
+    run = [mt, "run", "-q", "--force", "-o", f"{work}/p.json"]
+    configs.update({
+        f"probes{tag} -S0": [*run, "--stack-depth", "0", "--"],
+        f"probes{tag}": [*run, "--"],
+        f"preload{tag} -S0": [*run, "--preload", "--stack-depth", "0", "--"],
+        f"preload{tag}": [*run, "--preload", "--"],
+    })
+print(f"load before: {open('/proc/loadavg').read().split()[:3]}; binaries: {bins}")
 res, kept, dropped = {}, 0, 0
 deadline = time.monotonic() + 900
 while kept < rounds and time.monotonic() < deadline:

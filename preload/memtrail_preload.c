@@ -6,14 +6,16 @@
  * instruction is a 5-byte nop, so the kernel's optimized uprobe (Linux
  * 6.18, a `call` into a trampoline page that enters the kernel by a
  * syscall instead of an int3 trap) serves it. One kernel entry per
- * allocation and one per free, where the uprobe mode takes three a pair
- * (malloc's entry and its return, free's entry).
+ * allocation, and frees ride along (below), where the uprobe mode takes
+ * three a pair (malloc's entry and its return, free's entry).
  *
  * What memtrail's hook program reads (bpf/memtrail.bpf.c, shim_hook):
  *   rdi  the record's kind (enum mt_kind), or MT_SHIM_HELLO
  *   rsi  the block (the argument of free, the result of an allocation)
  *   rdx  the size asked (calloc/reallocarray: the product, ~0 on overflow)
  *   rcx  the old block of a realloc
+ *   r8   the thread's buffered frees (struct mt_thread's slots), r10 how
+ *        many (0: none): recorded before the hook's own record
  *   r9   the interposer's frame address: its caller's return address is
  *        at r9 + 8, the caller's stack pointer at r9 + 16
  *   rbp  the caller's frame pointer (as it was at the interposer's entry)
@@ -27,6 +29,23 @@
  * looks the real functions up come from a static buffer, are not
  * reported, and their frees are ignored.
  *
+ * Batched frees: free() puts the block in the thread's buffer and returns;
+ * the real free waits. The thread's next hook carries the buffer (one
+ * kernel entry for the allocation and the frees before it), then the
+ * shim really frees them and empties it. Until then no allocator call can
+ * hand the blocks out again, so the records stay in the uprobe mode's
+ * order. A full buffer, a fork (in the parent, before it forks), an exec
+ * of this thread, the thread's end (a thread-specific key's destructor)
+ * and the process's (a destructor, run after the program's atexit
+ * handlers and destructors) flush it with MT_SHIM_FLUSH. A large block
+ * (MT_LARGE) is freed at once, the buffer with it, and so are a thread's
+ * frees after its flush at its end (one entry each). What a
+ * thread leaves buffered when it ends without them (_exit, a fatal
+ * signal, another thread's exit or exec) memtrail reads from its TLS at
+ * its exit (bpf/memtrail.bpf.c, shim_exit). `busy` makes the buffer the
+ * thread's own while it is updated: a signal handler's free or allocation
+ * then does not touch it (a free is made at once).
+ *
  * While a real allocator call runs, a thread-local flag is set: memtrail
  * reads it at memory syscalls (the allocator's own arenas and trims), at
  * the offset from the thread pointer the constructor's hello gives.
@@ -38,9 +57,12 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 /* enum mt_kind (bpf/memtrail.h). */
 enum {
@@ -55,10 +77,18 @@ enum {
 	MT_PVALLOC = 9,
 	MT_FREE = 10,
 	MT_REALLOC_BEGIN = 11,
-	/* The shim's constructor: rsi the in-allocator flag's offset from the
-	 * thread pointer. */
+	/* The shim's constructor: rsi the offset of struct mt_thread (its
+	 * in-allocator flag first) from the thread pointer. */
 	MT_SHIM_HELLO = 64,
+	/* Only the buffered frees (r8, r10). */
+	MT_SHIM_FLUSH = 65,
 };
+
+/* The buffer's size: MT_FREE_BATCH_MAX (bpf/memtrail.h). */
+#define MT_BATCH 32
+/* Blocks this large (malloc_usable_size) are freed at once: glibc's
+ * default mmap threshold, a mapping of their own. */
+#define MT_LARGE (128 * 1024)
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -79,22 +109,50 @@ __asm__(".text\n"
 
 /*
  * Calls the hook with the interposer's caller's frame pointer in rbp and
- * the interposer's frame address in r9. Only from an interposer's own
- * body (always inlined): there rbp is its frame address.
+ * the interposer's frame address in r9, and n buffered frees at buf (r8,
+ * r10). Only from an interposer's own body (always inlined): there rbp is
+ * its frame address. (A flush has no stack: any function will do.)
  */
-#define HOOK(kind, a, b, c)                                                              \
+#define HOOK_WITH(kind, a, b, c, buf, n)                                                 \
 	do {                                                                             \
 		register uint64_t r_di __asm__("rdi") = (uint64_t)(kind);               \
 		register uint64_t r_si __asm__("rsi") = (uint64_t)(a);                  \
 		register uint64_t r_dx __asm__("rdx") = (uint64_t)(b);                  \
 		register uint64_t r_cx __asm__("rcx") = (uint64_t)(c);                  \
+		register uint64_t r_8 __asm__("r8") = (uint64_t)(buf);                  \
+		register uint64_t r_10 __asm__("r10") = (uint64_t)(n);                  \
 		__asm__ volatile("mov %%rbp, %%r9\n\t"                                  \
 				 "mov (%%rbp), %%rbp\n\t"                               \
 				 "call mt_hook_local\n\t"                               \
 				 "mov %%r9, %%rbp"                                      \
-				 : "+r"(r_di), "+r"(r_si), "+r"(r_dx), "+r"(r_cx)       \
+				 : "+r"(r_di), "+r"(r_si), "+r"(r_dx), "+r"(r_cx),      \
+				   "+r"(r_8), "+r"(r_10)                                \
 				 :                                                      \
 				 : "r9", "memory");                                     \
+	} while (0)
+
+#define HOOK(kind, a, b, c) HOOK_WITH(kind, a, b, c, 0, 0)
+
+/*
+ * The hook of an allocating call, with the thread's buffered frees if it
+ * has any and the buffer is free to take (not a signal handler's call
+ * while the thread updates it), which are then really freed.
+ */
+#define HOOK_CARRY(kind, a, b, c)                                                        \
+	do {                                                                             \
+		struct mt_thread *t_ = &mt_self;                                         \
+		if (__builtin_expect(t_->count != 0 && !t_->busy, 0)) {                  \
+			unsigned int n_;                                                 \
+			t_->busy = 1;                                                    \
+			barrier();                                                       \
+			n_ = take(t_);                                                   \
+			HOOK_WITH(kind, a, b, c, t_->slots, n_);                         \
+			drain(t_, n_);                                                   \
+			barrier();                                                       \
+			t_->busy = 0;                                                    \
+		} else {                                                                 \
+			HOOK(kind, a, b, c);                                             \
+		}                                                                        \
 	} while (0)
 
 /*
@@ -112,9 +170,11 @@ __asm__(".text\n"
 		p_ = (real_call);                                                        \
 		mt_in_alloc = 0;                                                         \
 		if (p_)                                                                  \
-			HOOK(kind, p_, size, 0);                                         \
+			HOOK_CARRY(kind, p_, size, 0);                                   \
 		return p_;                                                               \
 	} while (0)
+
+#define barrier() __asm__ volatile("" ::: "memory")
 
 static void *(*next_malloc)(size_t);
 static void (*next_free)(void *);
@@ -125,10 +185,47 @@ static void *(*next_aligned_alloc)(size_t, size_t);
 static void *(*next_memalign)(size_t, size_t);
 static void *(*next_valloc)(size_t);
 static void *(*next_pvalloc)(size_t);
+static size_t (*next_usable_size)(void *);
 
-/* Set while a real allocator call runs on this thread (read by memtrail
- * at memory syscalls). */
-static __thread volatile int mt_in_alloc __attribute__((tls_model("initial-exec")));
+static int (*next_execve)(const char *, char *const[], char *const[]);
+static int (*next_execvpe)(const char *, char *const[], char *const[]);
+static int (*next_fexecve)(int, char *const[], char *const[]);
+static int (*next_execveat)(int, const char *, char *const[], char *const[], int);
+
+/* A thread's buffer: not started, buffering (its key's destructor set),
+ * or every free made at once (the thread or the process is ending, or the
+ * key could not be made). */
+enum { MT_NEW = 0, MT_BUFFERING = 1, MT_DIRECT = 2 };
+
+/*
+ * A thread's state. memtrail reads the first three fields, at the hello's
+ * offset from the thread pointer (bpf/memtrail.bpf.c: MT_SHIM_COUNT_OFF,
+ * MT_SHIM_SLOTS_OFF): keep them where they are.
+ */
+struct mt_thread {
+	/* Set while a real allocator call runs on this thread (read by
+	 * memtrail at memory syscalls). */
+	volatile int in_alloc;
+	/* Frees in slots, not yet recorded nor made. */
+	volatile unsigned int count;
+	void *volatile slots[MT_BATCH];
+	/* Set while the thread updates the buffer (see the top). */
+	volatile int busy;
+	int state;
+	/* The thread that buffers here (gettid): a vfork child runs on its
+	 * parent's thread's TLS, and leaves its buffer alone. */
+	pid_t owner;
+};
+
+static __thread struct mt_thread mt_self __attribute__((tls_model("initial-exec")));
+#define mt_in_alloc (mt_self.in_alloc)
+
+static unsigned int take(struct mt_thread *t);
+static void drain(struct mt_thread *t, unsigned int n);
+
+/* Its destructor flushes a thread's buffer at the thread's end. */
+static pthread_key_t mt_key;
+static int mt_key_made;
 
 /* The bootstrap buffer: dlsym's own allocations while it resolves (none
  * on glibc 2.36 unless a lookup fails). In .data, not .bss: a .bss past
@@ -154,6 +251,13 @@ static void *boot_alloc(size_t size)
 	return boot + at;
 }
 
+/* For an allocator without malloc_usable_size: no block is large. */
+static size_t no_usable_size(void *p)
+{
+	(void)p;
+	return 0;
+}
+
 static void resolve(void)
 {
 	if (next_malloc || resolving)
@@ -170,6 +274,13 @@ static void resolve(void)
 	aligned_alloc_kind = next_aligned_alloc == next_memalign ? MT_MEMALIGN : MT_ALIGNED_ALLOC;
 	next_valloc = dlsym(RTLD_NEXT, "valloc");
 	next_pvalloc = dlsym(RTLD_NEXT, "pvalloc");
+	next_usable_size = dlsym(RTLD_NEXT, "malloc_usable_size");
+	if (!next_usable_size)
+		next_usable_size = no_usable_size;
+	next_execve = dlsym(RTLD_NEXT, "execve");
+	next_execvpe = dlsym(RTLD_NEXT, "execvpe");
+	next_fexecve = dlsym(RTLD_NEXT, "fexecve");
+	next_execveat = dlsym(RTLD_NEXT, "execveat");
 	/* Last: its being set says every other one is. */
 	__atomic_store_n(&next_malloc, dlsym(RTLD_NEXT, "malloc"), __ATOMIC_RELEASE);
 	resolving = 0;
@@ -199,16 +310,141 @@ EXPORT void *malloc(size_t size)
 	ALLOCATE(MT_MALLOC, size, next_malloc(size));
 }
 
+/*
+ * How many frees are buffered, the buffer emptied (its slots kept until
+ * drain); with busy held, just before the hook that carries them. Emptied
+ * before the hook, not after: a thread killed as the hook returns (where
+ * the kernel delivers the kill of another thread's exit_group) has nothing
+ * left for memtrail to read again at its end. (Killed in the few
+ * instructions before the hook, it loses them.)
+ */
+static unsigned int take(struct mt_thread *t)
+{
+	unsigned int n = t->count;
+
+	t->count = 0;
+	barrier();
+	return n < MT_BATCH ? n : MT_BATCH;
+}
+
+/* Really frees the n blocks taken, which the hook just recorded; with busy
+ * held. The flag is restored, not cleared: the caller may be a signal
+ * handler's call inside a real call. */
+static void drain(struct mt_thread *t, unsigned int n)
+{
+	unsigned int i;
+	int was = t->in_alloc;
+
+	t->in_alloc = 1;
+	for (i = 0; i < n; i++)
+		next_free(t->slots[i]);
+	t->in_alloc = was;
+}
+
+/* Records and makes the buffered frees; with busy held. */
+static void flush(struct mt_thread *t)
+{
+	unsigned int n = take(t);
+
+	if (!n)
+		return;
+	HOOK_WITH(MT_SHIM_FLUSH, 0, 0, 0, t->slots, n);
+	drain(t, n);
+}
+
+/* Flushes this thread's buffer if it is free to take. */
+static void flush_self(void)
+{
+	struct mt_thread *t = &mt_self;
+
+	if (t->busy || !t->count)
+		return;
+	t->busy = 1;
+	barrier();
+	flush(t);
+	barrier();
+	t->busy = 0;
+}
+
+/* A free made at once: recorded, then made. */
+static void free_now(void *p)
+{
+	int was = mt_in_alloc;
+
+	HOOK(MT_FREE, p, 0, 0);
+	mt_in_alloc = 1;
+	next_free(p);
+	mt_in_alloc = was;
+}
+
+/* A large block's free, made at once with the buffered ones (one entry):
+ * its memory, often a mapping of its own, goes back when the program
+ * gave it. With busy held. */
+static void free_carrying(struct mt_thread *t, void *p)
+{
+	unsigned int n = take(t);
+	int was;
+
+	HOOK_WITH(MT_FREE, p, 0, 0, t->slots, n);
+	drain(t, n);
+	was = t->in_alloc;
+	t->in_alloc = 1;
+	next_free(p);
+	t->in_alloc = was;
+}
+
+/* A thread's first buffered free: its key's destructor will flush what it
+ * leaves at its end. Before the constructor made the key (a free in
+ * another library's constructor), frees are made at once, for now. */
+static int start_buffering(struct mt_thread *t)
+{
+	if (!__atomic_load_n(&mt_key_made, __ATOMIC_ACQUIRE))
+		return 0;
+	if (pthread_setspecific(mt_key, t) != 0) {
+		t->state = MT_DIRECT;
+		return 0;
+	}
+	t->owner = gettid();
+	t->state = MT_BUFFERING;
+	return 1;
+}
+
 EXPORT void free(void *p)
 {
+	struct mt_thread *t = &mt_self;
+	unsigned int n;
+
 	if (!p || in_boot(p))
 		return;
 	if (!ready())
 		return;
-	HOOK(MT_FREE, p, 0, 0);
-	mt_in_alloc = 1;
-	next_free(p);
-	mt_in_alloc = 0;
+	if (__builtin_expect(t->busy, 0)) {
+		free_now(p);
+		return;
+	}
+	t->busy = 1;
+	barrier();
+	if (__builtin_expect(t->state != MT_BUFFERING, 0) &&
+	    (t->state == MT_DIRECT || !start_buffering(t))) {
+		barrier();
+		t->busy = 0;
+		free_now(p);
+		return;
+	}
+	if (__builtin_expect(next_usable_size(p) >= MT_LARGE, 0)) {
+		free_carrying(t, p);
+	} else {
+		/* The slot first: memtrail reads count slots at the thread's
+		 * end. */
+		n = t->count;
+		t->slots[n] = p;
+		barrier();
+		t->count = n + 1;
+		if (n + 1 == MT_BATCH)
+			flush(t);
+	}
+	barrier();
+	t->busy = 0;
 }
 
 EXPORT void *calloc(size_t n, size_t m)
@@ -225,7 +461,7 @@ EXPORT void *calloc(size_t n, size_t m)
 	p = next_calloc(n, m);
 	mt_in_alloc = 0;
 	if (p)
-		HOOK(MT_CALLOC, p, product(n, m), 0);
+		HOOK_CARRY(MT_CALLOC, p, product(n, m), 0);
 	return p;
 }
 
@@ -245,13 +481,13 @@ EXPORT void *realloc(void *old, size_t size)
 		return p;
 	}
 	if (old)
-		HOOK(MT_REALLOC_BEGIN, old, 0, 0);
+		HOOK_CARRY(MT_REALLOC_BEGIN, old, 0, 0);
 	mt_in_alloc = 1;
 	p = next_realloc(old, size);
 	mt_in_alloc = 0;
 	/* A failed realloc of a live block still completes its begin. */
 	if (p || old)
-		HOOK(MT_REALLOC, p, size, old);
+		HOOK_CARRY(MT_REALLOC, p, size, old);
 	return p;
 }
 
@@ -273,7 +509,7 @@ EXPORT void *reallocarray(void *old, size_t n, size_t m)
 		return realloc(old, size);
 	}
 	if (old)
-		HOOK(MT_REALLOC_BEGIN, old, 0, 0);
+		HOOK_CARRY(MT_REALLOC_BEGIN, old, 0, 0);
 	if (size == ~0ULL) {
 		errno = ENOMEM;
 		p = NULL;
@@ -283,7 +519,7 @@ EXPORT void *reallocarray(void *old, size_t n, size_t m)
 		mt_in_alloc = 0;
 	}
 	if (p || old)
-		HOOK(MT_REALLOCARRAY, p, size, old);
+		HOOK_CARRY(MT_REALLOCARRAY, p, size, old);
 	return p;
 }
 
@@ -299,7 +535,7 @@ EXPORT int posix_memalign(void **out, size_t align, size_t size)
 	err = next_posix_memalign(out, align, size);
 	mt_in_alloc = 0;
 	if (err == 0 && *out)
-		HOOK(MT_POSIX_MEMALIGN, *out, size, 0);
+		HOOK_CARRY(MT_POSIX_MEMALIGN, *out, size, 0);
 	return err;
 }
 
@@ -323,13 +559,145 @@ EXPORT void *pvalloc(size_t size)
 	ALLOCATE(MT_PVALLOC, size, next_pvalloc(size));
 }
 
-/* Tells memtrail where the in-allocator flag is: its offset from the
- * thread pointer is the same in every thread of the process. */
+/*
+ * exec replaces the image: this thread's buffered frees first (the other
+ * threads', which exec ends, memtrail reads at their exit). Not in a
+ * vfork child, whose buffer is its parent's. glibc's exec functions call
+ * its own execve, not this one: each is here.
+ */
+static void before_exec(void)
+{
+	struct mt_thread *t = &mt_self;
+
+	if (t->count && t->owner == gettid())
+		flush_self();
+}
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+	before_exec();
+	return next_execve(path, argv, envp);
+}
+
+EXPORT int execv(const char *path, char *const argv[])
+{
+	before_exec();
+	return next_execve(path, argv, environ);
+}
+
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+	before_exec();
+	return next_execvpe(file, argv, envp);
+}
+
+EXPORT int execvp(const char *file, char *const argv[])
+{
+	before_exec();
+	return next_execvpe(file, argv, environ);
+}
+
+EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+	before_exec();
+	return next_fexecve(fd, argv, envp);
+}
+
+/* glibc 2.34 and later. */
+EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[],
+		    int flags)
+{
+	if (!next_execveat) {
+		errno = ENOSYS;
+		return -1;
+	}
+	before_exec();
+	return next_execveat(dirfd, path, argv, envp, flags);
+}
+
+/* The list forms: their arguments gathered into an argv (and execle's
+ * environment after its NULL), as glibc does. */
+#define GATHER_ARGS(first, argv)                                                         \
+	size_t n_ = 1;                                                                   \
+	va_list ap_;                                                                     \
+	va_start(ap_, first);                                                            \
+	while (va_arg(ap_, char *))                                                      \
+		n_++;                                                                    \
+	va_end(ap_);                                                                     \
+	char *argv[n_ + 1];                                                              \
+	argv[0] = (char *)(first);                                                       \
+	va_start(ap_, first);                                                            \
+	for (size_t i_ = 1; i_ <= n_; i_++)                                              \
+		argv[i_] = va_arg(ap_, char *)
+
+EXPORT int execl(const char *path, const char *arg, ...)
+{
+	GATHER_ARGS(arg, argv);
+	va_end(ap_);
+	before_exec();
+	return next_execve(path, argv, environ);
+}
+
+EXPORT int execlp(const char *file, const char *arg, ...)
+{
+	GATHER_ARGS(arg, argv);
+	va_end(ap_);
+	before_exec();
+	return next_execvpe(file, argv, environ);
+}
+
+EXPORT int execle(const char *path, const char *arg, ...)
+{
+	char *const *envp;
+
+	GATHER_ARGS(arg, argv);
+	envp = va_arg(ap_, char *const *);
+	va_end(ap_);
+	before_exec();
+	return next_execve(path, argv, envp);
+}
+
+/* A thread's end: its key's destructor flushes its buffer, and its frees
+ * after that (other destructors', glibc's own) are made at once. */
+static void thread_end(void *arg)
+{
+	(void)arg;
+	flush_self();
+	mt_self.state = MT_DIRECT;
+}
+
+/* Before a fork, in the parent: the child starts with nothing buffered. */
+static void before_fork(void)
+{
+	flush_self();
+}
+
+/* In the child of a fork: its thread is a new one. */
+static void after_fork_child(void)
+{
+	if (mt_self.state == MT_BUFFERING)
+		mt_self.owner = gettid();
+}
+
+/* Tells memtrail where the thread's state is: its offset from the thread
+ * pointer is the same in every thread of the process. */
 __attribute__((constructor(101))) static void hello(void)
 {
 	uint64_t tp;
 
 	__asm__ volatile("mov %%fs:0, %0" : "=r"(tp));
 	resolve();
-	HOOK(MT_SHIM_HELLO, (uint64_t)&mt_in_alloc - tp, 0, 0);
+	__atomic_store_n(&mt_key_made, pthread_key_create(&mt_key, thread_end) == 0,
+			 __ATOMIC_RELEASE);
+	pthread_atfork(before_fork, NULL, after_fork_child);
+	HOOK(MT_SHIM_HELLO, (uint64_t)&mt_self - tp, 0, 0);
+}
+
+/* The process's end (exit, or main's return): after the program's atexit
+ * handlers and destructors (ld.so runs this object's, preloaded first,
+ * after theirs). The thread's later frees are made at once. */
+__attribute__((destructor(101))) static void goodbye(void)
+{
+	flush_self();
+	mt_self.state = MT_DIRECT;
 }

@@ -324,6 +324,39 @@ impl StackRecord<'_> {
 }
 
 /// Decodes a stack-ring record.
+/// The preload shim's batched frees (`struct mt_free_batch`, issue 22), if
+/// the events ring's record `bytes` is one: the header each of them takes
+/// (kind [`Kind::Free`]) and the blocks, in the order they were freed (up
+/// to the first 0 or the record's end).
+pub fn decode_free_batch(
+    bytes: &[u8],
+) -> Option<Result<(Header, impl Iterator<Item = u64> + '_), DecodeError>> {
+    let raw: t::mt_header = read(bytes).ok()?;
+    if u32::from(raw.kind) != t::mt_kind::MT_FREE_BATCH.0 {
+        return None;
+    }
+    let at = std::mem::offset_of!(t::mt_free_batch, addrs);
+    let need = at + 8 * t::mt_free_batch_slots::MT_FREE_BATCH_SMALL.0 as usize;
+    if bytes.len() < need {
+        return Some(Err(DecodeError::Short {
+            len: bytes.len(),
+            need,
+        }));
+    }
+    let hdr = Header {
+        ts_ns: raw.ts_ns,
+        pid: raw.pid,
+        tid: raw.tid,
+        kind: Kind::Free,
+        in_allocator: false,
+    };
+    let addrs = bytes[at..]
+        .chunks_exact(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunks")))
+        .take_while(|&addr| addr != 0);
+    Some(Ok((hdr, addrs)))
+}
+
 /// A Python code object's record (`struct mt_py_code_record`), if the
 /// stack ring's record `bytes` is one (its first word is 0, never a stack's
 /// id).
@@ -448,6 +481,36 @@ mod tests {
             assert_eq!(Kind::from_raw(kind as u16), Some(kind));
         }
         assert_eq!(Kind::from_raw(0), None);
+    }
+
+    /// Check that a batch of frees (issue 22) gives its blocks in order up
+    /// to the first 0, or to the end of a small record, each with the
+    /// batch's header as a free's; and that other records are not one.
+    #[test]
+    fn record_decode_free_batch() {
+        let mut e = t::mt_free_batch::default();
+        e.hdr.ts_ns = 7;
+        e.hdr.pid = 10;
+        e.hdr.tid = 11;
+        e.hdr.kind = t::mt_kind::MT_FREE_BATCH.0 as u16;
+        e.addrs[..3].copy_from_slice(&[0x1000, 0x2000, 0x3000]);
+        let bytes = bytes_of(&e);
+        let (hdr, addrs) = decode_free_batch(&bytes).unwrap().unwrap();
+        assert_eq!(
+            (hdr.ts_ns, hdr.pid, hdr.tid, hdr.kind),
+            (7, 10, 11, Kind::Free)
+        );
+        assert_eq!(addrs.collect::<Vec<_>>(), [0x1000, 0x2000, 0x3000]);
+
+        e.addrs[..5].copy_from_slice(&[1, 2, 3, 4, 5]);
+        let small = &bytes_of(&e)[..size_of::<t::mt_header>() + 4 * 8];
+        let (_, addrs) = decode_free_batch(small).unwrap().unwrap();
+        assert_eq!(addrs.collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert!(matches!(
+            decode_free_batch(&small[..small.len() - 1]),
+            Some(Err(DecodeError::Short { .. }))
+        ));
+        assert!(decode_free_batch(&bytes_of(&t::mt_alloc_event::default())).is_none());
     }
 
     /// Check that an allocation record decodes field by field.

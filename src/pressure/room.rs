@@ -16,7 +16,8 @@ pub(crate) fn ring_rooms(
     let event = size_of::<t::mt_alloc_event>()
         .max(size_of::<t::mt_fork_event>())
         .max(size_of::<t::mt_exec_event>())
-        .max(size_of::<t::mt_exit_event>());
+        .max(size_of::<t::mt_exit_event>())
+        .max(size_of::<t::mt_free_batch>());
     let mapping = with_header(size_of::<t::mt_mapping_record>());
     [
         RingRoom {

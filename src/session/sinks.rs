@@ -46,10 +46,44 @@ impl EventSink {
 
 impl Sink for EventSink {
     fn record(&mut self, bytes: &[u8]) {
-        let Ok(mut rec) = record::decode(bytes) else {
+        // The preload shim's batched frees: each a free of its own.
+        if let Some(batch) = record::decode_free_batch(bytes) {
+            let Ok((hdr, addrs)) = batch else {
+                self.agg.malformed += 1;
+                return;
+            };
+            for addr in addrs {
+                self.fold(record::Record {
+                    hdr,
+                    body: Body::Mem(record::Mem {
+                        addr,
+                        size: 0,
+                        old_addr: 0,
+                        old_size: 0,
+                        stack_id: 0,
+                    }),
+                });
+            }
+            return;
+        }
+        let Ok(rec) = record::decode(bytes) else {
             self.agg.malformed += 1;
             return;
         };
+        self.fold(rec);
+    }
+
+    fn drained(&mut self, epoch: u64) {
+        if let Some(regions) = &mut self.regions {
+            regions.drained(epoch, &self.agg);
+        }
+    }
+}
+
+impl EventSink {
+    /// Folds one event into the aggregation, the regions, the live
+    /// counters and the stream.
+    fn fold(&mut self, mut rec: record::Record<'_>) {
         // Allocator events of a busy thread skip the clock (ts 0, see
         // event_clock in bpf/memtrail.bpf.c): they take the latest reading
         // before them in the ring, whose order is the order the events
@@ -88,12 +122,6 @@ impl Sink for EventSink {
             if let Err(err) = stream.write(&rec) {
                 self.stream_error = Some(err);
             }
-        }
-    }
-
-    fn drained(&mut self, epoch: u64) {
-        if let Some(regions) = &mut self.regions {
-            regions.drained(epoch, &self.agg);
         }
     }
 }

@@ -167,13 +167,16 @@ pub(crate) fn unwind_tables(
     })
 }
 
-/// Attaches the syscall and sched tracepoint programs, and `signal_generate`
-/// with `signals` (stops and resumes by others). Returns a descriptor of
-/// the `sched_exit` link, for the guardian to hold (see `sys::Guardian`).
+/// Attaches the syscall and sched tracepoint programs, `signal_generate`
+/// with `signals` (stops and resumes by others), and `shim_signal` (the
+/// preload shim's frees a thread leaves buffered when a signal ends it)
+/// with `preload`. Returns a descriptor of the `sched_exit` link, for the
+/// guardian to hold (see `sys::Guardian`).
 pub(crate) fn attach_tracepoints(
     skel: &MemtrailSkel<'_>,
     links: &mut Links,
     signals: bool,
+    preload: bool,
 ) -> Result<std::os::fd::OwnedFd, CaptureError> {
     let p = &skel.progs;
     let attach = |prog: &libbpf_rs::ProgramMut<'_>| {
@@ -193,10 +196,12 @@ pub(crate) fn attach_tracepoints(
     links.push(exit);
     let held = signals.then_some(&p.signal_generate);
     let rss = crate::bpf::object::rss_supported().then_some(&p.rss_stat);
+    let shim = preload.then_some(&p.shim_signal);
     for prog in [&p.sched_fork, &p.sched_exec, &p.sys_enter, &p.sys_exit]
         .into_iter()
         .chain(held)
         .chain(rss)
+        .chain(shim)
     {
         links.push(attach(prog)?);
     }

@@ -246,7 +246,8 @@ fn guard(
     phases: &mut phases::Phases,
 ) -> Result<(Option<sys::Guardian>, Option<Arc<TreeCgroup>>), CaptureError> {
     // The tracepoints first: the guardian holds sched_exit's link.
-    let exit_link = super::stages::attach_tracepoints(&loaded.skel, links, !plan.is_self)?;
+    let exit_link =
+        super::stages::attach_tracepoints(&loaded.skel, links, !plan.is_self, opts.preload)?;
     phases.done("tracepoints attached");
     let place = plan.place.take();
     let guardian = if plan.is_self {
