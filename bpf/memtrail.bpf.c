@@ -2024,21 +2024,11 @@ static __always_inline __u8 py_byte(const __u64 *w, __u32 rel)
  * thread's data stack lie one above the other, the previous one below). */
 #define MT_PY_WINDOW 1024
 
-/*
- * The span bytes (a multiple of 8, at most MT_PY_FRAME_READ) at user
- * address addr (8-aligned) into w,
- * through the walk's window win: a window is read ending at the bytes'
- * end, down to MT_PY_WINDOW bytes below it but never below its page's
- * start (so it fails only where a read of the bytes would), and the
- * previous frames, just below, come from it. 0 on success. A global
- * function, verified once.
- */
-struct py_frame_bytes {
-	__u64 w[MT_PY_FRAME_READ / 8];
-};
-
 /* The walk's window win when it holds [addr, end) (read now if it did
- * not), else NULL: no window, bytes across a page, an unreadable page. */
+ * not: a window ending at end, down to MT_PY_WINDOW bytes below it but
+ * never below its page's start, so it fails only where a read of the
+ * bytes would), else NULL: no window, bytes across a page, an unreadable
+ * page. */
 static __always_inline struct stack_window *py_window(__u32 win, __u64 addr, __u64 end)
 {
 	struct stack_window *sw = NULL;
@@ -2063,33 +2053,7 @@ static __always_inline struct stack_window *py_window(__u32 win, __u64 addr, __u
 	return sw;
 }
 
-__noinline int mt_py_frame_read(__u32 win, __u64 addr, __u32 span, struct py_frame_bytes *fb)
-{
-	struct stack_window *sw;
-	__u64 off, *w;
-	__u32 i;
-
-	if (!fb)
-		return -1;
-	span &= 0x7f; /* bounded in every copy the compiler makes of it */
-	if (!span || span > MT_PY_FRAME_READ || (span & 7))
-		return -1;
-	w = fb->w;
-	sw = py_window(win, addr, addr + span);
-	if (!sw)
-		return bpf_probe_read_user(w, span, (void *)addr);
-	off = addr - sw->lo;
-	barrier_var(off);
-	if (off > MT_STACK_WINDOW - MT_PY_FRAME_READ) /* never, once the above held */
-		return bpf_probe_read_user(w, span, (void *)addr);
-	/* All MT_PY_FRAME_READ bytes, within the window's array (the walk
-	 * uses the span's only). */
-	for (i = 0; i < MT_PY_FRAME_READ / 8; i++)
-		w[i] = *(__u64 *)(sw->bytes + off + 8 * i);
-	return 0;
-}
-
-/* One user word, as mt_py_frame_read reads a frame's bytes. */
+/* One user word, as the walk reads a thread state's. */
 struct py_word_out {
 	__u64 v;
 };
@@ -2115,33 +2079,17 @@ __noinline int mt_py_word(__u32 win, __u64 addr, struct py_word_out *out)
 	return 0;
 }
 
-/*
- * One _PyInterpreterFrame: its code and instruction, then the previous.
- * One read of the bytes holding them all (frame_win, frame_span) rather
- * than one per field: each user read costs, and a walk reads every frame
- * of the thread at every allocation (perf/python_frames.sh).
- */
-static long py_frame_step(__u64 i, void *data)
+/* A frame's fields, wherever they were read: its word of the stack (none
+ * for one not started yet), then an entry frame's group end. */
+static __always_inline void py_frame_emit(struct py_walk *p, __u64 code, __u64 instr, __u8 owner,
+					  __u8 entry)
 {
-	struct py_walk *p = data;
-	__u64 w[MT_PY_FRAME_READ / 8] = {};
-	__u64 frame = p->at, code, instr, start, off;
-	__u32 span = p->off->frame_span, base = p->off->frame_win;
+	__u64 start, off;
 
-	if (!frame || p->n >= MT_MAX_STACK)
-		return 1;
-	p->at = 0;
-	if (span > MT_PY_FRAME_READ)
-		span = MT_PY_FRAME_READ;
-	if (mt_py_frame_read(p->win, frame + base, span, (struct py_frame_bytes *)w))
-		return 1;
-	p->at = py_word(w, (p->off->frame_previous - base) / 8);
-	if (py_byte(w, p->off->frame_owner - base) == MT_PY_OWNED_BY_CSTACK) {
+	if (owner == MT_PY_OWNED_BY_CSTACK) {
 		py_emit(p, MT_PY_FRAME);
-		return 0;
+		return;
 	}
-	code = py_word(w, (p->off->frame_code - base) / 8);
-	instr = py_word(w, (p->off->frame_instr - base) / 8);
 	start = code + p->off->code_adaptive;
 	if (code && instr >= start) {
 		off = (instr - start) / 2;
@@ -2149,8 +2097,81 @@ static long py_frame_step(__u64 i, void *data)
 			off = MT_PY_OFF_MAX;
 		py_emit(p, MT_PY_FRAME | off << MT_PY_OFF_SHIFT | (code & MT_PY_CODE_MASK));
 	}
-	if (p->off->frame_is_entry != MT_PY_NONE && py_byte(w, p->off->frame_is_entry - base))
+	if (entry)
 		py_emit(p, MT_PY_FRAME);
+}
+
+/* A frame's span bytes at user address addr read directly (no window: the
+ * thread's is taken, or the bytes cross a page), then as py_frame_step.
+ * Off the walk's usual path, with the bytes on its own stack. */
+static __noinline long py_frame_direct(struct py_walk *p, __u64 addr, __u32 span)
+{
+	__u64 w[MT_PY_FRAME_READ / 8] = {};
+	const struct mt_py_offsets *o;
+	__u32 base;
+	__u8 entry;
+
+	if (!p)
+		return 1;
+	span &= 0x7f;
+	if (!span || span > MT_PY_FRAME_READ || bpf_probe_read_user(w, span, (void *)addr))
+		return 1;
+	o = p->off;
+	base = o->frame_win;
+	p->at = py_word(w, (o->frame_previous - base) / 8);
+	entry = o->frame_is_entry != MT_PY_NONE && py_byte(w, o->frame_is_entry - base);
+	py_frame_emit(p, py_word(w, (o->frame_code - base) / 8),
+		      py_word(w, (o->frame_instr - base) / 8), py_byte(w, o->frame_owner - base),
+		      entry);
+	return 0;
+}
+
+/* Where a field of size bytes at frame offset at lies in the frame's bytes
+ * (from frame_win; userspace keeps every field within MT_PY_FRAME_READ),
+ * bounded for the verifier. */
+static __always_inline __u32 py_field(const struct mt_py_offsets *o, __u32 at, __u32 size)
+{
+	__u32 rel = (at - o->frame_win) & 0x7f;
+
+	return rel > MT_PY_FRAME_READ - size ? MT_PY_FRAME_READ - size : rel;
+}
+
+/*
+ * One _PyInterpreterFrame: its code and instruction, then the previous.
+ * Its fields are loaded straight from the walk's window, which holds the
+ * frame's bytes (frame_win, frame_span) and the frames below it (one read
+ * for several frames: each user read costs, and a walk reads every frame
+ * of the thread at every allocation, perf/python_frames.sh).
+ */
+static long py_frame_step(__u64 i, void *data)
+{
+	struct py_walk *p = data;
+	const struct mt_py_offsets *o = p->off;
+	struct stack_window *sw;
+	__u64 frame = p->at, addr, off;
+	__u32 span = o->frame_span;
+	__u8 *b, entry = 0;
+
+	if (!frame || p->n >= MT_MAX_STACK)
+		return 1;
+	p->at = 0;
+	if (span > MT_PY_FRAME_READ)
+		span = MT_PY_FRAME_READ;
+	addr = frame + o->frame_win;
+	sw = py_window(p->win, addr, addr + span);
+	if (!sw)
+		return py_frame_direct(p, addr, span);
+	off = addr - sw->lo;
+	barrier_var(off);
+	if (off > MT_STACK_WINDOW - MT_PY_FRAME_READ) /* never, once the above held */
+		return py_frame_direct(p, addr, span);
+	b = sw->bytes + off;
+	p->at = *(__u64 *)(b + py_field(o, o->frame_previous, 8));
+	if (o->frame_is_entry != MT_PY_NONE)
+		entry = b[py_field(o, o->frame_is_entry, 1)];
+	py_frame_emit(p, *(__u64 *)(b + py_field(o, o->frame_code, 8)),
+		      *(__u64 *)(b + py_field(o, o->frame_instr, 8)),
+		      b[py_field(o, o->frame_owner, 1)], entry);
 	return 0;
 }
 
