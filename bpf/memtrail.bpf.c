@@ -2171,11 +2171,18 @@ static long py_frame_step(__u64 i, void *data)
 	if (span > MT_PY_FRAME_READ)
 		span = MT_PY_FRAME_READ;
 	addr = frame + o->frame_win;
-	off = mt_py_window_at(win, addr, span);
-	barrier_var(off); /* clang knows its range; the verifier does not */
-	if (off >= 0 && win < MT_STACK_WINDOWS)
+	if (win < MT_STACK_WINDOWS)
 		sw = bpf_map_lookup_elem(&stack_windows, &win);
-	if (sw && off <= MT_STACK_WINDOW - MT_PY_FIELD_REACH) { /* always with sw */
+	/* Most frames are in the window already (the previous frame's). */
+	if (sw && addr >= sw->lo && addr + span <= sw->lo + sw->len) {
+		off = addr - sw->lo;
+	} else {
+		off = mt_py_window_at(win, addr, span);
+		barrier_var(off); /* clang knows its range; the verifier does not */
+		if (off < 0)
+			sw = NULL;
+	}
+	if (sw && off >= 0 && off <= MT_STACK_WINDOW - MT_PY_FIELD_REACH) { /* always with sw */
 		b = sw->bytes + off;
 		f.previous = *(__u64 *)(b + MT_PY_WORD_AT(o, o->frame_previous));
 		f.code = *(__u64 *)(b + MT_PY_WORD_AT(o, o->frame_code));
