@@ -2099,8 +2099,9 @@ struct py_frame_fields {
 };
 
 /* The fields of the frame at user address frame, read directly, a field
- * at a time: without a window (the thread's is taken). 0 on success. A global function, verified once (inline,
- * it doubled the program's verification), with no buffer of its own (the
+ * at a time: without a window (another thread of the walk's window index
+ * is walking). 0 on success. A global function, verified once (inline, it
+ * doubled the program's verification), with no buffer of its own (the
  * stack budget). */
 __noinline int mt_py_frame_direct(__u64 frame, const struct mt_py_offsets *o,
 				  struct py_frame_fields *f)
