@@ -2019,64 +2019,40 @@ static long py_code_step(__u64 i, void *data)
 /* Bytes of a frame the walk reads at once, from frame_win. */
 #define MT_PY_FRAME_READ 72
 
-/* Word rel of the frame's bytes read (a constant index per case: the
- * verifier takes no variable offset into the stack). */
-static __always_inline __u64 py_word(const __u64 *w, __u32 rel)
-{
-	switch (rel) {
-	case 0: return w[0];
-	case 1: return w[1];
-	case 2: return w[2];
-	case 3: return w[3];
-	case 4: return w[4];
-	case 5: return w[5];
-	case 6: return w[6];
-	case 7: return w[7];
-	default: return w[8];
-	}
-}
-
-/* Byte rel of the frame's bytes read. */
-static __always_inline __u8 py_byte(const __u64 *w, __u32 rel)
-{
-	return py_word(w, rel / 8) >> (8 * (rel & 7));
-}
+/* Bytes from a frame's first field read its fields' places may point to,
+ * for the verifier (masks, not comparisons: a comparison doubles the
+ * frame step's states). */
+#define MT_PY_FIELD_REACH 128
 
 /* Bytes below a frame's end a Python window reads (the frames of a
- * thread's data stack lie one above the other, the previous one below). */
-#define MT_PY_WINDOW 1024
-
-/*
- * The span bytes (a multiple of 8, at most MT_PY_FRAME_READ) at user
- * address addr (8-aligned) into w,
- * through the walk's window win: a window is read ending at the bytes'
- * end, down to MT_PY_WINDOW bytes below it but never below its page's
- * start (so it fails only where a read of the bytes would), and the
- * previous frames, just below, come from it. 0 on success. A global
- * function, verified once.
- */
-struct py_frame_bytes {
-	__u64 w[MT_PY_FRAME_READ / 8];
-};
+ * thread's data stack lie one above the other, the previous one below):
+ * all of its page below it but the last MT_PY_FIELD_REACH of the window's
+ * array, so the fields of every frame in the window are within it. */
+#define MT_PY_WINDOW (MT_STACK_WINDOW - MT_PY_FIELD_REACH)
+/* Bytes below a thread state's words read with them (mt_py_word). */
+#define MT_PY_WORD_WINDOW 256
 
 /* The walk's window win when it holds [addr, end) (read now if it did
- * not), else NULL: no window, bytes across a page, an unreadable page. */
-static __always_inline struct stack_window *py_window(__u32 win, __u64 addr, __u64 end)
+ * not: a window ending at end, down to `below` bytes below it but never
+ * below addr's page, so it fails only where a read of the bytes would),
+ * else NULL: no window, an unreadable page. */
+static __always_inline struct stack_window *py_window(__u32 win, __u64 addr, __u64 end,
+						       __u64 below)
 {
 	struct stack_window *sw = NULL;
 	__u64 n;
 
-	if (win < MT_STACK_WINDOWS && !(addr & 7) && end > addr &&
-	    (addr >> PAGE_SHIFT) == ((end - 1) >> PAGE_SHIFT))
+	if (win < MT_STACK_WINDOWS && !(addr & 7) && end > addr && end - addr <= below)
 		sw = bpf_map_lookup_elem(&stack_windows, &win);
 	if (!sw)
 		return NULL;
 	if (addr >= sw->lo && end <= sw->lo + sw->len)
 		return sw;
-	/* The bytes of end's page below end, at most MT_PY_WINDOW. */
-	n = ((end - 1) & ((1 << PAGE_SHIFT) - 1)) + 1;
-	if (n > MT_PY_WINDOW)
-		n = MT_PY_WINDOW;
+	/* From addr's page (the bytes may cross into the next one), at most
+	 * below. */
+	n = end - (addr & ~((1ULL << PAGE_SHIFT) - 1));
+	if (n > below)
+		n = below;
 	sw->len = 0;
 	if (bpf_probe_read_user(sw->bytes, n, (void *)(end - n)))
 		return NULL;
@@ -2085,33 +2061,7 @@ static __always_inline struct stack_window *py_window(__u32 win, __u64 addr, __u
 	return sw;
 }
 
-__noinline int mt_py_frame_read(__u32 win, __u64 addr, __u32 span, struct py_frame_bytes *fb)
-{
-	struct stack_window *sw;
-	__u64 off, *w;
-	__u32 i;
-
-	if (!fb)
-		return -1;
-	span &= 0x7f; /* bounded in every copy the compiler makes of it */
-	if (!span || span > MT_PY_FRAME_READ || (span & 7))
-		return -1;
-	w = fb->w;
-	sw = py_window(win, addr, addr + span);
-	if (!sw)
-		return bpf_probe_read_user(w, span, (void *)addr);
-	off = addr - sw->lo;
-	barrier_var(off);
-	if (off > MT_STACK_WINDOW - MT_PY_FRAME_READ) /* never, once the above held */
-		return bpf_probe_read_user(w, span, (void *)addr);
-	/* All MT_PY_FRAME_READ bytes, within the window's array (the walk
-	 * uses the span's only). */
-	for (i = 0; i < MT_PY_FRAME_READ / 8; i++)
-		w[i] = *(__u64 *)(sw->bytes + off + 8 * i);
-	return 0;
-}
-
-/* One user word, as mt_py_frame_read reads a frame's bytes. */
+/* One user word, as the walk reads a thread state's. */
 struct py_word_out {
 	__u64 v;
 };
@@ -2126,7 +2076,7 @@ __noinline int mt_py_word(__u32 win, __u64 addr, struct py_word_out *out)
 	if (!out)
 		return -1;
 	out->v = 0;
-	sw = py_window(win, addr, addr + 8);
+	sw = py_window(win, addr, addr + 8, MT_PY_WORD_WINDOW);
 	if (!sw)
 		return bpf_probe_read_user(&out->v, 8, (void *)addr);
 	off = addr - sw->lo;
@@ -2137,33 +2087,17 @@ __noinline int mt_py_word(__u32 win, __u64 addr, struct py_word_out *out)
 	return 0;
 }
 
-/*
- * One _PyInterpreterFrame: its code and instruction, then the previous.
- * One read of the bytes holding them all (frame_win, frame_span) rather
- * than one per field: each user read costs, and a walk reads every frame
- * of the thread at every allocation (perf/python_frames.sh).
- */
-static long py_frame_step(__u64 i, void *data)
+/* A frame's fields, wherever they were read: its word of the stack (none
+ * for one not started yet), then an entry frame's group end. */
+static __always_inline void py_frame_emit(struct py_walk *p, __u64 code, __u64 instr, __u8 owner,
+					  __u8 entry)
 {
-	struct py_walk *p = data;
-	__u64 w[MT_PY_FRAME_READ / 8] = {};
-	__u64 frame = p->at, code, instr, start, off;
-	__u32 span = p->off->frame_span, base = p->off->frame_win;
+	__u64 start, off;
 
-	if (!frame || p->n >= MT_MAX_STACK)
-		return 1;
-	p->at = 0;
-	if (span > MT_PY_FRAME_READ)
-		span = MT_PY_FRAME_READ;
-	if (mt_py_frame_read(p->win, frame + base, span, (struct py_frame_bytes *)w))
-		return 1;
-	p->at = py_word(w, (p->off->frame_previous - base) / 8);
-	if (py_byte(w, p->off->frame_owner - base) == MT_PY_OWNED_BY_CSTACK) {
+	if (owner == MT_PY_OWNED_BY_CSTACK) {
 		py_emit(p, MT_PY_FRAME);
-		return 0;
+		return;
 	}
-	code = py_word(w, (p->off->frame_code - base) / 8);
-	instr = py_word(w, (p->off->frame_instr - base) / 8);
 	start = code + p->off->code_adaptive;
 	if (code && instr >= start) {
 		off = (instr - start) / 2;
@@ -2171,8 +2105,118 @@ static long py_frame_step(__u64 i, void *data)
 			off = MT_PY_OFF_MAX;
 		py_emit(p, MT_PY_FRAME | off << MT_PY_OFF_SHIFT | (code & MT_PY_CODE_MASK));
 	}
-	if (p->off->frame_is_entry != MT_PY_NONE && py_byte(w, p->off->frame_is_entry - base))
+	if (entry)
 		py_emit(p, MT_PY_FRAME);
+}
+
+/* A frame's fields: the previous frame, code, instruction, owner and
+ * whether it is an entry frame (3.11). */
+struct py_frame_fields {
+	__u64 previous;
+	__u64 code;
+	__u64 instr;
+	__u8 owner;
+	__u8 entry;
+	__u8 _pad[6];
+};
+
+/* The fields of the frame at user address frame, read directly, a field
+ * at a time: without a window (another thread of the walk's window index
+ * is walking). 0 on success. A global function, verified once (inline, it
+ * doubled the program's verification), with no buffer of its own (the
+ * stack budget). */
+__noinline int mt_py_frame_direct(__u64 frame, const struct mt_py_offsets *o,
+				  struct py_frame_fields *f)
+{
+	if (!o || !f)
+		return -1;
+	f->entry = 0;
+	if (bpf_probe_read_user(&f->previous, 8, (void *)(frame + o->frame_previous)) ||
+	    bpf_probe_read_user(&f->code, 8, (void *)(frame + o->frame_code)) ||
+	    bpf_probe_read_user(&f->instr, 8, (void *)(frame + o->frame_instr)) ||
+	    bpf_probe_read_user(&f->owner, 1, (void *)(frame + o->frame_owner)) ||
+	    (o->frame_is_entry != MT_PY_NONE &&
+	     bpf_probe_read_user(&f->entry, 1, (void *)(frame + o->frame_is_entry))))
+		return -1;
+	return 0;
+}
+
+/*
+ * Where the span bytes at user address addr lie in the walk's window win
+ * (read now if it did not hold them, as py_window): their offset in its
+ * bytes, at most MT_STACK_WINDOW - MT_PY_FRAME_READ; -1 without one. A
+ * global function, verified once (inline, its branches multiplied the
+ * frame step's states: the program took seconds to load).
+ */
+__noinline long mt_py_window_at(__u32 win, __u64 addr, __u32 span)
+{
+	struct stack_window *sw;
+	__u64 off;
+
+	if (!span || span > MT_PY_FRAME_READ)
+		return -1;
+	sw = py_window(win, addr, addr + span, MT_PY_WINDOW);
+	if (!sw)
+		return -1;
+	off = addr - sw->lo;
+	if (off > MT_STACK_WINDOW - MT_PY_FRAME_READ) /* never, once the above held */
+		return -1;
+	return off;
+}
+
+/* Where a field at frame offset at lies in the frame's bytes (from
+ * frame_win; userspace keeps each within MT_PY_FRAME_READ, the pointers
+ * 8-aligned), masked within MT_PY_FIELD_REACH. */
+#define MT_PY_WORD_AT(o, at) (((at) - (o)->frame_win) & 0x78)
+#define MT_PY_BYTE_AT(o, at) (((at) - (o)->frame_win) & 0x7f)
+
+/*
+ * One _PyInterpreterFrame: its code and instruction, then the previous.
+ * Its fields are loaded straight from the walk's window, which holds the
+ * frame's bytes (frame_win, frame_span) and the frames below it (one read
+ * for several frames: each user read costs, and a walk reads every frame
+ * of the thread at every allocation, perf/python_frames.sh).
+ */
+static long py_frame_step(__u64 i, void *data)
+{
+	struct py_walk *p = data;
+	const struct mt_py_offsets *o = p->off;
+	struct py_frame_fields f;
+	struct stack_window *sw = NULL;
+	__u64 frame = p->at, addr;
+	__u32 span = o->frame_span, win = p->win;
+	__u8 *b;
+	long off;
+
+	if (!frame || p->n >= MT_MAX_STACK)
+		return 1;
+	p->at = 0;
+	if (span > MT_PY_FRAME_READ)
+		span = MT_PY_FRAME_READ;
+	addr = frame + o->frame_win;
+	if (win < MT_STACK_WINDOWS)
+		sw = bpf_map_lookup_elem(&stack_windows, &win);
+	/* Most frames are in the window already (the previous frame's). */
+	if (sw && addr >= sw->lo && addr + span <= sw->lo + sw->len) {
+		off = addr - sw->lo;
+	} else {
+		off = mt_py_window_at(win, addr, span);
+		barrier_var(off); /* clang knows its range; the verifier does not */
+		if (off < 0)
+			sw = NULL;
+	}
+	if (sw && off >= 0 && off <= MT_STACK_WINDOW - MT_PY_FIELD_REACH) { /* always with sw */
+		b = sw->bytes + off;
+		f.previous = *(__u64 *)(b + MT_PY_WORD_AT(o, o->frame_previous));
+		f.code = *(__u64 *)(b + MT_PY_WORD_AT(o, o->frame_code));
+		f.instr = *(__u64 *)(b + MT_PY_WORD_AT(o, o->frame_instr));
+		f.owner = b[MT_PY_BYTE_AT(o, o->frame_owner)];
+		f.entry = o->frame_is_entry != MT_PY_NONE && b[MT_PY_BYTE_AT(o, o->frame_is_entry)];
+	} else if (mt_py_frame_direct(frame, o, &f)) {
+		return 1;
+	}
+	p->at = f.previous;
+	py_frame_emit(p, f.code, f.instr, f.owner, f.entry);
 	return 0;
 }
 
