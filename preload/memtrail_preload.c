@@ -366,15 +366,21 @@ static void flush_self(void)
 	t->busy = 0;
 }
 
+/* The real free of p, flagged; the flag restored, not cleared (see drain). */
+static void real_free(struct mt_thread *t, void *p)
+{
+	int was = t->in_alloc;
+
+	t->in_alloc = 1;
+	next_free(p);
+	t->in_alloc = was;
+}
+
 /* A free made at once: recorded, then made. */
 static void free_now(void *p)
 {
-	int was = mt_in_alloc;
-
 	HOOK(MT_FREE, p, 0, 0);
-	mt_in_alloc = 1;
-	next_free(p);
-	mt_in_alloc = was;
+	real_free(&mt_self, p);
 }
 
 /* A large block's free, made at once with the buffered ones (one entry):
@@ -383,14 +389,10 @@ static void free_now(void *p)
 static void free_carrying(struct mt_thread *t, void *p)
 {
 	unsigned int n = take(t);
-	int was;
 
 	HOOK_WITH(MT_FREE, p, 0, 0, t->slots, n);
 	drain(t, n);
-	was = t->in_alloc;
-	t->in_alloc = 1;
-	next_free(p);
-	t->in_alloc = was;
+	real_free(t, p);
 }
 
 /* A thread's first buffered free: its key's destructor will flush what it
@@ -666,12 +668,6 @@ static void thread_end(void *arg)
 	mt_self.state = MT_DIRECT;
 }
 
-/* Before a fork, in the parent: the child starts with nothing buffered. */
-static void before_fork(void)
-{
-	flush_self();
-}
-
 /* In the child of a fork: its thread is a new one. */
 static void after_fork_child(void)
 {
@@ -689,7 +685,9 @@ __attribute__((constructor(101))) static void hello(void)
 	resolve();
 	__atomic_store_n(&mt_key_made, pthread_key_create(&mt_key, thread_end) == 0,
 			 __ATOMIC_RELEASE);
-	pthread_atfork(before_fork, NULL, after_fork_child);
+	/* Before a fork, in the parent: the child starts with nothing
+	 * buffered. */
+	pthread_atfork(flush_self, NULL, after_fork_child);
 	HOOK(MT_SHIM_HELLO, (uint64_t)&mt_self - tp, 0, 0);
 }
 
@@ -698,6 +696,5 @@ __attribute__((constructor(101))) static void hello(void)
  * after theirs). The thread's later frees are made at once. */
 __attribute__((destructor(101))) static void goodbye(void)
 {
-	flush_self();
-	mt_self.state = MT_DIRECT;
+	thread_end(NULL);
 }

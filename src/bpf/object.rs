@@ -36,8 +36,9 @@ pub(crate) struct Config<'a> {
     pub stack_ring_size: u32,
     /// Load the uprobe session program (else the split programs).
     pub sessions: bool,
-    /// Load `shim_hook`, the preload shim's program (`--preload`): its
-    /// verification costs as much as the allocator program's.
+    /// Load `shim_hook` and `shim_signal`, the preload shim's programs
+    /// (`--preload`): `shim_hook`'s verification costs as much as the
+    /// allocator program's.
     pub preload: bool,
     /// Load `signal_generate` (stops and resumes by others): not in a
     /// process tracking itself, which is never stopped.
@@ -90,6 +91,7 @@ impl Config<'_> {
         // split ones.
         open.progs.alloc_session.set_autoload(self.sessions);
         open.progs.shim_hook.set_autoload(self.preload);
+        open.progs.shim_signal.set_autoload(self.preload);
         open.progs.rss_stat.set_autoload(rss_supported());
         for prog in [
             &mut open.progs.alloc_enter,
