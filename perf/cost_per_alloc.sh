@@ -42,7 +42,10 @@ workloads = {
     "python3.11 importing stdlib modules": ("python", [py, "-c", "import json, decimal, email.parser, http.client, argparse, asyncio, xml.dom.minidom, sqlite3, csv"]),
 }
 workloads = {name: [f"{work}/cpu_of", *cmd] for name, (part, cmd) in workloads.items() if part in parts}
-configs = {"bare": lambda c: c, "heaptrack": lambda c: ["heaptrack", "-o", f"{work}/ht", *c]}
+# heaptrack traces only the process it starts (its preload library takes
+# itself out of LD_PRELOAD): it runs the workload itself, not cpu_of, whose
+# child it would not see. Its CPU column is then not measured (nan).
+configs = {"bare": lambda c: c, "heaptrack": lambda c: ["heaptrack", "-o", f"{work}/ht", *c[1:]]}
 for i, b in enumerate(bins):
     tag = f" #{i + 1}" if len(bins) > 1 else ""
     configs[f"memtrail{tag} -S0"] = lambda c, b=b: [b, "run", "-q", "--force", "--stack-depth", "0", "-o", f"{work}/p.json", "--", *c]
@@ -57,14 +60,14 @@ def wall(cmd):
     out = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True)
     t = time.monotonic() - t
     cpu = [float(l.split()[1]) for l in out.stderr.splitlines() if l.startswith("cpu_of ")]
-    return t, cpu[-1]
+    return t, cpu[-1] if cpu else float("nan")
 
 def rate(cmd):
     """thread_pairs' pairs per second, and its CPU time (cpu_of's line)."""
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     pps = next(float(l) for l in out.stdout.split("\n") if l.strip().replace(".", "").isdigit())
     cpu = [float(l.split()[1]) for l in out.stderr.splitlines() if l.startswith("cpu_of ")]
-    return pps, cpu[-1]
+    return pps, cpu[-1] if cpu else float("nan")
 
 print(f"load before: {open('/proc/loadavg').read().split()[:3]}; binaries: {bins}")
 res = {}
