@@ -99,6 +99,10 @@ struct {
 } event_rings SEC(".maps");
 
 const volatile bool cpu_rings = false;
+/* Every record stamped after its reservation, for the merge's sake
+ * (src/ring/merge.rs): with cpu_rings, and with the preload shim's rings
+ * read next to the events ring. */
+const volatile bool stamp_reserved = false;
 
 /* Call stacks, one record per distinct (process, stack). */
 struct {
@@ -547,7 +551,7 @@ static __always_inline __u64 event_clock(struct inflight *cur)
 	__u32 n;
 
 	/* Stamped after reserving (fill_header_at): every record is. */
-	if (cpu_rings)
+	if (stamp_reserved)
 		return 0;
 	tick = bpf_jiffies64();
 
@@ -631,21 +635,30 @@ struct {
 	__type(value, __u64);
 } shim_procs SEC(".maps");
 
-/* Whether the current thread is inside a real allocator call made by the
- * preload shim: the shim's flag, in the thread's TLS. */
-static __noinline bool in_shim_allocator(void)
+/* The preload shim's flag in the current thread's TLS: 0 outside real
+ * allocator calls, set inside one, MT_SHIM_OWN while the shim works for
+ * itself (its ring path's unwinder, issue 22). */
+#define MT_SHIM_OWN 2
+static __noinline __u32 shim_flag(void)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	__u64 *off = bpf_map_lookup_elem(&shim_procs, &tgid);
 	__u32 flag = 0;
 
 	if (!off || !*off)
-		return false;
+		return 0;
 	if (bpf_probe_read_user(&flag, sizeof(flag),
 				(void *)(BPF_CORE_READ(bpf_get_current_task_btf(), thread.fsbase) +
 					 *off - 1)))
-		return false;
-	return flag != 0;
+		return 0;
+	return flag;
+}
+
+/* Whether the current thread is inside a real allocator call made by the
+ * preload shim. */
+static __always_inline bool in_shim_allocator(void)
+{
+	return shim_flag() != 0;
 }
 
 /* Whether a probe with attach cookie `cookie` fired inside a real allocator
@@ -919,19 +932,20 @@ static __always_inline bool fork_check(struct task_struct *child, __u32 ctgid)
 }
 
 /* The clock reading a record is stamped with when the caller takes it
- * before reserving: with cpu_rings every record is stamped after it is
+ * before reserving: with stamp_reserved every record is stamped after it is
  * reserved instead (fill_header_at), for the merge's sake. */
 static __always_inline __u64 clock_before(void)
 {
-	return cpu_rings ? 0 : bpf_ktime_get_ns();
+	return stamp_reserved ? 0 : bpf_ktime_get_ns();
 }
 
 static __always_inline void fill_header_at(struct mt_header *hdr, __u64 ts,
 					    __u64 pid_tgid, __u16 kind, __u16 flags)
 {
-	/* With cpu_rings: after the reservation, so that a record reserved
-	 * after the merge looked at a ring is stamped after that look. */
-	hdr->ts_ns = cpu_rings ? bpf_ktime_get_ns() : ts;
+	/* With stamp_reserved: after the reservation, so that a record
+	 * reserved after the merge looked at a ring is stamped after that
+	 * look. */
+	hdr->ts_ns = stamp_reserved ? bpf_ktime_get_ns() : ts;
 	hdr->pid = pid_tgid >> 32;
 	hdr->tid = (__u32)pid_tgid;
 	hdr->kind = kind;
@@ -3226,10 +3240,13 @@ static __always_inline int exit_mmap(long ret, __u64 regs_fd, __u64 regs_off)
 	stack = syscall_stack(cur, MT_MMAP);
 	if (!stashed || IS_ERR_VALUE(ret))
 		return 0;
-	if (args.args[1] & MAP_ANONYMOUS)
-		emit_alloc(pid_tgid, MT_MMAP, allocator_owns(cur) ? MT_F_IN_ALLOCATOR : 0,
-			   ret, args.args[0], args.args[2] & MT_PROT_BITS, stack);
-	else
+	if (args.args[1] & MAP_ANONYMOUS) {
+		/* Not the program's: the preload shim's own (issue 22). */
+		if (shim_flag() != MT_SHIM_OWN)
+			emit_alloc(pid_tgid, MT_MMAP,
+				   allocator_owns(cur) ? MT_F_IN_ALLOCATOR : 0, ret, args.args[0],
+				   args.args[2] & MT_PROT_BITS, stack);
+	} else
 		emit_mapping(pid_tgid, ret, (long)regs_fd, args.args[0], regs_off);
 	/* A new mapping may replace cached ones (MAP_FIXED). */
 	forget_code_maps(pid_tgid >> 32, ret, args.args[0]);

@@ -29,6 +29,9 @@ enum mt_kind {
 	/* Frees the preload shim batched (struct mt_free_batch, issue 22):
 	 * on the events ring only, each block an MT_FREE to userspace. */
 	MT_FREE_BATCH = 12,
+	/* A call stack the preload shim walked in its process and wrote to
+	 * its ring (struct mt_shim_stack): events pipeline only, issue 22. */
+	MT_SHIM_STACK = 13,
 	MT_MMAP = 16,
 	MT_MUNMAP = 17,
 	MT_MREMAP = 18,
@@ -197,6 +200,20 @@ struct mt_stack_record {
 	__u32 pid;  /* tgid: frames are addresses of this process */
 	__u16 nr;   /* end of the frames in ips */
 	__u16 end;  /* enum mt_stack_end: why the walk stopped there */
+	__u64 ips[MT_MAX_STACK];
+};
+
+/*
+ * A call stack the preload shim walked in-process (its ring path, issue 22),
+ * on one of its rings, before the first record that names it. The same
+ * fields as mt_stack_record after a header, with nr frames only.
+ */
+struct mt_shim_stack {
+	struct mt_header hdr; /* kind MT_SHIM_STACK */
+	__u64 id;             /* never 0; bit 63 set (BPF's ids may have it too) */
+	__u32 pid;
+	__u16 nr;
+	__u16 end;
 	__u64 ips[MT_MAX_STACK];
 };
 

@@ -56,12 +56,20 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* enum mt_kind (bpf/memtrail.h). */
@@ -166,15 +174,103 @@ __asm__(".text\n"
 		void *p_;                                                                \
 		if (!ready())                                                            \
 			return boot_alloc(size);                                         \
-		mt_in_alloc = 1;                                                         \
-		p_ = (real_call);                                                        \
-		mt_in_alloc = 0;                                                         \
+		p_ = REAL(real_call);                                                    \
 		if (p_)                                                                  \
-			HOOK_CARRY(kind, p_, size, 0);                                   \
+			RECORD_ALLOC(kind, p_, size, 0);                                 \
 		return p_;                                                               \
 	} while (0)
 
 #define barrier() __asm__ volatile("" ::: "memory")
+
+/* A real allocator call, with the in-allocator flag set around it (its
+ * value kept if set: a call inside one, or the shim's own, 2). */
+#define REAL(call)                                                                       \
+	({                                                                               \
+		int was_ = mt_in_alloc;                                                  \
+		__typeof__(call) r_;                                                     \
+		mt_in_alloc = was_ ? was_ : 1;                                           \
+		r_ = (call);                                                             \
+		mt_in_alloc = was_;                                                      \
+		r_;                                                                      \
+	})
+
+
+/*
+ * The ring path (issue 22). memtrail names its ring file in MEMTRAIL_SHM
+ * (src/attach/shim_rings.rs: a control page, then rings in the layout of
+ * a BPF ring buffer: consumer page, producer page, data, and a table of
+ * the stacks already written through the ring). A thread claims a ring
+ * of its own (single producer) and writes its records there itself, as
+ * BPF's ring buffer code writes them: the producer position published
+ * before the record is stamped, the record's header busy until it is
+ * complete. memtrail reads these rings next to BPF's events ring, merged
+ * by stamp (src/ring/merge.rs), so no kernel entry is made per call. The
+ * stack is walked here, with libunwind (dlopen'ed, as heaptrack uses it),
+ * from the interposer's caller, the C++ runtime's operator new left out
+ * as memtrail's BPF walk leaves it out.
+ *
+ * The hook path stays for everything the ring path does not cover: a
+ * process without the file, libunwind or a free ring, a Python process
+ * whose frames memtrail walks, another --unwind than the default, and a
+ * call made while the thread writes to its ring (a signal handler's).
+ * While the shim looks a symbol up (dladdr, dlopen) or sets up, the
+ * allocator calls those make are not recorded (quiet): they are the
+ * shim's, not the program's.
+ */
+enum { MT_SHIM_STACK = 13 };
+#define MT_MAX_STACK 128
+#define MT_END_COMPLETE 0
+#define MT_END_DEPTH 1
+#define RING_MAGIC 0x314d48534c54524dULL /* "MTRLSHM1" */
+#define RING_VERSION 1
+#define RING_BUSY (1U << 31)
+#define RING_DISCARD (1U << 30)
+#define RING_MAX 1024
+#define RING_PAGE 4096
+/* memtrail walks Python frames: a Python process keeps the hook path. */
+#define RING_F_PYTHON 1
+/* A thread that found no free ring tries again after this many calls. */
+#define RING_RETRY 1024
+#define RING_NONE ((struct mt_ring *)1)
+/* The in-allocator flag's value while the shim works for itself: memtrail
+ * leaves out the anonymous mappings made then (MT_SHIM_OWN in
+ * bpf/memtrail.bpf.c: ld.so's for libunwind, libunwind's caches). */
+#define MT_SHIM_OWN 2
+/* Frames of the shim and of operator new unw_backtrace may give before
+ * the first one kept. */
+#define RING_SKIP_MAX 16
+
+struct ring_control {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t nrings;
+	uint32_t data_size;
+	uint32_t dedup_slots;
+	uint32_t stack_depth;
+	uint32_t flags;
+	uint32_t memtrail_pid;
+	uint32_t ring_pages;
+	uint64_t reserved[3];
+	/* tgid << 32 | tid of each ring's thread, 0 for a free ring. */
+	uint64_t claims[];
+};
+
+struct mt_ring {
+	volatile uint64_t *cons;
+	volatile uint64_t *prod;
+	char *data;
+	uint64_t *dedup;
+	uint64_t *claim;
+};
+
+static struct mt_ring rings[RING_MAX];
+static uint32_t ring_count, ring_size, ring_dedup, ring_depth;
+static pid_t ring_memtrail;
+static int ring_on;
+static pid_t ring_pid;
+/* The shim's own code: frames there are not the program's. libc's. */
+static uint64_t shim_lo, shim_hi, libc_lo, libc_hi;
+static int (*unw_bt)(void **, int);
 
 static void *(*next_malloc)(size_t);
 static void (*next_free)(void *);
@@ -215,6 +311,15 @@ struct mt_thread {
 	/* The thread that buffers here (gettid): a vfork child runs on its
 	 * parent's thread's TLS, and leaves its buffer alone. */
 	pid_t owner;
+	/* The ring path (below): the thread's ring, 0 if it has none yet;
+	 * RING_NONE if none could be had (the hook path, retried now and
+	 * then); set while the shim writes to it (a signal handler's call
+	 * then takes the hook path, and the shim's own calls are not
+	 * recorded). */
+	struct mt_ring *ring;
+	unsigned int ring_retry;
+	int in_ring;
+	pid_t tid;
 };
 
 static __thread struct mt_thread mt_self __attribute__((tls_model("initial-exec")));
@@ -249,6 +354,73 @@ static void *boot_alloc(size_t size)
 		return NULL;
 	boot_used = at + size;
 	return boot + at;
+}
+
+/*
+ * The shim's own allocations (quiet: libunwind's thread-local storage,
+ * what dlopen and dladdr allocate for the shim) come from this arena, not
+ * from the program's allocator: they are not the program's, and whoever
+ * frees one later (glibc frees a thread's TLS blocks at its end, often in
+ * another thread) finds it here and is not recorded either. Size classes
+ * of 32 bytes to 64 KiB, each block after a 16-byte header naming its class;
+ * what does not fit goes to the real allocator, unrecorded. In .data, as
+ * the bootstrap buffer.
+ */
+#define QUIET_CLASSES 12
+#define QUIET_HEADER 16
+static char quiet_arena[256 * 1024] __attribute__((aligned(64), section(".data")));
+static size_t quiet_used;
+static void *quiet_free_list[QUIET_CLASSES];
+static int quiet_lock;
+
+static int in_quiet(const void *p)
+{
+	return (const char *)p >= quiet_arena && (const char *)p < quiet_arena + sizeof(quiet_arena);
+}
+
+static void *quiet_alloc(size_t size)
+{
+	unsigned int c = 0;
+	size_t block;
+	void *p;
+
+	while (c < QUIET_CLASSES && ((size_t)32 << c) < size)
+		c++;
+	if (c == QUIET_CLASSES)
+		return NULL;
+	block = QUIET_HEADER + ((size_t)32 << c);
+	while (__atomic_exchange_n(&quiet_lock, 1, __ATOMIC_ACQUIRE))
+		;
+	p = quiet_free_list[c];
+	if (p) {
+		quiet_free_list[c] = *(void **)p;
+	} else if (quiet_used + block <= sizeof(quiet_arena)) {
+		char *h = quiet_arena + quiet_used;
+
+		quiet_used += block;
+		*(unsigned int *)h = c;
+		p = h + QUIET_HEADER;
+	}
+	__atomic_store_n(&quiet_lock, 0, __ATOMIC_RELEASE);
+	if (p)
+		memset(p, 0, (size_t)32 << c);
+	return p;
+}
+
+static size_t quiet_size(const void *p)
+{
+	return (size_t)32 << *(const unsigned int *)((const char *)p - QUIET_HEADER);
+}
+
+static void quiet_release(void *p)
+{
+	unsigned int c = *(unsigned int *)((char *)p - QUIET_HEADER);
+
+	while (__atomic_exchange_n(&quiet_lock, 1, __ATOMIC_ACQUIRE))
+		;
+	*(void **)p = quiet_free_list[c];
+	quiet_free_list[c] = p;
+	__atomic_store_n(&quiet_lock, 0, __ATOMIC_RELEASE);
 }
 
 /* For an allocator without malloc_usable_size: no block is large. */
@@ -305,9 +477,479 @@ static uint64_t product(size_t n, size_t m)
 	return size;
 }
 
+/* ---- The ring path's functions (see above) ---- */
+
+static void flush_self(void);
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* The code segments holding the shim's own code and libc's malloc. */
+static int find_texts(struct dl_phdr_info *info, size_t size, void *data)
+{
+	uint64_t self = (uint64_t)(uintptr_t)&find_texts, libc = (uint64_t)(uintptr_t)data;
+	int i;
+
+	(void)size;
+	for (i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		uint64_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+
+		if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X))
+			continue;
+		if (self >= lo && self < hi) {
+			shim_lo = lo;
+			shim_hi = hi;
+		}
+		if (libc >= lo && libc < hi) {
+			libc_lo = lo;
+			libc_hi = hi;
+		}
+	}
+	return 0;
+}
+
+/* libunwind, as heaptrack loads it: unw_backtrace with a per-thread cache. */
+static int load_unwinder(void)
+{
+	void *lib = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
+	int (*set_policy)(void *, int);
+	void **space;
+
+	if (!lib)
+		return 0;
+	set_policy = (int (*)(void *, int))dlsym(lib, "_ULx86_64_set_caching_policy");
+	space = (void **)dlsym(lib, "_ULx86_64_local_addr_space");
+	if (set_policy && space)
+		set_policy(*space, 2 /* UNW_CACHE_PER_THREAD */);
+	unw_bt = (int (*)(void **, int))dlsym(lib, "unw_backtrace");
+	return unw_bt != NULL;
+}
+
+/* Maps memtrail's ring file and decides whether this process takes the
+ * ring path; quiet (the calls it makes are not recorded). */
+static void ring_setup(void)
+{
+	const char *path = getenv("MEMTRAIL_SHM");
+	struct ring_control *ctl;
+	struct stat st;
+	uint64_t need;
+	char *base;
+	uint32_t i;
+	int fd;
+
+	if (!path || !*path)
+		return;
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	if (fstat(fd, &st) != 0 || st.st_size < RING_PAGE) {
+		close(fd);
+		return;
+	}
+	base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (base == MAP_FAILED)
+		return;
+	ctl = (struct ring_control *)base;
+	need = ((uint64_t)1 + (uint64_t)ctl->nrings * ctl->ring_pages) * RING_PAGE;
+	if (ctl->magic != RING_MAGIC || ctl->version != RING_VERSION || ctl->nrings == 0 ||
+	    ctl->nrings > RING_MAX || need > (uint64_t)st.st_size || ctl->data_size < RING_PAGE ||
+	    (ctl->data_size & (ctl->data_size - 1)) || ctl->dedup_slots == 0 ||
+	    (ctl->dedup_slots & (ctl->dedup_slots - 1)) ||
+	    (uint64_t)ctl->ring_pages * RING_PAGE <
+		    2 * RING_PAGE + ctl->data_size + 8ULL * ctl->dedup_slots ||
+	    64 + 8ULL * ctl->nrings > RING_PAGE)
+		return;
+	if ((ctl->flags & RING_F_PYTHON) && dlsym(RTLD_DEFAULT, "_PyRuntime"))
+		return;
+	ring_depth = ctl->stack_depth < MT_MAX_STACK ? ctl->stack_depth : MT_MAX_STACK;
+	if (ring_depth && !load_unwinder())
+		return;
+	dl_iterate_phdr(find_texts, (void *)(uintptr_t)next_malloc);
+	for (i = 0; i < ctl->nrings; i++) {
+		char *r = base + (size_t)RING_PAGE * (1 + (size_t)i * ctl->ring_pages);
+
+		rings[i].cons = (volatile uint64_t *)r;
+		rings[i].prod = (volatile uint64_t *)(r + RING_PAGE);
+		rings[i].data = r + 2 * RING_PAGE;
+		rings[i].dedup = (uint64_t *)(r + 2 * RING_PAGE + ctl->data_size);
+		rings[i].claim = &ctl->claims[i];
+	}
+	ring_count = ctl->nrings;
+	ring_size = ctl->data_size;
+	ring_dedup = ctl->dedup_slots;
+	ring_memtrail = (pid_t)ctl->memtrail_pid;
+	ring_pid = getpid();
+	__atomic_store_n(&ring_on, 1, __ATOMIC_RELEASE);
+}
+
+/* A ring for this thread: the one it had before its process exec'd, else
+ * a free one. */
+static struct mt_ring *ring_claim(struct mt_thread *t)
+{
+	uint64_t me, free_ = 0;
+	uint32_t i;
+
+	t->tid = gettid();
+	me = (uint64_t)(uint32_t)ring_pid << 32 | (uint32_t)t->tid;
+	for (i = 0; i < ring_count; i++)
+		if (__atomic_load_n(rings[i].claim, __ATOMIC_ACQUIRE) == me)
+			return &rings[i];
+	for (i = 0; i < ring_count; i++) {
+		free_ = 0;
+		if (__atomic_load_n(rings[i].claim, __ATOMIC_RELAXED) == 0 &&
+		    __atomic_compare_exchange_n(rings[i].claim, &free_, me, 0, __ATOMIC_ACQ_REL,
+						__ATOMIC_RELAXED))
+			return &rings[i];
+	}
+	return NULL;
+}
+
+/* The thread's ring, or NULL: the hook path. Not while it writes to it
+ * (a signal handler's call). Frees the hook path left buffered go first. */
+static inline struct mt_ring *ring_of(struct mt_thread *t)
+{
+	struct mt_ring *r = t->ring;
+
+	if (__builtin_expect(r != NULL && r != RING_NONE, 1)) {
+		if (__builtin_expect(t->in_ring || t->busy, 0))
+			return NULL;
+		return r;
+	}
+	if (!__atomic_load_n(&ring_on, __ATOMIC_ACQUIRE) || t->in_ring || t->busy)
+		return NULL;
+	if (r == RING_NONE && ++t->ring_retry % RING_RETRY != 0)
+		return NULL;
+	r = ring_claim(t);
+	t->ring = r ? r : RING_NONE;
+	if (!r)
+		return NULL;
+	/* Its end releases the ring (the key's destructor). */
+	if (__atomic_load_n(&mt_key_made, __ATOMIC_ACQUIRE) && t->state == MT_NEW) {
+		t->in_ring = 2;
+		if (pthread_setspecific(mt_key, t) == 0) {
+			t->owner = t->tid;
+			t->state = MT_BUFFERING;
+		}
+		t->in_ring = 0;
+	}
+	return r;
+}
+
+/* Waits for room in a full ring; false if memtrail is gone (the ring path
+ * is then off for the process). */
+static int ring_wait(unsigned int *spins)
+{
+	if (++*spins % 4096 == 0 && ring_memtrail > 0 && kill(ring_memtrail, 0) != 0 &&
+	    errno == ESRCH) {
+		__atomic_store_n(&ring_on, 0, __ATOMIC_RELEASE);
+		return 0;
+	}
+	sched_yield();
+	return 1;
+}
+
+/* Reserves a record of len bytes (BPF's ring buffer layout: an 8-byte
+ * header, 8-byte aligned), busy until ring_commit. A record never wraps
+ * past the data's end: a discarded filler takes the rest first. */
+static void *ring_reserve(struct mt_ring *r, uint32_t len)
+{
+	uint64_t stride = (8 + (uint64_t)len + 7) & ~7ULL, size = ring_size, p = *r->prod;
+	uint64_t off = p & (size - 1), pad = off + stride > size ? size - off : 0;
+	unsigned int spins = 0;
+	volatile uint32_t *hdr;
+
+	while (p + pad + stride - __atomic_load_n(r->cons, __ATOMIC_ACQUIRE) > size)
+		if (!ring_wait(&spins))
+			return NULL;
+	if (pad) {
+		*(volatile uint32_t *)(r->data + off) = (uint32_t)(pad - 8) | RING_DISCARD;
+		p += pad;
+		off = 0;
+	}
+	hdr = (volatile uint32_t *)(r->data + off);
+	*hdr = len | RING_BUSY;
+	/* A full barrier: the position is visible before the stamp is read. */
+	__atomic_exchange_n(r->prod, p + stride, __ATOMIC_SEQ_CST);
+	return (void *)(r->data + off + 8);
+}
+
+static inline void ring_commit(void *rec, uint32_t len)
+{
+	__atomic_store_n((uint32_t *)rec - 2, len, __ATOMIC_RELEASE);
+}
+
+/* struct mt_header, then what follows it. */
+static inline void ring_header(uint64_t *w, uint64_t ts, struct mt_thread *t, uint16_t kind)
+{
+	w[0] = ts;
+	w[1] = (uint64_t)(uint32_t)t->tid << 32 | (uint32_t)ring_pid;
+	w[2] = kind;
+}
+
+/* An event (struct mt_alloc_event), stamped after its reservation. */
+static void ring_event(struct mt_ring *r, struct mt_thread *t, uint16_t kind, uint64_t addr,
+		       uint64_t size, uint64_t old, uint64_t stack)
+{
+	uint64_t *e = ring_reserve(r, 56);
+
+	if (!e)
+		return;
+	ring_header(e, now_ns(), t, kind);
+	e[3] = addr;
+	e[4] = size;
+	e[5] = old;
+	e[6] = stack;
+	ring_commit(e, 56);
+}
+
+static const char *const operator_new[] = {
+	"_Znwm",
+	"_Znam",
+	"_ZnwmRKSt9nothrow_t",
+	"_ZnamRKSt9nothrow_t",
+	"_ZnwmSt11align_val_t",
+	"_ZnamSt11align_val_t",
+	"_ZnwmSt11align_val_tRKSt9nothrow_t",
+	"_ZnamSt11align_val_tRKSt9nothrow_t",
+};
+
+/* Whether ip returns into a C++ operator new of an image without a malloc
+ * of its own (libstdc++, libc++), whose frames memtrail's walk leaves out
+ * (src/unwind/table.rs, MT_ROW_ALLOC_WRAPPER). Quiet. */
+static int new_wrapper_slow(struct mt_thread *t, uint64_t ip)
+{
+	Dl_info info, mine;
+	void *handle, *m;
+	size_t i;
+	int named = 0, own;
+
+	t->in_ring = 2;
+	t->in_alloc = MT_SHIM_OWN;
+	if (!dladdr((void *)(uintptr_t)(ip - 1), &info) || !info.dli_sname || !info.dli_fname)
+		goto no;
+	for (i = 0; i < sizeof(operator_new) / sizeof(operator_new[0]); i++)
+		named |= strcmp(info.dli_sname, operator_new[i]) == 0;
+	if (!named)
+		goto no;
+	handle = dlopen(info.dli_fname, RTLD_NOLOAD | RTLD_LAZY);
+	if (!handle)
+		goto no;
+	m = dlsym(handle, "malloc");
+	own = m && dladdr(m, &mine) && mine.dli_fbase == info.dli_fbase;
+	dlclose(handle);
+	t->in_alloc = 0;
+	t->in_ring = 1;
+	return !own;
+no:
+	t->in_alloc = 0;
+	t->in_ring = 1;
+	return 0;
+}
+
+/* Answers of new_wrapper_slow by return address: ip << 1 | answer. */
+static uint64_t wrapper_cache[1024];
+
+static inline int new_wrapper(struct mt_thread *t, uint64_t ip)
+{
+	uint64_t *slot = &wrapper_cache[(ip ^ ip >> 10) & 1023];
+	uint64_t v = __atomic_load_n(slot, __ATOMIC_RELAXED);
+	int w;
+
+	if (v >> 1 == ip)
+		return (int)(v & 1);
+	w = new_wrapper_slow(t, ip);
+	__atomic_store_n(slot, ip << 1 | (uint64_t)w, __ATOMIC_RELAXED);
+	return w;
+}
+
+/* glibc's signal trampoline, __restore_rt (mov $15,%rax; syscall), in
+ * libc's code: only there is an address read (a frame found by frame
+ * pointers in code without CFI, JIT code, may name any address). */
+static inline int is_sigreturn(uint64_t ip)
+{
+	static const unsigned char code[9] = {0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05};
+
+	return ip >= libc_lo && ip + sizeof(code) <= libc_hi &&
+	       memcmp((const void *)(uintptr_t)ip, code, sizeof(code)) == 0;
+}
+
+static inline uint64_t mix(uint64_t h, uint64_t v)
+{
+	h = (h ^ v) * 0x9e3779b97f4a7c15ULL;
+	return h ^ h >> 29;
+}
+
+/* Whether the ring has written stack id (its table of ids), noting it. */
+static int ring_knows(struct mt_ring *r, uint64_t id)
+{
+	uint64_t mask = ring_dedup - 1, at = id & mask;
+	uint32_t i;
+
+	for (i = 0; i < 4; i++) {
+		uint64_t v = r->dedup[(at + i) & mask];
+
+		if (v == id)
+			return 1;
+		if (v == 0) {
+			r->dedup[(at + i) & mask] = id;
+			return 0;
+		}
+	}
+	r->dedup[at] = id;
+	return 0;
+}
+
+/* The caller's stack: its id, written to the ring first if new there. */
+static __attribute__((noinline)) uint64_t ring_stack(struct mt_ring *r, struct mt_thread *t)
+{
+	void *buf[MT_MAX_STACK + RING_SKIP_MAX + 1];
+	uint64_t ips[MT_MAX_STACK], h = (uint64_t)(uint32_t)ring_pid, id, *rec;
+	int n, i = 0, nr, k, exact = 0, end = MT_END_COMPLETE;
+	uint32_t len;
+
+	/* Quiet: libunwind's own allocations (its thread-local storage's)
+	 * are not the program's. */
+	t->in_alloc = MT_SHIM_OWN;
+	t->in_ring = 2;
+	n = unw_bt(buf, (int)ring_depth + RING_SKIP_MAX + 1);
+	t->in_ring = 1;
+	t->in_alloc = 0;
+	while (i < n && (uint64_t)(uintptr_t)buf[i] >= shim_lo &&
+	       (uint64_t)(uintptr_t)buf[i] < shim_hi)
+		i++;
+	while (i < n && new_wrapper(t, (uint64_t)(uintptr_t)buf[i]))
+		i++;
+	nr = n - i;
+	if (nr > (int)ring_depth) {
+		nr = (int)ring_depth;
+		end = MT_END_DEPTH;
+	}
+	for (k = 0; k < nr; k++) {
+		uint64_t ip = (uint64_t)(uintptr_t)buf[i + k];
+		/* As memtrail's walk records them: the trampoline and the
+		 * interrupted instruction plus one (no call precedes them). */
+		int sig = is_sigreturn(ip);
+
+		ips[k] = ip + (uint64_t)(exact || sig);
+		exact = sig;
+		h = mix(h, ips[k]);
+	}
+	id = mix(h, (uint64_t)nr << 16 | (uint64_t)end) | 1ULL << 63;
+	if (ring_knows(r, id))
+		return id;
+	len = 40 + 8 * (uint32_t)nr;
+	rec = ring_reserve(r, len);
+	if (!rec)
+		return 0;
+	/* Stamped 0: its place among the records does not matter, only that
+	 * it comes before the event that names it, in this ring. */
+	ring_header(rec, 0, t, MT_SHIM_STACK);
+	rec[3] = id;
+	rec[4] = (uint64_t)(uint32_t)ring_pid | (uint64_t)(uint32_t)nr << 32 |
+		 (uint64_t)(uint32_t)end << 48;
+	memcpy(rec + 5, ips, 8 * (size_t)nr);
+	ring_commit(rec, len);
+	return id;
+}
+
+/* An allocation's record, its stack first. */
+static __attribute__((noinline)) void ring_alloc(struct mt_ring *r, struct mt_thread *t,
+						 uint16_t kind, void *p, uint64_t size, void *old)
+{
+	uint64_t id = 0;
+
+	t->in_ring = 1;
+	barrier();
+	if (ring_depth)
+		id = ring_stack(r, t);
+	ring_event(r, t, kind, (uint64_t)(uintptr_t)p, size, (uint64_t)(uintptr_t)old, id);
+	barrier();
+	t->in_ring = 0;
+}
+
+/* A free's (or a realloc's begin's) record. */
+static void ring_release(struct mt_ring *r, struct mt_thread *t, uint16_t kind, void *p)
+{
+	t->in_ring = 1;
+	barrier();
+	ring_event(r, t, kind, (uint64_t)(uintptr_t)p, 0, 0, 0);
+	barrier();
+	t->in_ring = 0;
+}
+
+/*
+ * The record of an allocating call: on the thread's ring, else the hook.
+ * In the interposer's body (HOOK_CARRY's rbp).
+ */
+#define RECORD_ALLOC(kind, p, size, old)                                                 \
+	do {                                                                             \
+		struct mt_thread *rt_ = &mt_self;                                        \
+		struct mt_ring *r_;                                                      \
+		if (__builtin_expect(rt_->in_ring == 2, 0))                              \
+			break; /* the shim's own call */                                 \
+		r_ = ring_of(rt_);                                                       \
+		if (__builtin_expect(r_ != NULL, 1)) {                                   \
+			if (__builtin_expect(rt_->count != 0, 0))                        \
+				flush_self();                                            \
+			ring_alloc(r_, rt_, kind, p, size, old);                         \
+		} else {                                                                 \
+			HOOK_CARRY(kind, p, size, old);                                  \
+		}                                                                        \
+	} while (0)
+
+/* A realloc's begin (its old block), likewise. */
+#define RECORD_BEGIN(old)                                                                \
+	do {                                                                             \
+		struct mt_thread *rt_ = &mt_self;                                        \
+		struct mt_ring *r_;                                                      \
+		if (__builtin_expect(rt_->in_ring == 2, 0))                              \
+			break;                                                           \
+		r_ = ring_of(rt_);                                                       \
+		if (__builtin_expect(r_ != NULL, 1)) {                                   \
+			if (__builtin_expect(rt_->count != 0, 0))                        \
+				flush_self();                                            \
+			ring_release(r_, rt_, MT_REALLOC_BEGIN, old);                    \
+		} else {                                                                 \
+			HOOK_CARRY(MT_REALLOC_BEGIN, old, 0, 0);                         \
+		}                                                                        \
+	} while (0)
+
 EXPORT void *malloc(size_t size)
 {
+	if (__builtin_expect(mt_self.in_ring == 2, 0)) {
+		void *q = quiet_alloc(size);
+
+		if (q)
+			return q;
+	}
 	ALLOCATE(MT_MALLOC, size, next_malloc(size));
+}
+
+/* realloc of a quiet block, or a quiet realloc (see quiet_arena). */
+static void *quiet_realloc(void *old, size_t size)
+{
+	void *p = quiet_alloc(size);
+	int was = mt_in_alloc;
+
+	if (!p) {
+		mt_in_alloc = was ? was : 1;
+		p = next_malloc(size);
+		mt_in_alloc = was;
+	}
+	if (p && old) {
+		size_t have = quiet_size(old);
+
+		memcpy(p, old, have < size ? have : size);
+		quiet_release(old);
+	}
+	return p;
 }
 
 /*
@@ -414,12 +1056,31 @@ static int start_buffering(struct mt_thread *t)
 EXPORT void free(void *p)
 {
 	struct mt_thread *t = &mt_self;
+	struct mt_ring *r;
 	unsigned int n;
 
 	if (!p || in_boot(p))
 		return;
+	if (__builtin_expect(in_quiet(p), 0)) {
+		quiet_release(p);
+		return;
+	}
 	if (!ready())
 		return;
+	if (__builtin_expect(t->in_ring == 2, 0)) {
+		/* The shim's own calls free only its own (quiet) blocks: a
+		 * signal handler's free, recorded at once. */
+		free_now(p);
+		return;
+	}
+	r = ring_of(t);
+	if (__builtin_expect(r != NULL, 1)) {
+		if (__builtin_expect(t->count != 0, 0))
+			flush_self();
+		ring_release(r, t, MT_FREE, p);
+		real_free(t, p);
+		return;
+	}
 	if (__builtin_expect(t->busy, 0)) {
 		free_now(p);
 		return;
@@ -459,11 +1120,16 @@ EXPORT void *calloc(size_t n, size_t m)
 		/* The buffer is zeroed (static, never reused). */
 		return size == ~0ULL ? NULL : boot_alloc(size);
 	}
-	mt_in_alloc = 1;
-	p = next_calloc(n, m);
-	mt_in_alloc = 0;
+	if (__builtin_expect(mt_self.in_ring == 2, 0)) {
+		uint64_t size = product(n, m);
+
+		p = size == ~0ULL ? NULL : quiet_alloc(size);
+		if (p)
+			return p;
+	}
+	p = REAL(next_calloc(n, m));
 	if (p)
-		HOOK_CARRY(MT_CALLOC, p, product(n, m), 0);
+		RECORD_ALLOC(MT_CALLOC, p, product(n, m), 0);
 	return p;
 }
 
@@ -482,14 +1148,14 @@ EXPORT void *realloc(void *old, size_t size)
 		}
 		return p;
 	}
+	if (__builtin_expect(in_quiet(old) || (mt_self.in_ring == 2 && !old), 0))
+		return quiet_realloc(old, size);
 	if (old)
-		HOOK_CARRY(MT_REALLOC_BEGIN, old, 0, 0);
-	mt_in_alloc = 1;
-	p = next_realloc(old, size);
-	mt_in_alloc = 0;
+		RECORD_BEGIN(old);
+	p = REAL(next_realloc(old, size));
 	/* A failed realloc of a live block still completes its begin. */
 	if (p || old)
-		HOOK_CARRY(MT_REALLOC, p, size, old);
+		RECORD_ALLOC(MT_REALLOC, p, size, old);
 	return p;
 }
 
@@ -503,7 +1169,7 @@ EXPORT void *reallocarray(void *old, size_t n, size_t m)
 	uint64_t size = product(n, m);
 	void *p;
 
-	if (in_boot(old) || !ready()) {
+	if (in_boot(old) || !ready() || in_quiet(old) || (mt_self.in_ring == 2 && !old)) {
 		if (size == ~0ULL) {
 			errno = ENOMEM;
 			return NULL;
@@ -511,17 +1177,15 @@ EXPORT void *reallocarray(void *old, size_t n, size_t m)
 		return realloc(old, size);
 	}
 	if (old)
-		HOOK_CARRY(MT_REALLOC_BEGIN, old, 0, 0);
+		RECORD_BEGIN(old);
 	if (size == ~0ULL) {
 		errno = ENOMEM;
 		p = NULL;
 	} else {
-		mt_in_alloc = 1;
-		p = next_realloc(old, size);
-		mt_in_alloc = 0;
+		p = REAL(next_realloc(old, size));
 	}
 	if (p || old)
-		HOOK_CARRY(MT_REALLOCARRAY, p, size, old);
+		RECORD_ALLOC(MT_REALLOCARRAY, p, size, old);
 	return p;
 }
 
@@ -533,11 +1197,9 @@ EXPORT int posix_memalign(void **out, size_t align, size_t size)
 		*out = boot_alloc(size);
 		return *out ? 0 : ENOMEM;
 	}
-	mt_in_alloc = 1;
-	err = next_posix_memalign(out, align, size);
-	mt_in_alloc = 0;
+	err = REAL(next_posix_memalign(out, align, size));
 	if (err == 0 && *out)
-		HOOK_CARRY(MT_POSIX_MEMALIGN, *out, size, 0);
+		RECORD_ALLOC(MT_POSIX_MEMALIGN, *out, size, 0);
 	return err;
 }
 
@@ -663,9 +1325,15 @@ EXPORT int execle(const char *path, const char *arg, ...)
  * after that (other destructors', glibc's own) are made at once. */
 static void thread_end(void *arg)
 {
+	struct mt_ring *r = mt_self.ring;
+
 	(void)arg;
 	flush_self();
 	mt_self.state = MT_DIRECT;
+	/* Its later calls take the hook; the ring is free for another. */
+	mt_self.ring = RING_NONE;
+	if (r && r != RING_NONE)
+		__atomic_store_n(r->claim, 0, __ATOMIC_RELEASE);
 }
 
 /* In the child of a fork: its thread is a new one. */
@@ -673,6 +1341,9 @@ static void after_fork_child(void)
 {
 	if (mt_self.state == MT_BUFFERING)
 		mt_self.owner = gettid();
+	/* Its parent's thread's ring is not its own. */
+	ring_pid = getpid();
+	mt_self.ring = mt_self.state == MT_DIRECT ? RING_NONE : NULL;
 }
 
 /* Tells memtrail where the thread's state is: its offset from the thread
@@ -689,6 +1360,12 @@ __attribute__((constructor(101))) static void hello(void)
 	 * buffered. */
 	pthread_atfork(flush_self, NULL, after_fork_child);
 	HOOK(MT_SHIM_HELLO, (uint64_t)&mt_self - tp, 0, 0);
+	/* After the hello: memtrail then knows where the flag is. */
+	mt_self.in_ring = 2;
+	mt_in_alloc = MT_SHIM_OWN;
+	ring_setup();
+	mt_in_alloc = 0;
+	mt_self.in_ring = 0;
 }
 
 /* The process's end (exit, or main's return): after the program's atexit

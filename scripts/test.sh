@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 need_root
-install_deps g++ bpftool golang-go libjemalloc-dev libmimalloc-dev libtcmalloc-minimal4 libcap2-bin python3.11
+install_deps g++ bpftool golang-go libunwind8 libjemalloc-dev libmimalloc-dev libtcmalloc-minimal4 libcap2-bin python3.11
 mount_fs
 
 echo "== cargo fmt --check" >&2

@@ -61,6 +61,9 @@ pub(crate) struct Config<'a> {
     pub rings: [RingConfig; 4],
     /// One events ring per CPU.
     pub cpu_rings: bool,
+    /// Every record stamped after its reservation (per-CPU rings, the
+    /// preload shim's rings): the events are merged by stamp.
+    pub stamp_reserved: bool,
     pub event_ring_count: u32,
     /// Fault injection: every thread shares one slot.
     pub one_thread_slot: bool,
@@ -141,6 +144,7 @@ impl Config<'_> {
         }
         ro.fault_find_vma_busy = self.find_vma_busy;
         ro.cpu_rings = self.cpu_rings;
+        ro.stamp_reserved = self.stamp_reserved || self.cpu_rings;
         ro.event_ring_count = self.event_ring_count;
         ro.watermark_events = self.rings[0].watermark;
         ro.watermark_stacks = self.rings[1].watermark;

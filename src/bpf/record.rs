@@ -357,6 +357,44 @@ pub fn decode_free_batch(
     Some(Ok((hdr, addrs)))
 }
 
+/// A call stack the preload shim walked in its process (`struct
+/// mt_shim_stack`, issue 22), if the events record `bytes` is one.
+pub fn decode_shim_stack(bytes: &[u8]) -> Option<Result<StackRecord<'_>, DecodeError>> {
+    let raw: t::mt_header = read(bytes).ok()?;
+    if u32::from(raw.kind) != t::mt_kind::MT_SHIM_STACK.0 {
+        return None;
+    }
+    const IPS_AT: usize = 40;
+    let word = |at: usize| {
+        bytes
+            .get(at..at + 8)
+            .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
+    };
+    let (Some(id), Some(packed)) = (word(24), word(32)) else {
+        return Some(Err(DecodeError::Short {
+            len: bytes.len(),
+            need: IPS_AT,
+        }));
+    };
+    let nr = (packed >> 32) as u16 as usize;
+    let need = IPS_AT + 8 * nr;
+    if bytes.len() < need || nr > MAX_FRAMES {
+        return Some(Err(DecodeError::Short {
+            len: bytes.len(),
+            need,
+        }));
+    }
+    Some(Ok(StackRecord {
+        id,
+        pid: packed as u32,
+        end: (packed >> 48) as u16,
+        ips: &bytes[IPS_AT..need],
+    }))
+}
+
+/// Frames a stack holds at most (`MT_MAX_STACK`).
+const MAX_FRAMES: usize = 128;
+
 /// A Python code object's record (`struct mt_py_code_record`), if the
 /// stack ring's record `bytes` is one (its first word is 0, never a stack's
 /// id).

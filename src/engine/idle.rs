@@ -77,6 +77,9 @@ pub struct DeepSleep {
     /// is raised (the ring, readable while records wait, would end them at
     /// once).
     kick: OwnedFd,
+    /// The longest sleep: [`DEEP_SLEEP`], less where producers write
+    /// without waking the poller (the preload shim's rings).
+    longest: Duration,
 }
 
 impl DeepSleep {
@@ -94,7 +97,18 @@ impl DeepSleep {
             .collect();
         let epoll = crate::sys::epoll_for(&fds).map_err(|e| e.source)?;
         let kick = crate::sys::epoll_for(&[(kick, true)]).map_err(|e| e.source)?;
-        Ok(Self { flag, epoll, kick })
+        Ok(Self {
+            flag,
+            epoll,
+            kick,
+            longest: DEEP_SLEEP,
+        })
+    }
+
+    /// Sleeps at most `longest` at a time.
+    pub fn at_most(mut self, longest: Duration) -> Self {
+        self.longest = self.longest.min(longest);
+        self
     }
 
     /// Sleeps `timeout`, or less if a barrier is raised meanwhile (or was
@@ -110,7 +124,7 @@ impl DeepSleep {
         set_flag(&self.flag, true);
         let idle = still_idle();
         if idle {
-            crate::sys::epoll_wait(self.epoll.as_fd(), DEEP_SLEEP.as_millis() as i32);
+            crate::sys::epoll_wait(self.epoll.as_fd(), self.longest.as_millis().max(1) as i32);
         }
         set_flag(&self.flag, false);
         idle

@@ -260,6 +260,10 @@ pub fn spawn<S: Sink, R: Consume>(
 fn poll_loop<S: Sink, R: Consume>(p: &mut Pipeline<S, R>, barrier: &Barrier, index: usize) {
     let mut idle = idle::IdleWait::default();
     if let Some(deep) = p.deep_sleep.take() {
+        let deep = match p.ring.unwoken_latency() {
+            Some(longest) => deep.at_most(longest),
+            None => deep,
+        };
         idle = idle.with_deep_sleep(deep);
     }
     let mut acked = 0;

@@ -56,6 +56,8 @@ pub struct CommandSpec {
     /// An object put first in the command's `LD_PRELOAD` (memtrail's
     /// preload shim, `--preload`).
     pub preload: Option<PathBuf>,
+    /// The preload shim's ring file (`MEMTRAIL_SHM`, `src/ring/shim.rs`).
+    pub rings_file: Option<PathBuf>,
 }
 
 impl CommandSpec {
@@ -70,6 +72,7 @@ impl CommandSpec {
             argv,
             creds: sudo_credentials(),
             preload: None,
+            rings_file: None,
         })
     }
 
@@ -100,7 +103,12 @@ impl CommandSpec {
                 .filter_map(|(name, value)| env_entry(&name, &value))
                 .collect()
         });
-        Some(with_preload(env, preload))
+        let mut env = with_preload(env, preload);
+        env.retain(|e| !e.as_bytes().starts_with(b"MEMTRAIL_SHM="));
+        if let Some(rings) = &self.rings_file {
+            env.extend(env_entry(OsStr::new("MEMTRAIL_SHM"), rings.as_os_str()));
+        }
+        Some(env)
     }
 }
 

@@ -38,10 +38,15 @@ use super::{Consume, RingConsumer};
 
 /// Several rings read in stamp order (see the module docs).
 pub struct Merged {
+    /// BPF's rings, then the preload shim's.
     rings: Vec<RingConsumer>,
     /// Per ring: no record not yet read from it is stamped before this.
     bounds: Vec<u64>,
     held: Held,
+    /// The preload shim's rings (issue 22), `rings[bpf..]`.
+    shim: Option<super::shim::ShimRings>,
+    /// How many of `rings` are BPF's.
+    bpf: usize,
 }
 
 /// Records read and not yet handed on.
@@ -105,7 +110,28 @@ impl Merged {
             rings,
             bounds: vec![0; n],
             held: Held::default(),
+            shim: None,
+            bpf: n,
         }
+    }
+
+    /// Reads the preload shim's rings too. Their writers are threads of
+    /// the tree, which can stop or die between reserving a record and
+    /// committing it: a drain does not wait for their busy records (a
+    /// stopped writer's comes later; a dead one's is discarded by
+    /// [`super::shim::ShimRings::reap`]). Records that depend on each
+    /// other are never both in flight: a block is handed over only after
+    /// its allocation's record is committed, and freed only after its
+    /// free's.
+    pub fn with_shim(
+        mut self,
+        shim: super::shim::ShimRings,
+    ) -> Result<Self, super::shim::ShimRingsError> {
+        let consumers = shim.consumers()?;
+        self.bounds.extend(consumers.iter().map(|_| 0));
+        self.rings.extend(consumers);
+        self.shim = Some(shim);
+        Ok(self)
     }
 
     /// The most records the merge held at once.
@@ -120,12 +146,19 @@ impl Consume for Merged {
     /// of records read (they are handed on now or at a later call).
     fn poll(&mut self, mut f: impl FnMut(&[u8])) -> usize {
         let mut read = 0;
-        for (ring, bound) in self.rings.iter_mut().zip(&mut self.bounds) {
-            // CLOCK_MONOTONIC: the clock BPF stamps records with.
-            let looked = crate::sys::monotonic_ns();
+        if let Some(shim) = &mut self.shim {
+            shim.reap(&self.rings[self.bpf..], false);
+        }
+        let mut looked = 0;
+        for (i, (ring, bound)) in self.rings.iter_mut().zip(&mut self.bounds).enumerate() {
+            // CLOCK_MONOTONIC: the clock BPF stamps records with. One
+            // reading serves every shim ring (taken before each's look).
+            if i <= self.bpf {
+                looked = crate::sys::monotonic_ns();
+            }
             let prod = ring.producer_pos();
             let held = &mut self.held;
-            read += ring.poll(|rec| held.hold(rec));
+            read += ring.poll_to(prod, |rec| held.hold(rec));
             if ring.position() >= prod {
                 *bound = looked;
             }
@@ -139,12 +172,19 @@ impl Consume for Merged {
     /// records still being written), then hands on every record held.
     fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
         let mut read = 0;
-        for (ring, bound) in self.rings.iter_mut().zip(&mut self.bounds) {
+        if let Some(shim) = &mut self.shim {
+            shim.reap(&self.rings[self.bpf..], true);
+        }
+        for (i, (ring, bound)) in self.rings.iter_mut().zip(&mut self.bounds).enumerate() {
             // CLOCK_MONOTONIC: the clock BPF stamps records with.
             let looked = crate::sys::monotonic_ns();
             let target = ring.producer_pos();
             let held = &mut self.held;
-            read += ring.drain_to(target, |rec| held.hold(rec));
+            if i < self.bpf {
+                read += ring.drain_to(target, |rec| held.hold(rec));
+            } else {
+                read += ring.poll(|rec| held.hold(rec));
+            }
             *bound = looked;
         }
         self.held.release(u64::MAX, &mut f);
@@ -156,7 +196,7 @@ impl Consume for Merged {
     }
 
     fn size(&self) -> usize {
-        self.rings.iter().map(RingConsumer::size).sum()
+        self.rings[..self.bpf].iter().map(RingConsumer::size).sum()
     }
 
     fn pending(&self) -> u64 {
@@ -164,8 +204,12 @@ impl Consume for Merged {
         unread + self.held.order.len() as u64
     }
 
+    fn unwoken_latency(&self) -> Option<std::time::Duration> {
+        self.shim.as_ref().map(|_| super::shim::UNWOKEN_LATENCY)
+    }
+
     fn high_water(&self) -> u64 {
-        self.rings
+        self.rings[..self.bpf]
             .iter()
             .map(RingConsumer::high_water)
             .max()
@@ -219,6 +263,13 @@ impl Consume for EventsRing {
         match self {
             Self::One(r) => Consume::high_water(r),
             Self::PerCpu(m) => Consume::high_water(m),
+        }
+    }
+
+    fn unwoken_latency(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::One(_) => None,
+            Self::PerCpu(m) => m.unwoken_latency(),
         }
     }
 }

@@ -43,6 +43,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use memmap2::{Mmap, MmapMut, MmapOptions};
 
 pub mod merge;
+pub mod shim;
 
 /// What a poller reads: one ring ([`RingConsumer`]) or several merged
 /// ([`merge::Merged`]).
@@ -62,6 +63,12 @@ pub trait Consume: Send + 'static {
     fn pending(&self) -> u64;
     /// The highest fill seen of one ring, in bytes.
     fn high_water(&self) -> u64;
+    /// How long a poller may sleep at most, when some producers write
+    /// without waking it (the preload shim's rings); None: they all wake
+    /// it (BPF's rings).
+    fn unwoken_latency(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 impl Consume for RingConsumer {
@@ -155,12 +162,36 @@ pub enum RingError {
     },
 }
 
+/// The producer page and the data area mapped twice after it: the kernel's
+/// mapping of a BPF ring, or a file's (the preload shim's rings, [`shim`]).
+enum Pages {
+    Kernel(Mmap),
+    File(crate::sys::DoubleMap),
+}
+
+impl Pages {
+    #[inline]
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            Self::Kernel(map) => map.as_ptr(),
+            Self::File(map) => map.as_ptr(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Kernel(map) => map,
+            Self::File(map) => map.as_slice(),
+        }
+    }
+}
+
 /// Reads one BPF ring buffer from its mmap'd pages.
 pub struct RingConsumer {
     /// `consumer_pos` page: read-write, written only by `publish`.
     consumer: MmapMut,
     /// `producer_pos` page followed by the data area mapped twice.
-    producer: Mmap,
+    producer: Pages,
     page: usize,
     mask: u64,
     /// Our position: every record before it has been handed out. Ahead of
@@ -214,6 +245,48 @@ impl RingConsumer {
         if let Err(err) = advised {
             tracing::debug!(%err, "ring: MADV_DONTFORK not set");
         }
+        Ok(Self::with_pages(
+            consumer,
+            Pages::Kernel(producer),
+            page,
+            size,
+        ))
+    }
+
+    /// Maps a ring laid out as a BPF ring's mapping in file `fd` at
+    /// `offset`: the consumer page, the producer page, then `size` bytes of
+    /// data (the preload shim's rings, [`shim`]).
+    pub fn from_file(fd: BorrowedFd<'_>, offset: u64, size: usize) -> Result<Self, RingError> {
+        let page = rustix::param::page_size();
+        if !size.is_power_of_two() || size < page {
+            return Err(RingError::BadSize(size));
+        }
+        // SAFETY: a shared mapping of memtrail's own file; the consumer
+        // page is written only through `consumer_pos`, atomically.
+        let consumer = unsafe { MmapOptions::new().offset(offset).len(page).map_mut(&fd) }
+            .map_err(|source| RingError::Map {
+                what: "consumer page",
+                source,
+            })?;
+        if let Err(err) = consumer.advise(memmap2::Advice::DontFork) {
+            tracing::debug!(%err, "ring: MADV_DONTFORK not set");
+        }
+        let producer =
+            crate::sys::DoubleMap::new(fd, offset + page as u64, page, size).map_err(|err| {
+                RingError::Map {
+                    what: "producer pages",
+                    source: err.source,
+                }
+            })?;
+        Ok(Self::with_pages(
+            consumer,
+            Pages::File(producer),
+            page,
+            size,
+        ))
+    }
+
+    fn with_pages(consumer: MmapMut, producer: Pages, page: usize, size: usize) -> Self {
         let mut ring = Self {
             consumer,
             producer,
@@ -226,7 +299,7 @@ impl RingConsumer {
         };
         ring.pos = ring.consumer_pos().load(Ordering::Acquire);
         ring.published = ring.pos;
-        Ok(ring)
+        ring
     }
 
     fn consumer_pos(&self) -> &AtomicU64 {
@@ -293,7 +366,18 @@ impl RingConsumer {
     /// Hands every committed record up to the producer position to `f`,
     /// skipping discarded ones, and stops at the first record still being
     /// written. Returns the number of records handed to `f`.
-    pub fn poll(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+    pub fn poll(&mut self, f: impl FnMut(&[u8])) -> usize {
+        self.poll_within(None, f)
+    }
+
+    /// As [`Self::poll`], but only the records below `limit`, a producer
+    /// position read before: a merge's look at one ring of several ends
+    /// there, however fast its producers write on.
+    pub fn poll_to(&mut self, limit: u64, f: impl FnMut(&[u8])) -> usize {
+        self.poll_within(Some(limit), f)
+    }
+
+    fn poll_within(&mut self, limit: Option<u64>, mut f: impl FnMut(&[u8])) -> usize {
         // The hot loop: locals instead of fields, one header load per
         // record, no bounds check on the body (validated against the
         // mapping below instead).
@@ -302,7 +386,10 @@ impl RingConsumer {
         let publish_every = mask / 8;
         let mut handed = 0;
         let mut pos = self.pos;
-        let mut prod = self.producer_pos_noted();
+        let mut prod = match limit {
+            Some(limit) => limit,
+            None => self.producer_pos_noted(),
+        };
         // The previous record's header word and padded length: see below.
         // `last_len` only ever holds the header of a committed record
         // handed to `f` (neither BUSY nor DISCARD, a valid length).
@@ -351,7 +438,7 @@ impl RingConsumer {
                     self.publish();
                 }
                 if same == GROUP {
-                    if pos >= prod {
+                    if pos >= prod && limit.is_none() {
                         prod = self.producer_pos_noted();
                     }
                     continue;
@@ -397,7 +484,7 @@ impl RingConsumer {
                 self.pos = pos;
                 self.publish();
             }
-            if pos >= prod {
+            if pos >= prod && limit.is_none() {
                 prod = self.producer_pos_noted();
             }
         }
@@ -472,7 +559,7 @@ impl RingConsumer {
         if !discarded {
             // The body may run past the end of the first copy of the data
             // area into the second: the double mapping keeps it contiguous.
-            f(&self.producer[start..start + body]);
+            f(&self.producer.bytes()[start..start + body]);
         }
         self.pos += stride;
         Some(!discarded)

@@ -161,8 +161,12 @@ impl Session {
             stream,
             stream_error,
             markers,
+            shim_stacks,
             ..
         } = events;
+        let mut stacks = stacks;
+        stacks.stacks.extend(shim_stacks.stacks);
+        stacks.malformed += shim_stacks.malformed;
         agg.finish(end_ns);
         if let Some(root) = &self.root {
             agg.set_parent(root.pid, std::process::id());

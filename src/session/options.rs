@@ -17,7 +17,7 @@ pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
 /// wedge-events,stall-stacks,one-thread-slot,one-row-cache-slot,one-stack-window,no-cgroup,fail-after-start,
-/// late-pause,late-release,stop-after-cgroup,sweep-unwind-tables` in
+/// late-pause,late-release,stop-after-cgroup,sweep-unwind-tables,shim-hook-only` in
 /// the CLI; see
 /// [`crate::engine::Fault`]).
 #[derive(Debug, Clone, Copy, Default)]
@@ -61,6 +61,10 @@ pub struct Faults {
     /// table load (`sweep-unwind-tables`), not only when the tables would
     /// grow by a shard: a test sees slots reused without loading gigabytes.
     pub sweep_unwind_tables: bool,
+    /// The preload shim gets no rings (`shim-hook-only`): every process
+    /// takes its hook path, as one does without libunwind, without memtrail's
+    /// ring file or with every ring taken (issue 22).
+    pub shim_hook_only: bool,
 }
 
 impl Faults {
@@ -98,6 +102,10 @@ impl Faults {
             }
             if name == "sweep-unwind-tables" {
                 faults.sweep_unwind_tables = true;
+                continue;
+            }
+            if name == "shim-hook-only" {
+                faults.shim_hook_only = true;
                 continue;
             }
             if name == "stop-after-cgroup" {

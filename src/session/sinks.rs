@@ -28,6 +28,10 @@ pub struct EventSink {
     pub(crate) markers: Markers,
     /// Counters for the live status line, with the records folded.
     pub(crate) live: Option<(std::sync::Arc<crate::engine::live::LiveCounters>, u64)>,
+    /// Stacks the preload shim walked itself and wrote to its rings, read
+    /// with the events (issue 22); joined to the stack pipeline's at the
+    /// end.
+    pub shim_stacks: StackSink,
 }
 
 impl EventSink {
@@ -40,12 +44,20 @@ impl EventSink {
             regions: None,
             markers: Markers::default(),
             live: None,
+            shim_stacks: StackSink::default(),
         }
     }
 }
 
 impl Sink for EventSink {
     fn record(&mut self, bytes: &[u8]) {
+        if let Some(stack) = record::decode_shim_stack(bytes) {
+            match stack {
+                Ok(rec) => self.shim_stacks.insert(&rec),
+                Err(_) => self.agg.malformed += 1,
+            }
+            return;
+        }
         // The preload shim's batched frees: each a free of its own.
         if let Some(batch) = record::decode_free_batch(bytes) {
             let Ok((hdr, addrs)) = batch else {
@@ -165,36 +177,41 @@ impl Sink for StackSink {
             None => {}
         }
         match record::decode_stack(bytes) {
-            // A stack written twice (the known-stacks map was full) is
-            // the same stack.
-            Ok(rec) => {
-                if self.stacks.contains_key(&rec.id) {
-                    return;
-                }
-                let words: Vec<u64> = rec.ips().collect();
-                let (native, groups) = crate::python::split(&words);
-                let python = groups
-                    .iter()
-                    .map(|group| self.python.frames(rec.pid, group))
-                    .collect();
-                self.stacks.insert(
-                    rec.id,
-                    Stack {
-                        pid: rec.pid,
-                        // A frame-pointer walk through code built without
-                        // frame pointers reads arbitrary stack words: stop
-                        // at the first that cannot be a user code address.
-                        ips: native
-                            .into_iter()
-                            .take_while(|&ip| is_user_code(ip))
-                            .collect(),
-                        end: record::stack_end(rec.end),
-                        python,
-                    },
-                );
-            }
+            Ok(rec) => self.insert(&rec),
             Err(_) => self.malformed += 1,
         }
+    }
+}
+
+impl StackSink {
+    /// Keeps a stack the first time its id comes.
+    pub fn insert(&mut self, rec: &record::StackRecord<'_>) {
+        // A stack written twice (the known-stacks map was full, or two of
+        // the shim's rings carried it) is the same stack.
+        if self.stacks.contains_key(&rec.id) {
+            return;
+        }
+        let words: Vec<u64> = rec.ips().collect();
+        let (native, groups) = crate::python::split(&words);
+        let python = groups
+            .iter()
+            .map(|group| self.python.frames(rec.pid, group))
+            .collect();
+        self.stacks.insert(
+            rec.id,
+            Stack {
+                pid: rec.pid,
+                // A frame-pointer walk through code built without frame
+                // pointers reads arbitrary stack words: stop at the first
+                // that cannot be a user code address.
+                ips: native
+                    .into_iter()
+                    .take_while(|&ip| is_user_code(ip))
+                    .collect(),
+                end: record::stack_end(rec.end),
+                python,
+            },
+        );
     }
 }
 

@@ -44,6 +44,10 @@ struct Plan {
     per_process: bool,
     /// The preload shim is given to the command (`--preload`).
     preload: bool,
+    /// ... with its rings (the ring path, with the default `--unwind`):
+    /// made with the shim.
+    shim_rings: bool,
+    rings_file: Option<crate::ring::shim::ShimRings>,
     spec: Option<CommandSpec>,
     is_self: bool,
     /// The running process tracked (the session's own, or a pid).
@@ -114,6 +118,10 @@ impl Plan {
         Ok(Self {
             per_process,
             preload: opts.preload,
+            shim_rings: opts.preload
+                && opts.unwind == crate::profile::unwind::Mode::Auto
+                && !opts.faults.shim_hook_only,
+            rings_file: None,
             is_self: *target == Target::SelfProcess,
             running: match target {
                 Target::SelfProcess => Some(std::process::id()),
@@ -166,6 +174,7 @@ impl Plan {
             threads_excluded: self.is_self,
             rings,
             cpu_rings: self.rings.per_cpu.is_some(),
+            stamp_reserved: self.shim_rings,
             event_ring_count: self.rings.sizes.len() as u32,
             one_thread_slot: opts.faults.one_thread_slot,
             one_row_cache_slot: opts.faults.one_row_cache_slot,
@@ -322,7 +331,11 @@ impl MappingRings {
 
     /// The stack ring and the events rings (mapped here if the thread
     /// could not start).
-    fn finish(self, per_cpu: bool) -> Result<(RingConsumer, EventsRing), CaptureError> {
+    fn finish(
+        self,
+        per_cpu: bool,
+        shim: Option<crate::ring::shim::ShimRings>,
+    ) -> Result<(RingConsumer, EventsRing), CaptureError> {
         let mut mapped = match self.thread.join().flatten() {
             Some(mapped) => mapped?,
             None => Self::map(&self.rings)?,
@@ -331,7 +344,15 @@ impl MappingRings {
         let Some(stacks) = mapped.next() else {
             unreachable!("the stack ring is mapped");
         };
-        let events = if per_cpu {
+        let events = if let Some(shim) = shim {
+            let merged = Merged::new(mapped.collect())
+                .with_shim(shim)
+                .map_err(|err| CaptureError::Io {
+                    what: "mapping the preload shim's rings",
+                    source: std::io::Error::other(err),
+                })?;
+            EventsRing::PerCpu(merged)
+        } else if per_cpu {
             EventsRing::PerCpu(Merged::new(mapped.collect()))
         } else {
             let Some(ring) = mapped.next() else {
@@ -378,12 +399,31 @@ fn dup(fd: BorrowedFd<'_>) -> Result<OwnedFd, CaptureError> {
 
 /// Writes the preload shim into its memfd: named in the command's
 /// `LD_PRELOAD`, its hook probed in the processes that map it.
-fn preload_shim(plan: &mut Plan, installed: &mut Installed) -> Result<(), CaptureError> {
+fn preload_shim(
+    plan: &mut Plan,
+    installed: &mut Installed,
+    opts: &SessionOptions,
+) -> Result<(), CaptureError> {
     let shim = attach::shim::Shim::new().map_err(|err| CaptureError::Io {
         what: "preparing the preload shim",
         source: std::io::Error::other(err),
     })?;
     tracing::debug!(path = %shim.preload_path().display(), "preload shim ready");
+    if plan.shim_rings {
+        let rings = crate::ring::shim::ShimRings::new(crate::ring::shim::Settings {
+            stack_depth: opts.stack_depth,
+            python: opts.python_frames,
+            ..Default::default()
+        })
+        .map_err(|err| CaptureError::Io {
+            what: "making the preload shim's rings",
+            source: std::io::Error::other(err),
+        })?;
+        if let Some(spec) = plan.spec.as_mut() {
+            spec.rings_file = Some(rings.path());
+        }
+        plan.rings_file = Some(rings);
+    }
     if let Some(spec) = plan.spec.as_mut() {
         spec.preload = Some(shim.preload_path());
     }
@@ -639,7 +679,7 @@ impl Session {
         .with_python(python_images(&loaded, opts)?)
         .run(prepared.images, plan.running, &mut phases)?;
         if plan.preload {
-            preload_shim(&mut plan, &mut installed)?;
+            preload_shim(&mut plan, &mut installed, opts)?;
         }
 
         // From here on every thread started is in `threads`, declared
@@ -650,7 +690,8 @@ impl Session {
         stops.set_foreign_stops(dup(loaded.skel.maps.foreign_stops.as_fd())?);
         let mut threads = Threads::new(stops.clone())?;
         let control = Arc::new(Control::default());
-        let (stacks_ring, events_ring) = mapping_rings.finish(plan.rings.per_cpu.is_some())?;
+        let (stacks_ring, events_ring) =
+            mapping_rings.finish(plan.rings.per_cpu.is_some(), plan.rings_file.take())?;
         let sites = std::mem::take(&mut installed.sites);
         let skipped_images = std::mem::take(&mut installed.skipped);
         let (worker, first_probes) = attach_worker(installed, &loaded, stops, &plan, &target)?;

@@ -365,3 +365,103 @@ pub fn sealed_memfd(name: &str, bytes: &[u8]) -> SysResult<OwnedFd> {
     .map_err(SysError::rustix("fcntl(F_ADD_SEALS)"))?;
     Ok(fd)
 }
+
+/// A close-on-exec memfd named `name` of `len` zeroed bytes, sealed against
+/// growing and shrinking (the processes that map it through
+/// `/proc/PID/fd/N` keep every page they mapped).
+pub fn sized_memfd(name: &str, len: u64) -> SysResult<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(SysError::rustix("memfd_create"))?;
+    rustix::fs::ftruncate(&fd, len).map_err(SysError::rustix("ftruncate"))?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+        .map_err(SysError::rustix("fcntl(F_ADD_SEALS)"))?;
+    Ok(fd)
+}
+
+/// A read-only mapping of a file's `head` bytes at `offset` and the `size`
+/// bytes after them, followed by those `size` bytes mapped a second time:
+/// a ring buffer's data area read across its end as one run, as the
+/// kernel maps a BPF ring buffer's.
+#[derive(Debug)]
+pub struct DoubleMap {
+    ptr: std::ptr::NonNull<std::ffi::c_void>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value alone and only read through
+// it; moving it to another thread moves the ownership.
+unsafe impl Send for DoubleMap {}
+
+impl DoubleMap {
+    /// `offset` and `head` must be page multiples, `size` a page multiple.
+    pub fn new(
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        head: usize,
+        size: usize,
+    ) -> SysResult<Self> {
+        use rustix::mm::{MapFlags, ProtFlags};
+        let len = head + 2 * size;
+        // SAFETY: a new anonymous reservation, placed by the kernel: it
+        // overlaps nothing of ours.
+        let base = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
+            )
+        }
+        .map_err(SysError::rustix("mmap"))?;
+        let map = Self {
+            ptr: std::ptr::NonNull::new(base).expect("mmap does not return NULL"),
+            len,
+        };
+        let second = base.wrapping_byte_add(head + size);
+        // SAFETY: both replace parts of the reservation made above, which
+        // `map` owns (and unmaps whole on drop).
+        unsafe {
+            rustix::mm::mmap(
+                base,
+                head + size,
+                ProtFlags::READ,
+                MapFlags::SHARED | MapFlags::FIXED,
+                fd,
+                offset,
+            )
+            .map_err(SysError::rustix("mmap"))?;
+            rustix::mm::mmap(
+                second,
+                size,
+                ProtFlags::READ,
+                MapFlags::SHARED | MapFlags::FIXED,
+                fd,
+                offset + head as u64,
+            )
+            .map_err(SysError::rustix("mmap"))?;
+            // Not copied into memtrail's children (see ring::RingConsumer).
+            let _ = rustix::mm::madvise(base, len, rustix::mm::Advice::LinuxDontFork);
+        }
+        Ok(map)
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr().cast()
+    }
+
+    /// The whole mapping (the head, the data, the data again).
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len` readable bytes mapped at `ptr` for as long as
+        // `self` lives (others may write them: readers check the ring's
+        // headers, as with the kernel's mapping of a ring).
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for DoubleMap {
+    fn drop(&mut self) {
+        // SAFETY: the whole reservation, owned by `self`, unmapped once.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr(), self.len) };
+    }
+}

@@ -37,8 +37,9 @@ pub use bpf::{
     UprobeKind, bpf_map_contains, bpf_map_delete, bpf_map_u32_keys, bpf_map_update, uprobe_multi,
 };
 pub use fd::{
-    FileData, MAX_READ_IMAGE, contents, epoll_for, epoll_wait, epoll_wait_for, eventfd,
-    eventfd_signal, map_file, open_regular, pipe, poll_readable, read, sealed_memfd, write_all,
+    DoubleMap, FileData, MAX_READ_IMAGE, contents, epoll_for, epoll_wait, epoll_wait_for, eventfd,
+    eventfd_signal, map_file, open_regular, pipe, poll_readable, read, sealed_memfd, sized_memfd,
+    write_all,
 };
 pub use guardian::{GUARDIAN_NAME, Guardian, GuardianCgroup, GuardianMaps};
 pub use host::{

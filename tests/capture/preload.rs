@@ -14,6 +14,12 @@ use serde_json::Value;
 /// The uprobe mode's capture, whatever `MEMTRAIL_PRELOAD` says.
 const PROBES: &[(&str, &str)] = &[("MEMTRAIL_PRELOAD", "0")];
 
+/// The shim's hook path in every process (no rings).
+const HOOK_ONLY: Env = &[("MEMTRAIL_FAULT", "shim-hook-only")];
+
+/// Variables set for a capture.
+type Env = &'static [(&'static str, &'static str)];
+
 /// The uprobe mode's probes where the shim's are: per process. (System-wide,
 /// libstdc++'s constructor's allocation, made before main, has unnamed
 /// frames past its first: its table is not in BPF yet.)
@@ -242,13 +248,13 @@ fn heap_of(profile: &Value, pid: u32) -> [u64; 5] {
 /// made it; and the probes count the same.
 #[test]
 fn preload_batched_frees_exact() {
-    for preload in [true, false] {
-        let flags: &[&str] = if preload {
-            &["--preload"]
-        } else {
-            &PER_PROCESS
-        };
-        let env = if preload { &[][..] } else { PROBES };
+    let modes: [(&str, &[&str], Env); 3] = [
+        ("rings", &["--preload"], &[]),
+        ("hook", &["--preload"], HOOK_ONLY),
+        ("probes", &PER_PROCESS, PROBES),
+    ];
+    for (mode, flags, env) in modes {
+        let preload = mode != "probes";
         let run = capture_flags(flags, &cmd("preload_batch", &[]), b"", env);
         run.expect_code(0);
         let events = run.events();
@@ -267,9 +273,15 @@ fn preload_batched_frees_exact() {
             .unwrap_or_else(|| panic!("no loops= line in {stdout:?}"));
         // pthread_create's DTV calloc, left with the cached stack (the
         // second thread, created after the first was joined, reuses its
-        // stack and DTV); under the probes, the returning thread's tcache
-        // is freed where the probes see it (tests/track/track_threads.rs).
-        let dtv = if preload { 18 * 16 } else { 17 * 16 };
+        // stack and DTV), an entry longer per TLS module the shim brings
+        // (its own; libunwind's on the ring path); under the probes, the
+        // returning thread's tcache is freed where the probes see it
+        // (tests/track/track_threads.rs).
+        let dtv = match mode {
+            "rings" => 19 * 16,
+            "hook" => 18 * 16,
+            _ => 17 * 16,
+        };
         let tcache = u64::from(!preload);
         let expected: [(&str, [u64; 5]); 6] = [
             ("parent", [40, 39, 0, 1, 7040]),
@@ -291,7 +303,7 @@ fn preload_batched_frees_exact() {
             assert_eq!(
                 heap_of(profile, pid),
                 counts,
-                "{what} (process {pid}, preload {preload})"
+                "{what} (process {pid}, {mode})"
             );
         }
         // Threads killed wherever they were in their malloc/free loop:
@@ -300,10 +312,7 @@ fn preload_batched_frees_exact() {
         // DTV.
         let busy = children[5];
         let [allocations, frees, unmatched, live, _] = heap_of(profile, busy);
-        assert_eq!(
-            unmatched, 0,
-            "busy (preload {preload}): frees counted twice"
-        );
+        assert_eq!(unmatched, 0, "busy ({mode}): frees counted twice");
         let pairs = allocations - 2;
         assert!(pairs >= 4000, "busy: {pairs} pairs");
         assert!(
