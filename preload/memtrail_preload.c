@@ -1,7 +1,10 @@
 /*
  * memtrail's preload shim (`memtrail run --preload`, issue 22).
  *
- * Interposes glibc's standard allocator API and hands each call to
+ * Interposes glibc's standard allocator API. Where it can, a thread
+ * writes each call's record itself into a ring of memtrail's shared
+ * memory (the ring path, below: no kernel entry). Elsewhere (the hook
+ * path) it hands each call to
  * memtrail through one hook, `memtrail_hook`: a function whose first
  * instruction is a 5-byte nop, so the kernel's optimized uprobe (Linux
  * 6.18, a `call` into a trampoline page that enters the kernel by a
@@ -225,7 +228,7 @@ enum { MT_SHIM_STACK = 13 };
 #define RING_VERSION 1
 #define RING_BUSY (1U << 31)
 #define RING_DISCARD (1U << 30)
-#define RING_MAX 1024
+#define RING_MAX 256
 #define RING_PAGE 4096
 /* memtrail walks Python frames: a Python process keeps the hook path. */
 #define RING_F_PYTHON 1
@@ -263,7 +266,10 @@ struct mt_ring {
 	uint64_t *claim;
 };
 
-static struct mt_ring rings[RING_MAX];
+/* In .data, as everything large here: a .bss past the file's last page
+ * would be an anonymous mapping ld.so makes (see `boot`). */
+#define DATA __attribute__((section(".data")))
+static struct mt_ring rings[RING_MAX] DATA;
 static uint32_t ring_count, ring_size, ring_dedup, ring_depth;
 static pid_t ring_memtrail;
 static int ring_on;
@@ -754,7 +760,7 @@ no:
 }
 
 /* Answers of new_wrapper_slow by return address: ip << 1 | answer. */
-static uint64_t wrapper_cache[1024];
+static uint64_t wrapper_cache[1024] DATA;
 
 static inline int new_wrapper(struct mt_thread *t, uint64_t ip)
 {

@@ -1,8 +1,11 @@
 //! The preload shim (`memtrail run --preload`, issue 22): an in-process
 //! path that cuts the kernel entries per allocation from three a pair
-//! (malloc's entry and return, free's entry) to one: a thread's frees wait
-//! in its buffer (up to 32, not yet freed) and go with its next
-//! allocation's hook as one record of frees.
+//! (malloc's entry and return, free's entry) to none on its ring path (the
+//! thread writes its records to a ring of memtrail's shared memory,
+//! `crate::ring::shim`, walking its stack with libunwind), and to one on its
+//! hook path, where it cannot: a thread's frees wait in its buffer (up to
+//! 32, not yet freed) and go with its next allocation's hook as one record
+//! of frees.
 //!
 //! `preload/memtrail_preload.c`, built by build.rs and embedded here, is
 //! written at start-up into a sealed memfd that memtrail keeps open; the

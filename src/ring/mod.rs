@@ -387,7 +387,10 @@ impl RingConsumer {
         let mut handed = 0;
         let mut pos = self.pos;
         let mut prod = match limit {
-            Some(limit) => limit,
+            Some(limit) => {
+                self.note_fill(limit);
+                limit
+            }
             None => self.producer_pos_noted(),
         };
         // The previous record's header word and padded length: see below.

@@ -331,7 +331,9 @@ fn stacks_known_ones_take_no_ring_space() {
     let p = run_profile(
         "stack_repeat",
         &["--stack-ring-size", "16K"],
-        &[("MEMTRAIL_FAULT", "stall-stacks")],
+        // BPF's stack ring: the preload shim's hook path (its ring path
+        // writes stacks to its own rings).
+        &[("MEMTRAIL_FAULT", "stall-stacks,shim-hook-only")],
     );
     let site = stack_of(&p, 1000 * 12345);
     assert_eq!(num(site, "allocations"), 1000);

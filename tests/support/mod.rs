@@ -58,6 +58,31 @@ pub fn preload() -> bool {
     })
 }
 
+/// TLS modules the preload shim adds to a process that walks its stacks
+/// (each a thread's DTV entry longer): none under the probes, the shim's
+/// own, and libunwind's where it takes the ring path (libunwind installed,
+/// the ring path not turned off by `MEMTRAIL_FAULT=shim-hook-only`).
+pub fn shim_tls_modules() -> u64 {
+    if !preload() {
+        return 0;
+    }
+    let hook_only = std::env::var("MEMTRAIL_FAULT").is_ok_and(|f| f.contains("shim-hook-only"));
+    1 + u64::from(libunwind_installed() && !hook_only)
+}
+
+/// Whether the preload shim can take its ring path here: libunwind, which
+/// it loads, is installed (scripts/test.sh installs it).
+pub fn libunwind_installed() -> bool {
+    [
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/lib64",
+    ]
+    .iter()
+    .any(|d| std::path::Path::new(d).join("libunwind.so.8").exists())
+}
+
 /// The memtrail binary the helpers run: `$MEMTRAIL_BIN` when set (to run a
 /// test against another build, e.g. the commit before a fix, and see it
 /// fail), else [`MEMTRAIL`].

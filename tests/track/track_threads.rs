@@ -5,9 +5,9 @@
 //! thread's DTV and never freed (it stays with the cached stack), and one
 //! free of the thread's tcache at thread exit, a block allocated inside the
 //! thread's first malloc and so never seen as an allocation: an unmatched
-//! free. With the preload shim (`support::preload`) the DTV has one
-//! entry more (the shim's TLS) and the tcache's free, made inside glibc,
-//! is not seen.
+//! free. With the preload shim (`support::preload`) the DTV has an
+//! entry more for each TLS module it brings (its own; libunwind's on its
+//! ring path) and the tcache's free, made inside glibc, is not seen.
 
 use std::collections::HashSet;
 
@@ -18,10 +18,10 @@ use serde_json::Value;
 
 const SIZES: [u64; 4] = [40009, 40013, 40031, 40037];
 const PER_THREAD: u64 = 64;
-/// pthread_create's DTV calloc: 17 entries of 16 bytes, one more with the
-/// preload shim's TLS module.
+/// pthread_create's DTV calloc: 17 entries of 16 bytes, one more for each
+/// TLS module the preload shim brings.
 fn dtv() -> u64 {
-    if support::preload() { 18 * 16 } else { 17 * 16 }
+    (17 + support::shim_tls_modules()) * 16
 }
 
 /// Frees of a thread's tcache at its exit that a capture sees.
