@@ -486,6 +486,7 @@ static uint64_t product(size_t n, size_t m)
 /* ---- The ring path's functions (see above) ---- */
 
 static void flush_self(void);
+static void find_wrappers(void);
 
 static uint64_t now_ns(void)
 {
@@ -578,6 +579,7 @@ static void ring_setup(void)
 	if (ring_depth && !load_unwinder())
 		return;
 	dl_iterate_phdr(find_texts, (void *)(uintptr_t)next_malloc);
+	find_wrappers();
 	for (i = 0; i < ctl->nrings; i++) {
 		char *r = base + (size_t)RING_PAGE * (1 + (size_t)i * ctl->ring_pages);
 
@@ -726,53 +728,70 @@ static const char *const operator_new[] = {
 	"_ZnamSt11align_val_tRKSt9nothrow_t",
 };
 
-/* Whether ip returns into a C++ operator new of an image without a malloc
- * of its own (libstdc++, libc++), whose frames memtrail's walk leaves out
- * (src/unwind/table.rs, MT_ROW_ALLOC_WRAPPER). Quiet. */
-static int new_wrapper_slow(struct mt_thread *t, uint64_t ip)
-{
-	Dl_info info, mine;
-	void *handle, *m;
-	size_t i;
-	int named = 0, own;
+/*
+ * The code of the C++ operator news whose frames memtrail's walk leaves
+ * out (src/unwind/table.rs, MT_ROW_ALLOC_WRAPPER): those of an image
+ * without a malloc of its own (libstdc++, libc++), which only call
+ * malloc. Found once, at set-up, in the program's global scope and in
+ * libstdc++ and libc++ (an image loaded later keeps its new's frame).
+ */
+#define WRAPPERS_MAX 32
+static struct {
+	uint64_t lo, hi;
+} wrappers[WRAPPERS_MAX] DATA;
+static unsigned int wrapper_count;
 
-	t->in_ring = 2;
-	t->in_alloc = MT_SHIM_OWN;
-	if (!dladdr((void *)(uintptr_t)(ip - 1), &info) || !info.dli_sname || !info.dli_fname)
-		goto no;
-	for (i = 0; i < sizeof(operator_new) / sizeof(operator_new[0]); i++)
-		named |= strcmp(info.dli_sname, operator_new[i]) == 0;
-	if (!named)
-		goto no;
-	handle = dlopen(info.dli_fname, RTLD_NOLOAD | RTLD_LAZY);
-	if (!handle)
-		goto no;
+/* Notes `name` in `handle` as a wrapper if its image has no malloc. */
+static void note_wrapper(void *handle, const char *name)
+{
+	const ElfW(Sym) *sym = NULL;
+	Dl_info info, mine;
+	void *addr = dlsym(handle, name), *m;
+	unsigned int i;
+	int own;
+
+	if (!addr || wrapper_count == WRAPPERS_MAX ||
+	    !dladdr1(addr, &info, (void **)&sym, RTLD_DL_SYMENT) || !sym || !sym->st_size)
+		return;
+	for (i = 0; i < wrapper_count; i++)
+		if (wrappers[i].lo == (uint64_t)(uintptr_t)addr)
+			return;
 	m = dlsym(handle, "malloc");
 	own = m && dladdr(m, &mine) && mine.dli_fbase == info.dli_fbase;
-	dlclose(handle);
-	t->in_alloc = 0;
-	t->in_ring = 1;
-	return !own;
-no:
-	t->in_alloc = 0;
-	t->in_ring = 1;
-	return 0;
+	if (own)
+		return;
+	wrappers[wrapper_count].lo = (uint64_t)(uintptr_t)addr;
+	wrappers[wrapper_count].hi = (uint64_t)(uintptr_t)addr + sym->st_size;
+	wrapper_count++;
 }
 
-/* Answers of new_wrapper_slow by return address: ip << 1 | answer. */
-static uint64_t wrapper_cache[1024] DATA;
-
-static inline int new_wrapper(struct mt_thread *t, uint64_t ip)
+static void find_wrappers(void)
 {
-	uint64_t *slot = &wrapper_cache[(ip ^ ip >> 10) & 1023];
-	uint64_t v = __atomic_load_n(slot, __ATOMIC_RELAXED);
-	int w;
+	static const char *const runtimes[] = {"libstdc++.so.6", "libc++.so.1"};
+	size_t i, j;
 
-	if (v >> 1 == ip)
-		return (int)(v & 1);
-	w = new_wrapper_slow(t, ip);
-	__atomic_store_n(slot, ip << 1 | (uint64_t)w, __ATOMIC_RELAXED);
-	return w;
+	for (i = 0; i < sizeof(operator_new) / sizeof(operator_new[0]); i++)
+		note_wrapper(RTLD_DEFAULT, operator_new[i]);
+	for (j = 0; j < sizeof(runtimes) / sizeof(runtimes[0]); j++) {
+		void *h = dlopen(runtimes[j], RTLD_NOLOAD | RTLD_LAZY);
+
+		if (!h)
+			continue;
+		for (i = 0; i < sizeof(operator_new) / sizeof(operator_new[0]); i++)
+			note_wrapper(h, operator_new[i]);
+		dlclose(h);
+	}
+}
+
+/* Whether ip returns into one of those operator news. */
+static inline int new_wrapper(uint64_t ip)
+{
+	unsigned int i;
+
+	for (i = 0; i < wrapper_count; i++)
+		if (ip > wrappers[i].lo && ip <= wrappers[i].hi)
+			return 1;
+	return 0;
 }
 
 /* glibc's signal trampoline, __restore_rt (mov $15,%rax; syscall), in
@@ -830,7 +849,7 @@ static __attribute__((noinline)) uint64_t ring_stack(struct mt_ring *r, struct m
 	while (i < n && (uint64_t)(uintptr_t)buf[i] >= shim_lo &&
 	       (uint64_t)(uintptr_t)buf[i] < shim_hi)
 		i++;
-	while (i < n && new_wrapper(t, (uint64_t)(uintptr_t)buf[i]))
+	while (i < n && new_wrapper((uint64_t)(uintptr_t)buf[i]))
 		i++;
 	nr = n - i;
 	if (nr > (int)ring_depth) {
