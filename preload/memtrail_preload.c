@@ -253,7 +253,9 @@ struct ring_control {
 	uint32_t flags;
 	uint32_t memtrail_pid;
 	uint32_t ring_pages;
-	uint64_t reserved[3];
+	/* memtrail's PID namespace (its inode): ids are memtrail's only there. */
+	uint64_t pidns;
+	uint64_t reserved[2];
 	/* tgid << 32 | tid of each ring's thread, 0 for a free ring. */
 	uint64_t claims[];
 };
@@ -574,6 +576,8 @@ static void ring_setup(void)
 	    64 + 8ULL * ctl->nrings > RING_PAGE)
 		return;
 	if ((ctl->flags & RING_F_PYTHON) && dlsym(RTLD_DEFAULT, "_PyRuntime"))
+		return;
+	if (ctl->pidns && (stat("/proc/self/ns/pid", &st) != 0 || (uint64_t)st.st_ino != ctl->pidns))
 		return;
 	ring_depth = ctl->stack_depth < MT_MAX_STACK ? ctl->stack_depth : MT_MAX_STACK;
 	if (ring_depth && !load_unwinder())

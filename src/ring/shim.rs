@@ -4,7 +4,7 @@
 //! One memfd of memtrail's, named to the command in `MEMTRAIL_SHM` as
 //! `/proc/<memtrail>/fd/<n>` (as the shim itself is in `LD_PRELOAD`):
 //! - page 0, the control page: [`MAGIC`], the layout, the walk's settings,
-//!   then one claim word per ring at byte 64 (`tgid << 32 | tid` of the
+//!   memtrail's PID namespace, then one claim word per ring at byte 64 (`tgid << 32 | tid` of the
 //!   thread that writes it, 0 while it is free);
 //! - then each ring in `ring_pages` pages: a consumer page (memtrail's
 //!   `consumer_pos`), a producer page (the shim's `producer_pos`), the data
@@ -136,6 +136,14 @@ impl ShimRings {
             map[at..at + 4].copy_from_slice(&v.to_ne_bytes());
         }
         map[36..40].copy_from_slice(&(settings.ring_pages() as u32).to_ne_bytes());
+        // memtrail's PID namespace: a process in another one (a sandbox's)
+        // names itself with ids memtrail does not see, and keeps the hook
+        // path (BPF translates its ids).
+        let pidns = std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| {
+            use std::os::unix::fs::MetadataExt;
+            m.ino()
+        });
+        map[40..48].copy_from_slice(&pidns.to_ne_bytes());
         // Last: the shim checks the magic first.
         map[..8].copy_from_slice(&MAGIC.to_ne_bytes());
         Ok(Self {

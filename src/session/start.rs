@@ -412,7 +412,8 @@ fn preload_shim(
     if plan.shim_rings {
         let rings = crate::ring::shim::ShimRings::new(crate::ring::shim::Settings {
             stack_depth: opts.stack_depth,
-            python: opts.python_frames,
+            // Python frames are walked in BPF, with the native stack.
+            python: opts.python_frames && opts.stack_depth > 0,
             ..Default::default()
         })
         .map_err(|err| CaptureError::Io {
