@@ -216,6 +216,7 @@ impl StackSymbolizer {
                 }
             }
         }
+        let mut names = Names::default();
         // Each stack's frames by index: what its address gave, None when
         // it is in no known file.
         let mut resolved: Vec<Vec<Option<Vec<Frame>>>> =
@@ -256,7 +257,7 @@ impl StackSymbolizer {
                         offset: Some(offset),
                         ..Frame::unknown(0)
                     };
-                    frames_of(base, results.as_mut().and_then(Iterator::next))
+                    frames_of(base, results.as_mut().and_then(Iterator::next), &mut names)
                 })
                 .collect();
             for (s, f, offset) in items {
@@ -304,8 +305,17 @@ impl StackSymbolizer {
         // (debug file, image) -> frames and their file offsets.
         type Items = Vec<(usize, usize, u64)>;
         let mut by_file: HashMap<(PathBuf, Option<&str>), Items> = HashMap::new();
-        // Each build id looked for once.
+        // Each build id looked for once; not one whose frames already have
+        // lines elsewhere (its debug information was found: the frames
+        // without lines have none there, and loading it again cost ~50 ms
+        // of every capture through libc).
         let mut debug_files: HashMap<&str, Option<PathBuf>> = HashMap::new();
+        let with_lines: std::collections::HashSet<&str> = stacks
+            .iter()
+            .flat_map(|s| &s.frames)
+            .filter(|f| f.file.is_some())
+            .filter_map(|f| f.build_id.as_deref())
+            .collect();
         for (s, stack) in stacks.iter().enumerate() {
             for (f, frame) in stack.frames.iter().enumerate() {
                 if frame.file.is_some() || frame.inlined {
@@ -314,6 +324,9 @@ impl StackSymbolizer {
                 let (Some(id), Some(offset)) = (frame.build_id.as_deref(), frame.offset) else {
                     continue;
                 };
+                if with_lines.contains(id) {
+                    continue;
+                }
                 let found = debug_files
                     .entry(id)
                     .or_insert_with(|| dirs.iter().find_map(|dir| debug_file(dir, id)));
@@ -357,9 +370,10 @@ impl StackSymbolizer {
                 }
             }
         }
+        let mut names = Names::default();
         let mut replaced: HashMap<(usize, usize), Vec<Frame>> = found
             .into_iter()
-            .map(|(at, base, sym)| (at, frames_of(base, Some(sym))))
+            .map(|(at, base, sym)| (at, frames_of(base, Some(sym), &mut names)))
             .collect();
         let count = replaced.len();
         for (s, stack) in stacks.iter_mut().enumerate() {
@@ -452,18 +466,34 @@ fn debug_file(dir: &Path, build_id: &str) -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
+/// Function names demangled once each (a function's addresses share its
+/// name: node's stacks have ~4 distinct addresses a name).
+#[derive(Default)]
+struct Names(HashMap<String, std::sync::Arc<str>>);
+
+impl Names {
+    fn demangled(&mut self, name: &str) -> std::sync::Arc<str> {
+        if let Some(shown) = self.0.get(name) {
+            return shown.clone();
+        }
+        let shown: std::sync::Arc<str> = demangle(name).into();
+        self.0.insert(name.to_owned(), shown.clone());
+        shown
+    }
+}
+
 /// The frames of one address: inlined calls innermost first, then the
 /// function they were inlined into. `base` is the frame without a function,
 /// which stands when `sym` found nothing.
-fn frames_of(base: Frame, sym: Option<Symbolized<'_>>) -> Vec<Frame> {
+fn frames_of(base: Frame, sym: Option<Symbolized<'_>>, names: &mut Names) -> Vec<Frame> {
     let Some(Symbolized::Sym(sym)) = sym else {
         return vec![base];
     };
     let location = |info: Option<&blazesym::symbolize::CodeInfo<'_>>| {
         info.map(|c| (c.to_path().display().to_string(), c.line))
     };
-    let frame = |name: &str, loc: Option<(String, Option<u32>)>, inlined: bool| Frame {
-        function: Some(demangle(name).into()),
+    let mut frame = |name: &str, loc: Option<(String, Option<u32>)>, inlined: bool| Frame {
+        function: Some(names.demangled(name)),
         line: loc.as_ref().and_then(|l| l.1),
         file: loc.map(|l| l.0.into()),
         inlined,
