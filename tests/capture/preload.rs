@@ -351,3 +351,31 @@ fn preload_batched_frees_exact() {
         }
     }
 }
+
+/// Check that a process with more threads at once than the shim has rings
+/// (tests/fixtures/preload_threads.c: 80 threads, 64 rings) is counted
+/// exactly: the threads without a ring take the hook path beside the
+/// others' ring path, and the capture gives the counts the hook path alone
+/// gives (the DTV callocs a module longer on the ring path: libunwind's).
+#[test]
+fn preload_more_threads_than_rings_exact() {
+    let counts = |env: Env| {
+        let run = capture_flags(&["--preload"], &cmd("preload_threads", &[]), b"", env);
+        run.expect_code(0);
+        let events = run.events();
+        let root = stream_root(events);
+        let ours = allocator_events(events, root);
+        let sized = |lo: u64| {
+            ours.iter()
+                .filter(|e| e["kind"] == "malloc" && (lo..lo + 80).contains(&num(e, "size")))
+                .count()
+        };
+        assert_eq!(sized(20000), 80 * 100, "the pairs' mallocs");
+        assert_eq!(sized(30000), 80, "the leaked blocks");
+        let [allocations, frees, unmatched, live, _] = heap_of(run.profile(), root);
+        [allocations, frees, unmatched, live]
+    };
+    let rings = counts(&[]);
+    assert_eq!(rings[2], 0, "no unmatched free: {rings:?}");
+    assert_eq!(rings, counts(HOOK_ONLY));
+}
