@@ -416,9 +416,12 @@ pub struct RunArgs {
 
     /// Hand allocator calls to memtrail from inside the command's
     /// processes: a shim put first in LD_PRELOAD interposes malloc, free
-    /// and the rest of glibc's allocator API and calls a hook the kernel
-    /// enters by a syscall, one entry a call where the default probes take
-    /// three a malloc/free pair. A process that does not load the shim (a
+    /// and the rest of glibc's allocator API and records each call from
+    /// inside the process: into a ring of memtrail's shared memory, its
+    /// stack walked with libunwind (no kernel entry), or where it cannot
+    /// (no libunwind, another --unwind, a Python process's frames) through
+    /// a hook the kernel enters by a syscall, one entry a call where the
+    /// default probes take three a malloc/free pair. A process that does not load the shim (a
     /// static binary, a set-user-ID program, an environment cleared, a user
     /// who cannot open memtrail's /proc/PID/fd) keeps the probes. In a
     /// process with the shim libc's allocator is not probed (a call of it

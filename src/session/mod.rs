@@ -131,8 +131,9 @@ pub struct SessionOptions {
     /// looked in after `/usr/lib/debug` (`--debuginfo-dir`).
     pub debuginfo_dirs: Vec<std::path::PathBuf>,
     /// The preload shim (`--preload`, issue 22): a command's processes that
-    /// load it hand their allocator calls to memtrail in-process (one
-    /// kernel entry a call); the others keep the allocator probes. Probes
+    /// load it hand their allocator calls to memtrail in-process (into
+    /// rings of memtrail's shared memory, or one kernel entry a call where
+    /// they cannot); the others keep the allocator probes. Probes
     /// are then per process. Only for a command memtrail starts.
     pub preload: bool,
 }
