@@ -171,6 +171,21 @@ fn hook_offset(data: &[u8]) -> Option<u64> {
 mod tests {
     use super::{SHIM, hook_offset};
 
+    /// Check that the shim's list of C++ operator news (whose frames its
+    /// ring path leaves out, `operator_new` in preload/memtrail_preload.c)
+    /// is the unwind tables' (`OPERATOR_NEW`, flagged for BPF's walk): the
+    /// two walks must skip the same frames.
+    #[test]
+    fn shim_skips_the_operator_news_the_tables_flag() {
+        let source = include_str!("../../preload/memtrail_preload.c");
+        let start = source
+            .find("static const char *const operator_new[] = {")
+            .expect("the shim's operator_new list");
+        let list = &source[start..start + source[start..].find("};").expect("its end")];
+        let names: Vec<&str> = list.split('"').skip(1).step_by(2).collect();
+        assert_eq!(names, crate::unwind::table::OPERATOR_NEW);
+    }
+
     /// Check that the embedded shim's hook starts with the 5-byte nop the
     /// kernel optimizes a uprobe on (`0f 1f 44 00 00`), then `ret`.
     #[test]
