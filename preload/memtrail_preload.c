@@ -1372,6 +1372,9 @@ static void after_fork_child(void)
 		mt_self.owner = gettid();
 	/* Its parent's thread's ring is not its own. */
 	ring_pid = getpid();
+	/* Another thread of the parent may have held the arena's lock: it is
+	 * not in the child. */
+	__atomic_store_n(&quiet_lock, 0, __ATOMIC_RELEASE);
 	mt_self.ring = mt_self.state == MT_DIRECT ? RING_NONE : NULL;
 }
 
