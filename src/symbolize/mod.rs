@@ -208,19 +208,28 @@ impl StackSymbolizer {
     ) -> Vec<Vec<Frame>> {
         // Group every address by file, symbolize each file in one batch.
         let mut by_file: HashMap<&Path, Vec<(usize, usize, u64)>> = HashMap::new();
+        // Each distinct address looked up once: stacks share most of
+        // their frames, and a look-up scans the process's mappings.
+        let mut places: HashMap<u64, Option<(&Path, u64)>> = HashMap::new();
         for (s, ips) in stacks.iter().enumerate() {
             for (f, &ip) in ips.iter().enumerate() {
-                if let Some(m) = spaces.find(pid, ip) {
-                    let offset = ip.saturating_sub(1) - m.start + m.pgoff;
-                    by_file.entry(&m.path).or_default().push((s, f, offset));
+                let place = *places.entry(ip).or_insert_with(|| {
+                    spaces
+                        .find(pid, ip)
+                        .map(|m| (m.path.as_path(), ip.saturating_sub(1) - m.start + m.pgoff))
+                });
+                if let Some((path, offset)) = place {
+                    by_file.entry(path).or_default().push((s, f, offset));
                 }
             }
         }
         let mut names = Names::default();
-        // Each stack's frames by index: what its address gave, None when
-        // it is in no known file.
-        let mut resolved: Vec<Vec<Option<Vec<Frame>>>> =
+        // Each stack's frames by index: (file, distinct offset) of what its
+        // address gave, None when it is in no known file. The frames are
+        // copied out once, at the end (a copy per frame, no vector).
+        let mut resolved: Vec<Vec<Option<(u32, u32)>>> =
             stacks.iter().map(|ips| vec![None; ips.len()]).collect();
+        let mut per_file: Vec<Vec<Vec<Frame>>> = Vec::with_capacity(by_file.len());
         for (path, items) in by_file {
             let module: std::sync::Arc<str> = path.display().to_string().into();
             let build_id: Option<std::sync::Arc<str>> = path
@@ -260,33 +269,33 @@ impl StackSymbolizer {
                     frames_of(base, results.as_mut().and_then(Iterator::next), &mut names)
                 })
                 .collect();
+            let file = per_file.len() as u32;
             for (s, f, offset) in items {
-                let Ok(at) = offsets.binary_search(&offset) else {
-                    continue;
-                };
-                let addr = stacks[s][f];
-                resolved[s][f] = Some(
-                    per_offset[at]
-                        .iter()
-                        .map(|frame| Frame {
-                            addr,
-                            ..frame.clone()
-                        })
-                        .collect(),
-                );
+                if let Ok(at) = offsets.binary_search(&offset) {
+                    resolved[s][f] = Some((file, at as u32));
+                }
             }
+            per_file.push(per_offset);
         }
         resolved
             .into_iter()
             .zip(stacks)
-            .map(|(frames, ips)| {
+            .map(|(places, ips)| {
+                let mut frames = Vec::with_capacity(ips.len());
+                for (place, &addr) in places.into_iter().zip(ips.iter()) {
+                    match place {
+                        Some((file, at)) => {
+                            frames.extend(per_file[file as usize][at as usize].iter().map(
+                                |frame| Frame {
+                                    addr,
+                                    ..frame.clone()
+                                },
+                            ))
+                        }
+                        None => frames.push(Frame::unknown(addr)),
+                    }
+                }
                 frames
-                    .into_iter()
-                    .zip(ips.iter())
-                    .flat_map(|(frames, &addr)| {
-                        frames.unwrap_or_else(|| vec![Frame::unknown(addr)])
-                    })
-                    .collect()
             })
             .collect()
     }
