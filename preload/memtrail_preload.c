@@ -721,6 +721,8 @@ static void ring_event(struct mt_ring *r, struct mt_thread *t, uint16_t kind, ui
 	ring_commit(e, 56);
 }
 
+/* The unwind tables' OPERATOR_NEW (src/unwind/table.rs): a test of
+ * src/attach/shim.rs keeps the two lists the same. */
 static const char *const operator_new[] = {
 	"_Znwm",
 	"_Znam",
