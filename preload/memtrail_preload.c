@@ -623,20 +623,13 @@ static struct mt_ring *ring_claim(struct mt_thread *t)
 	return NULL;
 }
 
-/* The thread's ring, or NULL: the hook path. Not while it writes to it
- * (a signal handler's call). Frees the hook path left buffered go first. */
-static inline struct mt_ring *ring_of(struct mt_thread *t)
+/* A ring claimed for a thread without one (NULL if none is free: it
+ * tries again after RING_RETRY calls). */
+static struct mt_ring *ring_take(struct mt_thread *t)
 {
-	struct mt_ring *r = t->ring;
+	struct mt_ring *r;
 
-	if (__builtin_expect(r != NULL && r != RING_NONE, 1)) {
-		if (__builtin_expect(t->in_ring || t->busy, 0))
-			return NULL;
-		return r;
-	}
-	if (!__atomic_load_n(&ring_on, __ATOMIC_ACQUIRE) || t->in_ring || t->busy)
-		return NULL;
-	if (r == RING_NONE && ++t->ring_retry % RING_RETRY != 0)
+	if (t->ring == RING_NONE && ++t->ring_retry % RING_RETRY != 0)
 		return NULL;
 	r = ring_claim(t);
 	t->ring = r ? r : RING_NONE;
@@ -651,6 +644,27 @@ static inline struct mt_ring *ring_of(struct mt_thread *t)
 		}
 		t->in_ring = 0;
 	}
+	return r;
+}
+
+/* The thread's ring, or NULL: the hook path. Not while it writes to it
+ * (a signal handler's call) or updates its buffer of frees. Frees the
+ * hook path left buffered go first. */
+static inline struct mt_ring *ring_of(struct mt_thread *t)
+{
+	struct mt_ring *r = t->ring;
+
+	if (__builtin_expect(t->in_ring || t->busy, 0))
+		return NULL;
+	if (__builtin_expect(r == NULL || r == RING_NONE, 0)) {
+		if (!__atomic_load_n(&ring_on, __ATOMIC_ACQUIRE))
+			return NULL;
+		r = ring_take(t);
+		if (!r)
+			return NULL;
+	}
+	if (__builtin_expect(t->count != 0, 0))
+		flush_self();
 	return r;
 }
 
@@ -916,41 +930,28 @@ static void ring_release(struct mt_ring *r, struct mt_thread *t, uint16_t kind, 
 }
 
 /*
- * The record of an allocating call: on the thread's ring, else the hook.
- * In the interposer's body (HOOK_CARRY's rbp).
+ * The record of a call: `ring_call` on the thread's ring (r_, rt_), else
+ * the hook with (kind, a, b, c). None for the shim's own calls. In the
+ * interposer's body (HOOK_CARRY's rbp).
  */
-#define RECORD_ALLOC(kind, p, size, old)                                                 \
+#define RECORD(ring_call, kind, a, b, c)                                                 \
 	do {                                                                             \
 		struct mt_thread *rt_ = &mt_self;                                        \
 		struct mt_ring *r_;                                                      \
 		if (__builtin_expect(rt_->in_ring == 2, 0))                              \
 			break; /* the shim's own call */                                 \
 		r_ = ring_of(rt_);                                                       \
-		if (__builtin_expect(r_ != NULL, 1)) {                                   \
-			if (__builtin_expect(rt_->count != 0, 0))                        \
-				flush_self();                                            \
-			ring_alloc(r_, rt_, kind, p, size, old);                         \
-		} else {                                                                 \
-			HOOK_CARRY(kind, p, size, old);                                  \
-		}                                                                        \
+		if (__builtin_expect(r_ != NULL, 1))                                     \
+			ring_call;                                                       \
+		else                                                                     \
+			HOOK_CARRY(kind, a, b, c);                                       \
 	} while (0)
 
-/* A realloc's begin (its old block), likewise. */
+/* An allocating call's record, and a realloc's begin (its old block). */
+#define RECORD_ALLOC(kind, p, size, old)                                                 \
+	RECORD(ring_alloc(r_, rt_, kind, p, size, old), kind, p, size, old)
 #define RECORD_BEGIN(old)                                                                \
-	do {                                                                             \
-		struct mt_thread *rt_ = &mt_self;                                        \
-		struct mt_ring *r_;                                                      \
-		if (__builtin_expect(rt_->in_ring == 2, 0))                              \
-			break;                                                           \
-		r_ = ring_of(rt_);                                                       \
-		if (__builtin_expect(r_ != NULL, 1)) {                                   \
-			if (__builtin_expect(rt_->count != 0, 0))                        \
-				flush_self();                                            \
-			ring_release(r_, rt_, MT_REALLOC_BEGIN, old);                    \
-		} else {                                                                 \
-			HOOK_CARRY(MT_REALLOC_BEGIN, old, 0, 0);                         \
-		}                                                                        \
-	} while (0)
+	RECORD(ring_release(r_, rt_, MT_REALLOC_BEGIN, old), MT_REALLOC_BEGIN, old, 0, 0)
 
 EXPORT void *malloc(size_t size)
 {
@@ -1106,8 +1107,6 @@ EXPORT void free(void *p)
 	}
 	r = ring_of(t);
 	if (__builtin_expect(r != NULL, 1)) {
-		if (__builtin_expect(t->count != 0, 0))
-			flush_self();
 		ring_release(r, t, MT_FREE, p);
 		real_free(t, p);
 		return;

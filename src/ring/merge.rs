@@ -146,14 +146,15 @@ impl Consume for Merged {
     /// of records read (they are handed on now or at a later call).
     fn poll(&mut self, mut f: impl FnMut(&[u8])) -> usize {
         let mut read = 0;
+        // CLOCK_MONOTONIC: the clock BPF stamps records with. A reading
+        // before each BPF ring's look; the first serves the reaping too,
+        // and one serves every shim ring (taken before each's look).
+        let mut looked = crate::sys::monotonic_ns();
         if let Some(shim) = &mut self.shim {
-            shim.reap(&self.rings[self.bpf..], false);
+            shim.reap(&self.rings[self.bpf..], looked, false);
         }
-        let mut looked = 0;
         for (i, (ring, bound)) in self.rings.iter_mut().zip(&mut self.bounds).enumerate() {
-            // CLOCK_MONOTONIC: the clock BPF stamps records with. One
-            // reading serves every shim ring (taken before each's look).
-            if i <= self.bpf {
+            if i > 0 && i <= self.bpf {
                 looked = crate::sys::monotonic_ns();
             }
             let prod = ring.producer_pos();
@@ -173,7 +174,7 @@ impl Consume for Merged {
     fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
         let mut read = 0;
         if let Some(shim) = &mut self.shim {
-            shim.reap(&self.rings[self.bpf..], true);
+            shim.reap(&self.rings[self.bpf..], crate::sys::monotonic_ns(), true);
         }
         for (i, (ring, bound)) in self.rings.iter_mut().zip(&mut self.bounds).enumerate() {
             // CLOCK_MONOTONIC: the clock BPF stamps records with.
@@ -183,7 +184,7 @@ impl Consume for Merged {
             if i < self.bpf {
                 read += ring.drain_to(target, |rec| held.hold(rec));
             } else {
-                read += ring.poll(|rec| held.hold(rec));
+                read += ring.poll_to(target, |rec| held.hold(rec));
             }
             *bound = looked;
         }

@@ -123,7 +123,7 @@ impl ShimRings {
         if let Err(err) = map.advise(memmap2::Advice::DontFork) {
             tracing::debug!(%err, "shim rings: MADV_DONTFORK not set");
         }
-        let words: [(usize, u32); 7] = [
+        let words: [(usize, u32); 8] = [
             (8, VERSION),
             (12, settings.rings),
             (16, settings.data_size),
@@ -131,11 +131,11 @@ impl ShimRings {
             (24, settings.stack_depth),
             (28, if settings.python { FLAG_PYTHON } else { 0 }),
             (32, std::process::id()),
+            (36, settings.ring_pages() as u32),
         ];
         for (at, v) in words {
             map[at..at + 4].copy_from_slice(&v.to_ne_bytes());
         }
-        map[36..40].copy_from_slice(&(settings.ring_pages() as u32).to_ne_bytes());
         // memtrail's PID namespace: a process in another one (a sandbox's)
         // names itself with ids memtrail does not see, and keeps the hook
         // path (BPF translates its ids).
@@ -186,12 +186,11 @@ impl ShimRings {
     }
 
     /// Gives back the rings of threads that are gone, at most every
-    /// [`REAP_EVERY_NS`] unless `now` is asked: a record such a thread left
-    /// unfinished is discarded (the ring's reader stops at it otherwise).
-    /// `rings` are the consumers of [`Self::consumers`], in order. Returns
-    /// the rings given back.
-    pub fn reap(&mut self, rings: &[RingConsumer], now: bool) -> usize {
-        let clock = crate::sys::monotonic_ns();
+    /// [`REAP_EVERY_NS`] of `clock` (a monotonic reading) unless `now` is
+    /// asked: a record such a thread left unfinished is discarded (the
+    /// ring's reader stops at it otherwise). `rings` are the consumers of
+    /// [`Self::consumers`], in order. Returns the rings given back.
+    pub fn reap(&mut self, rings: &[RingConsumer], clock: u64, now: bool) -> usize {
         if !now && clock.saturating_sub(self.reaped_at) < REAP_EVERY_NS {
             return 0;
         }

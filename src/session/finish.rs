@@ -147,7 +147,7 @@ impl Session {
         let (lost, end_ns) = self.check(&mut drained)?;
         let Drained {
             events,
-            stacks,
+            mut stacks,
             mappings,
             mut attacher,
             seen,
@@ -164,7 +164,6 @@ impl Session {
             shim_stacks,
             ..
         } = events;
-        let mut stacks = stacks;
         stacks.stacks.extend(shim_stacks.stacks);
         stacks.malformed += shim_stacks.malformed;
         agg.finish(end_ns);

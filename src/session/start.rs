@@ -44,9 +44,8 @@ struct Plan {
     per_process: bool,
     /// The preload shim is given to the command (`--preload`).
     preload: bool,
-    /// ... with its rings (the ring path, with the default `--unwind`):
-    /// made with the shim.
-    shim_rings: bool,
+    /// ... with its rings (the ring path, with the default `--unwind`),
+    /// taken by the events pipeline when it starts.
     rings_file: Option<crate::ring::shim::ShimRings>,
     spec: Option<CommandSpec>,
     is_self: bool,
@@ -82,10 +81,14 @@ impl Plan {
             opts.probes
                 .per_process(!matches!(target, Target::Command(_)))?
         };
-        let spec = match target {
+        let mut spec = match target {
             Target::Command(argv) => Some(CommandSpec::new(argv.clone())?),
             _ => None,
         };
+        let rings_file = shim_rings(opts)?;
+        if let (Some(spec), Some(rings)) = (spec.as_mut(), &rings_file) {
+            spec.rings_file = Some(rings.path());
+        }
         let cpus = libbpf_rs::num_possible_cpus().map_or(1, |n| n as u64);
         let rings = opts.event_rings.layout(opts.ring_size, cpus as usize);
         if let Some(online) = rings.per_cpu {
@@ -118,10 +121,7 @@ impl Plan {
         Ok(Self {
             per_process,
             preload: opts.preload,
-            shim_rings: opts.preload
-                && opts.unwind == crate::profile::unwind::Mode::Auto
-                && !opts.faults.shim_hook_only,
-            rings_file: None,
+            rings_file,
             is_self: *target == Target::SelfProcess,
             running: match target {
                 Target::SelfProcess => Some(std::process::id()),
@@ -174,7 +174,7 @@ impl Plan {
             threads_excluded: self.is_self,
             rings,
             cpu_rings: self.rings.per_cpu.is_some(),
-            stamp_reserved: self.shim_rings,
+            stamp_reserved: self.rings_file.is_some(),
             event_ring_count: self.rings.sizes.len() as u32,
             one_thread_slot: opts.faults.one_thread_slot,
             one_row_cache_slot: opts.faults.one_row_cache_slot,
@@ -397,34 +397,36 @@ fn dup(fd: BorrowedFd<'_>) -> Result<OwnedFd, CaptureError> {
     })
 }
 
+/// The preload shim's rings (its ring path), with `--preload` and the
+/// default `--unwind` (the shim's unwinder walks as `auto` does).
+fn shim_rings(opts: &SessionOptions) -> Result<Option<crate::ring::shim::ShimRings>, CaptureError> {
+    if !opts.preload
+        || opts.unwind != crate::profile::unwind::Mode::Auto
+        || opts.faults.shim_hook_only
+    {
+        return Ok(None);
+    }
+    crate::ring::shim::ShimRings::new(crate::ring::shim::Settings {
+        stack_depth: opts.stack_depth,
+        // Python frames are walked in BPF, with the native stack.
+        python: opts.python_frames && opts.stack_depth > 0,
+        ..Default::default()
+    })
+    .map(Some)
+    .map_err(|err| CaptureError::Io {
+        what: "making the preload shim's rings",
+        source: std::io::Error::other(err),
+    })
+}
+
 /// Writes the preload shim into its memfd: named in the command's
 /// `LD_PRELOAD`, its hook probed in the processes that map it.
-fn preload_shim(
-    plan: &mut Plan,
-    installed: &mut Installed,
-    opts: &SessionOptions,
-) -> Result<(), CaptureError> {
+fn preload_shim(plan: &mut Plan, installed: &mut Installed) -> Result<(), CaptureError> {
     let shim = attach::shim::Shim::new().map_err(|err| CaptureError::Io {
         what: "preparing the preload shim",
         source: std::io::Error::other(err),
     })?;
     tracing::debug!(path = %shim.preload_path().display(), "preload shim ready");
-    if plan.shim_rings {
-        let rings = crate::ring::shim::ShimRings::new(crate::ring::shim::Settings {
-            stack_depth: opts.stack_depth,
-            // Python frames are walked in BPF, with the native stack.
-            python: opts.python_frames && opts.stack_depth > 0,
-            ..Default::default()
-        })
-        .map_err(|err| CaptureError::Io {
-            what: "making the preload shim's rings",
-            source: std::io::Error::other(err),
-        })?;
-        if let Some(spec) = plan.spec.as_mut() {
-            spec.rings_file = Some(rings.path());
-        }
-        plan.rings_file = Some(rings);
-    }
     if let Some(spec) = plan.spec.as_mut() {
         spec.preload = Some(shim.preload_path());
     }
@@ -680,7 +682,7 @@ impl Session {
         .with_python(python_images(&loaded, opts)?)
         .run(prepared.images, plan.running, &mut phases)?;
         if plan.preload {
-            preload_shim(&mut plan, &mut installed, opts)?;
+            preload_shim(&mut plan, &mut installed)?;
         }
 
         // From here on every thread started is in `threads`, declared
