@@ -654,11 +654,12 @@ static inline struct mt_ring *ring_of(struct mt_thread *t)
 {
 	struct mt_ring *r = t->ring;
 
-	if (__builtin_expect(t->in_ring || t->busy, 0))
+	/* ring_on drops when memtrail is gone (ring_wait): a thread with a
+	 * ring would otherwise wait on it at every call. */
+	if (__builtin_expect(t->in_ring || t->busy || !__atomic_load_n(&ring_on, __ATOMIC_ACQUIRE),
+			     0))
 		return NULL;
 	if (__builtin_expect(r == NULL || r == RING_NONE, 0)) {
-		if (!__atomic_load_n(&ring_on, __ATOMIC_ACQUIRE))
-			return NULL;
 		r = ring_take(t);
 		if (!r)
 			return NULL;
