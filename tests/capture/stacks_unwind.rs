@@ -481,7 +481,10 @@ fn stacks_unwind_changing_stacks_exact_one_cache_slot() {
 fn stacks_unwind_twins_one_stack_window_exact() {
     let exe = fixture_with_flags("stack_twins", support::NO_FP);
     let env = [("MEMTRAIL_FAULT", "one-stack-window")];
-    let p = run_profile_env(&[exe.into()], &[], &env);
+    // 960k records: on a loaded machine the events ring can fill before
+    // the poller gets a CPU. Pauses instead of a failed capture: this test
+    // is about whose words a walk reads.
+    let p = run_profile_env(&[exe.into()], &["--pressure-timeout", "inf"], &env);
     let src = "stack_twins.c";
     for k in 0..4u64 {
         let (via, mark) = if k % 2 == 1 {
