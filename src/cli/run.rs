@@ -153,7 +153,12 @@ pub(crate) fn write_outputs(
         });
     }
     if let Some(output) = output {
+        let started = std::time::Instant::now();
         outputs.write(output, |out| crate::output::stage_profile(profile, out));
+        tracing::debug!(
+            ms = format!("{:.1}", started.elapsed().as_secs_f64() * 1e3),
+            "finish: profile written"
+        );
     }
     outputs
 }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::{CodeOffsets, Interpreter, MODULE, decode, linetable};
 use crate::bpf::skel::memtrail::types::mt_py_code_record;
@@ -88,7 +89,7 @@ impl Resolver {
                 };
                 named.unwrap_or_else(|| Frame {
                     function: Some(format!("<code {code:#x}>").into()),
-                    module: Some(MODULE.into()),
+                    module: Some(module_name()),
                     ..Frame::unknown(code)
                 })
             })
@@ -185,13 +186,20 @@ impl Proc {
     }
 }
 
+/// [`MODULE`], one string shared by every Python frame (a frame's strings
+/// are told apart by address when a profile is written).
+fn module_name() -> Arc<str> {
+    static NAME: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| MODULE.into());
+    NAME.clone()
+}
+
 impl Code {
     fn frame(&self, code: u64, offset: u32) -> Frame {
         Frame {
             function: Some(self.qualname.clone()),
             file: Some(self.filename.clone()),
             line: linetable::line_of(&self.table, self.first, offset),
-            module: Some(MODULE.into()),
+            module: Some(module_name()),
             ..Frame::unknown(code)
         }
     }

@@ -438,9 +438,8 @@ fn name_cold_parts(frames: &mut [Frame], cold: &mut ColdParts) {
         let (Some(module), Some(offset)) = (&f.module, f.offset) else {
             continue;
         };
-        if !module.contains("python") {
-            continue;
-        }
+        // Images that are no interpreter have no cold parts (`of` looks at
+        // each image once).
         if cold
             .of(module)
             .iter()
