@@ -2006,30 +2006,6 @@ static long py_thread_step(__u64 i, void *data)
 	return 0;
 }
 
-/* One _PyInterpreterFrame of the codes pass: its code object's record
- * (py_code_record), then the previous frame. */
-static long py_code_step(__u64 i, void *data)
-{
-	struct py_walk *p = data;
-	__u64 frame = p->at, code, instr;
-	__u8 owner = 0;
-
-	if (!frame)
-		return 1;
-	p->at = py_read(frame + p->off->frame_previous);
-	if (bpf_probe_read_user(&owner, 1, (void *)(frame + p->off->frame_owner))) {
-		p->at = 0;
-		return 1;
-	}
-	if (owner == MT_PY_OWNED_BY_CSTACK)
-		return 0;
-	code = py_read(frame + p->off->frame_code);
-	instr = py_read(frame + p->off->frame_instr);
-	if (code && instr >= code + p->off->code_adaptive)
-		py_code_record(p, code);
-	return 0;
-}
-
 /* Bytes of a frame the walk reads at once, from frame_win. */
 #define MT_PY_FRAME_READ 72
 
@@ -2185,42 +2161,68 @@ __noinline long mt_py_window_at(__u32 win, __u64 addr, __u32 span)
 #define MT_PY_BYTE_AT(o, at) (((at) - (o)->frame_win) & 0x7f)
 
 /*
- * One _PyInterpreterFrame: its code and instruction, then the previous.
- * Its fields are loaded straight from the walk's window, which holds the
- * frame's bytes (frame_win, frame_span) and the frames below it (one read
- * for several frames: each user read costs, and a walk reads every frame
- * of the thread at every allocation, perf/python_frames.sh).
+ * Where the frame at user address frame lies in the walk's window win: the
+ * offset of its bytes from frame_win (fields at MT_PY_WORD_AT,
+ * MT_PY_BYTE_AT), read now if the window did not hold them; -1 without a
+ * window. The window holds the frames below it too (one read for several
+ * frames: each user read costs, and a walk reads every frame of the thread
+ * at every allocation, perf/python_frames.sh). A global function, verified
+ * once for both passes' steps.
  */
-static long py_frame_step(__u64 i, void *data)
+__noinline long mt_py_frame_at(__u32 win, __u64 frame, const struct mt_py_offsets *o)
 {
-	struct py_walk *p = data;
-	const struct mt_py_offsets *o = p->off;
-	struct py_frame_fields f;
 	struct stack_window *sw = NULL;
-	__u64 frame = p->at, addr;
-	__u32 span = o->frame_span, win = p->win;
-	__u8 *b;
+	__u64 addr;
+	__u32 span;
 	long off;
 
-	if (!frame || p->n >= MT_MAX_STACK)
-		return 1;
-	p->at = 0;
+	if (!o)
+		return -1;
+	span = o->frame_span;
 	if (span > MT_PY_FRAME_READ)
 		span = MT_PY_FRAME_READ;
 	addr = frame + o->frame_win;
 	if (win < MT_STACK_WINDOWS)
 		sw = bpf_map_lookup_elem(&stack_windows, &win);
+	if (!sw)
+		return -1;
 	/* Most frames are in the window already (the previous frame's). */
-	if (sw && addr >= sw->lo && addr + span <= sw->lo + sw->len) {
-		off = addr - sw->lo;
-	} else {
-		off = mt_py_window_at(win, addr, span);
-		barrier_var(off); /* clang knows its range; the verifier does not */
-		if (off < 0)
-			sw = NULL;
-	}
-	if (sw && off >= 0 && off <= MT_STACK_WINDOW - MT_PY_FIELD_REACH) { /* always with sw */
-		b = sw->bytes + off;
+	if (addr >= sw->lo && addr + span <= sw->lo + sw->len)
+		return addr - sw->lo;
+	off = mt_py_window_at(win, addr, span);
+	return off < 0 ? -1 : off;
+}
+
+/* The bytes of the frame at user address frame in the walk's window
+ * (mt_py_frame_at), NULL without one. */
+static __always_inline __u8 *py_frame_bytes(struct py_walk *p, __u64 frame)
+{
+	struct stack_window *sw;
+	__u32 win = p->win;
+	long off;
+
+	off = mt_py_frame_at(win, frame, p->off);
+	barrier_var(off); /* clang knows its range; the verifier does not */
+	if (off < 0 || off > MT_STACK_WINDOW - MT_PY_FIELD_REACH)
+		return NULL;
+	sw = bpf_map_lookup_elem(&stack_windows, &win);
+	return sw ? sw->bytes + off : NULL;
+}
+
+/* One _PyInterpreterFrame: its code and instruction, then the previous. */
+static long py_frame_step(__u64 i, void *data)
+{
+	struct py_walk *p = data;
+	const struct mt_py_offsets *o = p->off;
+	struct py_frame_fields f;
+	__u64 frame = p->at;
+	__u8 *b;
+
+	if (!frame || p->n >= MT_MAX_STACK)
+		return 1;
+	p->at = 0;
+	b = py_frame_bytes(p, frame);
+	if (b) {
 		f.previous = *(__u64 *)(b + MT_PY_WORD_AT(o, o->frame_previous));
 		f.code = *(__u64 *)(b + MT_PY_WORD_AT(o, o->frame_code));
 		f.instr = *(__u64 *)(b + MT_PY_WORD_AT(o, o->frame_instr));
@@ -2231,6 +2233,42 @@ static long py_frame_step(__u64 i, void *data)
 	}
 	p->at = f.previous;
 	py_frame_emit(p, f.code, f.instr, f.owner, f.entry);
+	return 0;
+}
+
+/* One _PyInterpreterFrame of the codes pass: its code object's record
+ * (py_code_record), then the previous frame. Its fields come from the
+ * walk's window as the frame pass's do (read a field at a time, they made
+ * this pass nine times as costly as the frame pass on python3.11 imports);
+ * without a window, a field at a time, in registers (the stack budget). */
+static long py_code_step(__u64 i, void *data)
+{
+	struct py_walk *p = data;
+	const struct mt_py_offsets *o = p->off;
+	__u64 frame = p->at, code, instr;
+	__u8 owner = 0, *b;
+
+	if (!frame)
+		return 1;
+	b = py_frame_bytes(p, frame);
+	if (b) {
+		p->at = *(__u64 *)(b + MT_PY_WORD_AT(o, o->frame_previous));
+		code = *(__u64 *)(b + MT_PY_WORD_AT(o, o->frame_code));
+		instr = *(__u64 *)(b + MT_PY_WORD_AT(o, o->frame_instr));
+		owner = b[MT_PY_BYTE_AT(o, o->frame_owner)];
+	} else {
+		p->at = py_read(frame + o->frame_previous);
+		if (bpf_probe_read_user(&owner, 1, (void *)(frame + o->frame_owner))) {
+			p->at = 0;
+			return 1;
+		}
+		code = py_read(frame + o->frame_code);
+		instr = py_read(frame + o->frame_instr);
+	}
+	if (owner == MT_PY_OWNED_BY_CSTACK)
+		return 0;
+	if (code && instr >= code + o->code_adaptive)
+		py_code_record(p, code);
 	return 0;
 }
 
