@@ -46,7 +46,7 @@
 mod mapping;
 pub mod timeline;
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use crate::bpf::record::{Body, Header, Kind, Mem, Record};
 use crate::profile::timeline::{Point, Timeline};
