@@ -191,6 +191,7 @@ fn start_symbols(
     opts: &SessionOptions,
     target: &Target,
     spec: Option<&CommandSpec>,
+    cpus: Option<sys::StartupCpus>,
 ) -> crate::symbolize::Background {
     if *target == Target::SelfProcess {
         return crate::symbolize::Background::in_place();
@@ -204,6 +205,7 @@ fn start_symbols(
             .into_iter()
             .flatten()
             .collect(),
+        cpus,
     )
 }
 
@@ -649,11 +651,17 @@ impl Session {
         // While the kernel verifies the programs: the up-front images'
         // entry points and tables are prepared, the files every capture
         // symbolizes loaded, the events rings made.
+        // They run on CPUs other than the loading thread's meanwhile
+        // (sys::StartupCpus).
+        let cpus = sys::StartupCpus::split();
+        let pin = cpus.map(sys::StartupCpus::pin_helpers);
         let preparing = upfront::Preparing::start(plan.with_tables, plan.probe_new);
-        let symbols = start_symbols(opts, &target, plan.spec.as_ref());
+        let symbols = start_symbols(opts, &target, plan.spec.as_ref(), cpus);
         let making_rings = MakingRings::start(&plan.rings.sizes)?;
+        pin.as_ref().inspect(|pin| pin.to_loader());
         let config = plan.config(opts, making_rings.array.as_fd(), attach::uprobe_sessions());
         let mut loaded = Loaded::load(&config).map_err(CaptureError::Load)?;
+        drop(pin);
         phases.done("BPF programs loaded and verified");
         let mut links = Links::default();
         let (guardian, cgroup) = guard(&loaded, &mut links, &mut plan, opts, &mut phases)?;

@@ -67,8 +67,9 @@ impl Background {
     }
 
     /// Starts the thread, which first loads `warm` (files missing or
-    /// unreadable are skipped).
-    pub fn start(warm: Vec<PathBuf>) -> Self {
+    /// unreadable are skipped), on the CPUs it is started on, then runs on
+    /// all of `cpus`'.
+    pub fn start(warm: Vec<PathBuf>, cpus: Option<sys::StartupCpus>) -> Self {
         let (jobs, rx) = mpsc::channel::<Job>();
         let niceness = Arc::new(Mutex::new(Niceness::default()));
         let shared = niceness.clone();
@@ -104,6 +105,7 @@ impl Background {
                     );
                 }
                 shared.lock().unwrap_or_else(|e| e.into_inner()).restore();
+                cpus.inspect(sys::StartupCpus::restore_here);
                 for (spaces, request, reply) in rx {
                     let _ = reply.send(symbolize(&symbolizer, &spaces, request));
                 }

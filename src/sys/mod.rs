@@ -24,6 +24,7 @@
 use std::io;
 
 mod bpf;
+mod cpus;
 mod fd;
 mod guardian;
 mod host;
@@ -36,6 +37,7 @@ mod wait;
 pub use bpf::{
     UprobeKind, bpf_map_contains, bpf_map_delete, bpf_map_u32_keys, bpf_map_update, uprobe_multi,
 };
+pub use cpus::{StartupCpus, StartupPin};
 pub use fd::{
     DoubleMap, FileData, MAX_READ_IMAGE, contents, epoll_for, epoll_wait, epoll_wait_for, eventfd,
     eventfd_signal, map_file, open_regular, pipe, poll_readable, read, sealed_memfd, sized_memfd,
