@@ -71,6 +71,32 @@ fn cli_command_stdio_untouched() {
     );
 }
 
+/// Check that the command may run on every CPU memtrail may: memtrail's
+/// start-up keeps its BPF loading thread on one CPU and its helpers on the
+/// others for a while, and nothing of that reaches the command (with the
+/// probes and with the preload shim).
+#[test]
+fn cli_command_runs_on_memtrails_cpus() {
+    let status = std::fs::read_to_string("/proc/self/status").expect("own status");
+    let ours = status
+        .lines()
+        .find(|l| l.starts_with("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list in /proc/self/status");
+    let command: Vec<OsString> = ["grep", "Cpus_allowed_list:", "/proc/self/status"]
+        .into_iter()
+        .map(OsString::from)
+        .collect();
+    for flags in [&[][..], &["--preload"][..]] {
+        let run = support::capture_flags(flags, &command, b"", &[]);
+        run.expect_code(0);
+        assert_eq!(
+            String::from_utf8_lossy(&run.stdout).trim_end(),
+            ours,
+            "{flags:?}"
+        );
+    }
+}
+
 /// Check that a successful run leaves exactly the two requested files and
 /// no temporary file, and prints a summary on stderr.
 #[test]
