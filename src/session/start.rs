@@ -658,7 +658,9 @@ impl Session {
         let preparing = upfront::Preparing::start(plan.with_tables, plan.probe_new);
         let symbols = start_symbols(opts, &target, plan.spec.as_ref(), cpus);
         let making_rings = MakingRings::start(&plan.rings.sizes)?;
-        pin.as_ref().inspect(|pin| pin.to_loader());
+        if let Some(pin) = &pin {
+            pin.to_loader();
+        }
         let config = plan.config(opts, making_rings.array.as_fd(), attach::uprobe_sessions());
         let mut loaded = Loaded::load(&config).map_err(CaptureError::Load)?;
         drop(pin);

@@ -67,8 +67,8 @@ impl Background {
     }
 
     /// Starts the thread, which first loads `warm` (files missing or
-    /// unreadable are skipped), on the CPUs it is started on, then runs on
-    /// all of `cpus`'.
+    /// unreadable are skipped) on the CPUs it is started on, then works on
+    /// every CPU `cpus` had (sys::StartupCpus).
     pub fn start(warm: Vec<PathBuf>, cpus: Option<sys::StartupCpus>) -> Self {
         let (jobs, rx) = mpsc::channel::<Job>();
         let niceness = Arc::new(Mutex::new(Niceness::default()));
@@ -105,7 +105,9 @@ impl Background {
                     );
                 }
                 shared.lock().unwrap_or_else(|e| e.into_inner()).restore();
-                cpus.inspect(sys::StartupCpus::restore_here);
+                if let Some(cpus) = cpus {
+                    cpus.restore_here();
+                }
                 for (spaces, request, reply) in rx {
                     let _ = reply.send(symbolize(&symbolizer, &spaces, request));
                 }
