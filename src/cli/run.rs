@@ -153,12 +153,9 @@ pub(crate) fn write_outputs(
         });
     }
     if let Some(output) = output {
-        let started = std::time::Instant::now();
+        let mut phases = crate::session::phases::Phases::new("finish");
         outputs.write(output, |out| crate::output::stage_profile(profile, out));
-        tracing::debug!(
-            ms = format!("{:.1}", started.elapsed().as_secs_f64() * 1e3),
-            "finish: profile written"
-        );
+        phases.done("profile written");
     }
     outputs
 }

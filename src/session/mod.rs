@@ -39,7 +39,7 @@ pub mod error;
 mod finish;
 pub(crate) mod markers;
 pub mod options;
-mod phases;
+pub(crate) mod phases;
 pub(crate) mod regions;
 pub mod sinks;
 pub mod stages;
