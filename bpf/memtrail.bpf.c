@@ -2752,26 +2752,6 @@ static __always_inline bool session_is_return(struct pt_regs *ctx)
 	return bpf_session_is_return___noctx();
 }
 
-SEC("uprobe.session")
-int alloc_session(struct pt_regs *ctx)
-{
-	__u64 cookie;
-
-	if (session_is_return(ctx))
-		return alloc_exit(ctx);
-	/* Read once: each read is a helper call (issue 22). */
-	cookie = bpf_get_attach_cookie(ctx);
-	if ((cookie & 0xffff) == MT_FREE) {
-		free_entry(ctx, cookie);
-		return 1;
-	}
-	if (entry_only(cookie)) {
-		new_enter(ctx);
-		return 1;
-	}
-	return alloc_entry(ctx, cookie) ? 0 : 1;
-}
-
 SEC("uprobe.multi")
 int alloc_enter(struct pt_regs *ctx)
 {
@@ -2960,8 +2940,8 @@ static __always_inline void shim_alloc(struct pt_regs *ctx, struct inflight *cur
 	shim_emit(ctx, cur);
 }
 
-SEC("uprobe.multi")
-int shim_hook(struct pt_regs *ctx)
+/* The shim's hook: shim_hook's, and alloc_session's where it serves it. */
+static __always_inline int shim_hook_run(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = 0, kind = PT_REGS_PARM1(ctx);
 	struct inflight *cur;
@@ -2985,6 +2965,41 @@ int shim_hook(struct pt_regs *ctx)
 	else if (kind >= MT_MALLOC && kind <= MT_PVALLOC)
 		shim_alloc(ctx, cur, pid_tgid >> 32);
 	return 0;
+}
+
+/* The shim's hook where uprobe sessions are not (Linux before 6.13): with
+ * sessions, alloc_session serves it (cookie MT_CK_SHIM_HOOK, no return). */
+SEC("uprobe.multi")
+int shim_hook(struct pt_regs *ctx)
+{
+	return shim_hook_run(ctx);
+}
+
+/* Allocator sites' entries and returns, in one program (Linux 6.13); and
+ * the preload shim's hook (entry only), so that the walk's code is
+ * verified once, not also for shim_hook (~50 ms of start-up). */
+SEC("uprobe.session")
+int alloc_session(struct pt_regs *ctx)
+{
+	__u64 cookie;
+
+	if (session_is_return(ctx))
+		return alloc_exit(ctx);
+	/* Read once: each read is a helper call (issue 22). */
+	cookie = bpf_get_attach_cookie(ctx);
+	if (cookie == MT_CK_SHIM_HOOK) {
+		shim_hook_run(ctx);
+		return 1;
+	}
+	if ((cookie & 0xffff) == MT_FREE) {
+		free_entry(ctx, cookie);
+		return 1;
+	}
+	if (entry_only(cookie)) {
+		new_enter(ctx);
+		return 1;
+	}
+	return alloc_entry(ctx, cookie) ? 0 : 1;
 }
 
 /* Where the register `reg` (enum mt_usdt_reg) is in struct pt_regs. */

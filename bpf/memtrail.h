@@ -86,6 +86,10 @@ enum mt_cookie_layout {
 	MT_CK_SIZE_OVERFLOWED_BIT = 37,
 	MT_CK_SHIM_BIT = 38,
 	MT_CK_SITE_SHIFT = 48,
+	/* The whole cookie of the preload shim's hook where alloc_session
+	 * serves it (no site's: kind 0xffff is none): one program verified
+	 * instead of two, issue 22. */
+	MT_CK_SHIM_HOOK = 0xffff,
 };
 
 /*

@@ -157,7 +157,7 @@ fn under_floor(exe: &Path, sites: &[Site], syscalls: &[String]) -> f64 {
     let progs = AllocPrograms {
         sites: sites_progs,
         marker: fd(&skel.progs.floor_enter),
-        shim: Some(fd(&skel.progs.floor_enter)),
+        shim: None,
     };
     let mut links = Links::default();
     let mut sites = sites.to_vec();

@@ -984,9 +984,18 @@ impl Drop for Links {
 pub struct AllocPrograms {
     pub sites: SitePrograms,
     pub marker: OwnedFd,
-    /// `shim_hook`, on the preload shim's hook ([`shim`]): loaded with
+    /// The program of the preload shim's hook ([`shim`]), with
     /// `--preload` only.
-    pub shim: Option<OwnedFd>,
+    pub shim: Option<ShimProgram>,
+}
+
+/// The program the preload shim's hook takes, how, and with which cookie.
+pub struct ShimProgram {
+    pub prog: OwnedFd,
+    /// A session (`alloc_session`, cookie [`shim::HOOK_COOKIE`]: its entry
+    /// asks for no return), or an entry (`shim_hook`, without sessions).
+    pub kind: UprobeKind,
+    pub cookie: u64,
 }
 
 /// The programs of allocator sites: one set of `bpf/memtrail.bpf.c`'s two
@@ -1037,7 +1046,23 @@ impl AllocPrograms {
         Ok(Self {
             sites,
             marker: dup(p.region_marker.as_fd())?,
-            shim: preload.then(|| dup(p.shim_hook.as_fd())).transpose()?,
+            shim: preload
+                .then(|| {
+                    Ok::<_, io::Error>(if session {
+                        ShimProgram {
+                            prog: dup(p.alloc_session.as_fd())?,
+                            kind: UprobeKind::Session,
+                            cookie: shim::HOOK_COOKIE,
+                        }
+                    } else {
+                        ShimProgram {
+                            prog: dup(p.shim_hook.as_fd())?,
+                            kind: UprobeKind::Entry,
+                            cookie: 0,
+                        }
+                    })
+                })
+                .transpose()?,
         })
     }
 }

@@ -199,11 +199,11 @@ impl PerProcess {
         if !linked.iter().any(|(i, _, _)| *i == shim.id) {
             let path = shim.probe_path();
             let made = crate::sys::uprobe_multi(
-                prog.as_fd(),
+                prog.prog.as_fd(),
                 &path,
                 &[shim.hook_offset],
-                &[0],
-                crate::sys::UprobeKind::Entry,
+                &[prog.cookie],
+                prog.kind,
                 pid,
             );
             let link = match made {

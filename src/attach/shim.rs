@@ -12,7 +12,8 @@
 //! command gets `LD_PRELOAD=/proc/<memtrail>/fd/<n>` (nothing on disk). The
 //! shim interposes glibc's allocator API and calls `memtrail_hook` (a
 //! 5-byte nop the kernel optimizes a uprobe on) with each record; BPF's
-//! `shim_hook` makes the uprobe mode's records from it.
+//! `alloc_session` (`shim_hook` without uprobe sessions) makes the uprobe
+//! mode's records from it.
 //!
 //! Exactness: a process that maps the shim gets the hook, and no probe on
 //! libc's functions the shim interposes ([`super::per_process`] decides per
@@ -58,6 +59,10 @@ pub const INTERPOSED: [&str; 10] = [
 /// call is that call's own, and makes no record.
 pub const SHIM_COOKIE: u64 =
     1 << crate::bpf::skel::memtrail::types::mt_cookie_layout::MT_CK_SHIM_BIT.0;
+
+/// The hook's cookie where `alloc_session` serves it (`MT_CK_SHIM_HOOK`).
+pub const HOOK_COOKIE: u64 =
+    crate::bpf::skel::memtrail::types::mt_cookie_layout::MT_CK_SHIM_HOOK.0 as u64;
 
 /// The shim, in a sealed memfd of memtrail's for the capture.
 #[derive(Debug)]

@@ -36,9 +36,9 @@ pub(crate) struct Config<'a> {
     pub stack_ring_size: u32,
     /// Load the uprobe session program (else the split programs).
     pub sessions: bool,
-    /// Load `shim_hook` and `shim_signal`, the preload shim's programs
-    /// (`--preload`): `shim_hook`'s verification costs as much as the
-    /// allocator program's.
+    /// Load the preload shim's programs (`--preload`): `shim_signal`, and
+    /// `shim_hook` without sessions (with them, `alloc_session` serves the
+    /// hook: `shim_hook`'s verification would cost as much as its own).
     pub preload: bool,
     /// Load `signal_generate` (stops and resumes by others): not in a
     /// process tracking itself, which is never stopped.
@@ -93,7 +93,9 @@ impl Config<'_> {
         // One set of allocator programs: the session program or the
         // split ones.
         open.progs.alloc_session.set_autoload(self.sessions);
-        open.progs.shim_hook.set_autoload(self.preload);
+        open.progs
+            .shim_hook
+            .set_autoload(self.preload && !self.sessions);
         open.progs.shim_signal.set_autoload(self.preload);
         open.progs.rss_stat.set_autoload(rss_supported());
         for prog in [
