@@ -2426,20 +2426,66 @@ __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk
 }
 
 /*
+ * The frames of the walking thread's stack, kept as they are walked (issue
+ * 22): a new stack's record is copied from them instead of walked a second
+ * time. A buffer is the walk's own, as a stack window is (claimed by
+ * compare-and-swap on its owner, the thread id's index; never a per-CPU
+ * buffer, which a preempted program's successor on that CPU would
+ * overwrite). A walk that finds its buffer taken walks a new stack twice.
+ */
+struct walk_frames {
+	__u64 owner; /* the walking thread's id, 0: free */
+	struct mt_stack_record rec; /* its ips only */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MT_STACK_WINDOWS);
+	__type(key, __u32);
+	__type(value, struct walk_frames);
+} walk_frames SEC(".maps");
+
+/* The current thread's frame buffer: claimed if claim (NULL if taken),
+ * else the one it claimed (NULL if none). Looked up at each use: a pointer
+ * kept across the walk costs stack. */
+static __noinline struct mt_stack_record *walk_frames_of(bool claim)
+{
+	__u64 tid = (__u32)bpf_get_current_pid_tgid();
+	__u32 idx = tid & stack_window_mask;
+	struct walk_frames *f = bpf_map_lookup_elem(&walk_frames, &idx);
+
+	if (!f)
+		return NULL;
+	if (claim ? __sync_val_compare_and_swap(&f->owner, 0, tid) != 0 : f->owner != tid)
+		return NULL;
+	return &f->rec;
+}
+
+/* Gives the current thread's frame buffer back, if it claimed it. */
+static __always_inline void walk_frames_done(void)
+{
+	struct mt_stack_record *kept = walk_frames_of(false);
+
+	if (kept)
+		container_of(kept, struct walk_frames, rec)->owner = 0;
+}
+
+/*
  * The id of the user stack of an allocator call at its entry, 0 if none;
  * a stack not seen before is also written to the stack ring.
  *
- * Most calls come from stacks already written, so the stack is first only
- * hashed as it is walked (in registers and the walk's state on the
- * program's own stack, never a per-CPU map) and looked up; only a new one
- * is walked again into a record reserved on the stack ring. A record is thus
- * reserved only for new stacks, and the ring's space is not taken and
- * given back a kilobyte at a time for every allocation.
+ * Most calls come from stacks already written, so the stack is first
+ * hashed as it is walked, its frames kept in the thread's frame buffer
+ * (never a per-CPU map), and looked up; only a new one is copied into a
+ * record reserved on the stack ring (walked again if the buffer was
+ * taken). A record is thus reserved only for new stacks, and the ring's
+ * space is not taken and given back a kilobyte at a time for every
+ * allocation.
  */
 static __always_inline __u64 capture_stack(struct pt_regs *ctx, struct inflight *cur,
 					   __u32 tgid, __u64 sp)
 {
-	struct mt_stack_record *rec;
+	struct mt_stack_record *rec, *kept;
 	struct walk_out out = {};
 	__u8 one = 1;
 	__u64 h;
@@ -2447,11 +2493,13 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, struct inflight 
 
 	if (!stack_depth)
 		return 0;
-	h = walk_stack(ctx, tgid, sp, NULL, &out);
+	h = walk_stack(ctx, tgid, sp, walk_frames_of(true), &out);
 	if (out.py)
-		h = mt_py_walk(tgid, NULL, &out, h, 0);
-	if (bpf_map_lookup_elem(&known_stacks, &h))
+		h = mt_py_walk(tgid, walk_frames_of(false), &out, h, 0);
+	if (bpf_map_lookup_elem(&known_stacks, &h)) {
+		walk_frames_done();
 		return h;
+	}
 	/* A new stack: the records of its code objects first, for its reader
 	 * to have them when it reads it (the ring is read in the order records
 	 * are reserved). */
@@ -2459,15 +2507,24 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, struct inflight 
 		mt_py_walk(tgid, NULL, &out, h, 1);
 	rec = bpf_ringbuf_reserve(&stacks, sizeof(*rec), 0);
 	if (!rec) {
+		walk_frames_done();
 		__sync_fetch_and_add(&drops_stacks, 1);
 		return 0;
 	}
-	/* The same walk, into the record: the stack is the thread's own and
-	 * the thread is here, so it gives the same frames and hash (but the
-	 * record carries what this walk saw, whatever happens). */
-	h = walk_stack(ctx, tgid, sp, rec, &out);
-	if (out.py)
-		h = mt_py_walk(tgid, rec, &out, h, 0);
+	kept = walk_frames_of(false);
+	if (kept) {
+		/* The frames as walked (the tail past nr is not read). */
+		bpf_probe_read_kernel(rec->ips, sizeof(rec->ips), kept->ips);
+		container_of(kept, struct walk_frames, rec)->owner = 0;
+	} else {
+		/* The same walk, into the record: the stack is the thread's
+		 * own and the thread is here, so it gives the same frames and
+		 * hash (but the record carries what this walk saw, whatever
+		 * happens). */
+		h = walk_stack(ctx, tgid, sp, rec, &out);
+		if (out.py)
+			h = mt_py_walk(tgid, rec, &out, h, 0);
+	}
 	rec->id = h;
 	rec->pid = tgid;
 	rec->nr = out.nr;
