@@ -1935,6 +1935,86 @@ static __always_inline __u32 py_copy_str(const struct mt_py_offsets *off, __u64 
 }
 
 /*
+ * The frames of the walking thread's stack, kept as they are walked (issue
+ * 22): a new stack's record is copied from them instead of walked a second
+ * time. A buffer is the walk's own, as a stack window is (claimed by
+ * compare-and-swap on its owner, the thread id's index; never a per-CPU
+ * buffer, which a preempted program's successor on that CPU would
+ * overwrite). A walk that finds its buffer taken walks a new stack twice.
+ */
+struct walk_frames {
+	__u64 owner; /* the walking thread's id, 0: free */
+	struct mt_stack_record rec; /* its ips only */
+	/* A code object's pointers, read at once (py_code_words). */
+	__u64 code_words[4];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MT_STACK_WINDOWS);
+	__type(key, __u32);
+	__type(value, struct walk_frames);
+} walk_frames SEC(".maps");
+
+/* The current thread's frame buffer: claimed if claim (NULL if taken),
+ * else the one it claimed (NULL if none). Looked up at each use: a pointer
+ * kept across the walk costs stack. */
+static __noinline struct mt_stack_record *walk_frames_of(bool claim)
+{
+	__u64 tid = (__u32)bpf_get_current_pid_tgid();
+	__u32 idx = tid & stack_window_mask;
+	struct walk_frames *f = bpf_map_lookup_elem(&walk_frames, &idx);
+
+	if (!f)
+		return NULL;
+	if (claim ? __sync_val_compare_and_swap(&f->owner, 0, tid) != 0 : f->owner != tid)
+		return NULL;
+	return &f->rec;
+}
+
+/* Gives the current thread's frame buffer back, if it claimed it. */
+static __always_inline void walk_frames_done(void)
+{
+	struct mt_stack_record *kept = walk_frames_of(false);
+
+	if (kept)
+		container_of(kept, struct walk_frames, rec)->owner = 0;
+}
+
+/* A code object's name, file and line table pointers: read at once into
+ * the thread's frame buffer where they lie within 32 bytes (every
+ * version's layout: filename, name, qualname, linetable, consecutive),
+ * else one at a time (no buffer, another layout). */
+static __always_inline void py_code_words(const struct mt_py_offsets *o, __u64 code,
+					  __u64 *name, __u64 *file, __u64 *table)
+{
+	__u64 lo = o->code_filename, *w;
+	struct mt_stack_record *kept;
+
+	if (o->code_qualname < lo)
+		lo = o->code_qualname;
+	if (o->code_linetable < lo)
+		lo = o->code_linetable;
+	kept = walk_frames_of(false);
+	if (kept && o->code_filename - lo < 32 && o->code_qualname - lo < 32 &&
+	    o->code_linetable - lo < 32 &&
+	    !((o->code_filename | o->code_qualname | o->code_linetable) & 7)) {
+		w = container_of(kept, struct walk_frames, rec)->code_words;
+		if (bpf_probe_read_user(w, 32, (void *)(code + lo))) {
+			*name = *file = *table = 0;
+			return;
+		}
+		*name = w[((o->code_qualname - lo) >> 3) & 3];
+		*file = w[((o->code_filename - lo) >> 3) & 3];
+		*table = w[((o->code_linetable - lo) >> 3) & 3];
+		return;
+	}
+	*name = py_read(code + o->code_qualname);
+	*file = py_read(code + o->code_filename);
+	*table = py_read(code + o->code_linetable);
+}
+
+/*
  * Sends code's record on the stack ring unless it went out already (see
  * struct mt_py_code_record). Only when a stack is recorded, before it: the
  * ring is ordered, so the stack's reader has the names first.
@@ -1949,9 +2029,7 @@ static __noinline void py_code_record(struct py_walk *p, __u64 code)
 	if (!p)
 		return;
 	key.tgid = p->tgid;
-	name = py_read(code + p->off->code_qualname);
-	file = py_read(code + p->off->code_filename);
-	table = py_read(code + p->off->code_linetable);
+	py_code_words(p->off, code, &name, &file, &table);
 	id = name ^ file << 1 ^ table << 2;
 	seen = bpf_map_lookup_elem(&py_codes, &key);
 	if (seen && *seen == id)
@@ -2423,51 +2501,6 @@ __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk
 	mt_stack_window_done(p.win);
 	out->nr = p.n;
 	return p.h ? p.h : 1;
-}
-
-/*
- * The frames of the walking thread's stack, kept as they are walked (issue
- * 22): a new stack's record is copied from them instead of walked a second
- * time. A buffer is the walk's own, as a stack window is (claimed by
- * compare-and-swap on its owner, the thread id's index; never a per-CPU
- * buffer, which a preempted program's successor on that CPU would
- * overwrite). A walk that finds its buffer taken walks a new stack twice.
- */
-struct walk_frames {
-	__u64 owner; /* the walking thread's id, 0: free */
-	struct mt_stack_record rec; /* its ips only */
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MT_STACK_WINDOWS);
-	__type(key, __u32);
-	__type(value, struct walk_frames);
-} walk_frames SEC(".maps");
-
-/* The current thread's frame buffer: claimed if claim (NULL if taken),
- * else the one it claimed (NULL if none). Looked up at each use: a pointer
- * kept across the walk costs stack. */
-static __noinline struct mt_stack_record *walk_frames_of(bool claim)
-{
-	__u64 tid = (__u32)bpf_get_current_pid_tgid();
-	__u32 idx = tid & stack_window_mask;
-	struct walk_frames *f = bpf_map_lookup_elem(&walk_frames, &idx);
-
-	if (!f)
-		return NULL;
-	if (claim ? __sync_val_compare_and_swap(&f->owner, 0, tid) != 0 : f->owner != tid)
-		return NULL;
-	return &f->rec;
-}
-
-/* Gives the current thread's frame buffer back, if it claimed it. */
-static __always_inline void walk_frames_done(void)
-{
-	struct mt_stack_record *kept = walk_frames_of(false);
-
-	if (kept)
-		container_of(kept, struct walk_frames, rec)->owner = 0;
 }
 
 /*
