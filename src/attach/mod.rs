@@ -1046,23 +1046,19 @@ impl AllocPrograms {
         Ok(Self {
             sites,
             marker: dup(p.region_marker.as_fd())?,
-            shim: preload
-                .then(|| {
-                    Ok::<_, io::Error>(if session {
-                        ShimProgram {
-                            prog: dup(p.alloc_session.as_fd())?,
-                            kind: UprobeKind::Session,
-                            cookie: shim::HOOK_COOKIE,
-                        }
-                    } else {
-                        ShimProgram {
-                            prog: dup(p.shim_hook.as_fd())?,
-                            kind: UprobeKind::Entry,
-                            cookie: 0,
-                        }
-                    })
-                })
-                .transpose()?,
+            shim: match (preload, session) {
+                (false, _) => None,
+                (true, true) => Some(ShimProgram {
+                    prog: dup(p.alloc_session.as_fd())?,
+                    kind: UprobeKind::Session,
+                    cookie: shim::HOOK_COOKIE,
+                }),
+                (true, false) => Some(ShimProgram {
+                    prog: dup(p.shim_hook.as_fd())?,
+                    kind: UprobeKind::Entry,
+                    cookie: 0,
+                }),
+            },
         })
     }
 }

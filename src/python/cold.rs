@@ -28,18 +28,15 @@ pub struct ColdParts {
 impl ColdParts {
     /// The cold parts of the image at `path` (none when it is no
     /// interpreter, or when its symbol table names them).
-    pub fn of(&mut self, path: &Arc<str>) -> Arc<[(u64, u64)]> {
+    pub fn of(&mut self, path: &Arc<str>) -> Ranges {
         if let Some((_, found)) = self.by_address.get(&path.as_ptr()) {
             return found.clone();
         }
-        let found = match self.by_image.get(path) {
-            Some(found) => found.clone(),
-            None => {
-                let found: Arc<[(u64, u64)]> = find(std::path::Path::new(&**path)).into();
-                self.by_image.insert(path.clone(), found.clone());
-                found
-            }
-        };
+        let found = self
+            .by_image
+            .entry(path.clone())
+            .or_insert_with(|| find(std::path::Path::new(&**path)).into())
+            .clone();
         self.by_address
             .insert(path.as_ptr(), (path.clone(), found.clone()));
         found
