@@ -348,8 +348,8 @@ fn symbolize_all(path: &Path, data: &[u8], nobody: bool) {
     spaces.mappings.insert(1, vec![mapping]);
     let ips: Vec<u64> = (0..16).map(|i| 0x11100 + i * 0x20).collect();
     let symbolizer = memtrail::internals::symbolize::StackSymbolizer::new();
-    let frames = symbolizer.symbolize(&spaces, 1, &[&ips]);
-    assert_eq!(frames.len(), 1);
+    let places = symbolizer.places(&spaces, 1, &ips);
+    assert_eq!(places.0.len(), ips.len());
     std::fs::remove_file(path).expect("remove a mutant");
 }
 
@@ -752,8 +752,9 @@ fn malloc_frame(path: &Path) -> Option<Value> {
     let (done, result) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let symbolizer = memtrail::internals::symbolize::StackSymbolizer::new();
-        let frames = symbolizer.symbolize(&spaces, 1, &[&[ip]]);
-        let frame = serde_json::to_value(&frames[0][0]).expect("a frame as JSON");
+        let places = symbolizer.places(&spaces, 1, &[ip]);
+        let frames = places.of(ip).expect("the address's frames");
+        let frame = serde_json::to_value(&frames[0]).expect("a frame as JSON");
         let _ = done.send(frame);
     });
     result.recv_timeout(HANG).ok()

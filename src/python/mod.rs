@@ -25,6 +25,7 @@ use std::path::Path;
 
 use crate::bpf::skel::memtrail::types::mt_py_image;
 use crate::profile::Frame;
+use crate::symbolize::Places;
 
 mod code;
 mod cold;
@@ -390,66 +391,97 @@ fn is_eval_loop(f: &Frame) -> bool {
         })
 }
 
-/// `frames` with the n-th interpreter-loop frame replaced by the n-th of
-/// `groups` (with the frames inlined into it at that address); a loop
-/// frame without a group, or with an empty one (it had not started a
-/// Python function yet), stays. Groups left over (the native walk ended
-/// before their loop frames: frame-pointer steps through an interpreter
-/// built without frame pointers) follow the native frames, unless
-/// `cut` (the walk stopped at `--stack-depth`, which they would pass).
-/// A frame in the loop's cold part that the image's symbols do not name
-/// (a stripped interpreter: [`ColdParts`]) is named
-/// `_PyEval_EvalFrameDefault.cold`, and replaced like the loop's.
-pub fn splice(
-    mut frames: Vec<Frame>,
-    groups: &[Vec<Frame>],
-    cut: bool,
-    cold: &mut ColdParts,
-) -> Vec<Frame> {
-    name_cold_parts(&mut frames, cold);
-    if groups.is_empty() {
-        return frames;
-    }
-    let mut out: Vec<Frame> =
-        Vec::with_capacity(frames.len() + groups.iter().map(Vec::len).sum::<usize>());
-    let mut next = groups.iter();
-    for f in frames {
-        if is_eval_loop(&f)
-            && let Some(group) = next.next()
-            && !group.is_empty()
-        {
-            while out.last().is_some_and(|g| g.inlined && g.addr == f.addr) {
-                out.pop();
-            }
-            out.extend(group.iter().cloned());
-            continue;
-        }
-        out.push(f);
-    }
-    if !cut {
-        out.extend(next.flatten().cloned());
-    }
-    out
-}
-
-/// Names the frames in an interpreter loop's unnamed cold part.
-fn name_cold_parts(frames: &mut [Frame], cold: &mut ColdParts) {
-    for f in frames.iter_mut().filter(|f| !f.inlined && !is_eval_loop(f)) {
-        let (Some(module), Some(offset)) = (&f.module, f.offset) else {
+/// The addresses of `places` whose (outer) frame is a run of the
+/// interpreter loop. A frame in the loop's cold part that the image's
+/// symbols do not name (a stripped interpreter: [`ColdParts`]) is named
+/// `_PyEval_EvalFrameDefault.cold` here, and is one.
+pub fn loop_addresses(places: &mut Places, cold: &mut ColdParts) -> foldhash::HashSet<u64> {
+    let mut loops = foldhash::HashSet::default();
+    for (&ip, frames) in &mut places.0 {
+        // The function the address's inlined calls were inlined into.
+        let Some(f) = frames.last_mut().filter(|f| !f.inlined) else {
             continue;
         };
-        // Images that are no interpreter have no cold parts (`of` looks at
-        // each image once).
-        if cold
-            .of(module)
-            .iter()
-            .any(|&(lo, hi)| offset >= lo && offset < hi)
-        {
+        if !is_eval_loop(f) {
+            let (Some(module), Some(offset)) = (&f.module, f.offset) else {
+                continue;
+            };
+            // Images that are no interpreter have no cold parts (`of` looks
+            // at each image once).
+            if !cold
+                .of(module)
+                .iter()
+                .any(|&(lo, hi)| offset >= lo && offset < hi)
+            {
+                continue;
+            }
             f.function = Some(format!("{EVAL_LOOP}.cold").into());
             f.file = None;
             f.line = None;
         }
+        loops.insert(ip);
     }
+    loops
+}
+
+/// A stack's frames: the frames of its addresses `ips` (`places`), the
+/// n-th interpreter-loop address's (`loops`) replaced by the n-th of
+/// `groups`; a loop frame without a group, or with an empty one (it had not
+/// started a Python function yet), stays, with the frames inlined at its
+/// address. Groups left over (the native walk ended before their loop
+/// frames: frame-pointer steps through an interpreter built without frame
+/// pointers) follow the native frames, unless `cut` (the walk stopped at
+/// `--stack-depth`, which they would pass). The groups' frames are moved,
+/// not copied.
+pub fn splice(
+    ips: &[u64],
+    places: &Places,
+    loops: &foldhash::HashSet<u64>,
+    mut groups: Vec<Vec<Frame>>,
+    cut: bool,
+) -> Vec<Frame> {
+    /// What stands for one address.
+    enum Part<'a> {
+        Frames(&'a [Frame]),
+        Group(usize),
+        Unknown(u64),
+    }
+    // The groups taken so far: the next is the n-th loop address's.
+    let mut taken = 0;
+    let parts: Vec<Part<'_>> = ips
+        .iter()
+        .map(|&ip| {
+            if loops.contains(&ip) && taken < groups.len() {
+                taken += 1;
+                if !groups[taken - 1].is_empty() {
+                    return Part::Group(taken - 1);
+                }
+            }
+            places.of(ip).map_or(Part::Unknown(ip), Part::Frames)
+        })
+        .collect();
+    let rest = if cut { groups.len() } else { taken }..groups.len();
+    let len = parts
+        .iter()
+        .map(|part| match part {
+            Part::Frames(frames) => frames.len(),
+            Part::Group(group) => groups[*group].len(),
+            Part::Unknown(_) => 1,
+        })
+        .sum::<usize>()
+        + groups[rest.clone()].iter().map(Vec::len).sum::<usize>();
+    let mut out = Vec::with_capacity(len);
+    for part in parts {
+        match part {
+            Part::Frames(frames) => out.extend_from_slice(frames),
+            Part::Group(group) => out.append(&mut groups[group]),
+            Part::Unknown(ip) => out.push(Frame::unknown(ip)),
+        }
+    }
+    for group in &mut groups[rest] {
+        out.append(group);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -487,9 +519,30 @@ mod tests {
         assert_eq!(decode(7), None);
     }
 
+    /// The places of `frames` (each with its address), and the stack of
+    /// their addresses in order.
+    fn places_of(frames: Vec<Frame>) -> (Places, Vec<u64>) {
+        let mut places = Places::default();
+        let mut ips = Vec::new();
+        for f in frames {
+            if ips.last() != Some(&f.addr) {
+                ips.push(f.addr);
+            }
+            places.0.entry(f.addr).or_default().push(f);
+        }
+        (places, ips)
+    }
+
+    fn names(frames: Vec<Frame>) -> Vec<String> {
+        frames
+            .into_iter()
+            .map(|f| f.function.as_deref().unwrap_or_default().to_owned())
+            .collect()
+    }
+
     #[test]
     fn python_splice_replaces_loop_frames_in_order() {
-        let frames = vec![
+        let (mut places, mut ips) = places_of(vec![
             named("malloc_caller", 1, false),
             named("inl", 2, true),
             named("_PyEval_EvalFrameDefault", 2, false),
@@ -497,21 +550,40 @@ mod tests {
             named("_PyEval_EvalFrameDefault.cold", 4, false),
             named("_PyEval_EvalFrameDefault", 5, false),
             named("main", 6, false),
-        ];
+        ]);
+        // An address in no known file, and one the stack has twice.
+        ips.insert(1, 7);
+        ips.insert(4, 3);
         let groups = vec![
             vec![named("g", 0, false), named("f", 0, false)],
             vec![named("m", 0, false)],
         ];
-        let names: Vec<_> = splice(frames, &groups, false, &mut ColdParts::default())
-            .into_iter()
-            .map(|f| f.function.as_deref().unwrap_or_default().to_owned())
-            .collect();
+        let loops = loop_addresses(&mut places, &mut ColdParts::default());
+        assert_eq!(loops, [2, 4, 5].into_iter().collect());
         assert_eq!(
-            names,
+            names(splice(&ips, &places, &loops, groups.clone(), false)),
             [
                 "malloc_caller",
+                "",
                 "g",
                 "f",
+                "middle",
+                "middle",
+                "m",
+                "_PyEval_EvalFrameDefault",
+                "main"
+            ]
+        );
+        // An empty group: the loop frame stays, with its inlined calls.
+        let groups = vec![vec![], vec![named("m", 0, false)]];
+        assert_eq!(
+            names(splice(&ips, &places, &loops, groups.clone(), false)),
+            [
+                "malloc_caller",
+                "",
+                "inl",
+                "_PyEval_EvalFrameDefault",
+                "middle",
                 "middle",
                 "m",
                 "_PyEval_EvalFrameDefault",
@@ -524,16 +596,18 @@ mod tests {
     fn python_splice_appends_groups_without_loop_frames() {
         // A frame-pointer walk that ended in the interpreter: its groups
         // follow the native frames it found.
-        let frames = vec![named("malloc_caller", 1, false), named("other", 2, false)];
+        let (mut places, ips) = places_of(vec![
+            named("malloc_caller", 1, false),
+            named("other", 2, false),
+        ]);
+        let loops = loop_addresses(&mut places, &mut ColdParts::default());
         let groups = vec![vec![named("g", 0, false)], vec![named("m", 0, false)]];
-        let names: Vec<_> = splice(frames, &groups, false, &mut ColdParts::default())
-            .into_iter()
-            .map(|f| f.function.as_deref().unwrap_or_default().to_owned())
-            .collect();
-        assert_eq!(names, ["malloc_caller", "other", "g", "m"]);
+        assert_eq!(
+            names(splice(&ips, &places, &loops, groups.clone(), false)),
+            ["malloc_caller", "other", "g", "m"]
+        );
         // Cut by --stack-depth: none past it.
-        let frames = vec![named("malloc_caller", 1, false)];
-        let kept = splice(frames, &groups, true, &mut ColdParts::default());
-        assert_eq!(kept.len(), 1);
+        let kept = splice(&ips[..1], &places, &loops, groups, true);
+        assert_eq!(names(kept), ["malloc_caller"]);
     }
 }

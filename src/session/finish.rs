@@ -173,18 +173,14 @@ impl Session {
         let root_exit = self.root_exit(&agg);
         let images: Vec<std::path::PathBuf> =
             images_seen.0.iter().map(|t| t.image.clone()).collect();
-        let mut stacks = super::stages::symbolize_stacks(
+        let stacks = super::stages::symbolize_stacks(
             &agg,
-            &stacks.stacks,
+            stacks.stacks,
             mappings.mappings,
             &images,
             &self.symbols,
+            &crate::symbolize::debug_dirs(&self.debuginfo_dirs),
         );
-        // Frames without source lines, from debug files by build id, as
-        // gdb finds them.
-        let dirs = crate::symbolize::debug_dirs(&self.debuginfo_dirs);
-        let again = crate::symbolize::StackSymbolizer::new().resymbolize(&mut stacks, &dirs);
-        tracing::debug!(frames = again, "symbolized again from debug files");
         phases.done("stacks symbolized");
         pressure.high_water = crate::bpf::counters::read_high_water(&self.loaded.skel).max(seen);
         let mut skipped_images = std::mem::take(&mut self.skipped_images);

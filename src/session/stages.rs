@@ -52,13 +52,16 @@ pub(crate) fn loss_advice(
 /// Builds the allocation sites: every stack that allocated, symbolized,
 /// largest allocated bytes first. `images`: the files the capture read
 /// (unwind tables), by full path: a mapping recorded by name only, its
-/// process gone before /proc could be asked, is found among them.
+/// process gone before /proc could be asked, is found among them. Frames
+/// without source lines are symbolized again from the debug files of
+/// `debug_dirs` ([`crate::symbolize::StackSymbolizer::resymbolize`]).
 pub(crate) fn symbolize_stacks(
     agg: &Aggregator,
-    stacks: &HashMap<u64, Stack>,
+    mut stacks: HashMap<u64, Stack>,
     mut mappings: HashMap<u32, Vec<crate::symbolize::Mapping>>,
     images: &[PathBuf],
     symbolizer: &crate::symbolize::Background,
+    debug_dirs: &[PathBuf],
 ) -> Vec<StackEntry> {
     let hints: Vec<PathBuf> = agg
         .processes()
@@ -72,8 +75,8 @@ pub(crate) fn symbolize_stacks(
         parents: agg.processes().map(|p| (p.pid, p.ppid)).collect(),
     };
     /// A stack to symbolize: id, metrics, return addresses.
-    type Site<'a> = (u64, StackMetrics, &'a Stack);
-    let mut by_pid: HashMap<u32, Vec<Site<'_>>> = HashMap::new();
+    type Site = (u64, StackMetrics, Stack);
+    let mut by_pid: HashMap<u32, Vec<Site>> = HashMap::new();
     let exes: HashMap<u32, &str> = agg.processes().map(|p| (p.pid, &p.exe[..])).collect();
     let exe_of = |pid: u32| exes.get(&pid).copied().unwrap_or_default().to_owned();
     let mut entries = Vec::new();
@@ -81,7 +84,7 @@ pub(crate) fn symbolize_stacks(
         if metrics.is_empty() {
             continue;
         }
-        match (stacks.get(&id), agg.pseudo_site(id)) {
+        match (stacks.remove(&id), agg.pseudo_site(id)) {
             (Some(stack), _) => by_pid
                 .entry(stack.pid)
                 .or_default()
@@ -102,36 +105,39 @@ pub(crate) fn symbolize_stacks(
             }
         }
     }
-    let by_pid: Vec<(u32, Vec<Site<'_>>)> = by_pid.into_iter().collect();
+    let by_pid: Vec<(u32, Vec<Site>)> = by_pid.into_iter().collect();
     let request = by_pid
         .iter()
         .map(|(pid, list)| {
-            let ips = list.iter().map(|(_, _, stack)| stack.ips.clone()).collect();
-            (*pid, ips)
+            let ips = list.iter().flat_map(|(_, _, stack)| &stack.ips).copied();
+            (*pid, ips.collect())
         })
         .collect();
-    let frames = symbolizer.symbolize(spaces, request);
+    let mut places = symbolizer.symbolize(spaces, request);
+    // Frames without source lines, from debug files by build id, as gdb
+    // finds them.
+    let again =
+        crate::symbolize::StackSymbolizer::new().resymbolize_places(&mut places, debug_dirs);
+    tracing::debug!(frames = again, "symbolized again from debug files");
     let mut cold = crate::python::ColdParts::default();
-    for ((pid, list), frames) in by_pid.into_iter().zip(frames) {
-        entries.extend(
-            list.into_iter()
-                .zip(frames)
-                .map(|((id, metrics, stack), frames)| StackEntry {
-                    id,
-                    pid,
-                    // What ran when the stack was made: a stack from
-                    // before an exec keeps the executable of then.
-                    exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
-                    frames: crate::python::splice(
-                        frames,
-                        &stack.python,
-                        stack.end == crate::profile::unwind::StackEnd::DepthLimit,
-                        &mut cold,
-                    ),
-                    end: stack.end,
-                    metrics,
-                }),
-        );
+    for ((pid, list), mut places) in by_pid.into_iter().zip(places) {
+        let loops = crate::python::loop_addresses(&mut places, &mut cold);
+        entries.extend(list.into_iter().map(|(id, metrics, stack)| StackEntry {
+            id,
+            pid,
+            // What ran when the stack was made: a stack from
+            // before an exec keeps the executable of then.
+            exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
+            frames: crate::python::splice(
+                &stack.ips,
+                &places,
+                &loops,
+                stack.python,
+                stack.end == crate::profile::unwind::StackEnd::DepthLimit,
+            ),
+            end: stack.end,
+            metrics,
+        }));
     }
     entries.sort_by(|a, b| b.metrics.bytes.cmp(&a.metrics.bytes).then(a.id.cmp(&b.id)));
     entries

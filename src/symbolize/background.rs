@@ -15,15 +15,14 @@ use std::thread::JoinHandle;
 
 use crate::sys::{self, Pid};
 
-use super::{AddressSpaces, StackSymbolizer};
-use crate::profile::Frame;
+use super::{AddressSpaces, Places, StackSymbolizer};
 
-/// Stacks of one process to symbolize: its pid and each stack's return
-/// addresses.
-pub type Request = Vec<(u32, Vec<Vec<u64>>)>;
+/// Return addresses to symbolize: of each process, its pid and its
+/// stacks' addresses (repeats are symbolized once).
+pub type Request = Vec<(u32, Vec<u64>)>;
 
-/// For each process of the request, in order, its stacks' frames.
-pub type Reply = Vec<Vec<Vec<Frame>>>;
+/// For each process of the request, in order, its addresses' frames.
+pub type Reply = Vec<Places>;
 
 type Job = (AddressSpaces, Request, mpsc::Sender<Reply>);
 
@@ -152,10 +151,7 @@ impl Background {
 fn symbolize(symbolizer: &StackSymbolizer, spaces: &AddressSpaces, request: Request) -> Reply {
     request
         .into_iter()
-        .map(|(pid, stacks)| {
-            let ips: Vec<&[u64]> = stacks.iter().map(Vec::as_slice).collect();
-            symbolizer.symbolize(spaces, pid, &ips)
-        })
+        .map(|(pid, ips)| symbolizer.places(spaces, pid, &ips))
         .collect()
 }
 
