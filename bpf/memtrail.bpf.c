@@ -1952,11 +1952,16 @@ static __always_inline __u32 py_copy_str(const struct mt_py_offsets *off, __u64 
  * buffer, which a preempted program's successor on that CPU would
  * overwrite). A walk that finds its buffer taken walks a new stack twice.
  */
+/* Slots of a walk's code objects already looked at (py_code_sent). */
+#define MT_PY_CODES_SENT 16
+
 struct walk_frames {
 	__u64 owner; /* the walking thread's id, 0: free */
 	struct mt_stack_record rec; /* its ips only */
 	/* A code object's pointers, read at once (py_code_words). */
 	__u64 code_words[4];
+	/* Code objects the codes pass has sent or found sent (py_code_sent). */
+	__u64 codes_sent[MT_PY_CODES_SENT];
 };
 
 struct {
@@ -1989,6 +1994,41 @@ static __always_inline void walk_frames_done(void)
 
 	if (kept)
 		container_of(kept, struct walk_frames, rec)->owner = 0;
+}
+
+/*
+ * Whether this walk's codes pass looked at code already (its record sent,
+ * or found sent), else notes it: a stack's frames repeat its code objects
+ * (python3.11's imports: 22.6 Python frames a new stack, 10.3 distinct
+ * code objects), and each look is a read of the object and a lookup. A
+ * code object a frame of the walked thread runs stays alive (the frame
+ * holds it), so its address names it for the whole walk. The slots are
+ * cleared when the pass starts; without a frame buffer, every frame is
+ * looked at.
+ */
+static __always_inline bool py_code_sent(__u64 code)
+{
+	struct mt_stack_record *kept = walk_frames_of(false);
+	__u64 *slot;
+
+	if (!kept)
+		return false;
+	slot = &container_of(kept, struct walk_frames, rec)
+			->codes_sent[(code >> 4 ^ code >> 10) & (MT_PY_CODES_SENT - 1)];
+	if (*slot == code)
+		return true;
+	*slot = code;
+	return false;
+}
+
+/* Clears the current thread's codes_sent (py_code_sent). */
+static __always_inline void py_codes_sent_clear(void)
+{
+	struct mt_stack_record *kept = walk_frames_of(false);
+
+	if (kept)
+		__builtin_memset(container_of(kept, struct walk_frames, rec)->codes_sent, 0,
+				 sizeof(((struct walk_frames *)0)->codes_sent));
 }
 
 /* A code object's name, file and line table pointers: read at once into
@@ -2355,7 +2395,7 @@ static long py_code_step(__u64 i, void *data)
 	}
 	if (owner == MT_PY_OWNED_BY_CSTACK)
 		return 0;
-	if (code && instr >= code + o->code_adaptive)
+	if (code && instr >= code + o->code_adaptive && !py_code_sent(code))
 		py_code_record(p, code);
 	return 0;
 }
@@ -2503,6 +2543,7 @@ __noinline __u64 mt_py_walk(__u32 tgid, struct mt_stack_record *rec, struct walk
 		at = py_read(at + p.off->cframe_frame);
 	p.at = at;
 	if (codes) {
+		py_codes_sent_clear();
 		bpf_loop(MT_MAX_STACK, py_code_step, &p, 0);
 		mt_stack_window_done(p.win);
 		return h ? h : 1;
