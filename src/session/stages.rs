@@ -139,6 +139,9 @@ pub(crate) fn symbolize_stacks(
             metrics,
         }));
     }
+    for entry in &mut entries {
+        entry.end = entry.end.of_frames(&entry.frames);
+    }
     entries.sort_by(|a, b| b.metrics.bytes.cmp(&a.metrics.bytes).then(a.id.cmp(&b.id)));
     entries
 }

@@ -127,6 +127,41 @@ fn assert_reaches_start(stack: &Value) -> usize {
     n - 4
 }
 
+/// Check that an allocation in a shared library's constructor, which the
+/// dynamic loader runs from its entry code (`_dl_start_user`, which has no
+/// unwind table), has a complete stack that ends there, and that the
+/// program's own allocation reaches main and _start.
+#[test]
+fn stacks_unwind_library_constructor_complete_at_loader_entry() {
+    let lib = fixture_with_flags("ctor_lib", &["-shared", "-fPIC"]);
+    let dir = lib
+        .parent()
+        .and_then(Path::to_str)
+        .expect("utf-8 fixture dir");
+    let name = lib
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("utf-8 name");
+    let exe = fixture_with_flags(
+        "ctor_lib_main",
+        &[
+            "-Wl,--no-as-needed",
+            "-L",
+            dir,
+            &format!("-l:{name}"),
+            &format!("-Wl,-rpath,{dir}"),
+        ],
+    );
+    let p = run_profile(&[exe.into()], &[]);
+    let s = stack_of(&p, 4321);
+    let f = functions(s);
+    assert!(complete(s), "{s:#}");
+    assert_eq!(f.first(), Some(&"lib_early"), "{f:?}");
+    assert_eq!(f.last(), Some(&"_dl_start_user"), "{f:?}");
+    assert!(module(&frames(s)[f.len() - 1]).contains("ld-"), "{s:#}");
+    assert_reaches_start(stack_of(&p, 4322));
+}
+
 /// Check that stacks of a C program built -O2 -fomit-frame-pointer are
 /// exact frame by frame from the allocating function to main and on to
 /// _start: a plain call chain, a path through glibc's qsort with an
