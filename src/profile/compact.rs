@@ -122,6 +122,9 @@ struct Builder<'a> {
     shared: foldhash::HashMap<*const u8, u32>,
     /// Frame ids by the frame's fields, its strings by address.
     shared_frames: foldhash::HashMap<SharedFrame, u32>,
+    /// Frame ids by the frame's address: stacks share their frames (a g++
+    /// capture's 1.1 M frames are 9,200 addresses' and its Python frames).
+    by_address: foldhash::HashMap<*const Frame, u32>,
     modules: Interner<ModuleRow>,
     functions: Interner<FunctionRow>,
     frames: Interner<FrameRow>,
@@ -149,6 +152,16 @@ impl<'a> Builder<'a> {
                 .entry(s.as_ptr())
                 .or_insert_with(|| strings.id(s)),
         )
+    }
+
+    fn shared_frame(&mut self, f: &'a Arc<Frame>) -> u32 {
+        if let Some(&id) = self.by_address.get(&Arc::as_ptr(f)) {
+            return id;
+        }
+        let id = self.frame(f);
+        // `f` is borrowed: its address names no other frame meanwhile.
+        self.by_address.insert(Arc::as_ptr(f), id);
+        id
     }
 
     fn frame(&mut self, f: &'a Frame) -> u32 {
@@ -263,6 +276,7 @@ pub fn serialize<S: Serializer>(stacks: &[StackEntry], s: S) -> Result<S::Ok, S:
         strings: Interner::new(),
         shared: Default::default(),
         shared_frames: Default::default(),
+        by_address: Default::default(),
         modules: Interner::new(),
         functions: Interner::new(),
         frames: Interner::new(),
@@ -273,7 +287,7 @@ pub fn serialize<S: Serializer>(stacks: &[StackEntry], s: S) -> Result<S::Ok, S:
             id: st.id,
             pid: st.pid,
             exe: b.strings.id(&st.exe),
-            frames: st.frames.iter().map(|f| b.frame(f)).collect(),
+            frames: st.frames.iter().map(|f| b.shared_frame(f)).collect(),
             end: st.end,
             metrics: NonZero::of(&st.metrics),
         });
@@ -328,8 +342,8 @@ impl TablesIn {
             .transpose()
     }
 
-    /// Every frame row as a [`Frame`].
-    fn frames(&self) -> Result<Vec<Frame>, String> {
+    /// Every frame row as a [`Frame`], for the stacks to share.
+    fn frames(&self) -> Result<Vec<Arc<Frame>>, String> {
         self.frames
             .iter()
             .map(|f| {
@@ -347,7 +361,7 @@ impl TablesIn {
                         file: None,
                     },
                 };
-                Ok(Frame {
+                Ok(Arc::new(Frame {
                     addr: f.addr,
                     module: self.string(module.path)?,
                     function: self.string(function.name)?,
@@ -356,7 +370,7 @@ impl TablesIn {
                     inlined: f.inlined,
                     build_id: self.string(module.build_id)?,
                     offset: f.offset,
-                })
+                }))
             })
             .collect()
     }
@@ -406,8 +420,9 @@ impl Strings {
         }
     }
 
-    fn share_frames(&mut self, frames: &mut [Frame]) {
+    fn share_frames(&mut self, frames: &mut [Arc<Frame>]) {
         for f in frames {
+            let f = Arc::make_mut(f);
             self.share(&mut f.module);
             self.share(&mut f.function);
             self.share(&mut f.file);

@@ -180,8 +180,9 @@ pub struct StackEntry {
     /// Innermost first: `frames[0]` is the function that called the
     /// allocator. An address with inlined functions gives several frames,
     /// the inlined ones (`inlined: true`) before the function they were
-    /// inlined into.
-    pub frames: Vec<Frame>,
+    /// inlined into. A frame is shared by every stack that has it (a
+    /// g++ capture's 32,000 stacks have 1.1 M frames of 9,200 addresses).
+    pub frames: Vec<Arc<Frame>>,
     /// Why the walk stopped after these frames; absent when it reached the
     /// outermost frame (`complete`).
     #[serde(

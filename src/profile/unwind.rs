@@ -80,7 +80,7 @@ impl StackEnd {
     /// program's entry) reached the outermost frame, although that code
     /// has no unwind table (clang-19's libraries' constructors: 37 % of its
     /// stacks were said to end short of the program's entry).
-    pub fn of_frames(self, frames: &[crate::profile::Frame]) -> StackEnd {
+    pub fn of_frames(self, frames: &[std::sync::Arc<crate::profile::Frame>]) -> StackEnd {
         let at_loader_entry = frames.last().is_some_and(|f| {
             !f.inlined
                 && f.function.as_deref() == Some("_dl_start_user")

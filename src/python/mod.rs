@@ -22,6 +22,7 @@
 //! never wrong ones (each name is read with the object it belongs to).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::bpf::skel::memtrail::types::mt_py_image;
 use crate::profile::Frame;
@@ -415,6 +416,7 @@ pub fn loop_addresses(places: &mut Places, cold: &mut ColdParts) -> foldhash::Ha
             {
                 continue;
             }
+            let f = Arc::make_mut(f);
             f.function = Some(format!("{EVAL_LOOP}.cold").into());
             f.file = None;
             f.line = None;
@@ -431,18 +433,18 @@ pub fn loop_addresses(places: &mut Places, cold: &mut ColdParts) -> foldhash::Ha
 /// address. Groups left over (the native walk ended before their loop
 /// frames: frame-pointer steps through an interpreter built without frame
 /// pointers) follow the native frames, unless `cut` (the walk stopped at
-/// `--stack-depth`, which they would pass). The groups' frames are moved,
-/// not copied.
+/// `--stack-depth`, which they would pass). The places' frames are
+/// shared, the groups' moved.
 pub fn splice(
     ips: &[u64],
     places: &Places,
     loops: &foldhash::HashSet<u64>,
     mut groups: Vec<Vec<Frame>>,
     cut: bool,
-) -> Vec<Frame> {
+) -> Vec<Arc<Frame>> {
     /// What stands for one address.
     enum Part<'a> {
-        Frames(&'a [Frame]),
+        Frames(&'a [Arc<Frame>]),
         Group(usize),
         Unknown(u64),
     }
@@ -474,12 +476,12 @@ pub fn splice(
     for part in parts {
         match part {
             Part::Frames(frames) => out.extend_from_slice(frames),
-            Part::Group(group) => out.append(&mut groups[group]),
-            Part::Unknown(ip) => out.push(Frame::unknown(ip)),
+            Part::Group(group) => out.extend(groups[group].drain(..).map(Arc::new)),
+            Part::Unknown(ip) => out.push(Arc::new(Frame::unknown(ip))),
         }
     }
     for group in &mut groups[rest] {
-        out.append(group);
+        out.extend(group.drain(..).map(Arc::new));
     }
     out
 }
@@ -528,12 +530,12 @@ mod tests {
             if ips.last() != Some(&f.addr) {
                 ips.push(f.addr);
             }
-            places.0.entry(f.addr).or_default().push(f);
+            places.0.entry(f.addr).or_default().push(Arc::new(f));
         }
         (places, ips)
     }
 
-    fn names(frames: Vec<Frame>) -> Vec<String> {
+    fn names(frames: Vec<Arc<Frame>>) -> Vec<String> {
         frames
             .into_iter()
             .map(|f| f.function.as_deref().unwrap_or_default().to_owned())

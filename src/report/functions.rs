@@ -149,8 +149,10 @@ fn calls(p: &Prepared<'_>, sites: &[Site<'_>], by: Metric) -> Vec<Calls> {
                     if key(frame) != f.key {
                         continue;
                     }
-                    let caller = edge_key(site.frames.get(i + 1), "[top of the stack]");
-                    let callee = edge_key(i.checked_sub(1).map(|j| &site.frames[j]), "[allocator]");
+                    let caller =
+                        edge_key(site.frames.get(i + 1).map(|f| &**f), "[top of the stack]");
+                    let callee =
+                        edge_key(i.checked_sub(1).map(|j| &*site.frames[j]), "[allocator]");
                     for (edge, edges, seen) in [
                         (caller, &mut callers, &mut seen_callers),
                         (callee, &mut callees, &mut seen_callees),

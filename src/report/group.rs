@@ -13,6 +13,7 @@
 use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use regex::Regex;
 
@@ -130,7 +131,7 @@ impl Grouping {
     /// A stack with Python frames is named by its innermost Python
     /// function: the interpreter's C code under it is the Python program's
     /// allocator, as a wrapper is a C program's.
-    pub fn caller(&self, frames: &[Frame]) -> Option<usize> {
+    pub fn caller(&self, frames: &[Arc<Frame>]) -> Option<usize> {
         if !self.enabled() {
             return None;
         }
@@ -185,7 +186,7 @@ type ShownFrame<'a> = (
     Option<u64>,
 );
 
-fn shown(frames: &[Frame]) -> Vec<ShownFrame<'_>> {
+fn shown(frames: &[Arc<Frame>]) -> Vec<ShownFrame<'_>> {
     frames
         .iter()
         .map(|f| {

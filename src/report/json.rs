@@ -103,7 +103,7 @@ pub(super) fn write(
             .map(|g| {
                 let caller = g.caller.map(|c| &g.site.frames[c]);
                 GroupDoc {
-                    function: caller.map(whole_name),
+                    function: caller.map(|f| whole_name(f)),
                     module: caller.and_then(|f| f.module.as_deref().map(str::to_owned)),
                     metrics: g.site.metrics,
                     stacks: g.stacks,

@@ -39,6 +39,7 @@ mod timeline;
 
 use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub use load::{
     FileId, InputFile, JsonError, MAX_PROFILE_BYTES, MAX_SUITE_BYTES, load_profile,
@@ -360,7 +361,7 @@ struct Prepared<'a> {
     pub profile: &'a Profile,
     pub opts: &'a ReportOptions,
     /// Each stack's frames without the hidden ones (`--hide`).
-    hidden: Option<Vec<Vec<Frame>>>,
+    hidden: Option<Vec<Vec<Arc<Frame>>>>,
     /// The stacks `--focus` keeps (sites and functions views).
     focused: Option<Vec<bool>>,
     pub reachable: reachable::Reachable,
@@ -413,7 +414,7 @@ impl<'a> Prepared<'a> {
     }
 
     /// Stack `i`'s frames as the report shows them.
-    pub fn frames(&self, i: usize) -> &[Frame] {
+    pub fn frames(&self, i: usize) -> &[Arc<Frame>] {
         match &self.hidden {
             Some(hidden) => &hidden[i],
             None => &self.profile.stacks[i].frames,

@@ -41,6 +41,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, Write};
+use std::sync::Arc;
 
 use flate2::Compression;
 use flate2::write::GzEncoder;
@@ -223,7 +224,7 @@ impl Builder {
 
     /// The location of one address: `frames` are the frames of that
     /// address, inlined ones first.
-    fn location(&mut self, frames: &[Frame]) -> u64 {
+    fn location(&mut self, frames: &[Arc<Frame>]) -> u64 {
         let addr = frames[0].addr;
         let mut lines = Vec::new();
         for f in frames {
@@ -271,7 +272,7 @@ impl Builder {
 /// Splits a site's frames (innermost first) into the frames of each
 /// address: a run of inlined frames and the frame they were inlined into,
 /// all at one address.
-fn by_address(frames: &[Frame]) -> Vec<&[Frame]> {
+fn by_address(frames: &[Arc<Frame>]) -> Vec<&[Arc<Frame>]> {
     let mut groups = Vec::new();
     let mut start = 0;
     for (i, f) in frames.iter().enumerate() {
@@ -303,10 +304,10 @@ pub(super) fn build(p: &Prepared<'_>, by: Metric, limit: Option<usize>) -> proto
         // A walk that stopped early: `[truncated: why]` as the outermost
         // location, a function of that name at no address.
         if let Some(truncated) = truncation(profile, &site) {
-            let marker = Frame {
+            let marker = Arc::new(Frame {
                 function: Some(truncated.into()),
                 ..Frame::unknown(0)
-            };
+            });
             location_id.push(b.location(std::slice::from_ref(&marker)));
         }
         let stack = &profile.stacks[site.index];

@@ -12,6 +12,7 @@
 //! dropped silently.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use regex::Regex;
 
@@ -115,7 +116,7 @@ impl Pools {
     }
 
     /// The index in [`RUNTIME_POOLS`] of the pool `frames` allocated.
-    fn of(&self, frames: &[Frame]) -> Option<usize> {
+    fn of(&self, frames: &[Arc<Frame>]) -> Option<usize> {
         let in_module = |f: &Frame, module: &str| {
             module.is_empty()
                 || f.module
@@ -145,7 +146,7 @@ impl Pools {
                             .any(|f| f.function.as_deref().is_some_and(|n| also.is_match(n)))
                             // The loader's frames, when they could not be
                             // named (code outside any known file).
-                            || (frames.len() > 1 && frames[1..].iter().all(loader)))
+                            || (frames.len() > 1 && frames[1..].iter().all(|f| loader(f))))
                 }
                 (None, None) => false,
             })
@@ -180,7 +181,7 @@ impl Suppression {
         })
     }
 
-    fn matches(&self, frames: &[Frame]) -> bool {
+    fn matches(&self, frames: &[Arc<Frame>]) -> bool {
         frames.iter().any(|f| {
             [&f.function, &f.module, &f.file]
                 .into_iter()
@@ -282,7 +283,7 @@ impl Reachable {
     /// `frames(i)` are stack `i`'s frames as the report shows them.
     pub fn classify<'a>(
         profile: &'a Profile,
-        frames: impl Fn(usize) -> &'a [Frame],
+        frames: impl Fn(usize) -> &'a [Arc<Frame>],
         suppressions: &[Suppression],
     ) -> Self {
         let pools = Pools::new();

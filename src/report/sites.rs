@@ -2,6 +2,7 @@
 //! from the profile, and the frame names every format shares.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use super::reachable::Reach;
 use super::{Metric, Prepared};
@@ -15,7 +16,7 @@ pub(super) struct Site<'a> {
     pub index: usize,
     pub id: u64,
     /// Innermost first, as in the profile.
-    pub frames: &'a [Frame],
+    pub frames: &'a [Arc<Frame>],
     /// Its metrics, without the blocks live at exit when they are not a
     /// leak (a runtime pool's, suppressed).
     pub metrics: StackMetrics,

@@ -92,10 +92,10 @@ pub(crate) fn symbolize_stacks(
             (None, Some((pid, pseudo))) => entries.push(StackEntry {
                 id,
                 pid,
-                frames: vec![match pseudo {
+                frames: vec![std::sync::Arc::new(match pseudo {
                     PseudoSite::DirectSyscall => crate::profile::Frame::direct_syscall(),
                     PseudoSite::AllocatorArena => crate::profile::Frame::allocator_arena(),
-                }],
+                })],
                 exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
                 end: crate::profile::unwind::StackEnd::Complete,
                 metrics,

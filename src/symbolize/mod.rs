@@ -25,6 +25,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
@@ -39,11 +40,11 @@ pub use background::Background;
 /// ([`StackSymbolizer::places`]), addressed to it; an address in no known
 /// file has none.
 #[derive(Debug, Default)]
-pub struct Places(pub foldhash::HashMap<u64, Vec<Frame>>);
+pub struct Places(pub foldhash::HashMap<u64, Vec<Arc<Frame>>>);
 
 impl Places {
     /// The frames of `ip`; none for an address in no known file.
-    pub fn of(&self, ip: u64) -> Option<&[Frame]> {
+    pub fn of(&self, ip: u64) -> Option<&[Arc<Frame>]> {
         self.0.get(&ip).map(Vec::as_slice)
     }
 }
@@ -283,9 +284,11 @@ impl StackSymbolizer {
                 let (file, offset) = place?;
                 let (offsets, frames) = &per_file[file as usize];
                 let at = offsets.binary_search(&offset).ok()?;
-                let frames = frames[at].iter().map(|f| Frame {
-                    addr: ip,
-                    ..f.clone()
+                let frames = frames[at].iter().map(|f| {
+                    Arc::new(Frame {
+                        addr: ip,
+                        ..f.clone()
+                    })
                 });
                 Some((ip, frames.collect()))
             })
@@ -304,7 +307,8 @@ impl StackSymbolizer {
         stacks: &mut [crate::profile::StackEntry],
         dirs: &[PathBuf],
     ) -> usize {
-        let mut lists: Vec<&mut Vec<Frame>> = stacks.iter_mut().map(|s| &mut s.frames).collect();
+        let mut lists: Vec<&mut Vec<Arc<Frame>>> =
+            stacks.iter_mut().map(|s| &mut s.frames).collect();
         self.resymbolize_lists(&mut lists, dirs)
     }
 
@@ -312,14 +316,14 @@ impl StackSymbolizer {
     /// [`places`](Self::places): once an address, not once a frame of every
     /// stack that has it.
     pub fn resymbolize_places(&self, places: &mut [Places], dirs: &[PathBuf]) -> usize {
-        let mut lists: Vec<&mut Vec<Frame>> =
+        let mut lists: Vec<&mut Vec<Arc<Frame>>> =
             places.iter_mut().flat_map(|p| p.0.values_mut()).collect();
         self.resymbolize_lists(&mut lists, dirs)
     }
 
     /// [`resymbolize`](Self::resymbolize) for lists of frames: a frame
     /// symbolized again may become several (its inlined calls).
-    fn resymbolize_lists(&self, stacks: &mut [&mut Vec<Frame>], dirs: &[PathBuf]) -> usize {
+    fn resymbolize_lists(&self, stacks: &mut [&mut Vec<Arc<Frame>>], dirs: &[PathBuf]) -> usize {
         // (debug file, image) -> frames and their file offsets.
         type Items = Vec<(usize, usize, u64)>;
         let mut by_file: HashMap<(PathBuf, Option<&str>), Items> = HashMap::new();
@@ -394,14 +398,17 @@ impl StackSymbolizer {
             };
             for (&(s, f, _), sym) in items.iter().zip(results) {
                 if matches!(sym, Symbolized::Sym(_)) {
-                    found.push(((s, f), stacks[s][f].clone(), sym));
+                    found.push(((s, f), Frame::clone(&stacks[s][f]), sym));
                 }
             }
         }
         let mut names = Names::default();
-        let mut replaced: HashMap<(usize, usize), Vec<Frame>> = found
+        let mut replaced: HashMap<(usize, usize), Vec<Arc<Frame>>> = found
             .into_iter()
-            .map(|(at, base, sym)| (at, frames_of(base, Some(sym), &mut names)))
+            .map(|(at, base, sym)| {
+                let frames = frames_of(base, Some(sym), &mut names);
+                (at, frames.into_iter().map(Arc::new).collect())
+            })
             .collect();
         let count = replaced.len();
         for (s, stack) in stacks.iter_mut().enumerate() {
