@@ -3391,11 +3391,24 @@ static __always_inline bool mapping_of_fd(long fd, __u64 start, __u64 len, __u64
  * nothing else to read); a lost image request would leave the
  * image unprobed for the whole capture (8 threads dlopen'ing mimalloc while
  * others mapped their heaps lost all 24,000 of its calls that way). */
+/* A mapping's record, on the mappings ring. */
+static __always_inline void send_mapping(__u64 pid_tgid, const struct vma_info *info)
+{
+	struct mt_mapping_record *m = bpf_ringbuf_reserve(&mappings, sizeof(*m), 0);
+
+	if (!m) {
+		__sync_fetch_and_add(&drops_mappings, 1);
+		return;
+	}
+	fill_mapping(m, pid_tgid, info);
+	bpf_ringbuf_submit(m, submit_flags(MT_RING_MAPPINGS));
+	check_pressure(&mappings, MT_RING_MAPPINGS, watermark_mappings, &hwm_mappings);
+}
+
 static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr, long fd, __u64 len,
 					 __u64 off)
 {
 	struct vma_info info = {};
-	struct mt_mapping_record *m;
 
 	if ((fault_find_vma_busy && fd >= 0) ||
 	    bpf_find_vma(bpf_get_current_task_btf(), addr, read_vma, &info, 0) || !info.name) {
@@ -3410,14 +3423,7 @@ static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr, long fd, __
 		}
 	}
 	request_attach(pid_tgid, &info);
-	m = bpf_ringbuf_reserve(&mappings, sizeof(*m), 0);
-	if (!m) {
-		__sync_fetch_and_add(&drops_mappings, 1);
-		return;
-	}
-	fill_mapping(m, pid_tgid, &info);
-	bpf_ringbuf_submit(m, submit_flags(MT_RING_MAPPINGS));
-	check_pressure(&mappings, MT_RING_MAPPINGS, watermark_mappings, &hwm_mappings);
+	send_mapping(pid_tgid, &info);
 }
 
 static __always_inline int exit_mmap(long ret, __u64 regs_fd, __u64 regs_off)
@@ -3831,6 +3837,28 @@ int BPF_PROG(signal_generate, int sig, struct kernel_siginfo *info, struct task_
 	return 0;
 }
 
+/*
+ * The dynamic loader's code mapping, which the kernel made at exec too:
+ * the new image's first instruction is the loader's entry (a static
+ * image's own, in its code: the record repeats the image's, which
+ * userspace keeps once). Its record only (the
+ * loader is prepared up front: no attach request). Else a process that
+ * exits before memtrail reads its /proc maps leaves its loader's frames
+ * (its libraries' constructors, dlopen) unnamed.
+ */
+static __noinline void exec_loader_mapping(struct task_struct *p, __u64 pid_tgid)
+{
+	struct vma_info info = {};
+	__u64 ip;
+
+	if (!p)
+		return;
+	ip = BPF_CORE_READ((struct pt_regs *)bpf_task_pt_regs(p), ip);
+	if (bpf_find_vma(p, ip, read_vma, &info, 0) || !info.name)
+		return;
+	send_mapping(pid_tgid, &info);
+}
+
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm *bprm)
 {
@@ -3876,6 +3904,7 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 	bpf_ringbuf_submit(e, submit_flags(MT_RING_EVENTS));
 	/* The kernel mapped the new image itself: no mmap to see it by. */
 	emit_mapping(pid_tgid, BPF_CORE_READ(p, mm, start_code), -1, 0, 0);
+	exec_loader_mapping(p, pid_tgid);
 	return 0;
 }
 

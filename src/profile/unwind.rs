@@ -74,29 +74,6 @@ impl StackEnd {
         *self == StackEnd::Complete
     }
 
-    /// Why a walk that found `frames` (symbolized) stopped: one that
-    /// stopped in the dynamic loader's entry code (`_dl_start_user`, from
-    /// which ld.so runs the libraries' constructors, then jumps to the
-    /// program's entry) reached the outermost frame, although that code
-    /// has no unwind table (clang-19's libraries' constructors: 37 % of its
-    /// stacks were said to end short of the program's entry).
-    pub fn of_frames(self, frames: &[std::sync::Arc<crate::profile::Frame>]) -> StackEnd {
-        let at_loader_entry = frames.last().is_some_and(|f| {
-            !f.inlined
-                && f.function.as_deref() == Some("_dl_start_user")
-                && f.module.as_deref().is_some_and(|m| {
-                    std::path::Path::new(m)
-                        .file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("ld-"))
-                })
-        });
-        match self {
-            StackEnd::NoTable if at_loader_entry => StackEnd::Complete,
-            end => end,
-        }
-    }
-
     /// Words for the summary.
     pub fn describe(self) -> &'static str {
         match self {

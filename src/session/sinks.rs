@@ -238,7 +238,8 @@ impl MappingSink {
     }
 
     /// Adds the executable file mappings /proc lists for `pid` (the
-    /// dynamic loader's and the vDSO's are only found there).
+    /// vDSO's is only found there; the dynamic loader's also comes from
+    /// BPF at exec, for a process gone before /proc could be read).
     pub(crate) fn scan_proc(&mut self, pid: u32) {
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
             return;

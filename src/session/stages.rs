@@ -140,7 +140,7 @@ pub(crate) fn symbolize_stacks(
         }));
     }
     for entry in &mut entries {
-        entry.end = entry.end.of_frames(&entry.frames);
+        entry.end_at_loader_entry();
     }
     entries.sort_by(|a, b| b.metrics.bytes.cmp(&a.metrics.bytes).then(a.id.cmp(&b.id)));
     entries
