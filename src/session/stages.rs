@@ -74,7 +74,8 @@ pub(crate) fn symbolize_stacks(
         mappings,
         parents: agg.processes().map(|p| (p.pid, p.ppid)).collect(),
     };
-    /// A stack to symbolize: id, metrics, return addresses.
+    /// A stack to symbolize: id, metrics, the stack (taken: its Python
+    /// frames move into the entry).
     type Site = (u64, StackMetrics, Stack);
     let mut by_pid: HashMap<u32, Vec<Site>> = HashMap::new();
     let exes: HashMap<u32, &str> = agg.processes().map(|p| (p.pid, &p.exe[..])).collect();
