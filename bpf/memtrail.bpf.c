@@ -1944,6 +1944,9 @@ static __always_inline __u32 py_copy_str(const struct mt_py_offsets *off, __u64 
 	return len;
 }
 
+/* Slots of a walk's code objects already looked at (py_code_sent). */
+#define MT_PY_CODES_SENT 16
+
 /*
  * The frames of the walking thread's stack, kept as they are walked (issue
  * 22): a new stack's record is copied from them instead of walked a second
@@ -1952,9 +1955,6 @@ static __always_inline __u32 py_copy_str(const struct mt_py_offsets *off, __u64 
  * buffer, which a preempted program's successor on that CPU would
  * overwrite). A walk that finds its buffer taken walks a new stack twice.
  */
-/* Slots of a walk's code objects already looked at (py_code_sent). */
-#define MT_PY_CODES_SENT 16
-
 struct walk_frames {
 	__u64 owner; /* the walking thread's id, 0: free */
 	struct mt_stack_record rec; /* its ips only */
@@ -3383,14 +3383,6 @@ static __always_inline bool mapping_of_fd(long fd, __u64 start, __u64 len, __u64
 	return true;
 }
 
-/* Writes the file mapping of the current process that contains addr, and
- * asks for its image to be examined if it is new. bpf_find_vma only tries
- * the process's mmap lock: it fails (EBUSY) while another thread maps or
- * unmaps, and an mmap's image (`fd` >= 0: its file, length and offset)
- * is then read from the call itself (`fd` < 0, the executable at exec:
- * nothing else to read); a lost image request would leave the
- * image unprobed for the whole capture (8 threads dlopen'ing mimalloc while
- * others mapped their heaps lost all 24,000 of its calls that way). */
 /* A mapping's record, on the mappings ring. */
 static __always_inline void send_mapping(__u64 pid_tgid, const struct vma_info *info)
 {
@@ -3405,6 +3397,14 @@ static __always_inline void send_mapping(__u64 pid_tgid, const struct vma_info *
 	check_pressure(&mappings, MT_RING_MAPPINGS, watermark_mappings, &hwm_mappings);
 }
 
+/* Writes the file mapping of the current process that contains addr, and
+ * asks for its image to be examined if it is new. bpf_find_vma only tries
+ * the process's mmap lock: it fails (EBUSY) while another thread maps or
+ * unmaps, and an mmap's image (`fd` >= 0: its file, length and offset)
+ * is then read from the call itself (`fd` < 0, the executable at exec:
+ * nothing else to read); a lost image request would leave the
+ * image unprobed for the whole capture (8 threads dlopen'ing mimalloc while
+ * others mapped their heaps lost all 24,000 of its calls that way). */
 static __always_inline void emit_mapping(__u64 pid_tgid, __u64 addr, long fd, __u64 len,
 					 __u64 off)
 {
@@ -3841,10 +3841,10 @@ int BPF_PROG(signal_generate, int sig, struct kernel_siginfo *info, struct task_
  * The dynamic loader's code mapping, which the kernel made at exec too:
  * the new image's first instruction is the loader's entry (a static
  * image's own, in its code: the record repeats the image's, which
- * userspace keeps once). Its record only (the
- * loader is prepared up front: no attach request). Else a process that
- * exits before memtrail reads its /proc maps leaves its loader's frames
- * (its libraries' constructors, dlopen) unnamed.
+ * userspace keeps once). Its record only: the loader is prepared up
+ * front, no attach request. Else a process that exits before memtrail
+ * reads its /proc maps leaves its loader's frames (its libraries'
+ * constructors, dlopen) unnamed.
  */
 static __noinline void exec_loader_mapping(struct task_struct *p, __u64 pid_tgid)
 {
