@@ -16,30 +16,21 @@ use std::sync::Arc;
 /// File offset ranges: [start, end).
 type Ranges = Arc<[(u64, u64)]>;
 
-/// File-offset ranges of the interpreter loop's cold parts, by image path.
+/// File-offset ranges of the interpreter loop's cold parts, by image path
+/// (looked up once per symbolized address, `loop_addresses`).
 #[derive(Default)]
 pub struct ColdParts {
     by_image: HashMap<Arc<str>, Ranges>,
-    /// The same by the path's address: frames share their module's
-    /// string. The path is kept, so its address names no other string.
-    by_address: foldhash::HashMap<*const u8, (Arc<str>, Ranges)>,
 }
 
 impl ColdParts {
     /// The cold parts of the image at `path` (none when it is no
     /// interpreter, or when its symbol table names them).
     pub fn of(&mut self, path: &Arc<str>) -> Ranges {
-        if let Some((_, found)) = self.by_address.get(&path.as_ptr()) {
-            return found.clone();
-        }
-        let found = self
-            .by_image
+        self.by_image
             .entry(path.clone())
             .or_insert_with(|| find(std::path::Path::new(&**path)).into())
-            .clone();
-        self.by_address
-            .insert(path.as_ptr(), (path.clone(), found.clone()));
-        found
+            .clone()
     }
 }
 

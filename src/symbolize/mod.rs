@@ -215,9 +215,10 @@ impl StackSymbolizer {
     /// calls giving several, inlined ones first. Every frame in a known file
     /// names it, its build id and the file offset symbolized, resolved or
     /// not; an address in no known file has none. A stack's frames are its
-    /// addresses' in order ([`crate::python::splice`]), shared: each is
-    /// made once, not once per stack that has it (python3.11 importing nine
-    /// modules: 5,555 stacks of ~376,000 frames, 1,311 addresses).
+    /// addresses' in order (its Python frames spliced in by the session),
+    /// shared: each is made once, not once per stack that has it
+    /// (python3.11 importing nine modules: 5,555 stacks of ~376,000 frames,
+    /// 1,311 addresses).
     pub fn places(&self, spaces: &AddressSpaces, pid: u32, ips: &[u64]) -> Places {
         // Each distinct address is looked up once (stacks share most of
         // their frames, and a look-up scans the process's mappings), as a
