@@ -331,6 +331,37 @@ static __always_inline bool may_stop(void)
 }
 
 /*
+ * A stop sent after may_stop() said yes, undone if memtrail's process
+ * began to exit meanwhile: a program preempted between the check and its
+ * send (uprobe programs are preemptible) would otherwise stop a process
+ * after protector_exit's SIGCONT pass, and nothing would resume it. The
+ * second look is an atomic read-modify-write, a full barrier: if it sees 0,
+ * the stop was pending before protector_exit raised the word, so its
+ * SIGCONT pass (which comes after) resumes it; if it sees the word raised,
+ * this program resumes what it stopped itself.
+ */
+static __always_inline bool gone_since(void)
+{
+	return __sync_fetch_and_add(&memtrail_gone, 0) != 0;
+}
+
+/* Stops the current thread (and so its process), see gone_since. */
+static __always_inline void stop_current_thread(void)
+{
+	bpf_send_signal_thread(SIGSTOP);
+	if (gone_since())
+		bpf_send_signal_thread(SIGCONT);
+}
+
+/* Stops the current process, see gone_since. */
+static __always_inline void stop_current(void)
+{
+	bpf_send_signal(SIGSTOP);
+	if (gone_since())
+		bpf_send_signal(SIGCONT);
+}
+
+/*
  * Set by userspace while a ring's poller sleeps on the ring's epoll:
  * producers then submit with BPF_RB_FORCE_WAKEUP, otherwise with
  * BPF_RB_NO_WAKEUP (the poller busy-polls). Read just before the commit:
@@ -868,7 +899,7 @@ static __always_inline void check_pressure(void *ring, enum mt_ring idx, __u64 w
 	 * the latch, so no self-stop can land after its SIGCONT. To this
 	 * thread: it dequeues the stop on its way back to user space and so
 	 * cannot produce again before the whole group stops. */
-	bpf_send_signal_thread(SIGSTOP);
+	stop_current_thread();
 }
 
 /* Whether ring idx lacks the room a new thread needs: past its hard mark
@@ -916,6 +947,14 @@ static __noinline bool tree_lacks_room(void)
  * puts it in the signal's si_value). */
 #define MT_STOP_COOKIE 0x6d74726c73746f70ULL /* "mtrlstop" */
 
+/* Stops task (a new one: the whole process), see gone_since. */
+static __always_inline void stop_task(struct task_struct *task)
+{
+	bpf_send_signal_task(task, SIGSTOP, PIDTYPE_PID, MT_STOP_COOKIE);
+	if (gone_since())
+		bpf_send_signal_task(task, SIGCONT, PIDTYPE_PID, 0);
+}
+
 /* sched_fork's pressure check for a new thread or process of the tree
  * (tree_threads counts it already): its records would come before any
  * check of its own, so if a ring has not the room for them it stops
@@ -932,12 +971,12 @@ static __always_inline bool fork_check(struct task_struct *child, __u32 ctgid)
 	if (pressure_freeze)
 		record_hard_stop(ctgid);
 	if (bpf_ksym_exists(bpf_send_signal_task)) {
-		bpf_send_signal_task(child, SIGSTOP, PIDTYPE_PID, MT_STOP_COOKIE);
+		stop_task(child);
 		return true;
 	}
 	if (pressure_freeze)
 		record_hard_stop(current_ids() >> 32);
-	bpf_send_signal_thread(SIGSTOP);
+	stop_current_thread();
 	return false;
 }
 
@@ -3354,7 +3393,7 @@ static __always_inline void request_attach(__u64 pid_tgid, const struct vma_info
 	fill_mapping(m, pid_tgid, info);
 	bpf_ringbuf_submit(m, submit_flags(MT_RING_ATTACH));
 	if (attach_hold && may_stop())
-		bpf_send_signal(SIGSTOP);
+		stop_current();
 	check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
 }
 
@@ -3755,7 +3794,7 @@ int BPF_PROG(sched_fork, struct task_struct *parent, struct task_struct *child)
 
 		bpf_map_update_elem(&held_for_probes, &ctgid, &one, BPF_ANY);
 		if (!stopped && may_stop())
-			bpf_send_signal_task(child, SIGSTOP, PIDTYPE_PID, MT_STOP_COOKIE);
+			stop_task(child);
 		check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach, &hwm_attach);
 	}
 	return 0;
@@ -3879,7 +3918,7 @@ int BPF_PROG(sched_exec, struct task_struct *p, int old_pid, struct linux_binprm
 
 			bpf_map_update_elem(&held_for_probes, &tgid, &one, BPF_ANY);
 			if (may_stop())
-				bpf_send_signal(SIGSTOP);
+				stop_current();
 			check_pressure(&attach_requests, MT_RING_ATTACH, watermark_attach,
 				       &hwm_attach);
 		}

@@ -224,7 +224,41 @@ fn pressure_memtrail_killed_during_pause_resumes_tree() {
     });
     memtrail.0.kill().unwrap();
     memtrail.0.wait().unwrap();
-    wait_for("the storm to finish", || Path::new(&done).exists());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !Path::new(&done).exists() {
+        if Instant::now() >= deadline {
+            // Say where the storm stands, then end it: a failing run must
+            // not leave it stopped.
+            let states = thread_states(target);
+            let frozen = cgroup_frozen(target);
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(target as i32).unwrap(),
+                rustix::process::Signal::KILL,
+            );
+            panic!(
+                "gave up waiting for the storm to finish: process {target}, \
+                 cgroup frozen: {frozen}, threads (tid state): {states:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Each thread of `pid` with its state letter from /proc.
+fn thread_states(pid: u32) -> Vec<(u32, char)> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                .unwrap_or('?');
+            let tid = t.file_name().to_string_lossy().parse().unwrap_or(0);
+            out.push((tid, state));
+        }
+    }
+    out
 }
 
 /// Allocations of exactly `size` bytes in the profile.
