@@ -123,9 +123,10 @@ struct Builder<'a> {
     /// Frame ids by the frame's fields, its strings by address.
     shared_frames: foldhash::HashMap<SharedFrame, u32>,
     /// Frame ids by the frame's address: stacks share their frames (a g++
-    /// capture's 1.1 M frames are those of 9,200 addresses), so most cost
-    /// a hash of one word; one a stack has alone (a Python frame) is
-    /// looked up by its fields.
+    /// capture's 1.1 M frames are those of 9,200 addresses; Python frames
+    /// are shared by code object and offset), so most cost a hash of one
+    /// word; one a stack has alone (a pseudo-site's, an address in no
+    /// known file) is looked up by its fields.
     by_address: foldhash::HashMap<*const Frame, u32>,
     modules: Interner<ModuleRow>,
     functions: Interner<FunctionRow>,

@@ -433,13 +433,13 @@ pub fn loop_addresses(places: &mut Places, cold: &mut ColdParts) -> foldhash::Ha
 /// address. Groups left over (the native walk ended before their loop
 /// frames: frame-pointer steps through an interpreter built without frame
 /// pointers) follow the native frames, unless `cut` (the walk stopped at
-/// `--stack-depth`, which they would pass). The places' frames are
-/// shared, the groups' moved.
+/// `--stack-depth`, which they would pass). Every frame is shared: the
+/// places' and the groups' (the resolver makes a Python frame once).
 pub fn splice(
     ips: &[u64],
     places: &Places,
     loops: &foldhash::HashSet<u64>,
-    mut groups: Vec<Vec<Frame>>,
+    mut groups: Vec<Vec<Arc<Frame>>>,
     cut: bool,
 ) -> Vec<Arc<Frame>> {
     /// What stands for one address.
@@ -476,12 +476,12 @@ pub fn splice(
     for part in parts {
         match part {
             Part::Frames(frames) => out.extend_from_slice(frames),
-            Part::Group(group) => out.extend(groups[group].drain(..).map(Arc::new)),
+            Part::Group(group) => out.append(&mut groups[group]),
             Part::Unknown(ip) => out.push(Arc::new(Frame::unknown(ip))),
         }
     }
     for group in &mut groups[rest] {
-        out.extend(group.drain(..).map(Arc::new));
+        out.append(group);
     }
     out
 }
@@ -535,6 +535,11 @@ mod tests {
         (places, ips)
     }
 
+    /// A group of Python frames, each shared as the resolver makes them.
+    fn group(frames: Vec<Frame>) -> Vec<Arc<Frame>> {
+        frames.into_iter().map(Arc::new).collect()
+    }
+
     fn names(frames: Vec<Arc<Frame>>) -> Vec<String> {
         frames
             .into_iter()
@@ -557,8 +562,8 @@ mod tests {
         ips.insert(1, 7);
         ips.insert(4, 3);
         let groups = vec![
-            vec![named("g", 0, false), named("f", 0, false)],
-            vec![named("m", 0, false)],
+            group(vec![named("g", 0, false), named("f", 0, false)]),
+            group(vec![named("m", 0, false)]),
         ];
         let loops = loop_addresses(&mut places, &mut ColdParts::default());
         assert_eq!(loops, [2, 4, 5].into_iter().collect());
@@ -577,7 +582,7 @@ mod tests {
             ]
         );
         // An empty group: the loop frame stays, with its inlined calls.
-        let groups = vec![vec![], vec![named("m", 0, false)]];
+        let groups = vec![vec![], group(vec![named("m", 0, false)])];
         assert_eq!(
             names(splice(&ips, &places, &loops, groups.clone(), false)),
             [
@@ -603,7 +608,10 @@ mod tests {
             named("other", 2, false),
         ]);
         let loops = loop_addresses(&mut places, &mut ColdParts::default());
-        let groups = vec![vec![named("g", 0, false)], vec![named("m", 0, false)]];
+        let groups = vec![
+            group(vec![named("g", 0, false)]),
+            group(vec![named("m", 0, false)]),
+        ];
         assert_eq!(
             names(splice(&ips, &places, &loops, groups.clone(), false)),
             ["malloc_caller", "other", "g", "m"]

@@ -149,7 +149,7 @@ pub struct Stack {
     /// The Python frames of each run of the interpreter loop among the
     /// native frames, innermost first (issue 25), named when the stack
     /// arrived: the process may be gone by the end.
-    pub python: Vec<Vec<crate::profile::Frame>>,
+    pub python: Vec<Vec<std::sync::Arc<crate::profile::Frame>>>,
 }
 
 /// Whether `ip` can be an x86_64 user-space code address: above the
