@@ -32,6 +32,10 @@ enum mt_kind {
 	/* A call stack the preload shim walked in its process and wrote to
 	 * its ring (struct mt_shim_stack): events pipeline only, issue 22. */
 	MT_SHIM_STACK = 13,
+	/* A Python code object's record the preload shim wrote to its ring
+	 * (struct mt_py_code_record after the header): events pipeline only,
+	 * before the first stack of that ring naming the object. */
+	MT_SHIM_PY_CODE = 14,
 	MT_MMAP = 16,
 	MT_MUNMAP = 17,
 	MT_MREMAP = 18,

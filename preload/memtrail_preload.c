@@ -210,12 +210,14 @@ __asm__(".text\n"
  * by stamp (src/ring/merge.rs), so no kernel entry is made per call. The
  * stack is walked here, with libunwind (dlopen'ed, as heaptrack uses it),
  * from the interposer's caller, the C++ runtime's operator new left out
- * as memtrail's BPF walk leaves it out.
+ * as memtrail's BPF walk leaves it out, then the thread's Python frames
+ * (below).
  *
  * The hook path stays for everything the ring path does not cover: a
  * process without the file, libunwind or a free ring, a Python process
- * whose frames memtrail walks, another --unwind than the default, and a
- * call made while the thread writes to its ring (a signal handler's).
+ * whose frames memtrail walks without a layout for its version here
+ * (3.13+), another --unwind than the default, and a call made while the
+ * thread writes to its ring (a signal handler's).
  * While the shim looks a symbol up (dladdr, dlopen) or sets up, the
  * allocator calls those make are not recorded (quiet): they are the
  * shim's, not the program's.
@@ -225,12 +227,14 @@ enum { MT_SHIM_STACK = 13 };
 #define MT_END_COMPLETE 0
 #define MT_END_DEPTH 1
 #define RING_MAGIC 0x314d48534c54524dULL /* "MTRLSHM1" */
-#define RING_VERSION 1
+#define RING_VERSION 2
 #define RING_BUSY (1U << 31)
 #define RING_DISCARD (1U << 30)
 #define RING_MAX 256
 #define RING_PAGE 4096
-/* memtrail walks Python frames: a Python process keeps the hook path. */
+/* memtrail walks Python frames: a Python process walks them itself (below)
+ * where the control page has its version's layout, else keeps the hook
+ * path. */
 #define RING_F_PYTHON 1
 /* A thread that found no free ring tries again after this many calls. */
 #define RING_RETRY 1024
@@ -256,9 +260,50 @@ struct ring_control {
 	/* memtrail's PID namespace (its inode): ids are memtrail's only there. */
 	uint64_t pidns;
 	uint64_t reserved[2];
-	/* tgid << 32 | tid of each ring's thread, 0 for a free ring. */
+	/* tgid << 32 | tid of each ring's thread, 0 for a free ring (up to
+	 * RING_CLAIMS_END). */
 	uint64_t claims[];
 };
+
+/* Where the Python layouts start in the control page: RING_PY_LAYOUTS of
+ * struct ring_py_layout (src/ring/shim.rs). */
+#define RING_CLAIMS_END 2048
+#define RING_PY_LAYOUTS 4
+
+/* One CPython version's layout (3.minor, 0: none), as memtrail gives BPF:
+ * struct mt_py_offsets in bpf/memtrail.h, its fields in its order (a test
+ * of src/ring/shim.rs keeps the two the same). */
+struct ring_py_layout {
+	uint32_t minor;
+	uint32_t _pad;
+	union {
+		struct {
+			uint16_t runtime_interp_head;
+			uint16_t interp_threads_head;
+			uint16_t tstate_next;
+			uint16_t tstate_thread_id;
+			uint16_t tstate_frame;
+			uint16_t cframe_frame;
+			uint16_t frame_code;
+			uint16_t frame_instr;
+			uint16_t frame_previous;
+			uint16_t frame_owner;
+			uint16_t frame_is_entry;
+			uint16_t code_adaptive;
+			uint16_t code_qualname;
+			uint16_t code_filename;
+			uint16_t code_firstlineno;
+			uint16_t code_linetable;
+			uint16_t str_ascii_data;
+			uint16_t str_compact_data;
+			uint16_t frame_win;
+			uint16_t frame_span;
+			uint16_t runtime_tstate;
+		} off;
+		uint8_t _size[56];
+	};
+};
+_Static_assert(sizeof(struct ring_py_layout) == 64, "memtrail writes 64-byte layouts");
 
 struct mt_ring {
 	volatile uint64_t *cons;
@@ -540,6 +585,8 @@ static int load_unwinder(void)
 	return unw_bt != NULL;
 }
 
+static int py_setup(const struct ring_py_layout *layouts);
+
 /* Maps memtrail's ring file and decides whether this process takes the
  * ring path; quiet (the calls it makes are not recorded). */
 static void ring_setup(void)
@@ -573,9 +620,10 @@ static void ring_setup(void)
 	    (ctl->dedup_slots & (ctl->dedup_slots - 1)) ||
 	    (uint64_t)ctl->ring_pages * RING_PAGE <
 		    2 * RING_PAGE + ctl->data_size + 8ULL * ctl->dedup_slots ||
-	    64 + 8ULL * ctl->nrings > RING_PAGE)
+	    64 + 8ULL * ctl->nrings > RING_CLAIMS_END)
 		return;
-	if ((ctl->flags & RING_F_PYTHON) && dlsym(RTLD_DEFAULT, "_PyRuntime"))
+	if ((ctl->flags & RING_F_PYTHON) && dlsym(RTLD_DEFAULT, "_PyRuntime") &&
+	    !py_setup((const struct ring_py_layout *)(base + RING_CLAIMS_END)))
 		return;
 	if (ctl->pidns && (stat("/proc/self/ns/pid", &st) != 0 || (uint64_t)st.st_ino != ctl->pidns))
 		return;
@@ -852,12 +900,218 @@ static int ring_knows(struct mt_ring *r, uint64_t id)
 	return 0;
 }
 
+/*
+ * Python frames on the ring path (issue 22). In a Python process (an
+ * interpreter exporting _PyRuntime, of a version whose layout memtrail put
+ * in the control page) the shim appends the thread's Python frames to its
+ * stack as memtrail's BPF walk does (mt_py_walk in bpf/memtrail.bpf.c: the
+ * same words, MT_PY_FRAME in bpf/memtrail.h), and before a new stack it
+ * writes the records of the code objects its frames run that its ring has
+ * not carried yet (struct mt_py_code_record), for memtrail to name them.
+ * The thread's state is its own (PyGILState_GetThisThreadState: a
+ * thread-specific value, set and cleared by the thread's interpreter,
+ * read without a lock), checked by its thread id; its frames are the
+ * thread's own, which only it changes, read as CPython's faulthandler
+ * reads them. A walk only through native code (no frame in the
+ * interpreter's code) has no Python frames.
+ */
+#define MT_PY_FRAME (1ULL << 63)
+#define MT_PY_OFF_SHIFT 47
+#define MT_PY_OFF_MAX 0xffffULL
+#define MT_PY_CODE_MASK ((1ULL << MT_PY_OFF_SHIFT) - 1)
+#define MT_PY_NONE 0xffff
+#define MT_PY_OWNED_BY_CSTACK 3
+#define MT_PY_NAME 256
+#define MT_PY_TABLE 1024
+enum { MT_SHIM_PY_CODE = 14 };
+
+/* struct mt_py_code_record (bpf/memtrail.h). */
+struct py_code_record {
+	uint64_t zero;
+	uint64_t code;
+	uint32_t pid;
+	int32_t first;
+	uint32_t name_state;
+	uint32_t name_len;
+	uint32_t file_state;
+	uint32_t file_len;
+	uint32_t table_len;
+	uint32_t _pad;
+	uint8_t name[MT_PY_NAME];
+	uint8_t file[MT_PY_NAME];
+	uint8_t table[MT_PY_TABLE];
+};
+
+static struct ring_py_layout py_layout DATA;
+static int py_on;
+static void *(*py_this_state)(void);
+/* The interpreter's code (the object defining _PyRuntime). */
+static uint64_t py_lo, py_hi;
+
+static int find_py_text(struct dl_phdr_info *info, size_t size, void *data)
+{
+	uint64_t at = (uint64_t)(uintptr_t)data;
+	int i, found = 0;
+
+	(void)size;
+	for (i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		uint64_t lo = info->dlpi_addr + ph->p_vaddr;
+
+		if (ph->p_type == PT_LOAD && at >= lo && at < lo + ph->p_memsz)
+			found = 1;
+	}
+	for (i = 0; found && i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		uint64_t lo = info->dlpi_addr + ph->p_vaddr;
+
+		if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
+			py_lo = lo;
+			py_hi = lo + ph->p_memsz;
+		}
+	}
+	return found;
+}
+
+/* Whether this Python process walks its Python frames itself: its
+ * version's layout is among memtrail's. */
+static int py_setup(const struct ring_py_layout *layouts)
+{
+	const uint32_t *version = dlsym(RTLD_DEFAULT, "Py_Version");
+	void *runtime = dlsym(RTLD_DEFAULT, "_PyRuntime");
+	uint32_t minor, i;
+
+	py_this_state = (void *(*)(void))dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
+	if (!version || !runtime || !py_this_state || *version >> 24 != 3)
+		return 0;
+	minor = (*version >> 16) & 0xff;
+	for (i = 0; i < RING_PY_LAYOUTS; i++)
+		if (layouts[i].minor == minor)
+			break;
+	if (i == RING_PY_LAYOUTS || minor == 0)
+		return 0;
+	py_layout = layouts[i];
+	dl_iterate_phdr(find_py_text, runtime);
+	if (!py_hi)
+		return 0;
+	py_on = 1;
+	return 1;
+}
+
+static inline uint64_t py_word(uint64_t addr)
+{
+	return *(const uint64_t *)(uintptr_t)addr;
+}
+
+/* Appends the thread's Python frames to ips (nr of them so far, at most
+ * MT_MAX_STACK in all); returns the new count. */
+static int py_walk(uint64_t *ips, int nr)
+{
+	uint64_t ts = (uint64_t)(uintptr_t)py_this_state(), frame, code, instr, start, off;
+	uint8_t owner, entry;
+
+	if (!ts || py_word(ts + py_layout.off.tstate_thread_id) != (uint64_t)pthread_self())
+		return nr;
+	frame = py_word(ts + py_layout.off.tstate_frame);
+	if (frame && py_layout.off.cframe_frame != MT_PY_NONE)
+		frame = py_word(frame + py_layout.off.cframe_frame);
+	for (int i = 0; frame && i < MT_MAX_STACK && nr < MT_MAX_STACK; i++) {
+		code = py_word(frame + py_layout.off.frame_code);
+		instr = py_word(frame + py_layout.off.frame_instr);
+		owner = *(const uint8_t *)(uintptr_t)(frame + py_layout.off.frame_owner);
+		entry = py_layout.off.frame_is_entry != MT_PY_NONE &&
+			*(const uint8_t *)(uintptr_t)(frame + py_layout.off.frame_is_entry);
+		frame = py_word(frame + py_layout.off.frame_previous);
+		if (owner == MT_PY_OWNED_BY_CSTACK) {
+			ips[nr++] = MT_PY_FRAME;
+			continue;
+		}
+		start = code + py_layout.off.code_adaptive;
+		if (code && instr >= start) {
+			off = (instr - start) / 2;
+			if (off > MT_PY_OFF_MAX)
+				off = MT_PY_OFF_MAX;
+			ips[nr++] = MT_PY_FRAME | off << MT_PY_OFF_SHIFT | (code & MT_PY_CODE_MASK);
+		}
+		if (entry && nr < MT_MAX_STACK)
+			ips[nr++] = MT_PY_FRAME;
+	}
+	return nr;
+}
+
+/* A compact str object's characters into dst (at most MT_PY_NAME bytes);
+ * returns the bytes copied. */
+static uint32_t py_copy_str(uint64_t obj, uint8_t *dst, uint32_t *state)
+{
+	uint64_t len, at;
+	uint32_t st, kind;
+
+	if (!obj)
+		return 0;
+	len = py_word(obj + 16);
+	st = *(const uint32_t *)(uintptr_t)(obj + 32);
+	*state = st;
+	kind = (st >> 2) & 7;
+	if (!((st >> 5) & 1))
+		return 0; /* not compact: no characters in the object */
+	if ((st >> 6) & 1) {
+		at = obj + py_layout.off.str_ascii_data;
+	} else {
+		at = obj + py_layout.off.str_compact_data;
+		len *= kind;
+	}
+	if (len > MT_PY_NAME)
+		len = MT_PY_NAME;
+	memcpy(dst, (const void *)(uintptr_t)at, len);
+	return (uint32_t)len;
+}
+
+/* Writes the record of the code object at code (a frame of the thread
+ * runs it: it is alive) unless this ring carried it already. */
+static void py_code_record(struct mt_ring *r, struct mt_thread *t, uint64_t code)
+{
+	uint64_t name = py_word(code + py_layout.off.code_qualname);
+	uint64_t file = py_word(code + py_layout.off.code_filename);
+	uint64_t table = py_word(code + py_layout.off.code_linetable);
+	/* As BPF's py_codes: another object at the address has other
+	 * strings. Bit 62, never bit 63: not a stack's id in the table. */
+	uint64_t key = (mix(mix((uint64_t)(uint32_t)ring_pid, code), name ^ file << 1 ^ table << 2) &
+			~(3ULL << 62)) | 1ULL << 62;
+	uint32_t len = 24 + sizeof(struct py_code_record), n;
+	struct py_code_record *c;
+	uint64_t *rec;
+
+	if (ring_knows(r, key))
+		return;
+	rec = ring_reserve(r, len);
+	if (!rec)
+		return;
+	ring_header(rec, 0, t, MT_SHIM_PY_CODE);
+	c = (struct py_code_record *)(rec + 3);
+	c->zero = 0;
+	c->code = code;
+	c->pid = (uint32_t)ring_pid;
+	c->first = *(const int32_t *)(uintptr_t)(code + py_layout.off.code_firstlineno);
+	c->name_state = c->file_state = 0;
+	c->name_len = py_copy_str(name, c->name, &c->name_state);
+	c->file_len = py_copy_str(file, c->file, &c->file_state);
+	c->_pad = 0;
+	c->table_len = 0;
+	if (table) {
+		/* ob_size's low half: a table is far below 4 GiB. */
+		c->table_len = *(const uint32_t *)(uintptr_t)(table + 16);
+		n = c->table_len < MT_PY_TABLE ? c->table_len : MT_PY_TABLE;
+		memcpy(c->table, (const void *)(uintptr_t)(table + 32), n);
+	}
+	ring_commit(rec, len);
+}
+
 /* The caller's stack: its id, written to the ring first if new there. */
 static __attribute__((noinline)) uint64_t ring_stack(struct mt_ring *r, struct mt_thread *t)
 {
 	void *buf[MT_MAX_STACK + RING_SKIP_MAX + 1];
 	uint64_t ips[MT_MAX_STACK], h = (uint64_t)(uint32_t)ring_pid, id, *rec;
-	int n, i = 0, nr, k, exact = 0, end = MT_END_COMPLETE;
+	int n, i = 0, nr, k, exact = 0, end = MT_END_COMPLETE, py;
 	uint32_t len;
 
 	/* Quiet: libunwind's own allocations (its thread-local storage's)
@@ -887,9 +1141,27 @@ static __attribute__((noinline)) uint64_t ring_stack(struct mt_ring *r, struct m
 		exact = sig;
 		h = mix(h, ips[k]);
 	}
+	/* BPF's walk looks for Python frames once it went through the
+	 * interpreter's code, the frame it stopped at for the depth too. */
+	py = nr;
+	for (k = 0; py_on && k < nr + (end == MT_END_DEPTH); k++) {
+		uint64_t ip = (uint64_t)(uintptr_t)buf[i + k];
+
+		if (ip >= py_lo && ip < py_hi) {
+			nr = py_walk(ips, nr);
+			for (k = py; k < nr; k++)
+				h = mix(h, ips[k]);
+			break;
+		}
+	}
 	id = mix(h, (uint64_t)nr << 16 | (uint64_t)end) | 1ULL << 63;
 	if (ring_knows(r, id))
 		return id;
+	/* A new stack: the records of its code objects first (the ring is
+	 * read in order). */
+	for (k = py; k < nr; k++)
+		if ((ips[k] & ~MT_PY_FRAME) != 0)
+			py_code_record(r, t, ips[k] & MT_PY_CODE_MASK);
 	len = 40 + 8 * (uint32_t)nr;
 	rec = ring_reserve(r, len);
 	if (!rec)

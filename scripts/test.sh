@@ -52,9 +52,11 @@ echo "== exact-count tests again, with the preload shim" >&2
 # processes that load the shim come through it, not through probes; every
 # exact count must hold as well (support::preload names the two things
 # glibc does inside itself that the shim does not see). The track binary
-# (~2 min), and the capture binary's attach, stacks and preload modules.
+# (~2 min), and the capture binary's attach, stacks, preload and Python
+# frames modules (the shim walks 3.11's and 3.12's Python frames itself).
 MEMTRAIL_PRELOAD=1 timeout --kill-after=60 10m \
   cargo test --no-fail-fast --test=track --test=capture -- track_ attach:: stacks:: preload:: \
+  python_frames:: \
   || status=$?
 left_behind "$target" || status=1
 exit "$status"

@@ -402,6 +402,21 @@ pub fn decode_py_code(bytes: &[u8]) -> Option<Result<t::mt_py_code_record, Decod
     (bytes.len() >= 8 && bytes[..8] == [0; 8]).then(|| read(bytes))
 }
 
+/// A Python code object's record the preload shim wrote to its ring (a
+/// header of kind `MT_SHIM_PY_CODE`, then `struct mt_py_code_record`), if
+/// the events record `bytes` is one.
+pub fn decode_shim_py_code(bytes: &[u8]) -> Option<Result<t::mt_py_code_record, DecodeError>> {
+    let raw: t::mt_header = read(bytes).ok()?;
+    if u32::from(raw.kind) != t::mt_kind::MT_SHIM_PY_CODE.0 {
+        return None;
+    }
+    let body = &bytes[size_of::<t::mt_header>()..];
+    Some(decode_py_code(body).unwrap_or(Err(DecodeError::Short {
+        len: bytes.len(),
+        need: size_of::<t::mt_header>() + size_of::<t::mt_py_code_record>(),
+    })))
+}
+
 pub fn decode_stack(bytes: &[u8]) -> Result<StackRecord<'_>, DecodeError> {
     let rec: t::mt_stack_record = read(bytes)?;
     let ips_at = std::mem::offset_of!(t::mt_stack_record, ips);

@@ -287,6 +287,36 @@ pub fn note_image(map: std::os::fd::BorrowedFd<'_>, path: &Path, id: (u64, u64))
     }
 }
 
+/// Bytes of one layout of [`shim_layouts`].
+pub const SHIM_LAYOUT: usize = 64;
+
+/// The layouts the preload shim walks Python frames with in its process
+/// (its ring path, issue 22), one per version: 3.minor (a `u32`), 4 bytes
+/// of padding, then `struct mt_py_offsets` as BPF has it (`struct
+/// ring_py_layout` in preload/memtrail_preload.c). The versions whose
+/// layout is known without their image: 3.11 and 3.12. (3.13's are read
+/// from its image's `_Py_DebugOffsets`: its processes keep the hook path,
+/// where BPF walks their frames.)
+pub fn shim_layouts() -> [[u8; SHIM_LAYOUT]; 4] {
+    use crate::bpf::skel::memtrail::types::mt_py_offsets;
+    use std::mem::offset_of;
+    let mut out = [[0u8; SHIM_LAYOUT]; 4];
+    let known = [(11u8, WALK_3_11, CODE_3_11), (12, WALK_3_12, CODE_3_12)];
+    for (slot, (minor, walk, code)) in out.iter_mut().zip(known) {
+        let value = image_value(&Interpreter {
+            minor,
+            runtime: 0,
+            walk,
+            code,
+            tls_index: 0,
+        });
+        let (at, len) = (offset_of!(mt_py_image, off), size_of::<mt_py_offsets>());
+        slot[..4].copy_from_slice(&u32::from(minor).to_ne_bytes());
+        slot[8..8 + len].copy_from_slice(&value[at..at + len]);
+    }
+    out
+}
+
 /// `struct mt_py_image` for BPF's `py_images`.
 pub fn image_value(interp: &Interpreter) -> [u8; size_of::<mt_py_image>()] {
     use std::mem::offset_of;
@@ -489,6 +519,50 @@ pub fn splice(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fields of the C struct that starts at `start` in `source`, by
+    /// name, in order (one declaration a line, `type name;` or
+    /// `type name[N];`).
+    fn c_fields(source: &str, start: &str) -> Vec<String> {
+        let at = source.find(start).expect(start);
+        source[at + start.len()..]
+            .lines()
+            .map(|l| l.split("/*").next().unwrap().trim())
+            .take_while(|l| !l.starts_with('}'))
+            .filter(|l| l.ends_with(';'))
+            .map(|l| {
+                let name = l.trim_end_matches(';').split_whitespace().last().unwrap();
+                name.split('[').next().unwrap().to_owned()
+            })
+            .collect()
+    }
+
+    /// Check that the preload shim reads the layouts and code records
+    /// memtrail writes: its copies of `struct mt_py_offsets` and `struct
+    /// mt_py_code_record` (preload/memtrail_preload.c) have bpf/memtrail.h's
+    /// fields in their order, and each layout holds 3.minor and the
+    /// offsets where the shim reads them.
+    #[test]
+    fn python_shim_layouts_match_the_shim() {
+        let shim = include_str!("../../preload/memtrail_preload.c");
+        let header = include_str!("../../bpf/memtrail.h");
+        let offsets = c_fields(header, "struct mt_py_offsets {");
+        assert_eq!(offsets.len(), 21);
+        let layout = c_fields(shim, "struct ring_py_layout {");
+        assert_eq!(layout[..2], ["minor", "_pad"]);
+        assert_eq!(layout[2..], offsets);
+        let record = c_fields(header, "struct mt_py_code_record {");
+        assert_eq!(record.len(), 13);
+        assert_eq!(c_fields(shim, "struct py_code_record {"), record);
+        let layouts = shim_layouts();
+        assert_eq!(u32::from_ne_bytes(layouts[0][..4].try_into().unwrap()), 11);
+        assert_eq!(u32::from_ne_bytes(layouts[1][..4].try_into().unwrap()), 12);
+        assert!(layouts[2..].iter().all(|l| l.iter().all(|&b| b == 0)));
+        // tstate_thread_id, the fourth field.
+        let field = |l: &[u8], i: usize| u16::from_ne_bytes([l[8 + 2 * i], l[9 + 2 * i]]);
+        assert_eq!(field(&layouts[0], 3), WALK_3_11.tstate_thread_id);
+        assert_eq!(field(&layouts[1], 20), WALK_3_12.runtime_tstate);
+    }
 
     fn named(name: &str, addr: u64, inlined: bool) -> Frame {
         Frame {

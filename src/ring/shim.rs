@@ -5,7 +5,8 @@
 //! `/proc/<memtrail>/fd/<n>` (as the shim itself is in `LD_PRELOAD`):
 //! - page 0, the control page: [`MAGIC`], the layout, the walk's settings,
 //!   memtrail's PID namespace, then one claim word per ring at byte 64 (`tgid << 32 | tid` of the
-//!   thread that writes it, 0 while it is free);
+//!   thread that writes it, 0 while it is free), and at byte 2048 the
+//!   CPython layouts the shim walks Python frames with ([`Settings::python_layouts`]);
 //! - then each ring in `ring_pages` pages: a consumer page (memtrail's
 //!   `consumer_pos`), a producer page (the shim's `producer_pos`), the data
 //!   area, and the table of stack ids the ring has carried (the shim's).
@@ -32,12 +33,18 @@ use super::{BUSY_BIT, DISCARD_BIT, HEADER_LEN, RingConsumer, RingError};
 /// "MTRLSHM1", the control page's first word.
 pub const MAGIC: u64 = 0x314d_4853_4c54_524d;
 /// The layout's version, checked by the shim.
-const VERSION: u32 = 1;
-/// memtrail walks Python frames: a Python process keeps the hook path.
+const VERSION: u32 = 2;
+/// memtrail walks Python frames: a Python process walks them itself with
+/// its version's layout, or keeps the hook path without one.
 const FLAG_PYTHON: u32 = 1;
 const PAGE: usize = 4096;
 /// Where the claim words start in the control page.
 const CLAIMS_AT: usize = 64;
+/// Where they must end: the Python layouts follow.
+const LAYOUTS_AT: usize = 2048;
+/// Bytes of one Python layout; as many as the shim reads.
+const LAYOUT: usize = 64;
+const LAYOUTS: usize = 4;
 
 /// How the rings are made.
 #[derive(Clone, Copy, Debug)]
@@ -54,6 +61,11 @@ pub struct Settings {
     /// Whether memtrail walks Python frames.
     pub python: bool,
 }
+
+/// The CPython layouts the shim walks Python frames with: each 3.minor (a
+/// `u32`, 0: none), 4 bytes, then `struct mt_py_offsets` (the session gives
+/// `python::shim_layouts`).
+pub type PythonLayouts = [[u8; LAYOUT]; LAYOUTS];
 
 impl Default for Settings {
     fn default() -> Self {
@@ -111,10 +123,12 @@ pub const UNWOKEN_LATENCY: std::time::Duration = std::time::Duration::from_milli
 const REAP_EVERY_NS: u64 = 100_000_000;
 
 impl ShimRings {
-    pub fn new(settings: Settings) -> Result<Self, ShimRingsError> {
+    /// The rings of `settings`; with `settings.python`, the shim walks the
+    /// Python frames of the versions `python` has the layout of.
+    pub fn new(settings: Settings, python: &PythonLayouts) -> Result<Self, ShimRingsError> {
         assert!(settings.data_size.is_power_of_two() && settings.data_size as usize >= PAGE);
         assert!(settings.dedup_slots.is_power_of_two());
-        assert!(CLAIMS_AT + 8 * settings.rings as usize <= PAGE);
+        assert!(CLAIMS_AT + 8 * settings.rings as usize <= LAYOUTS_AT);
         let file = crate::sys::sized_memfd("memtrail_rings", settings.file_len())
             .map_err(ShimRingsError::Make)?;
         // SAFETY: memtrail's own memfd, shared with the shim, whose writes
@@ -144,6 +158,9 @@ impl ShimRings {
             m.ino()
         });
         map[40..48].copy_from_slice(&pidns.to_ne_bytes());
+        if settings.python {
+            map[LAYOUTS_AT..LAYOUTS_AT + LAYOUT * LAYOUTS].copy_from_slice(python.as_flattened());
+        }
         // Last: the shim checks the magic first.
         map[..8].copy_from_slice(&MAGIC.to_ne_bytes());
         Ok(Self {
@@ -270,7 +287,7 @@ mod tests {
             stack_depth: 64,
             python: true,
         };
-        let rings = ShimRings::new(settings).expect("rings");
+        let rings = ShimRings::new(settings, &[[7; LAYOUT]; LAYOUTS]).expect("rings");
         let word = |at: usize| u32::from_ne_bytes(rings.map[at..at + 4].try_into().unwrap());
         assert_eq!(rings.map[..8], MAGIC.to_ne_bytes());
         assert_eq!(
@@ -278,6 +295,10 @@ mod tests {
             (VERSION, 3, 8192, 1024, 64, FLAG_PYTHON)
         );
         assert_eq!(word(36), 2 + 2 + 2);
+        // The claims end before the Python layouts the shim reads.
+        assert!(rings.map[CLAIMS_AT..LAYOUTS_AT].iter().all(|&b| b == 0));
+        let layouts = &rings.map[LAYOUTS_AT..LAYOUTS_AT + LAYOUT * LAYOUTS];
+        assert!(layouts.iter().all(|&b| b == 7));
         assert_eq!(rings.map.len() as u64, settings.file_len());
         let consumers = rings.consumers().expect("consumers");
         assert_eq!(consumers.len(), 3);

@@ -58,6 +58,14 @@ impl Sink for EventSink {
             }
             return;
         }
+        // What names the Python frames of the shim's next stacks.
+        if let Some(code) = record::decode_shim_py_code(bytes) {
+            match code {
+                Ok(code) => self.shim_stacks.learn(&code),
+                Err(_) => self.agg.malformed += 1,
+            }
+            return;
+        }
         // The preload shim's batched frees: each a free of its own.
         if let Some(batch) = record::decode_free_batch(bytes) {
             let Ok((hdr, addrs)) = batch else {
@@ -184,6 +192,11 @@ impl Sink for StackSink {
 }
 
 impl StackSink {
+    /// Takes a Python code object's record, for the stacks that follow.
+    pub fn learn(&mut self, code: &crate::bpf::skel::memtrail::types::mt_py_code_record) {
+        self.python.learn(code);
+    }
+
     /// Keeps a stack the first time its id comes.
     pub fn insert(&mut self, rec: &record::StackRecord<'_>) {
         // A stack written twice (the known-stacks map was full, or two of

@@ -408,12 +408,16 @@ fn shim_rings(opts: &SessionOptions) -> Result<Option<crate::ring::shim::ShimRin
     {
         return Ok(None);
     }
-    crate::ring::shim::ShimRings::new(crate::ring::shim::Settings {
-        stack_depth: opts.stack_depth,
-        // Python frames are walked in BPF, with the native stack.
-        python: opts.python_frames && opts.stack_depth > 0,
-        ..Default::default()
-    })
+    crate::ring::shim::ShimRings::new(
+        crate::ring::shim::Settings {
+            stack_depth: opts.stack_depth,
+            // The shim walks the Python frames of the versions it has a
+            // layout of; BPF the others' (the hook path).
+            python: opts.python_frames && opts.stack_depth > 0,
+            ..Default::default()
+        },
+        &crate::python::shim_layouts(),
+    )
     .map(Some)
     .map_err(|err| CaptureError::Io {
         what: "making the preload shim's rings",

@@ -366,3 +366,64 @@ fn python_frames_in_asyncio_tasks() {
         }
     }
 }
+
+/// Check that with `--preload` the shim walks the Python frames of 3.11 and
+/// 3.12 itself (the ring path: libunwind in the process, no kernel entry
+/// per allocation), 3.13's being BPF's (the hook path), and that they are
+/// the frames BPF walks on the hook path (`MEMTRAIL_FAULT=shim-hook-only`):
+/// each site's Python frames, with files and lines, in the main thread,
+/// another thread and a child process, on each interpreter present.
+#[test]
+fn python_frames_preload_ring_path_same_as_hook_path() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The script, then whether libunwind is in the process (the ring path
+    // loads it; nothing else in these interpreters does).
+    let script = dir.path().join("alloc_sites_unwinder.py");
+    let text = format!(
+        "{SCRIPT}sys.stderr.write('unwinder: %s\\n' % ('libunwind' in open('/proc/self/maps').read()))\n"
+    );
+    std::fs::write(&script, text).expect("script written");
+    let run = |python: &Path, mode: &str, sizes: (u64, u64), env: &[(&str, &str)]| {
+        let out = dir.path().join(format!("{mode}.json"));
+        let mut argv: Vec<OsString> = ["run", "-q", "--force", "--preload", "-o"]
+            .map(Into::into)
+            .to_vec();
+        argv.push(out.clone().into());
+        argv.push("--".into());
+        argv.push(python.into());
+        argv.push(script.clone().into());
+        argv.extend([mode.to_owned(), sizes.0.to_string(), sizes.1.to_string()].map(Into::into));
+        let (_, status, _, stderr) = support::memtrail_env(&argv, b"", env);
+        assert!(status.success(), "{stderr}");
+        let profile = support::read_profile(&out).expect("profile written");
+        (profile, stderr)
+    };
+    for (i, (version, python)) in interpreters().into_iter().enumerate() {
+        let ring_path = version != "3.13";
+        for (j, mode) in ["main", "thread", "subprocess"].into_iter().enumerate() {
+            let small = 400_000 + 1_000 * (3 * i + j) as u64 + 19;
+            let big = 800_000 + 1_000 * (3 * i + j) as u64 + 29;
+            let what = format!("python {version}, {mode}");
+            let (shim, shim_err) = run(&python, mode, (small, big), &[]);
+            let hook_only = [("MEMTRAIL_FAULT", "shim-hook-only")];
+            let (hook, hook_err) = run(&python, mode, (small, big), &hook_only);
+            assert_worker_sites(&shim, &script, (small, big), &what);
+            for bytes in [small + 1, big + 1] {
+                let frames = python_frames(site(&shim, bytes));
+                assert_eq!(frames, python_frames(site(&hook, bytes)), "{what}");
+            }
+            let processes = if mode == "subprocess" { 2 } else { 1 };
+            let says = |v: bool| format!("unwinder: {}", if v { "True" } else { "False" });
+            assert_eq!(
+                shim_err.matches(&says(ring_path)).count(),
+                processes,
+                "{what}: {shim_err}"
+            );
+            assert_eq!(
+                hook_err.matches(&says(false)).count(),
+                processes,
+                "{what}: {hook_err}"
+            );
+        }
+    }
+}
