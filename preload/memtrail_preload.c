@@ -72,6 +72,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -200,7 +201,7 @@ __asm__(".text\n"
 
 /*
  * The ring path (issue 22). memtrail names its ring file in MEMTRAIL_SHM
- * (src/attach/shim_rings.rs: a control page, then rings in the layout of
+ * (src/ring/shim.rs: a control page, then rings in the layout of
  * a BPF ring buffer: consumer page, producer page, data, and a table of
  * the stacks already written through the ring). A thread claims a ring
  * of its own (single producer) and writes its records there itself, as
@@ -215,9 +216,9 @@ __asm__(".text\n"
  *
  * The hook path stays for everything the ring path does not cover: a
  * process without the file, libunwind or a free ring, a Python process
- * whose frames memtrail walks without a layout for its version here
- * (3.13+), another --unwind than the default, and a call made while the
- * thread writes to its ring (a signal handler's).
+ * whose frames memtrail walks without a layout for its interpreter here,
+ * another --unwind than the default, and a call made while the thread
+ * writes to its ring (a signal handler's).
  * While the shim looks a symbol up (dladdr, dlopen) or sets up, the
  * allocator calls those make are not recorded (quiet): they are the
  * shim's, not the program's.
@@ -233,7 +234,7 @@ enum { MT_SHIM_STACK = 13 };
 #define RING_MAX 256
 #define RING_PAGE 4096
 /* memtrail walks Python frames: a Python process walks them itself (below)
- * where the control page has its version's layout, else keeps the hook
+ * where the control page has its interpreter's layout, else keeps the hook
  * path. */
 #define RING_F_PYTHON 1
 /* A thread that found no free ring tries again after this many calls. */
@@ -304,6 +305,18 @@ struct ring_py_layout {
 	};
 };
 _Static_assert(sizeof(struct ring_py_layout) == 64, "memtrail writes 64-byte layouts");
+
+/* The layouts of interpreter images memtrail found (3.13+: read from the
+ * image), after the per-version ones: the image's device (the kernel's
+ * encoding) and inode, then its layout, set once its minor is (written
+ * last). */
+struct ring_py_image {
+	uint64_t dev;
+	uint64_t ino;
+	struct ring_py_layout layout;
+};
+#define RING_PY_IMAGES_AT (RING_CLAIMS_END + RING_PY_LAYOUTS * 64)
+#define RING_PY_IMAGES 16
 
 struct mt_ring {
 	volatile uint64_t *cons;
@@ -585,7 +598,7 @@ static int load_unwinder(void)
 	return unw_bt != NULL;
 }
 
-static int py_setup(const struct ring_py_layout *layouts);
+static int py_setup(const char *control);
 
 /* Maps memtrail's ring file and decides whether this process takes the
  * ring path; quiet (the calls it makes are not recorded). */
@@ -623,7 +636,7 @@ static void ring_setup(void)
 	    64 + 8ULL * ctl->nrings > RING_CLAIMS_END)
 		return;
 	if ((ctl->flags & RING_F_PYTHON) && dlsym(RTLD_DEFAULT, "_PyRuntime") &&
-	    !py_setup((const struct ring_py_layout *)(base + RING_CLAIMS_END)))
+	    !py_setup(base))
 		return;
 	if (ctl->pidns && (stat("/proc/self/ns/pid", &st) != 0 || (uint64_t)st.st_ino != ctl->pidns))
 		return;
@@ -902,8 +915,8 @@ static int ring_knows(struct mt_ring *r, uint64_t id)
 
 /*
  * Python frames on the ring path (issue 22). In a Python process (an
- * interpreter exporting _PyRuntime, of a version whose layout memtrail put
- * in the control page) the shim appends the thread's Python frames to its
+ * interpreter exporting _PyRuntime, whose layout memtrail put in the
+ * control page: by version, or by image) the shim appends the thread's Python frames to its
  * stack as memtrail's BPF walk does (mt_py_walk in bpf/memtrail.bpf.c: the
  * same words, MT_PY_FRAME in bpf/memtrail.h), and before a new stack it
  * writes the records of the code objects its frames run that its ring has
@@ -973,10 +986,39 @@ static int find_py_text(struct dl_phdr_info *info, size_t size, void *data)
 	return found;
 }
 
-/* Whether this Python process walks its Python frames itself: its
- * version's layout is among memtrail's. */
-static int py_setup(const struct ring_py_layout *layouts)
+/* The layout memtrail found for the interpreter image defining runtime, of
+ * version 3.minor, in the control page; NULL if none. */
+static const struct ring_py_layout *py_image_layout(const char *control, void *runtime,
+						     uint32_t minor)
 {
+	const struct ring_py_image *images =
+		(const struct ring_py_image *)(control + RING_PY_IMAGES_AT);
+	const char *path;
+	struct stat st;
+	Dl_info info;
+	uint64_t dev;
+	uint32_t i;
+
+	if (!dladdr(runtime, &info) || !info.dli_fname)
+		return NULL;
+	/* The executable's own name may not be a path. */
+	path = info.dli_fname[0] == '/' ? info.dli_fname : "/proc/self/exe";
+	if (stat(path, &st) != 0)
+		return NULL;
+	dev = (uint64_t)major(st.st_dev) << 20 | minor(st.st_dev);
+	for (i = 0; i < RING_PY_IMAGES; i++)
+		if (__atomic_load_n(&images[i].layout.minor, __ATOMIC_ACQUIRE) == minor &&
+		    images[i].dev == dev && images[i].ino == (uint64_t)st.st_ino)
+			return &images[i].layout;
+	return NULL;
+}
+
+/* Whether this Python process walks its Python frames itself: memtrail
+ * gave the layout of its version, or of its interpreter's image. */
+static int py_setup(const char *control)
+{
+	const struct ring_py_layout *layouts =
+		(const struct ring_py_layout *)(control + RING_CLAIMS_END), *found = NULL;
 	const uint32_t *version = dlsym(RTLD_DEFAULT, "Py_Version");
 	void *runtime = dlsym(RTLD_DEFAULT, "_PyRuntime");
 	uint32_t minor, i;
@@ -985,12 +1027,14 @@ static int py_setup(const struct ring_py_layout *layouts)
 	if (!version || !runtime || !py_this_state || *version >> 24 != 3)
 		return 0;
 	minor = (*version >> 16) & 0xff;
-	for (i = 0; i < RING_PY_LAYOUTS; i++)
+	for (i = 0; i < RING_PY_LAYOUTS && minor; i++)
 		if (layouts[i].minor == minor)
-			break;
-	if (i == RING_PY_LAYOUTS || minor == 0)
+			found = &layouts[i];
+	if (!found && minor)
+		found = py_image_layout(control, runtime, minor);
+	if (!found)
 		return 0;
-	py_layout = layouts[i];
+	py_layout = *found;
 	dl_iterate_phdr(find_py_text, runtime);
 	if (!py_hi)
 		return 0;

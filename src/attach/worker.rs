@@ -201,7 +201,7 @@ impl AttachWorker {
                 tables.pin(id);
             }
         } else if let Some(python) = &self.python {
-            crate::python::note_image(python.as_fd(), &real, id);
+            let _ = crate::python::note_image(python.as_fd(), &real, id);
         }
         // An image whose only sites are region markers (a benchmark's
         // executable) is not cached: the cache would probe it up front in

@@ -270,19 +270,23 @@ fn debug_offsets(bytes: &[u8]) -> Result<(WalkOffsets, CodeOffsets), String> {
 /// Records the image at `path` (device and inode `id`) in BPF's
 /// `py_images` (`map`) if it is a Python interpreter: walks through its
 /// code then find its frames. Before the image's code runs (its process
-/// is held), with or without unwind tables.
-pub fn note_image(map: std::os::fd::BorrowedFd<'_>, path: &Path, id: (u64, u64)) {
-    let Some(interp) = interpreter(path) else {
-        return;
-    };
+/// is held), with or without unwind tables. Returns what it recorded.
+pub fn note_image(
+    map: std::os::fd::BorrowedFd<'_>,
+    path: &Path,
+    id: (u64, u64),
+) -> Option<Interpreter> {
+    let interp = interpreter(path)?;
     let key = crate::sys::image_key(id);
     let value = image_value(&interp);
     match crate::sys::bpf_map_update(map, &key, &value) {
         Ok(()) => {
-            tracing::debug!(image = %path.display(), minor = interp.minor, "Python interpreter")
+            tracing::debug!(image = %path.display(), minor = interp.minor, "Python interpreter");
+            Some(interp)
         }
         Err(err) => {
-            tracing::warn!(image = %path.display(), %err, "no Python frames through this interpreter")
+            tracing::warn!(image = %path.display(), %err, "no Python frames through this interpreter");
+            None
         }
     }
 }
@@ -298,23 +302,39 @@ pub const SHIM_LAYOUT: usize = 64;
 /// from its image's `_Py_DebugOffsets`: its processes keep the hook path,
 /// where BPF walks their frames.)
 pub fn shim_layouts() -> [[u8; SHIM_LAYOUT]; 4] {
-    use crate::bpf::skel::memtrail::types::mt_py_offsets;
-    use std::mem::offset_of;
     let mut out = [[0u8; SHIM_LAYOUT]; 4];
-    let known = [(11u8, WALK_3_11, CODE_3_11), (12, WALK_3_12, CODE_3_12)];
-    for (slot, (minor, walk, code)) in out.iter_mut().zip(known) {
-        let value = image_value(&Interpreter {
+    for (slot, (minor, walk, code)) in out.iter_mut().zip(KNOWN) {
+        *slot = shim_layout(&Interpreter {
             minor,
             runtime: 0,
             walk,
             code,
             tls_index: 0,
         });
-        let (at, len) = (offset_of!(mt_py_image, off), size_of::<mt_py_offsets>());
-        slot[..4].copy_from_slice(&u32::from(minor).to_ne_bytes());
-        slot[8..8 + len].copy_from_slice(&value[at..at + len]);
     }
     out
+}
+
+/// The versions whose layouts are known without their image.
+const KNOWN: [(u8, WalkOffsets, CodeOffsets); 2] =
+    [(11, WALK_3_11, CODE_3_11), (12, WALK_3_12, CODE_3_12)];
+
+/// Whether [`shim_layouts`] has 3.`minor`'s layout.
+pub fn shim_knows(minor: u8) -> bool {
+    KNOWN.iter().any(|k| k.0 == minor)
+}
+
+/// `interp`'s layout as [`shim_layouts`] gives them (for an image whose
+/// version has none there: the shim then finds it by the image).
+pub fn shim_layout(interp: &Interpreter) -> [u8; SHIM_LAYOUT] {
+    use crate::bpf::skel::memtrail::types::mt_py_offsets;
+    use std::mem::offset_of;
+    let mut slot = [0u8; SHIM_LAYOUT];
+    let value = image_value(interp);
+    let (at, len) = (offset_of!(mt_py_image, off), size_of::<mt_py_offsets>());
+    slot[..4].copy_from_slice(&u32::from(interp.minor).to_ne_bytes());
+    slot[8..8 + len].copy_from_slice(&value[at..at + len]);
+    slot
 }
 
 /// `struct mt_py_image` for BPF's `py_images`.

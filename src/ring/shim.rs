@@ -6,7 +6,9 @@
 //! - page 0, the control page: [`MAGIC`], the layout, the walk's settings,
 //!   memtrail's PID namespace, then one claim word per ring at byte 64 (`tgid << 32 | tid` of the
 //!   thread that writes it, 0 while it is free), and at byte 2048 the
-//!   CPython layouts the shim walks Python frames with ([`Settings::python_layouts`]);
+//!   CPython layouts the shim walks Python frames with: one per version
+//!   ([`PythonLayouts`]), then those of interpreter images memtrail found
+//!   ([`ImageLayouts`]);
 //! - then each ring in `ring_pages` pages: a consumer page (memtrail's
 //!   `consumer_pos`), a producer page (the shim's `producer_pos`), the data
 //!   area, and the table of stack ids the ring has carried (the shim's).
@@ -45,6 +47,12 @@ const LAYOUTS_AT: usize = 2048;
 /// Bytes of one Python layout; as many as the shim reads.
 const LAYOUT: usize = 64;
 const LAYOUTS: usize = 4;
+/// Where the layouts of interpreter images start: each the image's device
+/// (kernel encoding) and inode, then a layout (`struct ring_py_image`).
+const IMAGE_LAYOUTS_AT: usize = LAYOUTS_AT + LAYOUT * LAYOUTS;
+const IMAGE_LAYOUT: usize = 16 + LAYOUT;
+const IMAGE_LAYOUTS: usize = 16;
+const _: () = assert!(IMAGE_LAYOUTS_AT + IMAGE_LAYOUT * IMAGE_LAYOUTS <= PAGE);
 
 /// How the rings are made.
 #[derive(Clone, Copy, Debug)]
@@ -194,6 +202,18 @@ impl ShimRings {
             .collect()
     }
 
+    /// Where memtrail gives the shim the layouts of the interpreter images
+    /// it finds (their version has no layout of its own here).
+    pub fn image_layouts(&self) -> Result<std::sync::Arc<ImageLayouts>, ShimRingsError> {
+        // SAFETY: the control page of memtrail's own memfd; the shim reads
+        // a layout only once its version word is set, written last.
+        let map = unsafe { MmapOptions::new().len(PAGE).map_mut(&self.file) }
+            .map_err(ShimRingsError::Map)?;
+        Ok(std::sync::Arc::new(ImageLayouts {
+            map: std::sync::Mutex::new(map),
+        }))
+    }
+
     fn claim(&self, i: usize) -> &AtomicU64 {
         let at = CLAIMS_AT + 8 * i;
         assert!(at + 8 <= PAGE);
@@ -260,6 +280,47 @@ impl ShimRings {
     }
 }
 
+/// The layouts of interpreter images in the control page: a process whose
+/// interpreter is one of them walks its Python frames itself (3.13+, whose
+/// layout memtrail reads from the image).
+pub struct ImageLayouts {
+    /// The control page, mapped again: written once per image.
+    map: std::sync::Mutex<MmapMut>,
+}
+
+impl ImageLayouts {
+    /// Gives the shim image `(dev, ino)`'s layout (as
+    /// [`PythonLayouts`]' are), unless it has it or no slot is free.
+    pub fn publish(&self, (dev, ino): (u64, u64), layout: &[u8; LAYOUT]) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        for i in 0..IMAGE_LAYOUTS {
+            let at = IMAGE_LAYOUTS_AT + IMAGE_LAYOUT * i;
+            let version = at + 16;
+            // SAFETY: 4-aligned, inside the mapped control page.
+            let set = unsafe { AtomicU32::from_ptr(map[version..].as_mut_ptr().cast()) };
+            if set.load(Ordering::Acquire) != 0 {
+                if map[at..at + 16] == crate::sys::image_key((dev, ino)) {
+                    return;
+                }
+                continue;
+            }
+            map[at..at + 16].copy_from_slice(&crate::sys::image_key((dev, ino)));
+            map[version + 4..version + LAYOUT].copy_from_slice(&layout[4..]);
+            // Last: the shim reads a slot whose version is set.
+            let minor = u32::from_ne_bytes(layout[..4].try_into().expect("4 bytes"));
+            // SAFETY: as above.
+            let set = unsafe { AtomicU32::from_ptr(map[version..].as_mut_ptr().cast()) };
+            set.store(minor, Ordering::Release);
+            return;
+        }
+        tracing::debug!(
+            dev,
+            ino,
+            "preload shim: no slot left for an interpreter's layout"
+        );
+    }
+}
+
 /// Whether thread `tid` of process `tgid` still runs (not a zombie).
 fn thread_alive(tgid: u32, tid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/stat")) else {
@@ -303,6 +364,27 @@ mod tests {
         let consumers = rings.consumers().expect("consumers");
         assert_eq!(consumers.len(), 3);
         assert!(consumers.iter().all(|c| c.producer_pos() == 0));
+    }
+
+    /// Check that an interpreter image's layout lands where the shim reads
+    /// it (struct ring_py_image: device, inode, then the layout, its
+    /// version word set), once per image.
+    #[test]
+    fn image_layouts_published_once() {
+        let rings = ShimRings::new(Settings::default(), &[[0; LAYOUT]; LAYOUTS]).expect("rings");
+        let layouts = rings.image_layouts().expect("layouts");
+        let mut layout = [9u8; LAYOUT];
+        layout[..4].copy_from_slice(&13u32.to_ne_bytes());
+        layouts.publish((5, 77), &layout);
+        layouts.publish((5, 77), &layout);
+        layouts.publish((5, 78), &layout);
+        let at = |i: usize| IMAGE_LAYOUTS_AT + IMAGE_LAYOUT * i;
+        let word = |at: usize| u64::from_ne_bytes(rings.map[at..at + 8].try_into().unwrap());
+        assert_eq!((word(at(0)), word(at(0) + 8)), (5, 77));
+        assert_eq!(rings.map[at(0) + 16..at(0) + 20], 13u32.to_ne_bytes());
+        assert_eq!(rings.map[at(0) + 20..at(1)], layout[4..]);
+        assert_eq!((word(at(1)), word(at(1) + 8)), (5, 78));
+        assert!(rings.map[at(2)..at(3)].iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -682,9 +682,19 @@ impl Session {
         let progs = alloc_programs(&loaded)?;
         let prepared = preparing.finish(plan.with_tables, plan.probe_new)?;
         phases.done("up-front images prepared");
+        let shim_layouts = match &plan.rings_file {
+            Some(rings) if opts.python_frames => {
+                Some(rings.image_layouts().map_err(|err| CaptureError::Io {
+                    what: "mapping the preload shim's control page",
+                    source: std::io::Error::other(err),
+                })?)
+            }
+            _ => None,
+        };
         let mut installed = Install::new(
             progs,
-            super::stages::unwind_tables(&loaded.skel, opts),
+            super::stages::unwind_tables(&loaded.skel, opts)
+                .map(|tables| tables.with_shim_layouts(shim_layouts)),
             opts.stack_depth > 0,
             plan.per_process,
             // Not in a session on its own process, which is not held

@@ -457,7 +457,7 @@ impl<'a> Install<'a> {
     /// tables (a table's load does it).
     fn note_python(&self, image: &Path, id: ImageId) {
         if let (None, Some(py)) = (&self.out.tables, &self.out.python) {
-            crate::python::note_image(py.as_fd(), image, id);
+            let _ = crate::python::note_image(py.as_fd(), image, id);
         }
     }
 

@@ -98,6 +98,9 @@ pub struct Tables {
     /// `py_images`: the Python interpreters among the images (issue 25),
     /// none with `--native-only`.
     python: Option<OwnedFd>,
+    /// With `--preload`: where the shim finds the layouts of interpreters
+    /// whose version has none of its own there (3.13+).
+    shim_layouts: Option<std::sync::Arc<crate::ring::shim::ImageLayouts>>,
     cache: Option<cache::Cache>,
     /// Every image seen, in order.
     pub images_seen: Vec<ImageTable>,
@@ -172,6 +175,7 @@ impl Tables {
             python: python_map
                 .map(|m| m.try_clone_to_owned().map_err(UnwindError::Map))
                 .transpose()?,
+            shim_layouts: None,
             cache: cache::Cache::open(),
             images_seen: Vec::new(),
             free: slots::Free::default(),
@@ -183,6 +187,16 @@ impl Tables {
             release: release::Maps::new(release),
             sweep_every_load: false,
         })
+    }
+
+    /// Gives the preload shim the layouts of the interpreters found from now
+    /// on whose version it has no layout of (see `ring::shim::ImageLayouts`).
+    pub fn with_shim_layouts(
+        mut self,
+        layouts: Option<std::sync::Arc<crate::ring::shim::ImageLayouts>>,
+    ) -> Self {
+        self.shim_layouts = layouts;
+        self
     }
 
     /// Keeps image `id`'s table (loaded) for the whole capture.
@@ -333,8 +347,14 @@ impl Tables {
     /// Records the image in `py_images` if it is a Python interpreter,
     /// before its table: walks through its code then find its frames.
     fn note_python(&self, path: &Path, id: (u64, u64)) {
-        if let Some(map) = &self.python {
-            crate::python::note_image(map.as_fd(), path, id);
+        let Some(map) = &self.python else {
+            return;
+        };
+        if let Some(interp) = crate::python::note_image(map.as_fd(), path, id)
+            && let Some(shim) = &self.shim_layouts
+            && !crate::python::shim_knows(interp.minor)
+        {
+            shim.publish(id, &crate::python::shim_layout(&interp));
         }
     }
 
