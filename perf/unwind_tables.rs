@@ -65,7 +65,10 @@ fn measure(image: &Path, cache: &Cache) -> (Duration, usize, usize, bool) {
     let (table, cached) = prepare(black_box(image), Some(cache)).expect("prepares");
     let took = start.elapsed();
     let peak = PEAK.load(Relaxed) - base;
-    let rows = table.expect("has CFI").rows.len();
+    let memtrail::internals::unwind::Compiled::Table(table) = table else {
+        panic!("{} has no CFI", image.display());
+    };
+    let rows = table.rows.len();
     (took, peak, rows, cached)
 }
 

@@ -296,13 +296,14 @@ fn write_unwind_notes(w: &mut impl Write, p: &Profile) -> io::Result<()> {
     let without: Vec<String> = u
         .images
         .iter()
-        .filter(|i| !matches!(i.outcome, Outcome::Loaded { .. }))
+        // A data-only library has no code a stack goes through.
+        .filter(|i| !matches!(i.outcome, Outcome::Loaded { .. } | Outcome::NoCode))
         .map(|i| {
             let why = match &i.outcome {
                 Outcome::NoCfi => "no CFI".to_owned(),
                 Outcome::TooBig { rows, room } => format!("{rows} rows, room for {room}"),
                 Outcome::Failed { reason } => reason.clone(),
-                Outcome::Loaded { .. } => unreachable!("filtered out"),
+                Outcome::Loaded { .. } | Outcome::NoCode => unreachable!("filtered out"),
             };
             format!("{} ({why})", i.image.display())
         })

@@ -101,6 +101,10 @@ pub enum Outcome {
     },
     /// No call frame information: frames there take frame-pointer steps.
     NoCfi,
+    /// No call frame information, and no code of its own to walk through
+    /// (a data-only library: no exported function, its C runtime's glue
+    /// only).
+    NoCode,
     /// More rows than the maps had room left for.
     TooBig { rows: u32, room: u32 },
     /// The image could not be read or its CFI parsed.

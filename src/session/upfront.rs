@@ -161,7 +161,7 @@ fn prepare(tables: bool, probe_new: bool, enough: &AtomicBool) -> Result<Prepare
     // cache is not read at all: a cache of a few hundred images took 200 ms
     // to read, more than loading the object, and start-up waited for it.
     let rows_of = |image: &Image| match image.table.as_ref().map(|t| &t.table) {
-        Some(Ok((Some(table), _))) => table.rows.len(),
+        Some(Ok((unwind::Compiled::Table(table), _))) => table.rows.len(),
         _ => 0,
     };
     let mut rows: usize = images.iter().map(rows_of).sum();
@@ -195,7 +195,7 @@ fn prepare(tables: bool, probe_new: bool, enough: &AtomicBool) -> Result<Prepare
         let no_table = tables
             && !matches!(
                 image.table.as_ref().map(|t| &t.table),
-                Some(Ok((Some(_), _)))
+                Some(Ok((unwind::Compiled::Table(_), _)))
             );
         let no_sites = !matches!(&image.sites, Some(Ok(sites)) if !sites.is_empty());
         if rows + rows_of(&image) > unwind::CACHED_ROWS as usize || no_table && no_sites {

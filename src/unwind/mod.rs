@@ -302,8 +302,9 @@ impl Tables {
             self.note_python(name, id);
         }
         let (outcome, slot) = match prepared.table {
-            Ok((Some(table), cached)) => self.install(id, &table, cached),
-            Ok((None, _)) => (Outcome::NoCfi, None),
+            Ok((Compiled::Table(table), cached)) => self.install(id, &table, cached),
+            Ok((Compiled::NoCfi, _)) => (Outcome::NoCfi, None),
+            Ok((Compiled::NoCode, _)) => (Outcome::NoCode, None),
             Err(err) => (
                 Outcome::Failed {
                     reason: error_chain(&err),
@@ -313,6 +314,10 @@ impl Tables {
         };
         match &outcome {
             Outcome::Loaded { .. } => {}
+            Outcome::NoCode => tracing::debug!(
+                image = %name.display(),
+                "no unwind information, and no code to walk through (a data-only library)"
+            ),
             Outcome::NoCfi => tracing::warn!(
                 target: crate::profile::NOTE,
                 image = %name.display(),
@@ -358,7 +363,7 @@ impl Tables {
         }
     }
 
-    fn table_of(&self, path: &Path) -> Result<(Option<Table>, bool), UnwindError> {
+    fn table_of(&self, path: &Path) -> Result<(Compiled, bool), UnwindError> {
         prepare(path, self.cache.as_ref())
     }
 
@@ -474,17 +479,14 @@ impl Tables {
 
 /// An image's table as [`prepare`] gave it, and the time that took.
 pub struct PreparedTable {
-    pub table: Result<(Option<Table>, bool), UnwindError>,
+    pub table: Result<(Compiled, bool), UnwindError>,
     pub micros: u64,
 }
 
 /// The table of the image at `path`, from `cache` or compiled (and then
-/// cached); None for an image without CFI. The flag says whether it came
-/// from the cache.
-pub fn prepare(
-    path: &Path,
-    cache: Option<&cache::Cache>,
-) -> Result<(Option<Table>, bool), UnwindError> {
+/// cached), or why it has none. The flag says whether it came from the
+/// cache.
+pub fn prepare(path: &Path, cache: Option<&cache::Cache>) -> Result<(Compiled, bool), UnwindError> {
     let data = crate::sys::map_file(path).map_err(|source| UnwindError::Read {
         path: path.to_owned(),
         source,
@@ -494,17 +496,13 @@ pub fn prepare(
     let key = cache.and_then(|c| std::panic::catch_unwind(|| c.key(&data)).ok().flatten());
     let cache = cache.zip(key.as_deref());
     if let Some(table) = cache.and_then(|(c, id)| c.get(id)) {
-        return Ok((Some(table), true));
+        return Ok((Compiled::Table(table), true));
     }
-    match table::compile(&data)? {
-        Compiled::NoCfi => Ok((None, false)),
-        Compiled::Table(table) => {
-            if let Some((c, id)) = cache {
-                c.put(id, &table);
-            }
-            Ok((Some(table), false))
-        }
+    let compiled = table::compile(&data)?;
+    if let (Compiled::Table(table), Some((c, id))) = (&compiled, cache) {
+        c.put(id, table);
     }
+    Ok((compiled, false))
 }
 
 /// `struct mt_unwind_image` for an image's rows.

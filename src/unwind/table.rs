@@ -116,6 +116,33 @@ pub enum Compiled {
     Table(Table),
     /// Neither `.eh_frame` nor `.debug_frame` (a stripped image).
     NoCfi,
+    /// No call frame information, and no code of its own: a shared library
+    /// (no program interpreter) that exports no function and has less than
+    /// [`NO_CODE`] bytes executable, its C runtime's glue (a data-only
+    /// library: ICU's `libicudata`, 261 bytes), which no allocation's
+    /// stack goes through.
+    NoCode,
+}
+
+/// Executable bytes under which a library without call frame information
+/// or exported functions has no code of its own ([`Compiled::NoCode`]).
+pub const NO_CODE: u64 = 4096;
+
+/// Whether the image in `file` is a library with no code of its own (see
+/// [`Compiled::NoCode`]).
+fn no_code(file: &object::File<'_>) -> bool {
+    use object::{ObjectSymbol, SymbolKind};
+    let code: u64 = file
+        .segments()
+        .filter(|seg| matches!(seg.flags(), SegmentFlags::Elf { p_flags } if p_flags & PF_X != 0))
+        .map(|seg| seg.size())
+        .sum();
+    let program =
+        file.kind() == object::ObjectKind::Executable || file.section_by_name(".interp").is_some();
+    let exports = file
+        .dynamic_symbols()
+        .any(|s| s.kind() == SymbolKind::Text && s.is_definition());
+    !program && !exports && code < NO_CODE
 }
 
 const PF_X: u32 = 1;
@@ -160,8 +187,13 @@ fn compile_image(data: &[u8]) -> Result<Compiled, UnwindError> {
         SegmentFlags::Elf { p_flags } => p_flags & PF_X != 0,
         _ => false,
     });
+    let no_cfi = if no_code(&file) {
+        Compiled::NoCode
+    } else {
+        Compiled::NoCfi
+    };
     let Some(exec) = exec else {
-        return Ok(Compiled::NoCfi);
+        return Ok(no_cfi);
     };
     // Wrapping: the headers' numbers are the file's, whatever they are.
     let bias = (exec.address() as i64).wrapping_sub(exec.file_range().0 as i64);
@@ -187,10 +219,10 @@ fn compile_image(data: &[u8]) -> Result<Compiled, UnwindError> {
         collect(&debug, &BaseAddresses::default(), &mut spans)?;
         source = ".debug_frame";
     } else {
-        return Ok(Compiled::NoCfi);
+        return Ok(no_cfi);
     }
     if spans.is_empty() {
-        return Ok(Compiled::NoCfi);
+        return Ok(no_cfi);
     }
     mark_alloc_wrappers(&file, &mut spans);
     spans.sort_by_key(|&(start, end, _)| (start, end));
@@ -468,6 +500,40 @@ mod tests {
         };
         // Pages 0x1000, 0x2000 (no row), 0x3000; then the end.
         assert_eq!(table.page_index(100), [100, 102, 102, 104]);
+    }
+
+    /// Check that a library without call frame information has no code of
+    /// its own when it exports no function and holds only its C runtime's
+    /// glue (ICU's data library), and not when it exports one.
+    #[test]
+    fn unwind_data_only_library_has_no_code() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let build = |name: &str, source: &str| {
+            let c = dir.path().join(format!("{name}.c"));
+            let built = dir.path().join(format!("{name}.built.so"));
+            let so = dir.path().join(format!("{name}.so"));
+            std::fs::write(&c, source).expect("source");
+            let ok = |cmd: &mut std::process::Command| cmd.status().expect("runs").success();
+            assert!(ok(std::process::Command::new("cc")
+                .args(["-shared", "-fPIC", "-O2", "-o"])
+                .args([&built, &c])));
+            assert!(ok(std::process::Command::new("objcopy")
+                .args([
+                    "--remove-section",
+                    ".eh_frame",
+                    "--remove-section",
+                    ".eh_frame_hdr"
+                ])
+                .args([&built, &so])));
+            compile(&std::fs::read(&so).expect("library")).expect("compiles")
+        };
+        let data = build("data", "const char blob[8192] = {1};\n");
+        assert!(matches!(data, Compiled::NoCode));
+        let code = build("code", "int f(int x) { return x * 3; }\n");
+        assert!(matches!(code, Compiled::NoCfi));
+        if let Ok(icu) = std::fs::read("/usr/lib/x86_64-linux-gnu/libicudata.so.72") {
+            assert!(matches!(compile(&icu).expect("compiles"), Compiled::NoCode));
+        }
     }
 
     /// Check that Debian's libc compiles: rsp- and rbp-based rows, the PLT
