@@ -298,9 +298,9 @@ pub const SHIM_LAYOUT: usize = 64;
 /// (its ring path, issue 22), one per version: 3.minor (a `u32`), 4 bytes
 /// of padding, then `struct mt_py_offsets` as BPF has it (`struct
 /// ring_py_layout` in preload/memtrail_preload.c). The versions whose
-/// layout is known without their image: 3.11 and 3.12. (3.13's are read
-/// from its image's `_Py_DebugOffsets`: its processes keep the hook path,
-/// where BPF walks their frames.)
+/// layout is known without their image: 3.11 and 3.12. (3.13's is read
+/// from an image's `_Py_DebugOffsets`: the shim gets it by the image, as
+/// [`shim_layout`] makes it, once memtrail has found that image.)
 pub fn shim_layouts() -> [[u8; SHIM_LAYOUT]; 4] {
     let mut out = [[0u8; SHIM_LAYOUT]; 4];
     for (slot, (minor, walk, code)) in out.iter_mut().zip(KNOWN) {
@@ -578,7 +578,7 @@ mod tests {
         assert_eq!(u32::from_ne_bytes(layouts[0][..4].try_into().unwrap()), 11);
         assert_eq!(u32::from_ne_bytes(layouts[1][..4].try_into().unwrap()), 12);
         assert!(layouts[2..].iter().all(|l| l.iter().all(|&b| b == 0)));
-        // tstate_thread_id, the fourth field.
+        // tstate_thread_id, the fourth field; runtime_tstate, the last.
         let field = |l: &[u8], i: usize| u16::from_ne_bytes([l[8 + 2 * i], l[9 + 2 * i]]);
         assert_eq!(field(&layouts[0], 3), WALK_3_11.tstate_thread_id);
         assert_eq!(field(&layouts[1], 20), WALK_3_12.runtime_tstate);
