@@ -293,18 +293,19 @@ impl ImageLayouts {
     /// [`PythonLayouts`]' are), unless it has it or no slot is free.
     pub fn publish(&self, (dev, ino): (u64, u64), layout: &[u8; LAYOUT]) {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let key = crate::sys::image_key((dev, ino));
         for i in 0..IMAGE_LAYOUTS {
             let at = IMAGE_LAYOUTS_AT + IMAGE_LAYOUT * i;
             let version = at + 16;
             // SAFETY: 4-aligned, inside the mapped control page.
             let set = unsafe { AtomicU32::from_ptr(map[version..].as_mut_ptr().cast()) };
             if set.load(Ordering::Acquire) != 0 {
-                if map[at..at + 16] == crate::sys::image_key((dev, ino)) {
+                if map[at..at + 16] == key {
                     return;
                 }
                 continue;
             }
-            map[at..at + 16].copy_from_slice(&crate::sys::image_key((dev, ino)));
+            map[at..at + 16].copy_from_slice(&key);
             map[version + 4..version + LAYOUT].copy_from_slice(&layout[4..]);
             // Last: the shim reads a slot whose version is set.
             let minor = u32::from_ne_bytes(layout[..4].try_into().expect("4 bytes"));

@@ -93,6 +93,17 @@ fn run(python: &Path, script: &Path, mode: &str, sizes: (u64, u64), args: &[&str
 
 /// `memtrail run -q -o PROFILE ARGS -- PYTHON SCRIPT SCRIPT_ARGS`.
 fn run_script(python: &Path, script: &Path, script_args: &[String], args: &[&str]) -> Value {
+    run_script_env(python, script, script_args, args, &[]).0
+}
+
+/// [`run_script`] with `env` set, and memtrail's stderr (the script's).
+fn run_script_env(
+    python: &Path,
+    script: &Path,
+    script_args: &[String],
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Value, String) {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("profile.json");
     let mut argv: Vec<OsString> = vec!["run".into(), "-q".into(), "-o".into(), out.clone().into()];
@@ -101,9 +112,12 @@ fn run_script(python: &Path, script: &Path, script_args: &[String], args: &[&str
     argv.push(python.into());
     argv.push(script.into());
     argv.extend(script_args.iter().map(Into::into));
-    let (_, status, _, stderr) = support::memtrail_env(&argv, b"", &[]);
+    let (_, status, _, stderr) = support::memtrail_env(&argv, b"", env);
     assert!(status.success(), "{stderr}");
-    support::read_profile(&out).expect("profile written")
+    (
+        support::read_profile(&out).expect("profile written"),
+        stderr,
+    )
 }
 
 /// The one site of `bytes` bytes: one allocation (bytearray(n) takes n + 1).
@@ -385,19 +399,8 @@ fn python_frames_preload_ring_path_same_as_hook_path() {
     );
     std::fs::write(&script, text).expect("script written");
     let run = |python: &Path, mode: &str, sizes: (u64, u64), env: &[(&str, &str)]| {
-        let out = dir.path().join(format!("{mode}.json"));
-        let mut argv: Vec<OsString> = ["run", "-q", "--force", "--preload", "-o"]
-            .map(Into::into)
-            .to_vec();
-        argv.push(out.clone().into());
-        argv.push("--".into());
-        argv.push(python.into());
-        argv.push(script.clone().into());
-        argv.extend([mode.to_owned(), sizes.0.to_string(), sizes.1.to_string()].map(Into::into));
-        let (_, status, _, stderr) = support::memtrail_env(&argv, b"", env);
-        assert!(status.success(), "{stderr}");
-        let profile = support::read_profile(&out).expect("profile written");
-        (profile, stderr)
+        let script_args = [mode.to_owned(), sizes.0.to_string(), sizes.1.to_string()];
+        run_script_env(python, &script, &script_args, &["--preload"], env)
     };
     for (i, (version, python)) in interpreters().into_iter().enumerate() {
         for (j, mode) in ["main", "thread", "subprocess"].into_iter().enumerate() {
