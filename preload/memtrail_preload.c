@@ -72,6 +72,8 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
@@ -237,6 +239,8 @@ enum { MT_SHIM_STACK = 13 };
  * where the control page has its interpreter's layout, else keeps the hook
  * path. */
 #define RING_F_PYTHON 1
+/* No stack cache (sc_find): every stack is walked (a test's reference). */
+#define RING_F_NO_STACK_CACHE 2
 /* A thread that found no free ring tries again after this many calls. */
 #define RING_RETRY 1024
 #define RING_NONE ((struct mt_ring *)1)
@@ -337,6 +341,10 @@ static pid_t ring_pid;
 /* The shim's own code: frames there are not the program's. libc's. */
 static uint64_t shim_lo, shim_hi, libc_lo, libc_hi;
 static int (*unw_bt)(void **, int);
+/* libunwind's TLS module id (the stack cache finds libunwind's trace cache
+ * through it). */
+static size_t unw_modid;
+static int sc_enabled;
 
 static void *(*next_malloc)(size_t);
 static void (*next_free)(void *);
@@ -386,6 +394,15 @@ struct mt_thread {
 	unsigned int ring_retry;
 	int in_ring;
 	pid_t tid;
+	/* The thread's stack cache (see sc_find), made at its SC_AFTER-th
+	 * walk; where libunwind keeps the pointer to the thread's trace
+	 * cache; the thread's stack's mapping; the next entry to replace,
+	 * the walks before the cache. */
+	struct sc_block *sc;
+	void *const *sc_unw;
+	uint64_t sc_lo, sc_hi;
+	uint32_t sc_next, sc_walks;
+	int sc_state;
 };
 
 static __thread struct mt_thread mt_self __attribute__((tls_model("initial-exec")));
@@ -595,6 +612,8 @@ static int load_unwinder(void)
 	if (set_policy && space)
 		set_policy(*space, 2 /* UNW_CACHE_PER_THREAD */);
 	unw_bt = (int (*)(void **, int))dlsym(lib, "unw_backtrace");
+	if (dlinfo(lib, RTLD_DI_TLS_MODID, &unw_modid) != 0)
+		unw_modid = 0;
 	return unw_bt != NULL;
 }
 
@@ -641,6 +660,7 @@ static void ring_setup(void)
 	if (ctl->pidns && (stat("/proc/self/ns/pid", &st) != 0 || (uint64_t)st.st_ino != ctl->pidns))
 		return;
 	ring_depth = ctl->stack_depth < MT_MAX_STACK ? ctl->stack_depth : MT_MAX_STACK;
+	sc_enabled = !(ctl->flags & RING_F_NO_STACK_CACHE);
 	if (ring_depth && !load_unwinder())
 		return;
 	dl_iterate_phdr(find_texts, (void *)(uintptr_t)next_malloc);
@@ -1150,19 +1170,400 @@ static void py_code_record(struct mt_ring *r, struct mt_thread *t, uint64_t code
 	ring_commit(rec, len);
 }
 
+/*
+ * The stack cache (issue 22): a walk libunwind would repeat, not walked
+ * again.
+ *
+ * unw_backtrace's walk (libunwind's fast trace, Gtrace.c) is a function of
+ * where it starts, the words of stack memory it reads and the rules of its
+ * per-thread trace cache: from each frame's rule (CFA = rsp or rbp + an
+ * offset; the return address at CFA - 8; rbp kept or saved at CFA + an
+ * offset) it reads one or two words and goes on from what they hold. Each
+ * lookup of an address in that cache (a hash table) waits on the word the
+ * frame before it read: ~10 ns a frame, a few hundred a stack.
+ *
+ * After a walk, the shim replays it over the same cache entries and keeps,
+ * for its starting rsp and rbp (ring_stack's, as the walk sees them after
+ * unw_backtrace's own frame), every word it read (address and value) with
+ * the stack it gave. A later walk from the same rsp and rbp, while those
+ * words still hold the same values and the trace cache is the same table
+ * (libunwind only adds to a table, and replaces it whole when it grows), is
+ * the same walk: it reads the same words, finds the same rules and gives
+ * the same frames. The shim then takes the kept stack (and its id) instead
+ * of walking. A walk that does not replay exactly (a signal frame, a rule
+ * the fast trace does not take, a word outside the thread's stack, a
+ * libunwind whose cache the shim does not know) is not kept.
+ */
+#define SC_ENTRIES 4
+/* Frames of a walk kept at most (unw_backtrace's, with the shim's). */
+#define SC_FRAMES 48
+
+struct sc_entry {
+	uint64_t sp, bp; /* sp 0: empty */
+	uint64_t table, log_size;
+	uint64_t id;
+	uint32_t pid, nr, end, nreads;
+	uint64_t ips[SC_FRAMES];
+	uint64_t read_at[2 * SC_FRAMES];
+	uint64_t read_val[2 * SC_FRAMES];
+};
+
+struct sc_block {
+	struct sc_block *next_free;
+	struct sc_entry e[SC_ENTRIES];
+};
+
+/* Blocks of threads that ended, for the next threads (never unmapped: an
+ * unmap memtrail would see as the program's). */
+static struct sc_block *sc_free;
+/* Where libunwind's TLS block holds its trace cache's pointer: -1 not
+ * found yet, -2 not found (no stack cache in the process). */
+static long sc_unw_at = -1;
+
+/* libunwind 1.6's trace cache entry (unw_tdep_frame_t, its frame types
+ * STANDARD -2 and GUESSED 1; the others the fast trace does not step
+ * through). Another libunwind is recognized by its cache holding a walk's
+ * addresses less one (unw_cache_at), and a walk it gave is kept only if
+ * the replay over these entries gives it frame for frame. */
+struct unw_frame {
+	uint64_t virtual_address;
+	int64_t frame_type : 3;
+	int64_t last_frame : 1;
+	int64_t cfa_reg_rsp : 1;
+	int64_t cfa_reg_offset : 29;
+	int64_t rbp_cfa_offset : 15;
+	int64_t rsp_cfa_offset : 15;
+};
+_Static_assert(sizeof(struct unw_frame) == 16, "libunwind's entries are 16 bytes");
+#define UNW_HASH 0x9e3779b97f4a7c16ULL
+#define UNW_STANDARD (-2)
+#define UNW_GUESSED 1
+
+typedef struct {
+	unsigned long ti_module;
+	unsigned long ti_offset;
+} sc_tls_index;
+extern void *__tls_get_addr(sc_tls_index *);
+
+static const struct unw_frame *unw_find(const struct unw_frame *table, uint64_t mask,
+					uint64_t key)
+{
+	uint64_t slot = ((key * UNW_HASH) >> 43) & mask;
+	int i;
+
+	for (i = 0; i < 16; i++) {
+		const struct unw_frame *f = &table[(slot + (uint64_t)i) & mask];
+
+		if (f->virtual_address == key)
+			return f;
+		if (!f->virtual_address)
+			return NULL;
+	}
+	return NULL;
+}
+
+/* Copies len bytes at a possibly unmapped address; 0 on success. */
+static int copy_checked(void *dst, uint64_t src, size_t len)
+{
+	struct iovec local = {dst, len}, remote = {(void *)(uintptr_t)src, len};
+
+	return syscall(SYS_process_vm_readv, getpid(), &local, 1UL, &remote, 1UL, 0UL) ==
+			       (long)len
+		       ? 0
+		       : -1;
+}
+
+/* Whether the word at c is libunwind's trace cache holding the lookup keys
+ * of the walk that gave buf (each the address less one). */
+static int unw_cache_at(uint64_t c, void *const *buf, int n)
+{
+	uint64_t hdr[2], entry[2], size;
+	int k, probe;
+
+	if (!c || (c & 7) || copy_checked(hdr, c, sizeof(hdr)) || !hdr[0] || hdr[1] < 4 ||
+	    hdr[1] > 40)
+		return 0;
+	size = 1ULL << hdr[1];
+	for (k = 0; k < n - 1 && k < 8; k++) {
+		uint64_t key = (uint64_t)(uintptr_t)buf[k] - 1;
+		uint64_t slot = ((key * UNW_HASH) >> 43) & (size - 1);
+
+		for (probe = 0;; probe++) {
+			if (probe == 16 || copy_checked(entry, hdr[0] + 16 * ((slot + (uint64_t)probe) & (size - 1)),
+							sizeof(entry)) || !entry[0])
+				return 0;
+			if (entry[0] == key)
+				break;
+		}
+	}
+	return k >= 3;
+}
+
+/* The mapping that holds addr (the thread's stack), from /proc/self/maps
+ * (read with no allocation); 0 if not found. */
+static int mapping_of(uint64_t addr, uint64_t *lo, uint64_t *hi)
+{
+	char text[4096];
+	size_t have = 0;
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC), found = 0;
+
+	if (fd < 0)
+		return 0;
+	while (!found) {
+		ssize_t got = read(fd, text + have, sizeof(text) - 1 - have);
+		char *line = text, *nl;
+
+		if (got <= 0)
+			break;
+		have += (size_t)got;
+		while (!found && (nl = memchr(line, '\n', have - (size_t)(line - text))) != NULL) {
+			char *at = line;
+			uint64_t a = 0, b = 0;
+
+			for (; *at != '-' && at < nl; at++)
+				a = a << 4 | (uint64_t)(*at <= '9' ? *at - '0' : *at - 'a' + 10);
+			for (at++; *at != ' ' && at < nl; at++)
+				b = b << 4 | (uint64_t)(*at <= '9' ? *at - '0' : *at - 'a' + 10);
+			if (a <= addr && addr < b) {
+				*lo = a;
+				*hi = b;
+				found = 1;
+			}
+			line = nl + 1;
+		}
+		have -= (size_t)(line - text);
+		memmove(text, line, have);
+		if (have == sizeof(text) - 1)
+			have = 0; /* a line longer than the buffer: not a stack's */
+	}
+	close(fd);
+	return found;
+}
+
+/* Walks a thread makes before it gets a stack cache: one that allocates
+ * less does not pay for reading its stack's mapping. */
+#define SC_AFTER 64
+
+/* The thread's cache, made at its SC_AFTER-th walk (buf, n, from sp);
+ * quiet. */
+static int sc_setup(struct mt_thread *t, void *const *buf, int n, uint64_t sp)
+{
+	sc_tls_index ti = {unw_modid, 0};
+	char *block;
+
+	if (t->sc_state)
+		return t->sc_state > 0;
+	if (!sc_enabled || !unw_modid || sc_unw_at == -2 || n < 4 || ++t->sc_walks < SC_AFTER)
+		return 0;
+	t->sc_state = -1;
+	block = __tls_get_addr(&ti);
+	if (!block)
+		return 0;
+	if (sc_unw_at == -1) {
+		long at;
+
+		sc_unw_at = -2;
+		/* libunwind 1.6's TLS is 16 bytes: tls_cache is the second word. */
+		for (at = 0; at < 16; at += 8) {
+			uint64_t c;
+
+			if (!copy_checked(&c, (uint64_t)(uintptr_t)(block + at), 8) &&
+			    unw_cache_at(c, buf, n)) {
+				sc_unw_at = at;
+				break;
+			}
+		}
+		if (sc_unw_at < 0)
+			return 0;
+	}
+	t->sc_unw = (void *const *)(block + sc_unw_at);
+	/* The thread's stack: a walk is kept only if it starts there and
+	 * reads nothing past its end, memory that stays mapped while the
+	 * thread runs (a walk from another stack, a coroutine's, is not). */
+	if (!mapping_of(sp, &t->sc_lo, &t->sc_hi))
+		return 0;
+	while (__atomic_exchange_n(&quiet_lock, 1, __ATOMIC_ACQUIRE))
+		;
+	t->sc = sc_free;
+	if (t->sc)
+		sc_free = t->sc->next_free;
+	__atomic_store_n(&quiet_lock, 0, __ATOMIC_RELEASE);
+	if (!t->sc) {
+		void *p = mmap(NULL, sizeof(struct sc_block), PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+		if (p == MAP_FAILED)
+			return 0;
+		t->sc = p;
+	}
+	memset(t->sc, 0, sizeof(*t->sc));
+	t->sc_state = 1;
+	return 1;
+}
+
+/* Gives the thread's block back at its end. */
+static void sc_release(struct mt_thread *t)
+{
+	struct sc_block *b = t->sc;
+
+	if (!b)
+		return;
+	t->sc = NULL;
+	t->sc_state = -1;
+	while (__atomic_exchange_n(&quiet_lock, 1, __ATOMIC_ACQUIRE))
+		;
+	b->next_free = sc_free;
+	sc_free = b;
+	__atomic_store_n(&quiet_lock, 0, __ATOMIC_RELEASE);
+}
+
+/* The kept walk from sp and bp, if it is still the walk from there. */
+static inline const struct sc_entry *sc_find(struct mt_thread *t, uint64_t sp, uint64_t bp)
+{
+	const uint64_t *c;
+	unsigned int i, k;
+
+	if (t->sc_state <= 0 || !(c = (const uint64_t *)*t->sc_unw))
+		return NULL;
+	for (i = 0; i < SC_ENTRIES; i++) {
+		const struct sc_entry *e = &t->sc->e[i];
+
+		if (e->sp != sp || e->bp != bp || e->pid != (uint32_t)ring_pid || e->table != c[0] ||
+		    e->log_size != c[1])
+			continue;
+		for (k = 0; k < e->nreads; k++)
+			if (*(const volatile uint64_t *)(uintptr_t)e->read_at[k] != e->read_val[k])
+				break;
+		if (k == e->nreads)
+			return e;
+	}
+	return NULL;
+}
+
+/*
+ * Keeps the walk that gave buf (n frames of at most max), from sp and bp,
+ * if it replays exactly over libunwind's trace cache: its frames after
+ * the shim's (ips, nr, end) and id.
+ */
+static void sc_keep(struct mt_thread *t, uint64_t sp, uint64_t bp, void *const *buf, int n,
+		    int max, uint64_t id, const uint64_t *ips, int nr, int end)
+{
+	const uint64_t *c;
+	const struct unw_frame *table;
+	struct sc_entry *e;
+	uint64_t mask, rsp = sp, rbp = bp, lo = sp, hi = t->sc_hi;
+	uint32_t reads = 0;
+	int j;
+
+	if (t->sc_state <= 0 || n < 1 || n > SC_FRAMES || nr > SC_FRAMES || sp < t->sc_lo ||
+	    sp >= hi || !(c = (const uint64_t *)*t->sc_unw))
+		return;
+	table = (const struct unw_frame *)(uintptr_t)c[0];
+	mask = (1ULL << c[1]) - 1;
+	e = &t->sc->e[t->sc_next % SC_ENTRIES];
+	for (j = 1;; j++) {
+		const struct unw_frame *f;
+		uint64_t cfa, rip, at;
+
+		if (j >= max) {
+			if (n != max)
+				return;
+			break;
+		}
+		f = unw_find(table, mask, (uint64_t)(uintptr_t)buf[j - 1] - 1);
+		if (!f)
+			return;
+		if (f->last_frame) {
+			if (n != j)
+				return;
+			break;
+		}
+		if (f->frame_type != UNW_STANDARD && f->frame_type != UNW_GUESSED)
+			return;
+		cfa = (f->cfa_reg_rsp ? rsp : rbp) + (uint64_t)(int64_t)f->cfa_reg_offset;
+		at = cfa - 8;
+		if (at < lo || at > hi - 8)
+			return;
+		rip = *(const uint64_t *)(uintptr_t)at;
+		e->read_at[reads] = at;
+		e->read_val[reads++] = rip;
+		if (f->rbp_cfa_offset != -1) {
+			at = cfa + (uint64_t)(int64_t)f->rbp_cfa_offset;
+			if (at < lo || at > hi - 8)
+				return;
+			rbp = *(const uint64_t *)(uintptr_t)at;
+			e->read_at[reads] = at;
+			e->read_val[reads++] = rbp;
+		}
+		rsp = cfa;
+		if (rip < 0x4000) {
+			if (n != j)
+				return;
+			break;
+		}
+		if (j >= n || (uint64_t)(uintptr_t)buf[j] != rip)
+			return;
+	}
+	e->sp = sp;
+	e->bp = bp;
+	e->table = c[0];
+	e->log_size = c[1];
+	e->id = id;
+	e->pid = (uint32_t)ring_pid;
+	e->nr = (uint32_t)nr;
+	e->end = (uint32_t)end;
+	e->nreads = reads;
+	memcpy(e->ips, ips, 8 * (size_t)nr);
+	t->sc_next++;
+}
+
+/* Writes a new stack's record (after its code objects'). */
+static uint64_t ring_stack_record(struct mt_ring *r, struct mt_thread *t, uint64_t id,
+				  const uint64_t *ips, int nr, int end)
+{
+	uint32_t len = 40 + 8 * (uint32_t)nr;
+	uint64_t *rec = ring_reserve(r, len);
+
+	if (!rec)
+		return 0;
+	/* Stamped 0: its place among the records does not matter, only that
+	 * it comes before the event that names it, in this ring. */
+	ring_header(rec, 0, t, MT_SHIM_STACK);
+	rec[3] = id;
+	rec[4] = (uint64_t)(uint32_t)ring_pid | (uint64_t)(uint32_t)nr << 32 |
+		 (uint64_t)(uint32_t)end << 48;
+	memcpy(rec + 5, ips, 8 * (size_t)nr);
+	ring_commit(rec, len);
+	return id;
+}
+
 /* The caller's stack: its id, written to the ring first if new there. */
 static __attribute__((noinline)) uint64_t ring_stack(struct mt_ring *r, struct mt_thread *t)
 {
 	void *buf[MT_MAX_STACK + RING_SKIP_MAX + 1];
-	uint64_t ips[MT_MAX_STACK], h = (uint64_t)(uint32_t)ring_pid, id, *rec;
-	int n, i = 0, nr, k, exact = 0, end = MT_END_COMPLETE, py;
-	uint32_t len;
+	uint64_t ips[MT_MAX_STACK], h = (uint64_t)(uint32_t)ring_pid, id, sp, bp;
+	int n, i = 0, nr, k, exact = 0, end = MT_END_COMPLETE, py, from_sp;
+	int max = (int)ring_depth + RING_SKIP_MAX + 1;
+	const struct sc_entry *kept;
 
+	/* Where unw_backtrace's walk goes on from after its own frame. */
+	__asm__ volatile("mov %%rsp, %0\n\tmov %%rbp, %1" : "=r"(sp), "=r"(bp));
+	if (!py_on && (kept = sc_find(t, sp, bp)) != NULL) {
+		if (ring_knows(r, kept->id))
+			return kept->id;
+		return ring_stack_record(r, t, kept->id, kept->ips, (int)kept->nr, (int)kept->end);
+	}
 	/* Quiet: libunwind's own allocations (its thread-local storage's)
 	 * are not the program's. */
 	t->in_alloc = MT_SHIM_OWN;
 	t->in_ring = 2;
-	n = unw_bt(buf, (int)ring_depth + RING_SKIP_MAX + 1);
+	n = unw_bt(buf, max);
+	/* The walk went on from sp and bp after unw_backtrace's own frame if
+	 * its first frame is this call's return address, still at sp - 8. */
+	from_sp = n > 0 && *(const volatile uint64_t *)(uintptr_t)(sp - 8) ==
+				   (uint64_t)(uintptr_t)buf[0];
+	if (!py_on && from_sp)
+		sc_setup(t, buf, n, sp);
 	t->in_ring = 1;
 	t->in_alloc = 0;
 	while (i < n && (uint64_t)(uintptr_t)buf[i] >= shim_lo &&
@@ -1199,6 +1600,8 @@ static __attribute__((noinline)) uint64_t ring_stack(struct mt_ring *r, struct m
 		}
 	}
 	id = mix(h, (uint64_t)nr << 16 | (uint64_t)end) | 1ULL << 63;
+	if (!py_on && from_sp)
+		sc_keep(t, sp, bp, buf, n, max, id, ips, nr, end);
 	if (ring_knows(r, id))
 		return id;
 	/* A new stack: the records of its code objects first (the ring is
@@ -1206,19 +1609,7 @@ static __attribute__((noinline)) uint64_t ring_stack(struct mt_ring *r, struct m
 	for (k = py; k < nr; k++)
 		if ((ips[k] & ~MT_PY_FRAME) != 0)
 			py_code_record(r, t, ips[k] & MT_PY_CODE_MASK);
-	len = 40 + 8 * (uint32_t)nr;
-	rec = ring_reserve(r, len);
-	if (!rec)
-		return 0;
-	/* Stamped 0: its place among the records does not matter, only that
-	 * it comes before the event that names it, in this ring. */
-	ring_header(rec, 0, t, MT_SHIM_STACK);
-	rec[3] = id;
-	rec[4] = (uint64_t)(uint32_t)ring_pid | (uint64_t)(uint32_t)nr << 32 |
-		 (uint64_t)(uint32_t)end << 48;
-	memcpy(rec + 5, ips, 8 * (size_t)nr);
-	ring_commit(rec, len);
-	return id;
+	return ring_stack_record(r, t, id, ips, nr, end);
 }
 
 /* An allocation's record, its stack first. */
@@ -1676,6 +2067,7 @@ static void thread_end(void *arg)
 
 	(void)arg;
 	flush_self();
+	sc_release(&mt_self);
 	mt_self.state = MT_DIRECT;
 	/* Its later calls take the hook; the ring is free for another. */
 	mt_self.ring = RING_NONE;

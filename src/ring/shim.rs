@@ -39,6 +39,8 @@ const VERSION: u32 = 2;
 /// memtrail walks Python frames: a Python process walks them itself with
 /// its version's layout, or keeps the hook path without one.
 const FLAG_PYTHON: u32 = 1;
+/// The shim walks every stack (`RING_F_NO_STACK_CACHE`).
+const FLAG_NO_STACK_CACHE: u32 = 2;
 const PAGE: usize = 4096;
 /// Where the claim words start in the control page.
 const CLAIMS_AT: usize = 64;
@@ -68,6 +70,10 @@ pub struct Settings {
     pub stack_depth: u32,
     /// Whether memtrail walks Python frames.
     pub python: bool,
+    /// Whether the shim gives a walk it kept again while the stack words
+    /// the walk read are unchanged (its stack cache; off only for a
+    /// test's reference).
+    pub stack_cache: bool,
 }
 
 /// The CPython layouts the shim walks Python frames with: each 3.minor (a
@@ -83,6 +89,7 @@ impl Default for Settings {
             dedup_slots: 8192,
             stack_depth: 0,
             python: false,
+            stack_cache: true,
         }
     }
 }
@@ -151,7 +158,15 @@ impl ShimRings {
             (16, settings.data_size),
             (20, settings.dedup_slots),
             (24, settings.stack_depth),
-            (28, if settings.python { FLAG_PYTHON } else { 0 }),
+            (
+                28,
+                if settings.python { FLAG_PYTHON } else { 0 }
+                    | if settings.stack_cache {
+                        0
+                    } else {
+                        FLAG_NO_STACK_CACHE
+                    },
+            ),
             (32, std::process::id()),
             (36, settings.ring_pages() as u32),
         ];
@@ -348,6 +363,7 @@ mod tests {
             dedup_slots: 1024,
             stack_depth: 64,
             python: true,
+            stack_cache: true,
         };
         let rings = ShimRings::new(settings, &[[7; LAYOUT]; LAYOUTS]).expect("rings");
         let word = |at: usize| u32::from_ne_bytes(rings.map[at..at + 4].try_into().unwrap());
@@ -357,6 +373,13 @@ mod tests {
             (VERSION, 3, 8192, 1024, 64, FLAG_PYTHON)
         );
         assert_eq!(word(36), 2 + 2 + 2);
+        let uncached = Settings {
+            stack_cache: false,
+            ..settings
+        };
+        let other = ShimRings::new(uncached, &[[7; LAYOUT]; LAYOUTS]).expect("rings");
+        let flags = u32::from_ne_bytes(other.map[28..32].try_into().unwrap());
+        assert_eq!(flags, FLAG_PYTHON | FLAG_NO_STACK_CACHE);
         // The claims end before the Python layouts the shim reads.
         assert!(rings.map[CLAIMS_AT..LAYOUTS_AT].iter().all(|&b| b == 0));
         let layouts = &rings.map[LAYOUTS_AT..LAYOUTS_AT + LAYOUT * LAYOUTS];

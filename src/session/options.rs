@@ -17,7 +17,8 @@ pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
 /// wedge-events,stall-stacks,one-thread-slot,one-row-cache-slot,one-stack-window,no-cgroup,fail-after-start,
-/// late-pause,late-release,stop-after-cgroup,sweep-unwind-tables,shim-hook-only` in
+/// late-pause,late-release,stop-after-cgroup,sweep-unwind-tables,shim-hook-only,
+/// shim-no-stack-cache` in
 /// the CLI; see
 /// [`crate::engine::Fault`]).
 #[derive(Debug, Clone, Copy, Default)]
@@ -65,6 +66,9 @@ pub struct Faults {
     /// takes its hook path, as one does without libunwind, without memtrail's
     /// ring file or with every ring taken (issue 22).
     pub shim_hook_only: bool,
+    /// The preload shim walks every stack (`shim-no-stack-cache`): the
+    /// reference its stack cache is compared with.
+    pub shim_no_stack_cache: bool,
 }
 
 impl Faults {
@@ -106,6 +110,10 @@ impl Faults {
             }
             if name == "shim-hook-only" {
                 faults.shim_hook_only = true;
+                continue;
+            }
+            if name == "shim-no-stack-cache" {
+                faults.shim_no_stack_cache = true;
                 continue;
             }
             if name == "stop-after-cgroup" {

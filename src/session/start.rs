@@ -414,6 +414,7 @@ fn shim_rings(opts: &SessionOptions) -> Result<Option<crate::ring::shim::ShimRin
             // The shim walks the Python frames of the versions it has a
             // layout of; BPF the others' (the hook path).
             python: opts.python_frames && opts.stack_depth > 0,
+            stack_cache: !opts.faults.shim_no_stack_cache,
             ..Default::default()
         },
         &crate::python::shim_layouts(),

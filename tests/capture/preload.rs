@@ -379,3 +379,62 @@ fn preload_more_threads_than_rings_exact() {
     assert_eq!(rings[2], 0, "no unmatched free: {rings:?}");
     assert_eq!(rings, counts(HOOK_ONLY));
 }
+
+/// Check the shim's stack cache (issue 22: a walk it kept is given again
+/// while the stack words the walk read are unchanged) on `stack_cache.c`,
+/// whose allocations change callers at the same stack pointer one after
+/// another (one frame up, two frames up, in a signal handler, on two
+/// threads at once), with and without frame pointers: every site as the
+/// probes have it and as the shim has it walking every stack
+/// (`shim-no-stack-cache`), frame for frame and count for count; and each
+/// size at its own caller.
+#[test]
+fn preload_stack_cache_exact() {
+    const WALKED: Env = &[("MEMTRAIL_FAULT", "shim-no-stack-cache")];
+    // The program's own sites (glibc's for a thread's TLS differ: with
+    // the shim each thread's TLS vector is longer, README).
+    let from_leaf = |p: &Value| {
+        let mut s = sites(p);
+        s.retain(|(frames, _, _)| frames.first().is_some_and(|f| f.0 == "leaf"));
+        s
+    };
+    for command in [
+        cmd("stack_cache", &[]),
+        vec![fixture_with_flags("stack_cache", support::NO_FP).into_os_string()],
+    ] {
+        let probes = profile_of(&command, &[], false);
+        let cached = profile_of(&command, &[], true);
+        let run = capture_flags(&["--preload"], &command, b"", WALKED);
+        run.expect_code(0);
+        let walked = run.profile().clone();
+        let sites = from_leaf(&cached);
+        assert_eq!(sites, from_leaf(&walked), "{command:?}: cached / walked");
+        assert_eq!(sites, from_leaf(&probes), "{command:?}: cached / probes");
+        let rounds = 2000;
+        for (size, count, caller) in [
+            (100, rounds, "via_a"),
+            (200, rounds, "via_b"),
+            (300, rounds, "outer_a"),
+            (400, rounds, "outer_b"),
+            (500, rounds, "via_a"),
+            (600, rounds / 100, "on_usr1"),
+            (700, 2 * rounds, "via_a"),
+            (800, 2 * rounds, "via_b"),
+        ] {
+            let at: Vec<_> = sites
+                .iter()
+                .filter(|(_, n, bytes)| *bytes == size * n)
+                .collect();
+            assert_eq!(
+                at.iter().map(|(_, n, _)| n).sum::<u64>(),
+                count,
+                "{command:?}: malloc({size}) {at:?}"
+            );
+            assert!(
+                at.iter()
+                    .all(|(frames, _, _)| frames.iter().take(3).any(|f| f.0 == caller)),
+                "{command:?}: malloc({size}) not from {caller}: {at:?}"
+            );
+        }
+    }
+}
