@@ -1461,6 +1461,8 @@ static void sc_keep(struct mt_thread *t, uint64_t sp, uint64_t bp, void *const *
 	table = (const struct unw_frame *)(uintptr_t)c[0];
 	mask = (1ULL << c[1]) - 1;
 	e = &t->sc->e[t->sc_next % SC_ENTRIES];
+	/* Emptied first: a replay that fails leaves it half written. */
+	e->sp = 0;
 	for (j = 1;; j++) {
 		const struct unw_frame *f;
 		uint64_t cfa, rip, at;
