@@ -199,6 +199,8 @@ struct {
  */
 __u32 guardian_tgid = 0;
 __u64 protectors = 0;
+/* Raised as the guardian's process exits (protector_exit). */
+__u64 guardian_gone = 0;
 
 /* Held processes another process resumed before their probes existed: their
  * first allocations may have gone unseen, so the capture fails. */
@@ -3972,8 +3974,14 @@ static __noinline void protector_exit(bool memtrail)
 	bool kill_frozen;
 	__s64 left;
 
-	if (memtrail)
-		__sync_fetch_and_add(&memtrail_gone, 1);
+	/* Each protector counts once. Every thread of an exiting process
+	 * drops signal->live before it reaches this tracepoint, so two
+	 * threads of a process killed at once (memtrail's, by SIGKILL) can
+	 * both find it 0: counted twice, memtrail's exit alone would leave
+	 * 0 protectors, and a tree frozen by a pause would be killed while
+	 * the guardian was about to thaw it. */
+	if (__sync_fetch_and_add(memtrail ? &memtrail_gone : &guardian_gone, 1) != 0)
+		return;
 	if (!bpf_ksym_exists(bpf_send_signal_task) || !bpf_ksym_exists(bpf_task_release) ||
 	    !(pidns_translate ? bpf_ksym_exists(bpf_task_from_vpid) :
 				bpf_ksym_exists(bpf_task_from_pid)))
