@@ -95,6 +95,18 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// The control page's flags word.
+    fn flags(&self) -> u32 {
+        let mut flags = 0;
+        if self.python {
+            flags |= FLAG_PYTHON;
+        }
+        if !self.stack_cache {
+            flags |= FLAG_NO_STACK_CACHE;
+        }
+        flags
+    }
+
     fn ring_pages(&self) -> usize {
         2 + self.data_size as usize / PAGE + (8 * self.dedup_slots as usize).div_ceil(PAGE)
     }
@@ -158,15 +170,7 @@ impl ShimRings {
             (16, settings.data_size),
             (20, settings.dedup_slots),
             (24, settings.stack_depth),
-            (
-                28,
-                if settings.python { FLAG_PYTHON } else { 0 }
-                    | if settings.stack_cache {
-                        0
-                    } else {
-                        FLAG_NO_STACK_CACHE
-                    },
-            ),
+            (28, settings.flags()),
             (32, std::process::id()),
             (36, settings.ring_pages() as u32),
         ];
