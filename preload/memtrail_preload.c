@@ -1217,7 +1217,8 @@ struct sc_block {
  * unmap memtrail would see as the program's). */
 static struct sc_block *sc_free;
 /* Where libunwind's TLS block holds its trace cache's pointer: -1 not
- * found yet, -2 not found (no stack cache in the process). */
+ * looked for yet, -3 being looked for, -2 not found (no stack cache in
+ * the process). */
 static long sc_unw_at = -1;
 
 /* libunwind 1.6's trace cache entry (unw_tdep_frame_t, its frame types
@@ -1289,8 +1290,9 @@ static int unw_cache_at(uint64_t c, void *const *buf, int n)
 		uint64_t slot = ((key * UNW_HASH) >> 43) & (size - 1);
 
 		for (probe = 0;; probe++) {
-			if (probe == 16 || copy_checked(entry, hdr[0] + 16 * ((slot + (uint64_t)probe) & (size - 1)),
-							sizeof(entry)) || !entry[0])
+			uint64_t at = hdr[0] + 16 * ((slot + (uint64_t)probe) & (size - 1));
+
+			if (probe == 16 || copy_checked(entry, at, sizeof(entry)) || !entry[0])
 				return 0;
 			if (entry[0] == key)
 				break;
@@ -1344,38 +1346,47 @@ static int mapping_of(uint64_t addr, uint64_t *lo, uint64_t *hi)
  * less does not pay for reading its stack's mapping. */
 #define SC_AFTER 64
 
-/* The thread's cache, made at its SC_AFTER-th walk (buf, n, from sp);
- * quiet. */
-static int sc_setup(struct mt_thread *t, void *const *buf, int n, uint64_t sp)
+/*
+ * Finds where libunwind's TLS block holds its trace cache's pointer, after
+ * the process's first walk (buf, n): early, before a sandbox the program
+ * may set up forbids the system call that checks what is read. One thread
+ * looks (-3 meanwhile); quiet.
+ */
+static void sc_discover(void *const *buf, int n)
+{
+	sc_tls_index ti = {unw_modid, 0};
+	long unknown = -1;
+	const uint64_t *block;
+	int at;
+
+	if (n < 5 || !__atomic_compare_exchange_n(&sc_unw_at, &unknown, -3, 0, __ATOMIC_ACQ_REL,
+						   __ATOMIC_ACQUIRE))
+		return;
+	block = sc_enabled && unw_modid ? __tls_get_addr(&ti) : NULL;
+	/* libunwind 1.6's TLS is 16 bytes: tls_cache is the second word. */
+	for (at = 0; block && at < 2; at++)
+		if (unw_cache_at(block[at], buf, n)) {
+			__atomic_store_n(&sc_unw_at, 8L * at, __ATOMIC_RELEASE);
+			return;
+		}
+	__atomic_store_n(&sc_unw_at, -2, __ATOMIC_RELEASE);
+}
+
+/* The thread's cache, made at its SC_AFTER-th walk (from sp), once
+ * sc_discover found libunwind's; quiet. */
+static int sc_setup(struct mt_thread *t, uint64_t sp)
 {
 	sc_tls_index ti = {unw_modid, 0};
 	char *block;
 
 	if (t->sc_state)
 		return t->sc_state > 0;
-	if (!sc_enabled || !unw_modid || sc_unw_at == -2 || n < 4 || ++t->sc_walks < SC_AFTER)
+	if (__atomic_load_n(&sc_unw_at, __ATOMIC_ACQUIRE) < 0 || ++t->sc_walks < SC_AFTER)
 		return 0;
 	t->sc_state = -1;
 	block = __tls_get_addr(&ti);
 	if (!block)
 		return 0;
-	if (sc_unw_at == -1) {
-		long at;
-
-		sc_unw_at = -2;
-		/* libunwind 1.6's TLS is 16 bytes: tls_cache is the second word. */
-		for (at = 0; at < 16; at += 8) {
-			uint64_t c;
-
-			if (!copy_checked(&c, (uint64_t)(uintptr_t)(block + at), 8) &&
-			    unw_cache_at(c, buf, n)) {
-				sc_unw_at = at;
-				break;
-			}
-		}
-		if (sc_unw_at < 0)
-			return 0;
-	}
 	t->sc_unw = (void *const *)(block + sc_unw_at);
 	/* The thread's stack: a walk is kept only if it starts there and
 	 * reads nothing past its end, memory that stays mapped while the
@@ -1564,8 +1575,10 @@ static __attribute__((noinline)) uint64_t ring_stack(struct mt_ring *r, struct m
 	 * its first frame is this call's return address, still at sp - 8. */
 	from_sp = n > 0 && *(const volatile uint64_t *)(uintptr_t)(sp - 8) ==
 				   (uint64_t)(uintptr_t)buf[0];
+	if (__builtin_expect(sc_unw_at == -1, 0))
+		sc_discover(buf, n);
 	if (!py_on && from_sp)
-		sc_setup(t, buf, n, sp);
+		sc_setup(t, sp);
 	t->in_ring = 1;
 	t->in_alloc = 0;
 	while (i < n && (uint64_t)(uintptr_t)buf[i] >= shim_lo &&
