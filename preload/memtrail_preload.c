@@ -395,14 +395,13 @@ struct mt_thread {
 	int in_ring;
 	pid_t tid;
 	/* The thread's stack cache (see sc_find), made at its SC_AFTER-th
-	 * walk; where libunwind keeps the pointer to the thread's trace
-	 * cache; the thread's stack's mapping; the next entry to replace,
-	 * the walks before the cache. */
+	 * walk (NULL: none); where libunwind keeps the pointer to the
+	 * thread's trace cache; the thread's stack's mapping; the next entry
+	 * to replace, the walks counted toward the cache. */
 	struct sc_block *sc;
 	void *const *sc_unw;
 	uint64_t sc_lo, sc_hi;
 	uint32_t sc_next, sc_walks;
-	int sc_state;
 };
 
 static __thread struct mt_thread mt_self __attribute__((tls_model("initial-exec")));
@@ -1373,43 +1372,41 @@ static void sc_discover(void *const *buf, int n)
 }
 
 /* The thread's cache, made at its SC_AFTER-th walk (from sp), once
- * sc_discover found libunwind's; quiet. */
-static int sc_setup(struct mt_thread *t, uint64_t sp)
+ * sc_discover found libunwind's; tried once; quiet. */
+static void sc_setup(struct mt_thread *t, uint64_t sp)
 {
 	sc_tls_index ti = {unw_modid, 0};
+	struct sc_block *b;
 	char *block;
 
-	if (t->sc_state)
-		return t->sc_state > 0;
-	if (__atomic_load_n(&sc_unw_at, __ATOMIC_ACQUIRE) < 0 || ++t->sc_walks < SC_AFTER)
-		return 0;
-	t->sc_state = -1;
+	if (t->sc || t->sc_walks >= SC_AFTER ||
+	    __atomic_load_n(&sc_unw_at, __ATOMIC_ACQUIRE) < 0 || ++t->sc_walks < SC_AFTER)
+		return;
 	block = __tls_get_addr(&ti);
 	if (!block)
-		return 0;
+		return;
 	t->sc_unw = (void *const *)(block + sc_unw_at);
 	/* The thread's stack: a walk is kept only if it starts there and
 	 * reads nothing past its end, memory that stays mapped while the
 	 * thread runs (a walk from another stack, a coroutine's, is not). */
 	if (!mapping_of(sp, &t->sc_lo, &t->sc_hi))
-		return 0;
+		return;
 	while (__atomic_exchange_n(&quiet_lock, 1, __ATOMIC_ACQUIRE))
 		;
-	t->sc = sc_free;
-	if (t->sc)
-		sc_free = t->sc->next_free;
+	b = sc_free;
+	if (b)
+		sc_free = b->next_free;
 	__atomic_store_n(&quiet_lock, 0, __ATOMIC_RELEASE);
-	if (!t->sc) {
+	if (!b) {
 		void *p = mmap(NULL, sizeof(struct sc_block), PROT_READ | PROT_WRITE,
 			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 		if (p == MAP_FAILED)
-			return 0;
-		t->sc = p;
+			return;
+		b = p;
 	}
-	memset(t->sc, 0, sizeof(*t->sc));
-	t->sc_state = 1;
-	return 1;
+	memset(b, 0, sizeof(*b));
+	t->sc = b;
 }
 
 /* Gives the thread's block back at its end. */
@@ -1420,7 +1417,6 @@ static void sc_release(struct mt_thread *t)
 	if (!b)
 		return;
 	t->sc = NULL;
-	t->sc_state = -1;
 	while (__atomic_exchange_n(&quiet_lock, 1, __ATOMIC_ACQUIRE))
 		;
 	b->next_free = sc_free;
@@ -1434,7 +1430,7 @@ static inline const struct sc_entry *sc_find(struct mt_thread *t, uint64_t sp, u
 	const uint64_t *c;
 	unsigned int i, k;
 
-	if (t->sc_state <= 0 || !(c = (const uint64_t *)*t->sc_unw))
+	if (!t->sc || !(c = (const uint64_t *)*t->sc_unw))
 		return NULL;
 	for (i = 0; i < SC_ENTRIES; i++) {
 		const struct sc_entry *e = &t->sc->e[i];
@@ -1466,7 +1462,7 @@ static void sc_keep(struct mt_thread *t, uint64_t sp, uint64_t bp, void *const *
 	uint32_t reads = 0;
 	int j;
 
-	if (t->sc_state <= 0 || n < 1 || n > SC_FRAMES || nr > SC_FRAMES || sp < t->sc_lo ||
+	if (!t->sc || n < 1 || n > SC_FRAMES || nr > SC_FRAMES || sp < t->sc_lo ||
 	    sp >= hi || !(c = (const uint64_t *)*t->sc_unw))
 		return;
 	table = (const struct unw_frame *)(uintptr_t)c[0];
