@@ -3122,6 +3122,16 @@ static __always_inline void shim_alloc(struct pt_regs *ctx, struct inflight *cur
 	shim_emit(ctx, cur);
 }
 
+/* A process of the tree names its ring file (MT_SHIM_RINGS): an event
+ * of that kind, its descriptor as the block. Not inlined: off the walk's
+ * frame. */
+static __noinline void shim_rings(struct pt_regs *ctx)
+{
+	if (is_tracked(bpf_get_current_pid_tgid() >> 32))
+		emit_event(clock_before(), current_ids(), MT_SHIM_RINGS, 0, PT_REGS_PARM2(ctx), 0, 0,
+			   0);
+}
+
 /* The shim's hook: shim_hook's, and alloc_session's where it serves it. */
 static __always_inline int shim_hook_run(struct pt_regs *ctx)
 {
@@ -3134,6 +3144,10 @@ static __always_inline int shim_hook_run(struct pt_regs *ctx)
 
 		if (is_tracked(tgid))
 			bpf_map_update_elem(&shim_procs, &tgid, &off, BPF_ANY);
+		return 0;
+	}
+	if (kind == MT_SHIM_RINGS) {
+		shim_rings(ctx);
 		return 0;
 	}
 	cur = current_call_ids(&pid_tgid);

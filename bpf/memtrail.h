@@ -51,6 +51,11 @@ enum mt_kind {
 	 * attach cookies of the marker probes. */
 	MT_REGION_BEGIN = 40,
 	MT_REGION_END = 41,
+	/* A process of the tree named its new preload-shim ring file (the
+	 * shim's hook, issue 40; struct mt_alloc_event, addr its descriptor
+	 * in that process): the record's ids are the kernel's, and memtrail
+	 * takes the file from that process alone (src/ring/shim.rs). */
+	MT_SHIM_RINGS = 66,
 };
 
 /*

@@ -202,10 +202,19 @@ __asm__(".text\n"
 
 
 /*
- * The ring path (issue 22). memtrail names its ring file in MEMTRAIL_SHM
+ * The ring path (issue 22). Each process has a ring file of its own
  * (src/ring/shim.rs: a control page, then rings in the layout of
  * a BPF ring buffer: consumer page, producer page, data, and a table of
- * the stacks already written through the ring). A thread claims a ring
+ * the stacks already written through the ring), which no other process
+ * maps (issue 40): MEMTRAIL_SHM offers the ring path (memtrail's pid);
+ * the process makes a memfd, names it to memtrail through the hook
+ * (MT_SHIM_RINGS: BPF records which process did, the kernel's word,
+ * not the file's) and waits for memtrail to take it (pidfd_getfd),
+ * size it, seal it and fill its control page. The child of any fork,
+ * also one made by a raw clone, finds its process's word zeroed (a
+ * MADV_WIPEONFORK page) and makes its own before it writes a record:
+ * its parent's rings are not mapped in it (MADV_DONTFORK).
+ * A thread claims a ring
  * of its own (single producer) and writes its records there itself, as
  * BPF's ring buffer code writes them: the producer position published
  * before the record is stamped, the record's header busy until it is
@@ -230,7 +239,17 @@ enum { MT_SHIM_STACK = 13 };
 #define MT_END_COMPLETE 0
 #define MT_END_DEPTH 1
 #define RING_MAGIC 0x314d48534c54524dULL /* "MTRLSHM1" */
-#define RING_VERSION 2
+#define RING_VERSION 3
+/* The hook's kind naming a process's new ring file (rsi its descriptor):
+ * bpf/memtrail.bpf.c. */
+#define MT_SHIM_RINGS 66
+/* How long a process waits for memtrail to take its ring file before it
+ * keeps the hook path (memtrail's poller takes it within a millisecond). */
+#define RING_ADOPT_NS (2ULL * 1000 * 1000 * 1000)
+/* The handshake word (struct ring_control.state): memtrail took the file
+ * (then the magic follows), or the process gave up waiting first. */
+#define RING_ADOPTED 1
+#define RING_ABANDONED 2
 #define RING_BUSY (1U << 31)
 #define RING_DISCARD (1U << 30)
 #define RING_MAX 256
@@ -264,7 +283,9 @@ struct ring_control {
 	uint32_t ring_pages;
 	/* memtrail's PID namespace (its inode): ids are memtrail's only there. */
 	uint64_t pidns;
-	uint64_t reserved[2];
+	/* RING_ADOPTED or RING_ABANDONED, whoever is first (compare-and-swap). */
+	uint32_t state;
+	uint32_t reserved[3];
 	/* tgid << 32 | tid of each ring's thread, 0 for a free ring (up to
 	 * RING_CLAIMS_END). */
 	uint64_t claims[];
@@ -338,6 +359,19 @@ static uint32_t ring_count, ring_size, ring_dedup, ring_depth;
 static pid_t ring_memtrail;
 static int ring_on;
 static pid_t ring_pid;
+/* memtrail's pid from MEMTRAIL_SHM: the ring path is offered. */
+static pid_t ring_offered;
+/*
+ * The process the rings are set up in, in a page the kernel zeroes in the
+ * child of a fork (MADV_WIPEONFORK): pid the process whose rings `rings`
+ * are (0: none yet), tried set once a thread of the process began to set
+ * them up. A thread's ring is its process's only while its gen is pid.
+ */
+struct ring_proc {
+	volatile pid_t pid;
+	int tried;
+};
+static struct ring_proc *ring_proc;
 /* The shim's own code: frames there are not the program's. libc's. */
 static uint64_t shim_lo, shim_hi, libc_lo, libc_hi;
 static int (*unw_bt)(void **, int);
@@ -394,6 +428,8 @@ struct mt_thread {
 	unsigned int ring_retry;
 	int in_ring;
 	pid_t tid;
+	/* The process (ring_proc->pid) whose ring `ring` is. */
+	pid_t ring_gen;
 	/* The thread's stack cache (see sc_find), made at its SC_AFTER-th
 	 * walk (NULL: none); where libunwind keeps the pointer to the
 	 * thread's trace cache; the thread's stack's mapping; the next entry
@@ -618,41 +654,113 @@ static int load_unwinder(void)
 
 static int py_setup(const char *control);
 
-/* Maps memtrail's ring file and decides whether this process takes the
- * ring path; quiet (the calls it makes are not recorded). */
-static void ring_setup(void)
+/* Whether a ring file's control page, of st_size bytes, is one the shim
+ * can use. */
+static int ring_control_ok(const struct ring_control *ctl, uint64_t st_size)
 {
-	const char *path = getenv("MEMTRAIL_SHM");
+	uint64_t need = ((uint64_t)1 + (uint64_t)ctl->nrings * ctl->ring_pages) * RING_PAGE;
+
+	return ctl->version == RING_VERSION && ctl->nrings != 0 && ctl->nrings <= RING_MAX &&
+	       need <= st_size && ctl->data_size >= RING_PAGE &&
+	       !(ctl->data_size & (ctl->data_size - 1)) && ctl->dedup_slots != 0 &&
+	       !(ctl->dedup_slots & (ctl->dedup_slots - 1)) &&
+	       (uint64_t)ctl->ring_pages * RING_PAGE >=
+		       2 * RING_PAGE + ctl->data_size + 8ULL * ctl->dedup_slots &&
+	       64 + 8ULL * ctl->nrings <= RING_CLAIMS_END;
+}
+
+/* The control page's magic, read from the file (no mapping: a fork's
+ * child sets up in the middle of its program, whose mappings and unmappings
+ * memtrail records). */
+static uint64_t ring_magic(int fd)
+{
+	uint64_t magic = 0;
+
+	if (pread(fd, &magic, sizeof(magic), 0) != (ssize_t)sizeof(magic))
+		return 0;
+	return magic;
+}
+
+/* Gives up on memtrail taking the file, unless it took it meanwhile: true
+ * if the process gave up first. */
+static int ring_abandon(int fd)
+{
 	struct ring_control *ctl;
+	uint32_t fresh = 0;
+	int gave_up;
+
+	ctl = mmap(NULL, RING_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (ctl == MAP_FAILED)
+		return 1;
+	gave_up = __atomic_compare_exchange_n(&ctl->state, &fresh, RING_ABANDONED, 0,
+					      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+	munmap(ctl, RING_PAGE);
+	return gave_up;
+}
+
+/*
+ * Makes this process's ring file and waits for memtrail to take it (see
+ * the top of the ring path): its mapping, or NULL (the hook path). The
+ * wait ends when the control page's magic is set, or when memtrail is gone
+ * or RING_ADOPT_NS passed and the process marked the file abandoned first.
+ */
+static char *ring_offer(size_t *len)
+{
+	uint64_t deadline = now_ns() + RING_ADOPT_NS;
+	unsigned int spins = 0;
 	struct stat st;
-	uint64_t need;
-	char *base;
-	uint32_t i;
+	char *base = NULL;
 	int fd;
 
-	if (!path || !*path)
-		return;
-	fd = open(path, O_RDWR | O_CLOEXEC);
+	fd = memfd_create("memtrail_rings", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
-		return;
-	if (fstat(fd, &st) != 0 || st.st_size < RING_PAGE) {
-		close(fd);
-		return;
+		return NULL;
+	if (ftruncate(fd, RING_PAGE) != 0)
+		goto out;
+	HOOK(MT_SHIM_RINGS, fd, 0, 0);
+	while (ring_magic(fd) != RING_MAGIC) {
+		if (++spins % 256 == 0 &&
+		    (now_ns() > deadline || (kill(ring_offered, 0) != 0 && errno == ESRCH)) &&
+		    ring_abandon(fd))
+			goto out;
+		sched_yield();
 	}
+	if (fstat(fd, &st) != 0)
+		goto out;
 	base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (base == MAP_FAILED) {
+		base = NULL;
+		goto out;
+	}
+	/* Not in a child: it makes its own. */
+	if (madvise(base, (size_t)st.st_size, MADV_DONTFORK) != 0 ||
+	    !ring_control_ok((struct ring_control *)base, (uint64_t)st.st_size)) {
+		munmap(base, (size_t)st.st_size);
+		base = NULL;
+		goto out;
+	}
+	*len = (size_t)st.st_size;
+out:
 	close(fd);
-	if (base == MAP_FAILED)
+	return base;
+}
+
+/* This process's ring file (ring_offer), and whether it takes the ring
+ * path with it; quiet (the calls it makes are not recorded). */
+static void ring_setup(void)
+{
+	struct ring_control *ctl;
+	struct stat st;
+	size_t len = 0;
+	char *base;
+	uint32_t i;
+
+	if (!ring_offered || !ring_proc)
+		return;
+	base = ring_offer(&len);
+	if (!base)
 		return;
 	ctl = (struct ring_control *)base;
-	need = ((uint64_t)1 + (uint64_t)ctl->nrings * ctl->ring_pages) * RING_PAGE;
-	if (ctl->magic != RING_MAGIC || ctl->version != RING_VERSION || ctl->nrings == 0 ||
-	    ctl->nrings > RING_MAX || need > (uint64_t)st.st_size || ctl->data_size < RING_PAGE ||
-	    (ctl->data_size & (ctl->data_size - 1)) || ctl->dedup_slots == 0 ||
-	    (ctl->dedup_slots & (ctl->dedup_slots - 1)) ||
-	    (uint64_t)ctl->ring_pages * RING_PAGE <
-		    2 * RING_PAGE + ctl->data_size + 8ULL * ctl->dedup_slots ||
-	    64 + 8ULL * ctl->nrings > RING_CLAIMS_END)
-		return;
 	if ((ctl->flags & RING_F_PYTHON) && dlsym(RTLD_DEFAULT, "_PyRuntime") &&
 	    !py_setup(base))
 		return;
@@ -660,10 +768,13 @@ static void ring_setup(void)
 		return;
 	ring_depth = ctl->stack_depth < MT_MAX_STACK ? ctl->stack_depth : MT_MAX_STACK;
 	sc_enabled = !(ctl->flags & RING_F_NO_STACK_CACHE);
-	if (ring_depth && !load_unwinder())
+	if (ring_depth && !unw_bt && !load_unwinder())
 		return;
-	dl_iterate_phdr(find_texts, (void *)(uintptr_t)next_malloc);
-	find_wrappers();
+	/* The image's: a fork's child has them from its parent. */
+	if (!shim_hi) {
+		dl_iterate_phdr(find_texts, (void *)(uintptr_t)next_malloc);
+		find_wrappers();
+	}
 	for (i = 0; i < ctl->nrings; i++) {
 		char *r = base + (size_t)RING_PAGE * (1 + (size_t)i * ctl->ring_pages);
 
@@ -678,7 +789,51 @@ static void ring_setup(void)
 	ring_dedup = ctl->dedup_slots;
 	ring_memtrail = (pid_t)ctl->memtrail_pid;
 	ring_pid = getpid();
+	ring_proc->pid = ring_pid;
 	__atomic_store_n(&ring_on, 1, __ATOMIC_RELEASE);
+}
+
+/* The first thread of a process (the constructor's, a fork's child's,
+ * one made by a raw clone) to want a ring sets the process's rings up;
+ * quiet. False while it has none. */
+static int ring_here(struct mt_thread *t)
+{
+	int untried = 0;
+
+	if (__builtin_expect(ring_proc == NULL, 0))
+		return 0;
+	if (__builtin_expect(ring_proc->pid != 0, 1))
+		return 1;
+	if (!__atomic_compare_exchange_n(&ring_proc->tried, &untried, 1, 0, __ATOMIC_ACQ_REL,
+					 __ATOMIC_RELAXED))
+		return 0;
+	t->in_ring = 2;
+	mt_in_alloc = MT_SHIM_OWN;
+	__atomic_store_n(&ring_on, 0, __ATOMIC_RELEASE);
+	ring_setup();
+	mt_in_alloc = 0;
+	t->in_ring = 0;
+	return ring_proc->pid != 0;
+}
+
+/* The page of ring_proc (none without MEMTRAIL_SHM or the page). */
+static void ring_proc_page(void)
+{
+	const char *env = getenv("MEMTRAIL_SHM");
+	long pid = env ? strtol(env, NULL, 10) : 0;
+	void *page;
+
+	if (pid <= 0)
+		return;
+	page = mmap(NULL, RING_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (page == MAP_FAILED)
+		return;
+	if (madvise(page, RING_PAGE, MADV_WIPEONFORK) != 0) {
+		munmap(page, RING_PAGE);
+		return;
+	}
+	ring_offered = (pid_t)pid;
+	ring_proc = page;
 }
 
 /* A ring for this thread: the one it had before its process exec'd, else
@@ -732,13 +887,20 @@ static struct mt_ring *ring_take(struct mt_thread *t)
  * hook path left buffered go first. */
 static inline struct mt_ring *ring_of(struct mt_thread *t)
 {
-	struct mt_ring *r = t->ring;
+	struct mt_ring *r;
 
+	if (__builtin_expect(t->in_ring || t->busy || !ring_here(t), 0))
+		return NULL;
 	/* ring_on drops when memtrail is gone (ring_wait): a thread with a
 	 * ring would otherwise wait on it at every call. */
-	if (__builtin_expect(t->in_ring || t->busy || !__atomic_load_n(&ring_on, __ATOMIC_ACQUIRE),
-			     0))
+	if (__builtin_expect(!__atomic_load_n(&ring_on, __ATOMIC_ACQUIRE), 0))
 		return NULL;
+	/* A thread of a fork's child: its ring was its parent's. */
+	if (__builtin_expect(t->ring_gen != ring_proc->pid, 0)) {
+		t->ring_gen = ring_proc->pid;
+		t->ring = t->state == MT_DIRECT ? RING_NONE : NULL;
+	}
+	r = t->ring;
 	if (__builtin_expect(r == NULL || r == RING_NONE, 0)) {
 		r = ring_take(t);
 		if (!r)
@@ -2091,12 +2253,11 @@ static void after_fork_child(void)
 {
 	if (mt_self.state == MT_BUFFERING)
 		mt_self.owner = gettid();
-	/* Its parent's thread's ring is not its own. */
-	ring_pid = getpid();
+	/* Its parent's thread's ring is not its own: ring_here makes the
+	 * child's rings (its ring_proc page is zero). */
 	/* Another thread of the parent may have held the arena's lock: it is
 	 * not in the child. */
 	__atomic_store_n(&quiet_lock, 0, __ATOMIC_RELEASE);
-	mt_self.ring = mt_self.state == MT_DIRECT ? RING_NONE : NULL;
 }
 
 /* Tells memtrail where the thread's state is: its offset from the thread
@@ -2116,9 +2277,10 @@ __attribute__((constructor(101))) static void hello(void)
 	/* After the hello: memtrail then knows where the flag is. */
 	mt_self.in_ring = 2;
 	mt_in_alloc = MT_SHIM_OWN;
-	ring_setup();
+	ring_proc_page();
 	mt_in_alloc = 0;
 	mt_self.in_ring = 0;
+	ring_here(&mt_self);
 }
 
 /* The process's end (exit, or main's return): after the program's atexit

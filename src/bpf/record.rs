@@ -359,6 +359,17 @@ pub fn decode_free_batch(
 
 /// A call stack the preload shim walked in its process (`struct
 /// mt_shim_stack`, issue 22), if the events record `bytes` is one.
+/// A process's `MT_SHIM_RINGS` record: the process (the kernel's id) and
+/// its ring file's descriptor there, if `bytes` is one.
+pub fn decode_shim_rings(bytes: &[u8]) -> Option<(u32, u64)> {
+    let raw: t::mt_header = read(bytes).ok()?;
+    if u32::from(raw.kind) != t::mt_kind::MT_SHIM_RINGS.0 {
+        return None;
+    }
+    let e: t::mt_alloc_event = read(bytes).ok()?;
+    Some((e.hdr.pid, e.addr))
+}
+
 pub fn decode_shim_stack(bytes: &[u8]) -> Option<Result<StackRecord<'_>, DecodeError>> {
     let raw: t::mt_header = read(bytes).ok()?;
     if u32::from(raw.kind) != t::mt_kind::MT_SHIM_STACK.0 {

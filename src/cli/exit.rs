@@ -26,6 +26,10 @@ pub const PRESSURE: i32 = 76;
 pub const DETACHED: i32 = 77;
 /// `memtrail attach`: no process memtrail can attach to has that PID.
 pub const NO_PROCESS: i32 = 78;
+/// `memtrail run --preload`: a tracked process corrupted its preload ring
+/// file; the profile was written, names the process and marks its counts
+/// incomplete.
+pub const RING_FAULT: i32 = 79;
 /// The command is not executable.
 pub const NOT_EXECUTABLE: i32 = 126;
 /// The command was not found.

@@ -50,6 +50,9 @@ Exit status:
          (a file that is no ELF image, or a malformed one, is skipped and
          named in the profile's skipped_images instead)
     76   a pressure pause did not recover within --pressure-timeout (tree killed)
+    79   --preload: a tracked process corrupted its preload ring file: the
+         profile was written, names the process and marks its counts
+         incomplete (the summary says where reading stopped)
     126  the command is not executable, or cannot be reached (a directory on
          its path denies search permission: the message names it)
     127  the command was not found";
@@ -1019,7 +1022,18 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
         (&outcome.profile, &outcome.slow_probes),
         |_| {},
     )?;
-    let code = outcome.exit_code;
+    // A process that corrupted its preload ring (issue 40): the profile is
+    // written, naming it, but its counts are incomplete.
+    let code = if outcome
+        .profile
+        .processes
+        .iter()
+        .any(|p| p.ring_fault.is_some())
+    {
+        exit::RING_FAULT
+    } else {
+        outcome.exit_code
+    };
     // memtrail exits next, and its memory goes with it: freeing a large
     // capture's stacks one by one took ~7 ms of python3.11's imports.
     std::mem::forget(outcome);

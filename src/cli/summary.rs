@@ -192,6 +192,17 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
     }
     write_regions(w, &p.regions)?;
     write_unwind_notes(w, p)?;
+    for (proc, fault) in p
+        .processes
+        .iter()
+        .filter_map(|q| Some((q, q.ring_fault.as_ref()?)))
+    {
+        writeln!(
+            w,
+            "  incomplete: process {} ({}) corrupted its preload ring ({}, ring {} at byte {}): its counts stop there",
+            proc.pid, proc.exe, fault.what, fault.ring, fault.offset
+        )?;
+    }
     if !slow.is_empty() {
         const SHOWN: usize = 5;
         let shown: Vec<String> = slow

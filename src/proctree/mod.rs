@@ -56,8 +56,9 @@ pub struct CommandSpec {
     /// An object put first in the command's `LD_PRELOAD` (memtrail's
     /// preload shim, `--preload`).
     pub preload: Option<PathBuf>,
-    /// The preload shim's ring file (`MEMTRAIL_SHM`, `src/ring/shim.rs`).
-    pub rings_file: Option<PathBuf>,
+    /// memtrail's pid, offering the preload shim's ring path
+    /// (`MEMTRAIL_SHM`, `src/ring/shim.rs`).
+    pub rings_offer: Option<u32>,
 }
 
 impl CommandSpec {
@@ -72,7 +73,7 @@ impl CommandSpec {
             argv,
             creds: sudo_credentials(),
             preload: None,
-            rings_file: None,
+            rings_offer: None,
         })
     }
 
@@ -105,8 +106,11 @@ impl CommandSpec {
         });
         let mut env = with_preload(env, preload);
         env.retain(|e| !e.as_bytes().starts_with(b"MEMTRAIL_SHM="));
-        if let Some(rings) = &self.rings_file {
-            env.extend(env_entry(OsStr::new("MEMTRAIL_SHM"), rings.as_os_str()));
+        if let Some(pid) = self.rings_offer {
+            env.extend(env_entry(
+                OsStr::new("MEMTRAIL_SHM"),
+                OsStr::new(&pid.to_string()),
+            ));
         }
         Some(env)
     }

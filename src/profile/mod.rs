@@ -372,6 +372,19 @@ pub struct ProcessEntry {
     /// (false) otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preloaded: bool,
+    /// Its preload ring file was corrupt (issue 40): read no further from
+    /// there, so its counts are incomplete. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_fault: Option<RingFaultEntry>,
+}
+
+/// What was wrong with a process's preload ring file, and where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingFaultEntry {
+    pub what: String,
+    /// The ring of the file, and the position in it where reading stopped.
+    pub ring: u32,
+    pub offset: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]

@@ -38,15 +38,166 @@ use super::{Consume, RingConsumer};
 
 /// Several rings read in stamp order (see the module docs).
 pub struct Merged {
-    /// BPF's rings, then the preload shim's.
+    /// BPF's rings.
     rings: Vec<RingConsumer>,
     /// Per ring: no record not yet read from it is stamped before this.
     bounds: Vec<u64>,
     held: Held,
-    /// The preload shim's rings (issue 22), `rings[bpf..]`.
-    shim: Option<super::shim::ShimRings>,
-    /// How many of `rings` are BPF's.
-    bpf: usize,
+    /// The preload shim's rings (issue 22), a file per process.
+    shim: Option<ShimSet>,
+}
+
+/// The ring files of the processes that write their own records.
+struct ShimSet {
+    taken: super::shim::Taken,
+    procs: Vec<ProcRings>,
+    /// The positions the files left behind reached: [`Consume::position`]
+    /// only grows.
+    retired: u64,
+}
+
+/// One process's ring file, read as that process's alone (issue 40).
+struct ProcRings {
+    file: super::shim::ShimRings,
+    rings: Vec<RingConsumer>,
+    bounds: Vec<u64>,
+    /// Per ring: when its reader was first seen stopped at a busy record
+    /// (0: it is not).
+    busy_since: Vec<u64>,
+    /// The file was found corrupt: it is read no further.
+    broken: bool,
+}
+
+/// How long a busy record of a shim ring holds the merge back: a writer
+/// stopped in the middle of one (a paused tree, a debugger, a hostile
+/// program) must not make memtrail hold every other ring's records. No
+/// record can depend on one not yet committed (its block is not handed
+/// out before), so the others go on; it is handed on when it completes.
+const BUSY_HOLD_NS: u64 = 50_000_000;
+
+/// Why a record of a process's ring is not that process's (see
+/// [`ProcRings::check`]).
+fn foreign(rec: &[u8], owner: u32, now: &mut u64) -> Option<&'static str> {
+    let word = |at: usize| {
+        rec.get(at..at + 4)
+            .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+    };
+    let (Some(pid), Some(kind)) = (word(8), word(16)) else {
+        return Some("a record shorter than its header");
+    };
+    if pid != owner {
+        return Some("a record naming another process");
+    }
+    // The shim's stacks and code records name their process again.
+    let inner = match kind & 0xffff {
+        k if k == super::shim::KIND_STACK => word(32),
+        k if k == super::shim::KIND_PY_CODE => word(40),
+        k if k == 0 || k > super::shim::KIND_PY_CODE => {
+            return Some("a record of a kind only BPF writes");
+        }
+        _ => Some(owner),
+    };
+    if inner != Some(owner) {
+        return Some("a stack naming another process");
+    }
+    let ts = stamp(rec);
+    if ts > *now {
+        // Stamped after its commit, before memtrail read it.
+        *now = crate::sys::monotonic_ns();
+        if ts > *now {
+            return Some("a stamp not yet reached");
+        }
+    }
+    None
+}
+
+impl ProcRings {
+    fn new(file: super::shim::ShimRings) -> Result<Self, super::shim::ShimRingsError> {
+        let rings = file.consumers()?;
+        let n = rings.len();
+        Ok(Self {
+            file,
+            rings,
+            bounds: vec![0; n],
+            busy_since: vec![0; n],
+            broken: false,
+        })
+    }
+
+    /// Reads ring `i` up to its producer position (without waiting for a
+    /// busy record), holding each record that is the owner's; the first
+    /// that is not, or a producer position no writer could have, breaks
+    /// the file. Returns the records read.
+    fn read(&mut self, i: usize, held: &mut Held, faults: &super::shim::Faults) -> usize {
+        let owner = self.file.owner();
+        let ring = &mut self.rings[i];
+        let (pos, prod) = (ring.position(), ring.producer_pos());
+        if prod < pos || prod - pos > self.file.data_size() {
+            self.fault(i, pos, "a producer position more than a ring ahead", faults);
+            return 0;
+        }
+        let mut bad = None;
+        let mut now = crate::sys::monotonic_ns();
+        let mut at = pos;
+        let read = ring.poll_to(prod, |rec| {
+            if bad.is_some() {
+                return;
+            }
+            match foreign(rec, owner, &mut now) {
+                Some(what) => bad = Some(what),
+                None => held.hold(rec),
+            }
+            at += ((super::HEADER_LEN + rec.len() + 7) & !7) as u64;
+        });
+        if let Some(what) = bad {
+            self.fault(i, at, what, faults);
+        } else if self.rings[i].stopped_at_invalid() {
+            let at = self.rings[i].position();
+            self.fault(i, at, "a record length no writer makes", faults);
+        }
+        read
+    }
+
+    fn fault(
+        &mut self,
+        ring: usize,
+        offset: u64,
+        what: &'static str,
+        faults: &super::shim::Faults,
+    ) {
+        self.broken = true;
+        self.bounds.fill(u64::MAX);
+        faults.add(super::shim::RingFault {
+            pid: self.file.owner(),
+            ring: ring as u32,
+            offset,
+            what,
+        });
+    }
+
+    /// Sets ring `i`'s bound after a look that began at `looked`.
+    fn settle(&mut self, i: usize, looked: u64) {
+        if self.broken {
+            return;
+        }
+        let ring = &self.rings[i];
+        if ring.position() >= ring.producer_pos() {
+            self.bounds[i] = looked;
+            self.busy_since[i] = 0;
+        } else if self.busy_since[i] == 0 {
+            self.busy_since[i] = looked;
+        } else if looked - self.busy_since[i] > BUSY_HOLD_NS {
+            self.bounds[i] = looked;
+        }
+    }
+
+    /// Whether the file is done with: its process is gone and every record
+    /// it wrote was read (or the file is broken).
+    fn done(&self) -> bool {
+        self.broken
+            || (self.file.owner_gone()
+                && self.rings.iter().all(|r| r.position() >= r.producer_pos()))
+    }
 }
 
 /// Records read and not yet handed on.
@@ -111,32 +262,93 @@ impl Merged {
             bounds: vec![0; n],
             held: Held::default(),
             shim: None,
-            bpf: n,
         }
     }
 
-    /// Reads the preload shim's rings too. Their writers are threads of
-    /// the tree, which can stop or die between reserving a record and
+    /// Reads the preload shim's rings too: the files its processes name
+    /// (see [`super::shim::Offer`]). Their writers are threads of the
+    /// tree, which can stop or die between reserving a record and
     /// committing it: a drain does not wait for their busy records (a
     /// stopped writer's comes later; a dead one's is discarded by
     /// [`super::shim::ShimRings::reap`]). Records that depend on each
     /// other are never both in flight: a block is handed over only after
     /// its allocation's record is committed, and freed only after its
     /// free's.
-    pub fn with_shim(
-        mut self,
-        shim: super::shim::ShimRings,
-    ) -> Result<Self, super::shim::ShimRingsError> {
-        let consumers = shim.consumers()?;
-        self.bounds.extend(consumers.iter().map(|_| 0));
-        self.rings.extend(consumers);
-        self.shim = Some(shim);
-        Ok(self)
+    pub fn with_shim(mut self, taken: super::shim::Taken) -> Self {
+        self.shim = Some(ShimSet {
+            taken,
+            procs: Vec::new(),
+            retired: 0,
+        });
+        self
     }
 
     /// The most records the merge held at once.
     pub fn most_held(&self) -> usize {
         self.held.most
+    }
+
+    /// Takes in the files taken since the last look, and leaves those
+    /// done with; reaps the rings of threads that are gone.
+    fn shim_files(&mut self, clock: u64, now: bool) {
+        let Some(shim) = &mut self.shim else {
+            return;
+        };
+        while let Ok(file) = shim.taken.files.try_recv() {
+            match ProcRings::new(file) {
+                Ok(proc) => shim.procs.push(proc),
+                Err(err) => tracing::warn!(%err, "a process's preload rings could not be mapped"),
+            }
+        }
+        for proc in &mut shim.procs {
+            if !proc.broken {
+                proc.file.reap(&proc.rings, clock, now);
+            }
+        }
+        let mut retired = 0;
+        shim.procs.retain(|p| {
+            let done = p.done();
+            if done {
+                retired += p.rings.iter().map(RingConsumer::position).sum::<u64>();
+            }
+            !done
+        });
+        shim.retired += retired;
+    }
+
+    /// Reads every shim ring (without waiting for busy records); `drain`:
+    /// every bound is the look's.
+    fn read_shim(&mut self, drain: bool) -> usize {
+        let Some(shim) = &mut self.shim else {
+            return 0;
+        };
+        let mut read = 0;
+        for proc in shim.procs.iter_mut().filter(|p| !p.broken) {
+            for i in 0..proc.rings.len() {
+                // CLOCK_MONOTONIC: the clock the shim stamps records with.
+                let looked = crate::sys::monotonic_ns();
+                read += proc.read(i, &mut self.held, &shim.taken.faults);
+                if drain && !proc.broken {
+                    proc.bounds[i] = looked;
+                } else {
+                    proc.settle(i, looked);
+                }
+            }
+        }
+        read
+    }
+
+    /// The smallest bound of every ring.
+    fn limit(&self) -> u64 {
+        let bpf = self.bounds.iter().copied().min().unwrap_or(u64::MAX);
+        let shim = self.shim.as_ref().map_or(u64::MAX, |s| {
+            s.procs
+                .iter()
+                .flat_map(|p| p.bounds.iter().copied())
+                .min()
+                .unwrap_or(u64::MAX)
+        });
+        bpf.min(shim)
     }
 }
 
@@ -147,16 +359,10 @@ impl Consume for Merged {
     fn poll(&mut self, mut f: impl FnMut(&[u8])) -> usize {
         let mut read = 0;
         // CLOCK_MONOTONIC: the clock BPF stamps records with. A reading
-        // before each BPF ring's look; the first serves the reaping too,
-        // and one serves every shim ring (taken before each's look).
-        let mut looked = crate::sys::monotonic_ns();
-        if let Some(shim) = &mut self.shim {
-            shim.reap(&self.rings[self.bpf..], looked, false);
-        }
-        for (i, (ring, bound)) in self.rings.iter_mut().zip(&mut self.bounds).enumerate() {
-            if i > 0 && i <= self.bpf {
-                looked = crate::sys::monotonic_ns();
-            }
+        // before each BPF ring's look.
+        self.shim_files(crate::sys::monotonic_ns(), false);
+        for (ring, bound) in self.rings.iter_mut().zip(&mut self.bounds) {
+            let looked = crate::sys::monotonic_ns();
             let prod = ring.producer_pos();
             let held = &mut self.held;
             read += ring.poll_to(prod, |rec| held.hold(rec));
@@ -164,45 +370,56 @@ impl Consume for Merged {
                 *bound = looked;
             }
         }
-        let limit = self.bounds.iter().copied().min().unwrap_or(0);
+        read += self.read_shim(false);
+        let limit = self.limit();
         self.held.release(limit, &mut f);
         read
     }
 
     /// Drains every ring to the producer position it has now (waiting for
-    /// records still being written), then hands on every record held.
+    /// records still being written, but not for the shim's), then hands on
+    /// every record held.
     fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
         let mut read = 0;
-        if let Some(shim) = &mut self.shim {
-            shim.reap(&self.rings[self.bpf..], crate::sys::monotonic_ns(), true);
-        }
-        for (i, (ring, bound)) in self.rings.iter_mut().zip(&mut self.bounds).enumerate() {
+        self.shim_files(crate::sys::monotonic_ns(), true);
+        for (ring, bound) in self.rings.iter_mut().zip(&mut self.bounds) {
             // CLOCK_MONOTONIC: the clock BPF stamps records with.
             let looked = crate::sys::monotonic_ns();
             let target = ring.producer_pos();
             let held = &mut self.held;
-            if i < self.bpf {
-                read += ring.drain_to(target, |rec| held.hold(rec));
-            } else {
-                read += ring.poll_to(target, |rec| held.hold(rec));
-            }
+            read += ring.drain_to(target, |rec| held.hold(rec));
             *bound = looked;
         }
+        read += self.read_shim(true);
         self.held.release(u64::MAX, &mut f);
         read
     }
 
     fn position(&self) -> u64 {
-        self.rings.iter().map(RingConsumer::position).sum()
+        let shim: u64 = self.shim.as_ref().map_or(0, |s| {
+            s.retired
+                + s.procs
+                    .iter()
+                    .flat_map(|p| p.rings.iter().map(RingConsumer::position))
+                    .sum::<u64>()
+        });
+        self.rings.iter().map(RingConsumer::position).sum::<u64>() + shim
     }
 
     fn size(&self) -> usize {
-        self.rings[..self.bpf].iter().map(RingConsumer::size).sum()
+        self.rings.iter().map(RingConsumer::size).sum()
     }
 
     fn pending(&self) -> u64 {
+        let shim: u64 = self.shim.as_ref().map_or(0, |s| {
+            s.procs
+                .iter()
+                .filter(|p| !p.broken)
+                .flat_map(|p| p.rings.iter().map(RingConsumer::pending))
+                .sum()
+        });
         let unread: u64 = self.rings.iter().map(RingConsumer::pending).sum();
-        unread + self.held.order.len() as u64
+        unread + shim + self.held.order.len() as u64
     }
 
     fn unwoken_latency(&self) -> Option<std::time::Duration> {
@@ -210,7 +427,7 @@ impl Consume for Merged {
     }
 
     fn high_water(&self) -> u64 {
-        self.rings[..self.bpf]
+        self.rings
             .iter()
             .map(RingConsumer::high_water)
             .max()

@@ -355,6 +355,15 @@ impl RingConsumer {
         self.producer_pos().wrapping_sub(self.pos)
     }
 
+    /// Whether the record at the read position has a header no producer
+    /// writes (a length longer than the ring): reading stopped there.
+    pub fn stopped_at_invalid(&self) -> bool {
+        self.invalid
+            || (self.pos < self.producer_pos()
+                && Header::decode(self.header(self.pos).load(Ordering::Acquire), self.size())
+                    == Header::Invalid)
+    }
+
     fn header(&self, pos: u64) -> &AtomicU32 {
         let off = self.page + (pos & self.mask) as usize;
         // SAFETY: `off` is 8-aligned (records are 8-byte padded and the data

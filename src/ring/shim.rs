@@ -1,14 +1,28 @@
 //! The preload shim's rings (`memtrail run --preload`, issue 22): where the
 //! shim's threads write their records themselves, without a kernel entry.
 //!
-//! One memfd of memtrail's, named to the command in `MEMTRAIL_SHM` as
-//! `/proc/<memtrail>/fd/<n>` (as the shim itself is in `LD_PRELOAD`):
-//! - page 0, the control page: [`MAGIC`], the layout, the walk's settings,
-//!   memtrail's PID namespace, then one claim word per ring at byte 64 (`tgid << 32 | tid` of the
-//!   thread that writes it, 0 while it is free), and at byte 2048 the
-//!   CPython layouts the shim walks Python frames with: one per version
-//!   ([`PythonLayouts`]), then those of interpreter images memtrail found
-//!   ([`ImageLayouts`]);
+//! Each process has a ring file of its own (issue 40): a memfd the shim
+//! makes in that process and names through its hook (`MT_SHIM_RINGS`),
+//! whose record BPF stamps with the kernel's ids of the process that
+//! called it. memtrail takes the file from that process alone
+//! ([`Offer::adopt`]: `pidfd_getfd`), sizes and seals it, fills its
+//! control page, and reads every record of it as that process's: a record
+//! that names another process, a producer more than a ring ahead, a
+//! length no producer writes or a stamp not yet reached is the ring's
+//! corruption ([`RingFault`]), and the file is read no further. No other
+//! process maps the file (the shim's mapping is `MADV_DONTFORK`, its
+//! descriptor closed once memtrail took it), so a process can make
+//! memtrail believe things only of itself, and memtrail reads memory only
+//! of the process whose file it is, for that file's own stacks.
+//!
+//! A file's layout:
+//! - page 0, the control page: [`MAGIC`] (written last), the layout, the
+//!   walk's settings, memtrail's PID namespace, the handshake word (the
+//!   shim's `RING_ADOPTED`/`RING_ABANDONED`), then one claim word per ring
+//!   at byte 64 (`tgid << 32 | tid` of the thread that writes it, 0 while
+//!   it is free), and at byte 2048 the CPython layouts the shim walks
+//!   Python frames with: one per version ([`PythonLayouts`]), then those of
+//!   interpreter images memtrail found ([`ImageLayouts`]);
 //! - then each ring in `ring_pages` pages: a consumer page (memtrail's
 //!   `consumer_pos`), a producer page (the shim's `producer_pos`), the data
 //!   area, and the table of stack ids the ring has carried (the shim's).
@@ -24,8 +38,7 @@
 //! their unfinished record discarded. The shim's side is in
 //! `preload/memtrail_preload.c` ("The ring path").
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use memmap2::{MmapMut, MmapOptions};
@@ -35,7 +48,16 @@ use super::{BUSY_BIT, DISCARD_BIT, HEADER_LEN, RingConsumer, RingError};
 /// "MTRLSHM1", the control page's first word.
 pub const MAGIC: u64 = 0x314d_4853_4c54_524d;
 /// The layout's version, checked by the shim.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
+/// The handshake word: the shim's `RING_ADOPTED` (memtrail took the file)
+/// or `RING_ABANDONED` (the process stopped waiting first).
+const STATE_AT: usize = 48;
+const ADOPTED: u32 = 1;
+/// The name the shim gives its memfd (`/memfd:NAME` in /proc).
+const MEMFD_NAME: &str = "memtrail_rings";
+/// The record kinds whose bodies name their process again.
+pub(super) const KIND_STACK: u32 = crate::bpf::skel::memtrail::types::mt_kind::MT_SHIM_STACK.0;
+pub(super) const KIND_PY_CODE: u32 = crate::bpf::skel::memtrail::types::mt_kind::MT_SHIM_PY_CODE.0;
 /// memtrail walks Python frames: a Python process walks them itself with
 /// its version's layout, or keeps the hook path without one.
 const FLAG_PYTHON: u32 = 1;
@@ -59,8 +81,8 @@ const _: () = assert!(IMAGE_LAYOUTS_AT + IMAGE_LAYOUT * IMAGE_LAYOUTS <= PAGE);
 /// How the rings are made.
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {
-    /// Rings: threads that write at the same time on the ring path (one
-    /// more takes the hook path until a ring is free).
+    /// Rings of each process: its threads that write at the same time on
+    /// the ring path (one more takes the hook path until a ring is free).
     pub rings: u32,
     /// Each ring's data bytes (a power of two, at least a page).
     pub data_size: u32,
@@ -84,7 +106,7 @@ pub type PythonLayouts = [[u8; LAYOUT]; LAYOUTS];
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            rings: 64,
+            rings: 16,
             data_size: 1 << 20,
             dedup_slots: 8192,
             stack_depth: 0,
@@ -120,9 +142,12 @@ impl Settings {
     }
 }
 
-/// The file and memtrail's read-write mapping of it (claims, and the
-/// headers of records their writers left unfinished).
+/// One process's ring file and memtrail's read-write mapping of it
+/// (claims, and the headers of records their writers left unfinished).
 pub struct ShimRings {
+    /// The process whose file it is (the kernel's word: see the module's
+    /// docs).
+    owner: u32,
     file: OwnedFd,
     map: MmapMut,
     settings: Settings,
@@ -133,12 +158,30 @@ pub struct ShimRings {
 /// The rings could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ShimRingsError {
-    #[error("making the preload shim's rings")]
-    Make(#[source] crate::sys::SysError),
+    #[error("taking the ring file of process {pid}")]
+    Take {
+        pid: u32,
+        #[source]
+        source: crate::sys::SysError,
+    },
+    #[error("process {0} stopped waiting for memtrail to take its ring file")]
+    Abandoned(u32),
     #[error("mapping the preload shim's rings")]
     Map(#[source] std::io::Error),
     #[error(transparent)]
     Ring(#[from] RingError),
+}
+
+/// What was wrong with a process's ring file: it was read no further, and
+/// that process's counts are incomplete.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RingFault {
+    /// The process whose file it is.
+    pub pid: u32,
+    /// The ring, and the position in it where reading stopped.
+    pub ring: u32,
+    pub offset: u64,
+    pub what: &'static str,
 }
 
 /// The longest the poller of these rings sleeps: the shim's writers do not
@@ -149,17 +192,106 @@ pub const UNWOKEN_LATENCY: std::time::Duration = std::time::Duration::from_milli
 /// How often the rings of threads that are gone are looked for.
 const REAP_EVERY_NS: u64 = 100_000_000;
 
-impl ShimRings {
-    /// The rings of `settings`; with `settings.python`, the shim walks the
+/// The ring files of a capture's processes: what each gets when memtrail
+/// takes it, and where they go (the events poller's [`super::merge::Merged`]).
+pub struct Offer {
+    settings: Settings,
+    python: PythonLayouts,
+    images: std::sync::Arc<ImageLayouts>,
+    to_merge: std::sync::mpsc::Sender<ShimRings>,
+    faults: std::sync::Arc<Faults>,
+}
+
+/// The ring faults of a capture, as the merge finds them.
+#[derive(Default)]
+pub struct Faults(std::sync::Mutex<Vec<RingFault>>);
+
+impl Faults {
+    /// Notes `fault` (logged once per process).
+    pub fn add(&self, fault: RingFault) {
+        tracing::warn!(
+            pid = fault.pid,
+            ring = fault.ring,
+            offset = fault.offset,
+            "process {} corrupted its preload ring ({}): its counts are incomplete",
+            fault.pid,
+            fault.what
+        );
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(fault);
+    }
+
+    /// The faults so far.
+    pub fn list(&self) -> Vec<RingFault> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// The other end of an [`Offer`]: the ring files taken, for the merge.
+pub struct Taken {
+    pub(super) files: std::sync::mpsc::Receiver<ShimRings>,
+    pub(super) faults: std::sync::Arc<Faults>,
+}
+
+impl Offer {
+    /// The files of `settings`; with `settings.python`, the shim walks the
     /// Python frames of the versions `python` has the layout of.
-    pub fn new(settings: Settings, python: &PythonLayouts) -> Result<Self, ShimRingsError> {
+    pub fn new(settings: Settings, python: &PythonLayouts) -> (Self, Taken) {
         assert!(settings.data_size.is_power_of_two() && settings.data_size as usize >= PAGE);
         assert!(settings.dedup_slots.is_power_of_two());
         assert!(CLAIMS_AT + 8 * settings.rings as usize <= LAYOUTS_AT);
-        let file = crate::sys::sized_memfd("memtrail_rings", settings.file_len())
-            .map_err(ShimRingsError::Make)?;
-        // SAFETY: memtrail's own memfd, shared with the shim, whose writes
-        // memtrail reads only through atomics or after their commit.
+        let (to_merge, files) = std::sync::mpsc::channel();
+        let faults = std::sync::Arc::default();
+        let offer = Self {
+            settings,
+            python: *python,
+            images: std::sync::Arc::default(),
+            to_merge,
+            faults: std::sync::Arc::clone(&faults),
+        };
+        (offer, Taken { files, faults })
+    }
+
+    /// Where memtrail gives the shim the layouts of the interpreter images
+    /// it finds (their version has no layout of its own here).
+    pub fn image_layouts(&self) -> std::sync::Arc<ImageLayouts> {
+        std::sync::Arc::clone(&self.images)
+    }
+
+    /// The ring faults found so far.
+    pub fn faults(&self) -> Vec<RingFault> {
+        self.faults.list()
+    }
+
+    /// Takes the ring file process `pid` named (its descriptor `fd` in that
+    /// process: an `MT_SHIM_RINGS` record, whose ids are the kernel's) and
+    /// hands it to the merge; the process then writes to it.
+    pub fn adopt(&self, pid: u32, fd: u64) -> Result<(), ShimRingsError> {
+        let take = |source| ShimRingsError::Take { pid, source };
+        let file =
+            crate::sys::take_memfd(pid, fd, MEMFD_NAME, self.settings.file_len()).map_err(take)?;
+        let rings = ShimRings::fill(pid, file, self.settings, &self.python, &self.images)?;
+        // The merge takes it in at its next look, before the process can
+        // write (it waits for the magic, written last).
+        rings.publish();
+        // A closed receiver: the capture is ending.
+        let _ = self.to_merge.send(rings);
+        Ok(())
+    }
+}
+
+impl ShimRings {
+    /// Fills process `owner`'s file (sized and sealed) and maps it; the
+    /// handshake word taken, the magic not yet written.
+    fn fill(
+        owner: u32,
+        file: OwnedFd,
+        settings: Settings,
+        python: &PythonLayouts,
+        images: &ImageLayouts,
+    ) -> Result<Self, ShimRingsError> {
+        // SAFETY: a memfd sealed against shrinking (take_memfd), shared
+        // with its process, whose writes memtrail reads only through
+        // atomics or after their commit.
         let mut map = unsafe { MmapOptions::new().map_mut(&file) }.map_err(ShimRingsError::Map)?;
         if let Err(err) = map.advise(memmap2::Advice::DontFork) {
             tracing::debug!(%err, "shim rings: MADV_DONTFORK not set");
@@ -185,27 +317,55 @@ impl ShimRings {
             m.ino()
         });
         map[40..48].copy_from_slice(&pidns.to_ne_bytes());
+        map[CLAIMS_AT..LAYOUTS_AT].fill(0);
         if settings.python {
             map[LAYOUTS_AT..LAYOUTS_AT + LAYOUT * LAYOUTS].copy_from_slice(python.as_flattened());
         }
-        // Last: the shim checks the magic first.
-        map[..8].copy_from_slice(&MAGIC.to_ne_bytes());
-        Ok(Self {
+        images.write(&mut map[IMAGE_LAYOUTS_AT..PAGE]);
+        let rings = Self {
+            owner,
             file,
             map,
             settings,
             reaped_at: 0,
-        })
+        };
+        // The process may have stopped waiting: it keeps the hook path.
+        rings
+            .word(STATE_AT)
+            .compare_exchange(0, ADOPTED, Ordering::AcqRel, Ordering::Acquire)
+            .map_err(|_| ShimRingsError::Abandoned(owner))?;
+        Ok(rings)
     }
 
-    /// `MEMTRAIL_SHM` for the command: the file, through memtrail's
-    /// descriptor table.
-    pub fn path(&self) -> PathBuf {
-        PathBuf::from(format!(
-            "/proc/{}/fd/{}",
-            std::process::id(),
-            self.file.as_raw_fd()
-        ))
+    /// Lets the process write: the magic, last (the shim waits for it).
+    fn publish(&self) {
+        // SAFETY: 8-aligned, inside the control page, which lives as long
+        // as `self`. Release: the control page's words before it are seen
+        // by the shim's acquiring load of the magic.
+        unsafe { &*self.map.as_ptr().cast::<AtomicU64>() }.store(MAGIC, Ordering::Release);
+    }
+
+    fn word(&self, at: usize) -> &AtomicU32 {
+        assert!(at % 4 == 0 && at + 4 <= PAGE);
+        // SAFETY: 4-aligned, inside the control page, which lives as long
+        // as `self`; the shim updates it atomically.
+        unsafe { &*self.map.as_ptr().add(at).cast::<AtomicU32>() }
+    }
+
+    /// The process whose file it is.
+    pub fn owner(&self) -> u32 {
+        self.owner
+    }
+
+    /// Whether that process is gone (a zombie, or reaped): nothing writes
+    /// to the file any more.
+    pub fn owner_gone(&self) -> bool {
+        !thread_alive(self.owner, self.owner)
+    }
+
+    /// The data bytes of each ring.
+    pub fn data_size(&self) -> u64 {
+        u64::from(self.settings.data_size)
     }
 
     /// A consumer for each ring.
@@ -219,18 +379,6 @@ impl ShimRings {
                 )
             })
             .collect()
-    }
-
-    /// Where memtrail gives the shim the layouts of the interpreter images
-    /// it finds (their version has no layout of its own here).
-    pub fn image_layouts(&self) -> Result<std::sync::Arc<ImageLayouts>, ShimRingsError> {
-        // SAFETY: the control page of memtrail's own memfd; the shim reads
-        // a layout only once its version word is set, written last.
-        let map = unsafe { MmapOptions::new().len(PAGE).map_mut(&self.file) }
-            .map_err(ShimRingsError::Map)?;
-        Ok(std::sync::Arc::new(ImageLayouts {
-            map: std::sync::Mutex::new(map),
-        }))
     }
 
     fn claim(&self, i: usize) -> &AtomicU64 {
@@ -299,45 +447,46 @@ impl ShimRings {
     }
 }
 
-/// The layouts of interpreter images in the control page: a process whose
-/// interpreter is one of them walks its Python frames itself (3.13+, whose
-/// layout memtrail reads from the image).
+/// The layouts of interpreter images, for the control pages of the files
+/// taken after they were found: a process whose interpreter is one of
+/// them walks its Python frames itself (3.13+, whose layout memtrail reads
+/// from the image).
+#[derive(Default)]
 pub struct ImageLayouts {
-    /// The control page, mapped again: written once per image.
-    map: std::sync::Mutex<MmapMut>,
+    /// Each image's key (`crate::sys::image_key`) and layout, in the order
+    /// found, at most [`IMAGE_LAYOUTS`].
+    found: std::sync::Mutex<Vec<([u8; 16], [u8; LAYOUT])>>,
 }
 
 impl ImageLayouts {
-    /// Gives the shim image `(dev, ino)`'s layout (as
-    /// [`PythonLayouts`]' are), unless it has it or no slot is free.
+    /// Gives the shim image `(dev, ino)`'s layout (as [`PythonLayouts`]'
+    /// are), unless it has it or no slot is free.
     pub fn publish(&self, (dev, ino): (u64, u64), layout: &[u8; LAYOUT]) {
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut found = self.found.lock().unwrap_or_else(|e| e.into_inner());
         let key = crate::sys::image_key((dev, ino));
-        for i in 0..IMAGE_LAYOUTS {
-            let at = IMAGE_LAYOUTS_AT + IMAGE_LAYOUT * i;
-            let version = at + 16;
-            // SAFETY: 4-aligned, inside the mapped control page.
-            let set = unsafe { AtomicU32::from_ptr(map[version..].as_mut_ptr().cast()) };
-            if set.load(Ordering::Acquire) != 0 {
-                if map[at..at + 16] == key {
-                    return;
-                }
-                continue;
-            }
-            map[at..at + 16].copy_from_slice(&key);
-            map[version + 4..version + LAYOUT].copy_from_slice(&layout[4..]);
-            // Last: the shim reads a slot whose version is set.
-            let minor = u32::from_ne_bytes(layout[..4].try_into().expect("4 bytes"));
-            // SAFETY: as above.
-            let set = unsafe { AtomicU32::from_ptr(map[version..].as_mut_ptr().cast()) };
-            set.store(minor, Ordering::Release);
+        if found.iter().any(|(k, _)| *k == key) {
             return;
         }
-        tracing::debug!(
-            dev,
-            ino,
-            "preload shim: no slot left for an interpreter's layout"
-        );
+        if found.len() == IMAGE_LAYOUTS {
+            tracing::debug!(
+                dev,
+                ino,
+                "preload shim: no slot left for an interpreter's layout"
+            );
+            return;
+        }
+        found.push((key, *layout));
+    }
+
+    /// Writes the layouts into a control page's image slots (`struct
+    /// ring_py_image`: the key, then the layout; its version word set).
+    fn write(&self, slots: &mut [u8]) {
+        let found = self.found.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, (key, layout)) in found.iter().enumerate() {
+            let at = IMAGE_LAYOUT * i;
+            slots[at..at + 16].copy_from_slice(key);
+            slots[at + 16..at + 16 + LAYOUT].copy_from_slice(layout);
+        }
     }
 }
 
@@ -357,6 +506,26 @@ fn thread_alive(tgid: u32, tid: u32) -> bool {
 mod tests {
     use super::*;
 
+    /// A ring file as the shim makes it (a page, unsealed), in this
+    /// process, taken through an offer of `settings`.
+    fn taken(settings: Settings, images: &[((u64, u64), [u8; LAYOUT])]) -> ShimRings {
+        use std::os::fd::AsRawFd;
+        let fd = rustix::fs::memfd_create(
+            MEMFD_NAME,
+            rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+        )
+        .expect("memfd");
+        rustix::fs::ftruncate(&fd, PAGE as u64).expect("ftruncate");
+        let (offer, taken) = Offer::new(settings, &[[7; LAYOUT]; LAYOUTS]);
+        for (image, layout) in images {
+            offer.image_layouts().publish(*image, layout);
+        }
+        offer
+            .adopt(std::process::id(), fd.as_raw_fd() as u64)
+            .expect("taken");
+        taken.files.try_recv().expect("handed to the merge")
+    }
+
     /// Check the control page the shim reads (preload/memtrail_preload.c,
     /// struct ring_control) and that each ring reads as a BPF ring.
     #[test]
@@ -369,7 +538,7 @@ mod tests {
             python: true,
             stack_cache: true,
         };
-        let rings = ShimRings::new(settings, &[[7; LAYOUT]; LAYOUTS]).expect("rings");
+        let rings = taken(settings, &[]);
         let word = |at: usize| u32::from_ne_bytes(rings.map[at..at + 4].try_into().unwrap());
         assert_eq!(rings.map[..8], MAGIC.to_ne_bytes());
         assert_eq!(
@@ -377,11 +546,12 @@ mod tests {
             (VERSION, 3, 8192, 1024, 64, FLAG_PYTHON)
         );
         assert_eq!(word(36), 2 + 2 + 2);
+        assert_eq!(word(STATE_AT), ADOPTED);
         let uncached = Settings {
             stack_cache: false,
             ..settings
         };
-        let other = ShimRings::new(uncached, &[[7; LAYOUT]; LAYOUTS]).expect("rings");
+        let other = taken(uncached, &[]);
         let flags = u32::from_ne_bytes(other.map[28..32].try_into().unwrap());
         assert_eq!(flags, FLAG_PYTHON | FLAG_NO_STACK_CACHE);
         // The claims end before the Python layouts the shim reads.
@@ -389,9 +559,41 @@ mod tests {
         let layouts = &rings.map[LAYOUTS_AT..LAYOUTS_AT + LAYOUT * LAYOUTS];
         assert!(layouts.iter().all(|&b| b == 7));
         assert_eq!(rings.map.len() as u64, settings.file_len());
+        assert_eq!(rings.owner(), std::process::id());
+        assert!(!rings.owner_gone());
         let consumers = rings.consumers().expect("consumers");
         assert_eq!(consumers.len(), 3);
         assert!(consumers.iter().all(|c| c.producer_pos() == 0));
+    }
+
+    /// Check that a file that is not an unsealed memfd of the shim's name,
+    /// or one its process gave up on, is not taken (issue 40).
+    #[test]
+    fn only_fresh_ring_memfds_are_taken() {
+        use std::os::fd::AsRawFd;
+        let (offer, taken) = Offer::new(Settings::default(), &[[0; LAYOUT]; LAYOUTS]);
+        let me = std::process::id();
+        let file = std::fs::File::open("/proc/self/exe").expect("exe");
+        assert!(offer.adopt(me, file.as_raw_fd() as u64).is_err());
+        let other = crate::sys::sized_memfd(MEMFD_NAME, PAGE as u64).expect("memfd");
+        assert!(offer.adopt(me, other.as_raw_fd() as u64).is_err(), "sealed");
+        let named = rustix::fs::memfd_create("other", rustix::fs::MemfdFlags::ALLOW_SEALING)
+            .expect("memfd");
+        assert!(
+            offer.adopt(me, named.as_raw_fd() as u64).is_err(),
+            "another name"
+        );
+        let gave_up = rustix::fs::memfd_create(MEMFD_NAME, rustix::fs::MemfdFlags::ALLOW_SEALING)
+            .expect("memfd");
+        rustix::fs::ftruncate(&gave_up, PAGE as u64).expect("ftruncate");
+        let state = 2u32.to_ne_bytes();
+        rustix::io::pwrite(&gave_up, &state, STATE_AT as u64).expect("pwrite");
+        assert!(matches!(
+            offer.adopt(me, gave_up.as_raw_fd() as u64),
+            Err(ShimRingsError::Abandoned(_))
+        ));
+        assert!(offer.adopt(me, 1 << 40).is_err());
+        assert!(taken.files.try_recv().is_err());
     }
 
     /// Check that an interpreter image's layout lands where the shim reads
@@ -399,13 +601,12 @@ mod tests {
     /// version word set), once per image.
     #[test]
     fn image_layouts_published_once() {
-        let rings = ShimRings::new(Settings::default(), &[[0; LAYOUT]; LAYOUTS]).expect("rings");
-        let layouts = rings.image_layouts().expect("layouts");
         let mut layout = [9u8; LAYOUT];
         layout[..4].copy_from_slice(&13u32.to_ne_bytes());
-        layouts.publish((5, 77), &layout);
-        layouts.publish((5, 77), &layout);
-        layouts.publish((5, 78), &layout);
+        let rings = taken(
+            Settings::default(),
+            &[((5, 77), layout), ((5, 77), layout), ((5, 78), layout)],
+        );
         let at = |i: usize| IMAGE_LAYOUTS_AT + IMAGE_LAYOUT * i;
         let word = |at: usize| u64::from_ne_bytes(rings.map[at..at + 8].try_into().unwrap());
         assert_eq!((word(at(0)), word(at(0) + 8)), (5, 77));

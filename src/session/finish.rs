@@ -58,10 +58,32 @@ struct Parts<'a> {
     skipped_images: Vec<SkippedImage>,
     /// The processes that loaded the preload shim.
     preloaded: std::collections::BTreeSet<u32>,
+    /// The first fault of each process whose preload ring file was corrupt.
+    ring_faults: std::collections::BTreeMap<u32, crate::profile::RingFaultEntry>,
     stacks: Vec<StackEntry>,
     pressure: PressureStats,
     unwind: UnwindReport,
     regions: Vec<crate::profile::regions::RegionEntry>,
+}
+
+/// The first ring fault of each process (see [`crate::ring::shim::Offer`]).
+fn ring_faults(
+    offer: Option<&crate::ring::shim::Offer>,
+) -> std::collections::BTreeMap<u32, crate::profile::RingFaultEntry> {
+    let mut first = std::collections::BTreeMap::new();
+    for fault in offer
+        .map(crate::ring::shim::Offer::faults)
+        .unwrap_or_default()
+    {
+        first
+            .entry(fault.pid)
+            .or_insert_with(|| crate::profile::RingFaultEntry {
+                what: fault.what.to_owned(),
+                ring: fault.ring,
+                offset: fault.offset,
+            });
+    }
+    first
 }
 
 /// Builds the profile document: the one place it is assembled. Times become
@@ -97,6 +119,7 @@ fn assemble(parts: Parts<'_>) -> Profile {
                 mappings: p.maps,
                 resident: p.resident,
                 preloaded: parts.preloaded.contains(&p.pid),
+                ring_fault: parts.ring_faults.get(&p.pid).cloned(),
             })
             .collect(),
         lost_events: parts.lost,
@@ -162,8 +185,10 @@ impl Session {
             stream_error,
             markers,
             shim_stacks,
+            shim,
             ..
         } = events;
+        let ring_faults = ring_faults(shim.as_ref());
         stacks.stacks.extend(shim_stacks.stacks);
         stacks.malformed += shim_stacks.malformed;
         agg.finish(end_ns);
@@ -201,6 +226,7 @@ impl Session {
             event_rings: self.event_ring_maps.len() as u32,
             skipped_images,
             preloaded: std::mem::take(&mut attacher.preloaded),
+            ring_faults,
             unwind: crate::unwind::report(self.unwind, images_seen.0, images_seen.1, &stacks),
             stacks,
             pressure,

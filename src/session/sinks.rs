@@ -32,6 +32,9 @@ pub struct EventSink {
     /// with the events (issue 22); joined to the stack pipeline's at the
     /// end.
     pub shim_stacks: StackSink,
+    /// The preload shim's ring path: the processes' ring files are taken
+    /// as their MT_SHIM_RINGS records come (issue 40).
+    pub shim: Option<crate::ring::shim::Offer>,
 }
 
 impl EventSink {
@@ -45,12 +48,17 @@ impl EventSink {
             markers: Markers::default(),
             live: None,
             shim_stacks: StackSink::default(),
+            shim: None,
         }
     }
 }
 
 impl Sink for EventSink {
     fn record(&mut self, bytes: &[u8]) {
+        if let Some((pid, fd)) = record::decode_shim_rings(bytes) {
+            self.take_rings(pid, fd);
+            return;
+        }
         if let Some(stack) = record::decode_shim_stack(bytes) {
             match stack {
                 Ok(rec) => self.shim_stacks.insert(&rec),
@@ -101,6 +109,18 @@ impl Sink for EventSink {
 }
 
 impl EventSink {
+    /// Takes the ring file process `pid` named (its descriptor `fd`); a
+    /// process whose file is not taken keeps the hook path.
+    fn take_rings(&mut self, pid: u32, fd: u64) {
+        let Some(offer) = &self.shim else {
+            return;
+        };
+        match offer.adopt(pid, fd) {
+            Ok(()) => tracing::debug!(pid, "preload rings taken"),
+            Err(err) => tracing::debug!(pid, %err, "preload rings not taken"),
+        }
+    }
+
     /// Folds one event into the aggregation, the regions, the live
     /// counters and the stream.
     fn fold(&mut self, mut rec: record::Record<'_>) {

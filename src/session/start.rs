@@ -44,9 +44,11 @@ struct Plan {
     per_process: bool,
     /// The preload shim is given to the command (`--preload`).
     preload: bool,
-    /// ... with its rings (the ring path, with the default `--unwind`),
-    /// taken by the events pipeline when it starts.
-    rings_file: Option<crate::ring::shim::ShimRings>,
+    /// ... with its rings (the ring path, with the default `--unwind`):
+    /// the offer the events sink takes files with, and the files taken,
+    /// for the events pipeline when it starts.
+    rings_file: Option<crate::ring::shim::Offer>,
+    rings_taken: Option<crate::ring::shim::Taken>,
     spec: Option<CommandSpec>,
     is_self: bool,
     /// The running process tracked (the session's own, or a pid).
@@ -85,9 +87,9 @@ impl Plan {
             Target::Command(argv) => Some(CommandSpec::new(argv.clone())?),
             _ => None,
         };
-        let rings_file = shim_rings(opts)?;
-        if let (Some(spec), Some(rings)) = (spec.as_mut(), &rings_file) {
-            spec.rings_file = Some(rings.path());
+        let (rings_file, rings_taken) = shim_rings(opts).unzip();
+        if let (Some(spec), Some(_)) = (spec.as_mut(), &rings_file) {
+            spec.rings_offer = Some(std::process::id());
         }
         let cpus = libbpf_rs::num_possible_cpus().map_or(1, |n| n as u64);
         let rings = opts.event_rings.layout(opts.ring_size, cpus as usize);
@@ -122,6 +124,7 @@ impl Plan {
             per_process,
             preload: opts.preload,
             rings_file,
+            rings_taken,
             is_self: *target == Target::SelfProcess,
             running: match target {
                 Target::SelfProcess => Some(std::process::id()),
@@ -336,7 +339,7 @@ impl MappingRings {
     fn finish(
         self,
         per_cpu: bool,
-        shim: Option<crate::ring::shim::ShimRings>,
+        shim: Option<crate::ring::shim::Taken>,
     ) -> Result<(RingConsumer, EventsRing), CaptureError> {
         let mut mapped = match self.thread.join().flatten() {
             Some(mapped) => mapped?,
@@ -347,13 +350,7 @@ impl MappingRings {
             unreachable!("the stack ring is mapped");
         };
         let events = if let Some(shim) = shim {
-            let merged = Merged::new(mapped.collect())
-                .with_shim(shim)
-                .map_err(|err| CaptureError::Io {
-                    what: "mapping the preload shim's rings",
-                    source: std::io::Error::other(err),
-                })?;
-            EventsRing::PerCpu(merged)
+            EventsRing::PerCpu(Merged::new(mapped.collect()).with_shim(shim))
         } else if per_cpu {
             EventsRing::PerCpu(Merged::new(mapped.collect()))
         } else {
@@ -401,14 +398,16 @@ fn dup(fd: BorrowedFd<'_>) -> Result<OwnedFd, CaptureError> {
 
 /// The preload shim's rings (its ring path), with `--preload` and the
 /// default `--unwind` (the shim's unwinder walks as `auto` does).
-fn shim_rings(opts: &SessionOptions) -> Result<Option<crate::ring::shim::ShimRings>, CaptureError> {
+fn shim_rings(
+    opts: &SessionOptions,
+) -> Option<(crate::ring::shim::Offer, crate::ring::shim::Taken)> {
     if !opts.preload
         || opts.unwind != crate::profile::unwind::Mode::Auto
         || opts.faults.shim_hook_only
     {
-        return Ok(None);
+        return None;
     }
-    crate::ring::shim::ShimRings::new(
+    Some(crate::ring::shim::Offer::new(
         crate::ring::shim::Settings {
             stack_depth: opts.stack_depth,
             // The shim walks the Python frames of the versions it has a
@@ -418,12 +417,7 @@ fn shim_rings(opts: &SessionOptions) -> Result<Option<crate::ring::shim::ShimRin
             ..Default::default()
         },
         &crate::python::shim_layouts(),
-    )
-    .map(Some)
-    .map_err(|err| CaptureError::Io {
-        what: "making the preload shim's rings",
-        source: std::io::Error::other(err),
-    })
+    ))
 }
 
 /// Writes the preload shim into its memfd: named in the command's
@@ -461,6 +455,7 @@ fn event_sink(
     running: Option<u32>,
     control: &Arc<Control>,
     stream: Option<EventWriter>,
+    shim: Option<crate::ring::shim::Offer>,
 ) -> EventSink {
     let mut agg = if opts.timeline {
         Aggregator::new()
@@ -475,6 +470,7 @@ fn event_sink(
     let mut sink = EventSink::new(agg, stream);
     sink.regions = Some(Regions::new(control.clone()));
     sink.live = opts.live.clone().map(|live| (live, 0));
+    sink.shim = shim;
     sink
 }
 
@@ -684,12 +680,7 @@ impl Session {
         let prepared = preparing.finish(plan.with_tables, plan.probe_new)?;
         phases.done("up-front images prepared");
         let shim_layouts = match &plan.rings_file {
-            Some(rings) if opts.python_frames => {
-                Some(rings.image_layouts().map_err(|err| CaptureError::Io {
-                    what: "mapping the preload shim's control page",
-                    source: std::io::Error::other(err),
-                })?)
-            }
+            Some(offer) if opts.python_frames => Some(offer.image_layouts()),
             _ => None,
         };
         let mut installed = Install::new(
@@ -719,7 +710,7 @@ impl Session {
         let mut threads = Threads::new(stops.clone())?;
         let control = Arc::new(Control::default());
         let (stacks_ring, events_ring) =
-            mapping_rings.finish(plan.rings.per_cpu.is_some(), plan.rings_file.take())?;
+            mapping_rings.finish(plan.rings.per_cpu.is_some(), plan.rings_taken.take())?;
         let sites = std::mem::take(&mut installed.sites);
         let skipped_images = std::mem::take(&mut installed.skipped);
         let (worker, first_probes) = attach_worker(installed, &loaded, stops, &plan, &target)?;
@@ -728,7 +719,7 @@ impl Session {
             mappings.scan_proc(pid);
         }
         let sinks = Sinks {
-            events: event_sink(opts, plan.running, &control, stream),
+            events: event_sink(opts, plan.running, &control, stream, plan.rings_file.take()),
             mappings,
             attach: worker,
         };

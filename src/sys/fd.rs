@@ -2,7 +2,7 @@
 //! all through rustix. EINTR retries (or counts as a wakeup where a caller
 //! waits in a loop anyway).
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::{SysError, SysResult};
 
@@ -377,6 +377,50 @@ pub fn sized_memfd(name: &str, len: u64) -> SysResult<OwnedFd> {
     rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
         .map_err(SysError::rustix("fcntl(F_ADD_SEALS)"))?;
     Ok(fd)
+}
+
+/// Process `pid`'s descriptor `fd`, if it is a memfd named `name` that
+/// nothing sealed yet, made `len` bytes long and sealed against growing,
+/// shrinking and new seals: the preload shim's ring file (issue 40). The
+/// process cannot then take pages from under memtrail's mapping.
+pub fn take_memfd(pid: u32, fd: u64, name: &str, len: u64) -> SysResult<OwnedFd> {
+    use rustix::fs::SealFlags;
+    let not_ours = |call| SysError {
+        call,
+        source: std::io::Error::from(std::io::ErrorKind::InvalidData),
+    };
+    let target = i32::try_from(fd).map_err(|_| not_ours("pidfd_getfd (descriptor)"))?;
+    let pidfd = super::pidfd_open(super::Pid::new(pid))?;
+    let file =
+        rustix::process::pidfd_getfd(&pidfd, target, rustix::process::PidfdGetfdFlags::empty())
+            .map_err(SysError::rustix("pidfd_getfd"))?;
+    // Only a memfd (shmem) has seals; none may be set yet.
+    let seals =
+        rustix::fs::fcntl_get_seals(&file).map_err(SysError::rustix("fcntl(F_GET_SEALS)"))?;
+    let link =
+        std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(|source| {
+            SysError {
+                call: "readlink",
+                source,
+            }
+        })?;
+    if !seals.is_empty()
+        || !link
+            .as_os_str()
+            .as_encoded_bytes()
+            .starts_with(format!("/memfd:{name} ").as_bytes())
+    {
+        return Err(not_ours("a ring file (not an unsealed memfd of that name)"));
+    }
+    rustix::fs::ftruncate(&file, len).map_err(SysError::rustix("ftruncate"))?;
+    rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+        .map_err(SysError::rustix("fcntl(F_ADD_SEALS)"))?;
+    // The process may have changed the size before the seals.
+    let st = rustix::fs::fstat(&file).map_err(SysError::rustix("fstat"))?;
+    if st.st_size as u64 != len {
+        return Err(not_ours("a ring file (its size changed)"));
+    }
+    Ok(file)
 }
 
 /// A read-only mapping of a file's `head` bytes at `offset` and the `size`

@@ -41,7 +41,7 @@ pub use cpus::{StartupCpus, StartupPin};
 pub use fd::{
     DoubleMap, FileData, MAX_READ_IMAGE, contents, epoll_for, epoll_wait, epoll_wait_for, eventfd,
     eventfd_signal, map_file, open_regular, pipe, poll_readable, read, sealed_memfd, sized_memfd,
-    write_all,
+    take_memfd, write_all,
 };
 pub use guardian::{GUARDIAN_NAME, Guardian, GuardianCgroup, GuardianMaps};
 pub use host::{
