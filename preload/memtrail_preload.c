@@ -250,6 +250,9 @@ enum { MT_SHIM_STACK = 13 };
  * (then the magic follows), or the process gave up waiting first. */
 #define RING_ADOPTED 1
 #define RING_ABANDONED 2
+/* ... then memtrail stopped reading it: a record it could not take as the
+ * process's (src/ring/merge.rs). */
+#define RING_CLOSED 3
 #define RING_BUSY (1U << 31)
 #define RING_DISCARD (1U << 30)
 #define RING_MAX 256
@@ -372,6 +375,7 @@ struct ring_proc {
 	int tried;
 };
 static struct ring_proc *ring_proc;
+static struct ring_control *ring_ctl;
 /* The shim's own code: frames there are not the program's. libc's. */
 static uint64_t shim_lo, shim_hi, libc_lo, libc_hi;
 static int (*unw_bt)(void **, int);
@@ -788,6 +792,7 @@ static void ring_setup(void)
 	ring_size = ctl->data_size;
 	ring_dedup = ctl->dedup_slots;
 	ring_memtrail = (pid_t)ctl->memtrail_pid;
+	ring_ctl = ctl;
 	ring_pid = getpid();
 	ring_proc->pid = ring_pid;
 	__atomic_store_n(&ring_on, 1, __ATOMIC_RELEASE);
@@ -911,12 +916,13 @@ static inline struct mt_ring *ring_of(struct mt_thread *t)
 	return r;
 }
 
-/* Waits for room in a full ring; false if memtrail is gone (the ring path
- * is then off for the process). */
+/* Waits for room in a full ring; false if memtrail is gone or reads the
+ * process's file no more (the ring path is then off for the process). */
 static int ring_wait(unsigned int *spins)
 {
-	if (++*spins % 4096 == 0 && ring_memtrail > 0 && kill(ring_memtrail, 0) != 0 &&
-	    errno == ESRCH) {
+	if (++*spins % 4096 == 0 &&
+	    (__atomic_load_n(&ring_ctl->state, __ATOMIC_ACQUIRE) == RING_CLOSED ||
+	     (ring_memtrail > 0 && kill(ring_memtrail, 0) != 0 && errno == ESRCH))) {
 		__atomic_store_n(&ring_on, 0, __ATOMIC_RELEASE);
 		return 0;
 	}

@@ -404,7 +404,7 @@ pub fn decode_shim_stack(bytes: &[u8]) -> Option<Result<StackRecord<'_>, DecodeE
 }
 
 /// Frames a stack holds at most (`MT_MAX_STACK`).
-const MAX_FRAMES: usize = 128;
+pub const MAX_FRAMES: usize = 128;
 
 /// A Python code object's record (`struct mt_py_code_record`), if the
 /// stack ring's record `bytes` is one (its first word is 0, never a stack's

@@ -66,6 +66,8 @@ struct ProcRings {
     busy_since: Vec<u64>,
     /// The file was found corrupt: it is read no further.
     broken: bool,
+    /// Its process was seen gone (its unfinished records discarded).
+    gone: bool,
 }
 
 /// How long a busy record of a shim ring holds the merge back: a writer
@@ -90,7 +92,14 @@ fn foreign(rec: &[u8], owner: u32, now: &mut u64) -> Option<&'static str> {
     }
     // The shim's stacks and code records name their process again.
     let inner = match kind & 0xffff {
-        k if k == super::shim::KIND_STACK => word(32),
+        k if k == super::shim::KIND_STACK => {
+            // struct mt_shim_stack: nr frames after 40 bytes.
+            let nr = word(36).map_or(u32::MAX, |w| w & 0xffff) as usize;
+            if nr > super::shim::MAX_FRAMES || rec.len() < 40 + 8 * nr {
+                return Some("a stack of more frames than it holds or memtrail keeps");
+            }
+            word(32)
+        }
         k if k == super::shim::KIND_PY_CODE => word(40),
         k if k == 0 || k > super::shim::KIND_PY_CODE => {
             return Some("a record of a kind only BPF writes");
@@ -121,6 +130,7 @@ impl ProcRings {
             bounds: vec![0; n],
             busy_since: vec![0; n],
             broken: false,
+            gone: false,
         })
     }
 
@@ -167,6 +177,7 @@ impl ProcRings {
     ) {
         self.broken = true;
         self.bounds.fill(u64::MAX);
+        self.file.close();
         faults.add(super::shim::RingFault {
             pid: self.file.owner(),
             ring: ring as u32,
@@ -194,9 +205,7 @@ impl ProcRings {
     /// Whether the file is done with: its process is gone and every record
     /// it wrote was read (or the file is broken).
     fn done(&self) -> bool {
-        self.broken
-            || (self.file.owner_gone()
-                && self.rings.iter().all(|r| r.position() >= r.producer_pos()))
+        self.broken || (self.gone && self.rings.iter().all(|r| r.position() >= r.producer_pos()))
     }
 }
 
@@ -301,8 +310,18 @@ impl Merged {
             }
         }
         for proc in &mut shim.procs {
-            if !proc.broken {
-                proc.file.reap(&proc.rings, clock, now);
+            if proc.broken {
+                continue;
+            }
+            // The owner is looked for at the reaps only (each a read of
+            // /proc).
+            let looked = proc.file.reap(&proc.rings, clock, now);
+            // A busy record of a process that is gone (in a ring its
+            // thread gave back: a record it never completed) is never
+            // completed: what follows it is read.
+            if looked && !proc.gone && proc.file.owner_gone() {
+                proc.gone = true;
+                proc.file.discard_all_unfinished(&proc.rings);
             }
         }
         let mut retired = 0;

@@ -53,8 +53,13 @@ const VERSION: u32 = 3;
 /// or `RING_ABANDONED` (the process stopped waiting first).
 const STATE_AT: usize = 48;
 const ADOPTED: u32 = 1;
+/// ... then memtrail stopped reading the file (the shim's `RING_CLOSED`):
+/// a writer waiting for room there takes the hook path instead.
+const CLOSED: u32 = 3;
 /// The name the shim gives its memfd (`/memfd:NAME` in /proc).
 const MEMFD_NAME: &str = "memtrail_rings";
+/// The most frames a stack record of the shim may hold.
+pub(super) const MAX_FRAMES: usize = crate::bpf::record::MAX_FRAMES;
 /// The record kinds whose bodies name their process again.
 pub(super) const KIND_STACK: u32 = crate::bpf::skel::memtrail::types::mt_kind::MT_SHIM_STACK.0;
 pub(super) const KIND_PY_CODE: u32 = crate::bpf::skel::memtrail::types::mt_kind::MT_SHIM_PY_CODE.0;
@@ -352,6 +357,11 @@ impl ShimRings {
         unsafe { &*self.map.as_ptr().add(at).cast::<AtomicU32>() }
     }
 
+    /// Tells the process its file is read no more.
+    pub fn close(&self) {
+        self.word(STATE_AT).store(CLOSED, Ordering::Release);
+    }
+
     /// The process whose file it is.
     pub fn owner(&self) -> u32 {
         self.owner
@@ -393,10 +403,10 @@ impl ShimRings {
     /// [`REAP_EVERY_NS`] of `clock` (a monotonic reading) unless `now` is
     /// asked: a record such a thread left unfinished is discarded (the
     /// ring's reader stops at it otherwise). `rings` are the consumers of
-    /// [`Self::consumers`], in order. Returns the rings given back.
-    pub fn reap(&mut self, rings: &[RingConsumer], clock: u64, now: bool) -> usize {
+    /// [`Self::consumers`], in order. Returns whether it looked.
+    pub fn reap(&mut self, rings: &[RingConsumer], clock: u64, now: bool) -> bool {
         if !now && clock.saturating_sub(self.reaped_at) < REAP_EVERY_NS {
-            return 0;
+            return false;
         }
         self.reaped_at = clock;
         let mut given = 0;
@@ -420,7 +430,15 @@ impl ShimRings {
                 "shim rings of threads that are gone given back"
             );
         }
-        given
+        true
+    }
+
+    /// Marks discarded the busy records of every ring: the process is gone
+    /// (see [`Self::owner_gone`]), and nothing will complete them.
+    pub fn discard_all_unfinished(&self, rings: &[RingConsumer]) {
+        for (i, ring) in rings.iter().enumerate() {
+            self.discard_unfinished(i, ring);
+        }
     }
 
     /// Marks discarded a busy record of ring `i`, whose writer is gone: the
