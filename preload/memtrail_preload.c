@@ -304,6 +304,7 @@ struct ring_py_layout {
 			uint16_t frame_win;
 			uint16_t frame_span;
 			uint16_t runtime_tstate;
+			uint16_t tstate_datastack;
 		} off;
 		uint8_t _size[56];
 	};

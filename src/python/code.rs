@@ -11,9 +11,14 @@ use super::{CodeOffsets, Interpreter, MODULE, decode, linetable};
 use crate::bpf::skel::memtrail::types::mt_py_code_record;
 use crate::profile::Frame;
 
-/// Longest string and location table read (a longer one is cut).
+/// Longest string (in characters) and location table read (a longer one
+/// is cut): with a code object's header, the most the reader reads at once.
 const MAX_STRING: u64 = 4096;
 const MAX_TABLE: u64 = 1 << 20;
+/// Bytes read of a process at once at most: a table (more than a string of
+/// 4-byte characters, or a code object's header).
+const MAX_READ: u64 = MAX_TABLE;
+const _: () = assert!(4 * MAX_STRING <= MAX_READ);
 
 /// What identifies a code object's contents at an address: the
 /// pointers to its name, file and location table and its first line. A
@@ -103,6 +108,17 @@ impl Resolver {
             .collect()
     }
 
+    /// Reads the code objects of process `pid` as those of `interp` (whose
+    /// layout [`super::check_layout`] took) from now on.
+    pub fn open_with(&mut self, pid: u32, interp: &Interpreter) {
+        let proc = File::open(format!("/proc/{pid}/mem")).ok().map(|mem| Proc {
+            mem,
+            off: interp.code,
+            codes: HashMap::new(),
+        });
+        self.procs.insert(pid, proc);
+    }
+
     /// The process's memory and its interpreter's layouts, found among its
     /// mappings.
     fn open(&mut self, pid: u32) -> Option<Proc> {
@@ -128,29 +144,42 @@ impl Resolver {
 }
 
 impl Proc {
+    /// `len` bytes at `addr` of the process (at most [`MAX_READ`]); None
+    /// where any is unmapped.
     fn read(&self, addr: u64, len: u64) -> Option<Vec<u8>> {
+        if len > MAX_READ {
+            return None;
+        }
         let mut buf = vec![0u8; usize::try_from(len).ok()?];
         self.mem.read_exact_at(&mut buf, addr).ok()?;
         Some(buf)
     }
 
-    fn word(&self, addr: u64) -> Option<u64> {
-        let b = self.read(addr, 8)?;
+    /// The word at `addr + off` (None past the address space).
+    fn word(&self, addr: u64, off: u64) -> Option<u64> {
+        let b = self.read(addr.checked_add(off)?, 8)?;
         Some(u64::from_ne_bytes(b.try_into().ok()?))
     }
 
     fn frame(&mut self, code: u64, offset: u32) -> Option<Arc<Frame>> {
         let o = self.off;
-        let header = self.read(
-            code,
-            u64::from(o.linetable.max(o.qualname).max(o.filename)) + 8,
-        )?;
+        // Every field it reads is in the header (offsets up to
+        // MAX_CODE_OFFSET: the layout was checked when it was taken).
+        let fields = [o.linetable, o.qualname, o.filename, o.firstlineno];
+        let len = fields.iter().copied().max().unwrap_or(0);
+        let header = self.read(code, u64::from(len) + 8)?;
         let at = |off: u16| {
             let i = usize::from(off);
-            u64::from_ne_bytes(header[i..i + 8].try_into().unwrap_or_default())
+            header
+                .get(i..i + 8)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u64::from_ne_bytes)
         };
         let i = usize::from(o.firstlineno);
-        let first = i32::from_ne_bytes(header[i..i + 4].try_into().unwrap_or_default());
+        let first = header
+            .get(i..i + 4)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, i32::from_ne_bytes);
         let key = [
             at(o.qualname),
             at(o.filename),
@@ -172,25 +201,23 @@ impl Proc {
 
     /// A `str` object's text: compact strings (what code objects hold).
     fn string(&self, obj: u64) -> Option<String> {
-        let len = self.word(obj + 16)?.min(MAX_STRING);
-        let state = self.read(obj + 32, 4)?;
+        let len = self.word(obj, 16)?.min(MAX_STRING);
+        let state = self.read(obj.checked_add(32)?, 4)?;
         let state = u32::from_ne_bytes(state.try_into().ok()?);
         let (kind, ascii) = ((state >> 2) & 7, (state >> 6) & 1);
-        let b = if ascii == 1 {
-            self.read(obj + u64::from(self.off.ascii_data), len)?
+        let (at, len) = if ascii == 1 {
+            (self.off.ascii_data, len)
         } else {
-            self.read(
-                obj + u64::from(self.off.compact_data),
-                len * u64::from(kind),
-            )?
+            (self.off.compact_data, len * u64::from(kind))
         };
+        let b = self.read(obj.checked_add(u64::from(at))?, len)?;
         decode_str(state, &b)
     }
 
     /// A `bytes` object's contents.
     fn bytes(&self, obj: u64) -> Option<Vec<u8>> {
-        let len = self.word(obj + 16)?.min(MAX_TABLE);
-        self.read(obj + 32, len)
+        let len = self.word(obj, 16)?.min(MAX_TABLE);
+        self.read(obj.checked_add(32)?, len)
     }
 }
 
