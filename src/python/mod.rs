@@ -419,8 +419,13 @@ fn window_fits(w: &WalkOffsets) -> bool {
     span <= 72 && aligned(w.frame_code) && aligned(w.frame_previous) && aligned(w.frame_instr)
 }
 
-/// The largest offset of a field of `_PyRuntime`, an interpreter's or a
-/// thread's state that a layout may give (CPython's are below 1 KiB).
+/// The largest offset of a field of `_PyRuntime` or an interpreter's state
+/// (only BPF reads them, by `bpf_probe_read_user`: any but `NONE`; 3.13's
+/// `PyInterpreterState.threads.head` is at 7344).
+pub const MAX_RUNTIME_OFFSET: u16 = NONE - 1;
+/// The largest offset of a thread state's or a frame's field (CPython's
+/// are below 512): the preload shim checks the thread state's bytes up to
+/// its last field once, then reads them in place.
 pub const MAX_STATE_OFFSET: u16 = 4096;
 /// The largest offset of a code object's field (CPython's: below 256): what
 /// the reader of a live process reads of a code object at once.
@@ -434,47 +439,29 @@ pub const MAX_STRING_OFFSET: u16 = 256;
 /// window. Err names the first field that is not.
 pub fn check_layout(w: &WalkOffsets, c: &CodeOffsets) -> Result<(), String> {
     // (name, offset, bound, may be NONE).
+    let (runtime, state) = (MAX_RUNTIME_OFFSET, MAX_STATE_OFFSET);
+    let (code, string) = (MAX_CODE_OFFSET, MAX_STRING_OFFSET);
     let fields = [
-        (
-            "runtime_interp_head",
-            w.runtime_interp_head,
-            MAX_STATE_OFFSET,
-            false,
-        ),
-        (
-            "interp_threads_head",
-            w.interp_threads_head,
-            MAX_STATE_OFFSET,
-            false,
-        ),
-        ("tstate_next", w.tstate_next, MAX_STATE_OFFSET, false),
-        (
-            "tstate_thread_id",
-            w.tstate_thread_id,
-            MAX_STATE_OFFSET,
-            false,
-        ),
-        ("tstate_frame", w.tstate_frame, MAX_STATE_OFFSET, false),
-        (
-            "tstate_datastack",
-            w.tstate_datastack,
-            MAX_STATE_OFFSET,
-            false,
-        ),
-        ("runtime_tstate", w.runtime_tstate, MAX_STATE_OFFSET, true),
-        ("cframe_frame", w.cframe_frame, MAX_STATE_OFFSET, true),
-        ("frame_code", w.frame_code, MAX_STATE_OFFSET, false),
-        ("frame_instr", w.frame_instr, MAX_STATE_OFFSET, false),
-        ("frame_previous", w.frame_previous, MAX_STATE_OFFSET, false),
-        ("frame_owner", w.frame_owner, MAX_STATE_OFFSET, false),
-        ("frame_is_entry", w.frame_is_entry, MAX_STATE_OFFSET, true),
-        ("code_adaptive", w.code_adaptive, MAX_CODE_OFFSET, false),
-        ("code_filename", c.filename, MAX_CODE_OFFSET, false),
-        ("code_qualname", c.qualname, MAX_CODE_OFFSET, false),
-        ("code_firstlineno", c.firstlineno, MAX_CODE_OFFSET, false),
-        ("code_linetable", c.linetable, MAX_CODE_OFFSET, false),
-        ("str_ascii_data", c.ascii_data, MAX_STRING_OFFSET, false),
-        ("str_compact_data", c.compact_data, MAX_STRING_OFFSET, false),
+        ("runtime_interp_head", w.runtime_interp_head, runtime, false),
+        ("interp_threads_head", w.interp_threads_head, runtime, false),
+        ("runtime_tstate", w.runtime_tstate, runtime, true),
+        ("tstate_next", w.tstate_next, state, false),
+        ("tstate_thread_id", w.tstate_thread_id, state, false),
+        ("tstate_frame", w.tstate_frame, state, false),
+        ("tstate_datastack", w.tstate_datastack, state, false),
+        ("cframe_frame", w.cframe_frame, state, true),
+        ("frame_code", w.frame_code, state, false),
+        ("frame_instr", w.frame_instr, state, false),
+        ("frame_previous", w.frame_previous, state, false),
+        ("frame_owner", w.frame_owner, state, false),
+        ("frame_is_entry", w.frame_is_entry, state, true),
+        ("code_adaptive", w.code_adaptive, code, false),
+        ("code_filename", c.filename, code, false),
+        ("code_qualname", c.qualname, code, false),
+        ("code_firstlineno", c.firstlineno, code, false),
+        ("code_linetable", c.linetable, code, false),
+        ("str_ascii_data", c.ascii_data, string, false),
+        ("str_compact_data", c.compact_data, string, false),
     ];
     for (name, at, bound, optional) in fields {
         if !(at <= bound || optional && at == NONE) {
