@@ -430,3 +430,153 @@ fn python_frames_preload_ring_path_same_as_hook_path() {
         }
     }
 }
+
+/// A function that corrupts its own frame chain while it allocates
+/// (CPython 3.11: `PyFrameObject.f_frame` at 24, `_PyInterpreterFrame.previous`
+/// at 48): the frame before it is an unmapped address for `COUNT`
+/// allocations of `SIZE` bytes, then restored.
+const CORRUPT_SCRIPT: &str = "\
+import ctypes, sys
+
+def corrupted(n, count):
+    frame = ctypes.c_void_p.from_address(id(sys._getframe()) + 24).value
+    previous = ctypes.c_uint64.from_address(frame + 48)
+    saved, keep = previous.value, [None] * count
+    previous.value = 0xdead0000
+    for i in range(count):
+        keep[i] = bytearray(n)
+    previous.value = saved
+    return keep
+
+keep = corrupted(int(sys.argv[1]), int(sys.argv[2]))
+";
+const CORRUPT_LINE: u64 = 9;
+
+/// Check that a python3.11 whose frame chain points at unmapped memory
+/// while it allocates (set through ctypes) lives under the preload shim's
+/// walk as under BPF's, and memtrail exits normally: every allocation
+/// counted, under the function that allocated, the walk stopped at the
+/// bad pointer (issue 40: the shim's reads of the interpreter's memory
+/// survive any pointer).
+#[test]
+fn python_frames_corrupted_chain_program_lives() {
+    let python = Path::new("/usr/bin/python3.11");
+    if !python.exists() {
+        return skip("3.11");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("corrupted.py");
+    std::fs::write(&script, CORRUPT_SCRIPT).expect("script written");
+    let file = script.to_str().expect("utf-8 path").to_owned();
+    for (i, args) in [&["--preload"][..], &[]].into_iter().enumerate() {
+        let (size, count) = (360_000 + 1_000 * i as u64 + 41, 50);
+        let script_args = [size.to_string(), count.to_string()];
+        // run_script_env: memtrail and the program exited 0.
+        let (profile, _) = run_script_env(python, &script, &script_args, args, &[]);
+        let what = format!("python3.11 {args:?}");
+        let sites: Vec<&Value> = support::allocation_sites(&profile)
+            .into_iter()
+            .filter(|s| num(s, "bytes") % (size + 1) == 0 && num(s, "bytes") > 0)
+            .collect();
+        let total: u64 = sites.iter().map(|s| num(s, "allocations")).sum();
+        assert_eq!(total, count, "{what}: {sites:#?}");
+        for site in sites {
+            let frames = python_frames(site);
+            assert_eq!(
+                frames.first(),
+                Some(&("corrupted".to_owned(), file.clone(), CORRUPT_LINE)),
+                "{what}: {site:#}"
+            );
+            assert!(
+                frames.iter().all(|f| f.0 != "<module>"),
+                "{what}: the walk went past the bad pointer: {site:#}"
+            );
+        }
+    }
+}
+
+/// The fake interpreter (tests/fixtures/fake_python.c), its layout a good
+/// one or one with a field at offset 4000.
+fn fake_python(bad_offsets: bool) -> PathBuf {
+    let mut flags = vec!["-O0", "-g", "-fno-builtin", "-Wall", "-Werror", "-pthread"];
+    flags.push("-rdynamic");
+    if bad_offsets {
+        flags.push("-DBAD_OFFSETS");
+    }
+    support::fixture_with_flags("fake_python", &flags)
+}
+
+/// `memtrail run -o PROFILE ARGS -- FAKE N SIZE`: the profile and
+/// memtrail's stderr, checked to have exited 0.
+fn run_fake(fake: &Path, n: u64, size: u64, args: &[&str]) -> (Value, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("profile.json");
+    let mut argv: Vec<OsString> = vec!["run".into(), "-o".into(), out.clone().into()];
+    argv.extend(args.iter().map(Into::into));
+    argv.extend([
+        "--".into(),
+        fake.into(),
+        n.to_string().into(),
+        size.to_string().into(),
+    ]);
+    let (_, status, _, stderr) = support::memtrail(&argv, b"");
+    assert!(status.success(), "{args:?}: {status}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    (
+        support::read_profile(&out).expect("profile written"),
+        stderr,
+    )
+}
+
+/// The allocations of `size` bytes in `profile`, over every site.
+fn allocations_of(profile: &Value, size: u64) -> u64 {
+    support::allocation_sites(profile)
+        .into_iter()
+        .filter(|s| num(s, "bytes") % size == 0 && num(s, "bytes") > 0)
+        .map(|s| num(s, "allocations"))
+        .sum()
+}
+
+/// Check that a fake CPython 3.13 whose memory is hostile (a code object
+/// naming unmapped strings and a 2^40-byte table, an unmapped frame before
+/// its current one, a datastack chunk past its mapping) lives under the
+/// preload shim and under the probes, and memtrail exits normally with
+/// every allocation counted (issue 40).
+#[test]
+fn python_frames_fake_interpreter_program_lives() {
+    let fake = fake_python(false);
+    for (i, args) in [&["--preload"][..], &[]].into_iter().enumerate() {
+        let (n, size) = (200, 50_000 + 1_000 * i as u64 + 43);
+        let (profile, stderr) = run_fake(&fake, n, size, args);
+        assert_eq!(allocations_of(&profile, size), n, "{args:?}: {stderr}");
+    }
+}
+
+/// Check that a fake CPython 3.13 whose `_Py_DebugOffsets` puts the code
+/// object's first line at offset 4000 is refused at once, with a note
+/// naming the image and the field, and its allocations are all counted,
+/// without Python frames (issue 40: it made memtrail panic after 30 s).
+#[test]
+fn python_frames_fake_interpreter_bad_layout_refused() {
+    let fake = fake_python(true);
+    let name = fake.file_name().and_then(|n| n.to_str()).expect("name");
+    for (i, args) in [&["--preload"][..], &[]].into_iter().enumerate() {
+        let (n, size) = (200, 60_000 + 1_000 * i as u64 + 47);
+        let started = std::time::Instant::now();
+        let (profile, stderr) = run_fake(&fake, n, size, args);
+        assert!(started.elapsed().as_secs() < 20, "{args:?}: {stderr}");
+        assert_eq!(allocations_of(&profile, size), n, "{args:?}: {stderr}");
+        let note = stderr
+            .lines()
+            .find(|l| l.contains("code_firstlineno at offset 4000"))
+            .unwrap_or_else(|| panic!("{args:?}: no note: {stderr}"));
+        assert!(note.contains(name), "{args:?}: {note}");
+        for site in support::allocation_sites(&profile) {
+            let frames = site["frames"].as_array().expect("frames");
+            assert!(
+                frames.iter().all(|f| f["module"] != "[python]"),
+                "{args:?}: {site:#}"
+            );
+        }
+    }
+}
