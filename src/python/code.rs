@@ -39,11 +39,21 @@ struct Code {
     frames: HashMap<u32, Arc<Frame>>,
 }
 
+/// Bytes read of one process in all at most (its code objects' names and
+/// tables, kept: a python3.11 importing a dozen modules reads 2 MB of them,
+/// when BPF or the shim did not copy them). Past it, its frames unnamed: a
+/// process whose stack records name ever new code objects with 1 MiB
+/// tables costs memtrail that much time and memory, no more (issue 40).
+const PROC_BUDGET: u64 = 64 << 20;
+
 /// A process running an interpreter, read through /proc/PID/mem.
 struct Proc {
+    pid: u32,
     mem: File,
     off: CodeOffsets,
     codes: HashMap<u64, (Key, Code)>,
+    /// What may still be read of it ([`PROC_BUDGET`]).
+    budget: std::cell::Cell<u64>,
 }
 
 /// Names the Python frames of stacks, by process; see the module's docs.
@@ -111,11 +121,7 @@ impl Resolver {
     /// Reads the code objects of process `pid` as those of `interp` (whose
     /// layout [`super::check_layout`] took) from now on.
     pub fn open_with(&mut self, pid: u32, interp: &Interpreter) {
-        let proc = File::open(format!("/proc/{pid}/mem")).ok().map(|mem| Proc {
-            mem,
-            off: interp.code,
-            codes: HashMap::new(),
-        });
+        let proc = Proc::open(pid, interp);
         self.procs.insert(pid, proc);
     }
 
@@ -134,22 +140,41 @@ impl Resolver {
                     .entry(path.clone())
                     .or_insert_with(|| super::interpreter(&path))
             })?;
-        let mem = File::open(format!("/proc/{pid}/mem")).ok()?;
-        Some(Proc {
-            mem,
-            off: interp.code,
-            codes: HashMap::new(),
-        })
+        Proc::open(pid, &interp)
     }
 }
 
 impl Proc {
-    /// `len` bytes at `addr` of the process (at most [`MAX_READ`]); None
-    /// where any is unmapped.
+    fn open(pid: u32, interp: &Interpreter) -> Option<Self> {
+        Some(Self {
+            pid,
+            mem: File::open(format!("/proc/{pid}/mem")).ok()?,
+            off: interp.code,
+            codes: HashMap::new(),
+            budget: PROC_BUDGET.into(),
+        })
+    }
+
+    /// `len` bytes at `addr` of the process (at most [`MAX_READ`], within
+    /// its budget); None where any is unmapped.
     fn read(&self, addr: u64, len: u64) -> Option<Vec<u8>> {
+        let left = self.budget.get();
         if len > MAX_READ {
             return None;
         }
+        if len > left {
+            if left > 0 {
+                tracing::warn!(
+                    target: crate::profile::NOTE,
+                    pid = self.pid,
+                    "Python frames of this process left unnamed: {} MiB of its code objects read",
+                    PROC_BUDGET >> 20
+                );
+                self.budget.set(0);
+            }
+            return None;
+        }
+        self.budget.set(left - len);
         let mut buf = vec![0u8; usize::try_from(len).ok()?];
         self.mem.read_exact_at(&mut buf, addr).ok()?;
         Some(buf)
@@ -279,7 +304,30 @@ fn decode_str(state: u32, b: &[u8]) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::decode_str;
+    use super::{Proc, decode_str};
+
+    /// Check that the reader of a process reads at most its budget in
+    /// all, and at most MAX_READ at once (issue 40).
+    #[test]
+    fn python_proc_reads_bounded() {
+        let interp = crate::python::Interpreter {
+            minor: 12,
+            runtime: 0,
+            walk: crate::python::WALK_3_12,
+            code: crate::python::CODE_3_12,
+            tls_index: 0,
+        };
+        let proc = Proc::open(std::process::id(), &interp).expect("own memory");
+        let data = [7u8; 64];
+        let at = data.as_ptr() as u64;
+        assert_eq!(proc.read(at, 64).as_deref(), Some(&data[..]));
+        assert_eq!(proc.read(at, super::MAX_READ + 1), None);
+        proc.budget.set(100);
+        assert!(proc.read(at, 64).is_some());
+        assert_eq!(proc.read(at, 64), None);
+        assert_eq!(proc.read(at, 8), None, "the budget is spent");
+        assert_eq!(proc.word(u64::MAX - 4, 16), None);
+    }
 
     #[test]
     fn python_compact_strings() {

@@ -127,7 +127,7 @@ const CODE_3_11: CodeOffsets = CodeOffsets {
     ascii_data: 48,
     compact_data: 72,
 };
-const WALK_3_12: WalkOffsets = WalkOffsets {
+pub(crate) const WALK_3_12: WalkOffsets = WalkOffsets {
     runtime_interp_head: 40,
     interp_threads_head: 72,
     tstate_next: 8,
@@ -143,7 +143,7 @@ const WALK_3_12: WalkOffsets = WalkOffsets {
     runtime_tstate: NONE,
     tstate_datastack: 232,
 };
-const CODE_3_12: CodeOffsets = CodeOffsets {
+pub(crate) const CODE_3_12: CodeOffsets = CodeOffsets {
     filename: 112,
     qualname: 128,
     firstlineno: 68,
