@@ -452,6 +452,85 @@ keep = corrupted(int(sys.argv[1]), int(sys.argv[2]))
 ";
 const CORRUPT_LINE: u64 = 9;
 
+/// A function that sets its caller's code object (`_PyInterpreterFrame.f_code`,
+/// at 32 in 3.11) to an unmapped address while it allocates, then restores
+/// it.
+const CORRUPT_CODE_SCRIPT: &str = "\
+import ctypes, sys
+
+def inner(n, count, keep):
+    caller = ctypes.c_void_p.from_address(id(sys._getframe(1)) + 24).value
+    code = ctypes.c_uint64.from_address(caller + 32)
+    saved = code.value
+    code.value = 0xdead0000
+    for i in range(count):
+        keep[i] = bytearray(n)
+    code.value = saved
+
+def outer(n, count):
+    keep = [None] * count
+    inner(n, count, keep)
+    return keep
+
+keep = outer(int(sys.argv[1]), int(sys.argv[2]))
+";
+const CORRUPT_CODE_LINE: u64 = 9;
+
+/// Check that a python3.11 whose caller's code object is an unmapped
+/// address while it allocates (set through ctypes) lives under the preload
+/// shim's walk as under BPF's, and memtrail exits normally: every
+/// allocation counted, under the function that allocated, the bad frame
+/// unnamed and the walk going on past it (issue 40: the code records' reads
+/// survive any pointer).
+#[test]
+fn python_frames_corrupted_code_program_lives() {
+    let python = Path::new("/usr/bin/python3.11");
+    if !python.exists() {
+        return skip("3.11");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("corrupted_code.py");
+    std::fs::write(&script, CORRUPT_CODE_SCRIPT).expect("script written");
+    let file = script.to_str().expect("utf-8 path").to_owned();
+    for (i, args) in [&["--preload"][..], &[]].into_iter().enumerate() {
+        let (size, count) = (370_000 + 1_000 * i as u64 + 41, 50);
+        let script_args = [size.to_string(), count.to_string()];
+        let (profile, _) = run_script_env(python, &script, &script_args, args, &[]);
+        let what = format!("python3.11 {args:?}");
+        let site = site_of_many(&profile, size + 1, count, &what);
+        let frames = python_frames(site);
+        let names: Vec<&str> = frames.iter().map(|f| f.0.as_str()).collect();
+        assert_eq!(
+            frames[0],
+            ("inner".to_owned(), file.clone(), CORRUPT_CODE_LINE),
+            "{what}: {site:#}"
+        );
+        // BPF copies what it could read of the bad object (nothing), the
+        // shim writes no record of it: unnamed either way.
+        assert!(
+            names.len() == 3 && ["", "<code 0xdead0000>"].contains(&names[1]),
+            "{what}: {names:?}"
+        );
+        assert_eq!(names[2], "<module>", "{what}: {site:#}");
+    }
+}
+
+/// The one site of `count` allocations of `bytes` bytes each.
+fn site_of_many<'a>(profile: &'a Value, bytes: u64, count: u64, what: &str) -> &'a Value {
+    let found: Vec<&Value> = support::allocation_sites(profile)
+        .into_iter()
+        .filter(|s| num(s, "bytes") == bytes * count)
+        .collect();
+    assert_eq!(found.len(), 1, "{what}: {found:#?}");
+    assert_eq!(
+        num(found[0], "allocations"),
+        count,
+        "{what}: {:#}",
+        found[0]
+    );
+    found[0]
+}
+
 /// Check that a python3.11 whose frame chain points at unmapped memory
 /// while it allocates (set through ctypes) lives under the preload shim's
 /// walk as under BPF's, and memtrail exits normally: every allocation
