@@ -45,6 +45,11 @@ struct Code {
 /// process whose stack records name ever new code objects with 1 MiB
 /// tables costs memtrail that much time and memory, no more (issue 40).
 const PROC_BUDGET: u64 = 64 << 20;
+/// Bytes of code objects' copies kept of one process at most (a
+/// python3.11 importing a dozen modules: 1.5 MB): a process whose ring
+/// names ever new code objects gets no more kept (issue 40); past it, its
+/// new ones are read from the process while it lives.
+const LEARN_BUDGET: u64 = 64 << 20;
 
 /// A process running an interpreter, read through /proc/PID/mem.
 struct Proc {
@@ -63,6 +68,8 @@ pub struct Resolver {
     /// the first stack naming its object on the ring, and the newest
     /// record of an address is its current object's.
     learned: HashMap<(u32, u64), Code>,
+    /// Bytes of the copies kept, by process ([`LEARN_BUDGET`]).
+    learned_bytes: HashMap<u32, u64>,
     procs: HashMap<u32, Option<Proc>>,
     /// Interpreter images looked at, by path.
     images: HashMap<PathBuf, Option<Interpreter>>,
@@ -83,7 +90,27 @@ impl Resolver {
             table: rec.table[..table].to_vec(),
             frames: HashMap::new(),
         };
-        self.learned.insert((rec.pid, rec.code), code);
+        let kept = self.learned_bytes.entry(rec.pid).or_default();
+        let size = code.size();
+        if *kept + size > LEARN_BUDGET {
+            if *kept <= LEARN_BUDGET {
+                tracing::warn!(
+                    target: crate::profile::NOTE,
+                    pid = rec.pid,
+                    "code records of this process past {} MiB not kept",
+                    LEARN_BUDGET >> 20
+                );
+                *kept = LEARN_BUDGET + 1; // noted once
+            }
+            // A copy of an older object at the address names no frame of
+            // this one: its frames are read from the process.
+            self.learned.remove(&(rec.pid, rec.code));
+            return;
+        }
+        *kept += size;
+        if let Some(old) = self.learned.insert((rec.pid, rec.code), code) {
+            *kept -= old.size();
+        }
     }
 
     /// The frames of one group of a stack of process `pid` (raw words,
@@ -254,6 +281,11 @@ fn module_name() -> Arc<str> {
 }
 
 impl Code {
+    /// About the bytes it holds (its frames apart).
+    fn size(&self) -> u64 {
+        (self.qualname.len() + self.filename.len() + self.table.len() + 64) as u64
+    }
+
     /// The frame at `offset` of this code object (at address `code`).
     fn frame(&mut self, code: u64, offset: u32) -> Arc<Frame> {
         self.frames
@@ -305,6 +337,34 @@ fn decode_str(state: u32, b: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::{Proc, decode_str};
+
+    /// Check that the copies of code objects kept for one process stay
+    /// within their budget, and that a copy refused past it leaves no older
+    /// copy of its address to name its frames (issue 40).
+    #[test]
+    fn python_learned_copies_bounded() {
+        use crate::bpf::skel::memtrail::types::mt_py_code_record;
+        let mut resolver = super::Resolver::default();
+        let mut rec = mt_py_code_record {
+            pid: 7,
+            table_len: 1024,
+            ..Default::default()
+        };
+        let per = 1024 + 64;
+        let fit = super::LEARN_BUDGET / per;
+        for code in 0..fit + 10 {
+            rec.code = 0x1000 + 8 * code;
+            resolver.learn(&rec);
+        }
+        assert_eq!(resolver.learned.len() as u64, fit);
+        assert!(resolver.learned_bytes[&7] <= super::LEARN_BUDGET + 1);
+        rec.code = 0x1000; // a new object at a kept address, refused
+        resolver.learn(&rec);
+        assert!(!resolver.learned.contains_key(&(7, 0x1000)));
+        rec.pid = 8; // another process: its own budget
+        resolver.learn(&rec);
+        assert!(resolver.learned.contains_key(&(8, 0x1000)));
+    }
 
     /// Check that the reader of a process reads at most its budget in
     /// all, and at most MAX_READ at once (issue 40).
