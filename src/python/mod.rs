@@ -20,6 +20,12 @@
 //! What it reads of a process are plain memory reads of /proc/PID/mem: a
 //! process that changed or lost its code objects gives unnamed frames,
 //! never wrong ones (each name is read with the object it belongs to).
+//!
+//! Everything here comes from a tracked process, which may be a fake or a
+//! corrupted interpreter (issue 40): a layout is taken only if memtrail's
+//! readers can read every offset it gives ([`check_layout`]), records and
+//! stack words are decoded totally, and what is read or kept of one process
+//! is bounded (`code.rs`).
 
 use std::path::Path;
 use std::sync::Arc;
