@@ -1054,6 +1054,20 @@ static int py_layout_fits(const struct ring_py_layout *l)
 		(l->off.frame_is_entry >= win && l->off.frame_is_entry - win < span));
 }
 
+/* Whether the dynamic symbol at fn is a function's (a fake interpreter's
+ * PyGILState_GetThisThreadState may be data, which the walk would call). */
+static int py_is_function(void *fn)
+{
+	const ElfW(Sym) *sym = NULL;
+	Dl_info info;
+
+	if (!fn || !dladdr1(fn, &info, (void **)&sym, RTLD_DL_SYMENT) || !sym ||
+	    info.dli_saddr != fn)
+		return 0;
+	return ELF64_ST_TYPE(sym->st_info) == STT_FUNC ||
+	       ELF64_ST_TYPE(sym->st_info) == STT_GNU_IFUNC;
+}
+
 /* Whether this Python process walks its Python frames itself: memtrail
  * gave the layout of its version, or of its interpreter's image. */
 static int py_setup(const char *control)
@@ -1065,8 +1079,9 @@ static int py_setup(const char *control)
 	uint32_t minor, i, version;
 
 	py_this_state = (void *(*)(void))dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
-	/* A symbol of any image may point anywhere: read checked. */
-	if (!at || !runtime || !py_this_state ||
+	/* A symbol of any image may point anywhere: read checked, and only a
+	 * function called. */
+	if (!at || !runtime || !py_is_function((void *)py_this_state) ||
 	    copy_checked(&version, (uint64_t)(uintptr_t)at, sizeof(version)) || version >> 24 != 3)
 		return 0;
 	minor = (version >> 16) & 0xff;
