@@ -584,7 +584,9 @@ fn fake_python(defines: &[&str]) -> PathBuf {
 }
 
 /// `memtrail run -o PROFILE ARGS -- FAKE N SIZE`: the profile and
-/// memtrail's stderr, checked to have exited 0.
+/// memtrail's stderr, checked to have exited 0. With a cache of its own: a
+/// capture looks at the images of its cache, and the suite's other captures
+/// would note a fake interpreter each.
 fn run_fake(fake: &Path, n: u64, size: u64, args: &[&str]) -> (Value, String) {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("profile.json");
@@ -596,7 +598,9 @@ fn run_fake(fake: &Path, n: u64, size: u64, args: &[&str]) -> (Value, String) {
         n.to_string().into(),
         size.to_string().into(),
     ]);
-    let (_, status, _, stderr) = support::memtrail(&argv, b"");
+    let cache = dir.path().join("cache");
+    let cache_env = [("MEMTRAIL_CACHE_DIR", cache.to_str().expect("utf-8 path"))];
+    let (_, status, _, stderr) = support::memtrail_env(&argv, b"", &cache_env);
     assert!(status.success(), "{args:?}: {status}: {stderr}");
     assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     (
@@ -647,8 +651,6 @@ fn python_frames_fake_interpreter_bad_layout_refused() {
         let (profile, stderr) = run_fake(&fake, n, size, args);
         assert!(started.elapsed().as_secs() < 20, "{args:?}: {stderr}");
         assert_eq!(allocations_of(&profile, size), n, "{args:?}: {stderr}");
-        // (Other fakes of earlier builds, in memtrail's cache, may be
-        // noted too: each capture looks at the cache's images.)
         assert!(
             stderr
                 .lines()
