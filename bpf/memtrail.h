@@ -376,6 +376,10 @@ struct mt_py_offsets {
 	/* _PyRuntime.gilstate.tstate_current (3.11: the thread state holding
 	 * the GIL); MT_PY_NONE later */
 	__u16 runtime_tstate;
+	/* PyThreadState.datastack_chunk: the chunk of the thread's newest
+	 * frames (the preload shim reads frames there unchecked; BPF does not
+	 * read it) */
+	__u16 tstate_datastack;
 };
 
 /* An interpreter image (py_images, by file identity: runtime is

@@ -76,6 +76,9 @@ pub mod internals {
     pub mod engine {
         pub use crate::engine::*;
     }
+    pub mod python {
+        pub use crate::python::*;
+    }
     pub mod symbolize {
         pub use crate::symbolize::*;
     }

@@ -440,6 +440,193 @@ fn attach_images_fuzz_parsers() {
     assert!(outcomes[0] > 0 && outcomes[1] > 0, "{outcomes:?}");
 }
 
+/// The fake interpreter (`tests/fixtures/fake_python.c`: an executable
+/// exporting `Py_Version`, `_PyRuntime` with 3.13's `_Py_DebugOffsets`):
+/// the seed of the Python layouts' fuzz.
+fn fake_python() -> PathBuf {
+    let flags = ["-O0", "-g", "-fno-builtin", "-Wall", "-Werror", "-pthread"];
+    support::fixture_with_flags("fake_python", &[&flags[..], &["-rdynamic"]].concat())
+}
+
+/// The file range of the fake interpreter's `_PyRuntime`.
+fn runtime_range(data: &[u8]) -> Range<usize> {
+    use object::ObjectSymbol;
+    let file = object::File::parse(data).expect("the fake interpreter parses");
+    let sym = file
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok("_PyRuntime"))
+        .expect("_PyRuntime");
+    let section = file
+        .section_by_index(sym.section_index().expect("a section"))
+        .expect("its section");
+    let (off, _) = section.file_range().expect("in the file");
+    let at = (off + sym.address() - section.address()) as usize;
+    at..at + sym.size() as usize
+}
+
+/// A process's memory as the resolver reads it, in this test's process: a
+/// code object (the fake interpreter's layout: file at 16, name at 24,
+/// table at 32, first line at 48), two strings and a location table, each
+/// pointing at the others, then mutated.
+struct FakeMemory(Vec<u64>);
+
+impl FakeMemory {
+    const WORDS: usize = 512;
+
+    fn new() -> Self {
+        let mut m = Self(vec![0; Self::WORDS]);
+        let base = m.0.as_ptr() as u64;
+        let (file, name, table) = (base + 64 * 8, base + 128 * 8, base + 192 * 8);
+        m.0[2] = file;
+        m.0[3] = name;
+        m.0[4] = table;
+        m.0[6] = 7; // first line
+        let ascii = 1 << 2 | 1 << 5 | 1 << 6;
+        for (at, text) in [(64, b"fake.py\0"), (128, b"function")] {
+            m.0[at + 2] = 8;
+            m.0[at + 4] = ascii;
+            m.0[at + 5] = u64::from_le_bytes(*text);
+        }
+        m.0[192 + 2] = 8; // the table: 8 bytes at 32
+        m.0[192 + 4] = 0x0a01_0a01_0a01_0a81;
+        m
+    }
+
+    /// One to four words set to values that break them, most often
+    /// pointers into the memory itself or lengths.
+    fn mutate(&mut self, rng: &mut Rng) {
+        let base = self.0.as_ptr() as u64;
+        for _ in 0..1 + rng.below(4) {
+            let at = [2, 3, 4, 6, 66, 68, 130, 132, 194, 196][rng.below(10)];
+            let at = if rng.below(4) == 0 {
+                rng.below(Self::WORDS)
+            } else {
+                at
+            };
+            self.0[at] = match rng.below(3) {
+                0 => base + rng.below(Self::WORDS * 8) as u64,
+                1 => interesting(rng, Self::WORDS * 8),
+                _ => rng.next(),
+            };
+        }
+    }
+}
+
+/// A stack record's words after its native frames: Python frames of code
+/// objects at `code` or anywhere, group ends, offsets up to 2^16.
+fn python_words(rng: &mut Rng, code: u64) -> Vec<u64> {
+    let py = memtrail::internals::python::PY_FRAME;
+    (0..rng.below(140))
+        .map(|_| match rng.below(5) {
+            0 => py,
+            1 => py | rng.next() & !py,
+            2 => rng.next(),
+            _ => py | (rng.next() & 0xffff) << 47 | (code + 8 * rng.below(8) as u64),
+        })
+        .collect()
+}
+
+/// Check that mutants of the Python data memtrail takes from a tracked
+/// process are parsed without a panic, a hang or unbounded reads: an
+/// interpreter image's layout (a fake python3.13's `_Py_DebugOffsets` and
+/// ELF headers: a layout taken is one memtrail's readers can read), code
+/// records, location tables, stack records' Python words, and code objects
+/// read from a live process's memory (issue 40: a field at offset 4000
+/// panicked memtrail).
+#[test]
+fn attach_images_fuzz_python_parsers() {
+    use memtrail::internals::python;
+    let _alone = memory_alone();
+    let seed = Seed::new(std::fs::read(fake_python()).expect("read the fake interpreter"));
+    let runtime = runtime_range(&seed.data);
+    let first = std::env::var("MEMTRAIL_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40u64);
+    let interp = python::parse_interpreter(&seed.data)
+        .expect("the seed's layout is taken")
+        .expect("the seed is an interpreter");
+    let mut resolver = python::Resolver::default();
+    let pid = std::process::id();
+    resolver.open_with(pid, &interp);
+    let mut memory = FakeMemory::new();
+    let mut record =
+        vec![0u8; size_of::<memtrail::internals::bpf::skel::memtrail::types::mt_py_code_record>()];
+    let (mut taken, mut learned, mut named) = (0, 0, 0);
+    for n in 0..fuzz_iters() {
+        let mut rng = Rng(first.wrapping_mul(0x1_0000_0001).wrapping_add(n));
+        let started = Instant::now();
+        let mut data = seed.data.clone();
+        for _ in 0..1 + rng.below(4) {
+            let range = if rng.below(4) == 0 {
+                seed.hot(&mut rng)
+            } else {
+                runtime.clone()
+            };
+            mutate(&mut data, range, &mut rng);
+        }
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if let Ok(Some(found)) = python::parse_interpreter(&data) {
+                assert_eq!(python::check_layout(&found.walk, &found.code), Ok(()));
+                let _ = (python::image_value(&found), python::shim_layout(&found));
+                taken += 1;
+                // The live process's code objects read with it for a while.
+                if rng.below(8) == 0 {
+                    resolver.open_with(pid, &found);
+                }
+            }
+            // A code record: its bytes mutated, then learned.
+            let code = 0x5000_0000 + 8 * rng.below(4) as u64;
+            record.iter_mut().for_each(|b| *b = 0);
+            record[8..16].copy_from_slice(&code.to_ne_bytes());
+            record[16..20].copy_from_slice(&pid.to_ne_bytes());
+            let len = record.len();
+            mutate(&mut record, 16..len, &mut rng);
+            record.resize(len, 0); // a mutation may cut it
+            record[..8].fill(0);
+            if let Some(Ok(rec)) = memtrail::internals::bpf::record::decode_py_code(&record) {
+                resolver.learn(&rec);
+                learned += 1;
+            }
+            memory.mutate(&mut rng);
+            let live = memory.0.as_ptr() as u64;
+            let at = if rng.below(2) == 0 { code } else { live };
+            let words = python_words(&mut rng, at);
+            let (_, groups) = python::split(&words);
+            for group in &groups {
+                let frames = resolver.frames(pid, group);
+                let expect = group
+                    .iter()
+                    .filter(|&&w| python::decode(w).is_some())
+                    .count();
+                assert_eq!(frames.len(), expect);
+                named += frames.iter().filter(|f| f.file.is_some()).count();
+            }
+        }));
+        assert!(outcome.is_ok(), "mutant {n} of seed {first} panicked");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "mutant {n} of seed {first} took {:?}",
+            started.elapsed()
+        );
+        if n % 64 == 63 {
+            // A fresh memory now and then: mutations pile up otherwise.
+            memory = FakeMemory::new();
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "{} mutants: {taken} layouts taken, {learned} code records, {named} frames named",
+        fuzz_iters()
+    );
+    // Both outcomes happen: the mutants reach past the first checks.
+    assert!(taken > 0 && taken < fuzz_iters(), "{taken} layouts taken");
+    assert!(
+        learned > 0 && named > 0,
+        "{learned} records, {named} frames named"
+    );
+}
+
 /// The profile's `skipped_images`, as (image, reason).
 fn skipped(profile: &Value) -> Vec<(String, String)> {
     profile["skipped_images"]

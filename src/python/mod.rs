@@ -20,6 +20,12 @@
 //! What it reads of a process are plain memory reads of /proc/PID/mem: a
 //! process that changed or lost its code objects gives unnamed frames,
 //! never wrong ones (each name is read with the object it belongs to).
+//!
+//! Everything here comes from a tracked process, which may be a fake or a
+//! corrupted interpreter (issue 40): a layout is taken only if memtrail's
+//! readers can read every offset it gives ([`check_layout`]), records and
+//! stack words are decoded totally, and what is read or kept of one process
+//! is bounded (`code.rs`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -66,6 +72,9 @@ pub struct WalkOffsets {
     pub code_adaptive: u16,
     /// `_PyRuntime.gilstate.tstate_current` (3.11; `NONE` later).
     pub runtime_tstate: u16,
+    /// `PyThreadState.datastack_chunk`: the chunk the thread's newest
+    /// frames are in (the preload shim reads them there without a check).
+    pub tstate_datastack: u16,
 }
 
 /// Offsets userspace reads in code and string objects.
@@ -114,6 +123,7 @@ const WALK_3_11: WalkOffsets = WalkOffsets {
     frame_is_entry: 68,
     code_adaptive: 184,
     runtime_tstate: 576,
+    tstate_datastack: 296,
 };
 const CODE_3_11: CodeOffsets = CodeOffsets {
     filename: 112,
@@ -123,7 +133,7 @@ const CODE_3_11: CodeOffsets = CodeOffsets {
     ascii_data: 48,
     compact_data: 72,
 };
-const WALK_3_12: WalkOffsets = WalkOffsets {
+pub(crate) const WALK_3_12: WalkOffsets = WalkOffsets {
     runtime_interp_head: 40,
     interp_threads_head: 72,
     tstate_next: 8,
@@ -137,8 +147,9 @@ const WALK_3_12: WalkOffsets = WalkOffsets {
     frame_is_entry: NONE,
     code_adaptive: 192,
     runtime_tstate: NONE,
+    tstate_datastack: 232,
 };
-const CODE_3_12: CodeOffsets = CodeOffsets {
+pub(crate) const CODE_3_12: CodeOffsets = CodeOffsets {
     filename: 112,
     qualname: 128,
     firstlineno: 68,
@@ -148,32 +159,34 @@ const CODE_3_12: CodeOffsets = CodeOffsets {
 };
 
 /// What the interpreter image at `path` is, if it is one this module
-/// walks: None for other images, and (with a note) for interpreters it
-/// does not know.
+/// walks: None for other images, and (with a note naming the image) for
+/// interpreters it does not know or whose layout it cannot read safely.
 pub fn interpreter(path: &Path) -> Option<Interpreter> {
     let name = path.file_name()?.to_str()?;
     if !name.contains("python") {
         return None; // only python executables and libpython export it
     }
     let data = crate::sys::map_file(path).ok()?;
-    match std::panic::catch_unwind(|| parse_interpreter(&data)) {
-        Ok(Ok(found)) => found,
-        Ok(Err(why)) => {
-            tracing::warn!(
-                target: crate::profile::NOTE,
-                image = %path.display(),
-                why,
-                "no Python frames in stacks through this interpreter"
-            );
-            None
-        }
-        Err(_) => None,
-    }
+    // The image is a tracked program's: its parse is total (issue 40), and
+    // a panic of the ELF reader it uses is caught all the same.
+    let why = match std::panic::catch_unwind(|| parse_interpreter(&data)) {
+        Ok(Ok(found)) => return found,
+        Ok(Err(why)) => why,
+        Err(_) => "its ELF headers could not be read".to_owned(),
+    };
+    tracing::warn!(
+        target: crate::profile::NOTE,
+        image = %path.display(),
+        why,
+        "no Python frames in stacks through this interpreter"
+    );
+    None
 }
 
 /// The interpreter an ELF image is: Ok(None) when it exports no
-/// `_PyRuntime`, Err(why) for one this module cannot walk.
-fn parse_interpreter(data: &[u8]) -> Result<Option<Interpreter>, String> {
+/// `_PyRuntime`, Err(why) for one this module cannot walk (its layout
+/// checked: [`check_layout`]).
+pub fn parse_interpreter(data: &[u8]) -> Result<Option<Interpreter>, String> {
     use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SegmentFlags};
     let Ok(file) = object::File::parse(data) else {
         return Ok(None);
@@ -209,11 +222,7 @@ fn parse_interpreter(data: &[u8]) -> Result<Option<Interpreter>, String> {
         (3, 13) => debug_offsets(bytes_of(&runtime, 44 * 8).ok_or("no _Py_DebugOffsets")?)?,
         _ => return Err(format!("CPython {major}.{minor} (3.11 to 3.13 are walked)")),
     };
-    if !window_fits(&walk) {
-        return Err(format!(
-            "CPython {major}.{minor}: a frame layout the walk does not read"
-        ));
-    }
+    check_layout(&walk, &code).map_err(|why| format!("CPython {major}.{minor}: {why}"))?;
     let tls_index = if minor >= 12 {
         tls::index(&file).map_or(0, |at| at.wrapping_sub(load_delta))
     } else {
@@ -229,11 +238,16 @@ fn parse_interpreter(data: &[u8]) -> Result<Option<Interpreter>, String> {
 }
 
 /// 3.13's offsets, from the `_Py_DebugOffsets` that starts `_PyRuntime`
-/// (its layout in 3.13: 8-byte words, cookie "xdebugpy" first).
-fn debug_offsets(bytes: &[u8]) -> Result<(WalkOffsets, CodeOffsets), String> {
-    let word =
-        |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or_default());
-    if &bytes[..8] != b"xdebugpy" {
+/// (its layout in 3.13: 8-byte words, cookie "xdebugpy" first). Any bytes:
+/// a word past them reads as an offset out of range.
+pub fn debug_offsets(bytes: &[u8]) -> Result<(WalkOffsets, CodeOffsets), String> {
+    let word = |i: usize| {
+        bytes
+            .get(i * 8..i * 8 + 8)
+            .and_then(|b| b.try_into().ok())
+            .map_or(u64::MAX, u64::from_le_bytes)
+    };
+    if bytes.get(..8) != Some(b"xdebugpy".as_slice()) {
         return Err("_PyRuntime does not start with _Py_DebugOffsets".to_owned());
     }
     if word(2) != 0 {
@@ -256,6 +270,7 @@ fn debug_offsets(bytes: &[u8]) -> Result<(WalkOffsets, CodeOffsets), String> {
         frame_is_entry: NONE,
         code_adaptive: at(43)?,
         runtime_tstate: NONE,
+        tstate_datastack: at(26)?,
     };
     let code = CodeOffsets {
         filename: at(35)?,
@@ -364,7 +379,9 @@ pub fn image_value(interp: &Interpreter) -> [u8; size_of::<mt_py_image>()] {
         c.ascii_data,
         c.compact_data,
     ]);
-    let fields = fields.chain(window(w)).chain([w.runtime_tstate]);
+    let fields = fields
+        .chain(window(w))
+        .chain([w.runtime_tstate, w.tstate_datastack]);
     let mut value = [0u8; size_of::<mt_py_image>()];
     let at = offset_of!(mt_py_image, runtime);
     value[at..at + 8].copy_from_slice(&interp.runtime.to_ne_bytes());
@@ -379,7 +396,8 @@ pub fn image_value(interp: &Interpreter) -> [u8; size_of::<mt_py_image>()] {
 }
 
 /// The bytes of a frame BPF reads at once (`frame_win`, `frame_span` in
-/// `struct mt_py_offsets`): from the first field it reads past the last.
+/// `struct mt_py_offsets`): from the first field it reads past the last
+/// (the span saturated: [`check_layout`] refuses one past 72).
 fn window(w: &WalkOffsets) -> [u16; 2] {
     // (offset, size): three pointers, two flag bytes.
     let fields = [
@@ -391,16 +409,75 @@ fn window(w: &WalkOffsets) -> [u16; 2] {
     ];
     let fields = fields.into_iter().filter(|&(f, _)| f != NONE);
     let start = fields.clone().map(|(f, _)| f).min().unwrap_or(0);
-    let end = fields.map(|(f, size)| f + size).max().unwrap_or(0);
-    [start, (end - start).next_multiple_of(8)]
+    let end = fields
+        .map(|(f, size)| u32::from(f) + size)
+        .max()
+        .unwrap_or(0);
+    let span = (end - u32::from(start)).next_multiple_of(8);
+    [start, u16::try_from(span).unwrap_or(u16::MAX)]
 }
 
 /// Whether the frame's fields fit the bytes BPF reads (72 at most, the
 /// pointers 8-aligned from their start).
 fn window_fits(w: &WalkOffsets) -> bool {
     let [start, span] = window(w);
-    let aligned = |at: u16| (at - start) % 8 == 0;
+    let aligned = |at: u16| at.wrapping_sub(start) % 8 == 0;
     span <= 72 && aligned(w.frame_code) && aligned(w.frame_previous) && aligned(w.frame_instr)
+}
+
+/// The largest offset of a field of `_PyRuntime` or an interpreter's state
+/// (only BPF reads them, by `bpf_probe_read_user`: any but `NONE`; 3.13's
+/// `PyInterpreterState.threads.head` is at 7344).
+pub const MAX_RUNTIME_OFFSET: u16 = NONE - 1;
+/// The largest offset of a thread state's or a frame's field (CPython's
+/// are below 512): the preload shim checks the thread state's bytes up to
+/// its last field once, then reads them in place.
+pub const MAX_STATE_OFFSET: u16 = 4096;
+/// The largest offset of a code object's field (CPython's: below 256): what
+/// the reader of a live process reads of a code object at once.
+pub const MAX_CODE_OFFSET: u16 = 1024;
+/// The largest offset of a string's characters (CPython's: 40 to 72).
+pub const MAX_STRING_OFFSET: u16 = 256;
+
+/// Whether memtrail can read what a layout gives (issue 40: a layout read
+/// from an image is the tracked program's): every offset memtrail's
+/// readers use within their bounds above, the frame's fields in BPF's
+/// window. Err names the first field that is not.
+pub fn check_layout(w: &WalkOffsets, c: &CodeOffsets) -> Result<(), String> {
+    // (name, offset, bound, may be NONE).
+    let (runtime, state) = (MAX_RUNTIME_OFFSET, MAX_STATE_OFFSET);
+    let (code, string) = (MAX_CODE_OFFSET, MAX_STRING_OFFSET);
+    let fields = [
+        ("runtime_interp_head", w.runtime_interp_head, runtime, false),
+        ("interp_threads_head", w.interp_threads_head, runtime, false),
+        ("runtime_tstate", w.runtime_tstate, runtime, true),
+        ("tstate_next", w.tstate_next, state, false),
+        ("tstate_thread_id", w.tstate_thread_id, state, false),
+        ("tstate_frame", w.tstate_frame, state, false),
+        ("tstate_datastack", w.tstate_datastack, state, false),
+        ("cframe_frame", w.cframe_frame, state, true),
+        ("frame_code", w.frame_code, state, false),
+        ("frame_instr", w.frame_instr, state, false),
+        ("frame_previous", w.frame_previous, state, false),
+        ("frame_owner", w.frame_owner, state, false),
+        ("frame_is_entry", w.frame_is_entry, state, true),
+        ("code_adaptive", w.code_adaptive, code, false),
+        ("code_filename", c.filename, code, false),
+        ("code_qualname", c.qualname, code, false),
+        ("code_firstlineno", c.firstlineno, code, false),
+        ("code_linetable", c.linetable, code, false),
+        ("str_ascii_data", c.ascii_data, string, false),
+        ("str_compact_data", c.compact_data, string, false),
+    ];
+    for (name, at, bound, optional) in fields {
+        if !(at <= bound || optional && at == NONE) {
+            return Err(format!("{name} at offset {at}, past {bound}"));
+        }
+    }
+    if !window_fits(w) {
+        return Err("a frame layout the walk does not read".to_owned());
+    }
+    Ok(())
 }
 
 /// A Python frame's code object address and instruction offset (in code
@@ -567,7 +644,7 @@ mod tests {
         let shim = include_str!("../../preload/memtrail_preload.c");
         let header = include_str!("../../bpf/memtrail.h");
         let offsets = c_fields(header, "struct mt_py_offsets {");
-        assert_eq!(offsets.len(), 21);
+        assert_eq!(offsets.len(), 22);
         let layout = c_fields(shim, "struct ring_py_layout {");
         assert_eq!(layout[..2], ["minor", "_pad"]);
         assert_eq!(layout[2..], offsets);
@@ -578,10 +655,47 @@ mod tests {
         assert_eq!(u32::from_ne_bytes(layouts[0][..4].try_into().unwrap()), 11);
         assert_eq!(u32::from_ne_bytes(layouts[1][..4].try_into().unwrap()), 12);
         assert!(layouts[2..].iter().all(|l| l.iter().all(|&b| b == 0)));
-        // tstate_thread_id, the fourth field; runtime_tstate, the last.
+        // tstate_thread_id, the fourth field; runtime_tstate and
+        // tstate_datastack, the last two.
         let field = |l: &[u8], i: usize| u16::from_ne_bytes([l[8 + 2 * i], l[9 + 2 * i]]);
         assert_eq!(field(&layouts[0], 3), WALK_3_11.tstate_thread_id);
         assert_eq!(field(&layouts[1], 20), WALK_3_12.runtime_tstate);
+        assert_eq!(field(&layouts[0], 21), WALK_3_11.tstate_datastack);
+    }
+
+    /// Check that the known layouts pass the layout check, and that a
+    /// field past what memtrail reads, a frame field past BPF's window and
+    /// offsets near 2^16 (overflowing sums) are refused, never a panic
+    /// (issue 40).
+    #[test]
+    fn python_layout_check_bounds_every_offset() {
+        for (_, walk, code) in KNOWN {
+            assert_eq!(check_layout(&walk, &code), Ok(()));
+        }
+        let code = CodeOffsets {
+            firstlineno: 4000,
+            ..CODE_3_12
+        };
+        let why = check_layout(&WALK_3_12, &code).unwrap_err();
+        assert!(why.contains("code_firstlineno at offset 4000"), "{why}");
+        for at in [80, 0xfff0, 0xfffe] {
+            let walk = WalkOffsets {
+                frame_owner: at,
+                ..WALK_3_12
+            };
+            assert!(check_layout(&walk, &CODE_3_12).is_err(), "{at}");
+            assert!(!window_fits(&walk));
+        }
+        let walk = WalkOffsets {
+            frame_code: 0xfff9,
+            frame_previous: 0xfff9,
+            frame_instr: 0xfff9,
+            frame_owner: 0xfffe,
+            ..WALK_3_12
+        };
+        assert!(check_layout(&walk, &CODE_3_12).is_err());
+        assert!(debug_offsets(b"xdebugpy").is_err());
+        assert!(debug_offsets(b"").is_err());
     }
 
     fn named(name: &str, addr: u64, inlined: bool) -> Frame {

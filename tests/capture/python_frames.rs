@@ -430,3 +430,239 @@ fn python_frames_preload_ring_path_same_as_hook_path() {
         }
     }
 }
+
+/// A function that corrupts its own frame chain while it allocates
+/// (CPython 3.11: `PyFrameObject.f_frame` at 24, `_PyInterpreterFrame.previous`
+/// at 48): the frame before it is an unmapped address for `COUNT`
+/// allocations of `SIZE` bytes, then restored.
+const CORRUPT_SCRIPT: &str = "\
+import ctypes, sys
+
+def corrupted(n, count):
+    frame = ctypes.c_void_p.from_address(id(sys._getframe()) + 24).value
+    previous = ctypes.c_uint64.from_address(frame + 48)
+    saved, keep = previous.value, [None] * count
+    previous.value = 0xdead0000
+    for i in range(count):
+        keep[i] = bytearray(n)
+    previous.value = saved
+    return keep
+
+keep = corrupted(int(sys.argv[1]), int(sys.argv[2]))
+";
+const CORRUPT_LINE: u64 = 9;
+
+/// A function that sets its caller's code object (`_PyInterpreterFrame.f_code`,
+/// at 32 in 3.11) to an unmapped address while it allocates, then restores
+/// it.
+const CORRUPT_CODE_SCRIPT: &str = "\
+import ctypes, sys
+
+def inner(n, count, keep):
+    caller = ctypes.c_void_p.from_address(id(sys._getframe(1)) + 24).value
+    code = ctypes.c_uint64.from_address(caller + 32)
+    saved = code.value
+    code.value = 0xdead0000
+    for i in range(count):
+        keep[i] = bytearray(n)
+    code.value = saved
+
+def outer(n, count):
+    keep = [None] * count
+    inner(n, count, keep)
+    return keep
+
+keep = outer(int(sys.argv[1]), int(sys.argv[2]))
+";
+const CORRUPT_CODE_LINE: u64 = 9;
+
+/// Check that a python3.11 whose caller's code object is an unmapped
+/// address while it allocates (set through ctypes) lives under the preload
+/// shim's walk as under BPF's, and memtrail exits normally: every
+/// allocation counted, under the function that allocated, the bad frame
+/// unnamed and the walk going on past it (issue 40: the code records' reads
+/// survive any pointer).
+#[test]
+fn python_frames_corrupted_code_program_lives() {
+    let python = Path::new("/usr/bin/python3.11");
+    if !python.exists() {
+        return skip("3.11");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("corrupted_code.py");
+    std::fs::write(&script, CORRUPT_CODE_SCRIPT).expect("script written");
+    let file = script.to_str().expect("utf-8 path").to_owned();
+    for (i, args) in [&["--preload"][..], &[]].into_iter().enumerate() {
+        let (size, count) = (370_000 + 1_000 * i as u64 + 41, 50);
+        let script_args = [size.to_string(), count.to_string()];
+        let (profile, _) = run_script_env(python, &script, &script_args, args, &[]);
+        let what = format!("python3.11 {args:?}");
+        let site = site_of_many(&profile, size + 1, count, &what);
+        let frames = python_frames(site);
+        let names: Vec<&str> = frames.iter().map(|f| f.0.as_str()).collect();
+        assert_eq!(
+            frames[0],
+            ("inner".to_owned(), file.clone(), CORRUPT_CODE_LINE),
+            "{what}: {site:#}"
+        );
+        // BPF copies what it could read of the bad object (nothing), the
+        // shim writes no record of it: unnamed either way.
+        assert!(
+            names.len() == 3 && ["", "<code 0xdead0000>"].contains(&names[1]),
+            "{what}: {names:?}"
+        );
+        assert_eq!(names[2], "<module>", "{what}: {site:#}");
+    }
+}
+
+/// The one site of `count` allocations of `bytes` bytes each.
+fn site_of_many<'a>(profile: &'a Value, bytes: u64, count: u64, what: &str) -> &'a Value {
+    let found: Vec<&Value> = support::allocation_sites(profile)
+        .into_iter()
+        .filter(|s| num(s, "bytes") == bytes * count)
+        .collect();
+    assert_eq!(found.len(), 1, "{what}: {found:#?}");
+    assert_eq!(
+        num(found[0], "allocations"),
+        count,
+        "{what}: {:#}",
+        found[0]
+    );
+    found[0]
+}
+
+/// Check that a python3.11 whose frame chain points at unmapped memory
+/// while it allocates (set through ctypes) lives under the preload shim's
+/// walk as under BPF's, and memtrail exits normally: every allocation
+/// counted, under the function that allocated, the walk stopped at the
+/// bad pointer (issue 40: the shim's reads of the interpreter's memory
+/// survive any pointer).
+#[test]
+fn python_frames_corrupted_chain_program_lives() {
+    let python = Path::new("/usr/bin/python3.11");
+    if !python.exists() {
+        return skip("3.11");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("corrupted.py");
+    std::fs::write(&script, CORRUPT_SCRIPT).expect("script written");
+    let file = script.to_str().expect("utf-8 path").to_owned();
+    for (i, args) in [&["--preload"][..], &[]].into_iter().enumerate() {
+        let (size, count) = (360_000 + 1_000 * i as u64 + 41, 50);
+        let script_args = [size.to_string(), count.to_string()];
+        // run_script_env: memtrail and the program exited 0.
+        let (profile, _) = run_script_env(python, &script, &script_args, args, &[]);
+        let what = format!("python3.11 {args:?}");
+        let sites: Vec<&Value> = support::allocation_sites(&profile)
+            .into_iter()
+            .filter(|s| num(s, "bytes") % (size + 1) == 0 && num(s, "bytes") > 0)
+            .collect();
+        let total: u64 = sites.iter().map(|s| num(s, "allocations")).sum();
+        assert_eq!(total, count, "{what}: {sites:#?}");
+        for site in sites {
+            let frames = python_frames(site);
+            assert_eq!(
+                frames.first(),
+                Some(&("corrupted".to_owned(), file.clone(), CORRUPT_LINE)),
+                "{what}: {site:#}"
+            );
+            assert!(
+                frames.iter().all(|f| f.0 != "<module>"),
+                "{what}: the walk went past the bad pointer: {site:#}"
+            );
+        }
+    }
+}
+
+/// The fake interpreter (tests/fixtures/fake_python.c), built with
+/// `defines` (none: a good layout over hostile memory).
+fn fake_python(defines: &[&str]) -> PathBuf {
+    let mut flags = vec!["-O0", "-g", "-fno-builtin", "-Wall", "-Werror", "-pthread"];
+    flags.push("-rdynamic");
+    flags.extend(defines);
+    support::fixture_with_flags("fake_python", &flags)
+}
+
+/// `memtrail run -o PROFILE ARGS -- FAKE N SIZE`: the profile and
+/// memtrail's stderr, checked to have exited 0. With a cache of its own: a
+/// capture looks at the images of its cache, and the suite's other captures
+/// would note a fake interpreter each.
+fn run_fake(fake: &Path, n: u64, size: u64, args: &[&str]) -> (Value, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("profile.json");
+    let mut argv: Vec<OsString> = vec!["run".into(), "-o".into(), out.clone().into()];
+    argv.extend(args.iter().map(Into::into));
+    argv.extend([
+        "--".into(),
+        fake.into(),
+        n.to_string().into(),
+        size.to_string().into(),
+    ]);
+    let cache = dir.path().join("cache");
+    let cache_env = [("MEMTRAIL_CACHE_DIR", cache.to_str().expect("utf-8 path"))];
+    let (_, status, _, stderr) = support::memtrail_env(&argv, b"", &cache_env);
+    assert!(status.success(), "{args:?}: {status}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    (
+        support::read_profile(&out).expect("profile written"),
+        stderr,
+    )
+}
+
+/// The allocations of `size` bytes in `profile`, over every site.
+fn allocations_of(profile: &Value, size: u64) -> u64 {
+    support::allocation_sites(profile)
+        .into_iter()
+        .filter(|s| num(s, "bytes") % size == 0 && num(s, "bytes") > 0)
+        .map(|s| num(s, "allocations"))
+        .sum()
+}
+
+/// Check that a fake CPython 3.13 whose memory is hostile (a code object
+/// naming unmapped strings and a 2^40-byte table, an unmapped frame before
+/// its current one, a datastack chunk past its mapping), or whose
+/// `PyGILState_GetThisThreadState` is data, lives under the preload shim and
+/// under the probes, and memtrail exits normally with every allocation
+/// counted (issue 40).
+#[test]
+fn python_frames_fake_interpreter_program_lives() {
+    for (j, defines) in [&[][..], &["-DSTATE_IS_DATA"]].into_iter().enumerate() {
+        let fake = fake_python(defines);
+        for (i, args) in [&["--preload"][..], &[]].into_iter().enumerate() {
+            let (n, size) = (200, 50_000 + 1_000 * (2 * j + i) as u64 + 43);
+            let (profile, stderr) = run_fake(&fake, n, size, args);
+            let what = format!("{defines:?} {args:?}");
+            assert_eq!(allocations_of(&profile, size), n, "{what}: {stderr}");
+        }
+    }
+}
+
+/// Check that a fake CPython 3.13 whose `_Py_DebugOffsets` puts the code
+/// object's first line at offset 4000 is refused at once, with a note
+/// naming the image and the field, and its allocations are all counted,
+/// without Python frames (issue 40: it made memtrail panic after 30 s).
+#[test]
+fn python_frames_fake_interpreter_bad_layout_refused() {
+    let fake = fake_python(&["-DBAD_OFFSETS"]);
+    let name = fake.file_name().and_then(|n| n.to_str()).expect("name");
+    for (i, args) in [&["--preload"][..], &[]].into_iter().enumerate() {
+        let (n, size) = (200, 60_000 + 1_000 * i as u64 + 47);
+        let started = std::time::Instant::now();
+        let (profile, stderr) = run_fake(&fake, n, size, args);
+        assert!(started.elapsed().as_secs() < 20, "{args:?}: {stderr}");
+        assert_eq!(allocations_of(&profile, size), n, "{args:?}: {stderr}");
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.contains("code_firstlineno at offset 4000") && l.contains(name)),
+            "{args:?}: no note naming {name}: {stderr}"
+        );
+        for site in support::allocation_sites(&profile) {
+            let frames = site["frames"].as_array().expect("frames");
+            assert!(
+                frames.iter().all(|f| f["module"] != "[python]"),
+                "{args:?}: {site:#}"
+            );
+        }
+    }
+}
