@@ -521,6 +521,10 @@ struct Measured {
 /// Runs `memtrail ARGS`, killed if it still runs after 120 s (a bound on
 /// failure, not a timing assumption: it must neither block nor run
 /// without end), and takes its peak RSS from `wait4`.
+#[expect(
+    clippy::zombie_processes,
+    reason = "reaped by wait4, which gives its rusage too"
+)]
 fn measured<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Measured {
     let mut child = Command::new(MEMTRAIL)
         .args(args)
