@@ -62,6 +62,8 @@ struct Parts<'a> {
     pressure: PressureStats,
     unwind: UnwindReport,
     regions: Vec<crate::profile::regions::RegionEntry>,
+    /// Allocations naming stacks never recorded.
+    unrecorded_stacks: crate::profile::UnrecordedStacks,
 }
 
 /// Builds the profile document: the one place it is assembled. Times become
@@ -97,6 +99,7 @@ fn assemble(parts: Parts<'_>) -> Profile {
                 mappings: p.maps,
                 resident: p.resident,
                 preloaded: parts.preloaded.contains(&p.pid),
+                incomplete: agg.corrupt_rings().iter().any(|c| c.pid == p.pid),
             })
             .collect(),
         lost_events: parts.lost,
@@ -110,6 +113,10 @@ fn assemble(parts: Parts<'_>) -> Profile {
         timeline: agg.timeline(start_ns).unwrap_or_default(),
         regions: parts.regions,
         resident: agg.resident(),
+        anomalies: crate::profile::Anomalies {
+            corrupt_rings: agg.corrupt_rings().to_vec(),
+            unrecorded_stacks: parts.unrecorded_stacks,
+        },
     }
 }
 
@@ -173,7 +180,7 @@ impl Session {
         let root_exit = self.root_exit(&agg);
         let images: Vec<std::path::PathBuf> =
             images_seen.0.iter().map(|t| t.image.clone()).collect();
-        let stacks = super::stages::symbolize_stacks(
+        let (stacks, unrecorded_stacks) = super::stages::symbolize_stacks(
             &agg,
             stacks.stacks,
             mappings.mappings,
@@ -205,6 +212,7 @@ impl Session {
             stacks,
             pressure,
             regions: markers.finish(),
+            unrecorded_stacks,
         });
         phases.done("profile assembled");
         Ok(Finish {
