@@ -284,7 +284,8 @@ impl MappingSink {
     /// vDSO's is only found there; the dynamic loader's also comes from
     /// BPF at exec, for a process gone before /proc could be read).
     pub(crate) fn scan_proc(&mut self, pid: u32) {
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        let Ok(maps) = crate::sys::read_maps(std::path::Path::new(&format!("/proc/{pid}/maps")))
+        else {
             return;
         };
         for line in maps.lines() {
