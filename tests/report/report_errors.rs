@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::json;
 
-use crate::support::report::{memtrail, sites, write_profile};
+use crate::support::report::{measured, memtrail, sites, write_profile};
 use crate::support::{MEMTRAIL, dir_entries};
 
 /// Check that a profile that cannot be read (missing, a directory) makes
@@ -510,63 +510,6 @@ fn report_output_is_its_input_exits_73() {
     );
 }
 
-/// What a bounded run of `memtrail ARGS` did: its exit code, stderr and
-/// peak RSS (KiB, the kernel's `ru_maxrss` of the child).
-struct Measured {
-    code: Option<i32>,
-    stderr: String,
-    max_rss_kib: i64,
-}
-
-/// Runs `memtrail ARGS`, killed if it still runs after 120 s (a bound on
-/// failure, not a timing assumption: it must neither block nor run
-/// without end), and takes its peak RSS from `wait4`.
-#[expect(
-    clippy::zombie_processes,
-    reason = "reaped by wait4, which gives its rusage too"
-)]
-fn measured<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Measured {
-    let mut child = Command::new(MEMTRAIL)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn memtrail");
-    let mut stderr = child.stderr.take().expect("stderr");
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let pid = child.id() as libc::pid_t;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let (status, usage) = loop {
-        let mut status = 0;
-        // SAFETY: zeroed rusage is a valid value; wait4 writes it.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: our own child's pid, pointers to live locals.
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        assert!(r >= 0, "wait4: {}", std::io::Error::last_os_error());
-        if r == pid {
-            break (status, usage);
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!(
-                "memtrail {:?} still runs after 120 s",
-                args.iter().map(|a| a.as_ref()).collect::<Vec<_>>()
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
-    Measured {
-        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
-        stderr: reader.join().expect("stderr reader"),
-        max_rss_kib: usage.ru_maxrss,
-    }
-}
-
 /// Check that `--suppressions` reads only a regular file of at most 1 MiB
 /// with at most 10,000 patterns of at most 1,024 bytes (issue 40: a FIFO
 /// hung, /dev/zero took 2 GB, 8 MB of `leak:*a*b*…` over 2 GB): each
@@ -719,8 +662,15 @@ fn report_zstd_bomb_bounded() {
     z.finish().expect("finish");
     let size = fs::metadata(&bomb).expect("stat").len();
     assert!(size < 200 << 10, "{size} bytes");
-    let run = measured(&["report".as_ref(), bomb.as_os_str()]);
+    let out = d.join("report.txt");
+    let run = measured(&[
+        "report".as_ref(),
+        bomb.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
     assert_eq!(run.code, Some(66), "{}", run.stderr);
+    assert!(!out.exists(), "a report was left");
     assert!(
         run.stderr.contains(&format!(
             "larger than the 16 MiB a profile of {size} compressed bytes may inflate to"
