@@ -1,10 +1,14 @@
 //! Records a tracked process wrote into its own ring (the preload shim's,
 //! issue 22) that could not be read (issue 40). Such a ring is that
 //! process's word, not memtrail's: a malformed record is its corruption,
-//! not a disagreement between memtrail's BPF and userspace. The process is
-//! named once, on its first such record (pid, executable, ring, what was
-//! wrong), the others counted; its counts are marked incomplete and the
-//! rest of the capture goes on.
+//! not a disagreement between memtrail's BPF and userspace. Two lines per
+//! process: one on its first such record (pid, executable if known yet,
+//! ring, what was wrong), one at the end with the count and the executable
+//! the capture knew it by (a shim's record can come before its process's
+//! own, in ring order); its counts are marked incomplete and the rest of
+//! the capture goes on. Logged as notes
+//! ([`NOTE`](crate::profile::NOTE)): the profile and the summary record
+//! them too.
 
 use crate::profile::CorruptRing;
 
@@ -25,6 +29,7 @@ impl Corrupt {
             return;
         }
         tracing::warn!(
+            target: crate::profile::NOTE,
             pid,
             exe,
             ring = ring.map(i64::from).unwrap_or(-1),
@@ -41,15 +46,24 @@ impl Corrupt {
         });
     }
 
-    /// Logs how many records each process had refused, when more than its
-    /// first.
-    pub(super) fn finish(&self) {
-        for c in self.rings.iter().filter(|c| c.records > 1) {
+    /// Names each process by the executable the capture knows it ran
+    /// (`exe_of`; a record can come before the process's own in ring
+    /// order, and the process be gone by then), and logs how many records
+    /// each had refused.
+    pub(super) fn finish<'a>(&mut self, exe_of: impl Fn(u32) -> Option<&'a str>) {
+        for c in &mut self.rings {
+            if let Some(exe) = exe_of(c.pid) {
+                exe.clone_into(&mut c.exe);
+            }
+        }
+        for c in &self.rings {
             tracing::warn!(
+                target: crate::profile::NOTE,
                 pid = c.pid,
                 exe = %c.exe,
                 records = c.records,
-                "records refused from a tracked process's own ring"
+                first = %c.first,
+                "records refused from a tracked process's own ring: its counts are incomplete"
             );
         }
     }

@@ -826,11 +826,16 @@ impl Aggregator {
     /// on the process's first, counted, and the process's counts marked
     /// incomplete (see `corrupt`).
     pub fn refuse_record(&mut self, pid: u32, ring: Option<u32>, what: &str) {
-        let exe = self
-            .by_pid
-            .get(&pid)
-            .map_or("(not a process of the capture)", |&i| &self.procs[i].exe);
-        self.corrupt.refuse(pid, exe, ring, what);
+        // The record may come before the process's own (ring order): then
+        // the kernel names it, until `finish` names it as the capture does.
+        let exe = match self.by_pid.get(&pid) {
+            Some(&i) => self.procs[i].exe.clone(),
+            None => std::fs::read_link(format!("/proc/{pid}/exe")).map_or_else(
+                |_| "(not known yet)".to_owned(),
+                |p| p.to_string_lossy().into_owned(),
+            ),
+        };
+        self.corrupt.refuse(pid, &exe, ring, what);
     }
 
     /// The processes whose own rings held records that could not be read.
@@ -842,7 +847,9 @@ impl Aggregator {
     /// first): what they have live counts as live at exit. Then settles
     /// every stack's live bytes at the peak.
     pub fn finish(&mut self, ts_ns: u64) {
-        self.corrupt.finish();
+        let (procs, by_pid) = (&self.procs, &self.by_pid);
+        self.corrupt
+            .finish(|pid| by_pid.get(&pid).map(|&i| procs[i].exe.as_str()));
         // The closes below come after every record, the peak's included.
         self.tree.seq += 1;
         if let Some(b) = self.timeline.as_mut() {

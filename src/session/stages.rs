@@ -165,6 +165,7 @@ fn sites_by_pid(
     }
     if let Some(first) = first {
         tracing::warn!(
+            target: crate::profile::NOTE,
             stacks = unrecorded.stacks,
             allocations = unrecorded.allocations,
             bytes = unrecorded.bytes,

@@ -16,8 +16,9 @@ fn ring_path() {
 /// tracked process's own ring is that process's corruption, not
 /// memtrail's (issue 40: the capture failed with exit 70, "memtrail's BPF
 /// and userspace disagree", naming no process): the capture goes on and
-/// exits with the command's status, one warning names the process (pid,
-/// executable) and what was wrong, the profile lists it in
+/// exits with the command's status, one warning at the record names the
+/// process (pid) and what was wrong and one at the end its executable and
+/// the count (never a line per record), the profile lists it in
 /// `anomalies.corrupt_rings` and marks the process incomplete, the
 /// summary says so, and its allocations after the record are counted.
 #[test]
@@ -52,23 +53,29 @@ fn capture_shim_stack_too_deep_is_the_process() {
     // Its 1000 pairs after the record (and the one before) are counted.
     let p = process(profile, pid as u32);
     assert!(num(p, "allocations") >= 1001, "{p}");
-    let warnings: Vec<&str> = run
+    // One line at the first record, one with the count at the end.
+    let first: Vec<&str> = run
         .stderr
         .lines()
         .filter(|l| l.contains("ring holds a record memtrail cannot read"))
         .collect();
-    assert_eq!(warnings.len(), 1, "{}", run.stderr);
-    assert!(
-        warnings[0].contains(&format!("pid={pid}")),
-        "{}",
-        warnings[0]
-    );
-    assert!(warnings[0].contains("ring_writer"), "{}", warnings[0]);
-    assert!(
-        warnings[0].contains("claiming 200 frames"),
-        "{}",
-        warnings[0]
-    );
+    assert_eq!(first.len(), 1, "{}", run.stderr);
+    assert!(first[0].contains(&format!("pid={pid}")), "{}", first[0]);
+    assert!(first[0].contains("claiming 200 frames"), "{}", first[0]);
+    let end: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("records refused from a tracked process's own ring"))
+        .collect();
+    assert_eq!(end.len(), 1, "{}", run.stderr);
+    for part in [
+        &format!("pid={pid}"),
+        "ring_writer",
+        "records=1",
+        "claiming 200 frames",
+    ] {
+        assert!(end[0].contains(part), "{part}: {}", end[0]);
+    }
     assert!(!run.stderr.contains("disagree"), "{}", run.stderr);
     assert!(
         run.stderr.contains(&format!("incomplete: process {pid} (")),
