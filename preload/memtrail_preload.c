@@ -901,6 +901,12 @@ static inline struct mt_ring *ring_of(struct mt_thread *t)
 	 * ring would otherwise wait on it at every call. */
 	if (__builtin_expect(!__atomic_load_n(&ring_on, __ATOMIC_ACQUIRE), 0))
 		return NULL;
+	/* memtrail reads the file no more (a record it could not take as the
+	 * process's): the hook path from now on. */
+	if (__builtin_expect(__atomic_load_n(&ring_ctl->state, __ATOMIC_RELAXED) == RING_CLOSED, 0)) {
+		__atomic_store_n(&ring_on, 0, __ATOMIC_RELEASE);
+		return NULL;
+	}
 	/* A thread of a fork's child: its ring was its parent's. */
 	if (__builtin_expect(t->ring_gen != ring_proc->pid, 0)) {
 		t->ring_gen = ring_proc->pid;

@@ -43,6 +43,7 @@
 //! - resident memory: each process's latest recorded RSS, its exact peak
 //!   from BPF, and the tree's sum of the latest values.
 
+mod corrupt;
 mod mapping;
 pub mod timeline;
 
@@ -326,6 +327,8 @@ pub struct Aggregator {
     direct_sites: HashMap<u64, (u32, PseudoSite)>,
     /// Records this version does not understand.
     pub malformed: u64,
+    /// Records refused from tracked processes' own rings.
+    corrupt: corrupt::Corrupt,
     /// The heap over time; `None` when not kept.
     timeline: Option<timeline::Builder>,
     /// Every executable exec'd in the tree, once, by id ("" first: none
@@ -818,10 +821,35 @@ impl Aggregator {
         self.resident.peak_rss_bytes = self.resident.peak_rss_bytes.max(self.rss_total);
     }
 
+    /// A record from process `pid`'s own ring (the preload shim's; `ring`
+    /// its index when known) could not be read, for reason `what`: logged
+    /// on the process's first, counted, and the process's counts marked
+    /// incomplete (see `corrupt`).
+    pub fn refuse_record(&mut self, pid: u32, ring: Option<u32>, what: &str) {
+        // The record may come before the process's own (ring order): then
+        // the kernel names it, until `finish` names it as the capture does.
+        let exe = match self.by_pid.get(&pid) {
+            Some(&i) => self.procs[i].exe.clone(),
+            None => std::fs::read_link(format!("/proc/{pid}/exe")).map_or_else(
+                |_| "(not known yet)".to_owned(),
+                |p| p.to_string_lossy().into_owned(),
+            ),
+        };
+        self.corrupt.refuse(pid, &exe, ring, what);
+    }
+
+    /// The processes whose own rings held records that could not be read.
+    pub fn corrupt_rings(&self) -> &[crate::profile::CorruptRing] {
+        self.corrupt.rings()
+    }
+
     /// Ends processes that never reported an exit (the capture ended
     /// first): what they have live counts as live at exit. Then settles
     /// every stack's live bytes at the peak.
     pub fn finish(&mut self, ts_ns: u64) {
+        let (procs, by_pid) = (&self.procs, &self.by_pid);
+        self.corrupt
+            .finish(|pid| by_pid.get(&pid).map(|&i| procs[i].exe.as_str()));
         // The closes below come after every record, the peak's included.
         self.tree.seq += 1;
         if let Some(b) = self.timeline.as_mut() {

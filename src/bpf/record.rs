@@ -179,13 +179,22 @@ pub struct Record<'a> {
     pub body: Body<'a>,
 }
 
-/// A record userspace cannot read: a BPF/userspace layout mismatch.
+/// A record userspace cannot read: from BPF's rings, a BPF/userspace
+/// layout mismatch; from a ring a tracked process writes (the preload
+/// shim's), that process's corruption.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
     #[error("record of {len} bytes is shorter than its {need}-byte layout")]
     Short { len: usize, need: usize },
     #[error("unknown record kind {0}")]
     Kind(u16),
+    #[error("a stack record claiming {nr} frames (at most {MAX_FRAMES})")]
+    Frames { nr: usize },
+}
+
+/// The pid a record's header names, if it has one.
+pub fn header_pid(bytes: &[u8]) -> Option<u32> {
+    read::<t::mt_header>(bytes).ok().map(|h| h.pid)
 }
 
 /// Reads a `T` from the front of `bytes`.
@@ -388,8 +397,11 @@ pub fn decode_shim_stack(bytes: &[u8]) -> Option<Result<StackRecord<'_>, DecodeE
         }));
     };
     let nr = (packed >> 32) as u16 as usize;
+    if nr > MAX_FRAMES {
+        return Some(Err(DecodeError::Frames { nr }));
+    }
     let need = IPS_AT + 8 * nr;
-    if bytes.len() < need || nr > MAX_FRAMES {
+    if bytes.len() < need {
         return Some(Err(DecodeError::Short {
             len: bytes.len(),
             need,

@@ -539,7 +539,9 @@ pub struct ReportArgs {
     /// characters, `^` and `$` anchor it) is not counted as a leak: its
     /// blocks are shown apart, as suppressed. Known runtime pools (such
     /// as libstdc++'s emergency exception pool) are always shown apart,
-    /// as "still reachable at exit: runtime" (repeatable).
+    /// as "still reachable at exit: runtime" (repeatable). A regular file
+    /// of at most 1 MiB; at most 10,000 patterns in all, each of at most
+    /// 1,024 bytes.
     #[arg(long = "suppressions", value_name = "FILE")]
     pub suppressions: Vec<PathBuf>,
 }
@@ -945,6 +947,8 @@ pub fn report_exit_code(err: &ReportError) -> i32 {
 
 /// Runs `memtrail report`, writing to `--output` or `stdout`.
 pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportError> {
+    // Before the profile: a bad file fails fast.
+    let suppressions = report::read_suppressions(&args.suppressions)?;
     let (mut profile, id) = report::load_profile_with_id(&args.profile)?;
     // Never over the profile itself (issue 28), by whatever path.
     let output = args.output.as_deref().unwrap_or(std::path::Path::new("-"));
@@ -961,10 +965,6 @@ pub fn report(args: ReportArgs, stdout: &mut impl Write) -> Result<(), ReportErr
     let found = crate::symbolize::StackSymbolizer::new().resymbolize(&mut profile.stacks, &dirs);
     if found > 0 {
         tracing::info!(frames = found, "symbolized again from debug files");
-    }
-    let mut suppressions = Vec::new();
-    for path in &args.suppressions {
-        suppressions.extend(report::read_suppressions(path)?);
     }
     let grouping = if args.no_group {
         report::Grouping::none()
@@ -1024,12 +1024,7 @@ pub fn run(args: RunArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> 
     )?;
     // A process that corrupted its preload ring (issue 40): the profile is
     // written, naming it, but its counts are incomplete.
-    let code = if outcome
-        .profile
-        .processes
-        .iter()
-        .any(|p| p.ring_fault.is_some())
-    {
+    let code = if !outcome.profile.anomalies.corrupt_rings.is_empty() {
         exit::RING_FAULT
     } else {
         outcome.exit_code

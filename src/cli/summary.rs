@@ -192,17 +192,7 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
     }
     write_regions(w, &p.regions)?;
     write_unwind_notes(w, p)?;
-    for (proc, fault) in p
-        .processes
-        .iter()
-        .filter_map(|q| Some((q, q.ring_fault.as_ref()?)))
-    {
-        writeln!(
-            w,
-            "  incomplete: process {} ({}) corrupted its preload ring ({}, ring {} at byte {}): its counts stop there",
-            proc.pid, proc.exe, fault.what, fault.ring, fault.offset
-        )?;
-    }
+    write_anomalies(w, p)?;
     if !slow.is_empty() {
         const SHOWN: usize = 5;
         let shown: Vec<String> = slow
@@ -277,6 +267,36 @@ fn write_system_view(w: &mut impl Write, p: &Profile) -> io::Result<()> {
 /// Says when stacks ended before their outermost frame for another reason
 /// than --stack-depth (when that holds 1% of the allocated bytes or more),
 /// and which images had no unwind table.
+/// The processes whose own rings held records memtrail could not read,
+/// and allocations naming stacks never recorded (issue 40).
+fn write_anomalies(w: &mut impl Write, p: &Profile) -> io::Result<()> {
+    for c in &p.anomalies.corrupt_rings {
+        writeln!(
+            w,
+            "  incomplete: process {} ({}): its ring{} held {} record{} memtrail could not read \
+             (first: {}); its counts miss them",
+            c.pid,
+            c.exe,
+            c.ring.map(|r| format!(" {r}")).unwrap_or_default(),
+            c.records,
+            if c.records == 1 { "" } else { "s" },
+            c.first
+        )?;
+    }
+    let u = &p.anomalies.unrecorded_stacks;
+    if u.stacks > 0 {
+        writeln!(
+            w,
+            "  note: {} allocations ({}) name {} stacks never recorded: in the totals, in no \
+             stack",
+            u.allocations,
+            human_bytes(u.bytes),
+            u.stacks
+        )?;
+    }
+    Ok(())
+}
+
 fn write_unwind_notes(w: &mut impl Write, p: &Profile) -> io::Result<()> {
     use crate::profile::unwind::{Outcome, StackEnd};
     let u = &p.unwind;

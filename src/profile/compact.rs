@@ -23,7 +23,6 @@ use std::sync::Arc;
 
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use serde_json::{Map, Value};
 
 use super::unwind::StackEnd;
 use super::{Frame, StackEntry, StackMetrics, id_string, required};
@@ -265,14 +264,6 @@ impl Serialize for NonZero {
     }
 }
 
-/// Every metric at its default, as a JSON object.
-fn default_metrics() -> Map<String, Value> {
-    match serde_json::to_value(StackMetrics::default()) {
-        Ok(Value::Object(m)) => m,
-        _ => Map::new(),
-    }
-}
-
 /// Writes `stacks` compact (see the module docs).
 pub fn serialize<S: Serializer>(stacks: &[StackEntry], s: S) -> Result<S::Ok, S::Error> {
     let mut b = Builder {
@@ -305,27 +296,212 @@ pub fn serialize<S: Serializer>(stacks: &[StackEntry], s: S) -> Result<S::Ok, S:
     .serialize(s)
 }
 
+/// The most rows a table of the compact `stacks` may have (strings,
+/// modules, functions, frames, stacks): 2^22 (4.2 M; a gcc capture has
+/// 10,700 stacks and 6,500 frames). Memory reading a profile follows its
+/// bytes, but a row of a few bytes can cost tens in memory: the caps bound
+/// what a document, compressed or not, can make a reader allocate
+/// (issue 40).
+pub const MAX_TABLE_ROWS: usize = 1 << 22;
+
+/// The most frames one stack may have: 2^16 (a capture's stacks have at
+/// most 128 native frames, each a few inlined and Python frames).
+pub const MAX_STACK_FRAMES: usize = 1 << 16;
+
+/// The most frames the stacks of a profile may have in all: 2^24 (16.8 M;
+/// a g++ capture's 9,200 stacks have 1.1 M). An id of two bytes in the
+/// document is a word in memory: issue 40's 91 KB file of 1 GB of frame
+/// ids took over 4 GB.
+pub const MAX_FRAME_REFS: usize = 1 << 24;
+
 /// One stack as read from the compact form.
-#[derive(Deserialize)]
 struct EntryIn {
-    #[serde(with = "id_string")]
     id: u64,
     pid: u32,
     exe: u32,
     frames: Vec<u32>,
-    #[serde(default)]
     end: StackEnd,
-    #[serde(flatten)]
-    metrics: Map<String, Value>,
+    metrics: StackMetrics,
+}
+
+/// Metric `name` of `m`, if it is one.
+fn metric<'m>(m: &'m mut StackMetrics, name: &str) -> Option<&'m mut u64> {
+    Some(match name {
+        "allocations" => &mut m.allocations,
+        "bytes" => &mut m.bytes,
+        "live_bytes_at_peak" => &mut m.live_bytes_at_peak,
+        "live_allocations_at_peak" => &mut m.live_allocations_at_peak,
+        "live_bytes_at_exit" => &mut m.live_bytes_at_exit,
+        "live_allocations_at_exit" => &mut m.live_allocations_at_exit,
+        "temporary_allocations" => &mut m.temporary_allocations,
+        "mmaps" => &mut m.mmaps,
+        "mapped_bytes" => &mut m.mapped_bytes,
+        "reserved_bytes" => &mut m.reserved_bytes,
+        "reserved_bytes_at_exit" => &mut m.reserved_bytes_at_exit,
+        "mapped_bytes_at_peak" => &mut m.mapped_bytes_at_peak,
+        "mapped_bytes_at_exit" => &mut m.mapped_bytes_at_exit,
+        "brk_bytes" => &mut m.brk_bytes,
+        _ => return None,
+    })
+}
+
+/// A stack's frame ids, at most [`MAX_STACK_FRAMES`].
+struct FrameIds;
+
+impl<'de> de::DeserializeSeed<'de> for FrameIds {
+    type Value = Vec<u32>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<u32>, D::Error> {
+        d.deserialize_seq(Bounded::<u32>::new(MAX_STACK_FRAMES, "frames in a stack"))
+    }
+}
+
+/// Reads an [`EntryIn`] key by key: its metrics are its other keys (those
+/// not 0), read as numbers; a key it does not know is skipped unread.
+struct EntryVisitor;
+
+impl<'de> Visitor<'de> for EntryVisitor {
+    type Value = EntryIn;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a stack (an object)")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<EntryIn, A::Error> {
+        let (mut id, mut pid, mut exe, mut frames) = (None, None, None, None);
+        let mut end = StackEnd::default();
+        let mut metrics = StackMetrics::default();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match &*key {
+                "id" => id = Some(map.next_value_seed(IdString)?),
+                "pid" => pid = Some(map.next_value()?),
+                "exe" => exe = Some(map.next_value()?),
+                "frames" => frames = Some(map.next_value_seed(FrameIds)?),
+                "end" => end = map.next_value()?,
+                name => match metric(&mut metrics, name) {
+                    Some(v) => *v = map.next_value()?,
+                    None => {
+                        map.next_value::<de::IgnoredAny>()?;
+                    }
+                },
+            }
+        }
+        Ok(EntryIn {
+            id: id.ok_or_else(|| de::Error::missing_field("id"))?,
+            pid: pid.ok_or_else(|| de::Error::missing_field("pid"))?,
+            exe: exe.ok_or_else(|| de::Error::missing_field("exe"))?,
+            frames: frames.ok_or_else(|| de::Error::missing_field("frames"))?,
+            end,
+            metrics,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for EntryIn {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(EntryVisitor)
+    }
+}
+
+/// A stack id, as [`id_string`] reads it.
+struct IdString;
+
+impl<'de> de::DeserializeSeed<'de> for IdString {
+    type Value = u64;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<u64, D::Error> {
+        id_string::deserialize(d)
+    }
+}
+
+/// A list of at most `max` elements, refused as soon as it has more (not
+/// once it is read whole).
+struct Bounded<T> {
+    max: usize,
+    /// What the elements are, for the message.
+    what: &'static str,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T> Bounded<T> {
+    fn new(max: usize, what: &'static str) -> Self {
+        Self {
+            max,
+            what,
+            _t: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for Bounded<T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a list of at most {} {}", self.max, self.what)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element()? {
+            if out.len() == self.max {
+                return Err(de::Error::custom(format!(
+                    "more than {} {} (a memtrail profile has far fewer)",
+                    self.max, self.what
+                )));
+            }
+            out.push(v);
+        }
+        Ok(out)
+    }
+}
+
+/// A table of at most [`MAX_TABLE_ROWS`] rows.
+fn rows<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    d.deserialize_seq(Bounded::new(MAX_TABLE_ROWS, "rows in a table of stacks"))
+}
+
+/// The stacks, at most [`MAX_TABLE_ROWS`], with at most
+/// [`MAX_FRAME_REFS`] frames in all.
+fn entries<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<EntryIn>, D::Error> {
+    struct Entries;
+    impl<'de> Visitor<'de> for Entries {
+        type Value = Vec<EntryIn>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of stacks")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<EntryIn>, A::Error> {
+            let mut out = Vec::new();
+            let mut frames = 0usize;
+            while let Some(e) = seq.next_element::<EntryIn>()? {
+                frames += e.frames.len();
+                if out.len() == MAX_TABLE_ROWS || frames > MAX_FRAME_REFS {
+                    return Err(de::Error::custom(format!(
+                        "more than {MAX_TABLE_ROWS} stacks or {MAX_FRAME_REFS} frames in all \
+                         (a memtrail profile has far fewer)"
+                    )));
+                }
+                out.push(e);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Entries)
 }
 
 /// The compact `stacks`, as read.
 #[derive(Deserialize)]
 struct TablesIn {
+    #[serde(deserialize_with = "rows")]
     strings: Vec<Arc<str>>,
+    #[serde(deserialize_with = "rows")]
     modules: Vec<ModuleRow>,
+    #[serde(deserialize_with = "rows")]
     functions: Vec<FunctionRow>,
+    #[serde(deserialize_with = "rows")]
     frames: Vec<FrameRow>,
+    #[serde(deserialize_with = "entries")]
     entries: Vec<EntryIn>,
 }
 
@@ -381,14 +557,9 @@ impl TablesIn {
     /// The stacks, their frames resolved.
     fn resolve(mut self) -> Result<Vec<StackEntry>, String> {
         let frames = self.frames()?;
-        let defaults = default_metrics();
         let entries = std::mem::take(&mut self.entries);
         let mut stacks = Vec::with_capacity(entries.len());
         for e in entries {
-            let mut m = defaults.clone();
-            m.extend(e.metrics);
-            let metrics: StackMetrics = serde_json::from_value(Value::Object(m))
-                .map_err(|err| format!("stacks: stack {}: {err}", e.id))?;
             stacks.push(StackEntry {
                 id: e.id,
                 pid: e.pid,
@@ -399,7 +570,7 @@ impl TablesIn {
                     .map(|&id| row(&frames, id, "frame").cloned())
                     .collect::<Result<_, _>>()?,
                 end: e.end,
-                metrics,
+                metrics: e.metrics,
             });
         }
         Ok(stacks)
@@ -448,8 +619,16 @@ impl<'de> Visitor<'de> for StacksVisitor {
     /// as each stack is read, so memory follows the distinct strings.
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut strings = Strings::default();
-        let mut stacks = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        let mut stacks = Vec::new();
+        let mut frames = 0usize;
         while let Some(mut stack) = seq.next_element::<StackEntry>()? {
+            frames += stack.frames.len();
+            if stacks.len() == MAX_TABLE_ROWS || frames > MAX_FRAME_REFS {
+                return Err(de::Error::custom(format!(
+                    "more than {MAX_TABLE_ROWS} stacks or {MAX_FRAME_REFS} frames in all \
+                     (a memtrail profile has far fewer)"
+                )));
+            }
             strings.share_frames(&mut stack.frames);
             stacks.push(stack);
         }
@@ -471,6 +650,7 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<StackEntry>, D
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Map, Value};
 
     /// NonZero writes what the derived Serialize writes, less the zeros.
     #[test]
@@ -495,5 +675,23 @@ mod tests {
         );
         let none = serde_json::to_value(NonZero::of(&StackMetrics::default())).unwrap();
         assert_eq!(none, Value::Object(Map::new()));
+    }
+
+    /// The compact reader knows every metric the writer writes, each as
+    /// its own field.
+    #[test]
+    fn metric_names_all_read() {
+        let Ok(Value::Object(names)) = serde_json::to_value(StackMetrics::default()) else {
+            panic!("metrics are an object");
+        };
+        let mut m = StackMetrics::default();
+        for (i, name) in names.keys().enumerate() {
+            *metric(&mut m, name).expect("known metric") = i as u64 + 1;
+        }
+        let back = serde_json::to_value(m).unwrap();
+        for (i, name) in names.keys().enumerate() {
+            assert_eq!(back[name], i as u64 + 1, "{name}");
+        }
+        assert!(metric(&mut m, "frames").is_none());
     }
 }

@@ -114,6 +114,57 @@ pub struct Profile {
     /// zeros in a profile written before memtrail recorded it.
     #[serde(default)]
     pub resident: Resident,
+    /// What the capture could not trust or join (issue 40): records a
+    /// tracked process's own ring held malformed, allocations naming
+    /// stacks never recorded. Absent when there were none.
+    #[serde(default, skip_serializing_if = "Anomalies::is_empty")]
+    pub anomalies: Anomalies,
+}
+
+/// What a capture could not trust or join, counted instead of logged once
+/// per record (issue 40: a million allocations naming stacks never written
+/// made a million log lines).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Anomalies {
+    /// Tracked processes whose own ring (the preload shim's) held records
+    /// memtrail could not read: that process's counts are incomplete
+    /// (its `incomplete` in `processes`); the rest of the capture is not.
+    #[serde(default)]
+    pub corrupt_rings: Vec<CorruptRing>,
+    /// Allocations naming a stack that was never recorded: counted in the
+    /// totals, in no stack.
+    #[serde(default)]
+    pub unrecorded_stacks: UnrecordedStacks,
+}
+
+impl Anomalies {
+    pub fn is_empty(&self) -> bool {
+        self.corrupt_rings.is_empty() && self.unrecorded_stacks.stacks == 0
+    }
+}
+
+/// A tracked process's ring that held records memtrail could not read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CorruptRing {
+    /// The process the records were refused from.
+    pub pid: u32,
+    pub exe: String,
+    /// Which of the preload shim's rings, when known.
+    pub ring: Option<u32>,
+    /// What was wrong with the first record refused.
+    pub first: String,
+    /// Records refused.
+    pub records: u64,
+}
+
+/// Stack ids named by allocations but never recorded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnrecordedStacks {
+    /// Distinct stack ids.
+    pub stacks: u64,
+    /// The allocating calls that named them, and their bytes.
+    pub allocations: u64,
+    pub bytes: u64,
 }
 
 /// Resident memory (RSS: the kernel's file, anonymous and shared-memory
@@ -372,19 +423,11 @@ pub struct ProcessEntry {
     /// (false) otherwise.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preloaded: bool,
-    /// Its preload ring file was corrupt (issue 40): read no further from
-    /// there, so its counts are incomplete. Absent otherwise.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ring_fault: Option<RingFaultEntry>,
-}
-
-/// What was wrong with a process's preload ring file, and where.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RingFaultEntry {
-    pub what: String,
-    /// The ring of the file, and the position in it where reading stopped.
-    pub ring: u32,
-    pub offset: u64,
+    /// Whether its counts are incomplete: its own ring held records
+    /// memtrail could not read (`anomalies.corrupt_rings`). Absent (false)
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub incomplete: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]

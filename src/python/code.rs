@@ -155,7 +155,8 @@ impl Resolver {
     /// The process's memory and its interpreter's layouts, found among its
     /// mappings.
     fn open(&mut self, pid: u32) -> Option<Proc> {
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        let maps =
+            crate::sys::read_maps(std::path::Path::new(&format!("/proc/{pid}/maps"))).ok()?;
         let interp = maps
             .lines()
             .filter_map(|line| line.split_whitespace().nth(5))

@@ -27,6 +27,11 @@
 //! name, or any file compressed by `zstd`) is recognized by zstd's magic
 //! and read decompressed, the cap applying to both the file and what it
 //! inflates to; corrupt or cut-short compressed data is an invalid document.
+//! What it may inflate to is also bounded by its size on disk
+//! ([`inflated_cap`]: [`MAX_INFLATE_RATIO`] times it, at least
+//! [`MIN_INFLATED_BYTES`]), so that memory follows the bytes the file
+//! holds, not what a few KiB of zstd can claim (issue 40: a 4.7 KB file
+//! inflating to gigabytes took 551 MB, a 91 KB one over 4 GB).
 
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read, Seek};
@@ -61,6 +66,23 @@ pub const IN_MEMORY_BYTES: u64 = 64 << 20;
 /// The largest bench suite file memtrail reads: 16 MiB (a suite of ten
 /// thousand benchmarks is about 1 MiB).
 pub const MAX_SUITE_BYTES: u64 = 16 << 20;
+
+/// The most a zstd-compressed document may inflate to per byte of the
+/// file: 100 (memtrail's profiles compress 9 to 12 times at the level it
+/// writes them, issue 40).
+pub const MAX_INFLATE_RATIO: u64 = 100;
+
+/// What any zstd-compressed document may inflate to, however small the
+/// file: 16 MiB.
+pub const MIN_INFLATED_BYTES: u64 = 16 << 20;
+
+/// What a zstd-compressed file of `len` bytes may inflate to, for a
+/// document whose cap is `cap`.
+pub fn inflated_cap(len: u64, cap: u64) -> u64 {
+    len.saturating_mul(MAX_INFLATE_RATIO)
+        .max(MIN_INFLATED_BYTES)
+        .min(cap)
+}
 
 /// zstd's frame magic: a file that starts with it is read decompressed.
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
@@ -215,7 +237,7 @@ impl InputFile {
             .map_err(JsonError::Read)?
             .starts_with(&ZSTD_MAGIC)
         {
-            return zstd_json(reader, cap, what);
+            return zstd_json(reader, len, cap, what);
         }
         let parsed = if len <= IN_MEMORY_BYTES {
             let mut bytes = Vec::with_capacity(len as usize);
@@ -243,11 +265,13 @@ fn shown_size(bytes: u64) -> String {
     }
 }
 
-/// Parses zstd-compressed JSON from `reader`, its decompressed bytes capped
-/// at `cap` too. The decoder's own errors (corrupt or cut-short data) make
-/// an invalid document; errors reading the file stay read errors.
+/// Parses zstd-compressed JSON from `reader` (a file of `len` bytes), its
+/// decompressed bytes capped at [`inflated_cap`]. The decoder's own errors
+/// (corrupt or cut-short data) make an invalid document; errors reading
+/// the file stay read errors.
 fn zstd_json<T: DeserializeOwned>(
     reader: impl BufRead,
+    len: u64,
     cap: u64,
     what: &str,
 ) -> Result<T, JsonError> {
@@ -256,13 +280,24 @@ fn zstd_json<T: DeserializeOwned>(
     decoder
         .window_log_max(ZSTD_WINDOW_LOG_MAX)
         .map_err(JsonError::Read)?;
-    let inflated = Capped {
-        inner: Inflate(decoder),
-        left: cap,
-        too_large: format!(
+    let inflated_cap = inflated_cap(len, cap);
+    let too_large = if inflated_cap < cap {
+        format!(
+            "decompressed, larger than the {} {what} of {len} compressed bytes may inflate to \
+             ({MAX_INFLATE_RATIO} times its size, at least {})",
+            shown_size(inflated_cap),
+            shown_size(MIN_INFLATED_BYTES)
+        )
+    } else {
+        format!(
             "decompressed, larger than the {} {what} may have",
             shown_size(cap)
-        ),
+        )
+    };
+    let inflated = Capped {
+        inner: Inflate(decoder),
+        left: inflated_cap,
+        too_large,
     };
     serde_json::from_reader(BufReader::with_capacity(1 << 16, inflated)).map_err(|e| {
         match e.io_error_kind() {

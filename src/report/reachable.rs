@@ -153,32 +153,98 @@ impl Pools {
     }
 }
 
+/// The largest suppression file memtrail reads: 1 MiB (LSan's
+/// suppression files in large projects are a few hundred lines).
+pub const MAX_SUPPRESSION_FILE_BYTES: u64 = 1 << 20;
+
+/// The most `leak:` patterns read, from every `--suppressions` file
+/// together: 10,000.
+pub const MAX_SUPPRESSIONS: usize = 10_000;
+
+/// The longest pattern: 1,024 bytes.
+pub const MAX_PATTERN_BYTES: usize = 1024;
+
 /// One `leak:PATTERN` line of a suppression file.
+///
+/// Matched without a regex or backtracking (issue 40: 8 MB of
+/// `leak:*a*b*…` took over 2 GB as regexes): the pattern is its literal
+/// pieces between `*`s, each found after the previous one (the leftmost
+/// match of each piece is the one that leaves the most room for the rest),
+/// so a match costs one substring search per piece.
 #[derive(Clone, Debug)]
 pub struct Suppression {
     /// The line as written after `leak:`.
     pub pattern: String,
-    regex: Regex,
+    /// `^`: the first piece starts the string.
+    start: bool,
+    /// `$`: the last piece ends it.
+    end: bool,
+    /// The literal pieces between `*`s (empty ones dropped, except that
+    /// a pattern of only `*`s keeps none and matches anything).
+    pieces: Vec<String>,
 }
 
 impl Suppression {
     /// A pattern as LSan reads it: a substring of a frame's function,
     /// module path or source file, `*` for any characters, `^` and `$`
     /// anchoring it at the start or end.
-    pub fn new(pattern: &str) -> Result<Self, regex::Error> {
+    pub fn new(pattern: &str) -> Result<Self, String> {
+        if pattern.len() > MAX_PATTERN_BYTES {
+            return Err(format!(
+                "a pattern of {} bytes: at most {MAX_PATTERN_BYTES} are read",
+                pattern.len()
+            ));
+        }
         let (start, rest) = match pattern.strip_prefix('^') {
-            Some(rest) => ("^", rest),
-            None => ("", pattern),
+            Some(rest) => (true, rest),
+            None => (false, pattern),
         };
         let (rest, end) = match rest.strip_suffix('$') {
-            Some(rest) => (rest, "$"),
-            None => (rest, ""),
+            Some(rest) => (rest, true),
+            None => (rest, false),
         };
-        let body: Vec<String> = rest.split('*').map(regex::escape).collect();
+        let parts: Vec<&str> = rest.split('*').collect();
+        // An anchor binds to the piece next to it: `^*x` anchors nothing.
+        let start = start && parts.first().is_some_and(|p| !p.is_empty());
+        let end = end && parts.last().is_some_and(|p| !p.is_empty());
         Ok(Self {
             pattern: pattern.to_owned(),
-            regex: Regex::new(&format!("{start}{}{end}", body.join(".*")))?,
+            start,
+            end,
+            pieces: parts
+                .into_iter()
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .collect(),
         })
+    }
+
+    /// Whether `s` matches: in time linear in `s` per piece.
+    fn is_match(&self, s: &str) -> bool {
+        let n = self.pieces.len();
+        let mut rest = s;
+        for (i, piece) in self.pieces.iter().enumerate() {
+            let last = i + 1 == n;
+            if i == 0 && self.start {
+                let Some(after) = rest.strip_prefix(piece.as_str()) else {
+                    return false;
+                };
+                if last && self.end {
+                    return after.is_empty();
+                }
+                rest = after;
+            } else if last && self.end {
+                return rest.ends_with(piece.as_str());
+            } else {
+                let Some(at) = rest.find(piece.as_str()) else {
+                    return false;
+                };
+                rest = &rest[at + piece.len()..];
+            }
+        }
+        // No pieces: `^$` matches only the empty string; `*`, `^*$`
+        // anything.
+        n > 0 || self.pattern != "^$" || s.is_empty()
     }
 
     fn matches(&self, frames: &[Arc<Frame>]) -> bool {
@@ -186,7 +252,7 @@ impl Suppression {
             [&f.function, &f.module, &f.file]
                 .into_iter()
                 .flatten()
-                .any(|s| self.regex.is_match(s))
+                .any(|s| self.is_match(s))
         })
     }
 }
@@ -208,14 +274,29 @@ pub enum SuppressionError {
     },
 }
 
-/// Reads a suppression file: a `leak:PATTERN` a line; empty lines and
-/// lines starting with `#` are skipped, surrounding blanks ignored.
-pub fn read_suppressions(path: &Path) -> Result<Vec<Suppression>, SuppressionError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SuppressionError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
+/// Reads suppression files: a `leak:PATTERN` a line; empty lines and
+/// lines starting with `#` are skipped, surrounding blanks ignored. Each
+/// must be a regular file of at most [`MAX_SUPPRESSION_FILE_BYTES`] (a
+/// FIFO or a device is refused before any read), with at most
+/// [`MAX_SUPPRESSIONS`] patterns in all, each of at most
+/// [`MAX_PATTERN_BYTES`].
+pub fn read_suppressions<P: AsRef<Path>>(
+    paths: &[P],
+) -> Result<Vec<Suppression>, SuppressionError> {
     let mut out = Vec::new();
+    for path in paths {
+        read_suppression_file(path.as_ref(), &mut out)?;
+    }
+    Ok(out)
+}
+
+/// Appends the patterns of the file at `path` to `out`.
+fn read_suppression_file(path: &Path, out: &mut Vec<Suppression>) -> Result<(), SuppressionError> {
+    let text = super::load::read_text(path, MAX_SUPPRESSION_FILE_BYTES, "a suppression file")
+        .map_err(|source| SuppressionError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -228,16 +309,30 @@ pub fn read_suppressions(path: &Path) -> Result<Vec<Suppression>, SuppressionErr
         };
         let Some(pattern) = line.strip_prefix("leak:") else {
             return Err(err(format!(
-                "expected `leak:PATTERN`, not {line:?} (memtrail reads only leak suppressions)"
+                "expected `leak:PATTERN`, not {:?} (memtrail reads only leak suppressions)",
+                shortened(line)
             )));
         };
         let pattern = pattern.trim();
         if pattern.is_empty() {
             return Err(err("`leak:` without a pattern".to_owned()));
         }
-        out.push(Suppression::new(pattern).map_err(|e| err(e.to_string()))?);
+        if out.len() == MAX_SUPPRESSIONS {
+            return Err(err(format!(
+                "more than {MAX_SUPPRESSIONS} patterns (in all --suppressions files)"
+            )));
+        }
+        out.push(Suppression::new(pattern).map_err(err)?);
     }
-    Ok(out)
+    Ok(())
+}
+
+/// `line`, cut to its first 80 characters for a message.
+fn shortened(line: &str) -> String {
+    match line.char_indices().nth(80) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None => line.to_owned(),
+    }
 }
 
 /// What a stack's blocks live at exit are.
@@ -364,5 +459,52 @@ impl Reachable {
                 ..*m
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(pattern: &str, s: &str) -> bool {
+        Suppression::new(pattern).expect("pattern").is_match(s)
+    }
+
+    /// Patterns match as LSan's do (substring, `*`, `^`, `$`), and a
+    /// pattern of many `*`s against a long string that almost matches
+    /// costs one search per piece (issue 40: as a regex, a backtracking
+    /// matcher's worst case).
+    #[test]
+    fn suppression_patterns_match() {
+        for (p, s, want) in [
+            ("keep_", "my_keep_forever", true),
+            ("keep_*ever", "my_keep_forever", true),
+            ("^keep_", "my_keep_forever", false),
+            ("^my_", "my_keep_forever", true),
+            ("ever$", "my_keep_forever", true),
+            ("keep$", "my_keep_forever", false),
+            ("^my_keep_forever$", "my_keep_forever", true),
+            ("^my*ever$", "my_keep_forever", true),
+            ("^my*keep$", "my_keep_forever", false),
+            ("^ab*ba$", "aba", false),
+            ("^ab*ba$", "abba", true),
+            ("a*b*c", "xaxbxc", true),
+            ("a*b*c", "xcxbxa", false),
+            ("*", "", true),
+            ("^*$", "anything", true),
+            ("^$", "", true),
+            ("^$", "x", false),
+            ("^*x", "ax", true),
+            ("x.y", "x.y", true),
+            ("x.y", "xzy", false),
+            ("(", "f(int)", true),
+        ] {
+            assert_eq!(m(p, s), want, "{p:?} on {s:?}");
+        }
+        let many = format!("*{}", "a*".repeat(500));
+        let s = format!("{}b", "a".repeat(499));
+        assert!(!m(&many, &s));
+        assert!(m(&many, &"a".repeat(500)));
+        assert!(Suppression::new(&"a".repeat(MAX_PATTERN_BYTES + 1)).is_err());
     }
 }

@@ -159,11 +159,26 @@ impl ProcRings {
             }
             at += ((super::HEADER_LEN + rec.len() + 7) & !7) as u64;
         });
+        let ring = &self.rings[i];
         if let Some(what) = bad {
             self.fault(i, at, what, faults);
-        } else if self.rings[i].stopped_at_invalid() {
-            let at = self.rings[i].position();
+        } else if ring.stopped_at_invalid() {
+            let at = ring.position();
             self.fault(i, at, "a record length no writer makes", faults);
+        } else if ring
+            .busy_head()
+            .is_some_and(|stride| ring.position() + stride < prod)
+        {
+            // One writer, which completes a record before it reserves the
+            // next (a signal handler's calls take the hook path): a busy
+            // record with others reserved after it is never completed.
+            let at = ring.position();
+            self.fault(
+                i,
+                at,
+                "a record left unfinished while its writer went on",
+                faults,
+            );
         }
         read
     }

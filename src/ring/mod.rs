@@ -364,6 +364,18 @@ impl RingConsumer {
                     == Header::Invalid)
     }
 
+    /// The bytes the record at the read position takes, if it is still
+    /// being written (busy) and its length one a producer writes.
+    pub fn busy_head(&self) -> Option<u64> {
+        if self.pos >= self.producer_pos() {
+            return None;
+        }
+        let word = self.header(self.pos).load(Ordering::Acquire);
+        let body = (word & !(BUSY_BIT | DISCARD_BIT)) as usize;
+        (word & BUSY_BIT != 0 && body <= self.size() - HEADER_LEN)
+            .then(|| ((HEADER_LEN + body + 7) & !7) as u64)
+    }
+
     fn header(&self, pos: u64) -> &AtomicU32 {
         let off = self.page + (pos & self.mask) as usize;
         // SAFETY: `off` is 8-aligned (records are 8-byte padded and the data

@@ -212,15 +212,14 @@ pub struct Offer {
 pub struct Faults(std::sync::Mutex<Vec<RingFault>>);
 
 impl Faults {
-    /// Notes `fault` (logged once per process).
+    /// Notes `fault` (the aggregation names the process at the end).
     pub fn add(&self, fault: RingFault) {
-        tracing::warn!(
+        tracing::debug!(
             pid = fault.pid,
             ring = fault.ring,
             offset = fault.offset,
-            "process {} corrupted its preload ring ({}): its counts are incomplete",
-            fault.pid,
-            fault.what
+            what = fault.what,
+            "a preload ring file read no further"
         );
         self.0.lock().unwrap_or_else(|e| e.into_inner()).push(fault);
     }

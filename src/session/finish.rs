@@ -58,32 +58,12 @@ struct Parts<'a> {
     skipped_images: Vec<SkippedImage>,
     /// The processes that loaded the preload shim.
     preloaded: std::collections::BTreeSet<u32>,
-    /// The first fault of each process whose preload ring file was corrupt.
-    ring_faults: std::collections::BTreeMap<u32, crate::profile::RingFaultEntry>,
     stacks: Vec<StackEntry>,
     pressure: PressureStats,
     unwind: UnwindReport,
     regions: Vec<crate::profile::regions::RegionEntry>,
-}
-
-/// The first ring fault of each process (see [`crate::ring::shim::Offer`]).
-fn ring_faults(
-    offer: Option<&crate::ring::shim::Offer>,
-) -> std::collections::BTreeMap<u32, crate::profile::RingFaultEntry> {
-    let mut first = std::collections::BTreeMap::new();
-    for fault in offer
-        .map(crate::ring::shim::Offer::faults)
-        .unwrap_or_default()
-    {
-        first
-            .entry(fault.pid)
-            .or_insert_with(|| crate::profile::RingFaultEntry {
-                what: fault.what.to_owned(),
-                ring: fault.ring,
-                offset: fault.offset,
-            });
-    }
-    first
+    /// Allocations naming stacks never recorded.
+    unrecorded_stacks: crate::profile::UnrecordedStacks,
 }
 
 /// Builds the profile document: the one place it is assembled. Times become
@@ -119,7 +99,7 @@ fn assemble(parts: Parts<'_>) -> Profile {
                 mappings: p.maps,
                 resident: p.resident,
                 preloaded: parts.preloaded.contains(&p.pid),
-                ring_fault: parts.ring_faults.get(&p.pid).cloned(),
+                incomplete: agg.corrupt_rings().iter().any(|c| c.pid == p.pid),
             })
             .collect(),
         lost_events: parts.lost,
@@ -133,6 +113,10 @@ fn assemble(parts: Parts<'_>) -> Profile {
         timeline: agg.timeline(start_ns).unwrap_or_default(),
         regions: parts.regions,
         resident: agg.resident(),
+        anomalies: crate::profile::Anomalies {
+            corrupt_rings: agg.corrupt_rings().to_vec(),
+            unrecorded_stacks: parts.unrecorded_stacks,
+        },
     }
 }
 
@@ -188,7 +172,12 @@ impl Session {
             shim,
             ..
         } = events;
-        let ring_faults = ring_faults(shim.as_ref());
+        // The ring files the merge found corrupt (issue 40): each its
+        // process's, as the records the sink could not read.
+        for fault in shim.as_ref().map(|o| o.faults()).unwrap_or_default() {
+            let what = format!("{} (byte {} of the ring)", fault.what, fault.offset);
+            agg.refuse_record(fault.pid, Some(fault.ring), &what);
+        }
         stacks.stacks.extend(shim_stacks.stacks);
         stacks.malformed += shim_stacks.malformed;
         agg.finish(end_ns);
@@ -198,7 +187,7 @@ impl Session {
         let root_exit = self.root_exit(&agg);
         let images: Vec<std::path::PathBuf> =
             images_seen.0.iter().map(|t| t.image.clone()).collect();
-        let stacks = super::stages::symbolize_stacks(
+        let (stacks, unrecorded_stacks) = super::stages::symbolize_stacks(
             &agg,
             stacks.stacks,
             mappings.mappings,
@@ -226,11 +215,11 @@ impl Session {
             event_rings: self.event_ring_maps.len() as u32,
             skipped_images,
             preloaded: std::mem::take(&mut attacher.preloaded),
-            ring_faults,
             unwind: crate::unwind::report(self.unwind, images_seen.0, images_seen.1, &stacks),
             stacks,
             pressure,
             regions: markers.finish(),
+            unrecorded_stacks,
         });
         phases.done("profile assembled");
         Ok(Finish {

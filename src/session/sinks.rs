@@ -9,7 +9,7 @@ use crate::aggregate::Aggregator;
 use crate::attach::strip_deleted;
 use crate::bpf::record::Body;
 use crate::bpf::record::{self, MappingRecord};
-use crate::engine::Sink;
+use crate::engine::{Origin, Sink};
 use crate::events::writer::EventWriter;
 use crate::session::markers::Markers;
 use crate::session::regions::Regions;
@@ -59,10 +59,23 @@ impl Sink for EventSink {
             self.take_rings(pid, fd);
             return;
         }
+        self.record_from(bytes, Origin::Bpf);
+    }
+
+    fn record_from(&mut self, bytes: &[u8], origin: Origin) {
+        // Kinds only the preload shim writes come from its rings, whatever
+        // ring the reader says.
+        let shim = match origin {
+            Origin::Bpf => Origin::Shim {
+                ring: None,
+                owner: None,
+            },
+            shim => shim,
+        };
         if let Some(stack) = record::decode_shim_stack(bytes) {
             match stack {
                 Ok(rec) => self.shim_stacks.insert(&rec),
-                Err(_) => self.agg.malformed += 1,
+                Err(err) => self.refuse(bytes, shim, &err),
             }
             return;
         }
@@ -70,35 +83,22 @@ impl Sink for EventSink {
         if let Some(code) = record::decode_shim_py_code(bytes) {
             match code {
                 Ok(code) => self.shim_stacks.learn(&code),
-                Err(_) => self.agg.malformed += 1,
+                Err(err) => self.refuse(bytes, shim, &err),
             }
             return;
         }
         // The preload shim's batched frees: each a free of its own.
         if let Some(batch) = record::decode_free_batch(bytes) {
-            let Ok((hdr, addrs)) = batch else {
-                self.agg.malformed += 1;
-                return;
-            };
-            for addr in addrs {
-                self.fold(record::Record {
-                    hdr,
-                    body: Body::Mem(record::Mem {
-                        addr,
-                        size: 0,
-                        old_addr: 0,
-                        old_size: 0,
-                        stack_id: 0,
-                    }),
-                });
+            match batch {
+                Ok((hdr, addrs)) => self.fold_frees(hdr, addrs),
+                Err(err) => self.refuse(bytes, shim, &err),
             }
             return;
         }
-        let Ok(rec) = record::decode(bytes) else {
-            self.agg.malformed += 1;
-            return;
-        };
-        self.fold(rec);
+        match record::decode(bytes) {
+            Ok(rec) => self.fold(rec),
+            Err(err) => self.refuse(bytes, origin, &err),
+        }
     }
 
     fn drained(&mut self, epoch: u64) {
@@ -118,6 +118,36 @@ impl EventSink {
         match offer.adopt(pid, fd) {
             Ok(()) => tracing::debug!(pid, "preload rings taken"),
             Err(err) => tracing::debug!(pid, %err, "preload rings not taken"),
+        }
+    }
+
+    /// A record that cannot be read: from a ring a tracked process writes,
+    /// that process's corruption (named once, its counts marked incomplete,
+    /// the capture goes on: issue 40); from BPF's, a disagreement between
+    /// memtrail's BPF and userspace, which fails the capture.
+    fn refuse(&mut self, bytes: &[u8], origin: Origin, err: &record::DecodeError) {
+        match origin {
+            Origin::Bpf => self.agg.malformed += 1,
+            Origin::Shim { ring, owner } => {
+                let pid = owner.or_else(|| record::header_pid(bytes)).unwrap_or(0);
+                self.agg.refuse_record(pid, ring, &err.to_string());
+            }
+        }
+    }
+
+    /// Folds a batch of the preload shim's frees, each a free of its own.
+    fn fold_frees(&mut self, hdr: record::Header, addrs: impl Iterator<Item = u64>) {
+        for addr in addrs {
+            self.fold(record::Record {
+                hdr,
+                body: Body::Mem(record::Mem {
+                    addr,
+                    size: 0,
+                    old_addr: 0,
+                    old_size: 0,
+                    stack_id: 0,
+                }),
+            });
         }
     }
 
@@ -274,7 +304,8 @@ impl MappingSink {
     /// vDSO's is only found there; the dynamic loader's also comes from
     /// BPF at exec, for a process gone before /proc could be read).
     pub(crate) fn scan_proc(&mut self, pid: u32) {
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        let Ok(maps) = crate::sys::read_maps(std::path::Path::new(&format!("/proc/{pid}/maps")))
+        else {
             return;
         };
         for line in maps.lines() {

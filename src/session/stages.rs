@@ -8,7 +8,7 @@ use crate::aggregate::{Aggregator, PseudoSite};
 use crate::attach::{self, Links};
 use crate::bpf::skel::memtrail::MemtrailSkel;
 use crate::pressure::RingRoom;
-use crate::profile::{LostEvents, StackEntry, StackMetrics};
+use crate::profile::{LostEvents, StackEntry, StackMetrics, UnrecordedStacks};
 use crate::symbolize::AddressSpaces;
 
 use super::CaptureError;
@@ -62,7 +62,7 @@ pub(crate) fn symbolize_stacks(
     images: &[PathBuf],
     symbolizer: &crate::symbolize::Background,
     debug_dirs: &[PathBuf],
-) -> Vec<StackEntry> {
+) -> (Vec<StackEntry>, UnrecordedStacks) {
     let hints: Vec<PathBuf> = agg
         .processes()
         .filter_map(|p| std::fs::canonicalize(&p.exe).ok())
@@ -74,38 +74,9 @@ pub(crate) fn symbolize_stacks(
         mappings,
         parents: agg.processes().map(|p| (p.pid, p.ppid)).collect(),
     };
-    /// A stack to symbolize: id, metrics, the stack (taken: its Python
-    /// frames move into the entry).
-    type Site = (u64, StackMetrics, Stack);
-    let mut by_pid: HashMap<u32, Vec<Site>> = HashMap::new();
     let exes: HashMap<u32, &str> = agg.processes().map(|p| (p.pid, &p.exe[..])).collect();
     let exe_of = |pid: u32| exes.get(&pid).copied().unwrap_or_default().to_owned();
-    let mut entries = Vec::new();
-    for (id, metrics) in agg.stack_metrics() {
-        if metrics.is_empty() {
-            continue;
-        }
-        match (stacks.remove(&id), agg.pseudo_site(id)) {
-            (Some(stack), _) => by_pid
-                .entry(stack.pid)
-                .or_default()
-                .push((id, metrics, stack)),
-            (None, Some((pid, pseudo))) => entries.push(StackEntry {
-                id,
-                pid,
-                frames: vec![std::sync::Arc::new(match pseudo {
-                    PseudoSite::DirectSyscall => crate::profile::Frame::direct_syscall(),
-                    PseudoSite::AllocatorArena => crate::profile::Frame::allocator_arena(),
-                })],
-                exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
-                end: crate::profile::unwind::StackEnd::Complete,
-                metrics,
-            }),
-            (None, None) => {
-                tracing::warn!(id, "an allocation names a stack that was never recorded")
-            }
-        }
-    }
+    let (by_pid, mut entries, unrecorded) = sites_by_pid(agg, &mut stacks, &exe_of);
     let by_pid: Vec<(u32, Vec<Site>)> = by_pid.into_iter().collect();
     let request = by_pid
         .iter()
@@ -144,7 +115,66 @@ pub(crate) fn symbolize_stacks(
         entry.end_at_loader_entry();
     }
     entries.sort_by(|a, b| b.metrics.bytes.cmp(&a.metrics.bytes).then(a.id.cmp(&b.id)));
-    entries
+    (entries, unrecorded)
+}
+
+/// A stack to symbolize: id, metrics, the stack (taken: its Python frames
+/// move into the entry).
+type Site = (u64, StackMetrics, Stack);
+
+/// The stacks that allocated, by process, taken from `stacks`; the
+/// pseudo-sites' entries, made whole; and the stack ids allocations named
+/// that were never recorded, counted and logged once (issue 40: one line
+/// each made a million).
+fn sites_by_pid(
+    agg: &Aggregator,
+    stacks: &mut HashMap<u64, Stack>,
+    exe_of: &impl Fn(u32) -> String,
+) -> (HashMap<u32, Vec<Site>>, Vec<StackEntry>, UnrecordedStacks) {
+    let mut by_pid: HashMap<u32, Vec<Site>> = HashMap::new();
+    let mut entries = Vec::new();
+    let mut unrecorded = UnrecordedStacks::default();
+    let mut first = None;
+    for (id, metrics) in agg.stack_metrics() {
+        if metrics.is_empty() {
+            continue;
+        }
+        match (stacks.remove(&id), agg.pseudo_site(id)) {
+            (Some(stack), _) => by_pid
+                .entry(stack.pid)
+                .or_default()
+                .push((id, metrics, stack)),
+            (None, Some((pid, pseudo))) => entries.push(StackEntry {
+                id,
+                pid,
+                frames: vec![std::sync::Arc::new(match pseudo {
+                    PseudoSite::DirectSyscall => crate::profile::Frame::direct_syscall(),
+                    PseudoSite::AllocatorArena => crate::profile::Frame::allocator_arena(),
+                })],
+                exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
+                end: crate::profile::unwind::StackEnd::Complete,
+                metrics,
+            }),
+            (None, None) => {
+                first = Some(first.map_or(id, |f: u64| f.min(id)));
+                unrecorded.stacks += 1;
+                unrecorded.allocations += metrics.allocations;
+                unrecorded.bytes += metrics.bytes;
+            }
+        }
+    }
+    if let Some(first) = first {
+        tracing::warn!(
+            target: crate::profile::NOTE,
+            stacks = unrecorded.stacks,
+            allocations = unrecorded.allocations,
+            bytes = unrecorded.bytes,
+            first,
+            "allocations name stacks that were never recorded: counted in the totals, in no \
+             stack (the profile's anomalies.unrecorded_stacks)"
+        );
+    }
+    (by_pid, entries, unrecorded)
 }
 
 /// The unwind tables' maps, when stacks are walked with tables; without

@@ -50,7 +50,7 @@ pub use host::{
 };
 pub use process::{
     INIT_PID_NS_INO, Pid, ThreadStates, gettid, kill, pid_namespace, pidfd_check_alive, pidfd_open,
-    pidfd_open_thread, pidfd_send_signal, set_child_subreaper, set_thread_nice,
+    pidfd_open_thread, pidfd_send_signal, read_maps, set_child_subreaper, set_thread_nice,
     set_thread_realtime, stop_self, thread_states, wait_pidfd,
 };
 pub use rustix::process::Signal;

@@ -261,3 +261,57 @@ pub fn set_thread_realtime() -> SysResult<()> {
 pub fn stop_self() {
     let _ = rustix::process::kill_process(rustix::process::getpid(), Signal::STOP);
 }
+
+/// The most of a process's `/proc/PID/maps` memtrail reads: 64 MiB. A
+/// tracked process's mappings are its own doing (issue 40: everything a
+/// tracked process gives memtrail is bounded): the kernel's default
+/// `vm.max_map_count` (65,530) of names of up to 4 KiB make ~270 MB; 64
+/// MiB holds 65,530 lines of ~1 KiB.
+pub const MAX_MAPS_BYTES: u64 = 64 << 20;
+
+/// `/proc/PID/maps` at `path` (a `maps` file of a process's directory in
+/// `/proc`), at most [`MAX_MAPS_BYTES`] of it, cut at its last whole line
+/// when longer; a name that is not UTF-8 is read lossily (one mapping's
+/// odd name does not hide the process's others).
+pub fn read_maps(path: &std::path::Path) -> io::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_MAPS_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_MAPS_BYTES {
+        let end = bytes
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1);
+        bytes.truncate(end.min(MAX_MAPS_BYTES as usize));
+    }
+    Ok(match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Check that a maps file is read up to its cap, cut at a whole line,
+    /// a name that is not UTF-8 read lossily (issue 40).
+    #[test]
+    fn read_maps_bounded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("maps");
+        let line = format!("{}\n", "7f00-7f01 r-xp 0 0:1 2 /x".repeat(40));
+        let n = (MAX_MAPS_BYTES as usize / line.len()) + 10;
+        let mut text = line.repeat(n).into_bytes();
+        text.extend_from_slice(b"1-2 r-xp 0 0:1 2 /\xff\n");
+        std::fs::write(&path, &text).expect("write");
+        let read = read_maps(&path).expect("read");
+        assert!(read.len() as u64 <= MAX_MAPS_BYTES);
+        assert!(read.ends_with('\n'));
+        assert_eq!(read.len() % line.len(), 0);
+        std::fs::write(&path, b"a /ok\nb /\xff\n").expect("write");
+        assert_eq!(read_maps(&path).expect("read"), "a /ok\nb /\u{fffd}\n");
+    }
+}

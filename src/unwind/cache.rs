@@ -28,6 +28,10 @@ const MAGIC: &[u8; 8] = b"MTUNWND2";
 const HEADER: usize = 8 + 8 + 4 + 4;
 const SOURCES: [&str; 2] = [".eh_frame", ".debug_frame"];
 
+/// The largest cache entry read: a table of [`super::table::MAX_SPANS`]
+/// rows (no image compiles to more).
+const MAX_ENTRY_BYTES: u64 = (HEADER + super::table::MAX_SPANS * Row::SIZE) as u64;
+
 /// The cache directory.
 pub struct Cache {
     dir: PathBuf,
@@ -47,8 +51,10 @@ pub fn build_id(data: &[u8]) -> Option<String> {
 fn secret(path: &Path) -> std::io::Result<(u64, u64)> {
     use std::io::Read;
     let mut bytes = [0u8; 16];
-    match std::fs::File::open(path) {
-        Ok(mut file) => file.read_exact(&mut bytes)?,
+    // A regular file only: a FIFO in a cache directory its user owns is
+    // not waited on (issue 40).
+    match crate::report::open_input(path) {
+        Ok(mut file) => file.reader(16, "a cache key")?.read_exact(&mut bytes)?,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
             let dir = path.parent().unwrap_or(Path::new("."));
@@ -60,7 +66,9 @@ fn secret(path: &Path) -> std::io::Result<(u64, u64)> {
                 if err.error.kind() != std::io::ErrorKind::AlreadyExists {
                     return Err(err.error);
                 }
-                std::fs::File::open(path)?.read_exact(&mut bytes)?;
+                crate::report::open_input(path)?
+                    .reader(16, "a cache key")?
+                    .read_exact(&mut bytes)?;
             }
         }
         Err(err) => return Err(err),
@@ -139,9 +147,19 @@ impl Cache {
         self.dir.join(format!("{build_id}.v3"))
     }
 
-    /// The cached table of the image with [`key`] `build_id`.
+    /// The cached table of the image with [`key`] `build_id`: a regular
+    /// file of at most [`MAX_ENTRY_BYTES`] (the cache may be in a
+    /// directory its user owns, e.g. under `sudo -E`: a FIFO there is not
+    /// waited on, a large file not read; issue 40).
     pub fn get(&self, build_id: &str) -> Option<Table> {
-        let data = std::fs::read(self.path(build_id)).ok()?;
+        use std::io::Read;
+        let mut input = crate::report::open_input(&self.path(build_id)).ok()?;
+        let mut data = Vec::new();
+        input
+            .reader(MAX_ENTRY_BYTES, "a cached unwind table")
+            .and_then(|mut r| r.read_to_end(&mut data))
+            .inspect_err(|err| tracing::debug!(build_id, %err, "ignoring a cached unwind table"))
+            .ok()?;
         let table = decode(&data);
         if table.is_none() {
             tracing::debug!(build_id, "ignoring a damaged cached unwind table");
@@ -234,5 +252,40 @@ mod tests {
         assert_eq!(decode(&bytes), Some(table));
         assert_eq!(decode(&bytes[..bytes.len() - 1]), None);
         assert_eq!(decode(b"not a table at all, no no no"), None);
+    }
+
+    /// Check that an entry that is not a regular file (a FIFO, not waited
+    /// on) or is larger than any table is ignored, as is a FIFO key
+    /// (issue 40: the cache may be in a directory its user owns).
+    #[test]
+    fn unwind_cache_entries_bounded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = Cache::at(dir.path()).expect("cache");
+        let fifo = |path: &Path| {
+            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+            // SAFETY: a NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+        };
+        fifo(&cache.path("aa"));
+        assert!(cache.get("aa").is_none());
+        let table = Table {
+            bias: 0,
+            rows: vec![Row {
+                pc: 1,
+                cfa_off: 8,
+                kind: 1,
+                rbp_off: 0,
+            }],
+            source: ".eh_frame",
+        };
+        cache.put("bb", &table);
+        assert_eq!(cache.get("bb"), Some(table));
+        std::fs::File::create(cache.path("cc"))
+            .and_then(|f| f.set_len(MAX_ENTRY_BYTES + 1))
+            .expect("sparse file");
+        assert!(cache.get("cc").is_none());
+        let other = tempfile::tempdir().expect("tempdir");
+        fifo(&other.path().join("key"));
+        assert!(Cache::at(other.path()).is_err());
     }
 }

@@ -144,7 +144,7 @@ fn mapped_files() -> Option<Mapped> {
             continue;
         }
         // Gone meanwhile, or exiting (its maps empty): maps nothing.
-        let Ok(maps) = std::fs::read_to_string(entry.path().join("maps")) else {
+        let Ok(maps) = crate::sys::read_maps(&entry.path().join("maps")) else {
             continue;
         };
         for line in maps.lines() {

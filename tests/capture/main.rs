@@ -19,6 +19,7 @@ mod events_binary;
 mod preload;
 mod python_frames;
 mod ring_consumer;
+mod shim_records;
 mod stacks;
 mod stacks_unwind;
 mod usdt_regions;

@@ -309,6 +309,40 @@ fn bench_compare_bad_input_exits_2() {
     }
 }
 
+/// Check that `compare` reads zstd input bounded by what it inflates to
+/// (issue 40): a few KiB inflating to 256 MiB of JSON are bad input (exit
+/// 2) once past 100 times their size (at least 16 MiB), in under 150 MB
+/// (a document that size parsed whole takes gigabytes).
+#[test]
+fn bench_compare_zstd_bomb_bounded() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let bomb = dir.path().join("bomb.json.zst");
+    let mut z = zstd::stream::write::Encoder::new(fs::File::create(&bomb).unwrap(), 3).unwrap();
+    z.write_all(b"{\"format\": \"memtrail-bench\", \"x\": [")
+        .unwrap();
+    let chunk = "0,".repeat(1 << 19);
+    for _ in 0..256 {
+        z.write_all(chunk.as_bytes()).unwrap();
+    }
+    z.write_all(b"0]}").unwrap();
+    z.finish().unwrap();
+    let size = fs::metadata(&bomb).unwrap().len();
+    assert!(size < 200 << 10, "{size} bytes");
+    let run = crate::support::report::measured(&[os("compare"), os(&bomb), os(&bomb)]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("compressed bytes may inflate to"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.max_rss_kib < 150 << 10,
+        "peak RSS {} KiB",
+        run.max_rss_kib
+    );
+}
+
 /// Check `memtrail bench --baseline`: the run is compared with the saved
 /// baseline, the regression named on stderr, and bench exits 1.
 #[test]

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::json;
 
-use crate::support::report::{memtrail, sites, write_profile};
+use crate::support::report::{measured, memtrail, sites, write_profile};
 use crate::support::{MEMTRAIL, dir_entries};
 
 /// Check that a profile that cannot be read (missing, a directory) makes
@@ -508,4 +508,204 @@ fn report_output_is_its_input_exits_73() {
         dir_entries(dir.path()),
         ["hard.json", "link.json", "profile.json"]
     );
+}
+
+/// Check that `--suppressions` reads only a regular file of at most 1 MiB
+/// with at most 10,000 patterns of at most 1,024 bytes (issue 40: a FIFO
+/// hung, /dev/zero took 2 GB, 8 MB of `leak:*a*b*…` over 2 GB): each
+/// other file is a usage error (2) naming the file and what is wrong,
+/// before the profile is read, with no output left; and that a 1 MiB file
+/// of patterns of 500 `*`s each is matched against every frame in small
+/// memory (under 150 MB; it took gigabytes as regexes).
+#[test]
+fn report_suppressions_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let profile = write_profile(d, &sites());
+    let fifo = d.join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    let big = d.join("big.supp");
+    fs::write(&big, format!("#{}\n", "x".repeat(1 << 20))).expect("write");
+    let many = d.join("many.supp");
+    let lines: String = (0..10_001).map(|i| format!("leak:f{i}\n")).collect();
+    fs::write(&many, lines).expect("write");
+    let long = d.join("long.supp");
+    fs::write(&long, format!("# fine\nleak:{}\n", "a".repeat(1025))).expect("write");
+    let out = d.join("report.txt");
+    for (supp, why) in [
+        (fifo.as_path(), "not a regular file (a FIFO)".to_owned()),
+        (
+            Path::new("/dev/zero"),
+            "not a regular file (a character device)".to_owned(),
+        ),
+        (
+            big.as_path(),
+            "larger than the 1 MiB a suppression file may have".to_owned(),
+        ),
+        (
+            many.as_path(),
+            format!(
+                "{}:10001: more than 10000 patterns (in all --suppressions files)",
+                many.display()
+            ),
+        ),
+        (
+            long.as_path(),
+            format!(
+                "{}:2: a pattern of 1025 bytes: at most 1024 are read",
+                long.display()
+            ),
+        ),
+    ] {
+        let run = measured(&[
+            "report".as_ref(),
+            profile.as_os_str(),
+            "--suppressions".as_ref(),
+            supp.as_os_str(),
+            "-o".as_ref(),
+            out.as_os_str(),
+        ]);
+        assert_eq!(run.code, Some(2), "{}: {}", supp.display(), run.stderr);
+        assert!(
+            run.stderr.contains(&why),
+            "{}: {}",
+            supp.display(),
+            run.stderr
+        );
+        assert!(!out.exists());
+    }
+
+    // 1,000 patterns of 1,000 bytes, each `*a*b*…` almost matching every
+    // frame's strings: matched, in bounded memory.
+    let stars = d.join("stars.supp");
+    let pattern: String = (0..499)
+        .map(|i| format!("*{}", (b'a' + (i % 26) as u8) as char))
+        .collect();
+    let text: String = (0..1000).map(|_| format!("leak:{pattern}*\n")).collect();
+    assert!(text.len() <= 1 << 20 && pattern.len() < 1024);
+    fs::write(&stars, text).expect("write");
+    let run = measured(&[
+        "report".as_ref(),
+        profile.as_os_str(),
+        "--suppressions".as_ref(),
+        stars.as_os_str(),
+        "--by".as_ref(),
+        "leaked".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.max_rss_kib < 150 << 10,
+        "peak RSS {} KiB",
+        run.max_rss_kib
+    );
+}
+
+/// A version 3 profile of `sites.json`'s, its `stacks` replaced by tables
+/// naming one frame, and one stack whose `frames` are `FRAMES` (to be
+/// replaced by the caller).
+fn compact_with_frames_hole(dir: &Path) -> (String, String) {
+    let v2 = write_profile(dir, &sites());
+    let v3 = dir.join("v3.json");
+    memtrail(&[
+        "report".as_ref(),
+        v2.as_os_str(),
+        "--format".as_ref(),
+        "profile".as_ref(),
+        "-o".as_ref(),
+        v3.as_os_str(),
+    ])
+    .expect_code(0);
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&fs::read(&v3).expect("read")).expect("JSON");
+    doc["stacks"] = json!({
+        "strings": ["/opt/shop/bin/shop"],
+        "modules": [],
+        "functions": [],
+        "frames": [{"addr": 4096, "module": null, "function": null, "line": null,
+                    "inlined": false, "offset": null}],
+        "entries": [{"id": "1", "pid": 100, "exe": 0, "frames": "FRAMES", "allocations": 1,
+                     "bytes": 1}],
+    });
+    let text = serde_json::to_string(&doc).expect("serialize");
+    let (head, tail) = text.split_once("\"FRAMES\"").expect("the hole");
+    (head.to_owned(), tail.to_owned())
+}
+
+/// Check that a small zstd profile is bounded by what it inflates to, not
+/// its size on disk (issue 40: a 91 KB file of 1 GB of frame ids took
+/// over 4 GB): 256 MiB of frame ids in a few KiB are refused once past
+/// what the file may inflate to (100 times its size, at least 16 MiB),
+/// exit 66, in under 150 MB; and that a stack of more frames than any
+/// capture writes (65,536) is an invalid profile (65), however it is
+/// written.
+#[test]
+fn report_zstd_bomb_bounded() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let (head, tail) = compact_with_frames_hole(d);
+    let bomb = d.join("bomb.json.zst");
+    let mut z = zstd::stream::write::Encoder::new(File::create(&bomb).expect("create"), 3)
+        .expect("encoder");
+    z.write_all(head.as_bytes()).expect("write");
+    z.write_all(b"[").expect("write");
+    let chunk = "0,".repeat(1 << 19);
+    for _ in 0..256 {
+        z.write_all(chunk.as_bytes()).expect("write");
+    }
+    z.write_all(b"0]").expect("write");
+    z.write_all(tail.as_bytes()).expect("write");
+    z.finish().expect("finish");
+    let size = fs::metadata(&bomb).expect("stat").len();
+    assert!(size < 200 << 10, "{size} bytes");
+    let out = d.join("report.txt");
+    let run = measured(&[
+        "report".as_ref(),
+        bomb.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert_eq!(run.code, Some(66), "{}", run.stderr);
+    assert!(!out.exists(), "a report was left");
+    assert!(
+        run.stderr.contains(&format!(
+            "larger than the 16 MiB a profile of {size} compressed bytes may inflate to"
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.max_rss_kib < 150 << 10,
+        "peak RSS {} KiB",
+        run.max_rss_kib
+    );
+
+    // 65,537 frames in one stack, plain and compressed.
+    let ids = format!("[{}0]", "0,".repeat(1 << 16));
+    let plain = d.join("deep.json");
+    fs::write(&plain, format!("{head}{ids}{tail}")).expect("write");
+    let packed = d.join("deep.json.zst");
+    fs::write(
+        &packed,
+        zstd::encode_all(fs::read(&plain).expect("read").as_slice(), 3).expect("zstd"),
+    )
+    .expect("write");
+    for p in [&plain, &packed] {
+        let run = measured(&["report".as_ref(), p.as_os_str()]);
+        assert_eq!(run.code, Some(65), "{}", run.stderr);
+        assert!(
+            run.stderr.contains("more than 65536 frames in a stack"),
+            "{}",
+            run.stderr
+        );
+    }
+    // One fewer reads.
+    let ok = d.join("ok.json");
+    let ids = format!("[{}0]", "0,".repeat((1 << 16) - 1));
+    fs::write(&ok, format!("{head}{ids}{tail}")).expect("write");
+    memtrail(&["report".as_ref(), ok.as_os_str()]).expect_code(0);
 }

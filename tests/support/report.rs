@@ -99,3 +99,61 @@ pub fn json_ids(report: &Value) -> Vec<u64> {
         })
         .collect()
 }
+
+/// What a bounded run of `memtrail ARGS` did: its exit code, stderr and
+/// peak RSS (KiB, the kernel's `ru_maxrss` of the child).
+pub struct Measured {
+    pub code: Option<i32>,
+    pub stderr: String,
+    pub max_rss_kib: i64,
+}
+
+/// Runs `memtrail ARGS`, killed if it still runs after 120 s (a bound on
+/// failure, not a timing assumption: it must neither block nor run
+/// without end), and takes its peak RSS from `wait4`.
+#[expect(
+    clippy::zombie_processes,
+    reason = "reaped by wait4, which gives its rusage too"
+)]
+pub fn measured<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Measured {
+    let mut child = Command::new(super::memtrail_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn memtrail");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let pid = child.id() as libc::pid_t;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let (status, usage) = loop {
+        let mut status = 0;
+        // SAFETY: zeroed rusage is a valid value; wait4 writes it.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: our own child's pid, pointers to live locals.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        assert!(r >= 0, "wait4: {}", std::io::Error::last_os_error());
+        if r == pid {
+            break (status, usage);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "memtrail {:?} still runs after 120 s",
+                args.iter().map(|a| a.as_ref()).collect::<Vec<_>>()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    Measured {
+        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+        stderr: reader.join().expect("stderr reader"),
+        max_rss_kib: usage.ru_maxrss,
+    }
+}
