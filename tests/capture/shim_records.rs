@@ -27,12 +27,17 @@ struct Attacked {
 }
 
 fn attacked(attack: &str, arg: &str) -> Attacked {
+    attacked_as(attack, arg, "")
+}
+
+/// [`attacked`], the attacker at uid 65534 with `drop`.
+fn attacked_as(attack: &str, arg: &str, drop: &str) -> Attacked {
     let dir = tempfile::tempdir().expect("output directory");
     let out = dir.path().join("profile.json");
     let mut args: Vec<OsString> = vec!["run".into(), "--preload".into(), "--output".into()];
     args.push(out.clone().into());
     args.extend(["--".into(), fixture("ring_attack").into()]);
-    args.extend([attack.into(), arg.into()]);
+    args.extend([attack.into(), arg.into(), drop.into()]);
     let run = measured(&args);
     let profile = read_profile(&out)
         .unwrap_or_else(|| panic!("{attack}: no profile; stderr:\n{}", run.stderr));
@@ -75,25 +80,39 @@ fn capture_shim_ring_attacks_contained() {
     let (sibling, attacker) = sibling_and_attacker(&clean.profile);
     assert_eq!(num(attacker, "allocations"), 2002, "{attacker}");
     assert_eq!(num(sibling, "allocations"), 3001, "{sibling}");
+    // The test's own pid: a process outside the tree (a root one).
+    let outside = std::process::id().to_string();
     let attacks = [
-        ("foreign", "1", "a record naming another process"),
-        ("foreign", "424242", "a record naming another process"),
-        ("stack", "1", "a stack naming another process"),
-        ("frames", "0", "a stack of more frames than it holds"),
-        ("kind", "0", "a record of a kind only BPF writes"),
-        ("stamp", "0", "a stamp not yet reached"),
-        ("length", "0", "a record length no writer makes"),
-        ("random", "0", "a record length no writer makes"),
-        ("ahead", "0", "a producer position more than a ring ahead"),
+        ("foreign", "1", "", "a record naming another process"),
+        (
+            "foreign",
+            "424242",
+            "drop",
+            "a record naming another process",
+        ),
+        ("foreign", &outside, "", "a record naming another process"),
+        ("stack", &outside, "drop", "a stack naming another process"),
+        ("frames", "0", "", "a stack of more frames than it holds"),
+        ("kind", "0", "", "a record of a kind only BPF writes"),
+        ("stamp", "0", "", "a stamp not yet reached"),
+        ("length", "0", "", "a record length no writer makes"),
+        ("random", "0", "drop", "a record length no writer makes"),
+        (
+            "ahead",
+            "0",
+            "",
+            "a producer position more than a ring ahead",
+        ),
         (
             "busy",
             "0",
+            "",
             "a record left unfinished while its writer went on",
         ),
     ];
-    for (attack, arg, what) in attacks {
-        let run = attacked(attack, arg);
-        let label = format!("{attack} {arg}");
+    for (attack, arg, drop, what) in attacks {
+        let run = attacked_as(attack, arg, drop);
+        let label = format!("{attack} {arg} {drop}");
         assert_eq!(run.code, Some(79), "{label}: {}", run.stderr);
         assert!(!run.stderr.contains("disagree"), "{label}: {}", run.stderr);
         let (sibling, attacker) = sibling_and_attacker(&run.profile);
@@ -206,4 +225,34 @@ fn capture_unrecorded_stacks_counted_once() {
         "{} bytes of stderr",
         run.stderr.len()
     );
+}
+
+/// Check that a child made by a raw clone (no fork handlers: its parent's
+/// thread-local state, its parent's ring in its memory) writes into no
+/// ring of its parent's (issue 40: 30,126 of 40,002 allocations went to
+/// the parent, and 1 run in 3 hung): it makes a ring file of its own, and
+/// both processes' counts are exact.
+#[test]
+fn capture_shim_raw_clone_child_exact() {
+    ring_path();
+    let run = attacked("clone", "0");
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let procs = processes(&run.profile);
+    assert_eq!(procs.len(), 3, "{procs:?}");
+    let root = root_process(&run.profile);
+    assert_eq!(
+        (num(root, "allocations"), num(root, "frees")),
+        (2002, 2002),
+        "{root}"
+    );
+    let cloned = procs
+        .iter()
+        .find(|p| num(p, "live_bytes_at_exit") == 7001)
+        .expect("the cloned child");
+    assert_eq!(
+        (num(cloned, "allocations"), num(cloned, "frees")),
+        (10_001, 10_000),
+        "{cloned}"
+    );
+    assert_eq!(cloned["preloaded"], true, "{cloned}");
 }
