@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use crate::support::{dir_entries, memtrail_env};
+use crate::support::{Counters, dir_entries, fixture, memtrail_env, num, processes};
 
 const NOBODY: u32 = 65534;
 
@@ -87,4 +87,63 @@ fn cli_sudo_root_without_sudo_keeps_environment() {
         "/somewhere\nsomeone\n0\n"
     );
     assert_eq!(fs::metadata(d.join("p.json")).expect("stat").uid(), 0);
+}
+
+/// Check that under sudo `--preload` reaches the command run as the
+/// invoking user (issue 40: its `LD_PRELOAD` named `/proc/<memtrail>/fd/N`,
+/// which that user may not open; ld.so printed "cannot be preloaded" on
+/// the program's stderr and the capture silently took the probes): the
+/// process loads the shim, takes its rings, is counted exactly, and nothing
+/// of ld.so's is printed.
+#[test]
+fn cli_sudo_preload_reaches_the_users_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    fs::set_permissions(d, fs::Permissions::from_mode(0o755)).expect("chmod");
+    // A copy nobody can reach: the fixture may sit behind a directory only
+    // root can search (a clone under /root, issue 26).
+    let pairs = d.join("pairs");
+    fs::copy(fixture("pairs"), &pairs).expect("copy the fixture");
+    fs::set_permissions(&pairs, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let profile = d.join("p.json");
+    let mut args: Vec<OsString> = vec!["run".into(), "--preload".into(), "-o".into()];
+    args.push(profile.clone().into());
+    args.push(pairs.into());
+    args.push("1000".into());
+    let sudo_env = [
+        ("SUDO_UID", "65534"),
+        ("SUDO_GID", "65534"),
+        ("SUDO_USER", "nobody"),
+        ("MEMTRAIL_LOG", "debug"),
+    ];
+    let (_, status, _, stderr) = memtrail_env(&args, b"", &sudo_env);
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    for ld_so in ["cannot be preloaded", "ld.so", "LD_PRELOAD"] {
+        assert!(!stderr.contains(ld_so), "{ld_so}: {stderr}");
+    }
+    let profile: serde_json::Value =
+        serde_json::from_slice(&fs::read(&profile).expect("read the profile")).expect("json");
+    let procs = processes(&profile);
+    assert_eq!(procs.len(), 1, "{profile}");
+    let pid = num(&procs[0], "pid");
+    assert_eq!(procs[0]["preloaded"], true, "{profile}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("preload rings taken") && l.contains(&format!("pid={pid}"))),
+        "the process took no rings: {stderr}"
+    );
+    let bytes: u64 = (0..1000u64).map(|i| 64 + (i & 63)).sum();
+    assert_eq!(
+        Counters::of(&procs[0]),
+        Counters {
+            allocations: 1000,
+            frees: 1000,
+            allocated_bytes: bytes,
+            freed_bytes: bytes,
+            peak_live_bytes: 127,
+            ..Counters::default()
+        },
+        "{stderr}"
+    );
 }
