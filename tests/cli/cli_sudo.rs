@@ -147,3 +147,93 @@ fn cli_sudo_preload_reaches_the_users_command() {
         "{stderr}"
     );
 }
+
+/// The `(pid, state)` of each process whose parent is `parent` and whose
+/// command name is `comm`.
+fn children_named(parent: u32, comm: &str) -> Vec<(u32, char)> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        if &stat[open + 1..close] == comm && fields.get(1) == Some(&parent.to_string().as_str()) {
+            let pid = stat[..open].trim().parse().expect("pid");
+            found.push((pid, fields[0].chars().next().unwrap_or('?')));
+        }
+    }
+    found
+}
+
+/// Check that under sudo the process that holds the preload shim for the
+/// user (issue 40: `mt-shim-keeper`) is the user's, holds nothing but the
+/// shim and memtrail's pidfd, and does not outlive a memtrail killed with
+/// SIGKILL: nothing of the capture is left behind.
+#[test]
+fn cli_sudo_preload_keeper_dies_with_memtrail() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    fs::set_permissions(d, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let wait = d.join("wait_stdin");
+    fs::copy(fixture("wait_stdin"), &wait).expect("copy the fixture");
+    fs::set_permissions(&wait, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut child = Command::new(crate::support::memtrail_bin())
+        .args(["run", "--preload", "-q", "-o", "/dev/null", "--"])
+        .arg(&wait)
+        .envs([("SUDO_UID", "65534"), ("SUDO_GID", "65534")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn memtrail");
+    let memtrail = child.id();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the command's ready line");
+    let kill = |pid: u32| {
+        // SAFETY: kill takes plain integers; the pid may be gone.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    };
+    let command: u32 = match line.trim().strip_prefix("ready ") {
+        Some(pid) => pid.parse().expect("pid"),
+        None => {
+            kill(memtrail);
+            panic!("the command did not start: {line:?}");
+        }
+    };
+    let keepers = children_named(memtrail, "mt-shim-keeper");
+    let ok = keepers.len() == 1;
+    let keeper = keepers.first().map_or(0, |k| k.0);
+    let (uid, fds) = if ok {
+        let uid = fs::metadata(format!("/proc/{keeper}")).expect("stat").uid();
+        let mut fds = dir_entries(std::path::Path::new(&format!("/proc/{keeper}/fd")));
+        fds.sort();
+        (uid, fds)
+    } else {
+        (0, Vec::new())
+    };
+    kill(memtrail);
+    child.wait().expect("wait for memtrail");
+    drop(child.stdin.take());
+    kill(command);
+    assert!(ok, "keepers: {keepers:?}");
+    assert_eq!((uid, fds), (NOBODY, vec!["3".to_owned(), "4".to_owned()]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    // Gone, or a zombie its new parent has not reaped yet.
+    while !fs::read_to_string(format!("/proc/{keeper}/stat")).map_or(true, |s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the keeper {keeper} outlived memtrail"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
