@@ -118,16 +118,29 @@ impl Shim {
         Self::fd_path(&self.file)
     }
 
-    /// Makes the shim openable by a command running as `creds`' user when
-    /// that is another uid than memtrail's (who may not open memtrail's
-    /// descriptors), through a keeper of that user's
-    /// ([`crate::sys::ShimKeeper`]).
-    pub fn serve(&mut self, creds: &crate::sys::Credentials) -> Result<(), ShimError> {
-        if self.keeper.is_none() && creds.uid != rustix::process::geteuid().as_raw() {
-            let keeper = crate::sys::ShimKeeper::spawn(self.file.as_fd(), creds)
-                .map_err(ShimError::Keeper)?;
-            self.keeper = Some(keeper);
+    /// Makes the shim openable by the command, running as `creds`' user
+    /// (memtrail's own without them), when memtrail's own descriptors are
+    /// not, through a keeper of that user's ([`crate::sys::ShimKeeper`]):
+    /// under sudo (another uid than memtrail's); when memtrail is not root
+    /// (it holds capabilities the command does not, and the kernel lets a
+    /// process open another's descriptors only if it has every capability
+    /// that one has); when memtrail is not dumpable (a set-user-ID start).
+    pub fn serve(&mut self, creds: Option<&crate::sys::Credentials>) -> Result<(), ShimError> {
+        if self.keeper.is_some() {
+            return Ok(());
         }
+        let own;
+        let creds = match creds {
+            Some(creds) if creds.uid != rustix::process::geteuid().as_raw() => creds,
+            _ if !rustix::process::geteuid().is_root() || !crate::sys::dumpable() => {
+                own = crate::sys::Credentials::own();
+                &own
+            }
+            _ => return Ok(()),
+        };
+        let keeper =
+            crate::sys::ShimKeeper::spawn(self.file.as_fd(), creds).map_err(ShimError::Keeper)?;
+        self.keeper = Some(keeper);
         Ok(())
     }
 

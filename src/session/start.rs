@@ -429,8 +429,8 @@ fn preload_shim(plan: &mut Plan, installed: &mut Installed) -> Result<(), Captur
         source: std::io::Error::other(err),
     };
     let mut shim = attach::shim::Shim::new().map_err(shim_error)?;
-    if let Some(creds) = plan.spec.as_ref().and_then(|spec| spec.creds.as_ref()) {
-        shim.serve(creds).map_err(shim_error)?;
+    if let Some(spec) = plan.spec.as_ref() {
+        shim.serve(spec.creds.as_ref()).map_err(shim_error)?;
     }
     tracing::debug!(path = %shim.preload_path().display(), "preload shim ready");
     if let Some(spec) = plan.spec.as_mut() {

@@ -8,9 +8,9 @@
 //! may read the holder like a debugger (`ptrace_may_access`, read mode:
 //! same uid and gid, no capability the opener lacks, the holder dumpable).
 //! memtrail (root, or holding capabilities) fails that for the invoking
-//! user; the keeper passes it: its real, effective and saved ids are the
-//! user's, it has no capabilities (the change of uid drops them) and it is
-//! dumpable again. Nothing is written to disk, and nothing outlives the
+//! user, or for its own user when it runs with file capabilities; the
+//! keeper passes it: its real, effective and saved
+//! ids are the user's, it has no capabilities and it is dumpable again. Nothing is written to disk, and nothing outlives the
 //! capture: the keeper waits on memtrail's pidfd and exits when memtrail
 //! does, SIGKILL included; memtrail kills and reaps it at the end.
 //!
@@ -45,6 +45,25 @@ const KEEPER_NAME: &std::ffi::CStr = c"mt-shim-keeper";
 /// The byte the keeper writes once it holds the shim as the user.
 const READY: u8 = b'k';
 
+/// capset's header (`struct __user_cap_header_struct`).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// capset's sets, one of two 32-bit halves (`struct __user_cap_data_struct`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`: two [`CapData`].
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
 /// A running keeper (see the module docs). Dropping it kills and reaps it.
 #[derive(Debug)]
 pub struct ShimKeeper {
@@ -58,6 +77,9 @@ struct Raw<'a> {
     memtrail: libc::c_int,
     ready: libc::c_int,
     creds: &'a Credentials,
+    /// Whether the ids change (else the groups stay memtrail's: setgroups
+    /// needs CAP_SETGID, which memtrail run with file capabilities lacks).
+    switch: bool,
 }
 
 impl ShimKeeper {
@@ -71,6 +93,8 @@ impl ShimKeeper {
             memtrail: memtrail.as_raw_fd(),
             ready: ready_w.as_raw_fd(),
             creds,
+            switch: creds.uid != rustix::process::geteuid().as_raw()
+                || creds.gid != rustix::process::getegid().as_raw(),
         };
         // SAFETY: the child only makes raw system calls (async-signal-safe)
         // on `raw`, prepared before the fork, and ends with _exit.
@@ -99,6 +123,7 @@ impl ShimKeeper {
                     1 => "setgroups (shim keeper)",
                     2 => "setresgid (shim keeper)",
                     3 => "setresuid (shim keeper)",
+                    4 => "capset (shim keeper)",
                     _ => "prctl(PR_SET_DUMPABLE) (shim keeper)",
                 },
                 i32::from_ne_bytes([msg[1], msg[2], msg[3], msg[4]]),
@@ -167,20 +192,30 @@ unsafe fn keeper_main(raw: &Raw<'_>) -> ! {
             libc::write(READY_FD, msg.as_ptr().cast(), msg.len());
             libc::_exit(127)
         };
-        if libc::setgroups(creds.groups.len(), creds.groups.as_ptr()) != 0 {
+        if raw.switch && libc::setgroups(creds.groups.len(), creds.groups.as_ptr()) != 0 {
             fail(1);
         }
-        if libc::setresgid(creds.gid, creds.gid, creds.gid) != 0 {
+        if raw.switch && libc::setresgid(creds.gid, creds.gid, creds.gid) != 0 {
             fail(2);
         }
         // All three uids non-zero: the kernel clears every capability set.
-        if libc::setresuid(creds.uid, creds.uid, creds.uid) != 0 {
+        if raw.switch && libc::setresuid(creds.uid, creds.uid, creds.uid) != 0 {
             fail(3);
+        }
+        // No capability left either where the uid did not change (memtrail
+        // given file capabilities, the command run as its own user).
+        let mut header = CapHeader {
+            version: CAP_VERSION_3,
+            pid: 0,
+        };
+        let none = [CapData::default(); 2];
+        if libc::syscall(libc::SYS_capset, &raw mut header, none.as_ptr()) != 0 {
+            fail(4);
         }
         // The change of ids made it undumpable: /proc/PID/fd would be
         // root's and closed to the user.
         if libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) != 0 {
-            fail(4);
+            fail(5);
         }
         libc::write(READY_FD, [READY].as_ptr().cast(), 1);
         libc::close(READY_FD);

@@ -48,8 +48,8 @@ pub use fd::{
 };
 pub use guardian::{GUARDIAN_NAME, Guardian, GuardianCgroup, GuardianMaps};
 pub use host::{
-    has_capability, kernel_dev, kernel_file_id, kernel_log_tail, kernel_release, monotonic_ns,
-    rcu_grace_period,
+    dumpable, has_capability, kernel_dev, kernel_file_id, kernel_log_tail, kernel_release,
+    monotonic_ns, rcu_grace_period,
 };
 pub use keeper::ShimKeeper;
 pub use process::{
