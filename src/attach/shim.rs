@@ -10,11 +10,11 @@
 //! `preload/memtrail_preload.c`, built by build.rs and embedded here, is
 //! written at start-up into a sealed memfd that memtrail keeps open; the
 //! command gets `LD_PRELOAD=/proc/<memtrail>/fd/<n>` (nothing on disk), or,
-//! when it runs as another user than memtrail (under sudo), who may not
-//! open memtrail's descriptors, `/proc/<keeper>/fd/3`: the same memfd, held
-//! by a process of that user's for the capture (`crate::sys::ShimKeeper`;
-//! the same inode, so its hook is probed the same). The
-//! shim interposes glibc's allocator API and calls `memtrail_hook` (a
+//! when it may not open memtrail's descriptors (run as another user under
+//! sudo, or memtrail holding capabilities it lacks), `/proc/<keeper>/fd/3`:
+//! the same memfd, held by a process of that user's for the capture
+//! (`crate::sys::ShimKeeper`; the same inode, so its hook is probed the
+//! same). The shim interposes glibc's allocator API and calls `memtrail_hook` (a
 //! 5-byte nop the kernel optimizes a uprobe on) with each record; BPF's
 //! `alloc_session` (`shim_hook` without uprobe sessions) makes the uprobe
 //! mode's records from it.
