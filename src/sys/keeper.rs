@@ -17,7 +17,7 @@
 //! What the user can reach through it: the shim's bytes (read-only,
 //! sealed; memtrail's binary holds them anyway), the keeper's environment
 //! and command line (memtrail's, which the command gets too) and, where
-//! the user may attach a debugger to its own processes (Yama's
+//! the user may attach a debugger to its own processes (no Yama, or its
 //! `ptrace_scope` 0), the keeper's memory: a copy of memtrail's at start,
 //! before the command ran. It holds no other descriptor (all closed), is
 //! in a session of its own and ignores the signals a terminal sends.
