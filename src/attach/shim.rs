@@ -9,8 +9,12 @@
 //!
 //! `preload/memtrail_preload.c`, built by build.rs and embedded here, is
 //! written at start-up into a sealed memfd that memtrail keeps open; the
-//! command gets `LD_PRELOAD=/proc/<memtrail>/fd/<n>` (nothing on disk). The
-//! shim interposes glibc's allocator API and calls `memtrail_hook` (a
+//! command gets `LD_PRELOAD=/proc/<memtrail>/fd/<n>` (nothing on disk), or,
+//! when it may not open memtrail's descriptors (run as another user under
+//! sudo, or memtrail holding capabilities it lacks), `/proc/<keeper>/fd/3`:
+//! the same memfd, held by a process of that user's for the capture
+//! (`crate::sys::ShimKeeper`; the same inode, so its hook is probed the
+//! same). The shim interposes glibc's allocator API and calls `memtrail_hook` (a
 //! 5-byte nop the kernel optimizes a uprobe on) with each record; BPF's
 //! `alloc_session` (`shim_hook` without uprobe sessions) makes the uprobe
 //! mode's records from it.
@@ -23,10 +27,10 @@
 //! probes, which make no record while the shim's real call runs
 //! (`SHIM_COOKIE`). A process that does not map it (a
 //! static binary, a set-user-ID program, which ignores `LD_PRELOAD`, an
-//! environment cleared, a preload refused because `/proc/<memtrail>/fd` is
-//! not openable after a privilege drop) keeps the uprobes.
+//! environment cleared, a preload refused because the shim's path is not
+//! openable after a later change of user) keeps the uprobes.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
@@ -68,6 +72,8 @@ pub const HOOK_COOKIE: u64 =
 #[derive(Debug)]
 pub struct Shim {
     file: OwnedFd,
+    /// The process that holds it for a command of another user.
+    keeper: Option<crate::sys::ShimKeeper>,
     /// Its kernel identity, as BPF's image requests name it.
     pub id: ImageId,
     /// The file offset of `memtrail_hook`.
@@ -83,6 +89,8 @@ pub enum ShimError {
     Stat(#[source] std::io::Error),
     #[error("the preload shim has no {HOOK}")]
     NoHook,
+    #[error("holding the preload shim for the command's user")]
+    Keeper(#[source] crate::sys::SysError),
 }
 
 impl Shim {
@@ -96,6 +104,7 @@ impl Shim {
         Ok(Self {
             id: (crate::sys::kernel_dev(md.dev()), md.ino()),
             file,
+            keeper: None,
             hook_offset,
         })
     }
@@ -109,9 +118,38 @@ impl Shim {
         Self::fd_path(&self.file)
     }
 
+    /// Makes the shim openable by the command, running as `creds`' user
+    /// (memtrail's own without them), when memtrail's own descriptors are
+    /// not, through a keeper of that user's ([`crate::sys::ShimKeeper`]):
+    /// under sudo (another uid than memtrail's); when memtrail is not root
+    /// (it holds capabilities the command does not, and the kernel lets a
+    /// process open another's descriptors only if it has every capability
+    /// that one has); when memtrail is not dumpable (a set-user-ID start).
+    pub fn serve(&mut self, creds: Option<&crate::sys::Credentials>) -> Result<(), ShimError> {
+        if self.keeper.is_some() {
+            return Ok(());
+        }
+        let own;
+        let creds = match creds {
+            Some(creds) if creds.uid != rustix::process::geteuid().as_raw() => creds,
+            _ if !rustix::process::geteuid().is_root() || !crate::sys::dumpable() => {
+                own = crate::sys::Credentials::own();
+                &own
+            }
+            _ => return Ok(()),
+        };
+        let keeper =
+            crate::sys::ShimKeeper::spawn(self.file.as_fd(), creds).map_err(ShimError::Keeper)?;
+        self.keeper = Some(keeper);
+        Ok(())
+    }
+
     /// The `LD_PRELOAD` entry that names it for other processes while
     /// memtrail runs.
     pub fn preload_path(&self) -> PathBuf {
+        if let Some(keeper) = &self.keeper {
+            return keeper.shim_path();
+        }
         Path::new("/proc")
             .join(std::process::id().to_string())
             .join("fd")

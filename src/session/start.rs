@@ -421,12 +421,17 @@ fn shim_rings(
 }
 
 /// Writes the preload shim into its memfd: named in the command's
-/// `LD_PRELOAD`, its hook probed in the processes that map it.
+/// `LD_PRELOAD` (through a keeper of the command's user under sudo), its
+/// hook probed in the processes that map it.
 fn preload_shim(plan: &mut Plan, installed: &mut Installed) -> Result<(), CaptureError> {
-    let shim = attach::shim::Shim::new().map_err(|err| CaptureError::Io {
+    let shim_error = |err| CaptureError::Io {
         what: "preparing the preload shim",
         source: std::io::Error::other(err),
-    })?;
+    };
+    let mut shim = attach::shim::Shim::new().map_err(shim_error)?;
+    if let Some(spec) = plan.spec.as_ref() {
+        shim.serve(spec.creds.as_ref()).map_err(shim_error)?;
+    }
     tracing::debug!(path = %shim.preload_path().display(), "preload shim ready");
     if let Some(spec) = plan.spec.as_mut() {
         spec.preload = Some(shim.preload_path());

@@ -66,7 +66,7 @@ const DONE: u8 = b'd';
 ///
 /// # Safety
 /// The child may only make async-signal-safe calls until it `_exit`s.
-unsafe fn raw_fork_silent() -> libc::c_long {
+pub(super) unsafe fn raw_fork_silent() -> libc::c_long {
     // SAFETY: clone with no flags and no new stack behaves like fork,
     // except that the child's exit sends its parent no signal; the caller
     // restricts what the child does.
@@ -255,7 +255,7 @@ fn pidfd_exits_within(pidfd: BorrowedFd<'_>, timeout: Duration) -> bool {
 }
 
 /// Reaps child `pid`, which has no exit signal (`__WCLONE`).
-fn reap_silent(pid: Pid) {
+pub(super) fn reap_silent(pid: Pid) {
     let mut status = 0;
     loop {
         // SAFETY: plain waitpid on our own child with a local status.

@@ -90,3 +90,11 @@ pub fn rcu_grace_period() -> bool {
     // SAFETY: as above.
     unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) == 0 }
 }
+
+/// Whether this process is dumpable (`PR_GET_DUMPABLE` 1): its
+/// `/proc/PID/fd` is its user's, not root's (a set-user-ID or set-group-ID
+/// start, or a change of ids, clears it).
+pub fn dumpable() -> bool {
+    rustix::process::dumpable_behavior()
+        .is_ok_and(|d| d == rustix::process::DumpableBehavior::Dumpable)
+}

@@ -5,6 +5,8 @@
 //! - `wait`: waiting for children, [`ChildExit`];
 //! - `spawn`: the command's fork, held before exec, and its identity;
 //! - `guardian`: the process that thaws and resumes the tree after memtrail;
+//! - `keeper`: the process that holds the preload shim for a command run as
+//!   another user;
 //! - `fd`: pipes, reads and writes, eventfd, epoll, poll;
 //! - `sigmask`: memtrail's signal dispositions and masks, signalfd;
 //! - [`signals`]: the signals memtrail passes on to the command;
@@ -14,8 +16,8 @@
 //! Calls go through rustix wherever it has them. Raw libc stays where it
 //! has nothing (NSS lookups, klogctl, signalfd, sigaction and sigprocmask,
 //! fork) and wherever only async-signal-safe calls belong (the forked child
-//! before exec, the guardian's fork and the guardian, the signal
-//! handler); each such place says so. Every item is re-exported here, so
+//! before exec, the guardian's fork and the guardian, the shim's keeper,
+//! the signal handler); each such place says so. Every item is re-exported here, so
 //! callers name `crate::sys::…`.
 //!
 //! Each wrapper names its call in the error and keeps the `io::Error` as the
@@ -28,6 +30,7 @@ mod cpus;
 mod fd;
 mod guardian;
 mod host;
+mod keeper;
 mod process;
 mod sigmask;
 pub mod signals;
@@ -45,9 +48,10 @@ pub use fd::{
 };
 pub use guardian::{GUARDIAN_NAME, Guardian, GuardianCgroup, GuardianMaps};
 pub use host::{
-    has_capability, kernel_dev, kernel_file_id, kernel_log_tail, kernel_release, monotonic_ns,
-    rcu_grace_period,
+    dumpable, has_capability, kernel_dev, kernel_file_id, kernel_log_tail, kernel_release,
+    monotonic_ns, rcu_grace_period,
 };
+pub use keeper::ShimKeeper;
 pub use process::{
     INIT_PID_NS_INO, Pid, ThreadStates, gettid, kill, pid_namespace, pidfd_check_alive, pidfd_open,
     pidfd_open_thread, pidfd_send_signal, read_maps, set_child_subreaper, set_thread_nice,

@@ -82,6 +82,20 @@ impl Credentials {
     }
 }
 
+impl Credentials {
+    /// memtrail's own real ids and supplementary groups (no passwd entry).
+    pub fn own() -> Self {
+        Self {
+            uid: rustix::process::getuid().as_raw(),
+            gid: rustix::process::getgid().as_raw(),
+            groups: rustix::process::getgroups()
+                .map(|groups| groups.into_iter().map(|g| g.as_raw()).collect())
+                .unwrap_or_default(),
+            user: None,
+        }
+    }
+}
+
 /// Everything the child needs after fork, prepared before it: the child may
 /// only make async-signal-safe calls.
 pub struct ExecPlan {

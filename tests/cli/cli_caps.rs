@@ -22,13 +22,19 @@ fn run_with_caps(caps: &str, dir: &Path) -> (Option<i32>, String) {
     let touch = dir.join("touch_marker");
     fs::copy(fixture("touch_marker"), &touch).expect("copy the fixture");
     fs::set_permissions(&touch, fs::Permissions::from_mode(0o755)).expect("chmod");
-    run_as_nobody(caps, dir, &touch)
+    run_as_nobody(caps, dir, &touch, &[], &[])
 }
 
 /// Runs a copy of memtrail holding the file capabilities `caps` as
-/// `nobody`, tracking `COMMAND DIR/out/marker`; returns its exit code and
-/// stderr.
-fn run_as_nobody(caps: &str, dir: &Path, command: &Path) -> (Option<i32>, String) {
+/// `nobody`, tracking `COMMAND DIR/out/marker`, with `run`'s `flags` and the
+/// variables `env`; returns its exit code and stderr.
+fn run_as_nobody(
+    caps: &str,
+    dir: &Path,
+    command: &Path,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, String) {
     let exe = dir.join(format!("memtrail-{}", caps.replace([',', '+'], "-")));
     fs::copy(memtrail_bin(), &exe).expect("copy memtrail");
     fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -51,10 +57,12 @@ fn run_as_nobody(caps: &str, dir: &Path, command: &Path) -> (Option<i32>, String
         ])
         .arg(&exe)
         .args(["run", "-o", "/dev/null"])
+        .args(flags)
         .arg(command)
         .arg(dir.join("out/marker"))
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
+        .envs(env.iter().copied())
         .current_dir("/")
         .stdin(Stdio::null())
         .output()
@@ -153,7 +161,7 @@ fn cli_caps_unreachable_command_is_denied() {
     fs::set_permissions(&touch, fs::Permissions::from_mode(0o755)).expect("chmod");
     fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).expect("chmod");
     let caps = "cap_bpf,cap_perfmon,cap_checkpoint_restore+ep";
-    let (code, stderr) = run_as_nobody(caps, dir.path(), &touch);
+    let (code, stderr) = run_as_nobody(caps, dir.path(), &touch, &[], &[]);
     assert_eq!(code, Some(126), "{stderr}");
     assert!(stderr.contains("permission denied"), "{stderr}");
     assert!(
@@ -162,4 +170,30 @@ fn cli_caps_unreachable_command_is_denied() {
     );
     assert!(!stderr.contains("not found"), "{stderr}");
     assert!(dir_entries(&dir.path().join("out")).is_empty());
+}
+
+/// Check that `--preload` reaches the command when memtrail runs with file
+/// capabilities (issue 40: memtrail is then undumpable, so its user may not
+/// open `/proc/<memtrail>/fd/N`; ld.so printed "cannot be preloaded" on
+/// the program's stderr and the capture took the probes): the shim is held
+/// by a keeper of the user's, the process takes its rings, nothing of
+/// ld.so's is printed.
+#[test]
+fn cli_caps_preload_reaches_the_command() {
+    let dir = scratch();
+    let touch = dir.path().join("touch_marker");
+    fs::copy(fixture("touch_marker"), &touch).expect("copy the fixture");
+    fs::set_permissions(&touch, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let caps = "cap_bpf,cap_perfmon,cap_checkpoint_restore+ep";
+    let (code, stderr) = run_as_nobody(
+        caps,
+        dir.path(),
+        &touch,
+        &["--preload"],
+        &[("MEMTRAIL_LOG", "debug")],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("cannot be preloaded"), "{stderr}");
+    assert!(stderr.contains("preload rings taken"), "{stderr}");
+    assert_eq!(dir_entries(&dir.path().join("out")), ["marker"]);
 }
