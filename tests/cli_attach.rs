@@ -667,8 +667,9 @@ fn attach_pids_naming_no_process_are_78() {
 /// Check that attaching to a program whose threads come and go while others
 /// allocate (600 threads in waves of 8, then of 32, then 300 at once; 1,000
 /// malloc/free pairs each, all inside the window) leaves it alive, exiting
-/// 0, and counts its pairs exactly (issue 40: attaching to such a program
-/// was seen to kill it, SIGABRT from glibc's heap check).
+/// 0, with every call's return handed back at its caller's stack, and
+/// counts its pairs exactly (issue 40: attaching to such a program was seen
+/// to kill it, SIGABRT from glibc's heap check).
 #[test]
 fn attach_thread_churn_lives_exact() {
     for (wave, threads) in support::CHURN_WAVES {
@@ -702,6 +703,7 @@ fn attach_thread_churn_lives_exact() {
         let (code, stderr) = memtrail.wait();
         assert_eq!(code, 0, "{stderr}");
         assert!(stderr.contains("detached when it exited"), "{stderr}");
+        assert!(!stderr.contains(support::RETURNS_ELSEWHERE), "{stderr}");
         let profile = read_profile(&profile_path).expect("a profile");
         support::check_churn_totals(&profile["totals"], threads, 17 * 16, 1);
     }

@@ -910,6 +910,10 @@ pub const CHURN_WAVES: [(u64, u64); 3] = [(8, 600), (32, 600), (300, 300)];
 pub const CHURN_PAIRS: u64 = 1000;
 pub const CHURN_SIZE: u64 = 4133;
 
+/// What a capture says when the kernel's return probes handed allocator
+/// calls back at a stack other than their caller's (issue 40).
+pub const RETURNS_ELSEWHERE: &str = "the kernel's return probes handed";
+
 /// Checks a churn capture's `totals` (the fixture's process alone): its
 /// `threads * CHURN_PAIRS` pairs exactly, besides glibc's own blocks, which
 /// are `dtv` bytes each (pthread_create's DTV calloc for a thread stack it

@@ -161,7 +161,8 @@ fn track_threads_stream_keeps_thread_order() {
 }
 
 /// The churn fixture run by `memtrail run FLAGS` (with `env`), checked: it
-/// exits 0 with its line, and its pairs are counted exactly.
+/// exits 0 with its line, memtrail saw no return elsewhere, and its pairs
+/// are counted exactly.
 fn churn_capture(flags: &[&str], env: &[(&str, &str)], dtv: u64, tcache_frees: u64) {
     for (wave, threads) in support::CHURN_WAVES {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -183,6 +184,7 @@ fn churn_capture(flags: &[&str], env: &[(&str, &str)], dtv: u64, tcache_frees: u
             String::from_utf8_lossy(&stdout),
             format!("churn {threads} {}\n", support::CHURN_PAIRS)
         );
+        assert!(!stderr.contains(support::RETURNS_ELSEWHERE), "{stderr}");
         let profile = support::read_profile(&profile_path).expect("a profile");
         support::check_churn_totals(field(&profile, "totals"), threads, dtv, tcache_frees);
     }
@@ -190,9 +192,10 @@ fn churn_capture(flags: &[&str], env: &[(&str, &str)], dtv: u64, tcache_frees: u
 
 /// Check that a program whose threads come and go while others allocate
 /// (600 threads in waves of 8, then of 32, then 300 at once; 1,000
-/// malloc/free pairs each) lives under the probes and is counted exactly
-/// (issue 40: such a program was seen killed by glibc's heap check under
-/// the probes, "double free or corruption (out)").
+/// malloc/free pairs each) lives under the probes and is counted exactly,
+/// every call's return handed back at its caller's stack (issue 40: such a
+/// program was seen killed by glibc's heap check under the probes, "double
+/// free or corruption (out)").
 #[test]
 fn track_threads_churn_probes_exact() {
     churn_capture(&[], &[("MEMTRAIL_PRELOAD", "0")], 17 * 16, 1);
