@@ -390,6 +390,10 @@ __u64 site_hits[MT_HIT_ROWS][MT_MAX_SITES] = {};
  * alloc_exit; issue 40). Read by userspace at the end. */
 __u64 returns_elsewhere = 0;
 
+/* Test fault (`MEMTRAIL_FAULT=returns-elsewhere`): every outermost return
+ * is taken as handed back elsewhere, so a test sees the warning. */
+const volatile bool fault_returns_elsewhere = false;
+
 /*
  * The outermost allocator call a thread is inside, from entry to return.
  * Task-local storage: found through the task itself (no hash, no
@@ -2844,7 +2848,7 @@ static __noinline int alloc_exit(struct pt_regs *ctx)
 	 * kernel's return probe handed back a return that is not this call's
 	 * (issue 40: a program killed by glibc's heap check under return
 	 * probes): counted, the capture warns. */
-	if (PT_REGS_SP(ctx) != cur->sp + 8)
+	if (PT_REGS_SP(ctx) != cur->sp + 8 || fault_returns_elsewhere)
 		__sync_fetch_and_add(&returns_elsewhere, 1);
 
 	/* The outermost call, read in place: nothing else runs on this thread

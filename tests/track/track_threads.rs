@@ -209,3 +209,29 @@ fn track_threads_churn_preload_exact() {
     let dtv = (17 + support::shim_tls_modules_preloaded()) * 16;
     churn_capture(&["--preload"], &[], dtv, 0);
 }
+
+/// Check that a capture in which an allocating call's return came back at
+/// a stack other than its caller's says so on stderr, and still ends with
+/// the command's exit code (issue 40; `MEMTRAIL_FAULT=returns-elsewhere`
+/// takes every return for one, as BPF would count a return the kernel's
+/// return probes handed back wrong).
+#[test]
+fn track_threads_returns_elsewhere_warned() {
+    let run = capture_env(
+        &cmd("malloc_once", &[]),
+        b"",
+        &[
+            ("MEMTRAIL_FAULT", "returns-elsewhere"),
+            ("MEMTRAIL_PRELOAD", "0"),
+        ],
+    );
+    run.expect_code(0);
+    assert!(
+        run.stderr.contains(support::RETURNS_ELSEWHERE),
+        "{}",
+        run.stderr
+    );
+    let clean = capture_env(&cmd("malloc_once", &[]), b"", &[("MEMTRAIL_PRELOAD", "0")]);
+    clean.expect_code(0);
+    assert!(!clean.stderr.contains(support::RETURNS_ELSEWHERE));
+}
