@@ -385,6 +385,15 @@ __u64 hwm_attach = 0;
 /* Hits of each probe site (enum mt_site_hits in memtrail.h). */
 __u64 site_hits[MT_HIT_ROWS][MT_MAX_SITES] = {};
 
+/* Returns of outermost allocating calls that the kernel's return probe
+ * handed back at a stack pointer other than their caller's (see
+ * alloc_exit; issue 40). Read by userspace at the end. */
+__u64 returns_elsewhere = 0;
+
+/* Test fault (`MEMTRAIL_FAULT=returns-elsewhere`): every outermost return
+ * is taken as handed back elsewhere, so a test sees the warning. */
+const volatile bool fault_returns_elsewhere = false;
+
 /*
  * The outermost allocator call a thread is inside, from entry to return.
  * Task-local storage: found through the task itself (no hash, no
@@ -2833,6 +2842,14 @@ static __noinline int alloc_exit(struct pt_regs *ctx)
 		return 0;
 	if (--cur->depth > 0)
 		return 0;
+	/* The outermost call returns to its caller with the return address
+	 * popped: at the entry's stack pointer + 8 (a return-probed site is
+	 * never placed past a stack pointer change). Anywhere else the
+	 * kernel's return probe handed back a return that is not this call's
+	 * (issue 40: a program killed by glibc's heap check under return
+	 * probes): counted, the capture warns. */
+	if (PT_REGS_SP(ctx) != cur->sp + 8 || fault_returns_elsewhere)
+		__sync_fetch_and_add(&returns_elsewhere, 1);
 
 	/* The outermost call, read in place: nothing else runs on this thread
 	 * until we return. */

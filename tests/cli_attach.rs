@@ -663,3 +663,48 @@ fn attach_pids_naming_no_process_are_78() {
         assert!(stderr.contains(&message), "{pid}: {stderr}");
     }
 }
+
+/// Check that attaching to a program whose threads come and go while others
+/// allocate (600 threads in waves of 8, then of 32, then 300 at once; 1,000
+/// malloc/free pairs each, all inside the window) leaves it alive, exiting
+/// 0, with every call's return handed back at its caller's stack, and
+/// counts its pairs exactly (issue 40: attaching to such a program was seen
+/// to kill it, SIGABRT from glibc's heap check).
+#[test]
+fn attach_thread_churn_lives_exact() {
+    for (wave, threads) in support::CHURN_WAVES {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let profile_path = dir.path().join("p.json");
+        let mut child = support::KillOnDrop(
+            Command::new(fixture("churn"))
+                .args([wave, threads, support::CHURN_PAIRS].map(|n| n.to_string()))
+                .arg("wait")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start churn"),
+        );
+        let target = child.0.id();
+        let mut stdin = child.0.stdin.take().expect("stdin");
+        let mut lines = BufReader::new(child.0.stdout.take().expect("stdout")).lines();
+        let mut line = || lines.next().expect("a line").expect("read a line");
+        assert_eq!(line(), format!("ready {target}"));
+        let pid_arg = target.to_string();
+        let memtrail = Attached::start(
+            &[pid_arg.as_ref(), "-o".as_ref(), profile_path.as_os_str()],
+            &[],
+        );
+        // Attached: the threads start now, and end before it exits.
+        stdin.write_all(b"g").expect("start the waves");
+        assert_eq!(line(), format!("churn {threads} {}", support::CHURN_PAIRS));
+        drop(stdin);
+        let status = support::wait_or_kill(&mut child.0, LIMIT).expect("churn hung");
+        assert_eq!(status.code(), Some(0), "waves of {wave}: {status}");
+        let (code, stderr) = memtrail.wait();
+        assert_eq!(code, 0, "{stderr}");
+        assert!(stderr.contains("detached when it exited"), "{stderr}");
+        assert!(!stderr.contains(support::RETURNS_ELSEWHERE), "{stderr}");
+        let profile = read_profile(&profile_path).expect("a profile");
+        support::check_churn_totals(&profile["totals"], threads, 17 * 16, 1);
+    }
+}

@@ -36,3 +36,15 @@ pub(crate) fn read_lost(skel: &MemtrailSkel<'_>) -> LostEvents {
         resumed: bss.drops_resumed,
     }
 }
+
+/// Returns of outermost allocating calls the kernel's return probes handed
+/// back at a stack pointer other than their caller's (`returns_elsewhere`,
+/// see alloc_exit in bpf/memtrail.bpf.c; issue 40): 0 unless this kernel's
+/// return probes broke a call of a tracked program.
+pub(crate) fn read_returns_elsewhere(skel: &MemtrailSkel<'_>) -> u64 {
+    skel.maps
+        .bss_data
+        .as_deref()
+        .expect("the BPF object has a .bss")
+        .returns_elsewhere
+}

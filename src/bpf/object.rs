@@ -74,6 +74,9 @@ pub(crate) struct Config<'a> {
     pub one_stack_window: bool,
     /// Fault injection: `bpf_find_vma` reports busy.
     pub find_vma_busy: bool,
+    /// Fault injection: every allocating call's return counts as handed
+    /// back elsewhere.
+    pub returns_elsewhere: bool,
 }
 
 impl Config<'_> {
@@ -145,6 +148,7 @@ impl Config<'_> {
             ro.row_cache_crowd = 1;
         }
         ro.fault_find_vma_busy = self.find_vma_busy;
+        ro.fault_returns_elsewhere = self.returns_elsewhere;
         ro.cpu_rings = self.cpu_rings;
         ro.stamp_reserved = self.stamp_reserved || self.cpu_rings;
         ro.event_ring_count = self.event_ring_count;

@@ -360,6 +360,14 @@ impl Session {
             return Err(CaptureError::DrainTimeout(super::DRAIN_TIMEOUT));
         }
         let end_ns = sys::monotonic_ns();
+        let elsewhere = crate::bpf::counters::read_returns_elsewhere(&self.loaded.skel);
+        if elsewhere > 0 {
+            tracing::warn!(
+                "the kernel's return probes handed {elsewhere} allocator calls back at a stack \
+                 other than their caller's: the tracked program may have been corrupted \
+                 (issue 40); its counts are not to be trusted"
+            );
+        }
         let lost = crate::bpf::counters::read_lost(&self.loaded.skel);
         if lost.any() {
             let advice = if self.opts_pressure.enabled() {

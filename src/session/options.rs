@@ -17,6 +17,7 @@ pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Test-only fault injection (`MEMTRAIL_FAULT=stall-events,slow-events,
 /// wedge-events,stall-stacks,one-thread-slot,one-row-cache-slot,one-stack-window,no-cgroup,fail-after-start,
+/// find-vma-busy,returns-elsewhere,
 /// late-pause,late-release,stop-after-cgroup,sweep-unwind-tables,shim-hook-only,
 /// shim-no-stack-cache` in
 /// the CLI; see
@@ -52,6 +53,10 @@ pub struct Faults {
     /// while another thread holds the mmap lock (`find-vma-busy`): the path
     /// that reads a mapping from the call's own file descriptor.
     pub find_vma_busy: bool,
+    /// BPF takes every allocating call's return as handed back at a stack
+    /// other than its caller's (`returns-elsewhere`): the capture's warning
+    /// about the kernel's return probes (issue 40).
+    pub returns_elsewhere: bool,
     /// The pressure coordinator pauses late (`late-pause`) or resumes
     /// late (`late-release`).
     pub pressure: crate::pressure::PressureFault,
@@ -98,6 +103,10 @@ impl Faults {
             }
             if name == "fail-after-start" {
                 faults.fail_after_start = true;
+                continue;
+            }
+            if name == "returns-elsewhere" {
+                faults.returns_elsewhere = true;
                 continue;
             }
             if name == "find-vma-busy" {

@@ -183,6 +183,7 @@ impl Plan {
             one_row_cache_slot: opts.faults.one_row_cache_slot,
             one_stack_window: opts.faults.one_stack_window,
             find_vma_busy: opts.faults.find_vma_busy,
+            returns_elsewhere: opts.faults.returns_elsewhere,
         }
     }
 }

@@ -66,6 +66,12 @@ pub fn shim_tls_modules() -> u64 {
     if !preload() {
         return 0;
     }
+    shim_tls_modules_preloaded()
+}
+
+/// [`shim_tls_modules`] of a capture run with `--preload`, whatever
+/// `MEMTRAIL_PRELOAD` says.
+pub fn shim_tls_modules_preloaded() -> u64 {
     let hook_only = std::env::var("MEMTRAIL_FAULT").is_ok_and(|f| f.contains("shim-hook-only"));
     1 + u64::from(libunwind_installed() && !hook_only)
 }
@@ -894,4 +900,66 @@ pub fn strip_unwind_tables(built: &Path, exe: &Path) {
         .status()
         .expect("objcopy runs");
     assert!(status.success(), "objcopy {}", built.display());
+}
+
+/// The thread-churn fixture's runs (`tests/fixtures/churn.c`, issue 40):
+/// threads in waves of 8 and 32 (600 each run) and 300 at once, as
+/// `(wave, threads)`.
+pub const CHURN_WAVES: [(u64, u64); 3] = [(8, 600), (32, 600), (300, 300)];
+/// The churn fixture's malloc/free pairs per thread, and its block size.
+pub const CHURN_PAIRS: u64 = 1000;
+pub const CHURN_SIZE: u64 = 4133;
+
+/// What a capture says when the kernel's return probes handed allocator
+/// calls back at a stack other than their caller's (issue 40).
+pub const RETURNS_ELSEWHERE: &str = "the kernel's return probes handed";
+
+/// Checks a churn capture's `totals` (the fixture's process alone): its
+/// `threads * CHURN_PAIRS` pairs exactly, besides glibc's own blocks, which
+/// are `dtv` bytes each (pthread_create's DTV calloc for a thread stack it
+/// maps, and its free when it unmaps a cached stack: how many depends on
+/// glibc's stack cache, so they are counted from the totals, and the bytes
+/// must then add up to the last byte) and `tcache_frees` unmatched frees per
+/// thread (its tcache at its exit).
+pub fn check_churn_totals(totals: &Value, threads: u64, dtv: u64, tcache_frees: u64) {
+    let pairs = threads * CHURN_PAIRS;
+    let allocations = num(totals, "allocations");
+    let frees = num(totals, "frees");
+    let what = || format!("{threads} threads: {totals:#}");
+    let dtvs = allocations
+        .checked_sub(pairs)
+        .unwrap_or_else(|| panic!("fewer allocations than pairs, {}", what()));
+    let dtvs_freed = frees
+        .checked_sub(pairs)
+        .unwrap_or_else(|| panic!("fewer frees than pairs, {}", what()));
+    assert!(
+        (1..=threads).contains(&dtvs) && dtvs_freed <= dtvs,
+        "glibc's DTVs: {dtvs} made, {dtvs_freed} freed, {}",
+        what()
+    );
+    assert_eq!(
+        num(totals, "allocated_bytes"),
+        pairs * CHURN_SIZE + dtvs * dtv,
+        "allocated bytes, {}",
+        what()
+    );
+    assert_eq!(
+        num(totals, "freed_bytes"),
+        pairs * CHURN_SIZE + dtvs_freed * dtv,
+        "freed bytes, {}",
+        what()
+    );
+    assert_eq!(num(totals, "reallocs"), 0, "{}", what());
+    assert_eq!(
+        num(totals, "live_allocations_at_exit"),
+        dtvs - dtvs_freed,
+        "live at exit, {}",
+        what()
+    );
+    assert_eq!(
+        num(totals, "unmatched_frees"),
+        threads * tcache_frees,
+        "unmatched frees, {}",
+        what()
+    );
 }
