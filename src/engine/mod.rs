@@ -29,35 +29,10 @@ use crate::ring::{Consume, RingConsumer};
 pub trait Sink: Send + 'static {
     fn record(&mut self, bytes: &[u8]);
 
-    /// A record read from a ring of `origin`: a ring a tracked process
-    /// writes (the preload shim's) holds that process's word, and a record
-    /// of it that cannot be read is its corruption, not memtrail's (issue
-    /// 40). The seam for a reader that knows where a record came from;
-    /// [`record`](Self::record) is a record of BPF's rings.
-    fn record_from(&mut self, bytes: &[u8], origin: Origin) {
-        let _ = origin;
-        self.record(bytes);
-    }
-
     /// Called on the poller thread once the pipeline has drained for
     /// `epoch`, before it acknowledges it: the sink has then seen every
     /// record made before the epoch was raised (see the module docs).
     fn drained(&mut self, _epoch: u64) {}
-}
-
-/// Where a record was read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Origin {
-    /// One of BPF's rings: memtrail's own records.
-    Bpf,
-    /// One of the preload shim's rings, written by a tracked process:
-    /// `ring` its index and `owner` the process it belongs to, when known
-    /// (a record of a kind only the shim writes is known to be the shim's
-    /// by its kind alone).
-    Shim {
-        ring: Option<u32>,
-        owner: Option<u32>,
-    },
 }
 
 /// Epoch counters shared by a coordinator and its pipelines.

@@ -90,6 +90,9 @@ fn foreign(rec: &[u8], owner: u32, now: &mut u64) -> Option<&'static str> {
     if pid != owner {
         return Some("a record naming another process");
     }
+    if rec.len() < super::shim::shortest(kind & 0xffff) {
+        return Some("a record shorter than its kind");
+    }
     // The shim's stacks and code records name their process again.
     let inner = match kind & 0xffff {
         k if k == super::shim::KIND_STACK => {

@@ -63,6 +63,20 @@ pub(super) const MAX_FRAMES: usize = crate::bpf::record::MAX_FRAMES;
 /// The record kinds whose bodies name their process again.
 pub(super) const KIND_STACK: u32 = crate::bpf::skel::memtrail::types::mt_kind::MT_SHIM_STACK.0;
 pub(super) const KIND_PY_CODE: u32 = crate::bpf::skel::memtrail::types::mt_kind::MT_SHIM_PY_CODE.0;
+pub(super) const KIND_FREE_BATCH: u32 = crate::bpf::skel::memtrail::types::mt_kind::MT_FREE_BATCH.0;
+
+/// The shortest record of each kind the shim writes: a stack's header,
+/// id and packed word; a code record; a batch of one free; an event.
+pub(super) fn shortest(kind: u32) -> usize {
+    use crate::bpf::skel::memtrail::types as t;
+    let header = std::mem::size_of::<t::mt_header>();
+    match kind {
+        KIND_STACK => header + 16,
+        KIND_PY_CODE => header + std::mem::size_of::<t::mt_py_code_record>(),
+        KIND_FREE_BATCH => header + 8,
+        _ => std::mem::size_of::<t::mt_alloc_event>(),
+    }
+}
 /// memtrail walks Python frames: a Python process walks them itself with
 /// its version's layout, or keeps the hook path without one.
 const FLAG_PYTHON: u32 = 1;

@@ -9,7 +9,7 @@ use crate::aggregate::Aggregator;
 use crate::attach::strip_deleted;
 use crate::bpf::record::Body;
 use crate::bpf::record::{self, MappingRecord};
-use crate::engine::{Origin, Sink};
+use crate::engine::Sink;
 use crate::events::writer::EventWriter;
 use crate::session::markers::Markers;
 use crate::session::regions::Regions;
@@ -59,23 +59,13 @@ impl Sink for EventSink {
             self.take_rings(pid, fd);
             return;
         }
-        self.record_from(bytes, Origin::Bpf);
-    }
-
-    fn record_from(&mut self, bytes: &[u8], origin: Origin) {
-        // Kinds only the preload shim writes come from its rings, whatever
-        // ring the reader says.
-        let shim = match origin {
-            Origin::Bpf => Origin::Shim {
-                ring: None,
-                owner: None,
-            },
-            shim => shim,
-        };
+        // Kinds only the preload shim writes come from a tracked process's
+        // ring (the merge took each as that process's): one that cannot be
+        // read is its corruption; any other, memtrail's.
         if let Some(stack) = record::decode_shim_stack(bytes) {
             match stack {
                 Ok(rec) => self.shim_stacks.insert(&rec),
-                Err(err) => self.refuse(bytes, shim, &err),
+                Err(err) => self.refuse(bytes, &err),
             }
             return;
         }
@@ -83,7 +73,7 @@ impl Sink for EventSink {
         if let Some(code) = record::decode_shim_py_code(bytes) {
             match code {
                 Ok(code) => self.shim_stacks.learn(&code),
-                Err(err) => self.refuse(bytes, shim, &err),
+                Err(err) => self.refuse(bytes, &err),
             }
             return;
         }
@@ -91,13 +81,13 @@ impl Sink for EventSink {
         if let Some(batch) = record::decode_free_batch(bytes) {
             match batch {
                 Ok((hdr, addrs)) => self.fold_frees(hdr, addrs),
-                Err(err) => self.refuse(bytes, shim, &err),
+                Err(err) => self.refuse(bytes, &err),
             }
             return;
         }
         match record::decode(bytes) {
             Ok(rec) => self.fold(rec),
-            Err(err) => self.refuse(bytes, origin, &err),
+            Err(_) => self.agg.malformed += 1,
         }
     }
 
@@ -121,18 +111,12 @@ impl EventSink {
         }
     }
 
-    /// A record that cannot be read: from a ring a tracked process writes,
-    /// that process's corruption (named once, its counts marked incomplete,
-    /// the capture goes on: issue 40); from BPF's, a disagreement between
-    /// memtrail's BPF and userspace, which fails the capture.
-    fn refuse(&mut self, bytes: &[u8], origin: Origin, err: &record::DecodeError) {
-        match origin {
-            Origin::Bpf => self.agg.malformed += 1,
-            Origin::Shim { ring, owner } => {
-                let pid = owner.or_else(|| record::header_pid(bytes)).unwrap_or(0);
-                self.agg.refuse_record(pid, ring, &err.to_string());
-            }
-        }
+    /// A record of a kind only the preload shim writes that cannot be read:
+    /// the corruption of the process whose ring it came from (named once,
+    /// its counts marked incomplete, the capture goes on: issue 40).
+    fn refuse(&mut self, bytes: &[u8], err: &record::DecodeError) {
+        let pid = record::header_pid(bytes).unwrap_or(0);
+        self.agg.refuse_record(pid, None, &err.to_string());
     }
 
     /// Folds a batch of the preload shim's frees, each a free of its own.

@@ -94,6 +94,7 @@ fn capture_shim_ring_attacks_contained() {
         ("stack", &outside, "drop", "a stack naming another process"),
         ("frames", "0", "", "a stack of more frames than it holds"),
         ("kind", "0", "", "a record of a kind only BPF writes"),
+        ("short", "0", "", "a record shorter than its kind"),
         ("stamp", "0", "", "a stamp not yet reached"),
         ("length", "0", "", "a record length no writer makes"),
         ("random", "0", "drop", "a record length no writer makes"),
