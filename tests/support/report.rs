@@ -101,25 +101,24 @@ pub fn json_ids(report: &Value) -> Vec<u64> {
 }
 
 /// What a bounded run of `memtrail ARGS` did: its exit code, stderr and
-/// peak RSS (KiB, the kernel's `ru_maxrss` of the child).
+/// peak RSS (KiB, the kernel's `ru_maxrss` of memtrail).
 pub struct Measured {
     pub code: Option<i32>,
     pub stderr: String,
     pub max_rss_kib: i64,
 }
 
-/// Runs `memtrail ARGS`, killed if it still runs after 120 s (a bound on
-/// failure, not a timing assumption: it must neither block nor run
-/// without end), and takes its peak RSS from `wait4`.
-#[expect(
-    clippy::zombie_processes,
-    reason = "reaped by wait4, which gives its rusage too"
-)]
+/// Runs `memtrail ARGS` under the `measure` fixture, which takes its peak
+/// RSS from `wait4` (forked from a small process: a child's `ru_maxrss`
+/// keeps what it had before it exec'd, and this test process's is large);
+/// killed if it still runs after 120 s (a bound on failure, not a timing
+/// assumption: it must neither block nor run without end).
 pub fn measured<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Measured {
-    let mut child = Command::new(super::memtrail_bin())
+    let mut child = Command::new(super::fixture("measure"))
+        .arg(super::memtrail_bin())
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn memtrail");
@@ -130,30 +129,13 @@ pub fn measured<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Measured {
         let _ = stderr.read_to_string(&mut text);
         text
     });
-    let pid = child.id() as libc::pid_t;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let (status, usage) = loop {
-        let mut status = 0;
-        // SAFETY: zeroed rusage is a valid value; wait4 writes it.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: our own child's pid, pointers to live locals.
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        assert!(r >= 0, "wait4: {}", std::io::Error::last_os_error());
-        if r == pid {
-            break (status, usage);
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!(
-                "memtrail {:?} still runs after 120 s",
-                args.iter().map(|a| a.as_ref()).collect::<Vec<_>>()
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
+    let watchdog = super::Watchdog::new(child.id());
+    let output = child.wait_with_output().expect("wait for memtrail");
+    watchdog.disarm();
+    let stdout = String::from_utf8_lossy(&output.stdout);
     Measured {
-        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+        code: output.status.code(),
         stderr: reader.join().expect("stderr reader"),
-        max_rss_kib: usage.ru_maxrss,
+        max_rss_kib: stdout.trim().parse().expect("measure prints the peak RSS"),
     }
 }
