@@ -24,7 +24,8 @@ use crate::profile::unwind::StackEnd;
 
 /// The built-in allocator wrappers, each matched against a whole function
 /// name (demangled; a C++ name's parameter list after it is allowed, as
-/// are compiler suffixes such as `.isra.0` or `.cold`).
+/// are compiler suffixes such as `.isra.0` or `.cold`, and a C++ name's
+/// ` [clone .cold]`).
 pub const BUILTIN_WRAPPERS: &[&str] = &[
     // The allocator entry points themselves (frames[0] is usually past
     // them, but a C++ `operator new` calls malloc, strdup calls malloc).
@@ -94,7 +95,9 @@ impl Grouping {
     /// `extra` (which match anywhere in a name, as pprof's patterns do).
     pub fn new(extra: Vec<Regex>) -> Self {
         let alternatives = BUILTIN_WRAPPERS.join("|");
-        let pattern = format!("^(?:{alternatives})(?:\\.[\\w.]+)?(?:\\(.*\\))?( const)?$");
+        let pattern = format!(
+            "^(?:{alternatives})(?:\\.[\\w.]+)?(?:\\(.*\\))?( const)?(?: \\[clone \\.[\\w.]+\\])*$"
+        );
         let builtin = Regex::new(&pattern).expect("the built-in wrapper patterns compile");
         Self {
             builtin: Some(builtin),
