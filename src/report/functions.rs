@@ -12,21 +12,23 @@
 //!   itself), each with the value that went through it.
 //!
 //! A function is its name (or `module+0xOFFSET`) and its module's file
-//! name; text shortens names, JSON keeps them whole.
+//! name, a Python function its name and source file (issue 41); text
+//! shortens names, JSON keeps them whole.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::group::frame_key;
+use super::group::{frame_key, python_file};
 use super::names::short;
 use super::sites::{Site, add, ranked, whole_name};
 use super::text::{plural, write_header};
 use super::{Metric, Prepared, View};
 use crate::profile::{Frame, StackMetrics, human_bytes};
 
-/// A function's identity: its name and its module's file name.
+/// A function's identity: its name and its module's file name (a Python
+/// function's source file).
 type Key = (String, String);
 
 fn key(f: &Frame) -> Key {
@@ -41,6 +43,8 @@ struct Function {
     /// The function as the JSON shows it (whole) and its module path.
     name: String,
     module: Option<String>,
+    /// A Python function's source file.
+    file: Option<String>,
     self_: StackMetrics,
     inclusive: StackMetrics,
 }
@@ -57,6 +61,7 @@ fn functions(p: &Prepared<'_>, sites: &[Site<'_>], by: Metric) -> Vec<Function> 
                 key: k,
                 name: whole_name(f),
                 module: f.module.as_deref().map(str::to_owned),
+                file: python_file(f).map(str::to_owned),
                 ..Function::default()
             });
             out.len() - 1
@@ -91,6 +96,8 @@ fn functions(p: &Prepared<'_>, sites: &[Site<'_>], by: Metric) -> Vec<Function> 
 struct Edge {
     function: String,
     module: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
     #[serde(flatten)]
     metrics: StackMetrics,
 }
@@ -110,6 +117,7 @@ fn edge_key(f: Option<&Frame>, none: &str) -> (Key, Edge) {
             Edge {
                 function: whole_name(f),
                 module: f.module.as_deref().map(str::to_owned),
+                file: python_file(f).map(str::to_owned),
                 metrics: StackMetrics::default(),
             },
         ),
@@ -118,6 +126,7 @@ fn edge_key(f: Option<&Frame>, none: &str) -> (Key, Edge) {
             Edge {
                 function: none.to_owned(),
                 module: None,
+                file: None,
                 metrics: StackMetrics::default(),
             },
         ),
@@ -204,7 +213,8 @@ fn share(v: u64, total: u64) -> String {
     }
 }
 
-/// A function as text: its shortened name and its module's file name.
+/// A function as text: its shortened name and its module's file name (a
+/// Python function's source file).
 fn shown(k: &Key) -> String {
     if k.1.is_empty() {
         short(&k.0).into_owned()
@@ -309,6 +319,8 @@ pub(super) fn write_text(
 struct FunctionDoc {
     function: String,
     module: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
     #[serde(rename = "self")]
     self_: StackMetrics,
     inclusive: StackMetrics,
@@ -339,6 +351,7 @@ pub(super) fn write_json(
     let doc = |f: Function| FunctionDoc {
         function: f.name,
         module: f.module,
+        file: f.file,
         self_: f.self_,
         inclusive: f.inclusive,
         callers: None,

@@ -18,13 +18,15 @@ use std::sync::Arc;
 use regex::Regex;
 
 use super::Metric;
+use super::names::short;
 use super::sites::{Site, add, folded_name, module_base};
-use crate::profile::Frame;
 use crate::profile::unwind::StackEnd;
+use crate::profile::{Frame, PYTHON_MODULE};
 
 /// The built-in allocator wrappers, each matched against a whole function
 /// name (demangled; a C++ name's parameter list after it is allowed, as
-/// are compiler suffixes such as `.isra.0` or `.cold`).
+/// are compiler suffixes such as `.isra.0` or `.cold`, and a C++ name's
+/// ` [clone .cold]`).
 pub const BUILTIN_WRAPPERS: &[&str] = &[
     // The allocator entry points themselves (frames[0] is usually past
     // them, but a C++ `operator new` calls malloc, strdup calls malloc).
@@ -94,7 +96,9 @@ impl Grouping {
     /// `extra` (which match anywhere in a name, as pprof's patterns do).
     pub fn new(extra: Vec<Regex>) -> Self {
         let alternatives = BUILTIN_WRAPPERS.join("|");
-        let pattern = format!("^(?:{alternatives})(?:\\.[\\w.]+)?(?:\\(.*\\))?( const)?$");
+        let pattern = format!(
+            "^(?:{alternatives})(?:\\.[\\w.]+)?(?:\\(.*\\))?( const)?(?: \\[clone \\.[\\w.]+\\])*$"
+        );
         let builtin = Regex::new(&pattern).expect("the built-in wrapper patterns compile");
         Self {
             builtin: Some(builtin),
@@ -137,7 +141,7 @@ impl Grouping {
         }
         let python = frames
             .iter()
-            .position(|f| f.module.as_deref() == Some(crate::profile::PYTHON_MODULE));
+            .position(|f| f.module.as_deref() == Some(PYTHON_MODULE));
         if python.is_some() {
             return python;
         }
@@ -155,9 +159,39 @@ impl Grouping {
 }
 
 /// What identifies a frame in a group key: its function (or unnamed
-/// module and offset) and its module's file name.
+/// module and offset) and where it is: its module's file name, or for a
+/// Python frame (every one is in the module `[python]`) its source file
+/// as the interpreter names it, `[python]` without one. A Python
+/// function is its name and its file (issue 41: the `<module>` code of
+/// every imported file was one site).
 pub(super) fn frame_key(f: &Frame) -> (Cow<'_, str>, &str) {
-    (folded_name(f), f.module.as_deref().map_or("", module_base))
+    (folded_name(f), place(f))
+}
+
+/// Where a frame's function is, as [`frame_key`] has it.
+pub(super) fn place(f: &Frame) -> &str {
+    match (f.module.as_deref(), python_file(f)) {
+        (_, Some(file)) => file,
+        (module, None) => module.map_or("", module_base),
+    }
+}
+
+/// A Python frame's source file; None for native frames and Python
+/// frames without one.
+pub(super) fn python_file(f: &Frame) -> Option<&str> {
+    (f.module.as_deref() == Some(PYTHON_MODULE))
+        .then_some(f.file.as_deref())
+        .flatten()
+}
+
+/// The function that names a group in text: shortened, and for a Python
+/// function with its file (`<module> in /src/a.py`).
+pub(super) fn caller_name(f: &Frame) -> String {
+    let name = short(&folded_name(f)).into_owned();
+    match python_file(f) {
+        Some(file) => format!("{name} in {file}"),
+        None => name,
+    }
 }
 
 /// One group of sites: its summed metrics on the largest member (ranked

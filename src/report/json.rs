@@ -6,7 +6,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::group::group;
+use super::group::{group, python_file};
 use super::reachable::Held;
 use super::sites::{ranked, whole_name};
 use super::{Metric, Prepared};
@@ -44,6 +44,10 @@ struct GroupDoc {
     function: Option<String>,
     /// The caller's module path.
     module: Option<String>,
+    /// A Python caller's source file (a Python function is its name and
+    /// file); absent for native code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
     /// The members' summed metrics (leaked bytes without runtime pools
     /// and suppressed blocks).
     #[serde(flatten)]
@@ -105,6 +109,7 @@ pub(super) fn write(
                 GroupDoc {
                     function: caller.map(|f| whole_name(f)),
                     module: caller.and_then(|f| f.module.as_deref().map(str::to_owned)),
+                    file: caller.and_then(|f| python_file(f)).map(str::to_owned),
                     metrics: g.site.metrics,
                     stacks: g.stacks,
                 }

@@ -1,8 +1,11 @@
 //! Function names as the text reports show them: C++ (and Rust) names with
 //! their template arguments elided and without their parameter lists
 //! (`std::vector<int, std::allocator<int> >::_M_realloc_insert<int
-//! const&>(…)` reads `std::vector<…>::_M_realloc_insert<…>`). JSON, pprof,
-//! folded stacks and flame graphs keep names whole.
+//! const&>(…)` reads `std::vector<…>::_M_realloc_insert<…>`). The clone
+//! suffixes GCC's demangled names end with are kept after the shortened
+//! name (`fill(Big) [clone .constprop.0] [clone .isra.0]` reads `fill
+//! [clone .constprop.0] [clone .isra.0]`, issue 41). JSON, pprof, folded
+//! stacks and flame graphs keep names whole.
 
 use std::borrow::Cow;
 
@@ -10,12 +13,40 @@ use std::borrow::Cow;
 /// parameter list (with its trailing `const`, `&`, `&&`) is dropped. The
 /// operator names (`operator<<`, `operator()`, `operator->`) and
 /// `(anonymous namespace)` are kept, and so are Python's `<module>` and
-/// `.<locals>` (a `<` that follows no name). A name without `<` or `(` is
-/// returned as is.
+/// `.<locals>` (a `<` that follows no name). GCC's clone suffixes
+/// (` [clone .isra.0]`, ` [clone .cold]`…) follow the shortened name as
+/// they are. A name without `<` or `(` is returned as is.
 pub(super) fn short(name: &str) -> Cow<'_, str> {
-    if !name.contains(['<', '(']) {
+    let (base, clones) = split_clones(name);
+    if !base.contains(['<', '(']) {
         return Cow::Borrowed(name);
     }
+    let mut out = shorten(base);
+    out.push_str(clones);
+    Cow::Owned(out)
+}
+
+/// `name` split before the clone suffixes it ends with: `foo(int) [clone
+/// .part.0] [clone .cold]` → (`foo(int)`, ` [clone .part.0] [clone
+/// .cold]`); (`name`, ``) without any.
+fn split_clones(name: &str) -> (&str, &str) {
+    let mut cut = name.len();
+    loop {
+        let head = &name[..cut];
+        let Some(inner) = head.strip_suffix(']') else {
+            break;
+        };
+        match inner.rfind(" [clone .") {
+            Some(at) if !inner[at + 2..].contains(['[', ']']) => cut = at,
+            _ => break,
+        }
+    }
+    name.split_at(cut)
+}
+
+/// `name` (without clone suffixes) with its template arguments elided and
+/// its parameter list and return type dropped.
+fn shorten(name: &str) -> String {
     let chars: Vec<char> = name.chars().collect();
     let mut out = String::with_capacity(name.len());
     let mut i = 0;
@@ -56,7 +87,7 @@ pub(super) fn short(name: &str) -> Cow<'_, str> {
             }
         }
     }
-    Cow::Owned(drop_return_type(out))
+    drop_return_type(out)
 }
 
 /// `name` without the return type a demangled template function starts
@@ -183,6 +214,22 @@ mod tests {
                 "make_big.<locals>.<listcomp>",
             ),
             ("<module>", "<module>"),
+            // GCC's clones (issue 41).
+            (
+                "fill(Big) [clone .constprop.0] [clone .isra.0]",
+                "fill [clone .constprop.0] [clone .isra.0]",
+            ),
+            (
+                "grow(unsigned long) [clone .part.0]",
+                "grow [clone .part.0]",
+            ),
+            ("spill(unsigned long) [clone .cold]", "spill [clone .cold]"),
+            (
+                "void std::vector<int, std::allocator<int> >::_M_realloc_insert<int>(int&&) [clone .isra.0]",
+                "std::vector<…>::_M_realloc_insert<…> [clone .isra.0]",
+            ),
+            ("foo [clone .cold]", "foo [clone .cold]"),
+            ("foo.isra.0", "foo.isra.0"),
         ];
         for (name, want) in cases {
             assert_eq!(short(name), want, "{name}");

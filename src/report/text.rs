@@ -11,10 +11,10 @@
 
 use std::io::{self, Write};
 
-use super::group::group;
+use super::group::{caller_name, group};
 use super::names::short;
 use super::reachable::Reach;
-use super::sites::{folded_name, module_base, ranked, truncation, unnamed};
+use super::sites::{module_base, ranked, truncation, unnamed};
 use super::{Metric, Prepared};
 use crate::profile::{Frame, Profile, StackMetrics, human_bytes};
 
@@ -92,7 +92,7 @@ pub(super) fn write(
             Some(c) if !g.same_frames => write!(
                 w,
                 "; {stacks} stacks through {} (the largest shown)",
-                short(&folded_name(&site.frames[c]))
+                caller_name(&site.frames[c])
             )?,
             _ if stacks > 1 => write!(w, "; {stacks} stacks")?,
             _ => {}

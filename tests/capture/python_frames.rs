@@ -666,3 +666,73 @@ fn python_frames_fake_interpreter_bad_layout_refused() {
         }
     }
 }
+
+/// `memtrail report PROFILE ARGS` of `profile` (written to `dir`): stdout.
+fn report_of(dir: &Path, profile: &Value, args: &[&str]) -> String {
+    let path = dir.join("profile.json");
+    std::fs::write(&path, profile.to_string()).expect("profile written");
+    let mut argv: Vec<OsString> = vec!["report".into(), path.into()];
+    argv.extend(args.iter().map(Into::into));
+    let (_, status, stdout, stderr) = support::memtrail(&argv, b"");
+    assert!(status.success(), "{args:?}: {stderr}");
+    String::from_utf8(stdout).expect("utf-8 report")
+}
+
+/// Check that a Python function is its name and its file (issue 41: the
+/// `<module>` code of every imported file was one site and one function,
+/// `<module> in [python]`): python3.11 running a script that imports three
+/// modules of its own, each allocating a bytearray of its size at module
+/// level, gives each module's `<module>` its own site (JSON groups with
+/// `file`) and its own function (text `<module> in FILE`, JSON `file`),
+/// with exactly its bytes (n + 1) in one allocation.
+#[test]
+fn python_frames_module_code_by_file() {
+    let python = Path::new("/usr/bin/python3.11");
+    if !python.exists() {
+        return skip("3.11");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let modules = [("alpha", 310_001u64), ("beta", 320_002), ("gamma", 330_003)];
+    for (name, size) in modules {
+        let source = format!("data = bytearray({size})\n");
+        std::fs::write(dir.path().join(format!("{name}.py")), source).expect("module written");
+    }
+    let script = dir.path().join("main.py");
+    std::fs::write(&script, "import alpha\nimport beta\nimport gamma\n").expect("script written");
+    let profile = run_script(python, &script, &[], &[]);
+    let file = |name: &str| format!("{}/{name}.py", dir.path().display());
+    let doc: Value = serde_json::from_str(&report_of(dir.path(), &profile, &["--format", "json"]))
+        .expect("JSON report");
+    let functions_json = report_of(
+        dir.path(),
+        &profile,
+        &["--view", "functions", "--format", "json"],
+    );
+    let functions: Value = serde_json::from_str(&functions_json).expect("JSON functions");
+    let text = report_of(dir.path(), &profile, &["--view", "functions"]);
+    for (name, size) in modules {
+        let file = file(name);
+        let of = |list: &Value| -> Vec<Value> {
+            list.as_array()
+                .expect("list")
+                .iter()
+                .filter(|g| g["function"] == "<module>" && g["file"] == file.as_str())
+                .cloned()
+                .collect()
+        };
+        let groups = of(&doc["groups"]);
+        assert_eq!(groups.len(), 1, "{file}: {:#}", doc["groups"]);
+        assert_eq!(num(&groups[0], "bytes"), size + 1, "{:#}", groups[0]);
+        assert_eq!(num(&groups[0], "allocations"), 1, "{:#}", groups[0]);
+        let found = of(&functions["functions"]);
+        assert_eq!(found.len(), 1, "{file}: {functions_json}");
+        assert_eq!(found[0]["module"], "[python]");
+        for sum in ["self", "inclusive"] {
+            assert_eq!(num(&found[0][sum], "bytes"), size + 1, "{:#}", found[0]);
+            assert_eq!(num(&found[0][sum], "allocations"), 1, "{:#}", found[0]);
+        }
+        let row = format!("          1          1  <module> in {file}");
+        assert!(text.lines().any(|l| l.ends_with(&row)), "{row}: {text}");
+    }
+    assert!(!text.contains("<module> in [python]"), "{text}");
+}

@@ -13,7 +13,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::support::report::{memtrail, sites, write_profile};
-use crate::support::{Capture, capture, cmd, field, num};
+use crate::support::{Capture, capture, cmd, field, fixture_with_flags, num};
 
 /// Runs `memtrail report PROFILE ARGS...`; returns (exit code, stdout,
 /// stderr).
@@ -399,4 +399,99 @@ fn report_groups_timeline_axes() {
     assert!(title.ends_with("x…"), "{title}");
     // The heap's area reaches the plot's top (y 60) at its 12 MiB.
     assert!(svg.contains(",60.0 "), "{svg}");
+}
+
+/// Check that functions g++ -O2 compiles as clones keep their names with
+/// the clone suffixes in every view (issue 41: they showed as `.isra.0] in
+/// node`): the sites, functions and calls views shorten them to `fill
+/// [clone .constprop.0] [clone .isra.0]`, `make [clone .constprop.0]`,
+/// `grow [clone .part.0]` and `spill [clone .cold]` with their bytes, JSON
+/// and folded stacks keep them whole. `clones.cc` is built without debug
+/// information, so the names are the symbol table's, as in node.
+#[test]
+fn report_groups_gcc_clone_names() {
+    let exe = fixture_with_flags(
+        "clones",
+        &[
+            "-O2",
+            "-fno-omit-frame-pointer",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+        ],
+    );
+    let base = exe.file_name().and_then(|n| n.to_str()).expect("name");
+    let run = capture(&[exe.clone().into_os_string()]);
+    run.expect_code(0);
+    let shown = [
+        (
+            "spill(unsigned long) [clone .cold]",
+            "spill [clone .cold]",
+            200_000u64,
+            1u64,
+        ),
+        (
+            "make(unsigned long, int) [clone .constprop.0]",
+            "make [clone .constprop.0]",
+            6000,
+            2,
+        ),
+        (
+            "grow(unsigned long) [clone .part.0]",
+            "grow [clone .part.0]",
+            5000,
+            1,
+        ),
+        (
+            "fill(Big) [clone .constprop.0] [clone .isra.0]",
+            "fill [clone .constprop.0] [clone .isra.0]",
+            2000,
+            1,
+        ),
+    ];
+    let doc: Value = serde_json::from_str(&report(&run, &["--format", "json"])).expect("JSON");
+    let want: Vec<(String, u64, u64, usize)> = shown
+        .iter()
+        .map(|&(whole, _, bytes, n)| (whole.to_owned(), bytes, n, n as usize))
+        .collect();
+    assert_eq!(groups(&doc), want);
+    let text = report(&run, &[]);
+    let firsts: Vec<&str> = text
+        .split("\n\n")
+        .skip(1)
+        .filter_map(|site| site.lines().nth(1))
+        .collect();
+    let want: Vec<String> = shown
+        .iter()
+        .map(|(_, short, ..)| format!("    {short} in {base}"))
+        .collect();
+    assert_eq!(firsts, want, "{text}");
+    let functions = report(&run, &["--view", "functions"]);
+    for (_, short, bytes, n) in shown {
+        let row = format!("  {short} in {base}");
+        let line = functions
+            .lines()
+            .find(|l| l.ends_with(&row))
+            .unwrap_or_else(|| panic!("{row}: {functions}"));
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[6..8], [n.to_string(), n.to_string()], "{line}");
+        let kib = format!("{:.1}", bytes as f64 / 1024.0);
+        assert_eq!(cells[0], kib, "{line}");
+    }
+    assert!(!functions.contains("  .isra.0]"), "{functions}");
+    let calls = report(&run, &["--view", "calls", "--focus", "fill"]);
+    let head = format!("fill [clone .constprop.0] [clone .isra.0] in {base}: 2.0 KiB inclusive");
+    assert!(calls.lines().any(|l| l.starts_with(&head)), "{calls}");
+    assert!(
+        calls.contains(&format!("100.0%  main in {base}\n")),
+        "{calls}"
+    );
+    let folded = report(&run, &["--format", "folded"]);
+    for (whole, _, bytes, _) in shown {
+        let tail = format!(";main;{whole} {bytes}");
+        assert!(
+            folded.lines().any(|l| l.ends_with(&tail)),
+            "{tail}: {folded}"
+        );
+    }
 }
