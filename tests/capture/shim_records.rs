@@ -91,6 +91,7 @@ fn capture_shim_ring_attacks_contained() {
             "a record naming another process",
         ),
         ("foreign", &outside, "", "a record naming another process"),
+        ("foreign", "memtrail", "", "a record naming another process"),
         ("stack", &outside, "drop", "a stack naming another process"),
         ("frames", "0", "", "a stack of more frames than it holds"),
         ("kind", "0", "", "a record of a kind only BPF writes"),
@@ -228,7 +229,7 @@ fn capture_unrecorded_stacks_counted_once() {
     );
 }
 
-/// Check that a child made by a raw clone (no fork handlers: its parent's
+/// Check that a child made by a raw clone3 (no fork handlers: its parent's
 /// thread-local state, its parent's ring in its memory) writes into no
 /// ring of its parent's (issue 40: 30,126 of 40,002 allocations went to
 /// the parent, and 1 run in 3 hung): it makes a ring file of its own, and
