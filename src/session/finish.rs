@@ -172,18 +172,9 @@ impl Session {
             shim,
             ..
         } = events;
-        // The ring files the merge found corrupt (issue 40): each its
-        // process's, as the records the sink could not read.
-        for fault in shim.as_ref().map(|o| o.faults()).unwrap_or_default() {
-            let what = format!("{} (byte {} of the ring)", fault.what, fault.offset);
-            agg.refuse_record(fault.pid, Some(fault.ring), &what);
-        }
         stacks.stacks.extend(shim_stacks.stacks);
         stacks.malformed += shim_stacks.malformed;
-        agg.finish(end_ns);
-        if let Some(root) = &self.root {
-            agg.set_parent(root.pid, std::process::id());
-        }
+        self.end_aggregation(&mut agg, shim.as_ref(), end_ns);
         let root_exit = self.root_exit(&agg);
         let images: Vec<std::path::PathBuf> =
             images_seen.0.iter().map(|t| t.image.clone()).collect();
@@ -397,6 +388,29 @@ impl Session {
             return Err(CaptureError::Malformed(malformed));
         }
         Ok((lost, end_ns))
+    }
+
+    /// Ends the aggregation: the ring files the merge found corrupt (issue
+    /// 40) are each their process's, as the records the sink could not
+    /// read; every process still running ends now; the root's parent is
+    /// memtrail.
+    fn end_aggregation(
+        &self,
+        agg: &mut Aggregator,
+        shim: Option<&crate::ring::shim::Offer>,
+        end_ns: u64,
+    ) {
+        for fault in shim
+            .map(crate::ring::shim::Offer::faults)
+            .unwrap_or_default()
+        {
+            let what = format!("{} (byte {} of the ring)", fault.what, fault.offset);
+            agg.refuse_record(fault.pid, Some(fault.ring), &what);
+        }
+        agg.finish(end_ns);
+        if let Some(root) = &self.root {
+            agg.set_parent(root.pid, std::process::id());
+        }
     }
 
     /// How the root process ended: as waited for, or, for a running process
