@@ -810,7 +810,10 @@ static int ring_here(struct mt_thread *t)
 		return 0;
 	if (__builtin_expect(ring_proc->pid != 0, 1))
 		return 1;
-	if (!__atomic_compare_exchange_n(&ring_proc->tried, &untried, 1, 0, __ATOMIC_ACQ_REL,
+	/* A process whose rings could not be set up: no locked instruction
+	 * at every call. */
+	if (__atomic_load_n(&ring_proc->tried, __ATOMIC_RELAXED) ||
+	    !__atomic_compare_exchange_n(&ring_proc->tried, &untried, 1, 0, __ATOMIC_ACQ_REL,
 					 __ATOMIC_RELAXED))
 		return 0;
 	t->in_ring = 2;
