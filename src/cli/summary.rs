@@ -287,10 +287,11 @@ fn write_anomalies(w: &mut impl Write, p: &Profile) -> io::Result<()> {
     if u.stacks > 0 {
         writeln!(
             w,
-            "  note: {} allocations ({}) name {} stacks never recorded: in the totals, in no \
+            "  note: {} allocations ({}) name {}{} stacks never recorded: in the totals, in no \
              stack",
             u.allocations,
             human_bytes(u.bytes),
+            if u.more_stacks { "more than " } else { "" },
             u.stacks
         )?;
     }
