@@ -115,8 +115,16 @@ impl Metric {
             Self::Frees => p.totals.frees,
             Self::AllocatedBytes => p.totals.allocated_bytes,
             Self::PeakLiveBytes => p.totals.peak_live_bytes,
-            Self::LeakedBytes => p.totals.live_bytes_at_exit,
-            Self::LeakedBlocks => p.totals.live_allocations_at_exit,
+            // Leaked as the summary and reports count it: live at exit,
+            // less what is still reachable (runtime pools).
+            Self::LeakedBytes => p
+                .totals
+                .live_bytes_at_exit
+                .saturating_sub(crate::report::runtime_at_exit(p).0),
+            Self::LeakedBlocks => p
+                .totals
+                .live_allocations_at_exit
+                .saturating_sub(crate::report::runtime_at_exit(p).1),
             // Anonymous mmap outside allocator calls (profile
             // `mappings.peak_mapped_bytes`, always present in version 1).
             Self::MmapPeakBytes => p.mappings.peak_mapped_bytes,
