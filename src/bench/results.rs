@@ -312,14 +312,17 @@ impl Results {
 
     /// Where a profile named in the document may be, in the order to try:
     /// under `profile_dir`, then, for a directory moved or copied (a CI
-    /// artifact), under `doc_dir`, the directory the document was read
-    /// from.
-    pub fn profile_paths(&self, rel: &Path, doc_dir: Option<&Path>) -> Vec<PathBuf> {
+    /// artifact), next to `doc`, the document's path: in its directory,
+    /// then in the directory of profiles `--output` keeps beside it
+    /// ([`super::beside`]: `A.profiles/` for `A.json`).
+    pub fn profile_paths(&self, rel: &Path, doc: Option<&Path>) -> Vec<PathBuf> {
         let mut paths = vec![self.profile_dir.join(rel)];
-        if let Some(dir) = doc_dir {
-            let other = dir.join(rel);
-            if other != paths[0] {
-                paths.push(other);
+        if let Some(doc) = doc {
+            let dir = doc.parent().unwrap_or(Path::new(""));
+            for other in [dir.join(rel), super::beside::profiles_dir(doc).join(rel)] {
+                if !paths.contains(&other) {
+                    paths.push(other);
+                }
             }
         }
         paths
