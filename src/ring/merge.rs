@@ -793,6 +793,53 @@ mod tests {
         assert_eq!(held.most, 4);
     }
 
+    /// A record of `kind` from pid 7: its header, then `words`.
+    fn shim_record(kind: u32, words: &[u64]) -> Vec<u8> {
+        let mut rec = vec![0u8; 24];
+        rec[8..12].copy_from_slice(&7u32.to_ne_bytes());
+        rec[16..20].copy_from_slice(&kind.to_ne_bytes());
+        for w in words {
+            rec.extend_from_slice(&w.to_ne_bytes());
+        }
+        rec
+    }
+
+    /// Check that a process's ring keeps no state per stack id it names
+    /// without carrying its stack (issue 40: a million made-up ids cost
+    /// memtrail 2.8× a clean capture's memory): an allocation naming a
+    /// stack the ring carried is its own; one naming no stack or another
+    /// kind is left alone; one naming an id never carried is cleared and
+    /// counted, and past MAX_UNRECORDED_IDS distinct ids nothing more is
+    /// kept, only counted.
+    #[test]
+    fn unrecorded_stack_ids_bounded() {
+        use crate::bpf::skel::memtrail::types::mt_kind;
+        let mut c = Carried::default();
+        let alloc = |id: u64| shim_record(mt_kind::MT_MALLOC.0, &[0x1000, 64, 0, id]);
+        assert!(!c.note(&shim_record(super::super::shim::KIND_STACK, &[42, 7, 0])));
+        assert!(!c.note(&alloc(42)));
+        assert!(!c.note(&alloc(0)));
+        assert!(!c.note(&shim_record(mt_kind::MT_FREE.0, &[0x1000, 0, 0, 99])));
+        let n = MAX_UNRECORDED_IDS as u64 + 1000;
+        for i in 0..n {
+            assert!(c.note(&alloc(1000 + i)));
+        }
+        assert!(c.note(&alloc(1000)));
+        assert_eq!(c.unknown.len(), MAX_UNRECORDED_IDS);
+        assert_eq!(c.ids.len(), 1);
+        let want = crate::profile::UnrecordedStacks {
+            stacks: MAX_UNRECORDED_IDS as u64,
+            allocations: n + 1,
+            bytes: 64 * (n + 1),
+            more_stacks: true,
+        };
+        assert_eq!(c.counts, want);
+        let faults = super::super::shim::Faults::default();
+        c.publish(7, &faults);
+        c.publish(7, &faults);
+        assert_eq!(faults.unrecorded(), [(7, want)]);
+    }
+
     /// Check that the judge of a process's records is total and that what
     /// it takes as the process's reads (issue 40): deterministic mutants
     /// of the records the shim writes (lengths, kinds, pids, frame counts,
