@@ -24,7 +24,9 @@
 //! looks its thread cache up in nine instructions before a `jne`. A prefix
 //! may move an argument to another register (mimalloc's `malloc` copies
 //! its size from rdi to rsi, then loads its heap into rdi; its `calloc`
-//! keeps the count in rax), or multiply count by size (glibc's
+//! keeps the count in rax; mimalloc 3's `mi_free`, the Rust crate's,
+//! keeps the pointer in rsi and loads its page into rdi, issue 41), or
+//! multiply count by size (glibc's
 //! `reallocarray`: `mov %rsi,%rax; mul %rdx; mov %rax,%rsi; jo`, the probe
 //! on the `jo`, where OF says whether it overflowed): the site's [`Abi`]
 //! then names where the argument is at the probe. An entry-only probe
