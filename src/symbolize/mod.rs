@@ -34,6 +34,7 @@ use crate::profile::Frame;
 
 mod background;
 mod guard;
+pub mod static_code;
 pub use background::Background;
 
 /// The frames of each symbolized return address of one process
