@@ -169,11 +169,13 @@ fn parse(bytes: &[u8]) -> Vec<(String, Vec<Found>)> {
             .filter(|f| !f.is_empty())
             .map(|f| {
                 let (name, at) = f.split_once('=')?;
-                let (vaddr, size) = at.split_once(':')?;
+                let mut at = at.split(':');
+                let mut hex = || u64::from_str_radix(at.next()?, 16).ok();
                 Some(Found {
                     name: name.to_owned(),
-                    vaddr: u64::from_str_radix(vaddr, 16).ok()?,
-                    size: size.parse().ok()?,
+                    vaddr: hex()?,
+                    size: hex()?,
+                    offset: hex()?,
                 })
             })
             .collect();
@@ -192,7 +194,7 @@ fn save(file: &Path, lines: &[(String, Vec<Found>)], image: &Path) {
     for (key, found) in &lines[skip..] {
         let list: Vec<String> = found
             .iter()
-            .map(|f| format!("{}={:x}:{}", f.name, f.vaddr, f.size))
+            .map(|f| format!("{}={:x}:{:x}:{:x}", f.name, f.vaddr, f.size, f.offset))
             .collect();
         let _ = writeln!(text, "{key}\t{}", list.join(","));
     }

@@ -92,6 +92,8 @@ pub struct Found {
     pub name: String,
     pub vaddr: u64,
     pub size: u64,
+    /// The file offset of its first byte.
+    pub offset: u64,
 }
 
 /// One function's code with the bytes a link may change masked.
@@ -299,8 +301,31 @@ pub fn find(data: &[u8], reference: &'static Reference) -> Vec<Found> {
     caught.unwrap_or_default()
 }
 
-/// The executable segments of `file`: their address and bytes.
-fn code_segments<'d>(file: &object::File<'d>) -> Vec<(u64, &'d [u8])> {
+/// The functions of libstdc++'s emergency pool (the runtime pools of
+/// `report::reachable`) found in the ELF image `data` when it has no
+/// symbol table to name them: a program linked with `-static-libstdc++`
+/// and stripped.
+pub fn runtime_functions(data: &[u8]) -> Vec<Found> {
+    let has_symtab = std::panic::catch_unwind(|| {
+        object::File::parse(data).map(|f| f.section_by_name(".symtab").is_some())
+    });
+    let started = std::time::Instant::now();
+    let found = match has_symtab {
+        Ok(Ok(false)) => find(data, &LIBSTDCXX_POOL),
+        _ => Vec::new(),
+    };
+    tracing::debug!(
+        bytes = data.len(),
+        found = found.len(),
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "runtime functions looked for by their code"
+    );
+    found
+}
+
+/// The executable segments of `file`: their address, file offset and
+/// bytes.
+fn code_segments<'d>(file: &object::File<'d>) -> Vec<(u64, u64, &'d [u8])> {
     let mut total = 0u64;
     let mut out = Vec::new();
     for seg in file.segments() {
@@ -315,7 +340,7 @@ fn code_segments<'d>(file: &object::File<'d>) -> Vec<(u64, &'d [u8])> {
         if total > MAX_IMAGE {
             break;
         }
-        out.push((seg.address(), bytes));
+        out.push((seg.address(), seg.file_range().0, bytes));
     }
     out
 }
@@ -327,7 +352,7 @@ fn search(data: &[u8], patterns: &[Pattern], wanted: &[&str]) -> Vec<Found> {
     let segments = code_segments(&file);
     let mut found = Vec::new();
     for p in patterns {
-        let Some(vaddr) = unique_match(p, &segments) else {
+        let Some((vaddr, offset)) = unique_match(p, &segments) else {
             continue;
         };
         for name in p.names.iter().filter(|n| wanted.contains(&n.as_str())) {
@@ -335,19 +360,21 @@ fn search(data: &[u8], patterns: &[Pattern], wanted: &[&str]) -> Vec<Found> {
                 name: name.clone(),
                 vaddr,
                 size: p.bytes.len() as u64,
+                offset,
             });
         }
     }
     found
 }
 
-/// The address where `p` matches, when it matches exactly once.
-fn unique_match(p: &Pattern, segments: &[(u64, &[u8])]) -> Option<u64> {
+/// The address and file offset where `p` matches, when it matches exactly
+/// once.
+fn unique_match(p: &Pattern, segments: &[(u64, u64, &[u8])]) -> Option<(u64, u64)> {
     let (a_start, a_len) = p.anchor;
     let finder = memchr::memmem::Finder::new(&p.bytes[a_start..a_start + a_len]);
-    let mut hit: Option<u64> = None;
+    let mut hit: Option<(u64, u64)> = None;
     let mut tried = 0usize;
-    for &(addr, bytes) in segments {
+    for &(addr, file_off, bytes) in segments {
         for at in finder.find_iter(bytes) {
             tried += 1;
             if tried > MAX_CANDIDATES {
@@ -370,7 +397,7 @@ fn unique_match(p: &Pattern, segments: &[(u64, &[u8])]) -> Option<u64> {
             if hit.is_some() {
                 return None; // ambiguous
             }
-            hit = Some(addr + start as u64);
+            hit = Some((addr + start as u64, file_off + start as u64));
         }
     }
     hit

@@ -110,6 +110,15 @@ fn static_busybox_sort_exact() {
     assert_eq!(reallocs, 2 * n + n.div_ceil(64));
     let sites = probed(small.profile(), BUSYBOX);
     assert!(sites.contains(&"realloc"), "{sites:?}");
+    // Only the image the capture saw has a table in the profile: not libc,
+    // libstdc++ and the loader loaded up front, nor the image cache's.
+    let images: Vec<&str> = small.profile()["unwind"]["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| string(i, "image"))
+        .collect();
+    assert_eq!(images, [BUSYBOX]);
     assert!(!small.stderr.contains("not counted"), "{}", small.stderr);
 }
 
