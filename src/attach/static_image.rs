@@ -113,7 +113,11 @@ pub fn is_static(file: &object::File<'_>, data: &[u8]) -> bool {
 /// unchanged.
 fn found_in(image: &Path, data: &[u8]) -> Vec<Found> {
     let stamp = Stamp::of(image);
-    let archive = static_code::archive_stamp(&static_code::GLIBC);
+    let stamps: Vec<String> = static_code::LIBCS
+        .iter()
+        .filter_map(|r| static_code::archive_stamp(r))
+        .collect();
+    let archive = (!stamps.is_empty()).then(|| stamps.join(" "));
     let file = super::cache::dir().map(|d| d.join(FILE));
     let key = match (&stamp, &archive) {
         (Some(s), Some(a)) => Some(format!(
@@ -133,7 +137,12 @@ fn found_in(image: &Path, data: &[u8]) -> Vec<Found> {
     {
         return found.1.clone();
     }
-    let found = static_code::find(data, &static_code::GLIBC);
+    // The first C library whose allocator is there.
+    let found = static_code::LIBCS
+        .iter()
+        .map(|r| static_code::find(data, r))
+        .find(|f| f.iter().any(|f| is_allocator(&f.name)))
+        .unwrap_or_default();
     if let (Some(file), Some(key)) = (file, key) {
         let id = format!("{}\t", stamp_id(&stamp));
         lines.retain(|(k, _)| !k.starts_with(&id));
@@ -141,6 +150,13 @@ fn found_in(image: &Path, data: &[u8]) -> Vec<Found> {
         save(&file, &lines, image);
     }
     found
+}
+
+/// Whether `name` is an allocating entry point (not a syscall wrapper).
+fn is_allocator(name: &str) -> bool {
+    super::api::libc()
+        .iter()
+        .any(|e| e.name == name && e.role == Role::Alloc)
 }
 
 /// `dev\tino` of a stamp, the start of its cache key.

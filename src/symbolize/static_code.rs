@@ -32,8 +32,10 @@ pub struct Reference {
     pub archives: &'static [&'static str],
     /// The members that define them.
     pub members: &'static [&'static str],
-    /// The functions' symbol names (local ones too).
-    pub symbols: &'static [&'static str],
+    /// The functions' symbol names (local ones too), each with the name
+    /// it is found under (musl's `__libc_malloc_impl` is its `malloc`,
+    /// which only jumps to it).
+    pub symbols: &'static [(&'static str, &'static str)],
 }
 
 /// glibc's allocator and the syscall wrappers memtrail probes
@@ -46,21 +48,54 @@ pub const GLIBC: Reference = Reference {
     ],
     members: &["malloc.o", "reallocarray.o", "mmap64.o", "sbrk.o"],
     symbols: &[
-        "malloc",
-        "calloc",
-        "realloc",
-        "reallocarray",
-        "free",
-        "memalign",
-        "aligned_alloc",
-        "posix_memalign",
-        "valloc",
-        "pvalloc",
-        "mmap",
-        "mmap64",
-        "sbrk",
+        ("malloc", "malloc"),
+        ("calloc", "calloc"),
+        ("realloc", "realloc"),
+        ("reallocarray", "reallocarray"),
+        ("free", "free"),
+        ("memalign", "memalign"),
+        ("aligned_alloc", "aligned_alloc"),
+        ("posix_memalign", "posix_memalign"),
+        ("valloc", "valloc"),
+        ("pvalloc", "pvalloc"),
+        ("mmap", "mmap"),
+        ("mmap64", "mmap64"),
+        ("sbrk", "sbrk"),
     ],
 };
+
+/// musl's allocator (mallocng) and `mmap`, from musl-dev's `libc.a`. Its
+/// `malloc`, `free`, `realloc` and `memalign` only jump to the functions
+/// found here. The simple allocator of `lite_malloc.lo` (a program that
+/// never frees) is left out: a program with mallocng has its code too,
+/// never called.
+pub const MUSL: Reference = Reference {
+    archives: &[
+        "/usr/lib/x86_64-linux-musl/libc.a",
+        "/usr/lib/musl/lib/libc.a",
+    ],
+    members: &[
+        "malloc.lo",
+        "free.lo",
+        "realloc.lo",
+        "calloc.lo",
+        "aligned_alloc.lo",
+        "posix_memalign.lo",
+        "mmap.lo",
+    ],
+    symbols: &[
+        ("__libc_malloc_impl", "malloc"),
+        ("__libc_free", "free"),
+        ("__libc_realloc", "realloc"),
+        ("calloc", "calloc"),
+        ("aligned_alloc", "aligned_alloc"),
+        ("posix_memalign", "posix_memalign"),
+        ("mmap", "mmap"),
+    ],
+};
+
+/// The C libraries whose allocators are looked for in static images.
+pub const LIBCS: [&Reference; 2] = [&GLIBC, &MUSL];
 
 /// libstdc++'s emergency exception pool, allocated by a constructor of its
 /// own (`eh_alloc.cc`), from the `libstdc++.a` of the installed GCCs.
@@ -72,7 +107,10 @@ pub const LIBSTDCXX_POOL: Reference = Reference {
         "/usr/lib/gcc/x86_64-linux-gnu/11/libstdc++.a",
     ],
     members: &["eh_alloc.o"],
-    symbols: &["_GLOBAL__sub_I_eh_alloc.cc", "_ZN12_GLOBAL__N_14poolC2Ev"],
+    symbols: &[
+        ("_GLOBAL__sub_I_eh_alloc.cc", "_GLOBAL__sub_I_eh_alloc.cc"),
+        ("_ZN12_GLOBAL__N_14poolC2Ev", "_ZN12_GLOBAL__N_14poolC2Ev"),
+    ],
 };
 
 /// The most places a pattern's anchor is verified at in one image.
@@ -108,11 +146,12 @@ struct Pattern {
     anchor: (usize, usize),
 }
 
-/// The patterns of each reference, by its first archive path, built once
-/// per process.
+/// The patterns of each reference, by its members, built once per
+/// process.
 fn patterns(reference: &'static Reference) -> Arc<Vec<Pattern>> {
-    static BUILT: OnceLock<Mutex<HashMap<usize, Arc<Vec<Pattern>>>>> = OnceLock::new();
-    let key = std::ptr::from_ref(reference) as usize;
+    type Built = HashMap<&'static [&'static str], Arc<Vec<Pattern>>>;
+    static BUILT: OnceLock<Mutex<Built>> = OnceLock::new();
+    let key = reference.members;
     let mut built = BUILT
         .get_or_init(Default::default)
         .lock()
@@ -131,14 +170,19 @@ fn archive(reference: &Reference) -> Option<(PathBuf, crate::sys::FileData)> {
     })
 }
 
-/// The identity of the archive `reference` reads (path, size, mtime), for a
-/// cache of what was found with it; None without one.
+/// The version of the references and of the matching: a cache of what
+/// was found keys it, and a change of either changes it.
+pub const REFERENCES_VERSION: u32 = 1;
+
+/// The identity of the archive `reference` reads (path, size, mtime) and
+/// [`REFERENCES_VERSION`], for a cache of what was found with it; None
+/// without one.
 pub fn archive_stamp(reference: &Reference) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     reference.archives.iter().find_map(|path| {
         let md = std::fs::metadata(path).ok()?;
         Some(format!(
-            "{path}:{}:{}.{}",
+            "v{REFERENCES_VERSION}:{path}:{}:{}.{}",
             md.size(),
             md.mtime(),
             md.mtime_nsec()
@@ -178,7 +222,7 @@ fn load(reference: &Reference) -> Option<Vec<Pattern>> {
 }
 
 /// The patterns of the wanted functions one archive member defines.
-fn member_patterns(obj: &object::File<'_>, wanted: &[&str], out: &mut Vec<Pattern>) {
+fn member_patterns(obj: &object::File<'_>, wanted: &[(&str, &str)], out: &mut Vec<Pattern>) {
     // Every function symbol by (section, address), to name aliases.
     let mut at: HashMap<(usize, u64), Vec<String>> = HashMap::new();
     let mut sizes: HashMap<(usize, u64), u64> = HashMap::new();
@@ -194,7 +238,7 @@ fn member_patterns(obj: &object::File<'_>, wanted: &[&str], out: &mut Vec<Patter
         sizes.insert(key, sym.size());
     }
     for ((section, addr), names) in at {
-        if !names.iter().any(|n| wanted.contains(&n.as_str())) {
+        if !names.iter().any(|n| wanted.iter().any(|w| w.0 == n)) {
             continue;
         }
         let size = sizes[&(section, addr)];
@@ -345,7 +389,7 @@ fn code_segments<'d>(file: &object::File<'d>) -> Vec<(u64, u64, &'d [u8])> {
     out
 }
 
-fn search(data: &[u8], patterns: &[Pattern], wanted: &[&str]) -> Vec<Found> {
+fn search(data: &[u8], patterns: &[Pattern], wanted: &[(&str, &str)]) -> Vec<Found> {
     let Ok(file) = object::File::parse(data) else {
         return Vec::new();
     };
@@ -355,9 +399,10 @@ fn search(data: &[u8], patterns: &[Pattern], wanted: &[&str]) -> Vec<Found> {
         let Some((vaddr, offset)) = unique_match(p, &segments) else {
             continue;
         };
-        for name in p.names.iter().filter(|n| wanted.contains(&n.as_str())) {
+        let names = wanted.iter().filter(|w| p.names.iter().any(|n| n == w.0));
+        for &(_, name) in names {
             found.push(Found {
-                name: name.clone(),
+                name: name.to_owned(),
                 vaddr,
                 size: p.bytes.len() as u64,
                 offset,
@@ -413,7 +458,7 @@ mod tests {
         let f = |s: &str| s.chars().map(|c| c == 'x').collect::<Vec<_>>();
         assert_eq!(longest_run(&f("xx.xxxx.x")), (3, 4));
         assert_eq!(longest_run(&f("....")), (0, 0));
-        assert_eq!(longest_run(&vec![true; 100]), (0, MAX_ANCHOR));
+        assert_eq!(longest_run(&[true; 100]), (0, MAX_ANCHOR));
     }
 
     /// Check masking of relaxable relocations.
@@ -423,5 +468,20 @@ mod tests {
         assert_eq!(masked(elf::R_X86_64_REX_GOTPCRELX, 32), (3, 4));
         assert_eq!(masked(elf::R_X86_64_64, 64), (0, 8));
         assert_eq!(masked(elf::R_X86_64_TLSGD, 32), (4, 12));
+    }
+
+    /// Check that what is no ELF image, or a cut one, finds nothing and
+    /// does not panic.
+    #[test]
+    fn symbolize_static_code_hostile_images() {
+        assert!(find(b"garbage", &GLIBC).is_empty());
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        for cut in [4, 64, 1000, exe.len() / 2] {
+            assert!(find(&exe[..cut], &GLIBC).is_empty());
+            assert!(runtime_functions(&exe[..cut]).is_empty());
+        }
+        let mut zeroed = exe.clone();
+        zeroed[0x20..0x40].fill(0xff); // e_phoff, e_shoff
+        assert!(find(&zeroed, &GLIBC).is_empty());
     }
 }

@@ -122,6 +122,38 @@ fn static_busybox_sort_exact() {
     assert!(!small.stderr.contains("not counted"), "{}", small.stderr);
 }
 
+/// Check that a stripped static musl program (musl-tools) has musl's
+/// allocator found by its code: its five mallocs of 1000-1004 bytes and
+/// its one free are counted exactly.
+#[test]
+fn static_stripped_musl_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("musl_alloc");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/musl_alloc.c");
+    let status = std::process::Command::new("musl-gcc")
+        .args(["-static", "-O1", "-s", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("musl-gcc runs (musl-tools)");
+    assert!(status.success());
+    let run = capture(&[exe.clone().into_os_string()]);
+    run.expect_code(0);
+    let events = run.events();
+    let mallocs: Vec<&Value> = (1000..1005)
+        .flat_map(|size| sized(events, "malloc", size))
+        .collect();
+    assert_eq!(mallocs.len(), 5, "{mallocs:?}");
+    assert_eq!(frees_of(events, &mallocs).len(), 1);
+    let totals = &run.profile()["totals"];
+    assert_eq!(num(totals, "unmatched_frees"), 0, "{totals}");
+    let sites = probed(run.profile(), exe.to_str().unwrap());
+    assert!(
+        sites.contains(&"malloc") && sites.contains(&"free"),
+        "{sites:?}"
+    );
+}
+
 /// Check that a stripped static program without any allocator memtrail
 /// knows (no libc at all: `_start` moves the break by 1 MiB) is named in
 /// the summary, with its heap said not counted and the break it moved,
