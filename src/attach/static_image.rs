@@ -112,7 +112,9 @@ pub fn is_static(file: &object::File<'_>, data: &[u8]) -> bool {
 /// (its bytes `data`), from the cache when the image and the archive are
 /// unchanged.
 fn found_in(image: &Path, data: &[u8]) -> Vec<Found> {
-    let stamp = Stamp::of(image);
+    // Cached only for the file's own bytes (a caller may hand other bytes
+    // under its path).
+    let stamp = Stamp::of(image).filter(|s| s.size == data.len() as u64);
     let stamps: Vec<String> = static_code::LIBCS
         .iter()
         .filter_map(|r| static_code::archive_stamp(r))
