@@ -51,6 +51,7 @@ pub mod cache;
 pub mod per_process;
 pub mod place;
 pub mod shim;
+pub mod static_image;
 pub mod usdt;
 pub mod worker;
 
@@ -400,7 +401,8 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
         path: image.to_owned(),
         reason,
     };
-    let functions = elf.functions(api.iter().map(|e| e.name.as_str()));
+    let mut functions = elf.functions(api.iter().map(|e| e.name.as_str()));
+    static_image::complete(&elf.file, elf.data, image, api, &mut functions)?;
     let mut sites: Vec<Site> = Vec::new();
     for entry in api {
         let (name, kind) = (entry.name.as_str(), entry.kind);
