@@ -1716,6 +1716,10 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 	case MT_CFA_RSP:
 		cfa = w->sp + cfa_off;
 		break;
+	case MT_CFA_RSP_FAR:
+		cfa = w->sp + 8 * ((__u64)(__u16)row->cfa_off | (__u64)(__u8)row->rbp_off << 16);
+		rowp->rbp_off = -16;
+		break;
 	case MT_CFA_RBP:
 		if (!w->bp) {
 			walk_end(w, MT_END_UNREADABLE);

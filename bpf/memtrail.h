@@ -282,6 +282,11 @@ enum mt_unwind_cfa {
 	MT_CFA_SIGNAL = 5,
 	/* A rule BPF does not evaluate (another register, an expression). */
 	MT_CFA_UNSUPPORTED = 6,
+	/* CFA = rsp + 8 * the 24-bit word count (u16)cfa_off | (u8)rbp_off
+	 * << 16: a frame past MT_CFA_OFF_X8's 256 KiB (rustc's run_compiler
+	 * keeps 527 KiB, issue 41). rbp_off holds no offset: MT_RBP_AT means
+	 * saved at CFA - 16. */
+	MT_CFA_RSP_FAR = 7,
 };
 
 enum mt_unwind_rbp {

@@ -225,6 +225,7 @@ fn compile_image(data: &[u8]) -> Result<Compiled, UnwindError> {
         return Ok(no_cfi);
     }
     mark_alloc_wrappers(&file, &mut spans);
+    to_first_segment_bias(&file, bias, &mut spans);
     spans.sort_by_key(|&(start, end, _)| (start, end));
     if spans.iter().any(|&(_, end, _)| end > u64::from(u32::MAX)) {
         return Err(UnwindError::Parse(
@@ -236,6 +237,42 @@ fn compile_image(data: &[u8]) -> Result<Compiled, UnwindError> {
         rows: merge(&spans),
         source,
     }))
+}
+
+/// Moves the spans of code in an executable segment whose bias (address
+/// minus file offset) is not `bias`, the first executable segment's, to
+/// where BPF looks for them: BPF finds a frame's row at its file offset
+/// plus the image's one bias. An image with two executable segments (hot
+/// code laid out apart, 2 MiB aligned: rustc's libLLVM and
+/// librustc_driver, issue 41) had its second segment's frames looked up
+/// 4 KiB off, under another function's rules.
+fn to_first_segment_bias(file: &object::File<'_>, bias: i64, spans: &mut [(u64, u64, Row)]) {
+    let segments: Vec<(u64, u64, i64)> = file
+        .segments()
+        .filter(|seg| matches!(seg.flags(), SegmentFlags::Elf { p_flags } if p_flags & PF_X != 0))
+        .map(|seg| {
+            let seg_bias = (seg.address() as i64).wrapping_sub(seg.file_range().0 as i64);
+            (
+                seg.address(),
+                seg.address().saturating_add(seg.size()),
+                seg_bias,
+            )
+        })
+        .filter(|&(_, _, seg_bias)| seg_bias != bias)
+        .collect();
+    if segments.is_empty() {
+        return;
+    }
+    for (start, end, _) in spans.iter_mut() {
+        if let Some(&(_, _, seg_bias)) = segments
+            .iter()
+            .find(|&&(lo, hi, _)| (lo..hi).contains(start))
+        {
+            let delta = bias.wrapping_sub(seg_bias) as u64;
+            *start = start.wrapping_add(delta);
+            *end = end.wrapping_add(delta);
+        }
+    }
 }
 
 /// The C++ `operator new` variants (libstdc++ and libc++ share the Itanium
@@ -407,6 +444,7 @@ where
                 Ok(off) => (off, 0),
                 Err(_) if offset % 8 == 0 => match i16::try_from(offset / 8) {
                     Ok(off) => (off, CFA_OFF_X8),
+                    Err(_) if *register == X86_64::RSP => return far_rsp(*offset, row),
                     Err(_) => return unsupported,
                 },
                 Err(_) => return unsupported,
@@ -439,6 +477,27 @@ where
     let mut out = Row::rule(cfa, cfa_off, rbp, rbp_off);
     out.kind |= x8_flag;
     out
+}
+
+/// The row of a CFA of rsp plus `offset`, a multiple of 8 past what
+/// [`CFA_OFF_X8`] holds: `MT_CFA_RSP_FAR`, its word count in `cfa_off` and
+/// `rbp_off`, the caller's rbp saved at CFA - 16 or lost.
+fn far_rsp(offset: i64, row: &gimli::UnwindTableRow<usize>) -> Row {
+    let words = offset / 8;
+    if !(0..1 << 24).contains(&words) {
+        return Row::rule(Cfa::MT_CFA_UNSUPPORTED, 0, Rbp::MT_RBP_SAME, 0);
+    }
+    let rbp = match row.register(X86_64::RBP) {
+        RegisterRule::Undefined | RegisterRule::SameValue => Rbp::MT_RBP_SAME,
+        RegisterRule::Offset(-16) => Rbp::MT_RBP_AT,
+        _ => Rbp::MT_RBP_LOST,
+    };
+    Row::rule(
+        Cfa::MT_CFA_RSP_FAR,
+        words as u16 as i16,
+        rbp,
+        (words >> 16) as u8 as i8,
+    )
 }
 
 /// Where the caller's rbp is, for a row whose CFA rule is `cfa` (`plt`: the

@@ -21,5 +21,6 @@ mod python_frames;
 mod ring_consumer;
 mod shim_records;
 mod stacks;
+mod stacks_layouts;
 mod stacks_unwind;
 mod usdt_regions;
