@@ -1748,11 +1748,14 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 		return true;
 	}
 	default:
-		/* A frame-pointer step only where the image has no table: in
-		 * one that has (code without a row, a rule BPF does not
-		 * evaluate), rbp is rarely a frame pointer, and the step made
-		 * up callers (issue 23). */
-		if (unwind_mode == MT_UNWIND_DWARF || w->map.npages) {
+		/* A frame-pointer step where the image has no table, and with
+		 * --unwind auto where its table has no row for the frame (V8's
+		 * embedded builtins keep frame pointers, issue 41: unwind_step
+		 * marks the frame MT_FP_STEP_FRAME), as libunwind does. Not
+		 * through a rule BPF does not evaluate: code with CFI keeps
+		 * rbp for data, and the step made up callers (issue 23). */
+		if (unwind_mode == MT_UNWIND_DWARF ||
+		    (w->map.npages && cfa_kind != MT_CFA_NONE)) {
 			walk_end(w, cfa_kind == MT_CFA_UNSUPPORTED ? MT_END_UNSUPPORTED
 								      : MT_END_NO_TABLE);
 			return false;
@@ -1842,6 +1845,9 @@ static long unwind_step(__u64 i, void *data)
 	 * (which the kernel made the handler's return address; no call
 	 * precedes it), are recorded plus one. */
 	ip = w->pc + (w->exact || (row.kind & 0xf) == MT_CFA_SIGNAL);
+	/* No row in its image's table: its caller comes by frame pointer. */
+	if ((row.kind & 0xf) == MT_CFA_NONE && w->map.npages && unwind_mode == MT_UNWIND_AUTO)
+		ip |= MT_FP_STEP_FRAME;
 	if (w->rec)
 		mt_store_frame(w->rec, n, ip);
 	w->h = mix(w->h, ip);

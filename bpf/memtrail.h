@@ -341,6 +341,9 @@ struct mt_unwind_image {
  * n-th interpreter-loop frame among the native ones.
  */
 #define MT_PY_FRAME (1ULL << 63)
+/* In a native frame's word: its image's unwind table has no row for it, and
+ * the walk found its caller by frame pointer (--unwind auto, issue 41). */
+#define MT_FP_STEP_FRAME (1ULL << 62)
 #define MT_PY_OFF_SHIFT 47
 #define MT_PY_OFF_MAX 0xffffULL
 #define MT_PY_CODE_MASK ((1ULL << MT_PY_OFF_SHIFT) - 1)
