@@ -1762,9 +1762,11 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 		}
 		return fp_step(w, MT_END_NO_TABLE, &saved);
 	}
-	/* The caller's frame is above this one. */
+	/* The caller's frame is above this one; below it by an rbp-based
+	 * rule (the rbp a stack switch saved), it is on another stack. */
 	if (cfa <= w->sp || cfa & 7) {
-		walk_end(w, MT_END_UNREADABLE);
+		walk_end(w, cfa_kind == MT_CFA_RBP && !(cfa & 7) ? MT_END_STACK_SWITCH
+								  : MT_END_UNREADABLE);
 		return false;
 	}
 	switch ((row->kind & MT_ROW_RBP_MASK) >> 4) {
@@ -1815,6 +1817,41 @@ __noinline int mt_store_frame(struct mt_stack_record *rec, __u32 n, __u64 ip)
 	return 0;
 }
 
+/*
+ * Whether the walk's frame, which its image's table has no row for, is a
+ * return address at the first instruction of code that has one: no call
+ * returns there (pc - 1, the call, is outside every function), so the
+ * stack's maker pushed it, as makecontext pushes __start_context at the
+ * top of a coroutine's stack (issue 41). *row is the row at pc after.
+ */
+static __always_inline bool trampoline_frame(struct unwind_walk *w, struct mt_unwind_row *row)
+{
+	if ((row->kind & 0xf) != MT_CFA_NONE || !w->map.npages || w->exact ||
+	    unwind_mode == MT_UNWIND_FP)
+		return false;
+	if (!mt_find_row(&w->map, w->pc - w->map.shift, row)) {
+		row->kind = MT_CFA_NONE;
+		return false;
+	}
+	if ((row->kind & 0xf) == MT_CFA_NONE)
+		return false;
+	row->kind = MT_CFA_NONE;
+	return true;
+}
+
+/* Keeps the walk's frame as the last, where its stack began
+ * (MT_END_STACK_SWITCH): plus one, the trampoline's own first instruction
+ * (userspace symbolizes every frame minus one). */
+static __always_inline long stack_switch_frame(struct unwind_walk *w, __u32 n)
+{
+	if (w->rec)
+		mt_store_frame(w->rec, n, w->pc + 1);
+	w->h = mix(w->h, w->pc + 1);
+	w->n = n + 1;
+	walk_end(w, MT_END_STACK_SWITCH);
+	return 1;
+}
+
 /* One frame: keep the walk's pc if it is code and within the depth, then
  * step to the caller. */
 static long unwind_step(__u64 i, void *data)
@@ -1836,6 +1873,8 @@ static long unwind_step(__u64 i, void *data)
 		return 1;
 	}
 	frame_rule(w, &row);
+	if (trampoline_frame(w, &row))
+		return stack_switch_frame(w, n);
 	/* The allocator was called by C++ operator new, whose code has no
 	 * probe: the stack starts at new's caller. */
 	if (n == 0 && (row.kind & MT_ROW_ALLOC_WRAPPER))

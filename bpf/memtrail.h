@@ -250,6 +250,12 @@ enum mt_stack_end {
 	MT_END_UNSUPPORTED = 5,
 	/* The process's mappings could not be looked at (mmap lock held). */
 	MT_END_BUSY = 6,
+	/* The stack began at this frame, switched to from another (issue
+	 * 41): a return address at a function's first instruction, which no
+	 * call returns to (makecontext's trampoline a coroutine returns to),
+	 * or a frame whose rules put its caller's frame below it (a stack
+	 * segment above the stack it was called from: psm, fibers). */
+	MT_END_STACK_SWITCH = 7,
 };
 
 /* --unwind (the `unwind_mode` tunable). */

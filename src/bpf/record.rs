@@ -532,6 +532,7 @@ pub fn stack_end(raw: u16) -> StackEnd {
         End::MT_END_NOT_CODE => StackEnd::NotCode,
         End::MT_END_UNSUPPORTED => StackEnd::Unsupported,
         End::MT_END_BUSY => StackEnd::MappingsBusy,
+        End::MT_END_STACK_SWITCH => StackEnd::StackSwitch,
         _ => StackEnd::Complete,
     }
 }

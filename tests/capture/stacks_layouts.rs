@@ -199,3 +199,51 @@ fn stacks_unwind_node_through_builtins_reaches_main() {
         "{complete} of {total} bytes complete"
     );
 }
+
+/// Check that stacks that began on another stack say so (`stack_switch`)
+/// rather than `complete` or a failed step: a coroutine's, made by
+/// makecontext, ends at the trampoline it returns to (glibc's
+/// `__start_context`, a return address at its first instruction); a stack
+/// segment switched to as rustc's `psm` does, above the stack it was
+/// called from, ends at the switching function; the coroutine's maker,
+/// on the thread's own stack, reaches `_start`.
+#[test]
+fn stacks_unwind_stack_switch_said() {
+    let exe = fixture_with_flags("stack_switch", support::NO_FP);
+    let p = run_profile(&[exe.into()]);
+    let coroutine = stack_of(&p, 5551);
+    assert_eq!(coroutine["end"], "stack_switch", "{coroutine:#}");
+    let f = frames(coroutine);
+    assert_eq!(
+        &functions(coroutine)[..2],
+        ["coro_alloc", "coroutine"],
+        "{coroutine:#}"
+    );
+    assert_eq!(f.len(), 3, "{coroutine:#}");
+    assert!(
+        f[2]["module"]
+            .as_str()
+            .is_some_and(|m| m.ends_with("/libc.so.6")),
+        "{coroutine:#}"
+    );
+    let maker = stack_of(&p, 5552);
+    assert!(maker.get("end").is_none(), "{maker:#}");
+    assert_eq!(
+        functions(maker),
+        [
+            "coro_alloc",
+            "run_coroutine",
+            "main",
+            "__libc_start_call_main",
+            "__libc_start_main_impl",
+            "_start"
+        ]
+    );
+    let segment = stack_of(&p, 5553);
+    assert_eq!(segment["end"], "stack_switch", "{segment:#}");
+    assert_eq!(
+        functions(segment),
+        ["coro_alloc", "segment_fn", "mt_on_stack"],
+        "{segment:#}"
+    );
+}
