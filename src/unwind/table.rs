@@ -595,6 +595,81 @@ mod tests {
         }
     }
 
+    /// Check that a function in a second executable segment at another
+    /// bias gets its rows where BPF looks (its file offset plus the first
+    /// segment's bias), and that a frame of 600,000 bytes gets an
+    /// `MT_CFA_RSP_FAR` row with its word count (issue 41).
+    #[test]
+    fn unwind_far_segment_and_far_frame_rows() {
+        use object::{Object, ObjectSymbol};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let c = dir.path().join("far.c");
+        let so = dir.path().join("far.so");
+        std::fs::write(
+            &c,
+            "void sink(volatile char *);\n\
+             __attribute__((section(\".farcode\"))) void far(void) \
+             { volatile char b[64]; sink(b); sink(b); }\n\
+             void big(void) { volatile char b[600000]; sink(b); sink(b); }\n",
+        )
+        .expect("source");
+        let ok = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2", "-fomit-frame-pointer", "-o"])
+            .args([&so, &c])
+            .arg("-Wl,--section-start=.farcode=0x800000")
+            .status()
+            .expect("runs")
+            .success();
+        assert!(ok);
+        let data = std::fs::read(&so).expect("library");
+        let Compiled::Table(table) = compile(&data).expect("compiles") else {
+            panic!("has CFI");
+        };
+        let file = object::File::parse(&*data).expect("ELF");
+        let sym = |name: &str| {
+            file.dynamic_symbols()
+                .find(|s| s.name() == Ok(name))
+                .map(|s| (s.address(), s.size()))
+                .expect("symbol")
+        };
+        // The rule at image key `key`: the last row at or below it.
+        let rule_at = |key: u64| {
+            *table
+                .rows
+                .iter()
+                .take_while(|r| u64::from(r.pc) <= key)
+                .last()
+                .expect("a row")
+        };
+        let (far, far_len) = sym("far");
+        let seg = file
+            .segments()
+            .find(|s| (s.address()..s.address() + s.size()).contains(&far))
+            .expect("far's segment");
+        let key = far - seg.address() + seg.file_range().0;
+        let key = (key as i64 + table.bias) as u64;
+        assert_ne!(key, far, "the segments' biases differ");
+        // Its body keeps the 64-byte array below the return address.
+        let body = (key..key + far_len)
+            .map(rule_at)
+            .filter(|r| r.cfa() == Cfa::MT_CFA_RSP)
+            .map(|r| r.cfa_off)
+            .max();
+        assert!(body.is_some_and(|off| off > 64), "{body:?}");
+        assert_eq!(rule_at(key).cfa_off, 8);
+        assert!(!table.rows.iter().any(|r| u64::from(r.pc) >= far));
+        let (big, big_len) = sym("big");
+        let words = table
+            .rows
+            .iter()
+            .filter(|r| (big..big + big_len).contains(&u64::from(r.pc)))
+            .filter(|r| r.cfa() == Cfa::MT_CFA_RSP_FAR)
+            .map(|r| u32::from(r.cfa_off as u16) | u32::from(r.rbp_off as u8) << 16)
+            .max()
+            .expect("a far row");
+        assert!((600_000 / 8..600_100 / 8).contains(&words), "{words} words");
+    }
+
     /// Check that Debian's libc compiles: rsp- and rbp-based rows, the PLT
     /// expression, the signal trampoline and an outermost frame.
     #[test]
