@@ -1071,10 +1071,15 @@ static __always_inline __u64 mix(__u64 h, __u64 v)
  *   function). The row gives the CFA (rsp or rbp plus an offset, or the
  *   PLT's expression), the return address at CFA - 8 and where the caller's
  *   rbp was saved.
- * - Where the image has no table, --unwind auto takes a frame-pointer
- *   step; where it has one but no row or a rule BPF does not evaluate
- *   covers the address, and with --unwind dwarf, the walk stops there
- *   (never a made-up caller); --unwind fp always takes frame-pointer steps.
+ * - Where the image has no table, or its table no row for the address,
+ *   --unwind auto takes a frame-pointer step, as libunwind does (the frame
+ *   without a row is marked MT_FP_STEP_FRAME, issue 41); where a rule BPF
+ *   does not evaluate covers the address, and with --unwind dwarf, the
+ *   walk stops there (never a made-up caller); --unwind fp always takes
+ *   frame-pointer steps.
+ * - A stack that began on another ends MT_END_STACK_SWITCH: at a return
+ *   address no call returns to (a coroutine's trampoline), or where an
+ *   rbp-based rule puts the caller's frame below the frame's (issue 41).
  * - The signal trampoline's row (__restore_rt) takes the interrupted
  *   registers from the ucontext the kernel saved: the walk goes on through
  *   a signal handler into the code it interrupted. That frame's address is

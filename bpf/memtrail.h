@@ -238,15 +238,16 @@ enum mt_stack_end {
 	/* --stack-depth frames were kept and there was another one. */
 	MT_END_DEPTH = 1,
 	/* A frame in code without an unwind table (an image without CFI,
-	 * JIT code, a table the maps could not hold), where the frame-pointer
-	 * step could not go on (or was not allowed: --unwind dwarf). */
+	 * JIT code, a table the maps could not hold) or without a row in its
+	 * image's table, where the frame-pointer step could not go on (or
+	 * was not allowed: --unwind dwarf). */
 	MT_END_NO_TABLE = 2,
 	/* Stack memory the unwinder needed could not be read, or a step did
 	 * not move up the stack. */
 	MT_END_UNREADABLE = 3,
 	/* A return address outside every executable mapping of the process. */
 	MT_END_NOT_CODE = 4,
-	/* A CFI rule the BPF unwinder does not evaluate (--unwind dwarf). */
+	/* A CFI rule the BPF unwinder does not evaluate. */
 	MT_END_UNSUPPORTED = 5,
 	/* The process's mappings could not be looked at (mmap lock held). */
 	MT_END_BUSY = 6,
