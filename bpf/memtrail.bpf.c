@@ -1071,10 +1071,15 @@ static __always_inline __u64 mix(__u64 h, __u64 v)
  *   function). The row gives the CFA (rsp or rbp plus an offset, or the
  *   PLT's expression), the return address at CFA - 8 and where the caller's
  *   rbp was saved.
- * - Where the image has no table, --unwind auto takes a frame-pointer
- *   step; where it has one but no row or a rule BPF does not evaluate
- *   covers the address, and with --unwind dwarf, the walk stops there
- *   (never a made-up caller); --unwind fp always takes frame-pointer steps.
+ * - Where the image has no table, or its table no row for the address,
+ *   --unwind auto takes a frame-pointer step, as libunwind does (the frame
+ *   without a row is marked MT_FP_STEP_FRAME, issue 41); where a rule BPF
+ *   does not evaluate covers the address, and with --unwind dwarf, the
+ *   walk stops there (never a made-up caller); --unwind fp always takes
+ *   frame-pointer steps.
+ * - A stack that began on another ends MT_END_STACK_SWITCH: at a return
+ *   address no call returns to (a coroutine's trampoline), or where an
+ *   rbp-based rule puts the caller's frame below the frame's (issue 41).
  * - The signal trampoline's row (__restore_rt) takes the interrupted
  *   registers from the ucontext the kernel saved: the walk goes on through
  *   a signal handler into the code it interrupted. That frame's address is
@@ -1716,6 +1721,10 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 	case MT_CFA_RSP:
 		cfa = w->sp + cfa_off;
 		break;
+	case MT_CFA_RSP_FAR:
+		cfa = w->sp + 8 * ((__u64)(__u16)row->cfa_off | (__u64)(__u8)row->rbp_off << 16);
+		rowp->rbp_off = -16;
+		break;
 	case MT_CFA_RBP:
 		if (!w->bp) {
 			walk_end(w, MT_END_UNREADABLE);
@@ -1744,20 +1753,25 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 		return true;
 	}
 	default:
-		/* A frame-pointer step only where the image has no table: in
-		 * one that has (code without a row, a rule BPF does not
-		 * evaluate), rbp is rarely a frame pointer, and the step made
-		 * up callers (issue 23). */
-		if (unwind_mode == MT_UNWIND_DWARF || w->map.npages) {
+		/* A frame-pointer step where the image has no table, and with
+		 * --unwind auto where its table has no row for the frame (V8's
+		 * embedded builtins keep frame pointers, issue 41: unwind_step
+		 * marks the frame MT_FP_STEP_FRAME), as libunwind does. Not
+		 * through a rule BPF does not evaluate: code with CFI keeps
+		 * rbp for data, and the step made up callers (issue 23). */
+		if (unwind_mode == MT_UNWIND_DWARF ||
+		    (w->map.npages && cfa_kind != MT_CFA_NONE)) {
 			walk_end(w, cfa_kind == MT_CFA_UNSUPPORTED ? MT_END_UNSUPPORTED
 								      : MT_END_NO_TABLE);
 			return false;
 		}
 		return fp_step(w, MT_END_NO_TABLE, &saved);
 	}
-	/* The caller's frame is above this one. */
+	/* The caller's frame is above this one; below it by an rbp-based
+	 * rule (the rbp a stack switch saved), it is on another stack. */
 	if (cfa <= w->sp || cfa & 7) {
-		walk_end(w, MT_END_UNREADABLE);
+		walk_end(w, cfa_kind == MT_CFA_RBP && !(cfa & 7) ? MT_END_STACK_SWITCH
+								  : MT_END_UNREADABLE);
 		return false;
 	}
 	switch ((row->kind & MT_ROW_RBP_MASK) >> 4) {
@@ -1808,6 +1822,41 @@ __noinline int mt_store_frame(struct mt_stack_record *rec, __u32 n, __u64 ip)
 	return 0;
 }
 
+/*
+ * Whether the walk's frame, which its image's table has no row for, is a
+ * return address at the first instruction of code that has one: no call
+ * returns there (pc - 1, the call, is outside every function), so the
+ * stack's maker pushed it, as makecontext pushes __start_context at the
+ * top of a coroutine's stack (issue 41). *row is the row at pc after.
+ */
+static __always_inline bool trampoline_frame(struct unwind_walk *w, struct mt_unwind_row *row)
+{
+	if ((row->kind & 0xf) != MT_CFA_NONE || !w->map.npages || w->exact ||
+	    unwind_mode == MT_UNWIND_FP)
+		return false;
+	if (!mt_find_row(&w->map, w->pc - w->map.shift, row)) {
+		row->kind = MT_CFA_NONE;
+		return false;
+	}
+	if ((row->kind & 0xf) == MT_CFA_NONE)
+		return false;
+	row->kind = MT_CFA_NONE;
+	return true;
+}
+
+/* Keeps the walk's frame as the last, where its stack began
+ * (MT_END_STACK_SWITCH): plus one, the trampoline's own first instruction
+ * (userspace symbolizes every frame minus one). */
+static __always_inline long stack_switch_frame(struct unwind_walk *w, __u32 n)
+{
+	if (w->rec)
+		mt_store_frame(w->rec, n, w->pc + 1);
+	w->h = mix(w->h, w->pc + 1);
+	w->n = n + 1;
+	walk_end(w, MT_END_STACK_SWITCH);
+	return 1;
+}
+
 /* One frame: keep the walk's pc if it is code and within the depth, then
  * step to the caller. */
 static long unwind_step(__u64 i, void *data)
@@ -1829,6 +1878,8 @@ static long unwind_step(__u64 i, void *data)
 		return 1;
 	}
 	frame_rule(w, &row);
+	if (trampoline_frame(w, &row))
+		return stack_switch_frame(w, n);
 	/* The allocator was called by C++ operator new, whose code has no
 	 * probe: the stack starts at new's caller. */
 	if (n == 0 && (row.kind & MT_ROW_ALLOC_WRAPPER))
@@ -1838,6 +1889,9 @@ static long unwind_step(__u64 i, void *data)
 	 * (which the kernel made the handler's return address; no call
 	 * precedes it), are recorded plus one. */
 	ip = w->pc + (w->exact || (row.kind & 0xf) == MT_CFA_SIGNAL);
+	/* No row in its image's table: its caller comes by frame pointer. */
+	if ((row.kind & 0xf) == MT_CFA_NONE && w->map.npages && unwind_mode == MT_UNWIND_AUTO)
+		ip |= MT_FP_STEP_FRAME;
 	if (w->rec)
 		mt_store_frame(w->rec, n, ip);
 	w->h = mix(w->h, ip);

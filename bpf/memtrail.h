@@ -239,18 +239,25 @@ enum mt_stack_end {
 	/* --stack-depth frames were kept and there was another one. */
 	MT_END_DEPTH = 1,
 	/* A frame in code without an unwind table (an image without CFI,
-	 * JIT code, a table the maps could not hold), where the frame-pointer
-	 * step could not go on (or was not allowed: --unwind dwarf). */
+	 * JIT code, a table the maps could not hold) or without a row in its
+	 * image's table, where the frame-pointer step could not go on (or
+	 * was not allowed: --unwind dwarf). */
 	MT_END_NO_TABLE = 2,
 	/* Stack memory the unwinder needed could not be read, or a step did
 	 * not move up the stack. */
 	MT_END_UNREADABLE = 3,
 	/* A return address outside every executable mapping of the process. */
 	MT_END_NOT_CODE = 4,
-	/* A CFI rule the BPF unwinder does not evaluate (--unwind dwarf). */
+	/* A CFI rule the BPF unwinder does not evaluate. */
 	MT_END_UNSUPPORTED = 5,
 	/* The process's mappings could not be looked at (mmap lock held). */
 	MT_END_BUSY = 6,
+	/* The stack began at this frame, switched to from another (issue
+	 * 41): a return address at a function's first instruction, which no
+	 * call returns to (makecontext's trampoline a coroutine returns to),
+	 * or a frame whose rules put its caller's frame below it (a stack
+	 * segment above the stack it was called from: psm, fibers). */
+	MT_END_STACK_SWITCH = 7,
 };
 
 /* --unwind (the `unwind_mode` tunable). */
@@ -283,6 +290,11 @@ enum mt_unwind_cfa {
 	MT_CFA_SIGNAL = 5,
 	/* A rule BPF does not evaluate (another register, an expression). */
 	MT_CFA_UNSUPPORTED = 6,
+	/* CFA = rsp + 8 * the 24-bit word count (u16)cfa_off | (u8)rbp_off
+	 * << 16: a frame past MT_CFA_OFF_X8's 256 KiB (rustc's run_compiler
+	 * keeps 527 KiB, issue 41). rbp_off holds no offset: MT_RBP_AT means
+	 * saved at CFA - 16. */
+	MT_CFA_RSP_FAR = 7,
 };
 
 enum mt_unwind_rbp {
@@ -337,6 +349,9 @@ struct mt_unwind_image {
  * n-th interpreter-loop frame among the native ones.
  */
 #define MT_PY_FRAME (1ULL << 63)
+/* In a native frame's word: its image's unwind table has no row for it, and
+ * the walk found its caller by frame pointer (--unwind auto, issue 41). */
+#define MT_FP_STEP_FRAME (1ULL << 62)
 #define MT_PY_OFF_SHIFT 47
 #define MT_PY_OFF_MAX 0xffffULL
 #define MT_PY_CODE_MASK ((1ULL << MT_PY_OFF_SHIFT) - 1)

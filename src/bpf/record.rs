@@ -312,6 +312,11 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
     Ok(Record { hdr, body })
 }
 
+/// `MT_FP_STEP_FRAME`: in a native frame's word, the frame's image has an
+/// unwind table without a row for it, and the walk found its caller by
+/// frame pointer (issue 41).
+pub const FP_STEP_FRAME: u64 = 1 << 62;
+
 /// A call stack from the stack ring (`struct mt_stack_record`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StackRecord<'a> {
@@ -527,6 +532,7 @@ pub fn stack_end(raw: u16) -> StackEnd {
         End::MT_END_NOT_CODE => StackEnd::NotCode,
         End::MT_END_UNSUPPORTED => StackEnd::Unsupported,
         End::MT_END_BUSY => StackEnd::MappingsBusy,
+        End::MT_END_STACK_SWITCH => StackEnd::StackSwitch,
         _ => StackEnd::Complete,
     }
 }

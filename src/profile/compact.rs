@@ -59,6 +59,9 @@ struct FrameRow {
     inlined: bool,
     #[serde(deserialize_with = "required")]
     offset: Option<u64>,
+    /// [`Frame::fp_step`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    fp_step: bool,
 }
 
 /// One stack as written.
@@ -141,6 +144,7 @@ struct SharedFrame {
     line: Option<u32>,
     inlined: bool,
     offset: Option<u64>,
+    fp_step: bool,
 }
 
 impl<'a> Builder<'a> {
@@ -181,6 +185,7 @@ impl<'a> Builder<'a> {
             line: f.line,
             inlined: f.inlined,
             offset: f.offset,
+            fp_step: f.fp_step,
         };
         if let Some(&id) = self.shared_frames.get(&key) {
             return id;
@@ -208,6 +213,7 @@ impl<'a> Builder<'a> {
             line: f.line,
             inlined: f.inlined,
             offset: f.offset,
+            fp_step: f.fp_step,
         };
         self.frames.id(row)
     }
@@ -549,6 +555,7 @@ impl TablesIn {
                     inlined: f.inlined,
                     build_id: self.string(module.build_id)?,
                     offset: f.offset,
+                    fp_step: f.fp_step,
                 }))
             })
             .collect()

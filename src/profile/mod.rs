@@ -312,6 +312,12 @@ pub struct Frame {
     /// instruction), when the address is in a known file.
     #[serde(deserialize_with = "required")]
     pub offset: Option<u64>,
+    /// Its image's unwind table has no row for its address, and the walk
+    /// found its caller by frame pointer (`--unwind auto`; V8's embedded
+    /// builtins, issue 41): the frames above it may skip one that kept no
+    /// frame pointer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fp_step: bool,
 }
 
 /// The one frame of the site of a process's anonymous mappings and break
@@ -351,6 +357,7 @@ impl Frame {
             inlined: false,
             build_id: None,
             offset: None,
+            fp_step: false,
         }
     }
 }

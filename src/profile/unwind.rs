@@ -66,6 +66,10 @@ pub enum StackEnd {
     Unsupported,
     /// The process's mappings were locked by another thread.
     MappingsBusy,
+    /// The stack began at its last frame, switched to from another: a
+    /// coroutine's (makecontext's trampoline), or a stack segment whose
+    /// caller's frame is below it (issue 41).
+    StackSwitch,
 }
 
 impl StackEnd {
@@ -84,6 +88,7 @@ impl StackEnd {
             StackEnd::NotCode => "return address outside code",
             StackEnd::Unsupported => "unsupported unwind rule",
             StackEnd::MappingsBusy => "mappings locked",
+            StackEnd::StackSwitch => "stack switch (a coroutine or stack segment began there)",
         }
     }
 }

@@ -568,6 +568,7 @@ pub fn splice(
     loops: &foldhash::HashSet<u64>,
     mut groups: Vec<Vec<Arc<Frame>>>,
     cut: bool,
+    fp_steps: u128,
 ) -> Vec<Arc<Frame>> {
     /// What stands for one address.
     enum Part<'a> {
@@ -600,11 +601,22 @@ pub fn splice(
         .sum::<usize>()
         + groups[rest.clone()].iter().map(Vec::len).sum::<usize>();
     let mut out = Vec::with_capacity(len);
-    for part in parts {
+    for (n, part) in parts.into_iter().enumerate() {
+        let at = out.len();
         match part {
             Part::Frames(frames) => out.extend_from_slice(frames),
-            Part::Group(group) => out.append(&mut groups[group]),
+            Part::Group(group) => {
+                out.append(&mut groups[group]);
+                continue;
+            }
             Part::Unknown(ip) => out.push(Arc::new(Frame::unknown(ip))),
+        }
+        // The address's own function (its last frame, after those inlined
+        // into it) says its caller came by frame pointer.
+        if n < 128 && fp_steps >> n & 1 != 0 && out.len() > at {
+            if let Some(last) = out.last_mut() {
+                Arc::make_mut(last).fp_step = true;
+            }
         }
     }
     for group in &mut groups[rest] {
@@ -776,7 +788,7 @@ mod tests {
         let loops = loop_addresses(&mut places, &mut ColdParts::default());
         assert_eq!(loops, [2, 4, 5].into_iter().collect());
         assert_eq!(
-            names(splice(&ips, &places, &loops, groups.clone(), false)),
+            names(splice(&ips, &places, &loops, groups.clone(), false, 0)),
             [
                 "malloc_caller",
                 "",
@@ -792,7 +804,7 @@ mod tests {
         // An empty group: the loop frame stays, with its inlined calls.
         let groups = vec![vec![], group(vec![named("m", 0, false)])];
         assert_eq!(
-            names(splice(&ips, &places, &loops, groups.clone(), false)),
+            names(splice(&ips, &places, &loops, groups.clone(), false, 0)),
             [
                 "malloc_caller",
                 "",
@@ -821,11 +833,11 @@ mod tests {
             group(vec![named("m", 0, false)]),
         ];
         assert_eq!(
-            names(splice(&ips, &places, &loops, groups.clone(), false)),
+            names(splice(&ips, &places, &loops, groups.clone(), false, 0)),
             ["malloc_caller", "other", "g", "m"]
         );
         // Cut by --stack-depth: none past it.
-        let kept = splice(&ips[..1], &places, &loops, groups, true);
+        let kept = splice(&ips[..1], &places, &loops, groups, true, 0);
         assert_eq!(names(kept), ["malloc_caller"]);
     }
 }

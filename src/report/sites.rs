@@ -95,6 +95,7 @@ pub(super) fn truncation(profile: &Profile, site: &Site<'_>) -> Option<String> {
     let module = last.and_then(|f| f.module.as_deref());
     let why = match site.end {
         StackEnd::Complete => return None,
+        StackEnd::StackSwitch => return Some("[stack switch]".to_owned()),
         StackEnd::NoTable => match module {
             Some(module) => {
                 let loaded = profile.unwind.images.iter().any(|i| {

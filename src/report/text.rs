@@ -289,7 +289,17 @@ fn metrics_line(m: &StackMetrics, by: Metric, total: u64, leaked: &str) -> Strin
 
 /// `function (inlined) at file:line in module`; an unknown function shows
 /// as `module+0xOFFSET` (the file offset), or its address outside any file.
+/// A frame whose caller the walk found by frame pointer, its image's unwind
+/// table having no row for it, ends in `[caller by frame pointer]`.
 pub(super) fn frame_line(f: &Frame) -> String {
+    let mut s = frame_place(f);
+    if f.fp_step {
+        s.push_str(" [caller by frame pointer]");
+    }
+    s
+}
+
+fn frame_place(f: &Frame) -> String {
     let mut s = match (f.function.as_deref(), f.module.as_deref()) {
         (Some(func), _) if !func.is_empty() => short(func).into_owned(),
         (_, Some(module)) if f.offset.is_some() => return unnamed(module, f.offset),

@@ -186,6 +186,9 @@ impl EventSink {
 pub struct Stack {
     pub pid: u32,
     pub ips: Vec<u64>,
+    /// Bit n: `ips[n]`'s caller was found by frame pointer, its image's
+    /// unwind table having no row for it ([`record::FP_STEP_FRAME`]).
+    pub fp_steps: u128,
     /// Why the walk stopped after these frames.
     pub end: crate::profile::unwind::StackEnd,
     /// The Python frames of each run of the interpreter loop among the
@@ -244,17 +247,26 @@ impl StackSink {
             .iter()
             .map(|group| self.python.frames(rec.pid, group))
             .collect();
+        // A frame-pointer walk through code built without frame pointers
+        // reads arbitrary stack words: stop at the first that cannot be a
+        // user code address.
+        let ips: Vec<u64> = native
+            .iter()
+            .map(|&ip| ip & !record::FP_STEP_FRAME)
+            .take_while(|&ip| is_user_code(ip))
+            .collect();
+        let fp_steps = native
+            .iter()
+            .take(ips.len().min(128))
+            .enumerate()
+            .filter(|(_, ip)| *ip & record::FP_STEP_FRAME != 0)
+            .fold(0u128, |bits, (n, _)| bits | 1 << n);
         self.stacks.insert(
             rec.id,
             Stack {
                 pid: rec.pid,
-                // A frame-pointer walk through code built without frame
-                // pointers reads arbitrary stack words: stop at the first
-                // that cannot be a user code address.
-                ips: native
-                    .into_iter()
-                    .take_while(|&ip| is_user_code(ip))
-                    .collect(),
+                ips,
+                fp_steps,
                 end: record::stack_end(rec.end),
                 python,
             },

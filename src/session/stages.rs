@@ -106,6 +106,7 @@ pub(crate) fn symbolize_stacks(
                 &loops,
                 stack.python,
                 stack.end == crate::profile::unwind::StackEnd::DepthLimit,
+                stack.fp_steps,
             ),
             end: stack.end,
             metrics,

@@ -1,9 +1,11 @@
 //! The on-disk cache of compiled unwind tables, by build id and CFI.
 //!
 //! `$MEMTRAIL_CACHE_DIR`, else `$XDG_CACHE_HOME/memtrail`, else
-//! `~/.cache/memtrail`; tables go to `unwind/<build id>-<cfi hash>.v3`
+//! `~/.cache/memtrail`; tables go to `unwind/<build id>-<cfi hash>.v4`
 //! (v3: rows of C++ `operator new` wrappers flagged, issue 22, and rows
-//! that count their CFA offset in 8-byte words, issue 23).
+//! that count their CFA offset in 8-byte words, issue 23; v4: rows of a
+//! second executable segment at the first's bias, and frames past 256 KiB,
+//! issue 41).
 //! The build id alone is what the image says it is: any tracked user can
 //! craft an image with libc's build id and call frame information of their
 //! own, and its table, cached under that id, was then every later
@@ -144,7 +146,7 @@ impl Cache {
     }
 
     fn path(&self, build_id: &str) -> PathBuf {
-        self.dir.join(format!("{build_id}.v3"))
+        self.dir.join(format!("{build_id}.v4"))
     }
 
     /// The cached table of the image with [`key`] `build_id`: a regular

@@ -225,6 +225,7 @@ fn compile_image(data: &[u8]) -> Result<Compiled, UnwindError> {
         return Ok(no_cfi);
     }
     mark_alloc_wrappers(&file, &mut spans);
+    to_first_segment_bias(&file, bias, &mut spans);
     spans.sort_by_key(|&(start, end, _)| (start, end));
     if spans.iter().any(|&(_, end, _)| end > u64::from(u32::MAX)) {
         return Err(UnwindError::Parse(
@@ -236,6 +237,42 @@ fn compile_image(data: &[u8]) -> Result<Compiled, UnwindError> {
         rows: merge(&spans),
         source,
     }))
+}
+
+/// Moves the spans of code in an executable segment whose bias (address
+/// minus file offset) is not `bias`, the first executable segment's, to
+/// where BPF looks for them: BPF finds a frame's row at its file offset
+/// plus the image's one bias. An image with two executable segments (hot
+/// code laid out apart, 2 MiB aligned: rustc's libLLVM and
+/// librustc_driver, issue 41) had its second segment's frames looked up
+/// 4 KiB off, under another function's rules.
+fn to_first_segment_bias(file: &object::File<'_>, bias: i64, spans: &mut [(u64, u64, Row)]) {
+    let segments: Vec<(u64, u64, i64)> = file
+        .segments()
+        .filter(|seg| matches!(seg.flags(), SegmentFlags::Elf { p_flags } if p_flags & PF_X != 0))
+        .map(|seg| {
+            let seg_bias = (seg.address() as i64).wrapping_sub(seg.file_range().0 as i64);
+            (
+                seg.address(),
+                seg.address().saturating_add(seg.size()),
+                seg_bias,
+            )
+        })
+        .filter(|&(_, _, seg_bias)| seg_bias != bias)
+        .collect();
+    if segments.is_empty() {
+        return;
+    }
+    for (start, end, _) in spans.iter_mut() {
+        if let Some(&(_, _, seg_bias)) = segments
+            .iter()
+            .find(|&&(lo, hi, _)| (lo..hi).contains(start))
+        {
+            let delta = bias.wrapping_sub(seg_bias) as u64;
+            *start = start.wrapping_add(delta);
+            *end = end.wrapping_add(delta);
+        }
+    }
 }
 
 /// The C++ `operator new` variants (libstdc++ and libc++ share the Itanium
@@ -407,6 +444,7 @@ where
                 Ok(off) => (off, 0),
                 Err(_) if offset % 8 == 0 => match i16::try_from(offset / 8) {
                     Ok(off) => (off, CFA_OFF_X8),
+                    Err(_) if *register == X86_64::RSP => return far_rsp(*offset, row),
                     Err(_) => return unsupported,
                 },
                 Err(_) => return unsupported,
@@ -439,6 +477,27 @@ where
     let mut out = Row::rule(cfa, cfa_off, rbp, rbp_off);
     out.kind |= x8_flag;
     out
+}
+
+/// The row of a CFA of rsp plus `offset`, a multiple of 8 past what
+/// [`CFA_OFF_X8`] holds: `MT_CFA_RSP_FAR`, its word count in `cfa_off` and
+/// `rbp_off`, the caller's rbp saved at CFA - 16 or lost.
+fn far_rsp(offset: i64, row: &gimli::UnwindTableRow<usize>) -> Row {
+    let words = offset / 8;
+    if !(0..1 << 24).contains(&words) {
+        return Row::rule(Cfa::MT_CFA_UNSUPPORTED, 0, Rbp::MT_RBP_SAME, 0);
+    }
+    let rbp = match row.register(X86_64::RBP) {
+        RegisterRule::Undefined | RegisterRule::SameValue => Rbp::MT_RBP_SAME,
+        RegisterRule::Offset(-16) => Rbp::MT_RBP_AT,
+        _ => Rbp::MT_RBP_LOST,
+    };
+    Row::rule(
+        Cfa::MT_CFA_RSP_FAR,
+        words as u16 as i16,
+        rbp,
+        (words >> 16) as u8 as i8,
+    )
 }
 
 /// Where the caller's rbp is, for a row whose CFA rule is `cfa` (`plt`: the
@@ -534,6 +593,81 @@ mod tests {
         if let Ok(icu) = std::fs::read("/usr/lib/x86_64-linux-gnu/libicudata.so.72") {
             assert!(matches!(compile(&icu).expect("compiles"), Compiled::NoCode));
         }
+    }
+
+    /// Check that a function in a second executable segment at another
+    /// bias gets its rows where BPF looks (its file offset plus the first
+    /// segment's bias), and that a frame of 600,000 bytes gets an
+    /// `MT_CFA_RSP_FAR` row with its word count (issue 41).
+    #[test]
+    fn unwind_far_segment_and_far_frame_rows() {
+        use object::{Object, ObjectSymbol};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let c = dir.path().join("far.c");
+        let so = dir.path().join("far.so");
+        std::fs::write(
+            &c,
+            "void sink(volatile char *);\n\
+             __attribute__((section(\".farcode\"))) void far(void) \
+             { volatile char b[64]; sink(b); sink(b); }\n\
+             void big(void) { volatile char b[600000]; sink(b); sink(b); }\n",
+        )
+        .expect("source");
+        let ok = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2", "-fomit-frame-pointer", "-o"])
+            .args([&so, &c])
+            .arg("-Wl,--section-start=.farcode=0x800000")
+            .status()
+            .expect("runs")
+            .success();
+        assert!(ok);
+        let data = std::fs::read(&so).expect("library");
+        let Compiled::Table(table) = compile(&data).expect("compiles") else {
+            panic!("has CFI");
+        };
+        let file = object::File::parse(&*data).expect("ELF");
+        let sym = |name: &str| {
+            file.dynamic_symbols()
+                .find(|s| s.name() == Ok(name))
+                .map(|s| (s.address(), s.size()))
+                .expect("symbol")
+        };
+        // The rule at image key `key`: the last row at or below it.
+        let rule_at = |key: u64| {
+            *table
+                .rows
+                .iter()
+                .take_while(|r| u64::from(r.pc) <= key)
+                .last()
+                .expect("a row")
+        };
+        let (far, far_len) = sym("far");
+        let seg = file
+            .segments()
+            .find(|s| (s.address()..s.address() + s.size()).contains(&far))
+            .expect("far's segment");
+        let key = far - seg.address() + seg.file_range().0;
+        let key = (key as i64 + table.bias) as u64;
+        assert_ne!(key, far, "the segments' biases differ");
+        // Its body keeps the 64-byte array below the return address.
+        let body = (key..key + far_len)
+            .map(rule_at)
+            .filter(|r| r.cfa() == Cfa::MT_CFA_RSP)
+            .map(|r| r.cfa_off)
+            .max();
+        assert!(body.is_some_and(|off| off > 64), "{body:?}");
+        assert_eq!(rule_at(key).cfa_off, 8);
+        assert!(!table.rows.iter().any(|r| u64::from(r.pc) >= far));
+        let (big, big_len) = sym("big");
+        let words = table
+            .rows
+            .iter()
+            .filter(|r| (big..big + big_len).contains(&u64::from(r.pc)))
+            .filter(|r| r.cfa() == Cfa::MT_CFA_RSP_FAR)
+            .map(|r| u32::from(r.cfa_off as u16) | u32::from(r.rbp_off as u8) << 16)
+            .max()
+            .expect("a far row");
+        assert!((600_000 / 8..600_100 / 8).contains(&words), "{words} words");
     }
 
     /// Check that Debian's libc compiles: rsp- and rbp-based rows, the PLT

@@ -21,6 +21,7 @@ mod python_frames;
 mod ring_consumer;
 mod shim_records;
 mod stacks;
+mod stacks_layouts;
 mod stacks_unwind;
 mod static_images;
 mod usdt_regions;

@@ -436,13 +436,18 @@ pub fn expand_stacks(doc: &mut Value) {
                 row("modules", &f["module"]),
                 row("functions", &f["function"]),
             );
-            serde_json::json!({
+            let mut frame = serde_json::json!({
                 "addr": f["addr"], "module": row("strings", &module["path"]),
                 "function": row("strings", &function["name"]),
                 "file": row("strings", &function["file"]), "line": f["line"],
                 "inlined": f["inlined"], "build_id": row("strings", &module["build_id"]),
                 "offset": f["offset"],
-            })
+            });
+            // Written only when true (issue 41).
+            if f["fp_step"] == true {
+                frame["fp_step"] = Value::Bool(true);
+            }
+            frame
         })
         .collect();
     let entries = tables["entries"].as_array().expect("entries").clone();
