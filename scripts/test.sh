@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 need_root
 install_deps g++ bpftool golang-go libunwind8 libjemalloc-dev libmimalloc-dev libtcmalloc-minimal4 libcap2-bin python3.11 \
-  busybox-static musl-tools libc6-dev
+  busybox-static musl-tools libc6-dev nodejs
 mount_fs
 
 echo "== cargo fmt --check" >&2
