@@ -12,7 +12,8 @@ use crate::bpf::skel::memtrail::types as t;
 /// How a probe treats its entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Role {
-    /// Returns new memory: entry and return probes, one record.
+    /// Returns new memory: an entry probe, and its return sites (or a
+    /// kernel return probe), one record.
     Alloc,
     /// Releases a block given as the first argument: entry probe only.
     Free,
@@ -27,6 +28,11 @@ pub enum Role {
     /// A USDT region marker (`include/memtrail_usdt.h`, see
     /// [`super::usdt`]): kind `RegionBegin` or `RegionEnd`.
     Marker,
+    /// Where an allocating function (the site's symbol) returns: an entry
+    /// probe that reads the result in place of a kernel return probe (see
+    /// [`super::returns`]). An allocating site of an image without return
+    /// sites of its name takes a kernel return probe.
+    Return(super::returns::ReturnSite),
 }
 
 /// Where an allocating call's arguments are at its probe: argument

@@ -48,6 +48,7 @@ pub mod api;
 pub mod cache;
 pub mod per_process;
 pub mod place;
+pub mod returns;
 pub mod shim;
 pub mod usdt;
 pub mod worker;
@@ -276,9 +277,24 @@ impl Site {
                 self.abi.cookie(self.kind)
                     | u64::from(flag) << t::mt_cookie_layout::MT_CK_FLAGS_SHIFT.0
             }
+            Role::Return(r) => return_cookie(&r),
             _ => self.abi.cookie(self.kind),
         }
     }
+}
+
+/// A return site's cookie (enum mt_return_cookie).
+fn return_cookie(r: &returns::ReturnSite) -> u64 {
+    use t::mt_return_cookie as rc;
+    let mut cookie = u64::from(rc::MT_RC_KIND.0)
+        | u64::from(r.sp_delta / 8) << rc::MT_RC_DELTA_SHIFT.0
+        | u64::from(r.reg) << rc::MT_RC_REG_SHIFT.0;
+    if let Some(cond) = r.cond {
+        cookie |= 1 << rc::MT_RC_COND_BIT.0
+            | u64::from(cond.cc) << rc::MT_RC_CC_SHIFT.0
+            | u64::from(cond.taken) << rc::MT_RC_TAKEN_BIT.0;
+    }
+    cookie
 }
 
 impl fmt::Display for Site {
@@ -400,6 +416,7 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
     };
     let functions = elf.functions(api.iter().map(|e| e.name.as_str()));
     let mut sites: Vec<Site> = Vec::new();
+    let mut allocs: Vec<(&Entry, u64)> = Vec::new();
     for entry in api {
         let (name, kind) = (entry.name.as_str(), entry.kind);
         let Some(&vaddr) = functions.get(name.as_bytes()) else {
@@ -453,9 +470,82 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
             emulated,
             hit_slot: None,
         });
+        if entry.role == Role::Alloc {
+            allocs.push((entry, vaddr));
+        }
+    }
+    if !allocs.is_empty() {
+        let ends = elf.function_ends(&allocs.iter().map(|&(_, at)| at).collect::<Vec<_>>());
+        let tails = elf.got_tails();
+        let fdes = elf.fde_ranges();
+        for (entry, vaddr) in allocs {
+            let end = ends.get(&vaddr).copied();
+            sites.extend(return_sites_of(elf, image, &tails, &fdes, entry, vaddr, end));
+        }
     }
     sites.extend(usdt::find_markers(elf, image));
     Ok(sites)
+}
+
+/// The return sites of allocating function `entry` at `vaddr` (see
+/// [`returns`]), as sites; none where they cannot all be found (the
+/// function then takes a kernel return probe).
+fn return_sites_of(
+    elf: &Elf<'_>,
+    image: &Path,
+    tails: &std::collections::HashMap<u64, returns::Tail>,
+    fdes: &[(u64, u64)],
+    entry: &Entry,
+    vaddr: u64,
+    end: Option<u64>,
+) -> Vec<Site> {
+    let code = |at: u64| elf.code_offset(at).and_then(|o| elf.code_at(o, 16));
+    let emulated = |at: u64| code(at).is_some_and(is_emulated);
+    let got = |slot: u64| tails.get(&slot).copied();
+    // The function holding an address: its FDE's range, else (the entry's
+    // own code without one) its symbol's.
+    let function = |at: u64| {
+        let i = fdes.partition_point(|&(start, _)| start <= at);
+        i.checked_sub(1)
+            .map(|i| fdes[i])
+            .filter(|&(_, end)| at < end)
+            .or_else(|| end.map(|end| (vaddr, end)).filter(|r| (r.0..r.1).contains(&at)))
+    };
+    let found = returns::return_sites(
+        &code,
+        &emulated,
+        &got,
+        &function,
+        vaddr,
+        entry.abi.out_ptr,
+    );
+    let found = match found {
+        Ok(found) => found,
+        Err(why) => {
+            tracing::debug!(image = %image.display(), function = entry.name, %why,
+                "no return sites: a kernel return probe");
+            return Vec::new();
+        }
+    };
+    tracing::debug!(image = %image.display(), function = entry.name, sites = found.len(),
+        on_ret = found.iter().filter(|r| r.on_ret).count(), "return sites");
+    let sites: Option<Vec<Site>> = found
+        .into_iter()
+        .map(|r| {
+            Some(Site {
+                image: image.to_owned(),
+                symbol: entry.name.clone(),
+                role: Role::Return(r),
+                kind: entry.kind,
+                abi: entry.abi,
+                offset: elf.code_offset(r.vaddr)?,
+                skipped: r.vaddr.wrapping_sub(vaddr),
+                emulated: !r.on_ret,
+                hit_slot: None,
+            })
+        })
+        .collect();
+    sites.unwrap_or_default()
 }
 
 struct Elf<'a> {
@@ -511,6 +601,117 @@ impl<'a> Elf<'a> {
             }
         }
         found
+    }
+
+    /// The ends (address + size) of the function symbols at `addrs`, from
+    /// the dynamic symbols or the symbol table: one pass over each.
+    fn function_ends(&self, addrs: &[u64]) -> std::collections::HashMap<u64, u64> {
+        let mut ends = std::collections::HashMap::new();
+        for sym in self.file.dynamic_symbols().chain(self.file.symbols()) {
+            if sym.is_definition()
+                && sym.kind() == object::SymbolKind::Text
+                && sym.size() > 0
+                && addrs.contains(&sym.address())
+            {
+                if let Some(end) = sym.address().checked_add(sym.size()) {
+                    ends.entry(sym.address()).or_insert(end);
+                }
+            }
+        }
+        ends
+    }
+
+    /// The address ranges of the image's functions as its `.eh_frame`
+    /// describes them (one per FDE, sorted): where code a call returns
+    /// to ends, stripped images included. Bounded like the unwinder's
+    /// reading: entries past a malformed one are left out.
+    fn fde_ranges(&self) -> Vec<(u64, u64)> {
+        use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
+        use object::ObjectSection;
+        let Some(section) = self.file.section_by_name(".eh_frame") else {
+            return Vec::new();
+        };
+        let Ok(bytes) = section.data() else {
+            return Vec::new();
+        };
+        let addr_of = |name: &str| self.file.section_by_name(name).map_or(0, |s| s.address());
+        let eh = EhFrame::new(bytes, LittleEndian);
+        let bases = BaseAddresses::default()
+            .set_eh_frame(section.address())
+            .set_text(addr_of(".text"))
+            .set_got(addr_of(".got"));
+        let mut ranges = Vec::new();
+        let mut entries = eh.entries(&bases);
+        while let Ok(Some(entry)) = entries.next() {
+            let CieOrFde::Fde(partial) = entry else {
+                continue;
+            };
+            let Ok(fde) = partial.parse(|eh, bases, offset| eh.cie_from_offset(bases, offset))
+            else {
+                continue;
+            };
+            let start = fde.initial_address();
+            if let Some(end) = start.checked_add(fde.len()) {
+                ranges.push((start, end));
+            }
+        }
+        ranges.sort_unstable();
+        ranges
+    }
+
+    /// Where jumps through the image's GOT slots go, by slot address, for
+    /// the slots [`returns`] can follow: a function the image defines
+    /// (not an IFUNC, whose symbol is its resolver), or `memset`, `memcpy`
+    /// or `memmove`, which return their first argument (an IFUNC's
+    /// IRELATIVE slot names its resolver's address: glibc's own calls).
+    fn got_tails(&self) -> std::collections::HashMap<u64, returns::Tail> {
+        use object::{ObjectSymbolTable, RelocationTarget, SymbolFlags};
+        const FIRST_ARG: [&[u8]; 3] = [b"memset", b"memcpy", b"memmove"];
+        const STT_GNU_IFUNC: u8 = 10;
+        let mut tails = std::collections::HashMap::new();
+        let (Some(relocs), Some(dynsym)) = (
+            self.file.dynamic_relocations(),
+            self.file.dynamic_symbol_table(),
+        ) else {
+            return tails;
+        };
+        let ifunc = |sym: &object::Symbol<'_, '_>| {
+            matches!(sym.flags(), SymbolFlags::Elf { st_info, .. } if st_info & 0xf == STT_GNU_IFUNC)
+        };
+        for (slot, reloc) in relocs {
+            let tail = match reloc.target() {
+                RelocationTarget::Symbol(index) => {
+                    let Ok(sym) = dynsym.symbol_by_index(index) else {
+                        continue;
+                    };
+                    let name = sym.name_bytes().unwrap_or_default();
+                    if FIRST_ARG.contains(&name) {
+                        returns::Tail::ReturnsFirstArg
+                    } else if sym.is_definition()
+                        && sym.kind() == object::SymbolKind::Text
+                        && !ifunc(&sym)
+                    {
+                        returns::Tail::Jump(sym.address())
+                    } else {
+                        continue;
+                    }
+                }
+                RelocationTarget::Absolute => {
+                    let resolver = reloc.addend() as u64;
+                    let named = self.file.dynamic_symbols().any(|sym| {
+                        sym.address() == resolver
+                            && FIRST_ARG.contains(&sym.name_bytes().unwrap_or_default())
+                    });
+                    if !named {
+                        continue;
+                    }
+                    returns::Tail::ReturnsFirstArg
+                }
+                _ => continue,
+            };
+            tails.insert(slot, tail);
+        }
+        tails
     }
 
     /// The file offset of address `vaddr`, through the loadable segment
@@ -664,6 +865,7 @@ impl Prefix {
                 sp_adjust: self.sp_adjust,
                 ..abi
             }),
+            Role::Return(_) => None,
             _ if self.sp_adjust != 0 => None,
             Role::Free => held(ARG_REGS[0], Held::Reg(ARG_REGS[0])).then_some(abi),
             Role::Alloc => {
@@ -1114,10 +1316,19 @@ pub fn link_sites_with(
         of_role(Role::Free),
         of_role(Role::Marker),
     );
-    // Every entry of alloc_enter in one link: allocating calls, operator
-    // new and the syscall wrappers (entry only; their cookies tell them
-    // apart). With sessions, the frees too.
+    // Return sites, once per instruction (a function's tail code shared
+    // with another's is read the same way by both).
+    let mut at = std::collections::HashSet::new();
+    let returns: Vec<&Site> = sites
+        .iter()
+        .filter(|s| matches!(s.role, Role::Return(_)) && at.insert(s.offset))
+        .collect();
+    let kret = kernel_returns(sites);
+    // Every entry of alloc_enter in one link: allocating calls, their
+    // return sites, operator new and the syscall wrappers (entry only;
+    // their cookies tell them apart). With sessions, the frees too.
     let mut entries = allocs.clone();
+    entries.extend(returns);
     entries.extend(of_role(Role::New));
     entries.extend(of_role(Role::Syscall));
     let groups: Vec<(BorrowedFd<'_>, UprobeKind, Vec<&Site>)> = match &progs.sites {
@@ -1127,22 +1338,44 @@ pub fn link_sites_with(
         }
         SitePrograms::Split { enter, ret, free } => vec![
             (enter.as_fd(), UprobeKind::Entry, entries),
-            (ret.as_fd(), UprobeKind::Return, allocs),
+            (ret.as_fd(), UprobeKind::Return, kret.clone()),
             (free.as_fd(), UprobeKind::Entry, frees),
         ],
     };
     let markers = (progs.marker.as_fd(), UprobeKind::Entry, markers);
+    let kret_bit = 1u64 << t::mt_cookie_layout::MT_CK_KRET_BIT.0;
     for (prog, kind, group) in groups.into_iter().chain([markers]) {
         if group.is_empty() {
             continue;
         }
         let offsets: Vec<u64> = group.iter().map(|s| s.offset).collect();
-        let cookies: Vec<u64> = group.iter().map(|s| s.cookie() | bits).collect();
+        let cookies: Vec<u64> = group
+            .iter()
+            .map(|s| {
+                let kret = kret.iter().any(|k| std::ptr::eq(*k, *s));
+                s.cookie() | bits | if kret { kret_bit } else { 0 }
+            })
+            .collect();
         let link = crate::sys::uprobe_multi(prog, path, &offsets, &cookies, kind, pid)
             .map_err(|err| uprobe_error(&group, err))?;
         links.push_fd(link);
     }
     Ok(())
+}
+
+/// The allocating sites of `sites` whose results come through a kernel
+/// return probe: those without return sites of their name (see
+/// [`returns`]: their code could not be followed to every return).
+pub fn kernel_returns(sites: &[Site]) -> Vec<&Site> {
+    sites
+        .iter()
+        .filter(|s| {
+            s.role == Role::Alloc
+                && !sites.iter().any(|r| {
+                    matches!(r.role, Role::Return(_)) && r.symbol == s.symbol && r.image == s.image
+                })
+        })
+        .collect()
 }
 
 fn uprobe_error(group: &[&Site], source: crate::sys::SysError) -> AttachError {
