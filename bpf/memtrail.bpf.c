@@ -34,7 +34,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define MT_MAX_PROCS 32768
 #define MT_MAX_THREADS 65536
-/* Thread slots (see thread_slots): 104 bytes each; a power of two. */
+/* Thread slots (see thread_slots): 152 bytes each; a power of two. */
 #define MT_THREAD_SLOTS 16384
 #define MAP_ANONYMOUS 0x20
 #define PROT_EXEC 0x4
@@ -424,6 +424,7 @@ struct inflight {
 	 * free has not returned (see in_free). */
 	__u64 free_sp;
 	__u64 free_ret;
+	__u64 free_ip; /* that free's probe address */
 	__u64 cookie; /* attach cookie of the outermost call */
 	__u32 depth;  /* nested allocator calls, outermost included; 0: none */
 	/* The thread's allocator events in the current kernel tick (see
@@ -674,6 +675,26 @@ static __always_inline bool in_free(struct inflight *cur)
 		return false;
 	}
 	return true;
+}
+
+/*
+ * Whether a free entered with stack pointer sp at probe address ip is
+ * called by the free the thread's state remembers (still running: at or
+ * below its entry, its return address in place), so that an allocator's
+ * operator delete calling its own free, or jumping to it (jemalloc's
+ * aligned sized delete ends in a jump to sdallocx, at the same stack
+ * pointer), makes one record. At the same stack pointer, the same free
+ * entered again is the next call from the same place (a loop), not this.
+ */
+static __always_inline bool free_pending_above(struct inflight *cur, __u64 sp, __u64 ip)
+{
+	__u64 word = 0;
+
+	if (!cur->free_sp || sp > cur->free_sp || cur->free_sp - sp >= MT_FREE_FRAMES_MAX ||
+	    (sp == cur->free_sp && ip == cur->free_ip))
+		return false;
+	return !bpf_probe_read_user(&word, sizeof(word), (void *)cur->free_sp) &&
+	       word == cur->free_ret;
 }
 
 /*
@@ -3018,10 +3039,12 @@ static __noinline int free_entry(struct pt_regs *ctx, __u64 cookie)
 	/* Where the return address is (the probe may sit past a `sub $n,%rsp`,
 	 * MT_CK_SP_SHIFT). */
 	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_CK_SP_SHIFT) & 0xf);
-	if (!ptr || (cur->depth > 0 && nested_in(cur, sp)) || in_shim_call(cookie))
+	if (!ptr || (cur->depth > 0 && nested_in(cur, sp)) || in_shim_call(cookie) ||
+	    free_pending_above(cur, sp, PT_REGS_IP(ctx)))
 		return 0;
 	/* For in_free: that place, and what it holds. */
 	cur->free_sp = sp;
+	cur->free_ip = PT_REGS_IP(ctx);
 	if (bpf_probe_read_user(&cur->free_ret, sizeof(cur->free_ret), (void *)cur->free_sp))
 		cur->free_sp = 0;
 	emit_event(event_clock(cur), pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);

@@ -233,6 +233,34 @@ pub fn cxx_new() -> Vec<Entry> {
         .collect()
 }
 
+/// C++ `operator delete` variants (Itanium names: sized, array, aligned,
+/// nothrow), probed as frees in an image with an allocator of its own only
+/// (see `own_role` in `attach/mod.rs`).
+pub const OPERATOR_DELETE: [&str; 12] = [
+    "_ZdlPv",
+    "_ZdaPv",
+    "_ZdlPvm",
+    "_ZdaPvm",
+    "_ZdlPvSt11align_val_t",
+    "_ZdaPvSt11align_val_t",
+    "_ZdlPvmSt11align_val_t",
+    "_ZdaPvmSt11align_val_t",
+    "_ZdlPvRKSt9nothrow_t",
+    "_ZdaPvRKSt9nothrow_t",
+    "_ZdlPvSt11align_val_tRKSt9nothrow_t",
+    "_ZdaPvSt11align_val_tRKSt9nothrow_t",
+];
+
+/// Whether `name` is one of [`OPERATOR_DELETE`].
+pub fn is_delete(name: &str) -> bool {
+    OPERATOR_DELETE.contains(&name)
+}
+
+/// The `operator delete` variants as frees.
+pub fn cxx_delete() -> Vec<Entry> {
+    OPERATOR_DELETE.iter().map(|name| free(name)).collect()
+}
+
 /// The libc wrappers of the memory syscalls whose callers are sites
 /// (glibc and musl export these names; `mmap64` is glibc's alias of
 /// `mmap`), probed at entry only; see [`Role::Syscall`]. `brk` is left
@@ -266,6 +294,7 @@ pub fn all() -> Vec<Entry> {
     all.extend(c_api("tc_"));
     all.extend(mimalloc());
     all.extend(cxx_new());
+    all.extend(cxx_delete());
     all.extend(syscall_wrappers());
     all
 }

@@ -299,13 +299,23 @@ fn return_cookie(r: &returns::ReturnSite) -> u64 {
 
 impl fmt::Display for Site {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}+{:#x} ({})",
-            self.symbol,
-            self.skipped,
-            self.image.display()
-        )
+        write!(f, "{} ({})", self.name(), self.image.display())
+    }
+}
+
+impl Site {
+    /// The site's name: its symbol and offset from the entry, and for a
+    /// return site (which may sit in code the function jumps to, before
+    /// its entry) that it is one.
+    pub fn name(&self) -> String {
+        match self.role {
+            Role::Return(_) => {
+                let off = self.skipped as i64;
+                let sign = if off < 0 { "-" } else { "+" };
+                format!("{} return {sign}{:#x}", self.symbol, off.unsigned_abs())
+            }
+            _ => format!("{}+{:#x}", self.symbol, self.skipped),
+        }
     }
 }
 
@@ -417,11 +427,29 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
     let functions = elf.functions(api.iter().map(|e| e.name.as_str()));
     let mut sites: Vec<Site> = Vec::new();
     let mut allocs: Vec<(&Entry, u64)> = Vec::new();
+    let got_tails = elf.got_tails();
+    let frees: Vec<u64> = api
+        .iter()
+        .filter(|e| e.role == Role::Free)
+        .filter_map(|e| functions.get(e.name.as_bytes()).copied())
+        .collect();
     for entry in api {
         let (name, kind) = (entry.name.as_str(), entry.kind);
         let Some(&vaddr) = functions.get(name.as_bytes()) else {
             continue;
         };
+        let Some(role) = own_role(entry, &sites) else {
+            continue;
+        };
+        if role == Role::Free
+            && tail_target(elf, &got_tails, vaddr)
+                .is_some_and(|to| to != vaddr && frees.contains(&to))
+        {
+            // A tail call of another free (mimalloc's mi_free_size jumps
+            // to mi_free, jemalloc's aligned delete to free): its probe
+            // sees the call, one record.
+            continue;
+        }
         let Some(entry_off) = elf.code_offset(vaddr) else {
             return Err(parse_err(format!(
                 "{name} at {vaddr:#x} is in no executable segment"
@@ -436,7 +464,7 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
         if elf.bytes_at(entry_off, 4) == Some(&ENDBR64[..]) {
             skipped = 4;
         }
-        if entry.role == Role::Free {
+        if role == Role::Free {
             skipped += vaddr
                 .checked_add(skipped)
                 .and_then(|at| elf.null_test_len(at))
@@ -447,7 +475,7 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
             .code_at(entry_off + skipped, HARMLESS_WINDOW)
             .and_then(harmless_prefix);
         if let Some(prefix) = prefix {
-            if let Some(moved) = prefix.relocate(entry.role, abi) {
+            if let Some(moved) = prefix.relocate(role, abi) {
                 abi = moved;
                 skipped += prefix.len as u64;
             }
@@ -462,7 +490,7 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
         sites.push(Site {
             image: image.to_owned(),
             symbol: name.to_owned(),
-            role: entry.role,
+            role,
             kind,
             abi,
             offset,
@@ -470,21 +498,77 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
             emulated,
             hit_slot: None,
         });
-        if entry.role == Role::Alloc {
+        if role == Role::Alloc {
             allocs.push((entry, vaddr));
         }
     }
     if !allocs.is_empty() {
         let ends = elf.function_ends(&allocs.iter().map(|&(_, at)| at).collect::<Vec<_>>());
-        let tails = elf.got_tails();
         let fdes = elf.fde_ranges();
         for (entry, vaddr) in allocs {
             let end = ends.get(&vaddr).copied();
-            sites.extend(return_sites_of(elf, image, &tails, &fdes, entry, vaddr, end));
+            let returns = return_sites_of(elf, image, &got_tails, &fdes, entry, vaddr, end);
+            if returns.is_empty() && entry.role == Role::New {
+                // No kernel return probe on operator new (an exception
+                // thrown out of it could not unwind): its stack only.
+                for site in sites.iter_mut().filter(|s| s.symbol == entry.name) {
+                    site.role = Role::New;
+                }
+            }
+            sites.extend(returns);
         }
     }
     sites.extend(usdt::find_markers(elf, image));
     Ok(sites)
+}
+
+/// Where the function at `vaddr` goes if it starts with a tail jump
+/// (after `endbr64`): the jump's target, through a PLT stub's GOT slot
+/// where the image defines the function it names.
+fn tail_target(
+    elf: &Elf<'_>,
+    tails: &std::collections::HashMap<u64, returns::Tail>,
+    vaddr: u64,
+) -> Option<u64> {
+    let decode = |at: u64| {
+        let code = elf.code_at(elf.code_offset(at)?, 16)?;
+        Some(Decoder::with_ip(64, code, at, DecoderOptions::NONE).decode())
+    };
+    let mut insn = decode(vaddr)?;
+    if insn.mnemonic() == Mnemonic::Endbr64 {
+        insn = decode(insn.next_ip())?;
+    }
+    if insn.mnemonic() != Mnemonic::Jmp || insn.op0_kind() == OpKind::Memory {
+        return None;
+    }
+    let to = insn.near_branch_target();
+    let mut stub = decode(to)?;
+    if stub.mnemonic() == Mnemonic::Endbr64 {
+        stub = decode(stub.next_ip())?;
+    }
+    if stub.mnemonic() == Mnemonic::Jmp && stub.is_ip_rel_memory_operand() {
+        return match tails.get(&stub.ip_rel_memory_address()) {
+            Some(returns::Tail::Jump(at)) => Some(*at),
+            _ => None,
+        };
+    }
+    Some(to)
+}
+
+/// The role `entry` takes in an image whose sites so far are `sites`
+/// (the allocator's C API comes first in [`api::all`]): C++ `operator new`
+/// and `delete` of an image with an allocator of its own (jemalloc,
+/// tcmalloc, mimalloc) call no probed malloc or free, so they allocate and
+/// free themselves (issue 41); elsewhere (libstdc++, libc++) new only
+/// captures its stack for the malloc it calls, and delete, which calls
+/// free, is not probed (None).
+fn own_role(entry: &Entry, sites: &[Site]) -> Option<Role> {
+    let own_allocator = || sites.iter().any(|s| s.role == Role::Alloc);
+    match entry.role {
+        Role::New if own_allocator() => Some(Role::Alloc),
+        Role::Free if api::is_delete(&entry.name) && !own_allocator() => None,
+        role => Some(role),
+    }
 }
 
 /// The return sites of allocating function `entry` at `vaddr` (see
@@ -509,16 +593,12 @@ fn return_sites_of(
         i.checked_sub(1)
             .map(|i| fdes[i])
             .filter(|&(_, end)| at < end)
-            .or_else(|| end.map(|end| (vaddr, end)).filter(|r| (r.0..r.1).contains(&at)))
+            .or_else(|| {
+                end.map(|end| (vaddr, end))
+                    .filter(|r| (r.0..r.1).contains(&at))
+            })
     };
-    let found = returns::return_sites(
-        &code,
-        &emulated,
-        &got,
-        &function,
-        vaddr,
-        entry.abi.out_ptr,
-    );
+    let found = returns::return_sites(&code, &emulated, &got, &function, vaddr, entry.abi.out_ptr);
     let found = match found {
         Ok(found) => found,
         Err(why) => {
@@ -529,6 +609,7 @@ fn return_sites_of(
     };
     tracing::debug!(image = %image.display(), function = entry.name, sites = found.len(),
         on_ret = found.iter().filter(|r| r.on_ret).count(), "return sites");
+    tracing::trace!(function = entry.name, ?found, "return sites");
     let sites: Option<Vec<Site>> = found
         .into_iter()
         .map(|r| {
@@ -675,9 +756,7 @@ impl<'a> Elf<'a> {
         ) else {
             return tails;
         };
-        let ifunc = |sym: &object::Symbol<'_, '_>| {
-            matches!(sym.flags(), SymbolFlags::Elf { st_info, .. } if st_info & 0xf == STT_GNU_IFUNC)
-        };
+        let ifunc = |sym: &object::Symbol<'_, '_>| matches!(sym.flags(), SymbolFlags::Elf { st_info, .. } if st_info & 0xf == STT_GNU_IFUNC);
         for (slot, reloc) in relocs {
             let tail = match reloc.target() {
                 RelocationTarget::Symbol(index) => {
@@ -866,6 +945,11 @@ impl Prefix {
                 ..abi
             }),
             Role::Return(_) => None,
+            // free's program finds its return address `sp_adjust` up.
+            Role::Free if held(ARG_REGS[0], Held::Reg(ARG_REGS[0])) => Some(Abi {
+                sp_adjust: self.sp_adjust,
+                ..abi
+            }),
             _ if self.sp_adjust != 0 => None,
             Role::Free => held(ARG_REGS[0], Held::Reg(ARG_REGS[0])).then_some(abi),
             Role::Alloc => {
@@ -1404,7 +1488,10 @@ impl From<&Site> for ProbeEntry {
     fn from(site: &Site) -> Self {
         Self {
             image: site.image.display().to_string(),
-            symbol: site.symbol.clone(),
+            symbol: match site.role {
+                Role::Return(_) => site.name(),
+                _ => site.symbol.clone(),
+            },
             offset: site.offset,
             emulated: site.emulated,
             hits: None,

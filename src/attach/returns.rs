@@ -120,6 +120,9 @@ struct Flow {
     /// Jumps through the GOT followed to a function of the image: they
     /// change nothing a site reads.
     through: HashSet<u64>,
+    /// Calls (through a PLT stub) of a function that returns its first
+    /// argument: the result after such a call is the call's rdi.
+    first_arg_calls: HashSet<u64>,
 }
 
 /// The return sites of the function at `entry`: `code(vaddr)` gives the
@@ -219,6 +222,7 @@ fn follow<'a>(
         preds: HashMap::new(),
         rets: Vec::new(),
         through: HashSet::new(),
+        first_arg_calls: HashSet::new(),
     };
     let mut work = vec![entry];
     while let Some(at) = work.pop() {
@@ -241,6 +245,10 @@ fn follow<'a>(
             work.push(to);
         };
         match insn.flow_control() {
+            FlowControl::Call if plt_target(code, got, &insn) == Some(Tail::ReturnsFirstArg) => {
+                flow.first_arg_calls.insert(at);
+                edge(next, Edge::Fall, &mut work);
+            }
             FlowControl::Next | FlowControl::Call | FlowControl::IndirectCall => {
                 if matches!(insn.mnemonic(), Mnemonic::Syscall | Mnemonic::Sysenter) {
                     // A syscall returns to the next instruction.
@@ -280,6 +288,31 @@ fn follow<'a>(
         }
     }
     Ok(flow)
+}
+
+/// Where a direct call or jump into a PLT stub (`jmp *slot(%rip)`, maybe
+/// after `endbr64`) goes, as `got` says.
+fn plt_target<'a>(
+    code: &dyn Fn(u64) -> Option<&'a [u8]>,
+    got: &dyn Fn(u64) -> Option<Tail>,
+    insn: &Instruction,
+) -> Option<Tail> {
+    if !matches!(insn.op0_kind(), OpKind::NearBranch64) {
+        return None;
+    }
+    let decode = |at: u64| {
+        let insn = Decoder::with_ip(64, code(at)?, at, DecoderOptions::NONE).decode();
+        (!insn.is_invalid()).then_some(insn)
+    };
+    let mut stub = decode(insn.near_branch_target())?;
+    if stub.mnemonic() == Mnemonic::Endbr64 {
+        stub = decode(stub.next_ip())?;
+    }
+    (stub.flow_control() == FlowControl::IndirectBranch
+        && stub.op0_kind() == OpKind::Memory
+        && stub.is_ip_rel_memory_operand())
+    .then(|| got(stub.ip_rel_memory_address()))
+    .flatten()
 }
 
 fn is_call(insn: &Instruction) -> bool {
@@ -347,6 +380,15 @@ fn sites_before(
             let insn = flow.insns.get(&from)?;
             if flow.through.contains(&from) {
                 work.push((from, delta, reg));
+                continue;
+            }
+            if how == Edge::Fall && reg == Register::RAX && flow.first_arg_calls.contains(&from) {
+                // `call memset@plt` and back: the result is the call's rdi
+                // (the call leaves the stack pointer as it found it).
+                if !emulated(from) {
+                    return None;
+                }
+                out.push(site_at(from, delta, Register::RDI, None)?);
                 continue;
             }
             let branch = is_near_branch(insn);
