@@ -3023,11 +3023,38 @@ static __noinline int return_site(struct pt_regs *ctx, __u64 cookie)
 	return alloc_record(cur, pid_tgid, ret);
 }
 
+/* The pointer a free's probe sees: in rdi, or where code the probe was
+ * moved past copied it (the cookie's MT_CK_PTR_SHIFT index: mimalloc's
+ * mi_free keeps it in rsi and reuses rdi, issue 41). */
+static __always_inline __u64 freed_ptr(struct pt_regs *ctx, __u64 cookie)
+{
+	/* Each register read at its fixed offset (the verifier refuses a
+	 * context read at a computed one, which a switch compiles to). */
+	__u64 di = PT_REGS_PARM1(ctx), si = PT_REGS_PARM2(ctx), dx = PT_REGS_PARM3(ctx);
+	__u64 cx = PT_REGS_PARM4(ctx), ax = PT_REGS_RC(ctx);
+	__u32 at = (cookie >> MT_CK_PTR_SHIFT) & 0xf;
+
+	barrier_var(di);
+	barrier_var(si);
+	barrier_var(dx);
+	barrier_var(cx);
+	barrier_var(ax);
+	if (at == 1)
+		return si;
+	if (at == 2)
+		return dx;
+	if (at == 3)
+		return cx;
+	if (at == 4)
+		return ax;
+	return di;
+}
+
 /* Entry of a free (not inlined either, for the same reason); cookie is
  * its attach cookie. */
 static __noinline int free_entry(struct pt_regs *ctx, __u64 cookie)
 {
-	__u64 ptr = PT_REGS_PARM1(ctx), pid_tgid = 0, sp;
+	__u64 ptr = freed_ptr(ctx, cookie), pid_tgid = 0, sp;
 	struct inflight *cur = current_call_ids(&pid_tgid);
 
 	if (!cur)

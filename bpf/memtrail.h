@@ -66,7 +66,8 @@ enum mt_kind {
  *   bits 16-19  index of the size argument
  *   bits 20-23  index of the element count (size = count * size), or NONE
  *   bits 24-27  index of the old pointer (realloc-like) or of the out
- *               pointer (MT_CK_OUT_PTR), or NONE
+ *               pointer (MT_CK_OUT_PTR), or NONE; a free's: where its
+ *               pointer is, NONE for rdi
  *   bits 28-31  enum mt_cookie_flags
  *   bits 32-35  stack bytes / 8 the code before the probe took (entry-only
  *               probes moved past a `sub $n,%rsp`: the return address is

@@ -553,6 +553,27 @@ static size_t no_usable_size(void *p)
 	return 0;
 }
 
+/*
+ * Tells memtrail where the thread's state is (MT_SHIM_HELLO): its offset
+ * from the thread pointer is the same in every thread of the process.
+ * Once per process, before the shim's first real allocator call: from the
+ * constructor, or from resolve when another library's constructor, run
+ * before this one (libstdc++'s, making its emergency pool), calls the
+ * allocator first. Until BPF has the offset it cannot see the flag, and
+ * the allocator's own probes (jemalloc's malloc) recorded the shim's call
+ * a second time (issue 41). A fork's child keeps the parent's hello.
+ */
+static int hello_said;
+static void say_hello(void)
+{
+	uint64_t tp;
+
+	if (__atomic_exchange_n(&hello_said, 1, __ATOMIC_RELAXED))
+		return;
+	__asm__ volatile("mov %%fs:0, %0" : "=r"(tp));
+	HOOK(MT_SHIM_HELLO, (uint64_t)&mt_self - tp, 0, 0);
+}
+
 static void resolve(void)
 {
 	if (next_malloc || resolving)
@@ -576,6 +597,8 @@ static void resolve(void)
 	next_execvpe = dlsym(RTLD_NEXT, "execvpe");
 	next_fexecve = dlsym(RTLD_NEXT, "fexecve");
 	next_execveat = dlsym(RTLD_NEXT, "execveat");
+	/* Before the first real call, which follows. */
+	say_hello();
 	/* Last: its being set says every other one is. */
 	__atomic_store_n(&next_malloc, dlsym(RTLD_NEXT, "malloc"), __ATOMIC_RELEASE);
 	resolving = 0;
@@ -2599,20 +2622,16 @@ static void after_fork_child(void)
 	__atomic_store_n(&quiet_lock, 0, __ATOMIC_RELEASE);
 }
 
-/* Tells memtrail where the thread's state is: its offset from the thread
- * pointer is the same in every thread of the process. */
+/* The constructor's hello: its work, once the hello is said. */
 __attribute__((constructor(101))) static void hello(void)
 {
-	uint64_t tp;
-
-	__asm__ volatile("mov %%fs:0, %0" : "=r"(tp));
 	resolve();
+	say_hello();
 	__atomic_store_n(&mt_key_made, pthread_key_create(&mt_key, thread_end) == 0,
 			 __ATOMIC_RELEASE);
 	/* Before a fork, in the parent: the child starts with nothing
 	 * buffered. */
 	pthread_atfork(flush_self, NULL, after_fork_child);
-	HOOK(MT_SHIM_HELLO, (uint64_t)&mt_self - tp, 0, 0);
 	/* After the hello: memtrail then knows where the flag is. */
 	mt_self.in_ring = 2;
 	mt_in_alloc = MT_SHIM_OWN;

@@ -10,13 +10,15 @@
 //! ([`NOTE`](crate::profile::NOTE)): the profile and the summary record
 //! them too.
 
-use crate::profile::CorruptRing;
+use crate::profile::{CorruptRing, UnrecordedStacks};
 
 /// The processes whose rings held records that could not be read, in
-/// order of their first.
+/// order of their first; and those whose rings named stacks they never
+/// carried (`ring::merge`: handed on in no stack, counted there).
 #[derive(Debug, Default)]
 pub(super) struct Corrupt {
     rings: Vec<CorruptRing>,
+    unrecorded: Vec<(u32, UnrecordedStacks)>,
 }
 
 impl Corrupt {
@@ -50,7 +52,36 @@ impl Corrupt {
     /// (`exe_of`; a record can come before the process's own in ring
     /// order, and the process be gone by then), and logs how many records
     /// each had refused.
+    pub(super) fn unrecorded(&mut self, pid: u32, counts: UnrecordedStacks) {
+        match self.unrecorded.iter_mut().find(|(p, _)| *p == pid) {
+            Some((_, u)) => u.add(&counts),
+            None => self.unrecorded.push((pid, counts)),
+        }
+    }
+
+    /// What every process's ring named and never carried.
+    pub(super) fn unrecorded_total(&self) -> UnrecordedStacks {
+        let mut all = UnrecordedStacks::default();
+        for (_, u) in &self.unrecorded {
+            all.add(u);
+        }
+        all
+    }
+
     pub(super) fn finish<'a>(&mut self, exe_of: impl Fn(u32) -> Option<&'a str>) {
+        for (pid, u) in &self.unrecorded {
+            tracing::warn!(
+                target: crate::profile::NOTE,
+                pid,
+                exe = exe_of(*pid).unwrap_or("(not known)"),
+                stacks = u.stacks,
+                more_stacks = u.more_stacks,
+                allocations = u.allocations,
+                bytes = u.bytes,
+                "a tracked process's own ring named stacks never recorded: counted in the totals, \
+                 in no stack (the profile's anomalies.unrecorded_stacks)"
+            );
+        }
         for c in &mut self.rings {
             if let Some(exe) = exe_of(c.pid) {
                 exe.clone_into(&mut c.exe);

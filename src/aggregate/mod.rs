@@ -843,6 +843,18 @@ impl Aggregator {
         self.corrupt.rings()
     }
 
+    /// Allocations from process `pid`'s own ring named stacks it never
+    /// carried (`ring::merge` handed them on in no stack): `counts`,
+    /// logged once per process at [`finish`](Self::finish).
+    pub fn ring_unrecorded(&mut self, pid: u32, counts: crate::profile::UnrecordedStacks) {
+        self.corrupt.unrecorded(pid, counts);
+    }
+
+    /// What every process's own ring named and never carried.
+    pub fn ring_unrecorded_total(&self) -> crate::profile::UnrecordedStacks {
+        self.corrupt.unrecorded_total()
+    }
+
     /// Ends processes that never reported an exit (the capture ended
     /// first): what they have live counts as live at exit. Then settles
     /// every stack's live bytes at the peak.

@@ -24,7 +24,9 @@
 //! looks its thread cache up in nine instructions before a `jne`. A prefix
 //! may move an argument to another register (mimalloc's `malloc` copies
 //! its size from rdi to rsi, then loads its heap into rdi; its `calloc`
-//! keeps the count in rax), or multiply count by size (glibc's
+//! keeps the count in rax; mimalloc 3's `mi_free`, the Rust crate's,
+//! keeps the pointer in rsi and loads its page into rdi, issue 41), or
+//! multiply count by size (glibc's
 //! `reallocarray`: `mov %rsi,%rax; mul %rdx; mov %rax,%rsi; jo`, the probe
 //! on the `jo`, where OF says whether it overflowed): the site's [`Abi`]
 //! then names where the argument is at the probe. An entry-only probe
@@ -870,10 +872,11 @@ impl<'a> Elf<'a> {
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
 /// Bytes of code examined for a harmless prefix.
-const HARMLESS_WINDOW: usize = 64;
+const HARMLESS_WINDOW: usize = 128;
 /// Instructions a harmless prefix may have (jemalloc's `free` looks its
-/// thread cache up in nine before its first branch).
-const HARMLESS_MAX: usize = 10;
+/// thread cache up in nine before its first branch, mimalloc's `mi_free`
+/// its page in ten; room for a compiler that schedules a few more).
+const HARMLESS_MAX: usize = 16;
 /// The stack pointer, in ModRM numbering.
 const RSP: u8 = 4;
 /// The registers the programs read arguments 0-4 from (rdi, rsi, rdx, rcx,
@@ -945,13 +948,22 @@ impl Prefix {
                 ..abi
             }),
             Role::Return(_) => None,
-            // free's program finds its return address `sp_adjust` up.
-            Role::Free if held(ARG_REGS[0], Held::Reg(ARG_REGS[0])) => Some(Abi {
-                sp_adjust: self.sp_adjust,
-                ..abi
-            }),
+            // The pointer where the prefix left it (mimalloc's mi_free
+            // copies it to rsi and loads its page into rdi, issue 41);
+            // free's program finds its return address `sp_adjust` up
+            // (jemalloc's sized delete opens with `sub $8,%rsp`).
+            Role::Free => match find(0)? {
+                0 => Some(Abi {
+                    sp_adjust: self.sp_adjust,
+                    ..abi
+                }),
+                at => Some(Abi {
+                    ptr: Some(at),
+                    sp_adjust: self.sp_adjust,
+                    ..abi
+                }),
+            },
             _ if self.sp_adjust != 0 => None,
-            Role::Free => held(ARG_REGS[0], Held::Reg(ARG_REGS[0])).then_some(abi),
             Role::Alloc => {
                 let ptr = find_opt(abi.ptr)?;
                 if let (Some(size), Some(count)) = (find(abi.size), find_opt(abi.count)) {
@@ -1665,10 +1677,35 @@ mod tests {
         let p = harmless_prefix(&mi_malloc).expect("a prefix");
         assert_eq!(p.len, 21);
         assert_eq!(p.relocate(Role::Alloc, SIZE0), Some(SIZE1));
-        // The same prefix cannot serve a free: rdi no longer holds the
-        // pointer.
-        assert_eq!(p.relocate(Role::Free, SIZE0), None);
+        // The same prefix serves a free whose pointer is then in rsi.
+        assert_eq!(
+            p.relocate(Role::Free, SIZE0),
+            Some(Abi {
+                ptr: Some(1),
+                ..SIZE0
+            })
+        );
         assert_eq!(p.relocate(Role::New, SIZE0), Some(SIZE0));
+        // mimalloc 3's mi_free (the mimalloc crate, memtrail's own
+        // allocator; issue 41): mov _mi_page_map(%rip),%rax; mov %rdi,%rdx;
+        // mov %rdi,%rsi; shr $29,%rdx; mov (%rax,%rdx,8),%rdx;
+        // mov %rdi,%rax; shr $16,%rax; and $0x1fff,%eax;
+        // mov (%rdx,%rax,8),%rdi; test %rdi,%rdi; je. Ten instructions,
+        // the page in rdi, the pointer in rsi.
+        let mi3_free = [
+            0x48, 0x8b, 0x05, 0x29, 0xb8, 0x73, 0x00, 0x48, 0x89, 0xfa, 0x48, 0x89, 0xfe, 0x48,
+            0xc1, 0xea, 0x1d, 0x48, 0x8b, 0x14, 0xd0, 0x48, 0x89, 0xf8, 0x48, 0xc1, 0xe8, 0x10,
+            0x25, 0xff, 0x1f, 0x00, 0x00, 0x48, 0x8b, 0x3c, 0xc2, 0x48, 0x85, 0xff, 0x74, 0x23,
+        ];
+        let p = harmless_prefix(&mi3_free).expect("a prefix");
+        assert_eq!(p.len, 40);
+        assert_eq!(
+            p.relocate(Role::Free, SIZE0),
+            Some(Abi {
+                ptr: Some(1),
+                ..SIZE0
+            })
+        );
         // mimalloc's free: mov %rdi,%rcx; test %rdi,%rdi; je.
         let mi_free = [0x48, 0x89, 0xf9, 0x48, 0x85, 0xff, 0x74, 0x5d];
         let p = harmless_prefix(&mi_free).expect("a prefix");

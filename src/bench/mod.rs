@@ -21,6 +21,7 @@
 //! [`collect`]; `compare`, BMF and github-action-benchmark treat a region
 //! `R` of benchmark `B` as a benchmark `B/R`.
 
+pub mod beside;
 pub mod format;
 pub mod results;
 pub mod suite;

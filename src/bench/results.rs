@@ -115,8 +115,16 @@ impl Metric {
             Self::Frees => p.totals.frees,
             Self::AllocatedBytes => p.totals.allocated_bytes,
             Self::PeakLiveBytes => p.totals.peak_live_bytes,
-            Self::LeakedBytes => p.totals.live_bytes_at_exit,
-            Self::LeakedBlocks => p.totals.live_allocations_at_exit,
+            // Leaked as the summary and reports count it: live at exit,
+            // less what is still reachable (runtime pools).
+            Self::LeakedBytes => p
+                .totals
+                .live_bytes_at_exit
+                .saturating_sub(crate::report::runtime_at_exit(p).0),
+            Self::LeakedBlocks => p
+                .totals
+                .live_allocations_at_exit
+                .saturating_sub(crate::report::runtime_at_exit(p).1),
             // Anonymous mmap outside allocator calls (profile
             // `mappings.peak_mapped_bytes`, always present in version 1).
             Self::MmapPeakBytes => p.mappings.peak_mapped_bytes,
@@ -304,14 +312,17 @@ impl Results {
 
     /// Where a profile named in the document may be, in the order to try:
     /// under `profile_dir`, then, for a directory moved or copied (a CI
-    /// artifact), under `doc_dir`, the directory the document was read
-    /// from.
-    pub fn profile_paths(&self, rel: &Path, doc_dir: Option<&Path>) -> Vec<PathBuf> {
+    /// artifact), next to `doc`, the document's path: in its directory,
+    /// then in the directory of profiles `--output` keeps beside it
+    /// ([`super::beside`]: `A.profiles/` for `A.json`).
+    pub fn profile_paths(&self, rel: &Path, doc: Option<&Path>) -> Vec<PathBuf> {
         let mut paths = vec![self.profile_dir.join(rel)];
-        if let Some(dir) = doc_dir {
-            let other = dir.join(rel);
-            if other != paths[0] {
-                paths.push(other);
+        if let Some(doc) = doc {
+            let dir = doc.parent().unwrap_or(Path::new(""));
+            for other in [dir.join(rel), super::beside::profiles_dir(doc).join(rel)] {
+                if !paths.contains(&other) {
+                    paths.push(other);
+                }
             }
         }
         paths

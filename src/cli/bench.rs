@@ -40,8 +40,9 @@ Exit status:
          benchmark twice, or are not a regular file of at most 1 GiB
     73   the results cannot be written (--output, the results directory),
          --output is a file the bench reads (the suite, --from, the
-         baseline's results), or --output names an existing file and
-         --force was not given
+         baseline's results), or --output names an existing file (or a
+         JSON document's existing STEM.profiles/) and --force was not
+         given
   A capture that failed (no profile) ends the bench with the exit status of
   its `memtrail run` (e.g. 71 lost events, 72 missing privileges, 127 the
   command was not found); its message is above it on stderr.";
@@ -96,13 +97,16 @@ pub struct BenchArgs {
     /// appears whole once every benchmark ran; PATH may not be a file the
     /// bench reads). The JSON results document is also always saved as
     /// DIR/new/results.json (or DIR/NAME/ with --save-baseline), with the
-    /// profiles it names.
+    /// profiles it names; written to PATH, it keeps a copy of its profiles
+    /// beside it, in STEM.profiles/ (A.profiles/ for A.json), so that it
+    /// compares fully whatever later benches replace.
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
 
-    /// Replace the file --output names, as `memtrail run --force` does.
-    /// Without it, an existing regular file there is refused (exit 73)
-    /// before any benchmark runs.
+    /// Replace the file --output names, as `memtrail run --force` does
+    /// (and, for a JSON document, its STEM.profiles/). Without it, an
+    /// existing regular file (or profiles directory) there is refused
+    /// (exit 73) before any benchmark runs.
     #[arg(long)]
     pub force: bool,
 
@@ -313,7 +317,7 @@ pub fn bench(
             args.force,
             &[("the results", path, input.id())],
         )?;
-        write_results_to(&results, format, out_file, stdout)?;
+        write_results_to(&results, format, out_file, stdout, || Ok(()))?;
         return Ok(exit::OK);
     }
     let benchmarks = match &args.suite {
@@ -379,27 +383,24 @@ pub fn bench(
         inputs.push(("the baseline's results", path, id));
     }
     let out_file = open_output(args.output.as_deref(), args.force, &inputs)?;
-    let mut capture_args: Vec<OsString> = Vec::new();
-    let mut pass = |flag: &str, v: Option<String>| {
-        if let Some(v) = v {
-            capture_args.push(flag.into());
-            capture_args.push(v.into());
-        }
-    };
-    pass("--pressure-timeout", args.pressure_timeout.clone());
-    pass("--ring-size", args.ring_size.clone());
-    pass("--stack-ring-size", args.stack_ring_size.clone());
-    pass("--watermark", args.watermark.map(|v| v.to_string()));
-    pass("--stack-depth", args.stack_depth.map(|v| v.to_string()));
+    let keep_beside = keep_beside(out_file.as_ref(), format, args.force)?;
     let opts = BenchOptions {
         benchmarks,
-        capture_args,
+        capture_args: capture_args(&args),
         dir: dir.clone(),
         save_as: save_as.clone(),
         quiet: args.quiet,
     };
     let results = crate::bench::run(&opts, stderr)?;
-    write_results_to(&results, format, out_file, stdout)?;
+    match keep_beside {
+        Some(doc) => {
+            let beside = crate::bench::beside::stage(&results, &doc)?;
+            write_results_to(&beside.results, format, out_file, stdout, || {
+                beside.commit()
+            })?;
+        }
+        None => write_results_to(&results, format, out_file, stdout, || Ok(()))?,
+    }
     let mut code = exit::OK;
     for r in &results.benchmarks {
         if r.exit.code != Some(0) {
@@ -427,6 +428,40 @@ pub fn bench(
     Ok(code)
 }
 
+/// The flags passed on to every `memtrail run`.
+fn capture_args(args: &BenchArgs) -> Vec<OsString> {
+    let mut capture_args: Vec<OsString> = Vec::new();
+    let mut pass = |flag: &str, v: Option<String>| {
+        if let Some(v) = v {
+            capture_args.push(flag.into());
+            capture_args.push(v.into());
+        }
+    };
+    pass("--pressure-timeout", args.pressure_timeout.clone());
+    pass("--ring-size", args.ring_size.clone());
+    pass("--stack-ring-size", args.stack_ring_size.clone());
+    pass("--watermark", args.watermark.map(|v| v.to_string()));
+    pass("--stack-depth", args.stack_depth.map(|v| v.to_string()));
+    capture_args
+}
+
+/// The results document whose profiles are kept beside it (issue 41): the
+/// JSON document written to a file; its profiles directory checked before
+/// any benchmark runs.
+fn keep_beside(
+    out_file: Option<&OutputFile>,
+    format: BenchFormat,
+    force: bool,
+) -> Result<Option<PathBuf>, BenchError> {
+    let doc = out_file
+        .filter(|o| format == BenchFormat::Json && o.is_file())
+        .map(|o| o.path().to_owned());
+    if let Some(doc) = &doc {
+        crate::bench::beside::check(doc, force)?;
+    }
+    Ok(doc)
+}
+
 /// Opens --output (none for `-`, standard output), refusing one of the
 /// files the bench reads; an existing file is replaced only with `force`.
 fn open_output(
@@ -452,11 +487,15 @@ fn open_output(
         .map_err(io_err)
 }
 
+/// Writes `results` in `format` to `out_file` (else `stdout`);
+/// `before_commit` runs once the file is written, before it is put in
+/// place (a failure leaves no file).
 fn write_results_to(
     results: &crate::bench::results::Results,
     format: BenchFormat,
     out_file: Option<OutputFile>,
     stdout: &mut dyn Write,
+    before_commit: impl FnOnce() -> Result<(), BenchError>,
 ) -> Result<(), BenchError> {
     let write_err = |path: PathBuf| {
         move |source| BenchError::Io {
@@ -473,6 +512,7 @@ fn write_results_to(
                 .and_then(|()| w.flush())
                 .map_err(write_err(path))?;
             drop(w);
+            before_commit()?;
             out.commit().map_err(|e| BenchError::Io {
                 what: "cannot write",
                 path: e.path,

@@ -345,8 +345,7 @@ impl Input {
     /// (issue 26: two results files of two benches in the same directory
     /// named one profile, and the later one's was compared with itself).
     fn profile(&self, r: &BenchResult) -> Result<Profile, String> {
-        let doc_dir = self.path.parent();
-        let paths = self.results.profile_paths(&r.profile, doc_dir);
+        let paths = self.results.profile_paths(&r.profile, Some(&self.path));
         let want = r.sha256.get(&*r.profile.to_string_lossy());
         let mut first_err = None;
         let mut mismatched = Vec::new();
@@ -381,7 +380,7 @@ impl Input {
             return Err(format!(
                 "{} {} not the profile {} was made with (its SHA-256 differs): a later \
                  `memtrail bench` replaced it; keep the results of separate benches apart \
-                 (--save-baseline NAME, or --dir)",
+                 (-o FILE.json keeps its profiles beside it; --save-baseline NAME, or --dir)",
                 mismatched.join(" and "),
                 if mismatched.len() == 1 { "is" } else { "are" },
                 self.path.display()

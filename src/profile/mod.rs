@@ -157,14 +157,31 @@ pub struct CorruptRing {
     pub records: u64,
 }
 
-/// Stack ids named by allocations but never recorded.
+/// Stack ids named by allocations but never recorded: one bucket, in no
+/// stack, whatever the ids (issue 40: a million distinct ones must not cost
+/// memtrail a million per-stack entries).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnrecordedStacks {
-    /// Distinct stack ids.
+    /// Distinct stack ids, as far as they were told apart: a process's
+    /// ring file has at most `MAX_UNRECORDED_IDS` (`ring::merge`) of them
+    /// told apart, the rest counted in `allocations` only (`more_stacks`).
     pub stacks: u64,
     /// The allocating calls that named them, and their bytes.
     pub allocations: u64,
     pub bytes: u64,
+    /// More distinct ids were named than `stacks` counts.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub more_stacks: bool,
+}
+
+impl UnrecordedStacks {
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &Self) {
+        self.stacks += other.stacks;
+        self.allocations += other.allocations;
+        self.bytes += other.bytes;
+        self.more_stacks |= other.more_stacks;
+    }
 }
 
 /// Resident memory (RSS: the kernel's file, anonymous and shared-memory

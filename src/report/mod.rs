@@ -433,6 +433,21 @@ pub fn runtime_at_exit(profile: &Profile) -> (u64, u64) {
     reachable::Reachable::classify(profile, |i| &profile.stacks[i].frames, &[]).runtime_total()
 }
 
+/// [`runtime_at_exit`] per process: its pid, bytes and blocks, for the
+/// processes that have some.
+pub fn runtime_at_exit_by_pid(profile: &Profile) -> std::collections::BTreeMap<u32, (u64, u64)> {
+    let r = reachable::Reachable::classify(profile, |i| &profile.stacks[i].frames, &[]);
+    let mut by_pid = std::collections::BTreeMap::new();
+    for (stack, reach) in profile.stacks.iter().zip(&r.reach) {
+        if matches!(reach, reachable::Reach::Runtime(_)) {
+            let (bytes, blocks) = by_pid.entry(stack.pid).or_insert((0, 0));
+            *bytes += stack.metrics.live_bytes_at_exit;
+            *blocks += stack.metrics.live_allocations_at_exit;
+        }
+    }
+    by_pid
+}
+
 /// Renders the report of `profile` into `w`.
 pub fn write_report(profile: &Profile, opts: &ReportOptions, w: &mut dyn Write) -> io::Result<()> {
     if opts.format == Format::Profile {

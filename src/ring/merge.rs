@@ -68,6 +68,83 @@ struct ProcRings {
     broken: bool,
     /// Its process was seen gone (its unfinished records discarded).
     gone: bool,
+    /// The stacks its rings carried, and the allocations that named others.
+    carried: Carried,
+}
+
+/// The most distinct stack ids a process's ring file may name without
+/// carrying their stacks that memtrail tells apart (issue 40: a flood of a
+/// million made a million per-stack entries, 2.8× a clean capture's
+/// memory); past them such allocations are only counted.
+pub const MAX_UNRECORDED_IDS: usize = 1024;
+
+/// The stack ids a process's rings carried, and the allocations of those
+/// rings that named a stack id none of them carried.
+///
+/// The shim writes a stack into a ring before the first record of that
+/// ring naming it (`ring_knows` in preload/memtrail_preload.c: the ring's
+/// own table of ids), so a record naming a stack its file never carried
+/// names a stack never recorded (or one the shim could not write: its
+/// ring full). Such a record is handed on with no stack (in the totals,
+/// in no stack) and counted here: memtrail keeps no per-stack entry for
+/// an id a process made up, whatever their number. The ids carried cost
+/// a word each next to the stacks they name, which memtrail keeps anyway.
+#[derive(Default)]
+struct Carried {
+    ids: foldhash::HashSet<u64>,
+    /// Distinct ids named and not carried, up to [`MAX_UNRECORDED_IDS`].
+    unknown: foldhash::HashSet<u64>,
+    /// Counted since the last [`Carried::publish`].
+    counts: crate::profile::UnrecordedStacks,
+}
+
+/// Where an allocation record keeps its stack id (`mt_alloc_event.aux`),
+/// and its size (`.size`).
+const AUX_AT: usize = 48;
+const SIZE_AT: usize = 32;
+
+impl Carried {
+    /// Notes a record of the owner's ring (one `foreign` passed); returns
+    /// whether it is an allocation naming a stack never carried, whose
+    /// stack id is to be cleared.
+    fn note(&mut self, rec: &[u8]) -> bool {
+        let word = |at: usize| {
+            rec.get(at..at + 8)
+                .map_or(0, |b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
+        };
+        let kind = word(16) as u32 & 0xffff;
+        if kind == super::shim::KIND_STACK {
+            // struct mt_shim_stack: its id after the header.
+            self.ids.insert(word(24));
+            return false;
+        }
+        // The allocating calls (malloc .. pvalloc, realloc among them).
+        use crate::bpf::skel::memtrail::types::mt_kind;
+        if !(mt_kind::MT_MALLOC.0..=mt_kind::MT_PVALLOC.0).contains(&kind) {
+            return false;
+        }
+        let id = word(AUX_AT);
+        if id == 0 || self.ids.contains(&id) {
+            return false;
+        }
+        if self.unknown.len() < MAX_UNRECORDED_IDS {
+            if self.unknown.insert(id) {
+                self.counts.stacks += 1;
+            }
+        } else if !self.unknown.contains(&id) {
+            self.counts.more_stacks = true;
+        }
+        self.counts.allocations += 1;
+        self.counts.bytes = self.counts.bytes.saturating_add(word(SIZE_AT));
+        true
+    }
+
+    /// Hands what was counted since the last call to `faults`.
+    fn publish(&mut self, pid: u32, faults: &super::shim::Faults) {
+        if self.counts != crate::profile::UnrecordedStacks::default() {
+            faults.add_unrecorded(pid, std::mem::take(&mut self.counts));
+        }
+    }
 }
 
 /// How long a busy record of a shim ring holds the merge back: a writer
@@ -134,6 +211,7 @@ impl ProcRings {
             busy_since: vec![0; n],
             broken: false,
             gone: false,
+            carried: Carried::default(),
         })
     }
 
@@ -152,16 +230,24 @@ impl ProcRings {
         let mut bad = None;
         let mut now = crate::sys::monotonic_ns();
         let mut at = pos;
+        let carried = &mut self.carried;
         let read = ring.poll_to(prod, |rec| {
             if bad.is_some() {
                 return;
             }
             match foreign(rec, owner, &mut now) {
                 Some(what) => bad = Some(what),
-                None => held.hold(rec),
+                None if carried.note(rec) => {
+                    // In no stack: the id names nothing memtrail keeps.
+                    held.hold(rec)[AUX_AT..AUX_AT + 8].fill(0);
+                }
+                None => {
+                    held.hold(rec);
+                }
             }
             at += ((super::HEADER_LEN + rec.len() + 7) & !7) as u64;
         });
+        self.carried.publish(owner, faults);
         let ring = &self.rings[i];
         if let Some(what) = bad {
             self.fault(i, at, what, faults);
@@ -241,7 +327,8 @@ struct Held {
 }
 
 impl Held {
-    fn hold(&mut self, rec: &[u8]) {
+    /// Holds a copy of `rec`; returns the copy.
+    fn hold(&mut self, rec: &[u8]) -> &mut [u8] {
         let slot = match self.free.pop() {
             Some(slot) => {
                 let buf = &mut self.slots[slot as usize];
@@ -257,6 +344,7 @@ impl Held {
         self.order.push(Reverse((stamp(rec), self.arrivals, slot)));
         self.arrivals += 1;
         self.most = self.most.max(self.order.len());
+        &mut self.slots[slot as usize]
     }
 
     /// Hands on, in stamp order, the records stamped before `limit`.
@@ -402,7 +490,9 @@ impl Consume for Merged {
             let looked = crate::sys::monotonic_ns();
             let prod = ring.producer_pos();
             let held = &mut self.held;
-            read += ring.poll_to(prod, |rec| held.hold(rec));
+            read += ring.poll_to(prod, |rec| {
+                held.hold(rec);
+            });
             if ring.position() >= prod {
                 *bound = looked;
             }
@@ -424,7 +514,9 @@ impl Consume for Merged {
             let looked = crate::sys::monotonic_ns();
             let target = ring.producer_pos();
             let held = &mut self.held;
-            read += ring.drain_to(target, |rec| held.hold(rec));
+            read += ring.drain_to(target, |rec| {
+                held.hold(rec);
+            });
             *bound = looked;
         }
         read += self.read_shim(true);
@@ -699,6 +791,53 @@ mod tests {
         held.release(u64::MAX, &mut |r: &[u8]| out.push((stamp(r), r[8])));
         assert_eq!(out[2..], [(20, 2), (30, 0)]);
         assert_eq!(held.most, 4);
+    }
+
+    /// A record of `kind` from pid 7: its header, then `words`.
+    fn shim_record(kind: u32, words: &[u64]) -> Vec<u8> {
+        let mut rec = vec![0u8; 24];
+        rec[8..12].copy_from_slice(&7u32.to_ne_bytes());
+        rec[16..20].copy_from_slice(&kind.to_ne_bytes());
+        for w in words {
+            rec.extend_from_slice(&w.to_ne_bytes());
+        }
+        rec
+    }
+
+    /// Check that a process's ring keeps no state per stack id it names
+    /// without carrying its stack (issue 40: a million made-up ids cost
+    /// memtrail 2.8× a clean capture's memory): an allocation naming a
+    /// stack the ring carried is its own; one naming no stack or another
+    /// kind is left alone; one naming an id never carried is cleared and
+    /// counted, and past MAX_UNRECORDED_IDS distinct ids nothing more is
+    /// kept, only counted.
+    #[test]
+    fn unrecorded_stack_ids_bounded() {
+        use crate::bpf::skel::memtrail::types::mt_kind;
+        let mut c = Carried::default();
+        let alloc = |id: u64| shim_record(mt_kind::MT_MALLOC.0, &[0x1000, 64, 0, id]);
+        assert!(!c.note(&shim_record(super::super::shim::KIND_STACK, &[42, 7, 0])));
+        assert!(!c.note(&alloc(42)));
+        assert!(!c.note(&alloc(0)));
+        assert!(!c.note(&shim_record(mt_kind::MT_FREE.0, &[0x1000, 0, 0, 99])));
+        let n = MAX_UNRECORDED_IDS as u64 + 1000;
+        for i in 0..n {
+            assert!(c.note(&alloc(1000 + i)));
+        }
+        assert!(c.note(&alloc(1000)));
+        assert_eq!(c.unknown.len(), MAX_UNRECORDED_IDS);
+        assert_eq!(c.ids.len(), 1);
+        let want = crate::profile::UnrecordedStacks {
+            stacks: MAX_UNRECORDED_IDS as u64,
+            allocations: n + 1,
+            bytes: 64 * (n + 1),
+            more_stacks: true,
+        };
+        assert_eq!(c.counts, want);
+        let faults = super::super::shim::Faults::default();
+        c.publish(7, &faults);
+        c.publish(7, &faults);
+        assert_eq!(faults.unrecorded(), [(7, want)]);
     }
 
     /// Check that the judge of a process's records is total and that what

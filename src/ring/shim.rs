@@ -221,9 +221,13 @@ pub struct Offer {
     faults: std::sync::Arc<Faults>,
 }
 
-/// The ring faults of a capture, as the merge finds them.
+/// The ring faults of a capture, as the merge finds them, and the
+/// allocations of each process's file that named stacks it never carried.
 #[derive(Default)]
-pub struct Faults(std::sync::Mutex<Vec<RingFault>>);
+pub struct Faults(
+    std::sync::Mutex<Vec<RingFault>>,
+    std::sync::Mutex<Vec<(u32, crate::profile::UnrecordedStacks)>>,
+);
 
 impl Faults {
     /// Notes `fault` (the aggregation names the process at the end).
@@ -241,6 +245,21 @@ impl Faults {
     /// The faults so far.
     pub fn list(&self) -> Vec<RingFault> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Adds `more` to what process `pid`'s files named and never carried.
+    pub fn add_unrecorded(&self, pid: u32, more: crate::profile::UnrecordedStacks) {
+        let mut all = self.1.lock().unwrap_or_else(|e| e.into_inner());
+        match all.iter_mut().find(|(p, _)| *p == pid) {
+            Some((_, u)) => u.add(&more),
+            None => all.push((pid, more)),
+        }
+    }
+
+    /// Per process (in order of its first), the allocations its ring file
+    /// named stacks with that it never carried, so far.
+    pub fn unrecorded(&self) -> Vec<(u32, crate::profile::UnrecordedStacks)> {
+        self.1.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -278,6 +297,12 @@ impl Offer {
     /// The ring faults found so far.
     pub fn faults(&self) -> Vec<RingFault> {
         self.faults.list()
+    }
+
+    /// Per process, the allocations its ring file named stacks with that
+    /// it never carried ([`super::merge`]: counted, handed on in no stack).
+    pub fn unrecorded(&self) -> Vec<(u32, crate::profile::UnrecordedStacks)> {
+        self.faults.unrecorded()
     }
 
     /// Takes the ring file process `pid` named (its descriptor `fd` in that

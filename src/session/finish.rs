@@ -178,7 +178,7 @@ impl Session {
         let root_exit = self.root_exit(&agg);
         let images: Vec<std::path::PathBuf> =
             images_seen.0.iter().map(|t| t.image.clone()).collect();
-        let (stacks, unrecorded_stacks) = super::stages::symbolize_stacks(
+        let (stacks, mut unrecorded_stacks) = super::stages::symbolize_stacks(
             &agg,
             stacks.stacks,
             mappings.mappings,
@@ -186,6 +186,7 @@ impl Session {
             &self.symbols,
             &crate::symbolize::debug_dirs(&self.debuginfo_dirs),
         );
+        unrecorded_stacks.add(&agg.ring_unrecorded_total());
         phases.done("stacks symbolized");
         pressure.high_water = crate::bpf::counters::read_high_water(&self.loaded.skel).max(seen);
         let mut skipped_images = std::mem::take(&mut self.skipped_images);
@@ -406,6 +407,12 @@ impl Session {
         {
             let what = format!("{} (byte {} of the ring)", fault.what, fault.offset);
             agg.refuse_record(fault.pid, Some(fault.ring), &what);
+        }
+        for (pid, counts) in shim
+            .map(crate::ring::shim::Offer::unrecorded)
+            .unwrap_or_default()
+        {
+            agg.ring_unrecorded(pid, counts);
         }
         agg.finish(end_ns);
         if let Some(root) = &self.root {

@@ -6,7 +6,7 @@
 use std::ffi::OsString;
 
 use crate::support::{
-    self, Counters, allocator_events, capture_flags, cmd, fixture, fixture_with_flags, num,
+    self, Counters, allocator_events, capture_flags, cmd, fixture, fixture_with_flags, num, pid,
     process, processes, sized, stream_root,
 };
 use serde_json::Value;
@@ -437,4 +437,60 @@ fn preload_stack_cache_exact() {
             );
         }
     }
+}
+
+/// Check that an allocation made while the loader runs other libraries'
+/// constructors, before the shim's own, is counted once with an allocator
+/// that keeps its probes (issue 41 item 3): libstdc++'s emergency pool
+/// (72,704 bytes), made through the shim's malloc into jemalloc's, was
+/// recorded by the shim and again by jemalloc's malloc probe, which could
+/// not yet see the shim's in-allocator flag (its offset came with the
+/// constructor's hello). jemalloc comes after the shim in `LD_PRELOAD`, as
+/// a user's preload does.
+#[test]
+fn preload_jemalloc_loader_time_allocation_once() {
+    const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+    let exe = fixture("cxx_baseline");
+    let script = format!("LD_PRELOAD=\"$LD_PRELOAD {JEMALLOC}\" exec \"$0\"");
+    let command: Vec<OsString> = vec!["/bin/sh".into(), "-c".into(), script.into(), exe.into()];
+    let run = capture_flags(&["--preload"], &command, b"", &[]);
+    run.expect_code(0);
+    let events = run.events();
+    let root = stream_root(events);
+    assert!(preloaded(run.profile(), root), "not preloaded");
+    // After the exec into the C++ program, its one allocation: the pool.
+    let exec = events
+        .iter()
+        .rposition(|e| e["kind"] == "exec" && pid(e) == root)
+        .expect("the exec");
+    let program = allocator_events(&events[exec..], root);
+    assert_eq!(program.len(), 1, "the emergency pool once: {program:#?}");
+    assert_eq!(program[0]["kind"], "malloc", "{program:#?}");
+    // No block is handed out twice while live, the shell's included.
+    let mut live: Vec<u64> = Vec::new();
+    for e in allocator_events(events, root) {
+        let addr = num(e, "addr");
+        match e["kind"].as_str() {
+            Some("free") => live.retain(|&a| a != addr),
+            Some("realloc") => {
+                live.retain(|&a| a != num(e, "old_addr"));
+                live.push(addr);
+            }
+            _ => {
+                assert!(!live.contains(&addr), "{addr:#x} allocated twice: {e}");
+                live.push(addr);
+            }
+        }
+    }
+    // jemalloc's malloc probe was there, and fired for the shim's call.
+    let probes = run.profile()["probes"].as_array().expect("probes");
+    let hits: u64 = probes
+        .iter()
+        .filter(|p| p["image"].as_str() == Some(JEMALLOC) && p["symbol"] == "malloc")
+        .map(|p| num(p, "hits"))
+        .sum();
+    assert!(
+        hits >= 1,
+        "jemalloc's malloc probe never fired: {probes:#?}"
+    );
 }

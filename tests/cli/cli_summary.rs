@@ -202,3 +202,122 @@ fn cli_summary_processes_grouped_by_executable() {
     // The peak of one process (900001 bytes), not of the two together.
     assert_eq!(&table[0][3..5], ["878.9", "KiB"], "{stderr}");
 }
+
+/// `memtrail ARGS`, which must exit `code`; its stdout.
+fn stdout_of(args: &[OsString], code: i32) -> String {
+    let (_, status, stdout, stderr) = memtrail(args, b"");
+    assert_eq!(status.code(), Some(code), "{args:?}: {stderr}");
+    String::from_utf8(stdout).expect("UTF-8")
+}
+
+/// Check that "leaked" means one thing in the summary, the report and
+/// compare (issue 41: the summary said "leaked 5 ... of which 4 still
+/// reachable", the report "leaked 1 block"): a C++ program that leaks two
+/// blocks (200,017 and 200,029 bytes) and holds libstdc++'s emergency
+/// pool (one block, still reachable) is "leaked 2 390.7 KiB" in the
+/// summary, whose next line counts the pool as reachable, "leaked 2
+/// blocks (390.7 KiB)" in the report's header, and 400,046 leaked bytes
+/// and 2 blocks in compare's (bench's) metrics; and that the summary's
+/// anon mmap line says what each number is (issue 41: "anon mmap 2
+/// 300.6 MiB peak 3.1 MiB" needed reading twice).
+#[test]
+fn cli_summary_leaked_one_meaning() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("p.json");
+    let args: Vec<OsString> = [
+        vec!["run".into(), "-o".into(), path.clone().into_os_string()],
+        vec!["--".into()],
+        cmd("cxx", &[]),
+    ]
+    .concat();
+    let (_, status, _, stderr) = memtrail(&args, b"");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let profile = support::read_profile(&path).expect("profile");
+    let totals = support::field(&profile, "totals");
+    let (live, blocks) = (
+        support::num(totals, "live_bytes_at_exit"),
+        support::num(totals, "live_allocations_at_exit"),
+    );
+    assert_eq!(blocks, 3, "{totals}");
+    let pool = live - 400_046;
+    let kib = |b: u64| format!("{:.1} KiB", b as f64 / 1024.0);
+    let want = [
+        format!(
+            "  leaked      {:>10}  {:>12}   (live at exit, not still reachable)",
+            2,
+            kib(400_046)
+        ),
+        format!(
+            "  reachable   {:>10}  {:>12}   (still reachable at exit: runtime pools, not leaks; \
+             memtrail report names them)",
+            1,
+            kib(pool)
+        ),
+    ];
+    let lines: Vec<&str> = stderr.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("  leaked "))
+        .unwrap_or_else(|| panic!("no leaked line: {stderr}"));
+    assert_eq!(lines[at..at + 2], want, "{stderr}");
+
+    let report = stdout_of(&["report".into(), path.clone().into()], 0);
+    let header: Vec<&str> = report.lines().take(3).collect();
+    assert!(
+        header[1].ends_with(", leaked 2 blocks (390.7 KiB)"),
+        "{report}"
+    );
+    assert_eq!(
+        header[2],
+        format!(
+            "  still reachable at exit: runtime 1 block ({0}): libstdc++ emergency exception pool \
+             {0}",
+            kib(pool)
+        ),
+        "{report}"
+    );
+
+    // bench's metrics, as compare reads them from a profile.
+    let compare = stdout_of(
+        &[
+            "compare".into(),
+            path.clone().into(),
+            path.clone().into(),
+            "--format".into(),
+            "json".into(),
+        ],
+        0,
+    );
+    let doc: serde_json::Value = serde_json::from_str(&compare).expect("compare JSON");
+    let metric = |name: &str| {
+        doc["benchmarks"][0]["metrics"]
+            .as_array()
+            .expect("metrics")
+            .iter()
+            .find(|m| m["metric"] == name)
+            .map(|m| support::num(m, "base"))
+            .unwrap_or_else(|| panic!("no {name}: {doc}"))
+    };
+    assert_eq!(
+        (metric("leaked_bytes"), metric("leaked_blocks")),
+        (400_046, 2)
+    );
+
+    let m = support::field(&profile, "mappings");
+    let (mmaps, mapped, peak, brk) = (
+        support::num(m, "mmaps"),
+        support::num(m, "mapped_bytes"),
+        support::num(m, "peak_mapped_bytes"),
+        support::num(m, "brk_peak_bytes"),
+    );
+    assert!(mmaps > 1, "{m}");
+    let human = memtrail::internals::profile::human_bytes;
+    let line = format!(
+        "  anon mmap   {mmaps:>10}  {:>12}   mapped in all by {mmaps} mmaps outside allocator \
+         calls, at most {} at once; program break grown at most {}",
+        human(mapped),
+        human(peak),
+        human(brk)
+    );
+    assert!(stderr.lines().any(|l| l == line), "{line}\n{stderr}");
+}

@@ -606,9 +606,72 @@ fn bench_compare_output_format_from_extension() {
     assert_eq!(doc["format"], "memtrail-compare");
 }
 
-/// Check that results written by two benches into the same directory do
-/// not silently share a profile (issue 26): each results document keeps
-/// its profiles' SHA-256, and compare, finding the first one's profile
+/// `memtrail bench --dir DIR --name work [-o OUT] -q -- BIN`, which must
+/// exit `code`; its stderr.
+fn bench_to(dir: &Path, out: Option<&Path>, bin: &Path, code: i32) -> String {
+    let mut args = vec![os("bench"), os("--dir"), os(dir), os("--name"), os("work")];
+    if let Some(out) = out {
+        args.extend([os("-o"), os(out)]);
+    }
+    args.extend([os("-q"), os("--"), os(bin)]);
+    let (got, _, stderr) = memtrail(&args.iter().collect::<Vec<_>>());
+    assert_eq!(got, code, "{args:?}: {stderr}");
+    stderr
+}
+
+/// Check that two results documents written with `-o` always compare
+/// fully (issue 41: `bench -o A.json` then `bench -o B.json` into the same
+/// results directory, and `compare A.json B.json` named no function: "a
+/// later bench replaced it"): each keeps its profiles beside it
+/// (`A.profiles/work/run-1.json`, its `profile_dir`), compare names
+/// `extra_allocs` with exactly +100 allocations, also once both pairs are
+/// moved elsewhere; an existing `A.profiles/` is not replaced without
+/// `--force` (exit 73 before anything runs).
+#[test]
+fn bench_compare_two_outputs_compare_fully() {
+    let s = setup();
+    let dir = tempfile::tempdir().unwrap();
+    let results_dir = dir.path().join("results");
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    bench_to(&results_dir, Some(&a), &s.base_bin, 0);
+    bench_to(&results_dir, Some(&b), &s.extra_bin, 0);
+    let kept = dir.path().join("a.profiles");
+    assert!(kept.join("work/run-1.json").is_file());
+    let doc: Value = serde_json::from_slice(&fs::read(&a).unwrap()).unwrap();
+    assert_eq!(doc["profile_dir"], kept.to_string_lossy().as_ref());
+    let want = "+100 allocations (+6,400 B) at extra_allocs (";
+    let args = [os("compare"), os(&a), os(&b)];
+    let (code, stdout, stderr) = memtrail(&args.iter().collect::<Vec<_>>());
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stdout.contains(want), "{stdout}");
+    assert!(!stdout.contains("SHA-256"), "{stdout}");
+    // Moved together, elsewhere: found beside the document.
+    let moved = dir.path().join("moved");
+    fs::create_dir(&moved).unwrap();
+    for name in ["a.json", "a.profiles", "b.json", "b.profiles"] {
+        fs::rename(dir.path().join(name), moved.join(name)).unwrap();
+    }
+    let args = [
+        os("compare"),
+        os(moved.join("a.json")),
+        os(moved.join("b.json")),
+    ];
+    let (code, stdout, stderr) = memtrail(&args.iter().collect::<Vec<_>>());
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stdout.contains(want), "{stdout}");
+    // Another document's profiles are not replaced without --force.
+    fs::create_dir(dir.path().join("a.profiles")).unwrap();
+    let stderr = bench_to(&results_dir, Some(&a), &s.base_bin, 73);
+    assert!(
+        stderr.contains("will not replace (without --force) the profiles directory"),
+        "{stderr}"
+    );
+    assert!(!a.exists());
+}
+
+/// Check that a copy of a results directory's document does not silently
+/// share a profile with a later bench (issue 26): each results document
+/// keeps its profiles' SHA-256, and compare, finding the copy's profile
 /// replaced by the second bench, says so instead of diffing the newer
 /// profile with itself; the metrics comparison still stands (exit 1).
 #[test]
@@ -617,24 +680,10 @@ fn bench_compare_replaced_profile_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let results_dir = dir.path().join("results");
     let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
-    for (out, bin) in [(&a, &s.base_bin), (&b, &s.extra_bin)] {
-        let args = [
-            os("bench"),
-            os("--dir"),
-            os(&results_dir),
-            os("--name"),
-            os("work"),
-            os("--format"),
-            os("json"),
-            os("-o"),
-            os(out),
-            os("-q"),
-            os("--"),
-            os(bin),
-        ];
-        let (code, _, stderr) = memtrail(&args.iter().collect::<Vec<_>>());
-        assert_eq!(code, 0, "{stderr}");
-    }
+    bench_to(&results_dir, None, &s.base_bin, 0);
+    fs::copy(results_dir.join("new/results.json"), &a).unwrap();
+    bench_to(&results_dir, None, &s.extra_bin, 0);
+    fs::copy(results_dir.join("new/results.json"), &b).unwrap();
     let args = [os("compare"), os(&a), os(&b), os("--format"), os("json")];
     let (code, stdout, stderr) = memtrail(&args.iter().collect::<Vec<_>>());
     assert_eq!(code, 1, "{stderr}");
