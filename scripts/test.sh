@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 need_root
-install_deps g++ bpftool golang-go libunwind8 libjemalloc-dev libmimalloc-dev libtcmalloc-minimal4 libcap2-bin python3.11
+install_deps g++ bpftool golang-go libunwind8 libjemalloc-dev libmimalloc-dev libtcmalloc-minimal4 libcap2-bin python3.11 \
+  busybox-static musl-tools libc6-dev
 mount_fs
 
 echo "== cargo fmt --check" >&2

@@ -16,7 +16,7 @@
 //! examined, held, in each capture that maps it.
 //!
 //! Where: `$MEMTRAIL_CACHE_DIR`, else `$XDG_CACHE_HOME/memtrail`, else
-//! `$HOME/.cache/memtrail`; the file is `images-v2.tsv`, written whole
+//! `$HOME/.cache/memtrail`; the file is `images-v3.tsv`, written whole
 //! (temporary file + rename), at most [`MAX_ENTRIES`] lines, newest last.
 //! A missing, unreadable or malformed cache is an empty one: the cache only
 //! saves holds, never changes counts.
@@ -32,8 +32,10 @@ use std::path::{Path, PathBuf};
 pub const MAX_ENTRIES: usize = 4096;
 
 /// v2: the probed APIs gained libc's mmap and sbrk, so an image v1 recorded
-/// as having no entry points may have some now.
-const FILE: &str = "images-v2.tsv";
+/// as having no entry points may have some now. v3: a static image without
+/// symbols has its allocator found by its code (`static_image`), so one v2
+/// recorded without entry points may have some now.
+const FILE: &str = "images-v3.tsv";
 
 /// What a file looked like when it was examined.
 #[derive(Clone, Debug, PartialEq, Eq)]

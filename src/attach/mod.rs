@@ -52,6 +52,7 @@ pub mod per_process;
 pub mod place;
 pub mod returns;
 pub mod shim;
+pub mod static_image;
 pub mod usdt;
 pub mod worker;
 
@@ -426,7 +427,8 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
         path: image.to_owned(),
         reason,
     };
-    let functions = elf.functions(api.iter().map(|e| e.name.as_str()));
+    let mut functions = elf.functions(api.iter().map(|e| e.name.as_str()));
+    static_image::complete(&elf.file, elf.data, image, api, &mut functions)?;
     let mut sites: Vec<Site> = Vec::new();
     let mut allocs: Vec<(&Entry, u64)> = Vec::new();
     let got_tails = elf.got_tails();

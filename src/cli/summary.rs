@@ -192,6 +192,7 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
     }
     write_regions(w, &p.regions)?;
     write_unwind_notes(w, p)?;
+    write_uncounted_heaps(w, p)?;
     write_anomalies(w, p)?;
     if !slow.is_empty() {
         const SHOWN: usize = 5;
@@ -323,6 +324,29 @@ fn write_anomalies(w: &mut impl Write, p: &Profile) -> io::Result<()> {
             human_bytes(u.bytes),
             if u.more_stacks { "more than " } else { "" },
             u.stacks
+        )?;
+    }
+    Ok(())
+}
+
+/// A line per statically linked image whose allocator was not found
+/// (issue 41): its heap is not in the totals, its brk and mmap calls are.
+fn write_uncounted_heaps(w: &mut impl Write, p: &Profile) -> io::Result<()> {
+    let m = &p.mappings;
+    for skipped in p
+        .skipped_images
+        .iter()
+        .filter(|s| s.reason == crate::profile::STATIC_HEAP_UNCOUNTED)
+    {
+        writeln!(
+            w,
+            "  note: {} is statically linked and memtrail found no allocator it knows in it: its \
+             heap is not counted (allocations and frees leave it out); what it took from the \
+             system is: brk peak {}, anon mmap {} ({})",
+            skipped.image,
+            human_bytes(m.brk_peak_bytes),
+            m.mmaps,
+            human_bytes(m.mapped_bytes),
         )?;
     }
     Ok(())

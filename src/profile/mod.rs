@@ -614,6 +614,13 @@ pub struct MapCounters {
 /// cgroup it could not thaw, BPF maps it could not set up) and errors stay.
 pub const NOTE: &str = "memtrail::note";
 
+/// The reason of a [`SkippedImage`] that is a statically linked program
+/// in which memtrail found no allocator, by name or by its code (see
+/// `attach::static_image`): its heap is not counted, only its brk and
+/// mmap calls.
+pub const STATIC_HEAP_UNCOUNTED: &str = "statically linked, and no allocator memtrail knows was \
+    found in it (by name or by matching the system's libc.a): its heap is not counted";
+
 /// A probe site the kernel single-steps (~14 µs a hit), that the command
 /// went through.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -178,6 +178,10 @@ impl Session {
         let root_exit = self.root_exit(&agg);
         let images: Vec<std::path::PathBuf> =
             images_seen.0.iter().map(|t| t.image.clone()).collect();
+        let images_seen = (
+            crate::unwind::mapped_only(images_seen.0, &mappings.mappings),
+            images_seen.1,
+        );
         let (stacks, mut unrecorded_stacks) = super::stages::symbolize_stacks(
             &agg,
             stacks.stacks,

@@ -34,6 +34,7 @@ use crate::profile::Frame;
 
 mod background;
 mod guard;
+pub mod static_code;
 pub use background::Background;
 
 /// The frames of each symbolized return address of one process
@@ -151,6 +152,9 @@ pub struct StackSymbolizer {
     /// Build ids of the files symbolized so far (read once per file, not
     /// once per process).
     build_ids: std::cell::RefCell<HashMap<PathBuf, Option<String>>>,
+    /// Runtime functions found by their code in files without symbols
+    /// ([`static_code::runtime_functions`]), looked for once per file.
+    recovered: std::cell::RefCell<HashMap<PathBuf, Arc<Vec<static_code::Found>>>>,
 }
 
 impl Default for StackSymbolizer {
@@ -170,6 +174,7 @@ impl StackSymbolizer {
                 .build(),
             files: Default::default(),
             build_ids: Default::default(),
+            recovered: Default::default(),
         }
     }
 
@@ -196,6 +201,24 @@ impl StackSymbolizer {
             ..Elf::new(&file.path)
         });
         guard::catch(path, || self.symbolizer.symbolize(&src, input))
+    }
+
+    /// The runtime functions found by their code in the file at `path`
+    /// (which has no symbol table), looked for once.
+    fn recovered(&self, path: &Path) -> Arc<Vec<static_code::Found>> {
+        self.recovered
+            .borrow_mut()
+            .entry(path.to_owned())
+            .or_insert_with(|| {
+                let found = self
+                    .files
+                    .get(path)
+                    .and_then(|file| crate::sys::map_file(&file.path).ok())
+                    .map(|data| static_code::runtime_functions(&data))
+                    .unwrap_or_default();
+                Arc::new(found)
+            })
+            .clone()
     }
 
     /// The build id of `path`, read once.
@@ -274,7 +297,19 @@ impl StackSymbolizer {
                         offset: Some(offset),
                         ..Frame::unknown(0)
                     };
-                    frames_of(base, results.as_mut().and_then(Iterator::next), &mut names)
+                    let mut frames =
+                        frames_of(base, results.as_mut().and_then(Iterator::next), &mut names);
+                    if let [frame] = frames.as_mut_slice()
+                        && frame.function.is_none()
+                        && path.is_absolute()
+                    {
+                        frame.function = self
+                            .recovered(path)
+                            .iter()
+                            .find(|f| (f.offset..f.offset + f.size).contains(&offset))
+                            .map(|f| names.demangled(&f.name));
+                    }
+                    frames
                 })
                 .collect();
             per_file.push((offsets, per_offset));

@@ -525,6 +525,36 @@ fn image_value(
     value
 }
 
+/// The tables of `images` whose file some process of the capture mapped
+/// (`mappings`, the executable mappings recorded per process): tables
+/// loaded up front for images that earlier captures saw (the image cache,
+/// `attach::cache`) and that no process of this one mapped are left out
+/// of the profile (issue 41: a busybox capture listed libjvm, ruby and
+/// perl). An image is matched by path, or by its file's identity for a
+/// mapping recorded by name only.
+pub fn mapped_only(
+    images: Vec<ImageTable>,
+    mappings: &HashMap<u32, Vec<crate::symbolize::Mapping>>,
+) -> Vec<ImageTable> {
+    let paths: HashSet<&Path> = mappings
+        .values()
+        .flatten()
+        .map(|m| m.path.as_path())
+        .collect();
+    let ids: HashSet<(u64, u64)> = mappings
+        .values()
+        .flatten()
+        .filter_map(|m| m.file_id)
+        .collect();
+    images
+        .into_iter()
+        .filter(|t| {
+            paths.contains(t.image.as_path())
+                || crate::sys::kernel_file_id(&t.image).is_ok_and(|id| ids.contains(&id))
+        })
+        .collect()
+}
+
 /// The profile's account of unwinding: the mode, the images' tables, and
 /// how many distinct stacks (and their bytes) ended before their outermost
 /// frame, by reason.

@@ -20,7 +20,7 @@ fn allocs_of(events: &[Value], size: u64) -> Vec<&Value> {
 /// Frees of the blocks `allocs` returned, following each block's address
 /// through the stream (an address freed and handed out again is another
 /// block).
-fn frees_of<'a>(events: &'a [Value], allocs: &[&Value]) -> Vec<&'a Value> {
+pub(crate) fn frees_of<'a>(events: &'a [Value], allocs: &[&Value]) -> Vec<&'a Value> {
     let mut live: Vec<u64> = Vec::new();
     let mut frees = Vec::new();
     for e in events {

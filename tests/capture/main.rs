@@ -22,4 +22,5 @@ mod ring_consumer;
 mod shim_records;
 mod stacks;
 mod stacks_unwind;
+mod static_images;
 mod usdt_regions;

@@ -290,7 +290,7 @@ fn usdt_regions_marker_images_not_cached() {
         );
         run.expect_code(0);
         assert_eq!(num(region(run.profile(), "outer"), "allocations"), 5);
-        let text = std::fs::read_to_string(cache.path().join("images-v2.tsv")).unwrap();
+        let text = std::fs::read_to_string(cache.path().join("images-v3.tsv")).unwrap();
         assert!(!text.contains(exe.to_str().unwrap()), "{text}");
     }
 }

@@ -306,6 +306,61 @@ fn report_groups_runtime_pool_is_no_leak() {
     assert_eq!(doc["total"], 0);
 }
 
+/// Check that `g++ -c` of a small file leaks no emergency pool (issue
+/// 41): the gcc driver and cc1plus link libstdc++ statically and are
+/// stripped, so the pool's constructor is named by its code, matched
+/// against the system's libstdc++.a; each process's 72,704-byte pool
+/// (GCC 12: 64 objects of 1 KiB and 64 dependent exceptions) is "still
+/// reachable at exit: runtime", and no leaked site is one of them.
+#[test]
+fn report_groups_static_libstdcxx_pool_is_no_leak() {
+    const POOL: u64 = 72_704;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("small.cc");
+    std::fs::write(
+        &src,
+        "#include <vector>\nint f() { return std::vector<int>(3).size(); }\n",
+    )
+    .unwrap();
+    let obj = dir.path().join("small.o");
+    let run = capture(&[
+        OsString::from("/usr/bin/g++"),
+        "-c".into(),
+        src.into(),
+        "-o".into(),
+        obj.into(),
+    ]);
+    run.expect_code(0);
+    let doc: Value = serde_json::from_str(&report(
+        &run,
+        &["--by", "leaked", "--format", "json", "-n", "0"],
+    ))
+    .expect("JSON");
+    let r = &doc["still_reachable"]["runtime"];
+    let pool = r
+        .as_array()
+        .expect("runtime pools")
+        .iter()
+        .find(|p| p["name"] == "libstdc++ emergency exception pool")
+        .unwrap_or_else(|| panic!("no emergency pool: {r}"));
+    assert_eq!(
+        (num(pool, "bytes"), num(pool, "blocks")),
+        (2 * POOL, 2),
+        "{r}"
+    );
+    let folded = report(&run, &["--by", "leaked", "--format", "folded"]);
+    assert!(
+        !folded.lines().any(|l| l.ends_with(&format!(" {POOL}"))),
+        "{folded}"
+    );
+    let text = report(&run, &["--format", "folded"]);
+    let named = text
+        .lines()
+        .filter(|l| l.ends_with(&format!(";call_init;_GLOBAL__sub_I_eh_alloc.cc {POOL}")))
+        .count();
+    assert_eq!(named, 2, "{text}");
+}
+
 /// Runs `memtrail report` on `doc` written to a temporary file, expecting
 /// exit 0; stdout.
 fn report_doc(doc: &Value, args: &[&str]) -> String {
