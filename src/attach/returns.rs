@@ -382,6 +382,20 @@ fn sites_before(
                 work.push((from, delta, reg));
                 continue;
             }
+            if how == Edge::Fall
+                && insn.mnemonic() == Mnemonic::Call
+                && insn.op0_kind() == OpKind::NearBranch64
+                && callee_saved(reg)
+            {
+                // The result is in a register the callee preserves (the
+                // SysV ABI): final before the call (mimalloc's realloc
+                // frees the old block last).
+                if !emulated(from) {
+                    return None;
+                }
+                out.push(site_at(from, delta, reg, None)?);
+                continue;
+            }
             if how == Edge::Fall && reg == Register::RAX && flow.first_arg_calls.contains(&from) {
                 // `call memset@plt` and back: the result is the call's rdi
                 // (the call leaves the stack pointer as it found it).
@@ -561,6 +575,20 @@ fn is_immediate(kind: OpKind) -> bool {
     )
 }
 
+/// Whether a called function leaves `reg` as it found it (the SysV ABI's
+/// callee-saved registers).
+fn callee_saved(reg: Register) -> bool {
+    matches!(
+        reg,
+        Register::RBX
+            | Register::RBP
+            | Register::R12
+            | Register::R13
+            | Register::R14
+            | Register::R15
+    )
+}
+
 /// enum mt_usdt_reg's `MT_REG_AX`.
 pub const MT_REG_AX: u8 = 0;
 
@@ -584,4 +612,100 @@ fn usdt_reg(reg: Register) -> Option<u8> {
         Register::R15 => 15,
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Cond, MT_REG_AX, ReturnSite, Tail, return_sites};
+
+    fn sites(code: &[u8], got: &dyn Fn(u64) -> Option<Tail>) -> Vec<ReturnSite> {
+        let bytes = |at: u64| code.get(usize::try_from(at).ok()?..);
+        let emulated = |at: u64| bytes(at).is_some_and(super::super::is_emulated);
+        let whole = |_: u64| Some((0, code.len() as u64));
+        return_sites(&bytes, &emulated, got, &whole, 0, false).expect("followed")
+    }
+
+    /// Check the two ways a return is read: on the conditional jump every
+    /// path to one `ret` passes last, with the result in rbx there and
+    /// rbx's push to pop; on the other `ret` itself, whose path writes rax
+    /// (`xor %eax,%eax`: a failure's NULL).
+    #[test]
+    fn attach_return_sites_on_jumps_and_rets() {
+        let code = [
+            0x53, // 0x0 push %rbx
+            0x48, 0x89, 0xfb, // 0x1 mov %rdi,%rbx
+            0x48, 0x85, 0xdb, // 0x4 test %rbx,%rbx
+            0x74, 0x05, // 0x7 je 0xe
+            0x48, 0x89, 0xd8, // 0x9 mov %rbx,%rax
+            0x5b, // 0xc pop %rbx
+            0xc3, // 0xd ret
+            0x31, 0xc0, // 0xe xor %eax,%eax
+            0x5b, // 0x10 pop %rbx
+            0xc3, // 0x11 ret
+        ];
+        let found = sites(&code, &|_| None);
+        assert_eq!(
+            found,
+            vec![
+                ReturnSite {
+                    vaddr: 0x7,
+                    sp_delta: 8,
+                    cond: Some(Cond {
+                        cc: 0x4,
+                        taken: false
+                    }),
+                    reg: 1, // rbx (enum mt_usdt_reg)
+                    on_ret: false,
+                },
+                ReturnSite {
+                    vaddr: 0x11,
+                    sp_delta: 0,
+                    cond: None,
+                    reg: MT_REG_AX,
+                    on_ret: true,
+                },
+            ]
+        );
+    }
+
+    /// Check that a call of memset through the PLT before the `ret` is the
+    /// site, reading the call's rdi (memset returns it: mimalloc's calloc),
+    /// and that a jump through a GOT slot nobody names is not followed.
+    #[test]
+    fn attach_return_sites_memset_call_and_unknown_slot() {
+        let mut code = vec![
+            0x48, 0x83, 0xec, 0x08, // 0x0 sub $8,%rsp
+            0xe8, 0x17, 0x00, 0x00, 0x00, // 0x4 call 0x20
+            0x48, 0x83, 0xc4, 0x08, // 0x9 add $8,%rsp
+            0xc3, // 0xd ret
+        ];
+        code.resize(0x20, 0xcc);
+        code.extend([0xff, 0x25, 0x00, 0x10, 0x00, 0x00]); // 0x20 jmp *0x1000(%rip)
+        let memset = |slot: u64| (slot == 0x1026).then_some(Tail::ReturnsFirstArg);
+        assert_eq!(
+            sites(&code, &memset),
+            vec![ReturnSite {
+                vaddr: 0x4,
+                sp_delta: 8,
+                cond: None,
+                reg: 5, // rdi
+                on_ret: false,
+            }]
+        );
+        // The same stub reached by a tail jump from the entry instead.
+        let mut tail = vec![0xe9, 0x1b, 0x00, 0x00, 0x00]; // 0x0 jmp 0x20
+        tail.resize(0x20, 0xcc);
+        tail.extend([0xff, 0x25, 0x00, 0x10, 0x00, 0x00]);
+        let bytes = |at: u64| tail.get(usize::try_from(at).ok()?..);
+        let emulated = |at: u64| bytes(at).is_some_and(super::super::is_emulated);
+        let whole = |_: u64| Some((0, tail.len() as u64));
+        let unknown = return_sites(&bytes, &emulated, &|_| None, &whole, 0, false);
+        assert_eq!(unknown, Err(super::Unfollowed::Indirect(0x20)));
+        let found = return_sites(&bytes, &emulated, &memset, &whole, 0, false).expect("found");
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            (found[0].vaddr, found[0].reg, found[0].sp_delta),
+            (0x0, 5, 0)
+        );
+    }
 }

@@ -251,7 +251,16 @@ fn attach_rust_static_mimalloc() {
         .collect();
     let free = own.iter().find(|p| string(p, "symbol") == "mi_free");
     assert!(free.is_some_and(|p| num(p, "hits") >= 3), "{own:#?}");
-    let stepped: Vec<_> = own.iter().filter(|p| p["emulated"] != true).collect();
+    // No entry single-steps; a return site may sit on a `ret` of a path
+    // this program never takes (aligned allocations' failures), never on
+    // one it does.
+    let stepped: Vec<_> = own
+        .iter()
+        .filter(|p| {
+            p["emulated"] != true
+                && (!string(p, "symbol").contains(" return ") || num(p, "hits") > 0)
+        })
+        .collect();
     assert!(stepped.is_empty(), "single-stepping probes: {stepped:#?}");
     assert!(!run.stderr.contains("single-step"), "{}", run.stderr);
 }
