@@ -2,15 +2,18 @@
 /*
  * memtrail's allocation probes.
  *
- * - Allocator uprobes: `alloc_session` (Linux 6.13+), else
- *   `alloc_enter`/`alloc_return`, on every allocating entry point (the
- *   attach cookie is the enum mt_kind), and on free (`free_enter` before
+ * - Allocator uprobes: `alloc_session` (Linux 6.13+), else `alloc_enter`,
+ *   on every allocating entry point (the attach cookie is the enum mt_kind)
+ *   and on its return sites (enum mt_return_cookie: entry probes where it
+ *   returns, no kernel return probe, issue 40), and on free (`free_enter`
+ *   before 6.13). A function whose return sites cannot all be found takes a
+ *   kernel return probe instead (MT_CK_KRET_BIT; `alloc_return` before
  *   6.13).
  *   Only the outermost allocator call of a thread makes a record: glibc calls
  *   its own public entry points (realloc(NULL, n) -> malloc, reallocarray ->
- *   realloc, memalign -> malloc), so a per-thread nesting depth in the
- *   thread's state (a slot of `thread_slots`, else `inflight` task storage)
- *   carries the outermost call's arguments from entry to return.
+ *   realloc, memalign -> malloc), so the thread's state (a slot of
+ *   `thread_slots`, else `inflight` task storage) carries the outermost
+ *   call's arguments and entry stack pointer from entry to return.
  * - Syscall tracepoints for anonymous mmap, munmap, mremap and brk.
  * - Sched tracepoints keep `tracked` equal to the set of processes in the
  *   tree: a fork of a tracked process adds the child, the last thread's exit
@@ -31,7 +34,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define MT_MAX_PROCS 32768
 #define MT_MAX_THREADS 65536
-/* Thread slots (see thread_slots): 104 bytes each; a power of two. */
+/* Thread slots (see thread_slots): 152 bytes each; a power of two. */
 #define MT_THREAD_SLOTS 16384
 #define MAP_ANONYMOUS 0x20
 #define PROT_EXEC 0x4
@@ -421,6 +424,7 @@ struct inflight {
 	 * free has not returned (see in_free). */
 	__u64 free_sp;
 	__u64 free_ret;
+	__u64 free_ip; /* that free's probe address */
 	__u64 cookie; /* attach cookie of the outermost call */
 	__u32 depth;  /* nested allocator calls, outermost included; 0: none */
 	/* The thread's allocator events in the current kernel tick (see
@@ -674,6 +678,26 @@ static __always_inline bool in_free(struct inflight *cur)
 }
 
 /*
+ * Whether a free entered with stack pointer sp at probe address ip is
+ * called by the free the thread's state remembers (still running: at or
+ * below its entry, its return address in place), so that an allocator's
+ * operator delete calling its own free, or jumping to it (jemalloc's
+ * aligned sized delete ends in a jump to sdallocx, at the same stack
+ * pointer), makes one record. At the same stack pointer, the same free
+ * entered again is the next call from the same place (a loop), not this.
+ */
+static __always_inline bool free_pending_above(struct inflight *cur, __u64 sp, __u64 ip)
+{
+	__u64 word = 0;
+
+	if (!cur->free_sp || sp > cur->free_sp || cur->free_sp - sp >= MT_FREE_FRAMES_MAX ||
+	    (sp == cur->free_sp && ip == cur->free_ip))
+		return false;
+	return !bpf_probe_read_user(&word, sizeof(word), (void *)cur->free_sp) &&
+	       word == cur->free_ret;
+}
+
+/*
  * Processes that map memtrail's preload shim (`--preload`, issue 22), by
  * tgid: the offset from the thread pointer (fs base) of the shim's
  * thread-local state, plus one (0 is no entry): first its flag, set while
@@ -773,6 +797,7 @@ enum mt_kind _mt_kind = 0;
 enum mt_flags _mt_flags = 0;
 enum mt_cookie_layout _mt_cookie_layout = 0;
 enum mt_cookie_flags _mt_cookie_flags = 0;
+enum mt_return_cookie _mt_return_cookie = 0;
 enum mt_site_hits _mt_site_hits = 0;
 enum mt_ring _mt_ring = 0;
 enum mt_usdt_reg _mt_usdt_reg = 0;
@@ -2731,10 +2756,9 @@ static __always_inline __u64 capture_stack(struct pt_regs *ctx, struct inflight 
  * recorded in cur. A call made from inside runs deeper (lower sp); a tail
  * call from inside (glibc's realloc(NULL, n) jumps to malloc) runs at the
  * same sp. An entry above the outermost call's frame means that call never
- * returned through its uretprobe (a longjmp out of a signal handler that
- * interrupted it): the entry starts afresh rather than let every later call
- * of the thread pass for nested. (operator new, which can throw, has no
- * uretprobe and so never holds a depth.)
+ * returned (a longjmp out of a signal handler that interrupted it, an
+ * exception thrown out of an allocator's operator new): the entry starts
+ * afresh rather than let every later call of the thread pass for nested.
  */
 static __always_inline bool nested_in(struct inflight *cur, __u64 sp)
 {
@@ -2841,9 +2865,17 @@ static __always_inline int new_enter(struct pt_regs *ctx)
 	return 0;
 }
 
+/* Whether an allocating entry's result comes through a kernel return
+ * probe (MT_CK_KRET_BIT), not its return sites. */
+static __always_inline bool kret(__u64 cookie)
+{
+	return (cookie >> MT_CK_KRET_BIT) & 1;
+}
+
 /* Entry of an allocating call (its attach cookie: one helper call a probe
- * hit, read by the caller); returns whether its return must be seen (the
- * thread is tracked), which a session's entry turns into its verdict. */
+ * hit, read by the caller); returns whether a kernel return probe must
+ * bring its return (the thread is tracked and the site has no return
+ * sites), which a session's entry turns into its verdict. */
 static __always_inline bool alloc_entry(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 pid_tgid = 0;
@@ -2855,8 +2887,14 @@ static __always_inline bool alloc_entry(struct pt_regs *ctx, __u64 cookie)
 		return false;
 	count_hit(cookie);
 	if (cur->depth > 0 && nested_in(cur, PT_REGS_SP(ctx))) {
+		/* Nested: the outermost call makes the record. A call whose
+		 * return a kernel return probe brings counts in the depth that
+		 * return takes back; a return site's return of a nested call
+		 * is not the outermost's (its stack pointer) and takes nothing. */
+		if (!kret(cookie))
+			return false;
 		cur->depth++;
-		return true; /* nested: the outermost call makes the record */
+		return true;
 	}
 	if (in_shim_call(cookie))
 		return false; /* the shim's call makes the record */
@@ -2881,32 +2919,20 @@ static __always_inline bool alloc_entry(struct pt_regs *ctx, __u64 cookie)
 	if (old)
 		emit_event(event_clock(cur), pid_tgid, MT_REALLOC_BEGIN, 0, old, 0, 0,
 			   0);
-	return true;
+	return kret(cur->cookie);
 }
 
-/* Return of an allocating call. Not inlined: in alloc_session its locals
- * would add to the frame of the entry's stack walk (the stack budget). */
-static __noinline int alloc_exit(struct pt_regs *ctx)
+/* The record of the outermost allocating call of the thread, returning
+ * ret: read in place, nothing else runs on this thread until we return.
+ * Not inlined: in alloc_session its locals would add to the frame of the
+ * entry's stack walk (the stack budget). */
+static __noinline int alloc_record(struct inflight *cur, __u64 pid_tgid, __u64 ret)
 {
-	__u64 ret = PT_REGS_RC(ctx), addr = ret, size, old, pid_tgid = 0;
-	struct inflight *cur = current_call_ids(&pid_tgid);
+	__u64 addr = ret, size, old;
 	__u32 kind, count, flags;
 
-	if (!cur || cur->depth == 0)
+	if (!cur)
 		return 0;
-	if (--cur->depth > 0)
-		return 0;
-	/* The outermost call returns to its caller with the return address
-	 * popped: at the entry's stack pointer + 8 (a return-probed site is
-	 * never placed past a stack pointer change). Anywhere else the
-	 * kernel's return probe handed back a return that is not this call's
-	 * (issue 40: a program killed by glibc's heap check under return
-	 * probes): counted, the capture warns. */
-	if (PT_REGS_SP(ctx) != cur->sp + 8 || fault_returns_elsewhere)
-		__sync_fetch_and_add(&returns_elsewhere, 1);
-
-	/* The outermost call, read in place: nothing else runs on this thread
-	 * until we return. */
 	kind = cur->cookie & 0xffff;
 	count = (cur->cookie >> MT_CK_COUNT_SHIFT) & 0xf;
 	flags = (cur->cookie >> MT_CK_FLAGS_SHIFT) & 0xf;
@@ -2946,6 +2972,111 @@ static __noinline int alloc_exit(struct pt_regs *ctx)
 	return 0;
 }
 
+/* Return of an allocating call through a kernel return probe (a site
+ * without return sites, MT_CK_KRET_BIT). */
+static __noinline int alloc_exit(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = 0;
+	struct inflight *cur = current_call_ids(&pid_tgid);
+
+	if (!cur || cur->depth == 0)
+		return 0;
+	if (--cur->depth > 0)
+		return 0;
+	/* The outermost call returns to its caller with the return address
+	 * popped: at the entry's stack pointer + 8 (a return-probed site is
+	 * never placed past a stack pointer change). Anywhere else the
+	 * kernel's return probe handed back a return that is not this call's
+	 * (issue 40: a program killed by glibc's heap check under return
+	 * probes): counted, the capture warns. */
+	if (PT_REGS_SP(ctx) != cur->sp + 8 || fault_returns_elsewhere)
+		__sync_fetch_and_add(&returns_elsewhere, 1);
+	return alloc_record(cur, pid_tgid, PT_REGS_RC(ctx));
+}
+
+/* Where the register `reg` (enum mt_usdt_reg) is in struct pt_regs. */
+static __always_inline __u32 usdt_reg_off(__u32 reg)
+{
+	switch (reg) {
+	case MT_REG_AX: return offsetof(struct pt_regs, ax);
+	case MT_REG_BX: return offsetof(struct pt_regs, bx);
+	case MT_REG_CX: return offsetof(struct pt_regs, cx);
+	case MT_REG_DX: return offsetof(struct pt_regs, dx);
+	case MT_REG_SI: return offsetof(struct pt_regs, si);
+	case MT_REG_DI: return offsetof(struct pt_regs, di);
+	case MT_REG_BP: return offsetof(struct pt_regs, bp);
+	case MT_REG_SP: return offsetof(struct pt_regs, sp);
+	case MT_REG_R8: return offsetof(struct pt_regs, r8);
+	case MT_REG_R9: return offsetof(struct pt_regs, r9);
+	case MT_REG_R10: return offsetof(struct pt_regs, r10);
+	case MT_REG_R11: return offsetof(struct pt_regs, r11);
+	case MT_REG_R12: return offsetof(struct pt_regs, r12);
+	case MT_REG_R13: return offsetof(struct pt_regs, r13);
+	case MT_REG_R14: return offsetof(struct pt_regs, r14);
+	default: return offsetof(struct pt_regs, r15);
+	}
+}
+
+/* x86 EFLAGS bits a condition code reads. */
+#define X86_EFLAGS_CF 0x0001
+#define X86_EFLAGS_PF 0x0004
+#define X86_EFLAGS_ZF 0x0040
+#define X86_EFLAGS_SF 0x0080
+
+/* Whether condition code cc (the low nibble of a jcc's opcode: an even
+ * code tests, the odd one after it negates) holds for flags. */
+static __always_inline bool cc_holds(__u64 flags, __u32 cc)
+{
+	bool of = flags & X86_EFLAGS_OF, sf = flags & X86_EFLAGS_SF;
+	bool zf = flags & X86_EFLAGS_ZF, cf = flags & X86_EFLAGS_CF;
+	bool holds;
+
+	switch (cc >> 1) {
+	case 0: holds = of; break;
+	case 1: holds = cf; break;
+	case 2: holds = zf; break;
+	case 3: holds = cf || zf; break;
+	case 4: holds = sf; break;
+	case 5: holds = flags & X86_EFLAGS_PF; break;
+	case 6: holds = sf != of; break;
+	default: holds = zf || sf != of; break;
+	}
+	return holds != (cc & 1);
+}
+
+/*
+ * A return site of an allocating function (enum mt_return_cookie, issue
+ * 40): where the outermost pending call of the thread returns, its result
+ * in a register, without a kernel return probe. A conditional jump's site
+ * returns only on the outcome its cookie names. The call it ends is the
+ * one whose entry stack pointer the site's is, with the bytes the code
+ * between site and `ret` pops: a nested call's return, or the function's
+ * code run by another caller (a tail-called part shared with other
+ * functions), is deeper and not this call's.
+ */
+static __noinline int return_site(struct pt_regs *ctx, __u64 cookie)
+{
+	__u64 pid_tgid = 0, sp, ret;
+	struct inflight *cur = current_call_ids(&pid_tgid);
+
+	if (!cur)
+		return 0;
+	count_hit(cookie);
+	if (cur->depth == 0)
+		return 0;
+	if (((cookie >> MT_RC_COND_BIT) & 1) &&
+	    cc_holds(ctx->flags, (cookie >> MT_RC_CC_SHIFT) & 0xf) != ((cookie >> MT_RC_TAKEN_BIT) & 1))
+		return 0;
+	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_RC_DELTA_SHIFT) & 0xff);
+	if (sp != cur->sp)
+		return 0;
+	if (bpf_probe_read_kernel(&ret, sizeof(ret),
+				  (void *)ctx + usdt_reg_off((cookie >> MT_RC_REG_SHIFT) & 0xf)))
+		return 0;
+	cur->depth = 0;
+	return alloc_record(cur, pid_tgid, ret);
+}
+
 /* The pointer a free's probe sees: in rdi, or where code the probe was
  * moved past copied it (the cookie's MT_CK_PTR_SHIFT index: mimalloc's
  * mi_free keeps it in rsi and reuses rdi, issue 41). */
@@ -2977,18 +3108,24 @@ static __always_inline __u64 freed_ptr(struct pt_regs *ctx, __u64 cookie)
  * its attach cookie. */
 static __noinline int free_entry(struct pt_regs *ctx, __u64 cookie)
 {
-	__u64 ptr = freed_ptr(ctx, cookie), pid_tgid = 0;
+	__u64 ptr = freed_ptr(ctx, cookie), pid_tgid = 0, sp;
 	struct inflight *cur = current_call_ids(&pid_tgid);
 
 	if (!cur)
 		return 0; /* untracked */
 	count_hit(cookie);
-	/* free(NULL), or free() inside realloc(p, 0) or another allocator. */
-	if (!ptr || cur->depth > 0 || in_shim_call(cookie))
+	/* free(NULL), or free() inside realloc(p, 0) or another allocator
+	 * (below its entry's stack pointer: a call pending above it is one a
+	 * longjmp or an exception left). */
+	/* Where the return address is (the probe may sit past a `sub $n,%rsp`,
+	 * MT_CK_SP_SHIFT). */
+	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_CK_SP_SHIFT) & 0xf);
+	if (!ptr || (cur->depth > 0 && nested_in(cur, sp)) || in_shim_call(cookie) ||
+	    free_pending_above(cur, sp, PT_REGS_IP(ctx)))
 		return 0;
-	/* For in_free: where the return address is (the probe may sit past a
-	 * `sub $n,%rsp`, MT_CK_SP_SHIFT), and what it is. */
-	cur->free_sp = PT_REGS_SP(ctx) + 8 * ((bpf_get_attach_cookie(ctx) >> MT_CK_SP_SHIFT) & 0xf);
+	/* For in_free: that place, and what it holds. */
+	cur->free_sp = sp;
+	cur->free_ip = PT_REGS_IP(ctx);
 	if (bpf_probe_read_user(&cur->free_ret, sizeof(cur->free_ret), (void *)cur->free_sp))
 		cur->free_sp = 0;
 	emit_event(event_clock(cur), pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);
@@ -3000,8 +3137,10 @@ static __noinline int free_entry(struct pt_regs *ctx, __u64 cookie)
  *
  * - Linux 6.13 and later: one uprobe session program, `alloc_session`,
  *   for every site of an image, so one link per image. Its entry returns
- *   1 (no return probe) for frees, operator new, the syscall wrappers and
- *   untracked threads, 0 for an allocating call of a tracked thread. The
+ *   1 (no return probe) for frees, operator new, the syscall wrappers,
+ *   return sites, untracked threads and allocating calls whose return
+ *   sites bring their result, 0 for the other allocating calls of a
+ *   tracked thread (MT_CK_KRET_BIT). The
  *   kernel detaches links one after another, each after RCU grace periods
  *   of its own: fewer links, a shorter end.
  * - Before: `alloc_enter` (allocating calls, operator new and the syscall
@@ -3037,6 +3176,8 @@ int alloc_enter(struct pt_regs *ctx)
 {
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 
+	if ((cookie & 0xffff) == MT_RC_KIND)
+		return return_site(ctx, cookie);
 	if (entry_only(cookie))
 		return new_enter(ctx);
 	alloc_entry(ctx, cookie);
@@ -3289,34 +3430,15 @@ int alloc_session(struct pt_regs *ctx)
 		free_entry(ctx, cookie);
 		return 1;
 	}
+	if ((cookie & 0xffff) == MT_RC_KIND) {
+		return_site(ctx, cookie);
+		return 1;
+	}
 	if (entry_only(cookie)) {
 		new_enter(ctx);
 		return 1;
 	}
 	return alloc_entry(ctx, cookie) ? 0 : 1;
-}
-
-/* Where the register `reg` (enum mt_usdt_reg) is in struct pt_regs. */
-static __always_inline __u32 usdt_reg_off(__u32 reg)
-{
-	switch (reg) {
-	case MT_REG_AX: return offsetof(struct pt_regs, ax);
-	case MT_REG_BX: return offsetof(struct pt_regs, bx);
-	case MT_REG_CX: return offsetof(struct pt_regs, cx);
-	case MT_REG_DX: return offsetof(struct pt_regs, dx);
-	case MT_REG_SI: return offsetof(struct pt_regs, si);
-	case MT_REG_DI: return offsetof(struct pt_regs, di);
-	case MT_REG_BP: return offsetof(struct pt_regs, bp);
-	case MT_REG_SP: return offsetof(struct pt_regs, sp);
-	case MT_REG_R8: return offsetof(struct pt_regs, r8);
-	case MT_REG_R9: return offsetof(struct pt_regs, r9);
-	case MT_REG_R10: return offsetof(struct pt_regs, r10);
-	case MT_REG_R11: return offsetof(struct pt_regs, r11);
-	case MT_REG_R12: return offsetof(struct pt_regs, r12);
-	case MT_REG_R13: return offsetof(struct pt_regs, r13);
-	case MT_REG_R14: return offsetof(struct pt_regs, r14);
-	default: return offsetof(struct pt_regs, r15);
-	}
 }
 
 /*

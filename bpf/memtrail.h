@@ -95,6 +95,11 @@ enum mt_cookie_layout {
 	MT_CK_SIZE_OF_BIT = 36,
 	MT_CK_SIZE_OVERFLOWED_BIT = 37,
 	MT_CK_SHIM_BIT = 38,
+	/* The call's result comes through a kernel return probe (a function
+	 * whose return sites could not all be found, see enum
+	 * mt_return_cookie): the entry asks for one, and a nested call of it
+	 * counts in the depth its return takes back. */
+	MT_CK_KRET_BIT = 39,
 	MT_CK_SITE_SHIFT = 48,
 	/* The whole cookie of the preload shim's hook where alloc_session
 	 * serves it (no site's: kind 0xffff is none): one program verified
@@ -113,6 +118,32 @@ enum mt_cookie_layout {
 enum mt_site_hits {
 	MT_MAX_SITES = 4096,
 	MT_HIT_ROWS = 16,
+};
+
+/*
+ * Attach cookie of a return site (issue 40): an entry probe where an
+ * allocating function returns, in place of a kernel return probe (this
+ * kernel's corrupt a result when threads come and go). The site is the
+ * `ret` itself, or an instruction the kernel emulates that every path to
+ * it passes last (a jump, a conditional jump evaluated from the flags)
+ * with the result already in its register (src/attach/returns.rs).
+ *   bits  0-15  MT_RC_KIND
+ *   bits 16-23  bytes / 8 from the stack pointer at the site to the call's
+ *               entry stack pointer (where its return address is)
+ *   bits 24-27  the condition code of the conditional jump (MT_RC_COND)
+ *   bit  28     MT_RC_COND: the site is a conditional jump, the return
+ *               follows only when its outcome is MT_RC_TAKEN's
+ *   bit  29     MT_RC_TAKEN: the return follows the taken branch
+ *   bits 30-33  the register holding the result (enum mt_usdt_reg)
+ *   bit  38, bits 48-63  as for an entry (MT_CK_SHIM_BIT, the hit counter)
+ */
+enum mt_return_cookie {
+	MT_RC_KIND = 0xfffe,
+	MT_RC_DELTA_SHIFT = 16,
+	MT_RC_CC_SHIFT = 24,
+	MT_RC_COND_BIT = 28,
+	MT_RC_TAKEN_BIT = 29,
+	MT_RC_REG_SHIFT = 30,
 };
 
 enum mt_cookie_flags {

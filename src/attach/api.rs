@@ -12,7 +12,8 @@ use crate::bpf::skel::memtrail::types as t;
 /// How a probe treats its entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Role {
-    /// Returns new memory: entry and return probes, one record.
+    /// Returns new memory: an entry probe, and its return sites (or a
+    /// kernel return probe), one record.
     Alloc,
     /// Releases a block given as the first argument: entry probe only.
     Free,
@@ -27,6 +28,11 @@ pub enum Role {
     /// A USDT region marker (`include/memtrail_usdt.h`, see
     /// [`super::usdt`]): kind `RegionBegin` or `RegionEnd`.
     Marker,
+    /// Where an allocating function (the site's symbol) returns: an entry
+    /// probe that reads the result in place of a kernel return probe (see
+    /// [`super::returns`]). An allocating site of an image without return
+    /// sites of its name takes a kernel return probe.
+    Return(super::returns::ReturnSite),
 }
 
 /// Where an allocating call's arguments are at its probe: argument
@@ -227,6 +233,34 @@ pub fn cxx_new() -> Vec<Entry> {
         .collect()
 }
 
+/// C++ `operator delete` variants (Itanium names: sized, array, aligned,
+/// nothrow), probed as frees in an image with an allocator of its own only
+/// (see `own_role` in `attach/mod.rs`).
+pub const OPERATOR_DELETE: [&str; 12] = [
+    "_ZdlPv",
+    "_ZdaPv",
+    "_ZdlPvm",
+    "_ZdaPvm",
+    "_ZdlPvSt11align_val_t",
+    "_ZdaPvSt11align_val_t",
+    "_ZdlPvmSt11align_val_t",
+    "_ZdaPvmSt11align_val_t",
+    "_ZdlPvRKSt9nothrow_t",
+    "_ZdaPvRKSt9nothrow_t",
+    "_ZdlPvSt11align_val_tRKSt9nothrow_t",
+    "_ZdaPvSt11align_val_tRKSt9nothrow_t",
+];
+
+/// Whether `name` is one of [`OPERATOR_DELETE`].
+pub fn is_delete(name: &str) -> bool {
+    OPERATOR_DELETE.contains(&name)
+}
+
+/// The `operator delete` variants as frees.
+pub fn cxx_delete() -> Vec<Entry> {
+    OPERATOR_DELETE.iter().map(|name| free(name)).collect()
+}
+
 /// The libc wrappers of the memory syscalls whose callers are sites
 /// (glibc and musl export these names; `mmap64` is glibc's alias of
 /// `mmap`), probed at entry only; see [`Role::Syscall`]. `brk` is left
@@ -260,6 +294,7 @@ pub fn all() -> Vec<Entry> {
     all.extend(c_api("tc_"));
     all.extend(mimalloc());
     all.extend(cxx_new());
+    all.extend(cxx_delete());
     all.extend(syscall_wrappers());
     all
 }

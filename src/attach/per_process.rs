@@ -333,7 +333,7 @@ fn kept_with_shim(sites: &[Site]) -> Vec<Site> {
         .iter()
         .filter(|s| {
             !(libc
-                && matches!(s.role, Role::Alloc | Role::Free)
+                && matches!(s.role, Role::Alloc | Role::Free | Role::Return(_))
                 && INTERPOSED.contains(&s.symbol.as_str()))
         })
         .cloned()
