@@ -686,15 +686,26 @@ static __always_inline bool in_free(struct inflight *cur)
  * pointer), makes one record. At the same stack pointer, the same free
  * entered again is the next call from the same place (a loop), not this.
  */
+/* How far past a free's probe its call of another free may return. */
+#define FREE_CALL_MAX 256
+
 static __always_inline bool free_pending_above(struct inflight *cur, __u64 sp, __u64 ip)
 {
-	__u64 word = 0;
+	__u64 word = 0, ra = 0;
 
 	if (!cur->free_sp || sp > cur->free_sp || cur->free_sp - sp >= MT_FREE_FRAMES_MAX ||
 	    (sp == cur->free_sp && ip == cur->free_ip))
 		return false;
-	return !bpf_probe_read_user(&word, sizeof(word), (void *)cur->free_sp) &&
-	       word == cur->free_ret;
+	if (bpf_probe_read_user(&word, sizeof(word), (void *)cur->free_sp) || word != cur->free_ret)
+		return false;
+	if (sp == cur->free_sp)
+		return true; /* a jump from that free to this one */
+	/* Called by that free: the call returns into its code, just past its
+	 * probe (a delete's call of its free is among its first
+	 * instructions). Not a later free whose caller left the old slot in
+	 * place (a constructor's free, then main's). */
+	return !bpf_probe_read_user(&ra, sizeof(ra), (void *)sp) &&
+	       ra - cur->free_ip < FREE_CALL_MAX;
 }
 
 /*
