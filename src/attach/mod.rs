@@ -506,24 +506,38 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
             allocs.push((entry, vaddr));
         }
     }
-    if !allocs.is_empty() {
-        let ends = elf.function_ends(&allocs.iter().map(|&(_, at)| at).collect::<Vec<_>>());
-        let fdes = elf.fde_ranges();
-        for (entry, vaddr) in allocs {
-            let end = ends.get(&vaddr).copied();
-            let returns = return_sites_of(elf, image, &got_tails, &fdes, entry, vaddr, end);
-            if returns.is_empty() && entry.role == Role::New {
-                // No kernel return probe on operator new (an exception
-                // thrown out of it could not unwind): its stack only.
-                for site in sites.iter_mut().filter(|s| s.symbol == entry.name) {
-                    site.role = Role::New;
-                }
-            }
-            sites.extend(returns);
-        }
-    }
+    add_return_sites(elf, image, &got_tails, &allocs, &mut sites);
     sites.extend(usdt::find_markers(elf, image));
     Ok(sites)
+}
+
+/// Adds the return sites of the allocating functions `allocs` found in
+/// `image` to `sites` (see [`returns`]); an allocator's operator new whose
+/// returns cannot all be found goes back to capturing its stack only (no
+/// kernel return probe on it: an exception thrown out of it could not
+/// unwind).
+fn add_return_sites(
+    elf: &Elf<'_>,
+    image: &Path,
+    tails: &std::collections::HashMap<u64, returns::Tail>,
+    allocs: &[(&Entry, u64)],
+    sites: &mut Vec<Site>,
+) {
+    if allocs.is_empty() {
+        return;
+    }
+    let ends = elf.function_ends(&allocs.iter().map(|&(_, at)| at).collect::<Vec<_>>());
+    let fdes = elf.fde_ranges();
+    for &(entry, vaddr) in allocs {
+        let end = ends.get(&vaddr).copied();
+        let returns = return_sites_of(elf, image, tails, &fdes, entry, vaddr, end);
+        if returns.is_empty() && entry.role == Role::New {
+            for site in sites.iter_mut().filter(|s| s.symbol == entry.name) {
+                site.role = Role::New;
+            }
+        }
+        sites.extend(returns);
+    }
 }
 
 /// Where the function at `vaddr` goes if it starts with a tail jump
@@ -534,10 +548,8 @@ fn tail_target(
     tails: &std::collections::HashMap<u64, returns::Tail>,
     vaddr: u64,
 ) -> Option<u64> {
-    let decode = |at: u64| {
-        let code = elf.code_at(elf.code_offset(at)?, 16)?;
-        Some(Decoder::with_ip(64, code, at, DecoderOptions::NONE).decode())
-    };
+    let code = |at: u64| elf.code_at(elf.code_offset(at)?, 16);
+    let decode = |at: u64| Some(Decoder::with_ip(64, code(at)?, at, DecoderOptions::NONE).decode());
     let mut insn = decode(vaddr)?;
     if insn.mnemonic() == Mnemonic::Endbr64 {
         insn = decode(insn.next_ip())?;
@@ -546,17 +558,13 @@ fn tail_target(
         return None;
     }
     let to = insn.near_branch_target();
-    let mut stub = decode(to)?;
-    if stub.mnemonic() == Mnemonic::Endbr64 {
-        stub = decode(stub.next_ip())?;
-    }
-    if stub.mnemonic() == Mnemonic::Jmp && stub.is_ip_rel_memory_operand() {
-        return match tails.get(&stub.ip_rel_memory_address()) {
+    match returns::stub_slot(&code, to) {
+        Some(slot) => match tails.get(&slot) {
             Some(returns::Tail::Jump(at)) => Some(*at),
             _ => None,
-        };
+        },
+        None => Some(to),
     }
-    Some(to)
 }
 
 /// The role `entry` takes in an image whose sites so far are `sites`
@@ -1755,6 +1763,12 @@ mod tests {
         ])
         .expect("a prefix");
         assert_eq!(p.relocate(Role::Alloc, REALLOC_N), None);
+    }
+
+    /// Check what a prefix that moves the stack serves, and the moves that
+    /// carry no argument.
+    #[test]
+    fn attach_prefix_stack_and_lost_arguments() {
         // A moved stack serves an entry-only probe and a free (whose
         // program finds the return address that far up: jemalloc's sized
         // delete), never one with a return probe (the kernel would replace

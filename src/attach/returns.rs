@@ -300,19 +300,24 @@ fn plt_target<'a>(
     if !matches!(insn.op0_kind(), OpKind::NearBranch64) {
         return None;
     }
+    stub_slot(code, insn.near_branch_target()).and_then(got)
+}
+
+/// The GOT slot of the PLT stub at `at` (`jmp *slot(%rip)`, maybe after
+/// `endbr64`); None if no such stub is there.
+pub fn stub_slot<'a>(code: &dyn Fn(u64) -> Option<&'a [u8]>, at: u64) -> Option<u64> {
     let decode = |at: u64| {
         let insn = Decoder::with_ip(64, code(at)?, at, DecoderOptions::NONE).decode();
         (!insn.is_invalid()).then_some(insn)
     };
-    let mut stub = decode(insn.near_branch_target())?;
+    let mut stub = decode(at)?;
     if stub.mnemonic() == Mnemonic::Endbr64 {
         stub = decode(stub.next_ip())?;
     }
     (stub.flow_control() == FlowControl::IndirectBranch
         && stub.op0_kind() == OpKind::Memory
         && stub.is_ip_rel_memory_operand())
-    .then(|| got(stub.ip_rel_memory_address()))
-    .flatten()
+    .then(|| stub.ip_rel_memory_address())
 }
 
 fn is_call(insn: &Instruction) -> bool {

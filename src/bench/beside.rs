@@ -22,16 +22,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::BenchError;
-use super::results::Results;
-
-/// The directory the profiles of the results document `doc` are kept in:
-/// `STEM.profiles` next to it (`A.json`: `A.profiles`).
-pub fn profiles_dir(doc: &Path) -> PathBuf {
-    let stem = doc.file_stem().unwrap_or(doc.as_os_str());
-    let mut name = stem.to_os_string();
-    name.push(".profiles");
-    doc.with_file_name(name)
-}
+use super::results::{Results, profiles_dir};
 
 /// Refuses to replace `doc`'s profiles directory without `force`, before
 /// any benchmark runs: the output file itself is checked by its

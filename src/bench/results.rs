@@ -314,12 +314,12 @@ impl Results {
     /// under `profile_dir`, then, for a directory moved or copied (a CI
     /// artifact), next to `doc`, the document's path: in its directory,
     /// then in the directory of profiles `--output` keeps beside it
-    /// ([`super::beside`]: `A.profiles/` for `A.json`).
+    /// ([`profiles_dir`]: `A.profiles/` for `A.json`).
     pub fn profile_paths(&self, rel: &Path, doc: Option<&Path>) -> Vec<PathBuf> {
         let mut paths = vec![self.profile_dir.join(rel)];
         if let Some(doc) = doc {
             let dir = doc.parent().unwrap_or(Path::new(""));
-            for other in [dir.join(rel), super::beside::profiles_dir(doc).join(rel)] {
+            for other in [dir.join(rel), profiles_dir(doc).join(rel)] {
                 if !paths.contains(&other) {
                     paths.push(other);
                 }
@@ -398,4 +398,13 @@ pub struct SiteSum {
     /// "Mappings by site").
     pub mapped_bytes: u64,
     largest: u64,
+}
+
+/// The directory the profiles of the results document `doc` are kept in:
+/// `STEM.profiles` next to it (`A.json`: `A.profiles`).
+pub fn profiles_dir(doc: &Path) -> PathBuf {
+    let stem = doc.file_stem().unwrap_or(doc.as_os_str());
+    let mut name = stem.to_os_string();
+    name.push(".profiles");
+    doc.with_file_name(name)
 }

@@ -176,12 +176,8 @@ impl Session {
         stacks.malformed += shim_stacks.malformed;
         self.end_aggregation(&mut agg, shim.as_ref(), end_ns);
         let root_exit = self.root_exit(&agg);
-        let images: Vec<std::path::PathBuf> =
-            images_seen.0.iter().map(|t| t.image.clone()).collect();
-        let images_seen = (
-            crate::unwind::mapped_only(images_seen.0, &mappings.mappings),
-            images_seen.1,
-        );
+        let mapped = crate::unwind::mapped_only(images_seen.0, &mappings.mappings);
+        let images: Vec<std::path::PathBuf> = mapped.iter().map(|t| t.image.clone()).collect();
         let (stacks, mut unrecorded_stacks) = super::stages::symbolize_stacks(
             &agg,
             stacks.stacks,
@@ -211,7 +207,7 @@ impl Session {
             event_rings: self.event_ring_maps.len() as u32,
             skipped_images,
             preloaded: std::mem::take(&mut attacher.preloaded),
-            unwind: crate::unwind::report(self.unwind, images_seen.0, images_seen.1, &stacks),
+            unwind: crate::unwind::report(self.unwind, mapped, images_seen.1, &stacks),
             stacks,
             pressure,
             regions: markers.finish(),
