@@ -1,12 +1,10 @@
 //! `memtrail`: parse flags, run, map errors to exit codes.
 
-use std::io::{self, IsTerminal, Write};
+use std::io::{self, IsTerminal};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
-use memtrail::internals::cli::bench;
-use memtrail::internals::cli::{self, Cli, Command};
-use memtrail::internals::sys::error_chain;
+use memtrail::internals::cli::{self, Cli};
 use tracing_subscriber::EnvFilter;
 
 /// memtrail's own heap is not libc's: its probes on libc's malloc and free
@@ -19,6 +17,18 @@ use tracing_subscriber::EnvFilter;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return ExitCode::from(code),
+    };
+    init_tracing(&cli);
+    let code = cli::dispatch(cli);
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+/// The command line; else clap's message printed (help and version on
+/// stdout, bad usage on stderr) and the exit code that goes with it.
+fn parse() -> Result<Cli, u8> {
     let mut command = Cli::command();
     // `memtrail --version` probes the kernel: only when asked.
     let asks_version = std::env::args_os()
@@ -29,21 +39,23 @@ fn main() -> ExitCode {
         let long: &'static str = Box::leak(cli::version::long().into_boxed_str());
         command = command.long_version(long);
     }
-    let parsed = command
+    command
         .try_get_matches()
-        .and_then(|matches| Cli::from_arg_matches(&matches));
-    let cli = match parsed {
-        Ok(cli) => cli,
-        Err(err) => {
+        .and_then(|matches| Cli::from_arg_matches(&matches))
+        .map_err(|err| {
             let code = if err.use_stderr() {
                 cli::exit::USAGE
             } else {
                 0
             };
             let _ = err.print();
-            return ExitCode::from(code as u8);
-        }
-    };
+            code as u8
+        })
+}
+
+/// Diagnostics to stderr, filtered by MEMTRAIL_LOG, else `--log` (and
+/// `--quiet`).
+fn init_tracing(cli: &Cli) {
     let filter = EnvFilter::try_from_env("MEMTRAIL_LOG")
         .or_else(|_| EnvFilter::try_new(cli.log_filter()))
         .unwrap_or_else(|_| EnvFilter::new("warn"));
@@ -55,82 +67,4 @@ fn main() -> ExitCode {
         .with_ansi(io::stderr().is_terminal())
         .with_target(false)
         .init();
-    // Unlocked: each write takes the lock for itself. Holding it for the
-    // whole run would block every tracing event of the worker threads
-    // (issue 11: a held attach, and so a stopped process, until exit).
-    let mut stderr = io::stderr();
-    let code = match cli.command {
-        Command::Run(args) => match cli::run(args, &mut stderr) {
-            Ok(code) => code,
-            Err(err) => {
-                let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
-                cli::exit_code(&err)
-            }
-        },
-        Command::Attach(args) => match cli::attach(args, &mut stderr) {
-            Ok(code) => code,
-            Err(err) => {
-                let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
-                cli::attach_exit_code(&err)
-            }
-        },
-        Command::Events(args) => match cli::events(args, &mut io::stdout().lock()) {
-            Ok(_) => 0,
-            Err(err) if err.is_broken_pipe() => 0,
-            Err(err) => {
-                let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
-                cli::events_exit_code(&err)
-            }
-        },
-        Command::Report(args) => match cli::report(args, &mut io::stdout().lock()) {
-            Ok(()) => 0,
-            // `memtrail report | head`: the reader has all it wanted.
-            Err(err) if err.is_broken_pipe() => 0,
-            Err(err) => {
-                let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
-                cli::report_exit_code(&err)
-            }
-        },
-        Command::Completions { shell } => written(
-            cli::completions(shell, &mut io::stdout().lock()),
-            "the completion script",
-            &mut stderr,
-        ),
-        Command::Man { page } => written(
-            cli::man(page.as_deref(), &mut io::stdout().lock()),
-            "the man page",
-            &mut stderr,
-        ),
-        Command::Bench(args) => {
-            let mut stdout = io::stdout().lock();
-            match bench::bench(args, &mut stdout, &mut stderr) {
-                Ok(code) => code,
-                Err(err) => {
-                    let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
-                    bench::bench_exit_code(&err)
-                }
-            }
-        }
-        Command::Compare(args) => match bench::compare(args, &mut io::stdout().lock()) {
-            Ok(code) => code,
-            Err(err) => {
-                let _ = writeln!(stderr, "memtrail: error: {}", error_chain(&err));
-                bench::compare_exit_code(&err)
-            }
-        },
-    };
-    ExitCode::from(code.clamp(0, 255) as u8)
-}
-
-/// The exit code of writing `what` to stdout: 0 also when the reader
-/// closed it early (`| head`), 73 when it could not be written.
-fn written(result: io::Result<()>, what: &str, stderr: &mut impl Write) -> i32 {
-    match result {
-        Ok(()) => 0,
-        Err(err) if err.kind() == io::ErrorKind::BrokenPipe => 0,
-        Err(err) => {
-            let _ = writeln!(stderr, "memtrail: error: writing {what}: {err}");
-            cli::exit::OUTPUT
-        }
-    }
 }

@@ -1,20 +1,72 @@
-//! `memtrail attach`'s capture: a [`Session`] on a running process, held
-//! until a deadline, a signal to memtrail, the process's exit or a failed
-//! pressure episode; then a detach that leaves the process running.
+//! `memtrail attach`: a [`Session`] on a running process, held until a
+//! deadline, a signal to memtrail, the process's exit or a failed pressure
+//! episode; then a detach that leaves the process running.
 //!
 //! Signals: SIGINT, SIGTERM and SIGHUP are blocked in every thread from
 //! the start (the session's threads inherit the mask) and read from a
 //! signalfd, so Ctrl-C ends the capture, never memtrail halfway. None of
 //! them is passed on to the process: it is not memtrail's.
 
+use std::io::Write;
 use std::os::fd::AsFd;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::session::{Finish, Session, Target};
+use super::capture::{Options, Prepared, write_outputs};
+use super::flags::AttachArgs;
+use super::status::with_status;
+use crate::session::{CaptureError, Finish, Session, Target};
 use crate::sys;
 
-use super::run::Options;
-use crate::session::CaptureError;
+/// Runs `memtrail attach`; returns the exit code.
+pub fn attach(args: AttachArgs, stderr: &mut impl Write) -> Result<i32, CaptureError> {
+    let pid = args.pid;
+    let quiet = args.capture.quiet;
+    let Prepared { mut opts, tail } = args.capture.prepare(Vec::new(), || {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map(PathBuf::into_os_string)
+            .unwrap_or_default();
+        vec![exe]
+    })?;
+    let mut outcome = with_status(quiet, |live| {
+        opts.session.live = live;
+        capture(&opts, pid, args.duration, || {
+            if !quiet {
+                let until = match args.duration {
+                    Some(d) => format!("for {d:?} (or until Ctrl-C)"),
+                    None => "until Ctrl-C (SIGINT), SIGTERM or its exit".to_owned(),
+                };
+                let _ = writeln!(stderr, "memtrail: attached to process {pid}, {until}");
+            }
+        })
+    })?;
+    let why = match outcome.detach {
+        Detach::Duration => "after --duration".to_owned(),
+        Detach::Signal(sig) => format!("on {}", signal_name(sig)),
+        Detach::Exited => "when it exited".to_owned(),
+        Detach::PressureFailed => "after a failed pressure pause".to_owned(),
+    };
+    let seconds = outcome.profile.duration_ns as f64 / 1e9;
+    tail.conclude(
+        stderr,
+        std::mem::take(&mut outcome.outputs),
+        (&outcome.profile, &outcome.slow_probes),
+        |stderr| {
+            let _ = writeln!(
+                stderr,
+                "memtrail: attached to process {pid} for {seconds:.3} s; detached {why}"
+            );
+        },
+    )?;
+    Ok(0)
+}
+
+fn signal_name(sig: i32) -> String {
+    match sig {
+        libc::SIGINT => "SIGINT".into(),
+        sig => crate::sys::signals::name(sig),
+    }
+}
 
 /// The signals that end an attached capture.
 const DETACH_SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
@@ -28,7 +80,7 @@ pub enum Detach {
     Signal(i32),
     /// The process exited.
     Exited,
-    /// The pressure coordinator gave up ([`attach`] then fails).
+    /// The pressure coordinator gave up ([`capture`] then fails).
     PressureFailed,
 }
 
@@ -39,15 +91,14 @@ pub struct AttachOutcome {
     pub slow_probes: Vec<crate::profile::SlowProbe>,
     pub detach: Detach,
     /// `--output` and `--events`, written but not yet in place (see
-    /// [`super::run::Outcome::outputs`]).
+    /// [`Outcome::outputs`](super::capture::Outcome::outputs)).
     pub outputs: crate::output::Outputs,
 }
 
-/// Runs one attached capture: `memtrail attach PID`. `opts.command` is
-/// unused. `attached` is called once the process is tracked (its events
+/// The capture of `memtrail attach PID`. `opts.command` is unused. `attached` is called once the process is tracked (its events
 /// from then on are in the capture). Outputs are written only if the
 /// capture succeeded, and put in place by the caller.
-pub fn attach(
+fn capture(
     opts: &Options,
     pid: u32,
     duration: Option<Duration>,
@@ -73,7 +124,7 @@ pub fn attach(
         detaching,
         ..
     } = session.finish()?;
-    let outputs = super::run::write_outputs(&profile, stream, stream_error, output);
+    let outputs = write_outputs(&profile, stream, stream_error, output);
     drop(detaching);
     Ok(AttachOutcome {
         profile,

@@ -83,3 +83,38 @@ fn human_rate(rate: f64) -> String {
         format!("{rate:.0}")
     }
 }
+
+/// Runs `capture` with a live status line on stderr (elapsed time,
+/// processes, events/s, live heap, peak, pauses; redrawn every
+/// [`STATUS_EVERY`]) when stderr is a
+/// terminal and the run is not quiet; the line is erased before `capture`'s
+/// result is returned, so the summary starts on a clean line.
+pub fn with_status<T>(
+    quiet: bool,
+    capture: impl FnOnce(Option<std::sync::Arc<LiveCounters>>) -> T,
+) -> T {
+    use std::io::IsTerminal;
+    use std::sync::mpsc::{RecvTimeoutError, channel};
+    if quiet || !std::io::stderr().is_terminal() {
+        return capture(None);
+    }
+    let live = std::sync::Arc::new(LiveCounters::default());
+    let (done, finished) = channel::<()>();
+    std::thread::scope(|scope| {
+        let counters = live.clone();
+        scope.spawn(move || {
+            let mut line = StatusLine::new();
+            let mut err = std::io::stderr();
+            // Drawn at once (start-up takes a while: the verifier), then
+            // every STATUS_EVERY until the capture ends.
+            let _ = line.draw(&counters, &mut err);
+            while finished.recv_timeout(STATUS_EVERY) == Err(RecvTimeoutError::Timeout) {
+                let _ = line.draw(&counters, &mut err);
+            }
+            let _ = StatusLine::clear(&mut err);
+        });
+        let out = capture(Some(live));
+        drop(done);
+        out
+    })
+}

@@ -1,4 +1,5 @@
-//! The human summary written to stderr after a capture.
+//! The human summary written to stderr after a capture, and where the
+//! profile went.
 
 use crate::profile::regions::RegionEntry;
 use crate::profile::{HeapCounters, Profile, SlowProbe, ending, human_bytes, human_ns};
@@ -454,4 +455,24 @@ pub(crate) fn write_regions(
         )?;
     }
     Ok(())
+}
+
+/// The capture's summary, then where the profile went when it is a file
+/// (not a stream) and was written. A closed stderr must not turn a good
+/// capture into a failure: what cannot be written is left out.
+pub fn write_summary_and_where(
+    stderr: &mut impl Write,
+    profile: &Profile,
+    slow: &[SlowProbe],
+    output: Option<&std::path::Path>,
+    written: bool,
+) {
+    let _ = write_summary(stderr, profile, slow);
+    if let Some(path) = output.filter(|p| written && p.as_os_str() != "-" && p.is_file()) {
+        let _ = writeln!(
+            stderr,
+            "memtrail: profile written to {} (memtrail report {0} ranks its allocation sites)",
+            path.display()
+        );
+    }
 }

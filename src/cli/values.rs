@@ -1,6 +1,6 @@
 //! The command line's values for the library's enums (`--unwind`,
 //! `--format`, `--by`, ...): names and help text, so clap stays in `cli/`;
-//! and the parsers of sizes and durations.
+//! and the parsers of sizes, durations and patterns.
 
 use clap::ValueEnum;
 use clap::builder::PossibleValue;
@@ -182,10 +182,30 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
+/// A `--wrapper`, `--focus` or `--hide` pattern.
+pub fn parse_regex(s: &str) -> Result<regex::Regex, String> {
+    regex::Regex::new(s).map_err(|e| e.to_string())
+}
+
+/// `memtrail bench --pressure-timeout`: checked as `memtrail run` would,
+/// passed on as written.
+pub fn check_timeout(s: &str) -> Result<String, String> {
+    s.parse::<crate::pressure::PressureTimeout>()
+        .map(|_| s.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+/// `memtrail bench --ring-size` and `--stack-ring-size`: checked as
+/// `memtrail run` would, passed on as written.
+pub fn check_size(s: &str) -> Result<String, String> {
+    parse_size(s).map(|_| s.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use clap::ValueEnum;
 
+    use super::parse_size;
     use crate::ring::merge::{AUTO_PER_CPU, EventRings};
 
     #[test]
@@ -199,5 +219,31 @@ mod tests {
             help.contains(&format!("at least {AUTO_PER_CPU} CPUs")),
             "{help}"
         );
+    }
+
+    #[test]
+    fn sizes_as_people_write_them() {
+        for (s, bytes) in [
+            ("4096", 4096),
+            ("4096B", 4096),
+            ("64K", 64 << 10),
+            ("64k", 64 << 10),
+            ("64KiB", 64 << 10),
+            ("64KB", 64 << 10),
+            ("64M", 64 << 20),
+            ("64MiB", 64 << 20),
+            ("64mib", 64 << 20),
+            ("64 MiB", 64 << 20),
+            ("64MB", 64 << 20),
+            ("1G", 1 << 30),
+            ("1GiB", 1 << 30),
+        ] {
+            assert_eq!(parse_size(s), Ok(bytes), "{s}");
+        }
+        for s in [
+            "", "M", "1.5M", "64Mi", "64MBs", "-64M", "64 M B", "48M", "8G", "1K",
+        ] {
+            assert!(parse_size(s).is_err(), "{s} was accepted");
+        }
     }
 }

@@ -234,7 +234,7 @@ impl ReportOptions {
 }
 
 /// Why `memtrail report` failed. Each variant maps to a documented exit
-/// code (see `cli::report_exit_code`).
+/// code (see `cli::exit::report_code`).
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error("cannot read the profile {}", path.display())]
