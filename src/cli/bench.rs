@@ -28,42 +28,10 @@ pub fn bench(
 ) -> Result<i32, BenchError> {
     let format = bench_format(args.format, args.output.as_deref());
     if let Some(path) = &args.from {
-        let mut input =
-            crate::report::open_input(path).map_err(|source| BenchError::ResultsRead {
-                path: path.clone(),
-                source,
-            })?;
-        let results = crate::bench::read_results(&mut input, path)?;
-        let out_file = open_output(
-            args.output.as_deref(),
-            args.force,
-            &[("the results", path, input.id())],
-        )?;
-        write_results_to(&results, format, out_file, stdout, || Ok(()))?;
+        render_from(path, &args, format, stdout)?;
         return Ok(exit::OK);
     }
-    let benchmarks = match &args.suite {
-        Some(path) => suite::load(path, args.runs)?,
-        None => {
-            let name = args
-                .name
-                .clone()
-                .unwrap_or_else(|| suite::default_name(&args.command));
-            suite::check_name(&name).map_err(BenchError::Usage)?;
-            let cwd = std::env::current_dir().map_err(|source| BenchError::Io {
-                what: "cannot read the working directory",
-                path: PathBuf::from("."),
-                source,
-            })?;
-            vec![suite::Benchmark {
-                name,
-                command: args.command.clone(),
-                cwd,
-                env: Default::default(),
-                runs: args.runs.unwrap_or(1),
-            }]
-        }
-    };
+    let benchmarks = benchmarks(&args)?;
     let dir = args
         .dir
         .clone()
@@ -77,22 +45,7 @@ pub fn bench(
     suite::check_name(&save_as).map_err(|e| BenchError::Usage(format!("--save-baseline: {e}")))?;
     let thresholds = Thresholds::parse_all(&args.thresholds).map_err(BenchError::Usage)?;
     // Read before the run replaces anything.
-    let baseline = match &args.baseline {
-        Some(name) if *name == save_as => {
-            return Err(BenchError::Usage(format!(
-                "--baseline {name} would be replaced by this run's results: save them under \
-                 another name (--save-baseline)"
-            )));
-        }
-        Some(name) => {
-            suite::check_name(name).map_err(|e| BenchError::Usage(format!("--baseline: {e}")))?;
-            let path = crate::bench::results_path(&dir, name);
-            let results = crate::bench::load_results(&path)?;
-            let id = path_id(&path);
-            Some(Input { path, results, id })
-        }
-        None => None,
-    };
+    let baseline = read_baseline(args.baseline.as_deref(), &dir, &save_as)?;
     // The files this bench reads: --output may be none of them.
     let mut inputs: Vec<(&str, &Path, crate::output::FileId)> = Vec::new();
     if let Some((path, id)) = args.suite.as_deref().and_then(|p| Some((p, path_id(p)?))) {
@@ -123,8 +76,93 @@ pub fn bench(
         }
         None => write_results_to(&results, format, out_file, stdout, || Ok(()))?,
     }
+    let new = Input {
+        path: crate::bench::results_path(&dir, &save_as),
+        results,
+        id: None,
+    };
+    Ok(verdict(new, baseline, &thresholds, stderr))
+}
+
+/// `memtrail bench --from`: renders the results document `path` in
+/// `format`, running nothing.
+fn render_from(
+    path: &Path,
+    args: &BenchArgs,
+    format: BenchFormat,
+    stdout: &mut dyn Write,
+) -> Result<(), BenchError> {
+    let mut input = crate::report::open_input(path).map_err(|source| BenchError::ResultsRead {
+        path: path.to_owned(),
+        source,
+    })?;
+    let results = crate::bench::read_results(&mut input, path)?;
+    let out_file = open_output(
+        args.output.as_deref(),
+        args.force,
+        &[("the results", path, input.id())],
+    )?;
+    write_results_to(&results, format, out_file, stdout, || Ok(()))
+}
+
+/// The benchmarks to run: --suite's, else the command line's.
+fn benchmarks(args: &BenchArgs) -> Result<Vec<suite::Benchmark>, BenchError> {
+    if let Some(path) = &args.suite {
+        return suite::load(path, args.runs);
+    }
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| suite::default_name(&args.command));
+    suite::check_name(&name).map_err(BenchError::Usage)?;
+    let cwd = std::env::current_dir().map_err(|source| BenchError::Io {
+        what: "cannot read the working directory",
+        path: PathBuf::from("."),
+        source,
+    })?;
+    Ok(vec![suite::Benchmark {
+        name,
+        command: args.command.clone(),
+        cwd,
+        env: Default::default(),
+        runs: args.runs.unwrap_or(1),
+    }])
+}
+
+/// The saved baseline `name` (--baseline) in `dir`, which this run, saved
+/// as `save_as`, may not replace.
+fn read_baseline(
+    name: Option<&str>,
+    dir: &Path,
+    save_as: &str,
+) -> Result<Option<Input>, BenchError> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    if name == save_as {
+        return Err(BenchError::Usage(format!(
+            "--baseline {name} would be replaced by this run's results: save them under \
+             another name (--save-baseline)"
+        )));
+    }
+    suite::check_name(name).map_err(|e| BenchError::Usage(format!("--baseline: {e}")))?;
+    let path = crate::bench::results_path(dir, name);
+    let results = crate::bench::load_results(&path)?;
+    let id = path_id(&path);
+    Ok(Some(Input { path, results, id }))
+}
+
+/// The exit code of a bench that ran: [`exit::REGRESSED`] when a
+/// benchmark's command exited nonzero (said on `stderr`) or, compared with
+/// `baseline` (the comparison on `stderr`), a metric regressed.
+fn verdict(
+    new: Input,
+    baseline: Option<Input>,
+    thresholds: &Thresholds,
+    stderr: &mut dyn Write,
+) -> i32 {
     let mut code = exit::OK;
-    for r in &results.benchmarks {
+    for r in &new.results.benchmarks {
         if r.exit.code != Some(0) {
             let _ = writeln!(
                 stderr,
@@ -136,18 +174,13 @@ pub fn bench(
         }
     }
     if let Some(base) = baseline {
-        let new = Input {
-            path: crate::bench::results_path(&dir, &save_as),
-            results,
-            id: None,
-        };
-        let c = compare::compare(&base, &new, &thresholds, compare::DEFAULT_SITES);
+        let c = compare::compare(&base, &new, thresholds, compare::DEFAULT_SITES);
         let _ = compare::write_text(&c, stderr);
         if c.regressed {
             code = exit::REGRESSED;
         }
     }
-    Ok(code)
+    code
 }
 
 /// The flags passed on to every `memtrail run`.
