@@ -2,7 +2,9 @@
 //! profile went.
 
 use crate::profile::regions::RegionEntry;
-use crate::profile::{HeapCounters, Profile, SlowProbe, ending, human_bytes, human_ns};
+use crate::profile::{
+    HeapCounters, MapCounters, Profile, SlowProbe, ending, human_bytes, human_ns,
+};
 use std::collections::HashMap;
 use std::io::{self, Write};
 
@@ -107,6 +109,33 @@ fn temporary_is_large(t: &HeapCounters) -> bool {
 /// Writes the summary of `p`; `slow` are the single-stepping probe sites
 /// the command went through ([`crate::profile::slow_probes`]).
 pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io::Result<()> {
+    write_totals(w, p)?;
+    write_mappings(w, &p.mappings)?;
+    write_system_view(w, p)?;
+    let pr = &p.pressure;
+    if pr.episodes > 0 {
+        writeln!(
+            w,
+            "  pressure    {:>10} pauses, {} in all, longest {}",
+            pr.episodes,
+            human_ns(pr.total_pause_ns),
+            human_ns(pr.longest_pause_ns)
+        )?;
+    }
+    if p.processes.len() > 1 {
+        write_executables(w, p)?;
+    }
+    write_regions(w, &p.regions)?;
+    write_unwind_notes(w, p)?;
+    write_uncounted_heaps(w, p)?;
+    write_anomalies(w, p)?;
+    write_slow_probes(w, slow)
+}
+
+/// How the command ended, and the heap's totals: allocations, frees, the
+/// peak, what was left live (leaked, or not freed before detach) and,
+/// when they are many, the temporary allocations.
+fn write_totals(w: &mut impl Write, p: &Profile) -> io::Result<()> {
     let t = &p.totals;
     writeln!(
         w,
@@ -160,7 +189,12 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
             t.temporary_allocations as f64 * 100.0 / t.allocations as f64
         )?;
     }
-    let m = &p.mappings;
+    Ok(())
+}
+
+/// Anonymous memory mapped outside allocator calls, and the program
+/// break, when there was any.
+fn write_mappings(w: &mut impl Write, m: &MapCounters) -> io::Result<()> {
     if m.mmaps > 0 || m.brk_peak_bytes > 0 {
         writeln!(
             w,
@@ -177,52 +211,41 @@ pub fn write_summary(w: &mut impl Write, p: &Profile, slow: &[SlowProbe]) -> io:
             human_bytes(m.brk_peak_bytes)
         )?;
     }
-    write_system_view(w, p)?;
-    let pr = &p.pressure;
-    if pr.episodes > 0 {
-        writeln!(
-            w,
-            "  pressure    {:>10} pauses, {} in all, longest {}",
-            pr.episodes,
-            human_ns(pr.total_pause_ns),
-            human_ns(pr.longest_pause_ns)
-        )?;
+    Ok(())
+}
+
+/// The single-stepping probes the command went through, the most hit
+/// first (at most five named).
+fn write_slow_probes(w: &mut impl Write, slow: &[SlowProbe]) -> io::Result<()> {
+    const SHOWN: usize = 5;
+    if slow.is_empty() {
+        return Ok(());
     }
-    if p.processes.len() > 1 {
-        write_executables(w, p)?;
-    }
-    write_regions(w, &p.regions)?;
-    write_unwind_notes(w, p)?;
-    write_uncounted_heaps(w, p)?;
-    write_anomalies(w, p)?;
-    if !slow.is_empty() {
-        const SHOWN: usize = 5;
-        let shown: Vec<String> = slow
-            .iter()
-            .take(SHOWN)
-            .map(|s| {
-                let image = s.image.file_name().unwrap_or(s.image.as_os_str());
-                format!(
-                    "{} ({}) {} hit{}",
-                    s.symbol,
-                    image.to_string_lossy(),
-                    s.hits,
-                    if s.hits == 1 { "" } else { "s" }
-                )
-            })
-            .collect();
-        let more = slow.len().saturating_sub(SHOWN);
-        writeln!(
-            w,
-            "  note: probes that single-step their first instruction (~14 µs a hit) were hit: {}{}",
-            shown.join(", "),
-            if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
-            }
-        )?;
-    }
+    let shown: Vec<String> = slow
+        .iter()
+        .take(SHOWN)
+        .map(|s| {
+            let image = s.image.file_name().unwrap_or(s.image.as_os_str());
+            format!(
+                "{} ({}) {} hit{}",
+                s.symbol,
+                image.to_string_lossy(),
+                s.hits,
+                if s.hits == 1 { "" } else { "s" }
+            )
+        })
+        .collect();
+    let more = slow.len().saturating_sub(SHOWN);
+    writeln!(
+        w,
+        "  note: probes that single-step their first instruction (~14 µs a hit) were hit: {}{}",
+        shown.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    )?;
     Ok(())
 }
 
