@@ -21,6 +21,7 @@ use super::group::{Group, Grouping, frame_key, group};
 use super::names::short;
 use super::sites::{folded_name, module_base, ranked};
 use super::{Metric, Prepared};
+use crate::profile::timeline::{Point, Timeline};
 use crate::profile::{Frame, Profile, human_bytes};
 
 /// Room right of the plot for the mappings' axis.
@@ -213,12 +214,45 @@ fn ticks(max: u64) -> (u64, u64) {
     (step, top)
 }
 
+/// The chart's scales: an interval's index to x, bytes to y on the
+/// heap's axis (left) and on the mappings' (right).
+struct Scales {
+    /// Intervals across the plot (at least 1).
+    n: f64,
+    heap_top: u64,
+    mapped_top: u64,
+}
+
+impl Scales {
+    fn x(&self, i: f64) -> f64 {
+        PLOT_LEFT + i / self.n * PLOT_WIDTH
+    }
+
+    fn y(&self, v: u64) -> f64 {
+        PLOT_TOP + PLOT_HEIGHT - v as f64 / self.heap_top as f64 * PLOT_HEIGHT
+    }
+
+    fn y_mapped(&self, v: u64) -> f64 {
+        PLOT_TOP + PLOT_HEIGHT - v as f64 / self.mapped_top as f64 * PLOT_HEIGHT
+    }
+
+    /// Each interval a step: flat over its width at its value, as SVG
+    /// points on the heap's axis.
+    fn steps(&self, values: impl Iterator<Item = u64>) -> String {
+        let mut out = String::new();
+        for (i, v) in values.enumerate() {
+            let (x0, x1) = (self.x(i as f64), self.x(i as f64 + 1.0));
+            let _ = write!(out, " {x0:.1},{:.1} {x1:.1},{:.1}", self.y(v), self.y(v));
+        }
+        out
+    }
+}
+
 /// Writes the SVG chart of `profile`'s timeline.
 pub(super) fn write(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
     let profile = p.profile;
     let t = &profile.timeline;
     let points = &t.tree.points;
-    let n = points.len().max(1) as f64;
     // The heap and the mappings each on their own axis (left and right):
     // a large reservation does not flatten a small heap.
     let heap_max = points
@@ -229,10 +263,11 @@ pub(super) fn write(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
     let mapped_max = points.iter().map(|p| p.mapped_bytes).max().unwrap_or(0);
     let (heap_step, heap_top) = ticks(heap_max);
     let (mapped_step, mapped_top) = ticks(mapped_max);
-    let first = t.tree.first;
-    let x = |i: f64| PLOT_LEFT + i / n * PLOT_WIDTH;
-    let y = |v: u64| PLOT_TOP + PLOT_HEIGHT - v as f64 / heap_top as f64 * PLOT_HEIGHT;
-    let y_mapped = |v: u64| PLOT_TOP + PLOT_HEIGHT - v as f64 / mapped_top as f64 * PLOT_HEIGHT;
+    let sc = Scales {
+        n: points.len().max(1) as f64,
+        heap_top,
+        mapped_top,
+    };
     let layers = layers(p);
     let grouping = &p.opts.shaping.grouping;
     let peak_sites = group(ranked(p, Metric::Peak, None, false), grouping, Metric::Peak);
@@ -241,6 +276,35 @@ pub(super) fn write(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
     let peak_top = legend_top + ROW * legend_rows;
     let height = peak_top + 14.0 + ROW * (peak_sites.len().min(PEAK_SITES) as f64);
     let mut s = String::new();
+    write_title(&mut s, profile, height);
+    write_axes(
+        &mut s,
+        (heap_step, heap_top),
+        (mapped_max > 0).then_some((mapped_step, mapped_top)),
+        (
+            t.start_ns + t.tree.first * t.interval_ns,
+            points.len() as u64 * t.interval_ns,
+        ),
+    );
+    if !points.is_empty() {
+        if layers.is_empty() {
+            write_heap(&mut s, &sc, points);
+        } else {
+            write_layers(&mut s, &sc, points.len(), &layers);
+        }
+        write_series(&mut s, &sc, points);
+    }
+    write_peak(&mut s, &sc, t);
+    write_legend(&mut s, &layers, legend_top);
+    write_peak_sites(&mut s, &peak_sites, peak_top);
+    s.push_str("</g>\n</svg>\n");
+    w.write_all(s.as_bytes())
+}
+
+/// The SVG's head, `height` high: its title (the command), the peak, the
+/// interval and the processes; and the plot's frame.
+fn write_title(s: &mut String, profile: &Profile, height: f64) {
+    let t = &profile.timeline;
     let _ = writeln!(
         s,
         r##"<?xml version="1.0" encoding="UTF-8" standalone="no"?>
@@ -261,82 +325,76 @@ pub(super) fn write(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
         s,
         r##"<rect x="{PLOT_LEFT}" y="{PLOT_TOP}" width="{PLOT_WIDTH}" height="{PLOT_HEIGHT}" fill="none" stroke="#999999"/>"##
     );
-    write_axes(
-        &mut s,
-        (heap_step, heap_top),
-        (mapped_max > 0).then_some((mapped_step, mapped_top)),
-        (
-            t.start_ns + first * t.interval_ns,
-            points.len() as u64 * t.interval_ns,
-        ),
-    );
-    // Each interval a step: flat over its width at its value.
-    let steps = |values: &mut dyn Iterator<Item = u64>| {
-        let mut out = String::new();
-        for (i, v) in values.enumerate() {
-            let (x0, x1) = (x(i as f64), x(i as f64 + 1.0));
-            let _ = write!(out, " {x0:.1},{:.1} {x1:.1},{:.1}", y(v), y(v));
+}
+
+/// The heap stacked by its top sites: each layer between the sum of those
+/// below and that sum plus its own; `n` intervals.
+fn write_layers(s: &mut String, sc: &Scales, n: usize, layers: &[Layer<'_>]) {
+    let mut below = vec![0u64; n];
+    for layer in layers {
+        let top: Vec<u64> = below
+            .iter()
+            .zip(&layer.values)
+            .map(|(b, v)| b + v)
+            .collect();
+        let upper = sc.steps(top.iter().copied());
+        let mut lower: Vec<(f64, f64)> = Vec::with_capacity(2 * below.len());
+        for (i, &b) in below.iter().enumerate().rev() {
+            lower.push((sc.x(i as f64 + 1.0), sc.y(b)));
+            lower.push((sc.x(i as f64), sc.y(b)));
         }
-        out
-    };
-    if !points.is_empty() && !layers.is_empty() {
-        // Stacked: each layer between the sum of those below and that sum
-        // plus its own.
-        let mut below = vec![0u64; points.len()];
-        for layer in &layers {
-            let top: Vec<u64> = below
-                .iter()
-                .zip(&layer.values)
-                .map(|(b, v)| b + v)
-                .collect();
-            let upper = steps(&mut top.iter().copied());
-            let mut lower: Vec<(f64, f64)> = Vec::with_capacity(2 * below.len());
-            for (i, &b) in below.iter().enumerate().rev() {
-                lower.push((x(i as f64 + 1.0), y(b)));
-                lower.push((x(i as f64), y(b)));
-            }
-            let mut poly = upper.trim_start().to_owned();
-            for (lx, ly) in lower {
-                let _ = write!(poly, " {lx:.1},{ly:.1}");
-            }
-            let stack = layer_id(layer);
-            let _ = writeln!(
-                s,
-                r##"<polygon class="layer" data-stack="{stack}" points="{poly}" fill="{}" fill-opacity="0.85" stroke="{}" stroke-width="0.5"><title>{}: peak {}</title></polygon>"##,
-                layer.colour,
-                layer.colour,
-                escape(&layer.label),
-                human_bytes(layer.peak)
-            );
-            below = top;
+        let mut poly = upper.trim_start().to_owned();
+        for (lx, ly) in lower {
+            let _ = write!(poly, " {lx:.1},{ly:.1}");
         }
-    } else if !points.is_empty() {
-        let heap = steps(&mut points.iter().map(|p| p.live_bytes));
+        let stack = layer_id(layer);
         let _ = writeln!(
             s,
-            r##"<polygon points="{:.1},{:.1}{heap} {:.1},{:.1}" fill="#e8743b" fill-opacity="0.8" stroke="#b04a1a"><title>live heap bytes (interval maximum)</title></polygon>"##,
-            x(0.0),
-            y(0),
-            x(n),
-            y(0)
+            r##"<polygon class="layer" data-stack="{stack}" points="{poly}" fill="{}" fill-opacity="0.85" stroke="{}" stroke-width="0.5"><title>{}: peak {}</title></polygon>"##,
+            layer.colour,
+            layer.colour,
+            escape(&layer.label),
+            human_bytes(layer.peak)
         );
+        below = top;
     }
-    if !points.is_empty() {
-        let total = steps(&mut points.iter().map(|p| p.live_bytes));
-        let mut mapped = String::new();
-        for (i, p) in points.iter().enumerate() {
-            let (x0, x1) = (x(i as f64), x(i as f64 + 1.0));
-            let v = y_mapped(p.mapped_bytes);
-            let _ = write!(mapped, " {x0:.1},{v:.1} {x1:.1},{v:.1}");
-        }
-        // Resident memory, when the profile has it.
-        let rss = points
-            .iter()
-            .any(|p| p.rss_bytes > 0)
-            .then(|| steps(&mut points.iter().map(|p| p.rss_bytes)));
-        write_lines(&mut s, &total, &mapped, rss.as_deref());
+}
+
+/// The heap as one area, when no site has a layer.
+fn write_heap(s: &mut String, sc: &Scales, points: &[Point]) {
+    let heap = sc.steps(points.iter().map(|p| p.live_bytes));
+    let _ = writeln!(
+        s,
+        r##"<polygon points="{:.1},{:.1}{heap} {:.1},{:.1}" fill="#e8743b" fill-opacity="0.8" stroke="#b04a1a"><title>live heap bytes (interval maximum)</title></polygon>"##,
+        sc.x(0.0),
+        sc.y(0),
+        sc.x(sc.n),
+        sc.y(0)
+    );
+}
+
+/// The lines over the areas: the heap's total, the anonymous mappings and
+/// resident memory.
+fn write_series(s: &mut String, sc: &Scales, points: &[Point]) {
+    let total = sc.steps(points.iter().map(|p| p.live_bytes));
+    let mut mapped = String::new();
+    for (i, p) in points.iter().enumerate() {
+        let (x0, x1) = (sc.x(i as f64), sc.x(i as f64 + 1.0));
+        let v = sc.y_mapped(p.mapped_bytes);
+        let _ = write!(mapped, " {x0:.1},{v:.1} {x1:.1},{v:.1}");
     }
-    // The exact peak instant, linked to the sites that made it up.
+    // Resident memory, when the profile has it.
+    let rss = points
+        .iter()
+        .any(|p| p.rss_bytes > 0)
+        .then(|| sc.steps(points.iter().map(|p| p.rss_bytes)));
+    write_lines(s, &total, &mapped, rss.as_deref());
+}
+
+/// The exact peak instant, linked to the sites that made it up, and the
+/// key to the lines.
+fn write_peak(s: &mut String, sc: &Scales, t: &Timeline) {
+    let first = t.tree.first;
     let peak_i = t.interval_of(t.peak_live_at_ns).saturating_sub(first) as f64;
     let within = t
         .peak_live_at_ns
@@ -344,7 +402,7 @@ pub(super) fn write(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
         .checked_rem(t.interval_ns.max(1))
         .unwrap_or(0) as f64
         / t.interval_ns.max(1) as f64;
-    let px = x(peak_i + within);
+    let px = sc.x(peak_i + within);
     let _ = writeln!(
         s,
         r##"<a href="#stack-at-peak"><line id="peak" x1="{px:.1}" y1="{PLOT_TOP}" x2="{px:.1}" y2="{:.1}" stroke="#000000" stroke-width="1.5" stroke-dasharray="4,3"><title>peak: {} live at {} (the sites then: below, and memtrail report PROFILE --by peak)</title></line></a>
@@ -354,10 +412,6 @@ pub(super) fn write(p: &Prepared<'_>, w: &mut dyn Write) -> io::Result<()> {
         seconds(t.peak_live_at_ns),
         PLOT_TOP + PLOT_HEIGHT + 34.0
     );
-    write_legend(&mut s, &layers, legend_top);
-    write_peak_sites(&mut s, &peak_sites, peak_top);
-    s.push_str("</g>\n</svg>\n");
-    w.write_all(s.as_bytes())
 }
 
 /// The chart's lines: the heap's total, the anonymous mappings (right
