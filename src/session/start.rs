@@ -495,6 +495,29 @@ struct Sinks {
     attach: AttachWorker,
 }
 
+impl Sinks {
+    /// The sinks of a session on `plan`'s target: the events' (see
+    /// [`event_sink`], taking the shim's rings), the mappings' (a running
+    /// process's scanned first) and the attach worker.
+    fn new(
+        opts: &SessionOptions,
+        plan: &mut Plan,
+        control: &Arc<Control>,
+        stream: Option<EventWriter>,
+        attach: AttachWorker,
+    ) -> Self {
+        let mut mappings = MappingSink::default();
+        if let Some(pid) = plan.running {
+            mappings.scan_proc(pid);
+        }
+        Self {
+            events: event_sink(opts, plan.running, control, stream, plan.rings_file.take()),
+            mappings,
+            attach,
+        }
+    }
+}
+
 /// Starts the four pollers, in barrier order: events, stacks, mappings,
 /// attach requests.
 fn spawn_pollers(
@@ -646,6 +669,49 @@ fn python_images(loaded: &Loaded, opts: &SessionOptions) -> Result<Option<OwnedF
         .transpose()
 }
 
+/// The up-front images installed (`up_front`: the allocator programs and
+/// the images prepared): their entry points probed, their unwind tables
+/// loaded (with the shim's layouts); with --preload, the shim written.
+fn install(
+    plan: &mut Plan,
+    loaded: &Loaded,
+    (progs, images): (attach::AllocPrograms, Vec<upfront::Image>),
+    opts: &SessionOptions,
+    links: &mut Links,
+    phases: &mut phases::Phases,
+) -> Result<Installed, CaptureError> {
+    let shim_layouts = match &plan.rings_file {
+        Some(offer) if opts.python_frames => Some(offer.image_layouts()),
+        _ => None,
+    };
+    let mut installed = Install::new(
+        progs,
+        super::stages::unwind_tables(&loaded.skel, opts)
+            .map(|tables| tables.with_shim_layouts(shim_layouts)),
+        opts.stack_depth > 0,
+        plan.per_process,
+        // Not in a session on its own process, which is not held
+        // while the worker links.
+        !plan.per_process && !plan.is_self,
+        links,
+        loaded.skel.maps.known_images.as_fd(),
+    )
+    .with_python(python_images(loaded, opts)?)
+    .run(images, plan.running, phases)?;
+    if plan.preload {
+        preload_shim(plan, &mut installed)?;
+    }
+    Ok(installed)
+}
+
+/// The stops the session's threads share. A stop someone else made is
+/// theirs to end: releases leave such processes stopped.
+fn shared_stops(loaded: &Loaded) -> Result<Arc<Stops>, CaptureError> {
+    let stops = Arc::new(Stops::new());
+    stops.set_foreign_stops(dup(loaded.skel.maps.foreign_stops.as_fd())?);
+    Ok(stops)
+}
+
 impl Session {
     /// [`start`](Self::start), streaming every event to `stream`.
     pub(crate) fn start_with(
@@ -685,34 +751,12 @@ impl Session {
         let progs = alloc_programs(&loaded)?;
         let prepared = preparing.finish(plan.with_tables, plan.probe_new)?;
         phases.done("up-front images prepared");
-        let shim_layouts = match &plan.rings_file {
-            Some(offer) if opts.python_frames => Some(offer.image_layouts()),
-            _ => None,
-        };
-        let mut installed = Install::new(
-            progs,
-            super::stages::unwind_tables(&loaded.skel, opts)
-                .map(|tables| tables.with_shim_layouts(shim_layouts)),
-            opts.stack_depth > 0,
-            plan.per_process,
-            // Not in a session on its own process, which is not held
-            // while the worker links.
-            !plan.per_process && !plan.is_self,
-            &mut links,
-            loaded.skel.maps.known_images.as_fd(),
-        )
-        .with_python(python_images(&loaded, opts)?)
-        .run(prepared.images, plan.running, &mut phases)?;
-        if plan.preload {
-            preload_shim(&mut plan, &mut installed)?;
-        }
+        let up_front = (progs, prepared.images);
+        let mut installed = install(&mut plan, &loaded, up_front, opts, &mut links, &mut phases)?;
 
         // From here on every thread started is in `threads`, declared
         // after `loaded`: any return joins them before the object goes.
-        let stops = Arc::new(Stops::new());
-        // A stop someone else made is theirs to end: releases leave such
-        // processes stopped.
-        stops.set_foreign_stops(dup(loaded.skel.maps.foreign_stops.as_fd())?);
+        let stops = shared_stops(&loaded)?;
         let mut threads = Threads::new(stops.clone())?;
         let control = Arc::new(Control::default());
         let (stacks_ring, events_ring) =
@@ -720,15 +764,7 @@ impl Session {
         let sites = std::mem::take(&mut installed.sites);
         let skipped_images = std::mem::take(&mut installed.skipped);
         let (worker, first_probes) = attach_worker(installed, &loaded, stops, &plan, &target)?;
-        let mut mappings = MappingSink::default();
-        if let Some(pid) = plan.running {
-            mappings.scan_proc(pid);
-        }
-        let sinks = Sinks {
-            events: event_sink(opts, plan.running, &control, stream, plan.rings_file.take()),
-            mappings,
-            attach: worker,
-        };
+        let sinks = Sinks::new(opts, &mut plan, &control, stream, worker);
         let rings = PollerRings {
             events: events_ring,
             stacks: stacks_ring,
