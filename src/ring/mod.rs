@@ -429,32 +429,11 @@ impl RingConsumer {
                 && pos + GROUP * last_stride <= prod
                 && GROUP * last_stride <= size as u64
             {
-                let rec0 = data.wrapping_add((pos & mask) as usize);
-                let ahead = pos + PREFETCH_AHEAD + GROUP * last_stride;
-                let fetch = ahead | (CACHE_LINE - 1) < prod;
-                let ahead0 = data.wrapping_add(((pos + PREFETCH_AHEAD) & mask) as usize);
-                // `last_len` decoded as Ready when it was first seen.
-                let body_len = last_len as usize;
-                let mut same = 0;
-                while same < GROUP {
-                    let step = (same * last_stride) as usize;
-                    if fetch {
-                        // A hint: an address past the mapping (the last
-                        // record before the wrap) costs nothing.
-                        prefetch(ahead0.wrapping_add(step));
-                    }
-                    let rec = rec0.wrapping_add(step);
-                    // SAFETY: as below; `rec` lies within the group, which
-                    // fits in the double mapping (checked above).
-                    let len = unsafe { &*rec.cast::<AtomicU32>() }.load(Ordering::Acquire);
-                    if len != last_len {
-                        break;
-                    }
-                    // SAFETY: as below, for a header equal to one already
-                    // validated.
-                    f(unsafe { std::slice::from_raw_parts(rec.add(HEADER_LEN), body_len) });
-                    same += 1;
-                }
+                // SAFETY: the group lies below `prod` and fits in the double
+                // mapping (checked just above); `last_len` is the header of
+                // a record handed to `f` before.
+                let same =
+                    unsafe { hand_group(data, (mask, prod), pos, (last_len, last_stride), &mut f) };
                 pos += same * last_stride;
                 handed += same as usize;
                 if pos - self.published >= publish_every {
@@ -599,6 +578,56 @@ impl RingConsumer {
             self.published = self.pos;
         }
     }
+}
+
+/// The fast path of [`RingConsumer::poll_within`]: up to [`GROUP`] records
+/// from `pos` whose header word is `last_len`, the word of the record
+/// before (a body of `last_len` bytes, `last_stride` apart), each handed to
+/// `f` after one load of its header; stops at the first other word.
+/// `data` is the data area's first copy, `mask` its size less one, `prod`
+/// the producer position. Returns how many records were handed.
+///
+/// # Safety
+///
+/// The group, `GROUP * last_stride` bytes from `pos`, lies below `prod` and
+/// fits in the double mapping; `last_len` is the header of a committed
+/// record already handed to `f` (neither BUSY nor DISCARD, a valid length).
+#[inline(always)]
+unsafe fn hand_group(
+    data: *const u8,
+    (mask, prod): (u64, u64),
+    pos: u64,
+    (last_len, last_stride): (u32, u64),
+    f: &mut impl FnMut(&[u8]),
+) -> u64 {
+    let rec0 = data.wrapping_add((pos & mask) as usize);
+    let ahead = pos + PREFETCH_AHEAD + GROUP * last_stride;
+    let fetch = ahead | (CACHE_LINE - 1) < prod;
+    let ahead0 = data.wrapping_add(((pos + PREFETCH_AHEAD) & mask) as usize);
+    // `last_len` decoded as Ready when it was first seen.
+    let body_len = last_len as usize;
+    let mut same = 0;
+    while same < GROUP {
+        let step = (same * last_stride) as usize;
+        if fetch {
+            // A hint: an address past the mapping (the last record before
+            // the wrap) costs nothing.
+            prefetch(ahead0.wrapping_add(step));
+        }
+        let rec = rec0.wrapping_add(step);
+        // SAFETY: `rec` is 8-aligned and lies within the group, which fits
+        // in the double mapping (the caller's contract). Acquire pairs with
+        // the xchg in bpf_ringbuf_commit(), as in `poll_within`.
+        let len = unsafe { &*rec.cast::<AtomicU32>() }.load(Ordering::Acquire);
+        if len != last_len {
+            break;
+        }
+        // SAFETY: a header equal to one already validated: the body is
+        // committed and ends inside the double mapping, as in `poll_within`.
+        f(unsafe { std::slice::from_raw_parts(rec.add(HEADER_LEN), body_len) });
+        same += 1;
+    }
+    same
 }
 
 /// Asks the CPU to bring the line at `at` into L1; a hint that never faults.
