@@ -438,28 +438,38 @@ impl StackSymbolizer {
                 }
             }
         }
-        let mut names = Names::default();
-        let mut replaced: HashMap<(usize, usize), Vec<Arc<Frame>>> = found
-            .into_iter()
-            .map(|(at, base, sym)| {
-                let frames = frames_of(base, Some(sym), &mut names);
-                (at, frames.into_iter().map(Arc::new).collect())
-            })
-            .collect();
-        let count = replaced.len();
-        for (s, stack) in stacks.iter_mut().enumerate() {
-            if !(0..stack.len()).any(|f| replaced.contains_key(&(s, f))) {
-                continue;
-            }
-            let frames = std::mem::take(&mut **stack);
-            **stack = frames
-                .into_iter()
-                .enumerate()
-                .flat_map(|(f, frame)| replaced.remove(&(s, f)).unwrap_or_else(|| vec![frame]))
-                .collect();
-        }
-        count
+        splice(stacks, found)
     }
+}
+
+/// Puts the frames `found` symbolized again (at `(stack, frame)`, with the
+/// frame they replace) in their stacks, each as one frame or several (its
+/// inlined calls); returns how many frames were replaced.
+fn splice(
+    stacks: &mut [&mut Vec<Arc<Frame>>],
+    found: Vec<((usize, usize), Frame, Symbolized<'_>)>,
+) -> usize {
+    let mut names = Names::default();
+    let mut replaced: HashMap<(usize, usize), Vec<Arc<Frame>>> = found
+        .into_iter()
+        .map(|(at, base, sym)| {
+            let frames = frames_of(base, Some(sym), &mut names);
+            (at, frames.into_iter().map(Arc::new).collect())
+        })
+        .collect();
+    let count = replaced.len();
+    for (s, stack) in stacks.iter_mut().enumerate() {
+        if !(0..stack.len()).any(|f| replaced.contains_key(&(s, f))) {
+            continue;
+        }
+        let frames = std::mem::take(&mut **stack);
+        **stack = frames
+            .into_iter()
+            .enumerate()
+            .flat_map(|(f, frame)| replaced.remove(&(s, f)).unwrap_or_else(|| vec![frame]))
+            .collect();
+    }
+    count
 }
 
 /// The build id of the ELF file at `path`, in lowercase hex.
