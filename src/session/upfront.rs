@@ -109,6 +109,43 @@ fn table_of(path: &std::path::Path, cache: Option<&unwind::cache::Cache>) -> Pre
 /// capture, however loaded the machine.
 const ALWAYS_CACHED: usize = 32;
 
+/// The images every capture installs up front: libc and the C++ runtimes
+/// (with their allocator entry points), then the dynamic loader; each
+/// with its unwind table when the session loads `tables`.
+fn essentials(
+    tables: bool,
+    probe_new: bool,
+    cache: Option<&unwind::cache::Cache>,
+) -> Result<Vec<Image>, AttachError> {
+    let id_of = |path: &std::path::Path| crate::sys::kernel_file_id(path).ok();
+    let mut images = Vec::new();
+    let mut runtimes = vec![attach::libc_path()?];
+    runtimes.extend(attach::cxx_runtimes());
+    for path in runtimes {
+        let sites = attach::capture_sites(&path, probe_new)?;
+        let id = id_of(&path);
+        images.push(Image {
+            table: (tables && id.is_some()).then(|| table_of(&path, cache)),
+            sites: Some(Ok(sites)),
+            why: Why::Runtime,
+            id,
+            path,
+        });
+    }
+    if let Some(path) = attach::ld_so_path()
+        && let Some(id) = id_of(&path)
+    {
+        images.push(Image {
+            table: tables.then(|| table_of(&path, cache)),
+            sites: None,
+            why: Why::Loader,
+            id: Some(id),
+            path,
+        });
+    }
+    Ok(images)
+}
+
 /// Examines the up-front images, in the order the session installs them:
 /// libc and the C++ runtimes, the dynamic loader, then the image cache's
 /// unchanged entries until `enough` is raised (past the newest
@@ -121,32 +158,7 @@ fn prepare(tables: bool, probe_new: bool, enough: &AtomicBool) -> Result<Prepare
     } else {
         None
     };
-    let id_of = |path: &std::path::Path| crate::sys::kernel_file_id(path).ok();
-    let mut images = Vec::new();
-    let mut runtimes = vec![attach::libc_path()?];
-    runtimes.extend(attach::cxx_runtimes());
-    for path in runtimes {
-        let sites = attach::capture_sites(&path, probe_new)?;
-        let id = id_of(&path);
-        images.push(Image {
-            table: (tables && id.is_some()).then(|| table_of(&path, cache.as_ref())),
-            sites: Some(Ok(sites)),
-            why: Why::Runtime,
-            id,
-            path,
-        });
-    }
-    if let Some(path) = attach::ld_so_path()
-        && let Some(id) = id_of(&path)
-    {
-        images.push(Image {
-            table: tables.then(|| table_of(&path, cache.as_ref())),
-            sites: None,
-            why: Why::Loader,
-            id: Some(id),
-            path,
-        });
-    }
+    let mut images = essentials(tables, probe_new, cache.as_ref())?;
     let image_cache = ImageCache::load();
     let mut seen: std::collections::HashSet<(u64, u64)> = images
         .iter()
