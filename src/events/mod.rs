@@ -594,6 +594,21 @@ mod tests {
         }
     }
 
+    /// A record of a process's life: its main thread's, outside the
+    /// allocator.
+    fn life(kind: Kind, ts: u64, pid: u32, body: Body<'static>) -> Record<'static> {
+        Record {
+            hdr: Header {
+                ts_ns: ts,
+                pid,
+                tid: pid,
+                kind,
+                in_allocator: false,
+            },
+            body,
+        }
+    }
+
     /// Check that every kind of record, with extreme values, decodes to
     /// what was encoded.
     #[test]
@@ -647,40 +662,23 @@ mod tests {
                     stack_id: 0,
                 },
             ),
-            Record {
-                hdr: Header {
-                    ts_ns: 10,
-                    pid: 9,
-                    tid: 9,
-                    kind: Kind::Fork,
-                    in_allocator: false,
-                },
-                body: Body::Fork { child_pid: 12 },
-            },
-            Record {
-                hdr: Header {
-                    ts_ns: 11,
-                    pid: 12,
-                    tid: 12,
-                    kind: Kind::Exec,
-                    in_allocator: false,
-                },
-                body: Body::Exec {
+            life(Kind::Fork, 10, 9, Body::Fork { child_pid: 12 }),
+            life(
+                Kind::Exec,
+                11,
+                12,
+                Body::Exec {
                     filename: b"/usr/bin/x\xff y",
                 },
-            },
-            Record {
-                hdr: Header {
-                    ts_ns: 12,
-                    pid: 12,
-                    tid: 12,
-                    kind: Kind::Exit,
-                    in_allocator: false,
-                },
-                body: Body::Exit {
+            ),
+            life(
+                Kind::Exit,
+                12,
+                12,
+                Body::Exit {
                     exit_code: i32::MIN,
                 },
-            },
+            ),
         ];
         let mut bytes = Encoder::header().to_vec();
         let mut enc = Encoder::default();
