@@ -8,8 +8,7 @@
  *      -Wl,-rpath,$PWD/target/release -o region && ./region
  * It prints the region's counts: 3 allocations, 1 free, 600 bytes
  * allocated, 200 freed, a peak of 600, 2 blocks (400 bytes) live at its
- * end. tests/examples.rs
- * builds and runs it. */
+ * end. tests/examples.rs builds and runs it. */
 #include <stdio.h>
 #include <stdlib.h>
 
