@@ -5,7 +5,9 @@
 //! example's suite under the workflow's own `bench` and `compare` commands.
 //! Each checks the exact counts the example's opening comment promises.
 //! `examples/regions.py` is run by `tests/ffi/ffi_python.rs`; every file of
-//! `examples/` must be run by one of the two (`examples_all_run`).
+//! `examples/` must be run by one of the two (`examples_all_run`). The
+//! `memtrail` commands the README and docs show are checked against each
+//! subcommand's `--help` (`examples_docs_commands_use_real_flags`).
 
 mod support;
 
@@ -393,4 +395,163 @@ fn examples_all_run() {
             "{test} does not run examples/{file}"
         );
     }
+}
+
+/// A subcommand's flags from its `--help`: long name (and short, when it
+/// has one) to whether it takes a value.
+fn flags_of(sub: &str) -> std::collections::HashMap<String, bool> {
+    let out = Command::new(support::memtrail_bin())
+        .args([sub, "--help"])
+        .output()
+        .expect("run memtrail --help");
+    assert!(out.status.success(), "memtrail {sub} --help");
+    let line = regex::Regex::new(r"^(?:  (-[A-Za-z]), |      )(--[a-z][a-z-]*)( <[^>]+>)?$")
+        .expect("regex");
+    let mut flags = std::collections::HashMap::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(c) = line.captures(l) {
+            let value = c.get(3).is_some();
+            flags.insert(c[2].to_owned(), value);
+            if let Some(short) = c.get(1) {
+                flags.insert(short.as_str().to_owned(), value);
+            }
+        }
+    }
+    flags
+}
+
+/// The code a Markdown file shows: its fenced blocks' lines and its
+/// paragraphs' inline code spans (a span may wrap), with lines ending in
+/// `\` joined to the next.
+fn code_of(markdown: &str) -> Vec<String> {
+    // The inline code spans of a paragraph: every other piece between
+    // backticks.
+    fn spans(prose: &mut String) -> Vec<String> {
+        let text = std::mem::take(prose);
+        text.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    }
+    let (mut code, mut prose, mut block, mut fenced) =
+        (Vec::new(), String::new(), String::new(), false);
+    for l in markdown.lines() {
+        if l.trim_start().starts_with("```") {
+            fenced = !fenced;
+            code.extend(spans(&mut prose));
+        } else if fenced {
+            block.push_str(l.trim_end_matches('\\'));
+            block.push(' ');
+            if !l.ends_with('\\') {
+                code.push(std::mem::take(&mut block));
+            }
+        } else if l.trim().is_empty() {
+            code.extend(spans(&mut prose));
+        } else {
+            prose.push_str(l);
+            prose.push(' ');
+        }
+    }
+    code.extend(spans(&mut prose));
+    code
+}
+
+/// Each subcommand's flags (see [`flags_of`]).
+type Flags = std::collections::HashMap<&'static str, std::collections::HashMap<String, bool>>;
+
+/// The flags a shown `memtrail SUB ...` command uses that SUB does not
+/// have: its words up to the end of memtrail's own (`--`, or for `run` the
+/// command's first word), each flag's value skipped.
+fn unknown_flags(code: &str, flags: &Flags) -> Vec<String> {
+    let start =
+        regex::Regex::new(r"memtrail (run|attach|report|events|bench|compare)\b").expect("regex");
+    let mut unknown = Vec::new();
+    for m in start.captures_iter(code) {
+        let sub = m.get(1).expect("subcommand").as_str();
+        let known = &flags[sub];
+        let rest = &code[m.get(0).expect("match").end()..];
+        if rest.starts_with(':') {
+            continue; // its output's first line, not a command
+        }
+        // `--pid/--exe`: two flags.
+        let mut words = rest
+            .split(" #")
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .flat_map(|w| w.split("/--").enumerate())
+            .map(|(i, w)| {
+                if i == 0 {
+                    w.to_owned()
+                } else {
+                    format!("--{w}")
+                }
+            });
+        while let Some(word) = words.next() {
+            let w = word
+                .trim_start_matches('[')
+                .trim_end_matches([']', ',', ';', ')', '.']);
+            let name = w.split('=').next().unwrap_or(w);
+            if name == "--" || name == "memtrail" {
+                break;
+            }
+            if name.starts_with('-') && name.len() > 1 {
+                match known.get(name) {
+                    Some(true) if !w.contains('=') => {
+                        words.next();
+                    }
+                    Some(_) => {}
+                    None => unknown.push(format!("memtrail {sub} {name}")),
+                }
+            } else if sub == "run" && !word.starts_with('[') && !name.is_empty() {
+                break; // the command's first word: the rest is its own
+            }
+        }
+    }
+    unknown
+}
+
+/// Check that every `memtrail SUB` command the README, the docs,
+/// CONTRIBUTING.md, perf/README.md and the CI workflow show uses only
+/// flags SUB has (a renamed or removed flag fails here, not in a reader's
+/// shell).
+#[test]
+fn examples_docs_commands_use_real_flags() {
+    let subs = ["run", "attach", "report", "events", "bench", "compare"];
+    let flags: Flags = subs.iter().map(|s| (*s, flags_of(s))).collect();
+    assert!(
+        flags.values().all(|f| f.contains_key("--help")),
+        "{flags:?}"
+    );
+    let mut files: Vec<PathBuf> = ["README.md", "CONTRIBUTING.md", "perf/README.md"]
+        .iter()
+        .map(|f| root().join(f))
+        .collect();
+    let docs = fs::read_dir(root().join("docs")).expect("read docs/");
+    files.extend(docs.map(|e| e.expect("docs entry").path()));
+    let mut unknown = Vec::new();
+    let mut shown = 0;
+    for file in &files {
+        let text = fs::read_to_string(file).expect("read a doc");
+        for code in code_of(&text) {
+            shown += usize::from(code.contains("memtrail "));
+            for u in unknown_flags(&code, &flags) {
+                unknown.push(format!("{}: {u}", file.display()));
+            }
+        }
+    }
+    let workflow = fs::read_to_string(root().join("examples/ci/memory-regressions.yml"))
+        .expect("read the workflow");
+    for line in workflow.replace("\\\n", " ").lines() {
+        for u in unknown_flags(line, &flags) {
+            unknown.push(format!("examples/ci/memory-regressions.yml: {u}"));
+        }
+    }
+    assert!(shown > 50, "only {shown} commands found in the docs");
+    assert!(
+        unknown.is_empty(),
+        "flags no such subcommand has:\n{}",
+        unknown.join("\n")
+    );
 }
