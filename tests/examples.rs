@@ -555,3 +555,25 @@ fn examples_docs_commands_use_real_flags() {
         unknown.join("\n")
     );
 }
+
+/// Check that perf/README.md's table has a row for every script and bench
+/// of `perf/` (`lib.sh` is the scripts' helpers), so that a new one says
+/// which question it answers.
+#[test]
+fn examples_perf_readme_lists_every_script() {
+    let table = fs::read_to_string(root().join("perf/README.md")).expect("read perf/README.md");
+    let mut missing = Vec::new();
+    for entry in fs::read_dir(root().join("perf")).expect("read perf/") {
+        let name = entry.expect("perf entry").file_name();
+        let name = name.to_string_lossy();
+        let measures = name.ends_with(".sh") || name.ends_with(".rs");
+        if measures && name != "lib.sh" && !table.contains(&format!("\n| `{name}` |")) {
+            missing.push(name.into_owned());
+        }
+    }
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "not in perf/README.md's table: {missing:?}"
+    );
+}
