@@ -475,6 +475,45 @@ static __always_inline void frame_rule(struct unwind_walk *w, struct mt_unwind_r
 		row->kind = MT_CFA_NONE;
 }
 
+/* unwind_frame's step through the signal trampoline's frame (its row's
+ * MT_CFA_SIGNAL): the interrupted registers, from the ucontext the kernel
+ * saved. */
+static __always_inline bool signal_frame(struct unwind_walk *w)
+{
+	/* struct ucontext at sp: uc_mcontext at 40, its rbp, rsp and
+	 * rip at 80, 120 and 128 past it. */
+	__u64 uc = w->sp;
+
+	if (bpf_probe_read_user(&w->bp, 8, (void *)(uc + 120)) ||
+	    bpf_probe_read_user(&w->pc, 8, (void *)(uc + 168)) ||
+	    bpf_probe_read_user(&w->sp, 8, (void *)(uc + 160))) {
+		walk_end(w, MT_END_UNREADABLE);
+		return false;
+	}
+	w->exact = 1;
+	return true;
+}
+
+/* unwind_frame's step for a frame without a rule BPF evaluates (cfa_kind:
+ * MT_CFA_NONE, MT_CFA_UNSUPPORTED), through saved. */
+static __always_inline bool no_rule_step(struct unwind_walk *w, __u8 cfa_kind,
+					 struct user_frame *saved)
+{
+	/* A frame-pointer step where the image has no table, and with
+	 * --unwind auto where its table has no row for the frame (V8's
+	 * embedded builtins keep frame pointers, issue 41: unwind_step
+	 * marks the frame MT_FP_STEP_FRAME), as libunwind does. Not
+	 * through a rule BPF does not evaluate: code with CFI keeps
+	 * rbp for data, and the step made up callers (issue 23). */
+	if (unwind_mode == MT_UNWIND_DWARF ||
+	    (w->map.npages && cfa_kind != MT_CFA_NONE)) {
+		walk_end(w, cfa_kind == MT_CFA_UNSUPPORTED ? MT_END_UNSUPPORTED
+							      : MT_END_NO_TABLE);
+		return false;
+	}
+	return fp_step(w, MT_END_NO_TABLE, saved);
+}
+
 /* Moves the walk from its frame to the caller's by the frame's rule; false
  * (with end set) when it cannot. */
 static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind_row *rowp)
@@ -509,34 +548,10 @@ static __always_inline bool unwind_frame(struct unwind_walk *w, struct mt_unwind
 	case MT_CFA_END:
 		walk_end(w, MT_END_COMPLETE);
 		return false;
-	case MT_CFA_SIGNAL: {
-		/* struct ucontext at sp: uc_mcontext at 40, its rbp, rsp and
-		 * rip at 80, 120 and 128 past it. */
-		__u64 uc = w->sp;
-
-		if (bpf_probe_read_user(&w->bp, 8, (void *)(uc + 120)) ||
-		    bpf_probe_read_user(&w->pc, 8, (void *)(uc + 168)) ||
-		    bpf_probe_read_user(&w->sp, 8, (void *)(uc + 160))) {
-			walk_end(w, MT_END_UNREADABLE);
-			return false;
-		}
-		w->exact = 1;
-		return true;
-	}
+	case MT_CFA_SIGNAL:
+		return signal_frame(w);
 	default:
-		/* A frame-pointer step where the image has no table, and with
-		 * --unwind auto where its table has no row for the frame (V8's
-		 * embedded builtins keep frame pointers, issue 41: unwind_step
-		 * marks the frame MT_FP_STEP_FRAME), as libunwind does. Not
-		 * through a rule BPF does not evaluate: code with CFI keeps
-		 * rbp for data, and the step made up callers (issue 23). */
-		if (unwind_mode == MT_UNWIND_DWARF ||
-		    (w->map.npages && cfa_kind != MT_CFA_NONE)) {
-			walk_end(w, cfa_kind == MT_CFA_UNSUPPORTED ? MT_END_UNSUPPORTED
-								      : MT_END_NO_TABLE);
-			return false;
-		}
-		return fp_step(w, MT_END_NO_TABLE, &saved);
+		return no_rule_step(w, cfa_kind, &saved);
 	}
 	/* The caller's frame is above this one; below it by an rbp-based
 	 * rule (the rbp a stack switch saved), it is on another stack. */
