@@ -22,6 +22,46 @@
  *   here.
  */
 
+/*
+ * Who writes and who reads each map (parts of this object by file; "user":
+ * memtrail's Rust side, by the map's name through the skeleton):
+ *
+ *   event_rings       user inserts the rings; records.bpf.h writes (every
+ *                     part's events); user's pollers read (src/ring)
+ *   stacks            stack.c (stacks), python.c (code objects); user reads
+ *   mappings          memory.c writes; user reads
+ *   attach_requests   memory.c (images), process.c (fork, relink, exit);
+ *                     user's attach worker reads
+ *   known_images      user writes; memory.c reads
+ *   held_for_probes   process.c adds; user removes; process.c reads
+ *   foreign_stops     process.c (signal_generate), user; process.c reads
+ *   known_stacks      stack.c
+ *   tracked           process.c (fork adds, exit removes), user (the root);
+ *                     task.c, process.c read
+ *   hard_stops        pressure.c adds; user's coordinator reads, removes
+ *   pressure_wake     pressure.c writes; user's coordinator sleeps on it
+ *   inflight,
+ *   thread_slots      task.c (every probe's call state goes through it)
+ *   shim_procs        shim.c (hello), process.c (fork copies, exec and
+ *                     exit drop); shim.c reads
+ *   sysargs           memory.c; process.c drops a dying thread's
+ *   excluded_threads  user writes; task.c reads
+ *   unwind_rows,
+ *   unwind_shards,
+ *   unwind_images     user writes (src/unwind); unwind.c reads
+ *   row_cache         unwind.c; user clears it when it releases a table
+ *   code_maps         unwind.c; python.c reads; memory.c, process.c and
+ *                     user drop entries
+ *   stack_windows,
+ *   walk_frames       unwind.c, python.c, stack.c: one walk's own, claimed
+ *   py_images         user writes; unwind.c, python.c read
+ *   py_procs          python.c; process.c drops
+ *   py_codes          python.c
+ *   rss_states        memory.c; process.c writes the final peak, drops
+ *
+ * The .bss words and .rodata tunables below say who sets them.
+ */
+
 #define MT_MAX_PROCS 32768
 #define MT_MAX_THREADS 65536
 /* Thread slots (see thread_slots): 152 bytes each; a power of two. */
