@@ -138,7 +138,7 @@ pub fn strip_deleted(path: PathBuf) -> PathBuf {
 /// The key of an image in the BPF `known_images` map (`struct known_id`):
 /// its device (kernel encoding) and inode, and the process it is known for
 /// (0: every process).
-pub fn known_key(id: (u64, u64), tgid: u32) -> [u8; 24] {
+pub fn known_key(id: crate::sys::FileId, tgid: u32) -> [u8; 24] {
     let mut key = [0u8; 24];
     key[..16].copy_from_slice(&image_key(id));
     key[16..20].copy_from_slice(&tgid.to_ne_bytes());

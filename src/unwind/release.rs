@@ -39,6 +39,7 @@ use std::time::Instant;
 use memmap2::MmapMut;
 
 use super::Tables;
+use crate::sys::FileId;
 
 /// Slots of BPF's row cache (`MT_ROW_CACHE`).
 const ROW_CACHE_SLOTS: usize = 1 << 16;
@@ -164,13 +165,13 @@ fn mapped_files() -> Option<Mapped> {
 /// What [`mapped_files`] found.
 #[derive(Default)]
 struct Mapped {
-    ids: HashSet<(u64, u64)>,
+    ids: HashSet<FileId>,
     paths: HashSet<std::path::PathBuf>,
 }
 
 impl Mapped {
     /// Whether image `id`, at `path`, is mapped.
-    fn has(&self, id: &(u64, u64), path: &std::path::Path) -> bool {
+    fn has(&self, id: &FileId, path: &std::path::Path) -> bool {
         self.ids.contains(id) || self.paths.contains(path)
     }
 }
@@ -178,7 +179,7 @@ impl Mapped {
 /// The file a `/proc/PID/maps` line maps: `start-end perms offset
 /// MAJ:MIN inode path`, the device in hex, as the kernel encodes `s_dev`
 /// (major << 20 | minor, which BPF reads); None for anonymous memory.
-fn file_of_line(line: &str) -> Option<(u64, u64)> {
+fn file_of_line(line: &str) -> Option<FileId> {
     let mut fields = line.split_ascii_whitespace().skip(3);
     let (major, minor) = fields.next()?.split_once(':')?;
     let ino: u64 = fields.next()?.parse().ok()?;
@@ -186,7 +187,7 @@ fn file_of_line(line: &str) -> Option<(u64, u64)> {
         return None;
     }
     let dev = u64::from_str_radix(major, 16).ok()? << 20 | u64::from_str_radix(minor, 16).ok()?;
-    Some((dev, ino))
+    Some(FileId { dev, ino })
 }
 
 impl Tables {
@@ -209,12 +210,12 @@ impl Tables {
     /// false when the kernel could not wait for a grace period.
     fn release_with(&mut self, kept: &Kept) -> bool {
         let started = Instant::now();
-        let unmapped = |this: &Self, id: &(u64, u64), mapped: &Mapped| {
+        let unmapped = |this: &Self, id: &FileId, mapped: &Mapped| {
             let l = &this.loaded[id];
             let path = this.images_seen.get(l.entry).map(|i| i.image.as_path());
             !mapped.has(id, path.unwrap_or(std::path::Path::new("")))
         };
-        let unpinned = |this: &Self, mapped: &Mapped| -> Vec<(u64, u64)> {
+        let unpinned = |this: &Self, mapped: &Mapped| -> Vec<FileId> {
             let loaded = this.loaded.iter();
             loaded
                 .filter(|(id, l)| !l.pinned && unmapped(this, id, mapped))
@@ -296,7 +297,7 @@ impl Tables {
 /// `known_images`' key for image `id`, for every process (the attach
 /// module's `known_key(id, 0)`: the image key, then a zero tgid and
 /// padding).
-fn known_key(id: (u64, u64)) -> [u8; 24] {
+fn known_key(id: FileId) -> [u8; 24] {
     let mut key = [0u8; 24];
     key[..16].copy_from_slice(&crate::sys::image_key(id));
     key
