@@ -305,14 +305,20 @@ fn known_key(id: FileId) -> [u8; 24] {
 
 #[cfg(test)]
 mod tests {
-    use super::file_of_line;
+    use super::{FileId, file_of_line};
 
     /// Check that a maps line gives the file's device in the kernel's
     /// encoding and its inode, and anonymous memory nothing.
     #[test]
     fn unwind_release_reads_maps_lines() {
         let line = "7f2a1c000000-7f2a1c022000 r-xp 00028000 fd:01 1311237    /usr/lib/x86_64-linux-gnu/libc.so.6";
-        assert_eq!(file_of_line(line), Some((0xfd << 20 | 1, 1311237)));
+        assert_eq!(
+            file_of_line(line),
+            Some(FileId {
+                dev: 0xfd << 20 | 1,
+                ino: 1311237
+            })
+        );
         assert_eq!(
             file_of_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0    [stack]"),
             None
@@ -323,7 +329,10 @@ mod tests {
         );
         assert_eq!(
             file_of_line("55d0c000-55d0d000 r-xp 00000000 103:0a 42 /a b"),
-            Some((0x103 << 20 | 0xa, 42))
+            Some(FileId {
+                dev: 0x103 << 20 | 0xa,
+                ino: 42
+            })
         );
     }
 }
