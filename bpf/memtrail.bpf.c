@@ -3119,24 +3119,34 @@ static __always_inline __u64 freed_ptr(struct pt_regs *ctx, __u64 cookie)
  * its attach cookie. */
 static __noinline int free_entry(struct pt_regs *ctx, __u64 cookie)
 {
-	__u64 ptr = freed_ptr(ctx, cookie), pid_tgid = 0, sp;
+	__u64 ptr = freed_ptr(ctx, cookie), pid_tgid = 0, sp, ip;
 	struct inflight *cur = current_call_ids(&pid_tgid);
 
 	if (!cur)
 		return 0; /* untracked */
 	count_hit(cookie);
+	/* A split free's fast path leaving for its slow path: recorded there. */
+	if (((cookie >> MT_CK_FREE_COND_BIT) & 1) &&
+	    cc_holds(ctx->flags, (cookie >> MT_CK_FREE_CC_SHIFT) & 0xf) !=
+		    ((cookie >> MT_CK_FREE_TAKEN_BIT) & 1))
+		return 0;
 	/* free(NULL), or free() inside realloc(p, 0) or another allocator
 	 * (below its entry's stack pointer: a call pending above it is one a
 	 * longjmp or an exception left). */
 	/* Where the return address is (the probe may sit past a `sub $n,%rsp`,
 	 * MT_CK_SP_SHIFT). */
-	sp = PT_REGS_SP(ctx) + 8 * ((cookie >> MT_CK_SP_SHIFT) & 0xf);
+	sp = PT_REGS_SP(ctx) +
+	     8 * (((cookie >> MT_CK_SP_SHIFT) & 0xf) | ((cookie >> MT_CK_FREE_SP_HI_SHIFT) & 0xf) << 4);
+	/* A split free's two sites are one free's: the same stack pointer at
+	 * either is the next call from the same place, not a jump between
+	 * frees (free_pending_above). */
+	ip = (cookie >> MT_CK_FREE_SPLIT_BIT) & 1 ? 1 : PT_REGS_IP(ctx);
 	if (!ptr || (cur->depth > 0 && nested_in(cur, sp)) || in_shim_call(cookie) ||
-	    free_pending_above(cur, sp, PT_REGS_IP(ctx)))
+	    free_pending_above(cur, sp, ip))
 		return 0;
 	/* For in_free: that place, and what it holds. */
 	cur->free_sp = sp;
-	cur->free_ip = PT_REGS_IP(ctx);
+	cur->free_ip = ip;
 	if (bpf_probe_read_user(&cur->free_ret, sizeof(cur->free_ret), (void *)cur->free_sp))
 		cur->free_sp = 0;
 	emit_event(event_clock(cur), pid_tgid, MT_FREE, 0, ptr, 0, 0, 0);
