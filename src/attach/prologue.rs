@@ -390,7 +390,7 @@ pub(super) fn is_emulated(code: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::{harmless_prefix, is_emulated};
-    use crate::attach::Abi;
+    use crate::attach::{Abi, Role};
     use crate::attach::api::{COUNT_SIZE, REALLOC_N, SIZE0, SIZE1};
 
     /// The length of the harmless prefix of `code`, 0 for none.
