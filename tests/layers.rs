@@ -87,8 +87,8 @@ fn paths(code: &str) -> Vec<Vec<String>> {
         let start = at + i;
         let before = code[..start].chars().next_back();
         let mut text = &code[start..];
-        at = start + text.find("::").expect("a path") + 2;
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            at = start + text.find("::").expect("a path") + 2;
             continue; // `mycrate::`, `myself::`
         }
         // Segments up to the first one followed by something other than
@@ -109,6 +109,8 @@ fn paths(code: &str) -> Vec<Vec<String>> {
                 None => break,
             }
         }
+        // On past the whole path: `super::super::a` is one path.
+        at = code.len() - text.len();
         if kept.len() > 1 {
             paths.push(kept);
         }

@@ -9,7 +9,8 @@ use std::path::Path;
 use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
 
 use super::elf::Elf;
-use super::prologue::{ENDBR64, HARMLESS_WINDOW, harmless_prefix, is_emulated};
+use super::emulated::is_emulated;
+use super::prologue::{ENDBR64, HARMLESS_WINDOW, harmless_prefix};
 use super::{AttachError, Entry, Role, Site, api, free_sites, returns, static_image, usdt};
 use crate::sys::panic_text;
 

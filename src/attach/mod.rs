@@ -6,8 +6,9 @@
 //! attached once per address, under the first name in [`api::libc`] order.
 //!
 //! The files: [`elf_sites`] finds an image's sites (reading it through
-//! [`elf`]), [`prologue`] decides where on an entry its probe goes,
-//! [`links`] attaches the probes and hands out their hit counters.
+//! [`elf`]), [`prologue`] decides where on an entry its probe goes (onto
+//! an instruction the kernel emulates, [`emulated`]), [`links`] attaches
+//! the probes and hands out their hit counters.
 //!
 //! Probes are per process where the kernel allows ([`per_process`]), else
 //! system-wide (every process mapping the file hits them); the BPF programs
@@ -17,6 +18,7 @@ pub mod api;
 pub mod cache;
 mod elf;
 mod elf_sites;
+mod emulated;
 pub mod free_sites;
 mod links;
 pub mod per_process;

@@ -20,7 +20,7 @@
 use object::{Object, ObjectSection};
 
 use super::elf::Elf;
-use super::prologue::is_emulated;
+use super::emulated::is_emulated;
 use super::{Abi, Role, Site, api::SIZE0};
 use crate::bpf::record::Kind;
 
