@@ -262,7 +262,7 @@ pub fn cxx_new() -> Vec<Entry> {
 
 /// C++ `operator delete` variants (Itanium names: sized, array, aligned,
 /// nothrow), probed as frees in an image with an allocator of its own only
-/// (see `own_role` in `attach/mod.rs`).
+/// (see `own_role` in `attach/elf_sites.rs`).
 pub const OPERATOR_DELETE: [&str; 12] = [
     "_ZdlPv",
     "_ZdaPv",

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
 
-use super::per_process::ImageId;
+use crate::sys::FileId;
 
 /// The shim, as built for this binary.
 const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/memtrail_preload.so"));
@@ -75,7 +75,7 @@ pub struct Shim {
     /// The process that holds it for a command of another user.
     keeper: Option<crate::sys::ShimKeeper>,
     /// Its kernel identity, as BPF's image requests name it.
-    pub id: ImageId,
+    pub id: FileId,
     /// The file offset of `memtrail_hook`.
     pub hook_offset: u64,
 }
@@ -100,9 +100,8 @@ impl Shim {
         let file =
             crate::sys::sealed_memfd("memtrail_preload.so", SHIM).map_err(ShimError::Memfd)?;
         let md = std::fs::metadata(Self::fd_path(&file)).map_err(ShimError::Stat)?;
-        use std::os::unix::fs::MetadataExt;
         Ok(Self {
-            id: (crate::sys::kernel_dev(md.dev()), md.ino()),
+            id: FileId::of(&md),
             file,
             keeper: None,
             hook_offset,
@@ -157,10 +156,8 @@ impl Shim {
     }
 
     /// Whether image `id` is process `pid`'s executable (`/proc/PID/exe`).
-    pub fn is_executable(pid: u32, id: ImageId) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(format!("/proc/{pid}/exe"))
-            .is_ok_and(|md| (crate::sys::kernel_dev(md.dev()), md.ino()) == id)
+    pub fn is_executable(pid: u32, id: FileId) -> bool {
+        std::fs::metadata(format!("/proc/{pid}/exe")).is_ok_and(|md| FileId::of(&md) == id)
     }
 
     /// Whether process `pid` maps the shim now (false if its mappings
@@ -169,7 +166,7 @@ impl Shim {
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
             return false;
         };
-        let ino = self.id.1.to_string();
+        let ino = self.id.ino.to_string();
         maps.lines().any(|line| {
             // start-end perms offset dev inode path
             let mut fields = line.split_ascii_whitespace();
@@ -191,7 +188,7 @@ impl Shim {
         ) else {
             return false;
         };
-        major << 20 | minor == self.id.0
+        major << 20 | minor == self.id.dev
     }
 }
 

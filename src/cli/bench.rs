@@ -270,9 +270,10 @@ pub fn compare_format(format: Option<CompareFormat>, output: Option<&Path>) -> C
 }
 
 /// The device and inode of the file `path` names, if any.
-fn path_id(path: &Path) -> Option<crate::output::FileId> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+fn path_id(path: &Path) -> Option<crate::sys::FileId> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| crate::sys::FileId::of(&m))
 }
 
 /// The exit code for a failed bench.
@@ -372,7 +373,7 @@ pub fn bench(
         None => None,
     };
     // The files this bench reads: --output may be none of them.
-    let mut inputs: Vec<(&str, &Path, crate::output::FileId)> = Vec::new();
+    let mut inputs: Vec<(&str, &Path, crate::sys::FileId)> = Vec::new();
     if let Some((path, id)) = args.suite.as_deref().and_then(|p| Some((p, path_id(p)?))) {
         inputs.push(("the suite", path, id));
     }
@@ -467,7 +468,7 @@ fn keep_beside(
 fn open_output(
     output: Option<&Path>,
     force: bool,
-    inputs: &[(&str, &Path, crate::output::FileId)],
+    inputs: &[(&str, &Path, crate::sys::FileId)],
 ) -> Result<Option<OutputFile>, BenchError> {
     let io_err = |e: crate::output::OutputError| BenchError::Io {
         what: "cannot write",
@@ -534,7 +535,7 @@ pub fn compare(args: CompareArgs, stdout: &mut dyn Write) -> Result<i32, Compare
     let format = compare_format(args.format, args.output.as_deref());
     let base = Input::load(&args.base)?;
     let new = Input::load(&args.new)?;
-    let inputs: Vec<(&str, &Path, crate::output::FileId)> =
+    let inputs: Vec<(&str, &Path, crate::sys::FileId)> =
         [("the BASE file", &base), ("the NEW file", &new)]
             .into_iter()
             .filter_map(|(what, i)| Some((what, i.path.as_path(), i.id?)))

@@ -289,7 +289,7 @@ pub fn debug_offsets(bytes: &[u8]) -> Result<(WalkOffsets, CodeOffsets), String>
 pub fn note_image(
     map: std::os::fd::BorrowedFd<'_>,
     path: &Path,
-    id: (u64, u64),
+    id: crate::sys::FileId,
 ) -> Option<Interpreter> {
     let interp = interpreter(path)?;
     let key = crate::sys::image_key(id);

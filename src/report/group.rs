@@ -18,8 +18,8 @@ use std::sync::Arc;
 use regex::Regex;
 
 use super::Metric;
-use super::names::short;
-use super::sites::{Site, add, folded_name, module_base};
+use super::names::{module_base, short};
+use super::sites::{Site, add, folded_name};
 use crate::profile::unwind::StackEnd;
 use crate::profile::{Frame, PYTHON_MODULE};
 

@@ -123,7 +123,7 @@ impl Pools {
             module.is_empty()
                 || f.module
                     .as_deref()
-                    .is_some_and(|m| super::sites::module_base(m).starts_with(module))
+                    .is_some_and(|m| super::names::module_base(m).starts_with(module))
         };
         RUNTIME_POOLS
             .iter()
@@ -136,7 +136,7 @@ impl Pools {
                 (None, Some(also)) => {
                     let loader = |f: &Frame| {
                         f.module.as_deref().is_none_or(|m| {
-                            let base = super::sites::module_base(m);
+                            let base = super::names::module_base(m);
                             base.starts_with("ld-linux") || base.starts_with("ld.so")
                         })
                     };
