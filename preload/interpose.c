@@ -83,6 +83,7 @@
 #define RECORD_BEGIN(old)                                                                \
 	RECORD(ring_release(r_, rt_, MT_REALLOC_BEGIN, old), MT_REALLOC_BEGIN, old, 0, 0)
 
+/* Hot path. */
 EXPORT void *malloc(size_t size)
 {
 	if (__builtin_expect(mt_self.in_ring == 2, 0)) {
@@ -215,6 +216,7 @@ static int start_buffering(struct mt_thread *t)
 	return 1;
 }
 
+/* Hot path. */
 EXPORT void free(void *p)
 {
 	struct mt_thread *t = &mt_self;

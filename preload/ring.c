@@ -103,7 +103,7 @@ static struct shim_ring *ring_take(struct mt_thread *t)
 
 /* The thread's ring, or NULL: the hook path. Not while it writes to it
  * (a signal handler's call) or updates its buffer of frees. Frees the
- * hook path left buffered go first. */
+ * hook path left buffered go first. Hot path: every recorded call. */
 struct shim_ring *ring_of(struct mt_thread *t)
 {
 	struct shim_ring *r;
@@ -152,7 +152,8 @@ static int ring_wait(unsigned int *spins)
 
 /* Reserves a record of len bytes (BPF's ring buffer layout: an 8-byte
  * header, 8-byte aligned), busy until ring_commit. A record never wraps
- * past the data's end: a discarded filler takes the rest first. */
+ * past the data's end: a discarded filler takes the rest first. Hot path:
+ * every record. */
 void *ring_reserve(struct shim_ring *r, uint32_t len)
 {
 	uint64_t stride = (8 + (uint64_t)len + 7) & ~7ULL, size = ring_size, p = *r->prod;

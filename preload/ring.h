@@ -185,7 +185,8 @@ static inline void ring_header(struct mt_header *h, uint64_t ts, struct mt_threa
 	h->_pad = 0;
 }
 
-/* An event (struct mt_alloc_event), stamped after its reservation. */
+/* An event (struct mt_alloc_event), stamped after its reservation. Hot
+ * path (inline: a free's record is made in free's own body). */
 static inline void ring_event(struct shim_ring *r, struct mt_thread *t, uint16_t kind,
 			      uint64_t addr, uint64_t size, uint64_t old, uint64_t stack)
 {
