@@ -280,3 +280,7 @@ fn layers_clap_only_in_cli() {
         .collect();
     assert!(outside.is_empty(), "clap used outside cli/: {outside:#?}");
 }
+
+/// The C sides (`bpf/`, `preload/`): function and file sizes (issue 42).
+#[path = "layers/c_sizes.rs"]
+mod c_sizes;

@@ -48,6 +48,7 @@
 
 pub mod api;
 pub mod cache;
+pub mod free_sites;
 pub mod per_process;
 pub mod place;
 pub mod returns;
@@ -317,6 +318,11 @@ impl Site {
                 let sign = if off < 0 { "-" } else { "+" };
                 format!("{} return {sign}{:#x}", self.symbol, off.unsigned_abs())
             }
+            Role::Free if self.abi.free_split && self.abi.free_cond.is_none() => {
+                let off = self.skipped as i64;
+                let sign = if off < 0 { "-" } else { "+" };
+                format!("{} slow path {sign}{:#x}", self.symbol, off.unsigned_abs())
+            }
             _ => format!("{}+{:#x}", self.symbol, self.skipped),
         }
     }
@@ -437,6 +443,7 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
         .filter(|e| e.role == Role::Free)
         .filter_map(|e| functions.get(e.name.as_bytes()).copied())
         .collect();
+    let splits = split_frees(elf, &frees);
     for entry in api {
         let (name, kind) = (entry.name.as_str(), entry.kind);
         let Some(&vaddr) = functions.get(name.as_bytes()) else {
@@ -445,6 +452,15 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
         let Some(role) = own_role(entry, &sites) else {
             continue;
         };
+        if let Some(split) = splits.get(&vaddr).filter(|_| role == Role::Free) {
+            if !sites
+                .iter()
+                .any(|s| s.symbol != name && s.offset == split.fast.vaddr)
+            {
+                sites.extend(split_sites(elf, image, entry, vaddr, split));
+            }
+            continue;
+        }
         if role == Role::Free
             && tail_target(elf, &got_tails, vaddr)
                 .is_some_and(|to| to != vaddr && frees.contains(&to))
@@ -509,6 +525,67 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
     add_return_sites(elf, image, &got_tails, &allocs, &mut sites);
     sites.extend(usdt::find_markers(elf, image));
     Ok(sites)
+}
+
+/// The frees at `frees` split past their NULL test (see [`free_sites`]).
+fn split_frees(elf: &Elf<'_>, frees: &[u64]) -> std::collections::HashMap<u64, free_sites::Split> {
+    let candidates: Vec<u64> = frees
+        .iter()
+        .copied()
+        .filter(|&at| {
+            let skip = if elf.code_offset(at).and_then(|o| elf.bytes_at(o, 4)) == Some(&ENDBR64[..])
+            {
+                4
+            } else {
+                0
+            };
+            elf.null_test_len(at + skip).is_none()
+        })
+        .collect();
+    if candidates.is_empty() {
+        return std::collections::HashMap::new();
+    }
+    let code = |at: u64| elf.code_offset(at).and_then(|o| elf.code_at(o, 16));
+    let emulated = |at: u64| code(at).is_some_and(is_emulated);
+    let fdes = elf.fde_ranges();
+    let fde_start = |at: u64| fdes.binary_search_by_key(&at, |&(start, _)| start).is_ok();
+    let referrers = |targets: &[u64]| elf.referrers(targets);
+    free_sites::split(&code, &emulated, &fde_start, &referrers, &candidates)
+}
+
+/// The sites of a free split in two (its slow path's with the first free
+/// of those sharing it).
+fn split_sites(
+    elf: &Elf<'_>,
+    image: &Path,
+    entry: &Entry,
+    vaddr: u64,
+    split: &free_sites::Split,
+) -> Vec<Site> {
+    let site = |at: &free_sites::FreeSite| {
+        let offset = elf.code_offset(at.vaddr)?;
+        Some(Site {
+            image: image.to_owned(),
+            symbol: entry.name.clone(),
+            role: Role::Free,
+            kind: entry.kind,
+            abi: api::Abi {
+                ptr: (at.ptr != 0).then_some(at.ptr),
+                sp_adjust: at.sp_adjust,
+                free_split: true,
+                free_cond: at.cond,
+                ..entry.abi
+            },
+            offset,
+            skipped: at.vaddr.wrapping_sub(vaddr),
+            emulated: elf.code_at(offset, 16).is_some_and(is_emulated),
+            hit_slot: None,
+        })
+    };
+    std::iter::once(&split.fast)
+        .chain(split.slow.as_ref())
+        .filter_map(site)
+        .collect()
 }
 
 /// Adds the return sites of the allocating functions `allocs` found in
@@ -865,6 +942,48 @@ impl<'a> Elf<'a> {
 
     /// Length of an opening `test %rdi,%rdi; je <ret>` at `vaddr`: the probe
     /// can go after it without missing any call but free(NULL).
+    /// For each of `targets`, the ends of the instructions in executable
+    /// segments whose 32-bit displacement (any instruction's: a byte
+    /// sequence that is no instruction errs on the safe side) or short
+    /// jump reaches it, and u64::MAX where the image holds its address as
+    /// an aligned 64-bit word anywhere (a pointer, a relocation's addend, a
+    /// symbol's value). A displacement of 0 is left out: it names the
+    /// next instruction (padding's zeros end right before a target).
+    fn referrers(&self, targets: &[u64]) -> free_sites::Referrers {
+        let mut out: std::collections::HashMap<u64, Vec<u64>> = std::collections::HashMap::new();
+        for seg in self.file.segments() {
+            let object::SegmentFlags::Elf { p_flags } = seg.flags() else {
+                continue;
+            };
+            let Ok(bytes) = seg.data() else { continue };
+            if p_flags & PF_X == 0 {
+                continue;
+            }
+            let base = seg.address();
+            for (i, w) in bytes.windows(4).enumerate() {
+                let end = base + i as u64 + 4;
+                let rel = i64::from(i32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+                let to = end.wrapping_add_signed(rel);
+                if rel != 0 && targets.contains(&to) {
+                    out.entry(to).or_default().push(end);
+                }
+                let short = i > 0 && (bytes[i - 1] == 0xeb || bytes[i - 1] & 0xf0 == 0x70);
+                let end = base + i as u64 + 1;
+                let to = end.wrapping_add_signed(i64::from(w[0] as i8));
+                if short && w[0] != 0 && targets.contains(&to) {
+                    out.entry(to).or_default().push(end);
+                }
+            }
+        }
+        for w in self.data.chunks_exact(8) {
+            let word = u64::from_le_bytes(w.try_into().unwrap_or_default());
+            if targets.contains(&word) {
+                out.entry(word).or_default().push(u64::MAX);
+            }
+        }
+        out
+    }
+
     fn null_test_len(&self, vaddr: u64) -> Option<u64> {
         let code = self.code_at(self.file_offset(vaddr)?, HARMLESS_WINDOW)?;
         let mut decoder = Decoder::with_ip(64, code, vaddr, DecoderOptions::NONE);

@@ -461,7 +461,7 @@ fn sp_change(insn: &Instruction) -> Option<i64> {
 
 /// The condition code of a conditional jump (the low nibble of its
 /// opcode: `jo` 0 to `jg` 0xf).
-fn condition_code(insn: &Instruction) -> u8 {
+pub(super) fn condition_code(insn: &Instruction) -> u8 {
     match insn.mnemonic() {
         Mnemonic::Jo => 0x0,
         Mnemonic::Jno => 0x1,

@@ -105,7 +105,9 @@ struct Pools(Vec<(Option<Regex>, Option<Regex>)>);
 impl Pools {
     fn new() -> Self {
         let compile = |p: &str| {
-            (!p.is_empty()).then(|| Regex::new(p).expect("built-in runtime patterns compile"))
+            // `\w` as ASCII: Unicode's word class is costly to compile.
+            let p = p.replace("\\w", "[0-9A-Za-z_]");
+            (!p.is_empty()).then(|| Regex::new(&p).expect("built-in runtime patterns compile"))
         };
         Self(
             RUNTIME_POOLS
