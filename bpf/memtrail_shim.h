@@ -8,9 +8,9 @@
  * (after <linux/types.h>) and checks its own layout against these with
  * _Static_assert (preload/shim.h).
  *
- * Plain #defines, no enum: memtrail.bpf.c may still hold a #define of the
- * same name with the same value (an identical redefinition), until it
- * takes these from here alone.
+ * Plain #defines: a BPF or shim source that defines one again with
+ * another value fails to build (clang's -Wmacro-redefined under -Werror),
+ * and src/attach/shim.rs's test fails on any second definition.
  */
 #ifndef MEMTRAIL_SHIM_H
 #define MEMTRAIL_SHIM_H

@@ -257,10 +257,8 @@ mod tests {
     /// Check that the shim and the BPF program share one definition of
     /// each record layout, kind and constant (issue 42): the shim's
     /// sources include bpf/memtrail.h (which includes memtrail_shim.h) and
-    /// define none of its names again, nor one name in two files. (A BPF
-    /// source that defines one of them with another value fails to build:
-    /// it includes the header first, and clang's macro-redefined warning
-    /// is an error there.)
+    /// define none of its names again, nor one name in two files; nor does
+    /// any other BPF source.
     #[test]
     fn shim_defines_nothing_the_shared_header_does() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -287,6 +285,20 @@ mod tests {
             }
         }
         assert!(seen.len() > 50, "the shim's definitions were read");
+        // BPF's parts (the unity build's files) take them from the header too.
+        let mut parts = 0;
+        for entry in std::fs::read_dir(root.join("bpf")).expect("bpf/") {
+            let path = entry.expect("bpf/ entry").path();
+            let file = path.file_name().unwrap().to_string_lossy().into_owned();
+            if ["memtrail.h", "memtrail_shim.h", "vmlinux_min.h"].contains(&file.as_str()) {
+                continue;
+            }
+            parts += 1;
+            for name in c_definitions(&read(&path)) {
+                assert!(!header.contains(&name), "bpf/{file} defines {name} again");
+            }
+        }
+        assert!(parts > 5, "the BPF parts were read");
         let shim = read(&root.join("preload/shim.h"));
         assert!(shim.contains("#include \"memtrail.h\""));
     }
