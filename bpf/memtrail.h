@@ -4,7 +4,8 @@
  *
  * Userspace never mirrors these by hand: each type has a dummy global instance
  * in memtrail.bpf.c, so libbpf-cargo emits it into the skeleton's `types`
- * module and src/ decodes records through those generated definitions.
+ * module and src/ decodes records through those generated definitions. The
+ * preload shim (preload/shim.h) includes this header as it is.
  *
  * Every ring record starts with `struct mt_header`; `kind` selects the rest.
  */
@@ -609,5 +610,9 @@ enum mt_usdt_reg {
 	MT_REG_R12 = 12, MT_REG_R13 = 13, MT_REG_R14 = 14, MT_REG_R15 = 15,
 	MT_USDT_REG_SHIFT = 16,
 };
+
+/* What the preload shim and the BPF program agree on beyond these records
+ * (its hook's kinds, its thread state's layout). */
+#include "memtrail_shim.h"
 
 #endif /* MEMTRAIL_H */

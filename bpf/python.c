@@ -33,7 +33,7 @@
  * (their instruction pointer before the code) are left out.
  */
 #define MT_PY_THREADS 256
-#define MT_PY_OWNED_BY_CSTACK 3
+/* MT_PY_OWNED_BY_CSTACK: bpf/memtrail_shim.h (the shim's walk reads it too). */
 
 struct py_walk {
 	/* In the process's py_procs entry (not copied: the walk's frames are

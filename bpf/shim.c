@@ -18,7 +18,7 @@
 
 /*
  * The preload shim's hook (`memtrail run --preload`, issue 22;
- * preload/memtrail_preload.c): one program for every record the shim
+ * preload/, its calls in preload/hook.h): one program for every record the shim
  * hands over, one kernel entry each, on a 5-byte nop the kernel optimizes
  * (a syscall-entered trampoline instead of an int3 trap). Its registers:
  * rdi the kind (enum mt_kind, or MT_SHIM_HELLO), rsi the block, rdx the
@@ -41,21 +41,17 @@
  * end). What a thread leaves buffered when it ends otherwise (_exit, a
  * fatal signal, another thread's exit_group) shim_thread_ends reads from
  * its TLS.
+ *
+ * MT_SHIM_HELLO and MT_SHIM_FLUSH (the hook's kinds past enum mt_kind),
+ * MT_SHIM_COUNT_OFF and MT_SHIM_SLOTS_OFF (the shim's thread-local state,
+ * struct mt_thread in preload/shim.h, at the hello's offset from the
+ * thread pointer: the in-allocator flag, the count of buffered frees, the
+ * buffer) are bpf/memtrail_shim.h's, which the shim includes too.
  */
-#define MT_SHIM_HELLO 64
-#define MT_SHIM_FLUSH 65
-
-/* The shim's thread-local state (struct mt_thread in
- * preload/memtrail_preload.c), at the hello's offset from the thread
- * pointer: the in-allocator flag, the count of buffered frees, the
- * buffer. */
-#define MT_SHIM_COUNT_OFF 4
-#define MT_SHIM_SLOTS_OFF 8
 
 /* The preload shim's flag in the current thread's TLS: 0 outside real
- * allocator calls, set inside one, MT_SHIM_OWN while the shim works for
- * itself (its ring path's unwinder, issue 22). */
-#define MT_SHIM_OWN 2
+ * allocator calls, set inside one, MT_SHIM_OWN (bpf/memtrail_shim.h)
+ * while the shim works for itself (its ring path's unwinder, issue 22). */
 static __noinline __u32 shim_flag(void)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;

@@ -36,7 +36,7 @@
 //! tree paused): its ring is read without waiting for a busy record, and
 //! [`ShimRings::reap`] gives back the rings of threads that are gone,
 //! their unfinished record discarded. The shim's side is in
-//! `preload/memtrail_preload.c` ("The ring path").
+//! `preload/ring.h` (the ring path) and `preload/ring.c` (its writer).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -582,8 +582,8 @@ mod tests {
         taken.files.try_recv().expect("handed to the merge")
     }
 
-    /// Check the control page the shim reads (preload/memtrail_preload.c,
-    /// struct ring_control) and that each ring reads as a BPF ring.
+    /// Check the control page the shim reads (preload/ring.h, struct
+    /// ring_control) and that each ring reads as a BPF ring.
     #[test]
     fn control_page_and_rings() {
         let settings = Settings {
