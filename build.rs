@@ -84,11 +84,24 @@ fn pprof_types() {
         .unwrap_or_else(|err| panic!("compiling {SCHEMA}: {err}"));
 }
 
-/// Builds the preload shim (`preload/memtrail_preload.c`, `memtrail run
-/// --preload`) into `OUT_DIR/memtrail_preload.so`, which the binary embeds.
+/// Builds the preload shim (`preload/*.c`, `memtrail run --preload`) into
+/// `OUT_DIR/memtrail_preload.so`, which the binary embeds: one shared
+/// object from every C file there, over `bpf/memtrail.h` (the records and
+/// constants it shares with the BPF program; bpf/ is watched by `main`).
 fn preload_shim(clang: &Path, out: &Path) {
-    const SRC: &str = "preload/memtrail_preload.c";
-    println!("cargo:rerun-if-changed={SRC}");
+    const DIR: &str = "preload";
+    let mut sources = Vec::new();
+    for entry in std::fs::read_dir(DIR).expect("preload/ exists") {
+        let path = entry.expect("readable preload/ entry").path();
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("c") => sources.push(path.clone()),
+            Some("h") => {}
+            _ => continue,
+        }
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
+    // The same object whatever order the directory lists its files in.
+    sources.sort();
     let so = out.join("memtrail_preload.so");
     let status = Command::new(clang)
         .args([
@@ -97,16 +110,21 @@ fn preload_shim(clang: &Path, out: &Path) {
             "-shared",
             "-fno-omit-frame-pointer",
             "-mno-red-zone",
+            "-fvisibility=hidden",
             "-Wall",
             "-Werror",
+            "-Ibpf",
             "-Wl,-z,now",
             "-o",
         ])
         .arg(&so)
-        .arg(SRC)
+        .args(&sources)
         .status()
         .unwrap_or_else(|err| panic!("running {}: {err}", clang.display()));
-    assert!(status.success(), "building {SRC} failed");
+    assert!(
+        status.success(),
+        "building the preload shim ({DIR}/*.c) failed"
+    );
 }
 
 fn main() {

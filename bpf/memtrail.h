@@ -4,7 +4,8 @@
  *
  * Userspace never mirrors these by hand: each type has a dummy global instance
  * in memtrail.bpf.c, so libbpf-cargo emits it into the skeleton's `types`
- * module and src/ decodes records through those generated definitions.
+ * module and src/ decodes records through those generated definitions. The
+ * preload shim (preload/shim.h) includes this header as it is.
  *
  * Every ring record starts with `struct mt_header`; `kind` selects the rest.
  */
@@ -84,6 +85,19 @@ enum mt_kind {
  *   bits 48-63  the probe site's hit counter, 1-based (0: not counted; see
  *               enum mt_site_hits); in every probe's cookie, the region
  *               markers' too
+ * A free's cookie has no size or count; its bits 16-23 and 40-43 say
+ * where a free split past its NULL test records (issue 41,
+ * src/attach/free_sites.rs):
+ *   bits 16-19  the condition code of the conditional jump the site is on
+ *   bit  20     MT_CK_FREE_COND_BIT: the free records only when that jump
+ *               goes the way MT_CK_FREE_TAKEN_BIT says (its fast path's
+ *               last exit: falling through, the free completes there;
+ *               jumping, its slow path's site records it)
+ *   bit  22     MT_CK_FREE_SPLIT_BIT: one of the two sites of a split
+ *               free (each call records at one of them at most: the
+ *               same stack pointer at the other is the next call)
+ *   bits 40-43  the stack bytes / 8 above bits 32-35 (a slow path's site
+ *               sits below the registers and frame it saved)
  */
 enum mt_cookie_layout {
 	MT_CK_SIZE_SHIFT = 16,
@@ -100,6 +114,11 @@ enum mt_cookie_layout {
 	 * mt_return_cookie): the entry asks for one, and a nested call of it
 	 * counts in the depth its return takes back. */
 	MT_CK_KRET_BIT = 39,
+	MT_CK_FREE_CC_SHIFT = 16,
+	MT_CK_FREE_COND_BIT = 20,
+	MT_CK_FREE_TAKEN_BIT = 21,
+	MT_CK_FREE_SPLIT_BIT = 22,
+	MT_CK_FREE_SP_HI_SHIFT = 40,
 	MT_CK_SITE_SHIFT = 48,
 	/* The whole cookie of the preload shim's hook where alloc_session
 	 * serves it (no site's: kind 0xffff is none): one program verified
@@ -591,5 +610,9 @@ enum mt_usdt_reg {
 	MT_REG_R12 = 12, MT_REG_R13 = 13, MT_REG_R14 = 14, MT_REG_R15 = 15,
 	MT_USDT_REG_SHIFT = 16,
 };
+
+/* What the preload shim and the BPF program agree on beyond these records
+ * (its hook's kinds, its thread state's layout). */
+#include "memtrail_shim.h"
 
 #endif /* MEMTRAIL_H */

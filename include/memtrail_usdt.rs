@@ -3,7 +3,7 @@
 // region name's address in a register, `region_end`), for programs run
 // under `memtrail run` or `memtrail attach`. No library to link: copy this
 // file or `include!` it at a crate's root; the memtrail crate exports the
-// same macros (`memtrail::region_begin!`). Each marker is one `nop` (the
+// same macros (`memtrail::memtrail_region_begin!`). Each marker is one `nop` (the
 // kernel emulates it when probed; nothing when not traced) and a note in
 // `.note.stapsdt`. x86_64 only: elsewhere the markers are empty.
 //

@@ -9,8 +9,8 @@
 //!
 //! Nothing consumes: the rings are large enough to hold every record. The
 //! time per record of each producer, and the records per second of both
-//! together, give what sharing costs; perf/RESULTS.md models larger
-//! machines from it ("Per-CPU events rings").
+//! together, give what sharing costs (perf/RESULTS.md, "Per-CPU events
+//! rings"); perf/HISTORY.md models larger machines from it (same heading).
 //!
 //! `cargo bench --bench ring_contention` (as root). Without `--bench` (as
 //! `cargo test --benches` runs it) it does a short smoke run.

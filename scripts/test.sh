@@ -24,8 +24,9 @@ echo "== cargo test" >&2
 # later capture would read them at start-up.
 export MEMTRAIL_CACHE_DIR="${MEMTRAIL_CACHE_DIR:-${CARGO_TARGET_DIR:-$PWD/target}/tmp/memtrail-cache}"
 # The C and Python clients link libmemtrail.so, which cargo test does not
-# build by itself.
-cargo build --lib --quiet
+# build by itself; tests/examples.rs runs the Rust examples too (which a
+# `cargo test --test NAME` of its own does not build).
+cargo build --lib --examples --quiet
 # --no-fail-fast: one failing binary does not hide the others; the timeout
 # turns a hang the tests own watchdogs miss into a failure within CI's limit.
 target="$(cd "${CARGO_TARGET_DIR:-target}" && pwd -P)"

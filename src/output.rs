@@ -44,10 +44,11 @@ use std::fs::{self, File};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::profile::Profile;
+use crate::sys::FileId;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 use std::io::Write as _;
@@ -77,9 +78,6 @@ pub struct OutputError {
     #[source]
     pub source: io::Error,
 }
-
-/// A file's device and inode: what makes two paths the same file.
-pub type FileId = (u64, u64);
 
 /// Outputs that failed together: the first error, and the outputs that were
 /// therefore not written (none appears when one fails).
@@ -131,16 +129,16 @@ enum Target {
     File {
         dir: PathBuf,
         name: OsString,
-        existing: Option<(u64, u64)>,
+        existing: Option<FileId>,
     },
 }
 
 /// What makes two outputs the same file.
 #[derive(Debug, PartialEq, Eq)]
 enum Identity {
-    Inode(u64, u64),
-    /// A file yet to be created: its directory's (device, inode) and name.
-    Entry(u64, u64, OsString),
+    Inode(FileId),
+    /// A file yet to be created: its directory's identity and name.
+    Entry(FileId, OsString),
 }
 
 fn refused(what: &str) -> io::Error {
@@ -200,7 +198,7 @@ fn resolve(path: &Path) -> io::Result<Target> {
                 Ok(Target::File {
                     dir,
                     name,
-                    existing: Some((meta.dev(), meta.ino())),
+                    existing: Some(FileId::of(&meta)),
                 })
             } else if ft.is_fifo() || ft.is_char_device() {
                 Ok(Target::Stream)
@@ -230,24 +228,23 @@ fn resolve(path: &Path) -> io::Result<Target> {
 /// The identity of what `path` names, if it can be found (a path that
 /// cannot be resolved fails later, when it is created).
 fn identity(path: &Path) -> Option<Identity> {
-    let inode = |m: fs::Metadata| Identity::Inode(m.dev(), m.ino());
+    let inode = |m: fs::Metadata| Identity::Inode(FileId::of(&m));
     match resolve(path).ok()? {
         Target::Stdout => {
             let stat = rustix::fs::fstat(io::stdout()).ok()?;
-            Some(Identity::Inode(stat.st_dev, stat.st_ino))
+            Some(Identity::Inode(FileId::of_stat(&stat)))
         }
         Target::Stream => fs::metadata(path).ok().map(inode),
         Target::File {
-            existing: Some((dev, ino)),
-            ..
-        } => Some(Identity::Inode(dev, ino)),
+            existing: Some(id), ..
+        } => Some(Identity::Inode(id)),
         Target::File {
             dir,
             name,
             existing: None,
         } => {
             let m = fs::metadata(dir).ok()?;
-            Some(Identity::Entry(m.dev(), m.ino(), name))
+            Some(Identity::Entry(FileId::of(&m), name))
         }
     }
 }
@@ -276,11 +273,11 @@ pub fn check_distinct(outputs: &[(&'static str, &Path)]) -> Result<(), SameOutpu
 /// each input's description (`the profile`), path and device and inode (as
 /// read, as `memtrail report` identifies its input).
 pub fn check_not_input(output: &Path, inputs: &[(&str, &Path, FileId)]) -> Result<(), OutputError> {
-    let Some(Identity::Inode(dev, ino)) = identity(output) else {
+    let Some(Identity::Inode(output_id)) = identity(output) else {
         // A file yet to be created is no input.
         return Ok(());
     };
-    match inputs.iter().find(|(_, _, id)| *id == (dev, ino)) {
+    match inputs.iter().find(|(_, _, id)| *id == output_id) {
         Some((what, path, _)) => Err(OutputError {
             path: output.to_owned(),
             source: io::Error::new(
@@ -472,7 +469,7 @@ impl OutputFile {
 /// The device and inode of an open file.
 fn file_id(file: &File) -> io::Result<FileId> {
     let m = file.metadata()?;
-    Ok((m.dev(), m.ino()))
+    Ok(FileId::of(&m))
 }
 
 /// An output linked into its directory, not yet final (see [`commit_all`]).
@@ -506,7 +503,7 @@ impl Placed {
     /// Takes the output back out of its directory: an output that another
     /// failed output keeps from appearing.
     fn undo(self) {
-        let ours = |m: rustix::fs::Stat, id: FileId| (m.st_dev, m.st_ino) == id;
+        let ours = |m: rustix::fs::Stat, id: FileId| FileId::of_stat(&m) == id;
         match self {
             Placed::Stream | Placed::NamedPending { .. } => {}
             Placed::New { dir, name, id } => {
@@ -519,7 +516,7 @@ impl Placed {
                 }
             }
             Placed::NewPath { path, id } => {
-                if fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == id) {
+                if fs::symlink_metadata(&path).is_ok_and(|m| FileId::of(&m) == id) {
                     let _ = fs::remove_file(&path);
                 }
             }

@@ -1,7 +1,7 @@
 //! The house's floors (ARCHITECTURE.md): reads `src/` and checks that no
-//! file imports a module of a higher floor, that the files' `crate::`
-//! imports form no cycle, and that no function is longer than 100 lines
-//! (issue 27).
+//! file imports a module of a higher floor, that the files' imports
+//! (`crate::`, `super::` and `self::` paths alike, issue 42) form no cycle,
+//! and that no function is longer than 100 lines (issue 27).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -73,48 +73,84 @@ fn code(text: &str) -> String {
     out
 }
 
-/// Every `crate::a::b::...` path in `code`, as its segments (use-trees
-/// are read as their prefix: `crate::a::{b, c}` gives `a`).
-fn crate_paths(code: &str) -> Vec<Vec<String>> {
+/// Every `crate::a::b::...`, `super::a::...` and `self::a::...` path in
+/// `code`, as its segments, the first one `crate`, `super` or `self`
+/// (use-trees are read as their prefix: `crate::a::{b, c}` gives `a`).
+fn paths(code: &str) -> Vec<Vec<String>> {
     let mut paths = Vec::new();
     let mut at = 0;
-    while let Some(i) = code[at..].find("crate::") {
+    while let Some(i) = ["crate::", "super::", "self::"]
+        .iter()
+        .filter_map(|p| code[at..].find(p))
+        .min()
+    {
         let start = at + i;
-        at = start + "crate::".len();
         let before = code[..start].chars().next_back();
+        let mut text = &code[start..];
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            continue; // `mycrate::`
+            at = start + text.find("::").expect("a path") + 2;
+            continue; // `mycrate::`, `myself::`
         }
-        let segs: Vec<String> = code[at..]
-            .split("::")
-            .map_while(|s| {
-                let ident: String = s
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                (!ident.is_empty() && ident.len() == s.len().min(ident.len())).then_some(ident)
-            })
-            .collect();
-        // Stop at the first segment that was followed by something other
-        // than `::` (the rest of the line).
+        // Segments up to the first one followed by something other than
+        // `::` (the rest of the line).
         let mut kept = Vec::new();
-        let mut text = &code[at..];
-        for seg in segs {
-            kept.push(seg.clone());
-            text = &text[seg.len()..];
+        loop {
+            let ident: String = text
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if ident.is_empty() {
+                break;
+            }
+            text = &text[ident.len()..];
+            kept.push(ident);
             match text.strip_prefix("::") {
                 Some(t) => text = t,
                 None => break,
             }
         }
-        if !kept.is_empty() {
+        // On past the whole path: `super::super::a` is one path.
+        at = code.len() - text.len();
+        if kept.len() > 1 {
             paths.push(kept);
         }
     }
     paths
 }
 
-/// The file a `crate::` path leads to: the deepest module file on it.
+/// The module `file` is (`lib.rs`: the crate, `a/mod.rs`: `a`, `a/b.rs`:
+/// `a::b`), as its segments.
+fn module_of(root: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(root).expect("under src");
+    let mut segs: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let last = segs.pop().expect("a file name");
+    if !(segs.is_empty() && ["lib.rs", "main.rs"].contains(&last.as_str()) || last == "mod.rs") {
+        segs.push(last.trim_end_matches(".rs").to_owned());
+    }
+    segs
+}
+
+/// `path`, as read in module `me`, from the crate's root: `super::` and
+/// `self::` resolved (None when it climbs past the crate).
+fn absolute(me: &[String], path: &[String]) -> Option<Vec<String>> {
+    let (mut abs, rest) = match path[0].as_str() {
+        "crate" => (Vec::new(), &path[1..]),
+        "self" => (me.to_vec(), &path[1..]),
+        _ => (me.to_vec(), path),
+    };
+    let supers = rest.iter().take_while(|s| *s == "super").count();
+    for _ in 0..supers {
+        abs.pop()?;
+    }
+    abs.extend(rest[supers..].iter().cloned());
+    Some(abs)
+}
+
+/// The file a path from the crate's root leads to: the deepest module
+/// file on it.
 fn file_of(root: &Path, segs: &[String]) -> Option<PathBuf> {
     for n in (1..=segs.len()).rev() {
         let rel: PathBuf = segs[..n].iter().collect();
@@ -177,9 +213,10 @@ fn cycles(graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
     found
 }
 
-/// Check that no file of `src/` imports (through a `crate::` path) a
-/// module of a higher floor than its own, and that the files' imports
-/// form no cycle.
+/// Check that no file of `src/` imports (through a `crate::`, `super::` or
+/// `self::` path) a module of a higher floor than its own, and that the
+/// files' imports form no cycle. A file's use of a module it lies in (its
+/// parent, which declares it) is no edge of the graph.
 #[test]
 fn layers_import_only_downward_without_cycles() {
     let root = src();
@@ -189,8 +226,12 @@ fn layers_import_only_downward_without_cycles() {
     let mut graph: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
     for file in &all {
         let me = top_module(&root, file);
+        let module = module_of(&root, file);
         let text = std::fs::read_to_string(file).expect("read");
-        for path in crate_paths(&code(&text)) {
+        for path in paths(&code(&text)) {
+            let Some(path) = absolute(&module, &path).filter(|p| !p.is_empty()) else {
+                continue;
+            };
             let target = &path[0];
             if let (Some(mine), Some(theirs)) = (floor_of(&me), floor_of(target))
                 && theirs > mine
@@ -211,7 +252,8 @@ fn layers_import_only_downward_without_cycles() {
                     path.join("::")
                 ));
             }
-            if let Some(to) = file_of(&root, &path).filter(|to| to != file) {
+            let within = |to: &PathBuf| module.starts_with(&module_of(&root, to));
+            if let Some(to) = file_of(&root, &path).filter(|to| to != file && !within(to)) {
                 graph.entry(file.clone()).or_default().insert(to);
             }
         }
@@ -280,3 +322,7 @@ fn layers_clap_only_in_cli() {
         .collect();
     assert!(outside.is_empty(), "clap used outside cli/: {outside:#?}");
 }
+
+/// The C sides (`bpf/`, `preload/`): function and file sizes (issue 42).
+#[path = "layers/c_sizes.rs"]
+mod c_sizes;

@@ -56,6 +56,13 @@ pub struct Abi {
     /// (entry-only probes: operator new, the syscall wrappers), so the
     /// return address is that far above it.
     pub sp_adjust: u8,
+    /// A free's site split past its NULL test (see [`super::free_sites`]):
+    /// one of the pair whose sites each call records at one of at most.
+    pub free_split: bool,
+    /// A split free's fast-path site on a conditional jump: its condition
+    /// code, and whether the free completes on the taken branch (it
+    /// records only then; the other way leads to the slow path's site).
+    pub free_cond: Option<(u8, bool)>,
 }
 
 const fn abi(size: u8, count: Option<u8>, ptr: Option<u8>) -> Abi {
@@ -67,6 +74,8 @@ const fn abi(size: u8, count: Option<u8>, ptr: Option<u8>) -> Abi {
         result_is_size: false,
         size_overflow_of: false,
         sp_adjust: 0,
+        free_split: false,
+        free_cond: None,
     }
 }
 
@@ -103,15 +112,33 @@ impl Abi {
         if self.result_is_size {
             flags |= u64::from(t::mt_cookie_flags::MT_CK_RESULT_IS_SIZE.0);
         }
-        let overflow = u64::from(self.size_overflow_of) << t::mt_cookie_layout::MT_CK_SIZE_OF_BIT.0;
-        let sp = u64::from(self.sp_adjust / 8) << t::mt_cookie_layout::MT_CK_SP_SHIFT.0;
+        use t::mt_cookie_layout as l;
+        let overflow = u64::from(self.size_overflow_of) << l::MT_CK_SIZE_OF_BIT.0;
+        let words = u64::from(self.sp_adjust / 8);
+        let sp = (words & 0xf) << l::MT_CK_SP_SHIFT.0 | (words >> 4) << l::MT_CK_FREE_SP_HI_SHIFT.0;
+        let mut split = 0;
+        if self.free_split {
+            split |= 1 << l::MT_CK_FREE_SPLIT_BIT.0;
+        }
+        if let Some((cc, taken)) = self.free_cond {
+            split |= 1 << l::MT_CK_FREE_COND_BIT.0
+                | u64::from(cc & 0xf) << l::MT_CK_FREE_CC_SHIFT.0
+                | u64::from(taken) << l::MT_CK_FREE_TAKEN_BIT.0;
+        }
+        // A free's bits 16-23 are its split's (it has no size).
+        let sizes = if kind == Kind::Free {
+            0
+        } else {
+            u64::from(self.size) << l::MT_CK_SIZE_SHIFT.0
+                | idx(self.count) << l::MT_CK_COUNT_SHIFT.0
+        };
         overflow
             | sp
+            | split
+            | sizes
             | kind as u64
-            | u64::from(self.size) << t::mt_cookie_layout::MT_CK_SIZE_SHIFT.0
-            | idx(self.count) << t::mt_cookie_layout::MT_CK_COUNT_SHIFT.0
-            | idx(self.ptr) << t::mt_cookie_layout::MT_CK_PTR_SHIFT.0
-            | flags << t::mt_cookie_layout::MT_CK_FLAGS_SHIFT.0
+            | idx(self.ptr) << l::MT_CK_PTR_SHIFT.0
+            | flags << l::MT_CK_FLAGS_SHIFT.0
     }
 }
 
@@ -235,7 +262,7 @@ pub fn cxx_new() -> Vec<Entry> {
 
 /// C++ `operator delete` variants (Itanium names: sized, array, aligned,
 /// nothrow), probed as frees in an image with an allocator of its own only
-/// (see `own_role` in `attach/mod.rs`).
+/// (see `own_role` in `attach/elf_sites.rs`).
 pub const OPERATOR_DELETE: [&str; 12] = [
     "_ZdlPv",
     "_ZdaPv",

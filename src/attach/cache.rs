@@ -65,8 +65,11 @@ impl Stamp {
     }
 
     /// The kernel's identity of the file, as BPF's `known_images` keys it.
-    pub fn id(&self) -> (u64, u64) {
-        (self.dev, self.ino)
+    pub fn id(&self) -> crate::sys::FileId {
+        crate::sys::FileId {
+            dev: self.dev,
+            ino: self.ino,
+        }
     }
 }
 

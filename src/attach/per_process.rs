@@ -18,7 +18,7 @@
 //! (perf/fork_storm.sh). What stays system-wide is cheap: the sched and
 //! syscall tracepoints, which every process passes and leaves at once.
 
-use crate::sys::kernel_release;
+use crate::sys::{FileId, kernel_release};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -27,8 +27,6 @@ use std::thread::JoinHandle;
 
 use super::shim::{INTERPOSED, SHIM_COOKIE, Shim};
 use super::{AllocPrograms, AttachError, Links, Role, Site, known_key, link_sites_with};
-
-pub type ImageId = (u64, u64);
 
 /// The per-process probes, shared by the attach worker and the session.
 pub type Shared = std::sync::Arc<std::sync::Mutex<PerProcess>>;
@@ -52,12 +50,12 @@ struct Probed {
 /// A process's links on one image: whether they were made for a process
 /// that maps the preload shim (without the allocator sites, see
 /// [`kept_with_shim`]).
-type Linked = (ImageId, Links, bool);
+type Linked = (FileId, Links, bool);
 
 /// The images with allocator sites met so far, and each live process's
 /// links on them.
 pub struct PerProcess {
-    images: HashMap<ImageId, Probed>,
+    images: HashMap<FileId, Probed>,
     procs: HashMap<u32, Vec<Linked>>,
     detacher: Detacher,
     /// Links made over the capture, for the debug log at the end.
@@ -91,7 +89,7 @@ impl PerProcess {
     /// counters handed out already); none are attached yet.
     pub fn add_image(
         &mut self,
-        id: ImageId,
+        id: FileId,
         path: &Path,
         sites: &[Site],
     ) -> Result<(), AttachError> {
@@ -111,14 +109,14 @@ impl PerProcess {
 
     /// Forgets image `id` (its probes could not be made); the path its
     /// sites named. Links already made on it stay until their process exits.
-    pub fn remove_image(&mut self, id: ImageId) -> Option<PathBuf> {
+    pub fn remove_image(&mut self, id: FileId) -> Option<PathBuf> {
         let probed = self.images.remove(&id)?;
         probed.sites.first().map(|s| s.image.clone())
     }
 
     /// Whether image `id` has allocator sites (recorded by `add_image`),
     /// or is the preload shim.
-    pub fn has_image(&self, id: ImageId) -> bool {
+    pub fn has_image(&self, id: FileId) -> bool {
         self.images.contains_key(&id) || self.shim.as_ref().is_some_and(|s| s.id == id)
     }
 
@@ -129,7 +127,7 @@ impl PerProcess {
         progs: &AllocPrograms,
         known: BorrowedFd<'_>,
         pid: u32,
-        id: ImageId,
+        id: FileId,
     ) -> Result<bool, AttachError> {
         if self.shim.as_ref().is_some_and(|s| s.id == id) {
             return self.link_shim(progs, known, pid);
@@ -223,7 +221,7 @@ impl PerProcess {
             linked.push((shim.id, links, true));
         }
         self.preloaded.insert(pid);
-        let whole: Vec<ImageId> = linked
+        let whole: Vec<FileId> = linked
             .iter()
             .filter(|(i, _, filtered)| !filtered && *i != shim.id)
             .map(|(i, _, _)| *i)
@@ -246,7 +244,7 @@ impl PerProcess {
         parent: u32,
         child: u32,
     ) -> Result<bool, AttachError> {
-        let images: Vec<ImageId> = self
+        let images: Vec<FileId> = self
             .procs
             .get(&parent)
             .map(|linked| linked.iter().map(|(id, _, _)| *id).collect())

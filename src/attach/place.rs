@@ -17,8 +17,9 @@ use std::collections::HashMap;
 use std::mem;
 use std::path::Path;
 
-use super::per_process::{ImageId, PerProcess};
+use super::per_process::PerProcess;
 use super::{AllocPrograms, AttachError, HitSlots, Links, Site, attach_sites};
+use crate::sys::FileId;
 
 /// Where [`Placer::place`] put an image's sites.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +35,7 @@ pub enum Placed {
 
 /// Sites examined but not linked yet, by image: linked system-wide when a
 /// tracked process first maps their image.
-pub type Deferred = HashMap<ImageId, Vec<Site>>;
+pub type Deferred = HashMap<FileId, Vec<Site>>;
 
 /// What an image's probes are placed with.
 pub struct Placer<'a> {
@@ -54,7 +55,7 @@ pub struct Placer<'a> {
 /// One image to place.
 pub struct Image<'p> {
     /// Its kernel file identity, when it could be read.
-    pub id: Option<ImageId>,
+    pub id: Option<FileId>,
     /// The file probed (opened, linked).
     pub path: &'p Path,
     /// The name its sites carry once placed, when not `path` (the worker
@@ -100,7 +101,7 @@ impl Placer<'_> {
 
     /// Links the sites of image `id` examined earlier and deferred (see
     /// [`Placed::Deferred`]): all of them or none. None if it was not.
-    pub fn link_deferred(&mut self, id: ImageId) -> Option<Result<Vec<Site>, AttachError>> {
+    pub fn link_deferred(&mut self, id: FileId) -> Option<Result<Vec<Site>, AttachError>> {
         let mut sites = self.deferred.remove(&id)?;
         let mut made = Links::default();
         Some(

@@ -461,7 +461,7 @@ fn sp_change(insn: &Instruction) -> Option<i64> {
 
 /// The condition code of a conditional jump (the low nibble of its
 /// opcode: `jo` 0 to `jg` 0xf).
-fn condition_code(insn: &Instruction) -> u8 {
+pub(super) fn condition_code(insn: &Instruction) -> u8 {
     match insn.mnemonic() {
         Mnemonic::Jo => 0x0,
         Mnemonic::Jno => 0x1,
@@ -625,7 +625,7 @@ mod tests {
 
     fn sites(code: &[u8], got: &dyn Fn(u64) -> Option<Tail>) -> Vec<ReturnSite> {
         let bytes = |at: u64| code.get(usize::try_from(at).ok()?..);
-        let emulated = |at: u64| bytes(at).is_some_and(super::super::is_emulated);
+        let emulated = |at: u64| bytes(at).is_some_and(super::super::emulated::is_emulated);
         let whole = |_: u64| Some((0, code.len() as u64));
         return_sites(&bytes, &emulated, got, &whole, 0, false).expect("followed")
     }
@@ -702,7 +702,7 @@ mod tests {
         tail.resize(0x20, 0xcc);
         tail.extend([0xff, 0x25, 0x00, 0x10, 0x00, 0x00]);
         let bytes = |at: u64| tail.get(usize::try_from(at).ok()?..);
-        let emulated = |at: u64| bytes(at).is_some_and(super::super::is_emulated);
+        let emulated = |at: u64| bytes(at).is_some_and(super::super::emulated::is_emulated);
         let whole = |_: u64| Some((0, tail.len() as u64));
         let unknown = return_sites(&bytes, &emulated, &|_| None, &whole, 0, false);
         assert_eq!(unknown, Err(super::Unfollowed::Indirect(0x20)));

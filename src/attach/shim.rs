@@ -7,8 +7,8 @@
 //! 32, not yet freed) and go with its next allocation's hook as one record
 //! of frees.
 //!
-//! `preload/memtrail_preload.c`, built by build.rs and embedded here, is
-//! written at start-up into a sealed memfd that memtrail keeps open; the
+//! The shim's sources (`preload/*.c`, over `bpf/memtrail.h`), built by
+//! build.rs into one object and embedded here, are written at start-up into a sealed memfd that memtrail keeps open; the
 //! command gets `LD_PRELOAD=/proc/<memtrail>/fd/<n>` (nothing on disk), or,
 //! when it may not open memtrail's descriptors (run as another user under
 //! sudo, or memtrail holding capabilities it lacks), `/proc/<keeper>/fd/3`:
@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
 
-use super::per_process::ImageId;
+use crate::sys::FileId;
 
 /// The shim, as built for this binary.
 const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/memtrail_preload.so"));
@@ -43,7 +43,7 @@ const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/memtrail_preload.s
 /// The hook's symbol in the shim.
 const HOOK: &str = "memtrail_hook";
 
-/// What the shim interposes (`preload/memtrail_preload.c`): in a process
+/// What the shim interposes (`preload/interpose.c`): in a process
 /// with the shim, every call of these by name goes through it.
 pub const INTERPOSED: [&str; 10] = [
     "malloc",
@@ -75,7 +75,7 @@ pub struct Shim {
     /// The process that holds it for a command of another user.
     keeper: Option<crate::sys::ShimKeeper>,
     /// Its kernel identity, as BPF's image requests name it.
-    pub id: ImageId,
+    pub id: FileId,
     /// The file offset of `memtrail_hook`.
     pub hook_offset: u64,
 }
@@ -100,9 +100,8 @@ impl Shim {
         let file =
             crate::sys::sealed_memfd("memtrail_preload.so", SHIM).map_err(ShimError::Memfd)?;
         let md = std::fs::metadata(Self::fd_path(&file)).map_err(ShimError::Stat)?;
-        use std::os::unix::fs::MetadataExt;
         Ok(Self {
-            id: (crate::sys::kernel_dev(md.dev()), md.ino()),
+            id: FileId::of(&md),
             file,
             keeper: None,
             hook_offset,
@@ -157,10 +156,8 @@ impl Shim {
     }
 
     /// Whether image `id` is process `pid`'s executable (`/proc/PID/exe`).
-    pub fn is_executable(pid: u32, id: ImageId) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(format!("/proc/{pid}/exe"))
-            .is_ok_and(|md| (crate::sys::kernel_dev(md.dev()), md.ino()) == id)
+    pub fn is_executable(pid: u32, id: FileId) -> bool {
+        std::fs::metadata(format!("/proc/{pid}/exe")).is_ok_and(|md| FileId::of(&md) == id)
     }
 
     /// Whether process `pid` maps the shim now (false if its mappings
@@ -169,7 +166,7 @@ impl Shim {
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
             return false;
         };
-        let ino = self.id.1.to_string();
+        let ino = self.id.ino.to_string();
         maps.lines().any(|line| {
             // start-end perms offset dev inode path
             let mut fields = line.split_ascii_whitespace();
@@ -191,7 +188,7 @@ impl Shim {
         ) else {
             return false;
         };
-        major << 20 | minor == self.id.0
+        major << 20 | minor == self.id.dev
     }
 }
 
@@ -215,18 +212,92 @@ mod tests {
     use super::{SHIM, hook_offset};
 
     /// Check that the shim's list of C++ operator news (whose frames its
-    /// ring path leaves out, `operator_new` in preload/memtrail_preload.c)
+    /// ring path leaves out, `operator_new` in preload/stack.c)
     /// is the unwind tables' (`OPERATOR_NEW`, flagged for BPF's walk): the
     /// two walks must skip the same frames.
     #[test]
     fn shim_skips_the_operator_news_the_tables_flag() {
-        let source = include_str!("../../preload/memtrail_preload.c");
+        let source = include_str!("../../preload/stack.c");
         let start = source
             .find("static const char *const operator_new[] = {")
             .expect("the shim's operator_new list");
         let list = &source[start..start + source[start..].find("};").expect("its end")];
         let names: Vec<&str> = list.split('"').skip(1).step_by(2).collect();
         assert_eq!(names, crate::unwind::table::OPERATOR_NEW);
+    }
+
+    /// The names a C source defines: macros, struct/enum/union tags and
+    /// enumerators (comments left out).
+    fn c_definitions(source: &str) -> std::collections::BTreeSet<String> {
+        let comments = regex::Regex::new(r"(?s)/\*.*?\*/|//[^\n]*").unwrap();
+        let code = comments.replace_all(source, " ");
+        let tag =
+            regex::Regex::new(r"#\s*define\s+(\w+)|\b(?:struct|enum|union)\s+(\w+)\s*\{").unwrap();
+        let enums = regex::Regex::new(r"\benum\b[^{;]*\{([^}]*)\}").unwrap();
+        let item = regex::Regex::new(r"^\s*(\w+)").unwrap();
+        let mut names: std::collections::BTreeSet<String> = tag
+            .captures_iter(&code)
+            .filter_map(|c| c.get(1).or(c.get(2)))
+            .map(|m| m.as_str().to_owned())
+            .collect();
+        for body in enums.captures_iter(&code) {
+            names.extend(
+                body[1]
+                    .split(',')
+                    .filter_map(|i| item.captures(i))
+                    .map(|c| c[1].to_owned()),
+            );
+        }
+        names
+    }
+
+    /// Check that the shim and the BPF program share one definition of
+    /// each record layout, kind and constant (issue 42): the shim's
+    /// sources include bpf/memtrail.h (which includes memtrail_shim.h) and
+    /// define none of its names again, nor one name in two files; nor does
+    /// any other BPF source.
+    #[test]
+    fn shim_defines_nothing_the_shared_header_does() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let read = |p: &std::path::Path| std::fs::read_to_string(p).expect("readable source");
+        let header: std::collections::BTreeSet<String> = ["memtrail.h", "memtrail_shim.h"]
+            .iter()
+            .flat_map(|h| c_definitions(&read(&root.join("bpf").join(h))))
+            .collect();
+        for name in ["MT_MALLOC", "mt_py_offsets", "MT_PY_FRAME", "MT_SHIM_HELLO"] {
+            assert!(header.contains(name), "the header parse found {name}");
+        }
+        let copy = "enum { MT_MALLOC = 1, X };\n#define MT_PY_FRAME 1\nstruct mt_py_offsets {};";
+        assert_eq!(c_definitions(copy).intersection(&header).count(), 3);
+        let mut seen = std::collections::BTreeMap::new();
+        for entry in std::fs::read_dir(root.join("preload")).expect("preload/") {
+            let path = entry.expect("preload/ entry").path();
+            let source = read(&path);
+            let file = path.file_name().unwrap().to_string_lossy().into_owned();
+            for name in c_definitions(&source) {
+                assert!(!header.contains(&name), "{file} defines {name} again");
+                if let Some(other) = seen.insert(name.clone(), file.clone()) {
+                    panic!("{name} is defined in {other} and {file}");
+                }
+            }
+        }
+        assert!(seen.len() > 50, "the shim's definitions were read");
+        // BPF's parts (the unity build's files) take them from the header too.
+        let mut parts = 0;
+        for entry in std::fs::read_dir(root.join("bpf")).expect("bpf/") {
+            let path = entry.expect("bpf/ entry").path();
+            let file = path.file_name().unwrap().to_string_lossy().into_owned();
+            if ["memtrail.h", "memtrail_shim.h", "vmlinux_min.h"].contains(&file.as_str()) {
+                continue;
+            }
+            parts += 1;
+            for name in c_definitions(&read(&path)) {
+                assert!(!header.contains(&name), "bpf/{file} defines {name} again");
+            }
+        }
+        assert!(parts > 5, "the BPF parts were read");
+        let shim = read(&root.join("preload/shim.h"));
+        assert!(shim.contains("#include \"memtrail.h\""));
     }
 
     /// Check that the embedded shim's hook starts with the 5-byte nop the

@@ -19,7 +19,9 @@
 
 use object::{Object, ObjectSection};
 
-use super::{Abi, Elf, Role, Site, api::SIZE0, is_emulated};
+use super::elf::Elf;
+use super::emulated::is_emulated;
+use super::{Abi, Role, Site, api::SIZE0};
 use crate::bpf::record::Kind;
 
 /// The provider the markers use.

@@ -39,6 +39,7 @@ use crate::bpf::record::{self, MappingRecord, Request};
 use crate::engine::Sink;
 use crate::proctree::stops::{Owner, Stops};
 use crate::profile::SkippedImage;
+use crate::sys::FileId;
 
 /// An image that could not be examined or probed.
 #[derive(Debug)]
@@ -52,7 +53,7 @@ pub struct AttachFailure {
 pub struct AttachWorker {
     progs: AllocPrograms,
     known_images: OwnedFd,
-    known: HashSet<(u64, u64)>,
+    known: HashSet<FileId>,
     stops: Arc<Stops>,
     /// Probes attached so far; they live as long as the capture.
     pub links: Links,
@@ -64,7 +65,7 @@ pub struct AttachWorker {
     pub failures: Vec<AttachFailure>,
     /// Images not probed (see the module's docs), once each.
     pub skipped: Vec<SkippedImage>,
-    skipped_ids: HashSet<(u64, u64)>,
+    skipped_ids: HashSet<FileId>,
     pub malformed: u64,
     /// Whether requesting processes are held stopped (BPF stopped them);
     /// off when memtrail tracks its own process (`attach_hold` in BPF).
@@ -100,7 +101,7 @@ impl AttachWorker {
     pub fn new(
         progs: AllocPrograms,
         known_images: OwnedFd,
-        known: HashSet<(u64, u64)>,
+        known: HashSet<FileId>,
         stops: Arc<Stops>,
         tables: Option<crate::unwind::Tables>,
         slots: HitSlots,
@@ -132,7 +133,7 @@ impl AttachWorker {
 
     /// Examines and probes one image (where its probes go: [`super::place`]).
     /// One examined up front (its table loaded then) is only probed.
-    fn examine(&mut self, req: &MappingRecord, id: (u64, u64)) -> Result<Examined, AttachError> {
+    fn examine(&mut self, req: &MappingRecord, id: FileId) -> Result<Examined, AttachError> {
         let mut placer = Placer {
             progs: &self.progs,
             slots: &mut self.slots,
@@ -161,7 +162,13 @@ impl AttachWorker {
         };
         // Stamped before reading: a file changed meanwhile gets a stamp
         // that no longer matches it, and is examined again next time.
-        let stamp = Stamp::of(&real).filter(|s| s.id() == (req.dev, req.ino));
+        let stamp = Stamp::of(&real).filter(|s| {
+            s.id()
+                == FileId {
+                    dev: req.dev,
+                    ino: req.ino,
+                }
+        });
         let mut sites = match capture_sites(&link, self.probe_new) {
             Ok(sites) => sites,
             Err(err) => return skipped_or(real, err),
@@ -217,7 +224,7 @@ impl AttachWorker {
 
     /// Names image `id` skipped, with why, once; logs it (at info for a
     /// file that is no ELF image: a JIT's or Wine's, nothing to probe).
-    fn skip(&mut self, pid: u32, id: (u64, u64), image: PathBuf, reason: String) {
+    fn skip(&mut self, pid: u32, id: FileId, image: PathBuf, reason: String) {
         if self.skipped_ids.insert(id) {
             if reason == NOT_ELF {
                 tracing::info!(pid, image = %image.display(), "not an ELF image: nothing to probe");
@@ -233,7 +240,7 @@ impl AttachWorker {
     }
 
     /// Whether image `id` is probed per process.
-    fn has_image(&self, id: (u64, u64)) -> bool {
+    fn has_image(&self, id: FileId) -> bool {
         self.per_process
             .as_ref()
             .is_some_and(|p| lock(p).has_image(id))
@@ -242,7 +249,7 @@ impl AttachWorker {
     /// Records image `id` examined: known to BPF for every process, unless
     /// its probes are made per process (`examine_request` makes each
     /// process's, and records the image known for that process).
-    fn mark_known(&mut self, id: (u64, u64)) {
+    fn mark_known(&mut self, id: FileId) {
         self.known.insert(id);
         if self.has_image(id) {
             return;
@@ -386,7 +393,10 @@ impl AttachWorker {
     /// probes makes the requesting process's probes on it.
     fn examine_request(&mut self, req: &MappingRecord) {
         let pid = req.pid;
-        let id = (req.dev, req.ino);
+        let id = FileId {
+            dev: req.dev,
+            ino: req.ino,
+        };
         self.reload_released(req, id);
         if self.has_image(id) {
             self.per_process_request(pid, |p, progs, known| p.link(progs, known, pid, id));
@@ -428,7 +438,7 @@ impl AttachWorker {
     /// Loads the table of image `id` again if it was released (no process
     /// mapped it; its `known_images` entry went with it, so this process
     /// asked, held: issue 23), and records the image known again.
-    fn reload_released(&mut self, req: &MappingRecord, id: (u64, u64)) {
+    fn reload_released(&mut self, req: &MappingRecord, id: FileId) {
         let Some(tables) = self.tables.as_mut().filter(|t| t.was_released(id)) else {
             return;
         };
@@ -451,7 +461,7 @@ impl AttachWorker {
     /// for process `pid`; an image whose code the kernel refuses to probe
     /// is skipped (and forgotten by the per-process probes), as one that
     /// failed to parse.
-    fn link_first(&mut self, pid: u32, id: (u64, u64)) {
+    fn link_first(&mut self, pid: u32, id: FileId) {
         let Some(per_process) = &self.per_process else {
             return;
         };

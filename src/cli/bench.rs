@@ -14,9 +14,10 @@ use crate::compare::{self, Input, Thresholds};
 use crate::output::OutputFile;
 
 /// The device and inode of the file `path` names, if any.
-fn path_id(path: &Path) -> Option<crate::output::FileId> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+fn path_id(path: &Path) -> Option<crate::sys::FileId> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| crate::sys::FileId::of(&m))
 }
 
 /// Runs `memtrail bench`: results to `stdout` (or --output), progress and
@@ -47,7 +48,7 @@ pub fn bench(
     // Read before the run replaces anything.
     let baseline = read_baseline(args.baseline.as_deref(), &dir, &save_as)?;
     // The files this bench reads: --output may be none of them.
-    let mut inputs: Vec<(&str, &Path, crate::output::FileId)> = Vec::new();
+    let mut inputs: Vec<(&str, &Path, crate::sys::FileId)> = Vec::new();
     if let Some((path, id)) = args.suite.as_deref().and_then(|p| Some((p, path_id(p)?))) {
         inputs.push(("the suite", path, id));
     }
@@ -222,7 +223,7 @@ fn keep_beside(
 fn open_output(
     output: Option<&Path>,
     force: bool,
-    inputs: &[(&str, &Path, crate::output::FileId)],
+    inputs: &[(&str, &Path, crate::sys::FileId)],
 ) -> Result<Option<OutputFile>, BenchError> {
     let io_err = |e: crate::output::OutputError| BenchError::Io {
         what: "cannot write",

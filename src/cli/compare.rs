@@ -15,7 +15,7 @@ pub fn compare(args: CompareArgs, stdout: &mut dyn Write) -> Result<i32, Compare
     let format = compare_format(args.format, args.output.as_deref());
     let base = Input::load(&args.base)?;
     let new = Input::load(&args.new)?;
-    let inputs: Vec<(&str, &Path, crate::output::FileId)> =
+    let inputs: Vec<(&str, &Path, crate::sys::FileId)> =
         [("the BASE file", &base), ("the NEW file", &new)]
             .into_iter()
             .filter_map(|(what, i)| Some((what, i.path.as_path(), i.id?)))

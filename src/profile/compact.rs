@@ -325,7 +325,8 @@ struct EntryIn {
     id: u64,
     pid: u32,
     exe: u32,
-    frames: Vec<u32>,
+    /// Its frame ids, in [`EntriesIn::ids`].
+    frames: std::ops::Range<usize>,
     end: StackEnd,
     metrics: StackMetrics,
 }
@@ -351,22 +352,94 @@ fn metric<'m>(m: &'m mut StackMetrics, name: &str) -> Option<&'m mut u64> {
     })
 }
 
-/// A stack's frame ids, at most [`MAX_STACK_FRAMES`].
-struct FrameIds;
+/// A stack's frame ids, at most [`MAX_STACK_FRAMES`], appended to the
+/// ids of the stacks read before it (one list for all: not an allocation
+/// per stack); where they are in it.
+struct FrameIds<'a>(&'a mut Vec<u32>);
 
-impl<'de> de::DeserializeSeed<'de> for FrameIds {
-    type Value = Vec<u32>;
+impl<'de> de::DeserializeSeed<'de> for FrameIds<'_> {
+    type Value = std::ops::Range<usize>;
 
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<u32>, D::Error> {
-        d.deserialize_seq(Bounded::<u32>::new(MAX_STACK_FRAMES, "frames in a stack"))
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FrameIds<'_> {
+    type Value = std::ops::Range<usize>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a list of at most {MAX_STACK_FRAMES} frames in a stack")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let start = self.0.len();
+        while let Some(id) = seq.next_element()? {
+            if self.0.len() - start == MAX_STACK_FRAMES {
+                return Err(de::Error::custom(format!(
+                    "more than {MAX_STACK_FRAMES} frames in a stack (a memtrail profile has far \
+                     fewer)"
+                )));
+            }
+            self.0.push(id);
+        }
+        Ok(start..self.0.len())
+    }
+}
+
+/// The keys of a stack memtrail knows (its metrics' and its own), and ""
+/// for any other.
+const ENTRY_KEYS: [&str; 19] = [
+    "id",
+    "pid",
+    "exe",
+    "frames",
+    "end",
+    "allocations",
+    "bytes",
+    "live_bytes_at_peak",
+    "live_allocations_at_peak",
+    "live_bytes_at_exit",
+    "live_allocations_at_exit",
+    "temporary_allocations",
+    "mmaps",
+    "mapped_bytes",
+    "reserved_bytes",
+    "reserved_bytes_at_exit",
+    "mapped_bytes_at_peak",
+    "mapped_bytes_at_exit",
+    "brk_bytes",
+];
+
+/// A key of a stack, as the one of [`ENTRY_KEYS`] it is (`""` for another):
+/// read without copying it.
+struct EntryKey(&'static str);
+
+impl<'de> Deserialize<'de> for EntryKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl Visitor<'_> for Key {
+            type Value = EntryKey;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<EntryKey, E> {
+                Ok(EntryKey(
+                    ENTRY_KEYS.iter().find(|k| **k == key).map_or("", |k| k),
+                ))
+            }
+        }
+        d.deserialize_identifier(Key)
     }
 }
 
 /// Reads an [`EntryIn`] key by key: its metrics are its other keys (those
 /// not 0), read as numbers; a key it does not know is skipped unread.
-struct EntryVisitor;
+struct EntryVisitor<'a>(&'a mut Vec<u32>);
 
-impl<'de> Visitor<'de> for EntryVisitor {
+impl<'de> Visitor<'de> for EntryVisitor<'_> {
     type Value = EntryIn;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -377,12 +450,13 @@ impl<'de> Visitor<'de> for EntryVisitor {
         let (mut id, mut pid, mut exe, mut frames) = (None, None, None, None);
         let mut end = StackEnd::default();
         let mut metrics = StackMetrics::default();
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            match &*key {
+        // Keys read in place (a profile's ~12,000 stacks have ~7 each).
+        while let Some(key) = map.next_key::<EntryKey>()? {
+            match key.0 {
                 "id" => id = Some(map.next_value_seed(IdString)?),
                 "pid" => pid = Some(map.next_value()?),
                 "exe" => exe = Some(map.next_value()?),
-                "frames" => frames = Some(map.next_value_seed(FrameIds)?),
+                "frames" => frames = Some(map.next_value_seed(FrameIds(&mut *self.0))?),
                 "end" => end = map.next_value()?,
                 name => match metric(&mut metrics, name) {
                     Some(v) => *v = map.next_value()?,
@@ -403,9 +477,11 @@ impl<'de> Visitor<'de> for EntryVisitor {
     }
 }
 
-impl<'de> Deserialize<'de> for EntryIn {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(EntryVisitor)
+impl<'de> de::DeserializeSeed<'de> for EntryVisitor<'_> {
+    type Value = EntryIn;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<EntryIn, D::Error> {
+        d.deserialize_map(self)
     }
 }
 
@@ -468,21 +544,20 @@ fn rows<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, 
 
 /// The stacks, at most [`MAX_TABLE_ROWS`], with at most
 /// [`MAX_FRAME_REFS`] frames in all.
-fn entries<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<EntryIn>, D::Error> {
+fn entries<'de, D: Deserializer<'de>>(d: D) -> Result<EntriesIn, D::Error> {
     struct Entries;
     impl<'de> Visitor<'de> for Entries {
-        type Value = Vec<EntryIn>;
+        type Value = EntriesIn;
 
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("a list of stacks")
         }
 
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<EntryIn>, A::Error> {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<EntriesIn, A::Error> {
             let mut out = Vec::new();
-            let mut frames = 0usize;
-            while let Some(e) = seq.next_element::<EntryIn>()? {
-                frames += e.frames.len();
-                if out.len() == MAX_TABLE_ROWS || frames > MAX_FRAME_REFS {
+            let mut ids = Vec::new();
+            while let Some(e) = seq.next_element_seed(EntryVisitor(&mut ids))? {
+                if out.len() == MAX_TABLE_ROWS || ids.len() > MAX_FRAME_REFS {
                     return Err(de::Error::custom(format!(
                         "more than {MAX_TABLE_ROWS} stacks or {MAX_FRAME_REFS} frames in all \
                          (a memtrail profile has far fewer)"
@@ -490,10 +565,17 @@ fn entries<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<EntryIn>, D::Error> {
                 }
                 out.push(e);
             }
-            Ok(out)
+            Ok(EntriesIn { list: out, ids })
         }
     }
     d.deserialize_seq(Entries)
+}
+
+/// The stacks as read, and the frame ids of them all.
+#[derive(Default)]
+struct EntriesIn {
+    list: Vec<EntryIn>,
+    ids: Vec<u32>,
 }
 
 /// The compact `stacks`, as read.
@@ -508,7 +590,7 @@ struct TablesIn {
     #[serde(deserialize_with = "rows")]
     frames: Vec<FrameRow>,
     #[serde(deserialize_with = "entries")]
-    entries: Vec<EntryIn>,
+    entries: EntriesIn,
 }
 
 /// Row `id` of the table `what`, or the error naming it.
@@ -564,18 +646,21 @@ impl TablesIn {
     /// The stacks, their frames resolved.
     fn resolve(mut self) -> Result<Vec<StackEntry>, String> {
         let frames = self.frames()?;
-        let entries = std::mem::take(&mut self.entries);
-        let mut stacks = Vec::with_capacity(entries.len());
-        for e in entries {
+        let EntriesIn { list, ids } = std::mem::take(&mut self.entries);
+        let mut stacks = Vec::with_capacity(list.len());
+        for e in list {
+            let of_stack = ids.get(e.frames.clone()).unwrap_or_default();
             stacks.push(StackEntry {
                 id: e.id,
                 pid: e.pid,
                 exe: row(&self.strings, e.exe, "string")?.to_string(),
-                frames: e
-                    .frames
-                    .iter()
-                    .map(|&id| row(&frames, id, "frame").cloned())
-                    .collect::<Result<_, _>>()?,
+                frames: {
+                    let mut stack = Vec::with_capacity(of_stack.len());
+                    for &id in of_stack {
+                        stack.push(row(&frames, id, "frame")?.clone());
+                    }
+                    stack
+                },
                 end: e.end,
                 metrics: e.metrics,
             });

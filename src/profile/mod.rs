@@ -40,16 +40,28 @@ fn current_version<S: serde::Serializer>(_: &u32, s: S) -> Result<S::Ok, S::Erro
 
 /// A 64-bit id as a decimal string.
 pub mod id_string {
-    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+    use serde::{Deserializer, Serializer, de::Error};
 
     pub fn serialize<S: Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(id)
     }
 
+    /// Reads the id in place (no copy of its string).
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        s.parse()
-            .map_err(|_| D::Error::custom(format!("a stack id is a decimal string, not {s:?}")))
+        struct Id;
+        impl serde::de::Visitor<'_> for Id {
+            type Value = u64;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_str<E: Error>(self, s: &str) -> Result<u64, E> {
+                s.parse()
+                    .map_err(|_| E::custom(format!("a stack id is a decimal string, not {s:?}")))
+            }
+        }
+        d.deserialize_str(Id)
     }
 }
 

@@ -289,7 +289,7 @@ pub fn debug_offsets(bytes: &[u8]) -> Result<(WalkOffsets, CodeOffsets), String>
 pub fn note_image(
     map: std::os::fd::BorrowedFd<'_>,
     path: &Path,
-    id: (u64, u64),
+    id: crate::sys::FileId,
 ) -> Option<Interpreter> {
     let interp = interpreter(path)?;
     let key = crate::sys::image_key(id);
@@ -312,7 +312,7 @@ pub const SHIM_LAYOUT: usize = 64;
 /// The layouts the preload shim walks Python frames with in its process
 /// (its ring path, issue 22), one per version: 3.minor (a `u32`), 4 bytes
 /// of padding, then `struct mt_py_offsets` as BPF has it (`struct
-/// ring_py_layout` in preload/memtrail_preload.c). The versions whose
+/// ring_py_layout` in preload/ring.h). The versions whose
 /// layout is known without their image: 3.11 and 3.12. (3.13's is read
 /// from an image's `_Py_DebugOffsets`: the shim gets it by the image, as
 /// [`shim_layout`] makes it, once memtrail has found that image.)
@@ -646,23 +646,21 @@ mod tests {
             .collect()
     }
 
-    /// Check that the preload shim reads the layouts and code records
-    /// memtrail writes: its copies of `struct mt_py_offsets` and `struct
-    /// mt_py_code_record` (preload/memtrail_preload.c) have bpf/memtrail.h's
-    /// fields in their order, and each layout holds 3.minor and the
-    /// offsets where the shim reads them.
+    /// Check that the preload shim reads the layouts memtrail writes:
+    /// its `struct ring_py_layout` (preload/ring.h) is 3.minor, padding,
+    /// then bpf/memtrail.h's `struct mt_py_offsets` itself (its size and
+    /// offset checked there at build time; the code records it writes are
+    /// the header's `struct mt_py_code_record`), and each layout holds
+    /// 3.minor and the offsets where the shim reads them.
     #[test]
     fn python_shim_layouts_match_the_shim() {
-        let shim = include_str!("../../preload/memtrail_preload.c");
+        let shim = include_str!("../../preload/ring.h");
         let header = include_str!("../../bpf/memtrail.h");
         let offsets = c_fields(header, "struct mt_py_offsets {");
         assert_eq!(offsets.len(), 22);
         let layout = c_fields(shim, "struct ring_py_layout {");
-        assert_eq!(layout[..2], ["minor", "_pad"]);
-        assert_eq!(layout[2..], offsets);
-        let record = c_fields(header, "struct mt_py_code_record {");
-        assert_eq!(record.len(), 13);
-        assert_eq!(c_fields(shim, "struct py_code_record {"), record);
+        assert_eq!(layout, ["minor", "_pad", "off", "_size"]);
+        assert!(shim.contains("struct mt_py_offsets off;"));
         let layouts = shim_layouts();
         assert_eq!(u32::from_ne_bytes(layouts[0][..4].try_into().unwrap()), 11);
         assert_eq!(u32::from_ne_bytes(layouts[1][..4].try_into().unwrap()), 12);

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use regex::Regex;
 
 use super::Metric;
-use super::names::short;
-use super::sites::{Site, add, folded_name, module_base};
+use super::names::{module_base, short};
+use super::sites::{Site, add, folded_name};
 use crate::profile::unwind::StackEnd;
 use crate::profile::{Frame, PYTHON_MODULE};
 
@@ -99,6 +99,9 @@ impl Grouping {
         let pattern = format!(
             "^(?:{alternatives})(?:\\.[\\w.]+)?(?:\\(.*\\))?( const)?(?: \\[clone \\.[\\w.]+\\])*$"
         );
+        // `\w` as ASCII (the names it matches are): Unicode's word class
+        // took ~25,000 allocations to compile, a cost in every report.
+        let pattern = pattern.replace("\\w", "[0-9A-Za-z_]");
         let builtin = Regex::new(&pattern).expect("the built-in wrapper patterns compile");
         Self {
             builtin: Some(builtin),
@@ -123,6 +126,16 @@ impl Grouping {
         let Some(builtin) = &self.builtin else {
             return false;
         };
+        // An unnamed frame's `module+0xOFFSET` matches no built-in
+        // pattern: named only for `--wrapper`'s.
+        if self.extra.is_empty()
+            && f.function
+                .as_deref()
+                .map(str::trim)
+                .is_none_or(str::is_empty)
+        {
+            return false;
+        }
         let name = folded_name(f);
         builtin.is_match(&name) || self.extra.iter().any(|r| r.is_match(&name))
     }

@@ -35,7 +35,7 @@
 
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read, Seek};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 use serde::Deserialize;
@@ -43,8 +43,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::ReportError;
-pub use crate::output::FileId;
 use crate::profile::{OLDEST_PROFILE_VERSION, PROFILE_FORMAT, PROFILE_VERSION, Profile};
+pub use crate::sys::FileId;
 
 /// The fields that say what a document is.
 #[derive(Deserialize)]
@@ -138,7 +138,7 @@ pub fn open_input(path: &Path) -> io::Result<InputFile> {
     rustix::fs::fcntl_setfl(&file, flags - rustix::fs::OFlags::NONBLOCK)?;
     Ok(InputFile {
         len: meta.len(),
-        id: (meta.dev(), meta.ino()),
+        id: FileId::of(&meta),
         file,
     })
 }

@@ -311,7 +311,7 @@ impl StackFilter {
             || self
                 .exes
                 .iter()
-                .any(|e| e == exe || e == sites::module_base(exe))
+                .any(|e| e == exe || e == names::module_base(exe))
     }
 
     /// Drops the stacks of other processes from `profile` (read from
@@ -328,7 +328,7 @@ impl StackFilter {
             .map(|pid| format!("with pid {pid}"));
         // An executable a process ran before an exec is only in its
         // stacks' `exe`.
-        let matches = |e: &String, exe: &str| e == exe || e == sites::module_base(exe);
+        let matches = |e: &String, exe: &str| e == exe || e == names::module_base(exe);
         let missing_exe = || {
             self.exes
                 .iter()

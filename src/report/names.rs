@@ -5,7 +5,8 @@
 //! suffixes GCC's demangled names end with are kept after the shortened
 //! name (`fill(Big) [clone .constprop.0] [clone .isra.0]` reads `fill
 //! [clone .constprop.0] [clone .isra.0]`, issue 41). JSON, pprof, folded
-//! stacks and flame graphs keep names whole.
+//! stacks and flame graphs keep names whole. Images (modules) read as
+//! their file name ([`module_base`]).
 
 use std::borrow::Cow;
 
@@ -24,6 +25,11 @@ pub(super) fn short(name: &str) -> Cow<'_, str> {
     let mut out = shorten(base);
     out.push_str(clones);
     Cow::Owned(out)
+}
+
+/// The last component of a module path: `/usr/lib/libc.so.6` → `libc.so.6`.
+pub(super) fn module_base(module: &str) -> &str {
+    module.rsplit('/').find(|s| !s.is_empty()).unwrap_or(module)
 }
 
 /// `name` split before the clone suffixes it ends with: `foo(int) [clone

@@ -105,7 +105,9 @@ struct Pools(Vec<(Option<Regex>, Option<Regex>)>);
 impl Pools {
     fn new() -> Self {
         let compile = |p: &str| {
-            (!p.is_empty()).then(|| Regex::new(p).expect("built-in runtime patterns compile"))
+            // `\w` as ASCII: Unicode's word class is costly to compile.
+            let p = p.replace("\\w", "[0-9A-Za-z_]");
+            (!p.is_empty()).then(|| Regex::new(&p).expect("built-in runtime patterns compile"))
         };
         Self(
             RUNTIME_POOLS
@@ -121,7 +123,7 @@ impl Pools {
             module.is_empty()
                 || f.module
                     .as_deref()
-                    .is_some_and(|m| super::sites::module_base(m).starts_with(module))
+                    .is_some_and(|m| super::names::module_base(m).starts_with(module))
         };
         RUNTIME_POOLS
             .iter()
@@ -134,7 +136,7 @@ impl Pools {
                 (None, Some(also)) => {
                     let loader = |f: &Frame| {
                         f.module.as_deref().is_none_or(|m| {
-                            let base = super::sites::module_base(m);
+                            let base = super::names::module_base(m);
                             base.starts_with("ld-linux") || base.starts_with("ld.so")
                         })
                     };

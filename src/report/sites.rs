@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use super::names::module_base;
 use super::reachable::Reach;
 use super::{Metric, Prepared};
 use crate::profile::unwind::{Outcome, StackEnd};
@@ -79,11 +80,6 @@ pub(super) fn ranked<'a>(
         sites.truncate(n);
     }
     sites
-}
-
-/// The last component of a module path: `/usr/lib/libc.so.6` → `libc.so.6`.
-pub(super) fn module_base(module: &str) -> &str {
-    module.rsplit('/').find(|s| !s.is_empty()).unwrap_or(module)
 }
 
 /// The frame shown past the last one of a stack whose walk stopped before

@@ -12,9 +12,9 @@
 use std::io::{self, Write};
 
 use super::group::{caller_name, group};
-use super::names::short;
+use super::names::{module_base, short};
 use super::reachable::Reach;
-use super::sites::{module_base, ranked, truncation, unnamed};
+use super::sites::{ranked, truncation, unnamed};
 use super::{Metric, Prepared};
 use crate::profile::{Frame, Profile, StackMetrics, human_bytes};
 

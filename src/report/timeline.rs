@@ -18,8 +18,8 @@ use std::fmt::Write as _;
 use std::io::{self, Write};
 
 use super::group::{Group, Grouping, frame_key, group};
-use super::names::short;
-use super::sites::{folded_name, module_base, ranked};
+use super::names::{module_base, short};
+use super::sites::{folded_name, ranked};
 use super::{Metric, Prepared};
 use crate::profile::timeline::{Point, Timeline};
 use crate::profile::{Frame, Profile, human_bytes};

@@ -82,7 +82,7 @@ pub const MAX_UNRECORDED_IDS: usize = 1024;
 /// rings that named a stack id none of them carried.
 ///
 /// The shim writes a stack into a ring before the first record of that
-/// ring naming it (`ring_knows` in preload/memtrail_preload.c: the ring's
+/// ring naming it (`ring_knows` in preload/ring.h: the ring's
 /// own table of ids), so a record naming a stack its file never carried
 /// names a stack never recorded (or one the shim could not write: its
 /// ring full). Such a record is handed on with no stack (in the totals,

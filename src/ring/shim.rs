@@ -36,7 +36,7 @@
 //! tree paused): its ring is read without waiting for a busy record, and
 //! [`ShimRings::reap`] gives back the rings of threads that are gone,
 //! their unfinished record discarded. The shim's side is in
-//! `preload/memtrail_preload.c` ("The ring path").
+//! `preload/ring.h` (the ring path) and `preload/ring.c` (its writer).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -517,16 +517,16 @@ pub struct ImageLayouts {
 impl ImageLayouts {
     /// Gives the shim image `(dev, ino)`'s layout (as [`PythonLayouts`]'
     /// are), unless it has it or no slot is free.
-    pub fn publish(&self, (dev, ino): (u64, u64), layout: &[u8; LAYOUT]) {
+    pub fn publish(&self, id: crate::sys::FileId, layout: &[u8; LAYOUT]) {
         let mut found = self.found.lock().unwrap_or_else(|e| e.into_inner());
-        let key = crate::sys::image_key((dev, ino));
+        let key = crate::sys::image_key(id);
         if found.iter().any(|(k, _)| *k == key) {
             return;
         }
         if found.len() == IMAGE_LAYOUTS {
             tracing::debug!(
-                dev,
-                ino,
+                dev = id.dev,
+                ino = id.ino,
                 "preload shim: no slot left for an interpreter's layout"
             );
             return;
@@ -564,7 +564,7 @@ mod tests {
 
     /// A ring file as the shim makes it (a page, unsealed), in this
     /// process, taken through an offer of `settings`.
-    fn taken(settings: Settings, images: &[((u64, u64), [u8; LAYOUT])]) -> ShimRings {
+    fn taken(settings: Settings, images: &[(crate::sys::FileId, [u8; LAYOUT])]) -> ShimRings {
         use std::os::fd::AsRawFd;
         let fd = rustix::fs::memfd_create(
             MEMFD_NAME,
@@ -582,8 +582,8 @@ mod tests {
         taken.files.try_recv().expect("handed to the merge")
     }
 
-    /// Check the control page the shim reads (preload/memtrail_preload.c,
-    /// struct ring_control) and that each ring reads as a BPF ring.
+    /// Check the control page the shim reads (preload/ring.h, struct
+    /// ring_control) and that each ring reads as a BPF ring.
     #[test]
     fn control_page_and_rings() {
         let settings = Settings {
@@ -657,11 +657,16 @@ mod tests {
     /// version word set), once per image.
     #[test]
     fn image_layouts_published_once() {
+        let id = |dev, ino| crate::sys::FileId { dev, ino };
         let mut layout = [9u8; LAYOUT];
         layout[..4].copy_from_slice(&13u32.to_ne_bytes());
         let rings = taken(
             Settings::default(),
-            &[((5, 77), layout), ((5, 77), layout), ((5, 78), layout)],
+            &[
+                (id(5, 77), layout),
+                (id(5, 77), layout),
+                (id(5, 78), layout),
+            ],
         );
         let at = |i: usize| IMAGE_LAYOUTS_AT + IMAGE_LAYOUT * i;
         let word = |at: usize| u64::from_ne_bytes(rings.map[at..at + 8].try_into().unwrap());

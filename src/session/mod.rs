@@ -302,7 +302,7 @@ const _: () = {
 struct FirstProbes {
     registry: attach::per_process::Shared,
     progs: attach::AllocPrograms,
-    libc: (u64, u64),
+    libc: crate::sys::FileId,
 }
 
 impl std::fmt::Debug for Session {

@@ -366,7 +366,10 @@ impl Sink for MappingSink {
                 end: m.end,
                 pgoff: m.pgoff,
                 path,
-                file_id: Some((m.dev, m.ino)),
+                file_id: Some(crate::sys::FileId {
+                    dev: m.dev,
+                    ino: m.ino,
+                }),
             },
         );
         self.scan_proc(m.pid);

@@ -18,10 +18,11 @@ use std::time::Instant;
 
 use super::CaptureError;
 use crate::attach::cache::ImageCache;
-use crate::attach::per_process::{ImageId, PerProcess};
+use crate::attach::per_process::PerProcess;
 use crate::attach::place::{self, Deferred, Placed, Placer};
 use crate::attach::{self, AllocPrograms, AttachError, HitSlots, Links, Site};
 use crate::profile::SkippedImage;
+use crate::sys::FileId;
 use crate::unwind::{self, PreparedTable};
 
 /// Why an image is probed up front, which decides what a failure does.
@@ -43,7 +44,7 @@ pub(super) struct Image {
     pub path: PathBuf,
     pub why: Why,
     /// Its kernel file identity, when it could be read.
-    pub id: Option<(u64, u64)>,
+    pub id: Option<FileId>,
     /// Its allocator entry points, when it is to be probed.
     pub sites: Option<Result<Vec<Site>, AttachError>>,
     /// Its unwind table, when the session loads tables.
@@ -160,7 +161,7 @@ fn prepare(tables: bool, probe_new: bool, enough: &AtomicBool) -> Result<Prepare
     };
     let mut images = essentials(tables, probe_new, cache.as_ref())?;
     let image_cache = ImageCache::load();
-    let mut seen: std::collections::HashSet<(u64, u64)> = images
+    let mut seen: std::collections::HashSet<FileId> = images
         .iter()
         .filter(|i| i.why == Why::Runtime)
         .filter_map(|i| i.id)
@@ -260,13 +261,13 @@ pub(super) struct Installed {
     pub sites: Vec<Site>,
     pub slots: HitSlots,
     /// Images examined, recorded known in BPF.
-    pub known: HashSet<ImageId>,
+    pub known: HashSet<FileId>,
     /// With per-process probes, images are recorded here and probed for
     /// each process that maps them (a running target's up front).
     pub registry: Option<PerProcess>,
     pub deferred: Deferred,
     /// libc's identity, with per-process probes (the command's first).
-    pub libc_id: Option<ImageId>,
+    pub libc_id: Option<FileId>,
     /// Mapped images of a running target not probed (see
     /// `AttachError::skip_reason`).
     pub skipped: Vec<SkippedImage>,
@@ -343,7 +344,7 @@ impl<'a> Install<'a> {
 
     /// Records image `id` examined: known to BPF for every process, unless
     /// its probes are made per process (each process's then, as it maps it).
-    fn mark_known(&mut self, id: ImageId) -> Result<(), CaptureError> {
+    fn mark_known(&mut self, id: FileId) -> Result<(), CaptureError> {
         if !self.out.registry.as_ref().is_some_and(|r| r.has_image(id)) {
             crate::sys::bpf_map_update(self.known_fd, &attach::known_key(id, 0), &[1])?;
         }
@@ -444,7 +445,7 @@ impl<'a> Install<'a> {
     }
 
     /// A mapped image of process `pid` whose probes could not be made.
-    fn not_probed(&mut self, pid: u32, image: &Path, id: ImageId, err: AttachError) {
+    fn not_probed(&mut self, pid: u32, image: &Path, id: FileId, err: AttachError) {
         if matches!(err, AttachError::NotElf { .. }) {
             tracing::info!(image = %image.display(), "not an ELF image: nothing to probe");
         } else {
@@ -467,14 +468,14 @@ impl<'a> Install<'a> {
 
     /// Records a Python interpreter in `py_images` when there are no
     /// tables (a table's load does it).
-    fn note_python(&self, image: &Path, id: ImageId) {
+    fn note_python(&self, image: &Path, id: FileId) {
         if let (None, Some(py)) = (&self.out.tables, &self.out.python) {
             let _ = crate::python::note_image(py.as_fd(), image, id);
         }
     }
 
     /// Loads an image's unwind table.
-    fn load_table(&mut self, image: &Path, id: ImageId) {
+    fn load_table(&mut self, image: &Path, id: FileId) {
         self.note_python(image, id);
         let per_image = self.out.registry.as_ref().is_some_and(|r| r.has_image(id));
         if let Some(tables) = &mut self.out.tables {

@@ -60,7 +60,7 @@ pub struct Mapping {
     /// The file: a full path once resolved, else its bare name.
     pub path: PathBuf,
     /// The file's identity (kernel `dev_t` encoding, inode), when known.
-    pub file_id: Option<(u64, u64)>,
+    pub file_id: Option<crate::sys::FileId>,
 }
 
 /// Gives full paths to mappings recorded by name only (their process was
@@ -68,7 +68,6 @@ pub struct Mapping {
 /// in a directory of another mapping, of a hint (the executables the tree
 /// ran), or of the usual library directories.
 pub fn resolve_paths(mappings: &mut HashMap<u32, Vec<Mapping>>, hints: &[PathBuf]) {
-    use std::os::unix::fs::MetadataExt;
     let mut dirs: Vec<PathBuf> = [
         "/lib/x86_64-linux-gnu",
         "/usr/lib/x86_64-linux-gnu",
@@ -97,9 +96,8 @@ pub fn resolve_paths(mappings: &mut HashMap<u32, Vec<Mapping>>, hints: &[PathBuf
     }
     dirs.sort();
     dirs.dedup();
-    let same_file = |path: &Path, (dev, ino): (u64, u64)| {
-        std::fs::metadata(path)
-            .is_ok_and(|md| md.ino() == ino && crate::sys::kernel_dev(md.dev()) == dev)
+    let same_file = |path: &Path, id: crate::sys::FileId| {
+        std::fs::metadata(path).is_ok_and(|md| crate::sys::FileId::of(&md) == id)
     };
     for m in mappings.values_mut().flatten() {
         if m.path.is_absolute() {

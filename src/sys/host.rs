@@ -44,12 +44,41 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// A file's identity as the kernel's BPF programs see it: (`s_dev` in the
-/// kernel's encoding, major << 20 | minor, inode).
-pub fn kernel_file_id(path: &Path) -> io::Result<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
+/// A file's identity, what makes two paths the same file: its device and
+/// inode, the device in the kernel's own encoding ([`kernel_dev`]), which
+/// BPF programs see in `s_dev`. One encoding for every identity, so one
+/// taken from a path equals the one BPF reports for the same file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId {
+    /// The device, major << 20 | minor.
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl FileId {
+    /// The identity of the file `md` describes.
+    pub fn of(md: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            dev: kernel_dev(md.dev()),
+            ino: md.ino(),
+        }
+    }
+
+    /// The identity of the file `stat` describes.
+    pub fn of_stat(stat: &rustix::fs::Stat) -> Self {
+        Self {
+            dev: kernel_dev(stat.st_dev),
+            ino: stat.st_ino,
+        }
+    }
+}
+
+/// The identity of the file at `path` (following symlinks) as the kernel's
+/// BPF programs see it.
+pub fn kernel_file_id(path: &Path) -> io::Result<FileId> {
     let md = std::fs::metadata(path)?;
-    Ok((kernel_dev(md.dev()), md.ino()))
+    Ok(FileId::of(&md))
 }
 
 /// A device number (`st_dev`) in the kernel's own encoding, which BPF

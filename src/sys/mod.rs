@@ -48,7 +48,7 @@ pub use fd::{
 };
 pub use guardian::{GUARDIAN_NAME, Guardian, GuardianCgroup, GuardianMaps};
 pub use host::{
-    dumpable, has_capability, kernel_dev, kernel_file_id, kernel_log_tail, kernel_release,
+    FileId, dumpable, has_capability, kernel_dev, kernel_file_id, kernel_log_tail, kernel_release,
     monotonic_ns, rcu_grace_period,
 };
 pub use keeper::ShimKeeper;
@@ -118,7 +118,7 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
 
 /// The key of an image in the BPF `unwind_images` map (`struct image_id`):
 /// its device (kernel encoding) and inode.
-pub fn image_key((dev, ino): (u64, u64)) -> [u8; 16] {
+pub fn image_key(FileId { dev, ino }: FileId) -> [u8; 16] {
     let mut key = [0u8; 16];
     key[..8].copy_from_slice(&dev.to_ne_bytes());
     key[8..].copy_from_slice(&ino.to_ne_bytes());

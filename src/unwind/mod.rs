@@ -67,7 +67,7 @@ pub const CACHED_ROWS: u32 = SHARD_SLOTS / 2;
 
 use crate::bpf::skel::memtrail::types::mt_unwind_image;
 use crate::profile::unwind::{ImageTable, Mode, Outcome, StackEnd, TableMemory};
-use crate::sys::error_chain;
+use crate::sys::{FileId, error_chain};
 
 /// Errors preparing unwind tables.
 #[derive(Debug, thiserror::Error)]
@@ -107,9 +107,9 @@ pub struct Tables {
     /// Slots of released tables, taken before the array grows.
     free: slots::Free,
     /// The loaded tables, by image.
-    loaded: HashMap<(u64, u64), Loaded>,
+    loaded: HashMap<FileId, Loaded>,
     /// Images whose table was released and that were not loaded since.
-    released: HashSet<(u64, u64)>,
+    released: HashSet<FileId>,
     /// Slots in tables now, the most at once, tables released.
     in_use: u64,
     peak: u64,
@@ -200,7 +200,7 @@ impl Tables {
     }
 
     /// Keeps image `id`'s table (loaded) for the whole capture.
-    pub fn pin(&mut self, id: (u64, u64)) {
+    pub fn pin(&mut self, id: FileId) {
         if let Some(loaded) = self.loaded.get_mut(&id) {
             loaded.pinned = true;
         }
@@ -208,7 +208,7 @@ impl Tables {
 
     /// Whether image `id`'s table was released and not loaded since: a
     /// process maps the image again.
-    pub fn was_released(&self, id: (u64, u64)) -> bool {
+    pub fn was_released(&self, id: FileId) -> bool {
         self.released.contains(&id)
     }
 
@@ -274,7 +274,7 @@ impl Tables {
     /// Prepares and loads the table of the image at `path` (a file whose
     /// device and inode are `id`, named `name` in warnings); warns, naming
     /// the image, when it has none or it does not fit.
-    pub fn load(&mut self, path: &Path, name: &Path, id: (u64, u64)) -> &ImageTable {
+    pub fn load(&mut self, path: &Path, name: &Path, id: FileId) -> &ImageTable {
         let started = Instant::now();
         let table = self.table_of(path);
         self.install_prepared(name, id, PreparedTable { table, micros: 0 }, started)
@@ -285,7 +285,7 @@ impl Tables {
     pub fn load_prepared(
         &mut self,
         name: &Path,
-        id: (u64, u64),
+        id: FileId,
         prepared: PreparedTable,
     ) -> &ImageTable {
         self.install_prepared(name, id, prepared, Instant::now())
@@ -294,7 +294,7 @@ impl Tables {
     fn install_prepared(
         &mut self,
         name: &Path,
-        id: (u64, u64),
+        id: FileId,
         prepared: PreparedTable,
         started: Instant,
     ) -> &ImageTable {
@@ -351,7 +351,7 @@ impl Tables {
 
     /// Records the image in `py_images` if it is a Python interpreter,
     /// before its table: walks through its code then find its frames.
-    fn note_python(&self, path: &Path, id: (u64, u64)) {
+    fn note_python(&self, path: &Path, id: FileId) {
         let Some(map) = &self.python else {
             return;
         };
@@ -370,7 +370,7 @@ impl Tables {
     /// Writes `table`'s page index and rows into free slots (released
     /// tables', else new ones) and makes them the image's; the outcome and
     /// the table's first slot.
-    fn install(&mut self, id: (u64, u64), table: &Table, cached: bool) -> (Outcome, Option<u64>) {
+    fn install(&mut self, id: FileId, table: &Table, cached: bool) -> (Outcome, Option<u64>) {
         let count = u32::try_from(table.rows.len()).unwrap_or(u32::MAX);
         // The page index, then the rows it indexes.
         let npages = match (table.rows.first(), table.rows.last()) {
@@ -541,7 +541,7 @@ pub fn mapped_only(
         .flatten()
         .map(|m| m.path.as_path())
         .collect();
-    let ids: HashSet<(u64, u64)> = mappings
+    let ids: HashSet<FileId> = mappings
         .values()
         .flatten()
         .filter_map(|m| m.file_id)

@@ -39,6 +39,7 @@ use std::time::Instant;
 use memmap2::MmapMut;
 
 use super::Tables;
+use crate::sys::FileId;
 
 /// Slots of BPF's row cache (`MT_ROW_CACHE`).
 const ROW_CACHE_SLOTS: usize = 1 << 16;
@@ -164,13 +165,13 @@ fn mapped_files() -> Option<Mapped> {
 /// What [`mapped_files`] found.
 #[derive(Default)]
 struct Mapped {
-    ids: HashSet<(u64, u64)>,
+    ids: HashSet<FileId>,
     paths: HashSet<std::path::PathBuf>,
 }
 
 impl Mapped {
     /// Whether image `id`, at `path`, is mapped.
-    fn has(&self, id: &(u64, u64), path: &std::path::Path) -> bool {
+    fn has(&self, id: &FileId, path: &std::path::Path) -> bool {
         self.ids.contains(id) || self.paths.contains(path)
     }
 }
@@ -178,7 +179,7 @@ impl Mapped {
 /// The file a `/proc/PID/maps` line maps: `start-end perms offset
 /// MAJ:MIN inode path`, the device in hex, as the kernel encodes `s_dev`
 /// (major << 20 | minor, which BPF reads); None for anonymous memory.
-fn file_of_line(line: &str) -> Option<(u64, u64)> {
+fn file_of_line(line: &str) -> Option<FileId> {
     let mut fields = line.split_ascii_whitespace().skip(3);
     let (major, minor) = fields.next()?.split_once(':')?;
     let ino: u64 = fields.next()?.parse().ok()?;
@@ -186,7 +187,7 @@ fn file_of_line(line: &str) -> Option<(u64, u64)> {
         return None;
     }
     let dev = u64::from_str_radix(major, 16).ok()? << 20 | u64::from_str_radix(minor, 16).ok()?;
-    Some((dev, ino))
+    Some(FileId { dev, ino })
 }
 
 impl Tables {
@@ -209,12 +210,12 @@ impl Tables {
     /// false when the kernel could not wait for a grace period.
     fn release_with(&mut self, kept: &Kept) -> bool {
         let started = Instant::now();
-        let unmapped = |this: &Self, id: &(u64, u64), mapped: &Mapped| {
+        let unmapped = |this: &Self, id: &FileId, mapped: &Mapped| {
             let l = &this.loaded[id];
             let path = this.images_seen.get(l.entry).map(|i| i.image.as_path());
             !mapped.has(id, path.unwrap_or(std::path::Path::new("")))
         };
-        let unpinned = |this: &Self, mapped: &Mapped| -> Vec<(u64, u64)> {
+        let unpinned = |this: &Self, mapped: &Mapped| -> Vec<FileId> {
             let loaded = this.loaded.iter();
             loaded
                 .filter(|(id, l)| !l.pinned && unmapped(this, id, mapped))
@@ -296,7 +297,7 @@ impl Tables {
 /// `known_images`' key for image `id`, for every process (the attach
 /// module's `known_key(id, 0)`: the image key, then a zero tgid and
 /// padding).
-fn known_key(id: (u64, u64)) -> [u8; 24] {
+fn known_key(id: FileId) -> [u8; 24] {
     let mut key = [0u8; 24];
     key[..16].copy_from_slice(&crate::sys::image_key(id));
     key
@@ -304,14 +305,20 @@ fn known_key(id: (u64, u64)) -> [u8; 24] {
 
 #[cfg(test)]
 mod tests {
-    use super::file_of_line;
+    use super::{FileId, file_of_line};
 
     /// Check that a maps line gives the file's device in the kernel's
     /// encoding and its inode, and anonymous memory nothing.
     #[test]
     fn unwind_release_reads_maps_lines() {
         let line = "7f2a1c000000-7f2a1c022000 r-xp 00028000 fd:01 1311237    /usr/lib/x86_64-linux-gnu/libc.so.6";
-        assert_eq!(file_of_line(line), Some((0xfd << 20 | 1, 1311237)));
+        assert_eq!(
+            file_of_line(line),
+            Some(FileId {
+                dev: 0xfd << 20 | 1,
+                ino: 1311237
+            })
+        );
         assert_eq!(
             file_of_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0    [stack]"),
             None
@@ -322,7 +329,10 @@ mod tests {
         );
         assert_eq!(
             file_of_line("55d0c000-55d0d000 r-xp 00000000 103:0a 42 /a b"),
-            Some((0x103 << 20 | 0xa, 42))
+            Some(FileId {
+                dev: 0x103 << 20 | 0xa,
+                ino: 42
+            })
         );
     }
 }

@@ -392,7 +392,7 @@ fn preload_more_threads_than_rings_exact() {
 fn preload_stack_cache_exact() {
     const WALKED: Env = &[("MEMTRAIL_FAULT", "shim-no-stack-cache")];
     // The program's own sites (glibc's for a thread's TLS differ: with
-    // the shim each thread's TLS vector is longer, README).
+    // the shim each thread's TLS vector is longer, docs/tracking.md).
     let from_leaf = |p: &Value| {
         let mut s = sites(p);
         s.retain(|(frames, _, _)| frames.first().is_some_and(|f| f.0 == "leaf"));
