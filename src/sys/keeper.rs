@@ -192,14 +192,21 @@ unsafe fn keeper_main(raw: &Raw<'_>) -> ! {
             libc::write(READY_FD, msg.as_ptr().cast(), msg.len());
             libc::_exit(127)
         };
-        if raw.switch && libc::setgroups(creds.groups.len(), creds.groups.as_ptr()) != 0 {
+        // The system calls themselves, for this thread alone: glibc's
+        // wrappers signal every thread they know of to change theirs too,
+        // and in this child of a multithreaded memtrail they wait for
+        // threads that are not there (the keeper hung in setgroups).
+        let groups = creds.groups.as_ptr();
+        if raw.switch && libc::syscall(libc::SYS_setgroups, creds.groups.len(), groups) != 0 {
             fail(1);
         }
-        if raw.switch && libc::setresgid(creds.gid, creds.gid, creds.gid) != 0 {
+        let gid = creds.gid;
+        if raw.switch && libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0 {
             fail(2);
         }
         // All three uids non-zero: the kernel clears every capability set.
-        if raw.switch && libc::setresuid(creds.uid, creds.uid, creds.uid) != 0 {
+        let uid = creds.uid;
+        if raw.switch && libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0 {
             fail(3);
         }
         // No capability left either where the uid did not change (memtrail
