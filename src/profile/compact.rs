@@ -653,7 +653,7 @@ impl TablesIn {
             stacks.push(StackEntry {
                 id: e.id,
                 pid: e.pid,
-                exe: row(&self.strings, e.exe, "string")?.to_string(),
+                exe: Arc::clone(row(&self.strings, e.exe, "string")?),
                 frames: {
                     let mut stack = Vec::with_capacity(of_stack.len());
                     for &id in of_stack {

@@ -255,8 +255,9 @@ pub struct StackEntry {
     /// The process the stack was walked in.
     pub pid: u32,
     /// The executable that process ran when the stack was made: its `exe`
-    /// in `processes`, unless the stack is from before an exec.
-    pub exe: String,
+    /// in `processes`, unless the stack is from before an exec. Shared
+    /// by the stacks of a process (one allocation, not one a stack).
+    pub exe: Arc<str>,
     /// Innermost first: `frames[0]` is the function that called the
     /// allocator. An address with inlined functions gives several frames,
     /// the inlined ones (`inlined: true`) before the function they were

@@ -94,22 +94,27 @@ pub(crate) fn symbolize_stacks(
     let mut cold = crate::python::ColdParts::default();
     for ((pid, list), mut places) in by_pid.into_iter().zip(places) {
         let loops = crate::python::loop_addresses(&mut places, &mut cold);
-        entries.extend(list.into_iter().map(|(id, metrics, stack)| StackEntry {
-            id,
-            pid,
-            // What ran when the stack was made: a stack from
-            // before an exec keeps the executable of then.
-            exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
-            frames: crate::python::splice(
-                &stack.ips,
-                &places,
-                &loops,
-                stack.python,
-                stack.end == crate::profile::unwind::StackEnd::DepthLimit,
-                stack.fp_steps,
-            ),
-            end: stack.end,
-            metrics,
+        entries.extend(list.into_iter().map(|(id, metrics, stack)| {
+            StackEntry {
+                id,
+                pid,
+                // What ran when the stack was made: a stack from
+                // before an exec keeps the executable of then.
+                exe: agg
+                    .stack_exe(id)
+                    .map_or_else(|| exe_of(pid), str::to_owned)
+                    .into(),
+                frames: crate::python::splice(
+                    &stack.ips,
+                    &places,
+                    &loops,
+                    stack.python,
+                    stack.end == crate::profile::unwind::StackEnd::DepthLimit,
+                    stack.fp_steps,
+                ),
+                end: stack.end,
+                metrics,
+            }
         }));
     }
     for entry in &mut entries {
@@ -152,7 +157,10 @@ fn sites_by_pid(
                     PseudoSite::DirectSyscall => crate::profile::Frame::direct_syscall(),
                     PseudoSite::AllocatorArena => crate::profile::Frame::allocator_arena(),
                 })],
-                exe: agg.stack_exe(id).map_or_else(|| exe_of(pid), str::to_owned),
+                exe: agg
+                    .stack_exe(id)
+                    .map_or_else(|| exe_of(pid), str::to_owned)
+                    .into(),
                 end: crate::profile::unwind::StackEnd::Complete,
                 metrics,
             }),
