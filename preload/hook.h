@@ -1,6 +1,6 @@
 /*
  * The hook path: how the shim hands a call to memtrail's BPF program
- * (bpf/memtrail.bpf.c, shim_hook). The hook itself, `memtrail_hook`, is
+ * (bpf/shim.c, shim_hook). The hook itself, `memtrail_hook`, is
  * in boot.c: a 5-byte nop the kernel's optimized uprobe (Linux 6.18, a
  * `call` into a trampoline page that enters the kernel by a syscall
  * instead of an int3 trap) serves, then `ret`.

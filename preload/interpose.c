@@ -29,7 +29,7 @@
  * it, and so are a thread's frees after its flush at its end (one entry
  * each). What a thread leaves buffered when it ends without them (_exit,
  * a fatal signal, another thread's exit or exec) memtrail reads from its
- * TLS at its exit (bpf/memtrail.bpf.c, shim_exit).
+ * TLS at its exit (bpf/shim.c, shim_thread_ends).
  *
  * Invariants: `busy` makes the buffer the thread's own while it is
  * updated: a signal handler's free or allocation then does not touch it

@@ -3,7 +3,7 @@
  * interpreter exporting _PyRuntime, whose layout memtrail put in the
  * control page: by version, or by image) the shim appends the thread's
  * Python frames to its stack as memtrail's BPF walk does (mt_py_walk in
- * bpf/memtrail.bpf.c: the same words, MT_PY_FRAME in bpf/memtrail.h), and
+ * bpf/python.c: the same words, MT_PY_FRAME in bpf/memtrail.h), and
  * before a new stack it writes the records of the code objects its frames
  * run that its ring has not carried yet (struct mt_py_code_record), for
  * memtrail to name them. The thread's state is its own

@@ -105,12 +105,7 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
             continue;
         };
         if let Some(split) = splits.get(&vaddr).filter(|_| role == Role::Free) {
-            if !sites
-                .iter()
-                .any(|s| s.symbol != name && s.offset == split.fast.vaddr)
-            {
-                sites.extend(split_sites(elf, image, entry, vaddr, split));
-            }
+            add_split(elf, image, entry, vaddr, split, &mut sites);
             continue;
         }
         if role == Role::Free
@@ -127,7 +122,10 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
                 "{name} at {vaddr:#x} is in no executable segment"
             )));
         };
-        if sites.iter().any(|s| s.offset - s.skipped == entry_off) {
+        if sites
+            .iter()
+            .any(|s| s.offset.wrapping_sub(s.skipped) == entry_off)
+        {
             continue; // an alias of a site we have
         }
         // endbr64 only marks an indirect-branch target: the probe can go
@@ -203,6 +201,26 @@ fn split_frees(elf: &Elf<'_>, frees: &[u64]) -> std::collections::HashMap<u64, f
     let fde_start = |at: u64| fdes.binary_search_by_key(&at, |&(start, _)| start).is_ok();
     let referrers = |targets: &[u64]| elf.referrers(targets);
     free_sites::split(&code, &emulated, &fde_start, &referrers, &candidates)
+}
+
+/// Adds the sites of the free `entry` at `vaddr`, split in two, unless it
+/// is an alias of a free split already.
+fn add_split(
+    elf: &Elf<'_>,
+    image: &Path,
+    entry: &Entry,
+    vaddr: u64,
+    split: &free_sites::Split,
+    sites: &mut Vec<Site>,
+) {
+    let aliased = elf.code_offset(vaddr).is_some_and(|off| {
+        sites
+            .iter()
+            .any(|s| s.offset.wrapping_sub(s.skipped) == off)
+    });
+    if !aliased {
+        sites.extend(split_sites(elf, image, entry, vaddr, split));
+    }
 }
 
 /// The sites of a free split in two (its slow path's with the first free

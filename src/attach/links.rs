@@ -146,7 +146,7 @@ pub struct ShimProgram {
     pub cookie: u64,
 }
 
-/// The programs of allocator sites: one set of `bpf/memtrail.bpf.c`'s two
+/// The programs of allocator sites: one set of `bpf/alloc.c`'s two
 /// (see [`uprobe_sessions`]).
 pub enum SitePrograms {
     /// `alloc_session`: entries and returns, one link per image.

@@ -4,7 +4,7 @@ use super::skel::memtrail::MemtrailSkel;
 use crate::profile::{HighWater, LostEvents};
 
 /// The high-water marks the producers kept (only with pressure on: see
-/// check_pressure in bpf/memtrail.bpf.c).
+/// check_pressure in bpf/pressure.c).
 pub(crate) fn read_high_water(skel: &MemtrailSkel<'_>) -> HighWater {
     let bss = skel
         .maps
@@ -39,7 +39,7 @@ pub(crate) fn read_lost(skel: &MemtrailSkel<'_>) -> LostEvents {
 
 /// Returns of outermost allocating calls the kernel's return probes handed
 /// back at a stack pointer other than their caller's (`returns_elsewhere`,
-/// see alloc_exit in bpf/memtrail.bpf.c; issue 40): 0 unless this kernel's
+/// see alloc_exit in bpf/alloc.c; issue 40): 0 unless this kernel's
 /// return probes broke a call of a tracked program.
 pub(crate) fn read_returns_elsewhere(skel: &MemtrailSkel<'_>) -> u64 {
     skel.maps

@@ -1,7 +1,7 @@
 //! Backpressure: pausing the tracked tree when a ring fills up, so a
 //! capture loses nothing however fast the tree allocates.
 //!
-//! BPF side (bpf/memtrail.bpf.c, `check_pressure`): after submitting a
+//! BPF side (bpf/pressure.c, `check_pressure`): after submitting a
 //! record, a producer whose ring is filled past the ring's watermark
 //! latches a pressure episode (compare-and-swap on `pressure_latch` in the
 //! BPF program's .bss). Past the ring's *hard mark* it also stops its own
@@ -47,7 +47,7 @@
 //! the pause, stays invisible). Smaller combinations are refused before the
 //! command starts. A tree with more threads than CPUs reserves more past
 //! the hard mark: BPF then latches early enough to keep the freeze room
-//! (bpf/memtrail.bpf.c, Backpressure).
+//! (bpf/pressure.c, Backpressure).
 //!
 //! Files: [`timeout`] parses `--pressure-timeout`; [`room`] holds the room
 //! rule and each ring's room; [`coordinator`] pauses, drains and resumes.

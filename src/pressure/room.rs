@@ -4,7 +4,7 @@
 //! ([`ring_rooms`]).
 
 /// Records one thread can write into one ring between two of its pressure
-/// checks (`MT_RECORDS_PER_THREAD` in bpf/memtrail.bpf.c).
+/// checks (`MT_RECORDS_PER_THREAD` in bpf/maps.bpf.h).
 pub const RECORDS_PER_THREAD: u64 = 2;
 
 /// A ring's size and its largest record, for [`check_room`].
@@ -179,7 +179,7 @@ pub(crate) fn ring_rooms(
 }
 
 /// Sizes of the mappings and attach-request rings (`max_entries` in
-/// bpf/memtrail.bpf.c).
+/// bpf/maps.bpf.h).
 const MAPPINGS_RING_SIZE: u64 = 1 << 20;
 
 const ATTACH_RING_SIZE: u64 = 1 << 20;

@@ -5,7 +5,7 @@
 //! block) in its GOT, which `_PyThreadState_GetCurrent` (exported) passes
 //! first: `lea tls_index(%rip),%rdi; call __tls_get_addr`. BPF reads the
 //! module id the dynamic loader wrote there, then the thread's block
-//! (`py_tls_state` in `bpf/memtrail.bpf.c`).
+//! (`py_tls_state` in `bpf/python.c`).
 
 /// `R_X86_64_DTPMOD64`: the module id a `tls_index` starts with.
 const R_X86_64_DTPMOD64: u32 = 16;

@@ -470,7 +470,7 @@ impl Session {
     /// waits until it has stopped, holding it until the pollers are joined
     /// (the release is `resume_everything`'s, on every path). A producer
     /// past a ring's watermark stops its own process (check_pressure in
-    /// bpf/memtrail.bpf.c), and one that saw the process tracked just
+    /// bpf/pressure.c), and one that saw the process tracked just
     /// before it left `tracked` can still do so, with no coordinator left
     /// to resume it. Once every thread has stopped, none is inside a BPF
     /// program, so no such stop can come any more, and the one SIGCONT of
@@ -491,7 +491,7 @@ impl Session {
 
     /// Removes the BPF call state (thread slot or task storage) of every
     /// thread of `pids`: the allocator probes' test of membership (see
-    /// task_call in bpf/memtrail.bpf.c), so their calls are not seen any
+    /// task_call in bpf/task.c), so their calls are not seen any
     /// more.
     fn forget_threads(&mut self, pids: &[u32]) {
         let skel = &mut *self.loaded.skel;

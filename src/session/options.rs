@@ -27,7 +27,7 @@ pub struct Faults {
     pub events: Fault,
     pub stacks: Fault,
     /// One thread slot for the whole tree (`thread_slots` in
-    /// bpf/memtrail.bpf.c): the other threads keep their state in task
+    /// bpf/maps.bpf.h): the other threads keep their state in task
     /// storage, the path a thread takes when its slot is held.
     pub one_thread_slot: bool,
     /// One slot per image in BPF's cache of unwind rules (`row_cache`):

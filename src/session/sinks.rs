@@ -139,7 +139,7 @@ impl EventSink {
     /// counters and the stream.
     fn fold(&mut self, mut rec: record::Record<'_>) {
         // Allocator events of a busy thread skip the clock (ts 0, see
-        // event_clock in bpf/memtrail.bpf.c): they take the latest reading
+        // event_clock in bpf/task.c): they take the latest reading
         // before them in the ring, whose order is the order the events
         // were made in. Readings taken on different CPUs can be a little
         // out of ring order; taking the maximum keeps a skipped event's

@@ -16,7 +16,7 @@
 //! What is left: a SIGKILL sent to memtrail and to the guardian itself, by
 //! their pids (or to every process, `kill -9 -1`, which kills the tree
 //! too). For that, the BPF programs keep a safety net (`protector_exit`
-//! in bpf/memtrail.bpf.c): when memtrail's process exits, the kernel
+//! in bpf/process.c): when memtrail's process exits, the kernel
 //! sends SIGCONT to every tracked process not stopped by someone else, and
 //! when the last of memtrail and the guardian exits while the tree's cgroup
 //! is frozen, it kills the frozen processes — nothing else can end a freeze

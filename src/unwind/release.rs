@@ -11,7 +11,7 @@
 //! (never less than the tracked processes need).
 //!
 //! A release, in this order (BPF's side: the comment above `row_cache` in
-//! bpf/memtrail.bpf.c):
+//! bpf/maps.bpf.h):
 //! 1. The image's `known_images` entry goes: a process that maps it from
 //!    now on asks for it, held, and the attach worker loads its table again
 //!    before resuming it (`Tables::was_released`).
@@ -108,7 +108,7 @@ impl Kept {
     }
 
     /// Clears the row cache: its entries name a place in the tables only
-    /// through a hash (bpf/memtrail.bpf.c, `row_cache`), so every entry
+    /// through a hash (bpf/unwind.c, `row_cache`), so every entry
     /// goes, those of the tables kept too (a frame of theirs searches its
     /// row again once).
     fn clear_rows(&self) -> u64 {
