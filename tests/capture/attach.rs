@@ -455,6 +455,17 @@ fn under(lib: &str, fixture_name: &str, args: &[&str]) -> support::Capture {
     capture(&argv)
 }
 
+/// The events of a fixture run under `env`: its pid, and the stream from
+/// env's exec into it on.
+fn after_exec(events: &[Value]) -> (u64, &[Value]) {
+    let pid = u64::from(support::stream_root(events));
+    let exec = events
+        .iter()
+        .rposition(|e| e["kind"] == "exec" && num(e, "pid") == pid)
+        .expect("env's exec");
+    (pid, &events[exec..])
+}
+
 /// Check that every form of C++ operator new and delete of an allocator
 /// with operators of its own (jemalloc, tcmalloc, mimalloc: they call no
 /// malloc or free) is counted exactly once (issue 41: jemalloc's `_Znwm`
@@ -524,14 +535,7 @@ fn attach_return_sites_emulated_on_hot_paths() {
     for lib in std::iter::once("").chain(ALLOCATORS) {
         let run = under(lib, "hot_paths", &["2000"]);
         run.expect_code(0);
-        let events = run.events();
-        // The fixture's own: after env's exec into it.
-        let pid = u64::from(support::stream_root(events));
-        let exec = events
-            .iter()
-            .rposition(|e| e["kind"] == "exec" && num(e, "pid") == pid)
-            .expect("env's exec");
-        let events = &events[exec..];
+        let (pid, events) = after_exec(run.events());
         let of_root = |k: &str| {
             events
                 .iter()
@@ -583,13 +587,7 @@ fn attach_free_null_passes_no_probe() {
     for lib in std::iter::once("").chain(ALLOCATORS) {
         let run = under(lib, "free_null", &["1000", "4000"]);
         run.expect_code(0);
-        let events = run.events();
-        let pid = u64::from(support::stream_root(events));
-        let exec = events
-            .iter()
-            .rposition(|e| e["kind"] == "exec" && num(e, "pid") == pid)
-            .expect("env's exec");
-        let events = &events[exec..];
+        let (pid, events) = after_exec(run.events());
         // The fixture's blocks, by size (the allocator may make one of its
         // own at start-up).
         let sizes: std::collections::HashSet<u64> = (0..ROUNDS as u64)
