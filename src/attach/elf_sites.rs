@@ -203,8 +203,9 @@ fn split_frees(elf: &Elf<'_>, frees: &[u64]) -> std::collections::HashMap<u64, f
     free_sites::split(&code, &emulated, &fde_start, &referrers, &candidates)
 }
 
-/// Adds the sites of the free `entry` at `vaddr`, split in two, unless it
-/// is an alias of a free split already.
+/// Adds the sites of the free `entry` at `vaddr`, split in two (its slow
+/// path's with the first free of those sharing it), unless it is an alias
+/// of a free split already.
 fn add_split(
     elf: &Elf<'_>,
     image: &Path,
@@ -218,20 +219,9 @@ fn add_split(
             .iter()
             .any(|s| s.offset.wrapping_sub(s.skipped) == off)
     });
-    if !aliased {
-        sites.extend(split_sites(elf, image, entry, vaddr, split));
+    if aliased {
+        return;
     }
-}
-
-/// The sites of a free split in two (its slow path's with the first free
-/// of those sharing it).
-fn split_sites(
-    elf: &Elf<'_>,
-    image: &Path,
-    entry: &Entry,
-    vaddr: u64,
-    split: &free_sites::Split,
-) -> Vec<Site> {
     let site = |at: &free_sites::FreeSite| {
         let offset = elf.code_offset(at.vaddr)?;
         Some(Site {
@@ -252,10 +242,11 @@ fn split_sites(
             hit_slot: None,
         })
     };
-    std::iter::once(&split.fast)
-        .chain(split.slow.as_ref())
-        .filter_map(site)
-        .collect()
+    sites.extend(
+        std::iter::once(&split.fast)
+            .chain(split.slow.as_ref())
+            .filter_map(site),
+    );
 }
 
 /// Adds the return sites of the allocating functions `allocs` found in

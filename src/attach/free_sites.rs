@@ -22,9 +22,11 @@
 use std::collections::HashMap;
 
 use iced_x86::{
-    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
-    OpKind, Register,
+    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpKind,
+    Register,
 };
+
+use super::returns::{condition_code, stack_move, writes};
 
 /// Instructions of a fast path followed at most.
 const MAX_FAST: usize = 64;
@@ -159,13 +161,6 @@ fn decode<'a>(code: &dyn Fn(u64) -> Option<&'a [u8]>, at: u64) -> Option<Instruc
     (!insn.is_invalid()).then_some(insn)
 }
 
-fn writes(access: OpAccess) -> bool {
-    matches!(
-        access,
-        OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
-    )
-}
-
 /// The fast path from `entry`: straight code to a `ret` whose every exit
 /// is a conditional jump to one slow path, leaving rdi and the stack
 /// pointer alone. Its site is the last exit, recording on the fall-through.
@@ -202,7 +197,7 @@ fn fast_path<'a>(code: &dyn Fn(u64) -> Option<&'a [u8]>, entry: u64) -> Option<F
                         vaddr: jcc.ip(),
                         sp_adjust: 0,
                         ptr: 0,
-                        cond: Some((super::returns::condition_code(&jcc), false)),
+                        cond: Some((condition_code(&jcc), false)),
                     },
                     slow: slow?,
                     hops,
@@ -291,22 +286,15 @@ fn is_null_test(insn: &Instruction, held: &[Register]) -> bool {
         && held.contains(&insn.op0_register())
 }
 
-/// How much `insn` moves the stack pointer: `push reg`, `sub`/`add` of a
-/// constant; 0 for an instruction that leaves it; None for any other
-/// change.
+/// How much `insn` moves the stack pointer: `push reg`, or what
+/// [`stack_move`] knows; 0 for an instruction that leaves it; None for any
+/// other change.
 fn stack_change(insn: &Instruction, info: &mut InstructionInfoFactory) -> Option<i64> {
-    let rsp_dest = insn.op0_kind() == OpKind::Register && insn.op0_register() == Register::RSP;
-    match insn.mnemonic() {
-        Mnemonic::Push if insn.op0_kind() == OpKind::Register => return Some(-8),
-        Mnemonic::Sub | Mnemonic::Add if rsp_dest && insn.op1_kind() != OpKind::Register => {
-            let imm = insn.immediate(1) as i64;
-            return Some(if insn.mnemonic() == Mnemonic::Sub {
-                -imm
-            } else {
-                imm
-            });
-        }
-        _ => {}
+    if insn.mnemonic() == Mnemonic::Push && insn.op0_kind() == OpKind::Register {
+        return Some(-8);
+    }
+    if let Some(moved) = stack_move(insn) {
+        return Some(moved);
     }
     let moves = info
         .info(insn)

@@ -516,12 +516,6 @@ fn transparent(
         before = insn.op1_register();
     }
     let info = info.info(insn);
-    let writes = |access: OpAccess| {
-        matches!(
-            access,
-            OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
-        )
-    };
     for used in info.used_registers() {
         if !writes(used.access()) {
             continue;
@@ -540,9 +534,17 @@ fn transparent(
     Some((change, before))
 }
 
+/// Whether an operand access writes.
+pub(super) fn writes(access: OpAccess) -> bool {
+    matches!(
+        access,
+        OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+    )
+}
+
 /// How much the stack pointer rises over `insn` if it is a `pop` of a
 /// register or adds a constant to it; None for anything else.
-fn stack_move(insn: &Instruction) -> Option<i64> {
+pub(super) fn stack_move(insn: &Instruction) -> Option<i64> {
     let rsp_dest = insn.op_count() >= 1
         && insn.op0_kind() == OpKind::Register
         && insn.op0_register() == Register::RSP;

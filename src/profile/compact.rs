@@ -387,33 +387,19 @@ impl<'de> Visitor<'de> for FrameIds<'_> {
     }
 }
 
-/// The keys of a stack memtrail knows (its metrics' and its own), and ""
-/// for any other.
-const ENTRY_KEYS: [&str; 19] = [
-    "id",
-    "pid",
-    "exe",
-    "frames",
-    "end",
-    "allocations",
-    "bytes",
-    "live_bytes_at_peak",
-    "live_allocations_at_peak",
-    "live_bytes_at_exit",
-    "live_allocations_at_exit",
-    "temporary_allocations",
-    "mmaps",
-    "mapped_bytes",
-    "reserved_bytes",
-    "reserved_bytes_at_exit",
-    "mapped_bytes_at_peak",
-    "mapped_bytes_at_exit",
-    "brk_bytes",
-];
+/// A key of a stack, copied into the key itself (no allocation): keys of
+/// up to 32 bytes (memtrail's longest has 24); a longer one, no key
+/// memtrail knows, reads as "".
+struct EntryKey {
+    bytes: [u8; 32],
+    len: usize,
+}
 
-/// A key of a stack, as the one of [`ENTRY_KEYS`] it is (`""` for another):
-/// read without copying it.
-struct EntryKey(&'static str);
+impl EntryKey {
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or("")
+    }
+}
 
 impl<'de> Deserialize<'de> for EntryKey {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -426,9 +412,15 @@ impl<'de> Deserialize<'de> for EntryKey {
             }
 
             fn visit_str<E: de::Error>(self, key: &str) -> Result<EntryKey, E> {
-                Ok(EntryKey(
-                    ENTRY_KEYS.iter().find(|k| **k == key).map_or("", |k| k),
-                ))
+                let mut k = EntryKey {
+                    bytes: [0; 32],
+                    len: 0,
+                };
+                if let Some(to) = k.bytes.get_mut(..key.len()) {
+                    to.copy_from_slice(key.as_bytes());
+                    k.len = key.len();
+                }
+                Ok(k)
             }
         }
         d.deserialize_identifier(Key)
@@ -452,7 +444,7 @@ impl<'de> Visitor<'de> for EntryVisitor<'_> {
         let mut metrics = StackMetrics::default();
         // Keys read in place (a profile's ~12,000 stacks have ~7 each).
         while let Some(key) = map.next_key::<EntryKey>()? {
-            match key.0 {
+            match key.as_str() {
                 "id" => id = Some(map.next_value_seed(IdString)?),
                 "pid" => pid = Some(map.next_value()?),
                 "exe" => exe = Some(map.next_value()?),
