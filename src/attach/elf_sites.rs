@@ -95,7 +95,10 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
         .filter(|e| e.role == Role::Free)
         .filter_map(|e| functions.get(e.name.as_bytes()).copied())
         .collect();
-    let splits = split_frees(elf, &frees);
+    // The image's FDE ranges, read once if split frees or return sites
+    // need them.
+    let fdes = std::cell::OnceCell::new();
+    let splits = split_frees(elf, &frees, &fdes);
     for entry in api {
         let (name, kind) = (entry.name.as_str(), entry.kind);
         let Some(&vaddr) = functions.get(name.as_bytes()) else {
@@ -172,13 +175,17 @@ fn search(elf: &Elf<'_>, image: &Path, api: &[Entry]) -> Result<Vec<Site>, Attac
             allocs.push((entry, vaddr));
         }
     }
-    add_return_sites(elf, image, &got_tails, &allocs, &mut sites);
+    add_return_sites(elf, image, &got_tails, &fdes, &allocs, &mut sites);
     sites.extend(usdt::find_markers(elf, image));
     Ok(sites)
 }
 
 /// The frees at `frees` split past their NULL test (see [`free_sites`]).
-fn split_frees(elf: &Elf<'_>, frees: &[u64]) -> std::collections::HashMap<u64, free_sites::Split> {
+fn split_frees(
+    elf: &Elf<'_>,
+    frees: &[u64],
+    fdes: &std::cell::OnceCell<Vec<(u64, u64)>>,
+) -> std::collections::HashMap<u64, free_sites::Split> {
     let candidates: Vec<u64> = frees
         .iter()
         .copied()
@@ -197,7 +204,7 @@ fn split_frees(elf: &Elf<'_>, frees: &[u64]) -> std::collections::HashMap<u64, f
     }
     let code = |at: u64| elf.code_offset(at).and_then(|o| elf.code_at(o, 16));
     let emulated = |at: u64| code(at).is_some_and(is_emulated);
-    let fdes = elf.fde_ranges();
+    let fdes = fdes.get_or_init(|| elf.fde_ranges());
     let fde_start = |at: u64| fdes.binary_search_by_key(&at, |&(start, _)| start).is_ok();
     let referrers = |targets: &[u64]| elf.referrers(targets);
     free_sites::split(&code, &emulated, &fde_start, &referrers, &candidates)
@@ -258,6 +265,7 @@ fn add_return_sites(
     elf: &Elf<'_>,
     image: &Path,
     tails: &std::collections::HashMap<u64, returns::Tail>,
+    fdes: &std::cell::OnceCell<Vec<(u64, u64)>>,
     allocs: &[(&Entry, u64)],
     sites: &mut Vec<Site>,
 ) {
@@ -265,10 +273,10 @@ fn add_return_sites(
         return;
     }
     let ends = elf.function_ends(&allocs.iter().map(|&(_, at)| at).collect::<Vec<_>>());
-    let fdes = elf.fde_ranges();
+    let fdes = fdes.get_or_init(|| elf.fde_ranges());
     for &(entry, vaddr) in allocs {
         let end = ends.get(&vaddr).copied();
-        let returns = return_sites_of(elf, image, tails, &fdes, entry, vaddr, end);
+        let returns = return_sites_of(elf, image, tails, fdes, entry, vaddr, end);
         if returns.is_empty() && entry.role == Role::New {
             for site in sites.iter_mut().filter(|s| s.symbol == entry.name) {
                 site.role = Role::New;
